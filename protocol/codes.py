@@ -1,0 +1,70 @@
+"""Every code a peer can send, as enums: a typo is an import error, not a silent mismatch."""
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    """Connection-level errors: the frame or the peer is wrong, not one run."""
+
+    MALFORMED_FRAME = "malformed_frame"
+    FRAME_TOO_LARGE = "frame_too_large"
+    UNKNOWN_TYPE = "unknown_type"
+    INVALID_PAYLOAD = "invalid_payload"
+    VERSION_MISMATCH = "version_mismatch"
+    SEQ_VIOLATION = "seq_violation"
+    GEN_MISMATCH = "gen_mismatch"
+    UNEXPECTED_MESSAGE = "unexpected_message"
+    AUTH_FAILED = "auth_failed"
+    HANDSHAKE_TIMEOUT = "handshake_timeout"
+    REPLACED = "replaced"
+    REVOKED = "revoked"
+    SHUTDOWN = "shutdown"
+    INTERNAL_ERROR = "internal_error"
+    # request-level errors a client can get back for one request
+    UNKNOWN_RUN = "unknown_run"
+    NOT_ALLOWED = "not_allowed"
+
+
+class RejectCode(StrEnum):
+    """Why a run was refused before anything ran (`rejected`)."""
+
+    INVALID_REQUEST = "invalid_request"
+    UNKNOWN_TOOL = "unknown_tool"
+    DENIED_BY_POLICY = "denied_by_policy"
+    PATH_OUTSIDE_ROOT = "path_outside_root"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    DUPLICATE_RUN = "duplicate_run"
+    CONFLICTING_DUPLICATE = "conflicting_duplicate"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    HAND_OFFLINE = "hand_offline"
+    UNKNOWN_HAND = "unknown_hand"
+    SHUTTING_DOWN = "shutting_down"
+    INTERNAL_ERROR = "internal_error"
+
+
+class CancelReason(StrEnum):
+    """Why a run must stop (DESIGN §6). First reason wins."""
+
+    USER_REQUESTED = "user_requested"
+    CLIENT_DISCONNECTED = "client_disconnected"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    SHUTDOWN = "shutdown"
+    INTERNAL_FAILURE = "internal_failure"
+    CONNECTION_LOST = "connection_lost"
+    """The Hand lost the connection that carried a foreground run: nobody can receive its result."""
+
+
+class CancelStatus(StrEnum):
+    """The answer to a cancel request. A request is not an outcome: see the run's terminal state."""
+
+    CANCEL_REQUESTED = "cancel_requested"
+    ALREADY_DONE = "already_done"
+    UNKNOWN_RUN = "unknown_run"
+
+
+class KillStage(StrEnum):
+    """Which signal ended a killed process tree."""
+
+    TERM = "term"
+    KILL = "kill"

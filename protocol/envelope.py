@@ -1,0 +1,173 @@
+"""The envelope codec: one msgpack map `{v, t, id, seq, gen, p}` per binary WebSocket message.
+
+`decode` takes untrusted bytes and returns an `Envelope` or raises `ProtocolError`; nothing else
+escapes it (a hypothesis test feeds it arbitrary bytes and arbitrary msgpack values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import msgpack
+import pydantic
+
+from protocol import PROTOCOL_VERSION, limits
+from protocol.codes import ErrorCode
+from protocol.errors import ProtocolError
+from protocol.messages import MESSAGE_TYPES, Message
+
+M = TypeVar("M", bound=Message)
+
+_KEYS = frozenset({"v", "t", "id", "seq", "gen", "p"})
+
+
+@dataclass(frozen=True)
+class Envelope(Generic[M]):
+    msg: M
+    seq: int
+    id: str | None = None
+    gen: int | None = None
+
+    @property
+    def t(self) -> str:
+        return self.msg.TYPE
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"msgpack extension type {code} is not allowed")
+
+
+def encode(env: Envelope[Any]) -> bytes:
+    frame = {
+        "v": PROTOCOL_VERSION,
+        "t": env.msg.TYPE,
+        "id": env.id,
+        "seq": env.seq,
+        "gen": env.gen,
+        "p": env.msg.model_dump(mode="python"),
+    }
+    data = msgpack.packb(frame, use_bin_type=True, datetime=False)
+    if len(data) > limits.MAX_FRAME_BYTES:
+        raise ProtocolError(
+            ErrorCode.FRAME_TOO_LARGE,
+            f"a {env.msg.TYPE} frame of {len(data)} bytes exceeds the limit of {limits.MAX_FRAME_BYTES}",
+        )
+    return data
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def peek_version(raw: object) -> int | None:
+    if isinstance(raw, dict) and _is_int(raw.get("v")):
+        return raw["v"]
+    return None
+
+
+def unpack(data: object) -> dict[str, Any]:
+    """Bytes -> the raw envelope map, checked for shape but not for version or payload."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, "frames must be binary WebSocket messages")
+    if len(data) > limits.MAX_FRAME_BYTES:
+        raise ProtocolError(
+            ErrorCode.FRAME_TOO_LARGE,
+            f"frame of {len(data)} bytes exceeds the limit of {limits.MAX_FRAME_BYTES}",
+        )
+    try:
+        raw = msgpack.unpackb(
+            bytes(data), raw=False, strict_map_key=True, ext_hook=_refuse_ext, timestamp=0
+        )
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises many types: ExtraData, ValueError, StackError, ...
+        raise ProtocolError(
+            ErrorCode.MALFORMED_FRAME, f"frame is not a single msgpack value ({type(exc).__name__})"
+        ) from None
+    if not isinstance(raw, dict):
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, "frame must be a msgpack map")
+    if set(raw) != _KEYS:
+        raise ProtocolError(
+            ErrorCode.MALFORMED_FRAME, "frame must have exactly the keys v, t, id, seq, gen, p"
+        )
+    return raw
+
+
+def decode(data: object, expected_version: int = PROTOCOL_VERSION) -> Envelope[Message]:
+    raw = unpack(data)
+    v = raw["v"]
+    if not _is_int(v):
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, "envelope field v must be an integer")
+    if v != expected_version:
+        raise ProtocolError(
+            ErrorCode.VERSION_MISMATCH,
+            f"peer speaks protocol version {v}; this side speaks version {expected_version}",
+        )
+    t, id_, seq, gen, p = raw["t"], raw["id"], raw["seq"], raw["gen"], raw["p"]
+    if not isinstance(t, str):
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, "envelope field t must be a string")
+    if id_ is not None and (not isinstance(id_, str) or not limits.ID_RE.match(id_)):
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, "envelope field id must be a short id or nil")
+    if not _is_int(seq) or seq < 1:
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, "envelope field seq must be an integer >= 1")
+    if gen is not None and (not _is_int(gen) or gen < 1):
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, "envelope field gen must be an integer >= 1 or nil")
+    if not isinstance(p, dict):
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, "envelope field p must be a map")
+    model = MESSAGE_TYPES.get(t)
+    if model is None:
+        shown = t if len(t) <= 40 and t.isprintable() else "(unprintable)"
+        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {shown!r}")
+    try:
+        msg = model.model_validate(p)
+    except pydantic.ValidationError as exc:
+        raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"invalid {t} payload: {_describe(exc)}") from None
+    except RecursionError:
+        raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"invalid {t} payload: nested too deeply") from None
+    return Envelope(msg=msg, seq=seq, id=id_, gen=gen)
+
+
+def _describe(exc: pydantic.ValidationError) -> str:
+    """First error location and message, never the input value (it may be a secret or huge)."""
+    errs = exc.errors(include_input=False, include_url=False, include_context=False)
+    if not errs:
+        return "validation failed"
+    first = errs[0]
+    loc = ".".join(str(x) for x in first.get("loc", ())) or "(payload)"
+    more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+    return f"{loc}: {first.get('msg', 'invalid')}{more}"[:300]
+
+
+class Channel:
+    """Per-connection framing state: outbound seq counter, inbound seq and gen checks.
+
+    Sans-I/O: the shell calls `stamp` before writing and `accept` after reading. A gap, repeat or
+    reordering of `seq`, or a frame for another generation, is a `ProtocolError` that closes the
+    connection, because nothing after it can be trusted to mean what the peer intended.
+    """
+
+    def __init__(self) -> None:
+        self._out = 0
+        self._in = 0
+        self.gen: int | None = None
+
+    def stamp(self, msg: Message, id: str | None = None) -> bytes:
+        self._out += 1
+        return encode(Envelope(msg=msg, seq=self._out, id=id, gen=self.gen))
+
+    def receive(self, data: object) -> Envelope[Message]:
+        env = decode(data)
+        self.accept(env)
+        return env
+
+    def accept(self, env: Envelope[Message]) -> None:
+        if env.seq != self._in + 1:
+            raise ProtocolError(
+                ErrorCode.SEQ_VIOLATION, f"expected frame seq {self._in + 1}, got {env.seq}"
+            )
+        self._in = env.seq
+        if self.gen is not None and env.gen != self.gen:
+            raise ProtocolError(
+                ErrorCode.GEN_MISMATCH, f"frame for generation {env.gen} on generation {self.gen}"
+            )
