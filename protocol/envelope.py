@@ -134,9 +134,16 @@ def _describe(exc: pydantic.ValidationError) -> str:
     if not errs:
         return "validation failed"
     first = errs[0]
-    loc = ".".join(str(x) for x in first.get("loc", ())) or "(payload)"
+    loc = ".".join(_short(x) for x in first.get("loc", ())) or "(payload)"
     more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
     return f"{loc}: {first.get('msg', 'invalid')}{more}"[:300]
+
+
+def _short(part: object) -> str:
+    text = str(part)
+    if len(text) > 32 or not text.isprintable():
+        return "(field)"
+    return text
 
 
 class Channel:
@@ -153,8 +160,11 @@ class Channel:
         self.gen: int | None = None
 
     def stamp(self, msg: Message, id: str | None = None) -> bytes:
+        """Encode with the next seq. The counter moves only if encoding succeeded, so a frame
+        refused as too large leaves no gap for the peer to see."""
+        data = encode(Envelope(msg=msg, seq=self._out + 1, id=id, gen=self.gen))
         self._out += 1
-        return encode(Envelope(msg=msg, seq=self._out, id=id, gen=self.gen))
+        return data
 
     def receive(self, data: object) -> Envelope[Message]:
         env = decode(data)

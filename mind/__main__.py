@@ -1,0 +1,3 @@
+from mind.cli import main
+
+main()

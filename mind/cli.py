@@ -1,0 +1,541 @@
+"""The `mind` command: the daemon (`serve`), local credential admin, and the client commands.
+
+Exit codes of `mind exec` / `mind call` (a good remote shell's, plus distinct codes for what ssh
+cannot tell you):
+  the remote exit code      when the command ran to an exit (succeeded or failed)
+  128+N                     the remote command was killed by signal N (not by us)
+  124                       timed out (the run's deadline passed; the process tree was killed)
+  130                       cancelled (Ctrl-C, or another client cancelled it)
+  123                       budget exhausted
+  125                       refused: rejected by the Hand, Hand offline or unknown, bad request,
+                            Mind unreachable, authentication failed
+  255                       lost: the outcome is unknown (the Hand's connection or the Mind went away)
+  2                         bad command-line usage
+Heavy imports happen inside the commands, so `mind --help` and argument errors stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, NoReturn
+
+EXIT_TIMED_OUT = 124
+EXIT_CANCELLED = 130
+EXIT_REFUSED = 125
+EXIT_BUDGET = 123
+EXIT_LOST = 255
+EXIT_USAGE = 2
+
+
+def die(msg: str, code: int = EXIT_REFUSED) -> NoReturn:
+    print(f"mind: {msg}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+# --- argument parsing ----------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mind", description="mindhand: run commands and tools on remote machines.")
+    p.add_argument("--home", help="state directory (default $MINDHAND_HOME or ~/.local/state/mindhand)")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def conn_opts(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--mind", help="Mind URL (default $MINDHAND_URL, then the local Mind's mind.url)")
+        sp.add_argument("--credential", help="client credential file (default $MINDHAND_CREDENTIAL, then admin.cred)")
+
+    s = sub.add_parser("serve", help="run the Mind daemon")
+    s.add_argument("--listen", default=None, help="HOST:PORT to listen on (default 127.0.0.1:7470; port 0 = any free)")
+    s.add_argument("--ping-interval", type=float, default=10.0, help="keepalive ping interval in seconds")
+    s.add_argument("--log-format", choices=["auto", "console", "json"], default="auto")
+    s.add_argument("--log-level", default="info")
+
+    for role in ("hand", "client"):
+        r = sub.add_parser(role, help=f"manage {role} credentials (local, no daemon needed)")
+        rs = r.add_subparsers(dest="action", required=True, metavar="ACTION")
+        a = rs.add_parser("add", help=f"create a {role} credential and print it once")
+        a.add_argument("name")
+        a.add_argument("--out", help="also write the credential to this file (mode 0600)")
+        ls = rs.add_parser("list", help=f"list {role} credentials")
+        ls.add_argument("--json", action="store_true")
+        rv = rs.add_parser("revoke", help=f"revoke a {role} credential")
+        rv.add_argument("name")
+
+    h = sub.add_parser("hands", help="list Hands known to the Mind, live")
+    conn_opts(h)
+    h.add_argument("--json", action="store_true")
+
+    e = sub.add_parser("exec", help="run a command on a Hand, streaming its output")
+    conn_opts(e)
+    e.add_argument("--hand", required=True)
+    e.add_argument("--shell", metavar="COMMAND", help="run COMMAND through /bin/sh -c")
+    e.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is killed (default 3600)")
+    e.add_argument("--grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL (Hand default 5)")
+    e.add_argument("--cwd", help="working directory on the Hand, inside its root")
+    e.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment variable (repeatable)")
+    out = e.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON object at the end instead of the output")
+    out.add_argument("--events", action="store_true", help="print every event as one JSON line (NDJSON)")
+    e.add_argument("argv", nargs="*", help="the command (after --)")
+
+    c = sub.add_parser("call", help="call any tool on a Hand: mind call --hand H TOOL key=value ...")
+    conn_opts(c)
+    c.add_argument("--hand", required=True)
+    c.add_argument("--args", dest="args_json", help="tool arguments as a JSON object")
+    c.add_argument("--timeout", type=float, default=60.0)
+    c.add_argument("--raw", action="store_true", help="write the result's `data` bytes to stdout as they are")
+    c.add_argument("tool")
+    c.add_argument("kv", nargs="*", metavar="key=value", help="values are JSON if they parse, else strings")
+
+    r = sub.add_parser("run", help="look at foreground runs")
+    rs = r.add_subparsers(dest="action", required=True, metavar="ACTION")
+    rg = rs.add_parser("get", help="show one run (state, times, outcome)")
+    conn_opts(rg)
+    rg.add_argument("run_id")
+    rg.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "serve":
+            cmd_serve(args)
+        elif args.cmd in ("hand", "client"):
+            cmd_credentials(args)
+        else:
+            import asyncio
+
+            code = asyncio.run(_client_command(args))
+            raise SystemExit(code)
+    except KeyboardInterrupt:
+        raise SystemExit(EXIT_CANCELLED)
+
+
+# --- serve and local admin -----------------------------------------------------------------
+
+
+def _parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        die(f"--listen wants HOST:PORT, got {text!r}", EXIT_USAGE)
+    host = host.strip("[]")
+    try:
+        p = int(port)
+    except ValueError:
+        die(f"--listen port must be a number, got {port!r}", EXIT_USAGE)
+    if not 0 <= p <= 65535:
+        die(f"--listen port must be 0-65535, got {p}", EXIT_USAGE)
+    return host, p
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import asyncio
+
+    from mind import paths
+    from mind.server import Mind, MindConfig
+    from protocol import logs
+
+    try:
+        logs.configure(args.log_format, args.log_level)
+    except ValueError as exc:
+        die(str(exc), EXIT_USAGE)
+    host, port = _parse_listen(args.listen or paths.DEFAULT_LISTEN)
+    if args.ping_interval <= 0:
+        die("--ping-interval must be positive", EXIT_USAGE)
+    home = paths.home(args.home)
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        print(
+            f"mind: WARNING: serving {host} without TLS: traffic (not secrets) can be read and altered on the network",
+            file=sys.stderr,
+        )
+    cfg = MindConfig(home=home, host=host, port=port, ping_interval=args.ping_interval, ping_timeout=args.ping_interval)
+    try:
+        mind = Mind(cfg)
+    except Exception as exc:  # noqa: BLE001 - one clear line for a bad state dir or database
+        die(f"cannot open state in {home}: {exc}", 1)
+    try:
+        asyncio.run(mind.run())
+    except OSError as exc:
+        die(f"cannot listen on {host}:{port}: {exc.strerror or exc}", 1)
+
+
+def cmd_credentials(args: argparse.Namespace) -> None:
+    from mind import paths
+    from mind.store import Store, StoreError
+
+    home = paths.home(args.home)
+    store = Store(paths.db_path(home))
+    try:
+        if args.action == "add":
+            try:
+                cred = store.add(args.cmd, args.name)
+            except StoreError as exc:
+                die(str(exc), 1)
+            if args.out:
+                paths.write_private(_path(args.out), cred.token() + "\n")
+            print(f"# {args.cmd} credential for {args.name!r}, shown once; keep it private", file=sys.stderr)
+            print(cred.token())
+            if args.out:
+                print(f"# also written to {args.out} (mode 0600)", file=sys.stderr)
+        elif args.action == "list":
+            rows = store.list(args.cmd)
+            if args.json:
+                print(json.dumps([r.__dict__ for r in rows], indent=2))
+            else:
+                _table(
+                    ["NAME", "STATE", "GENERATION", "CREATED", "LAST SEEN"],
+                    [
+                        [r.label, "revoked" if r.revoked_at else "active", str(r.generation), _ts(r.created_at), _ts(r.last_seen_at)]
+                        for r in rows
+                    ],
+                )
+        elif args.action == "revoke":
+            if not store.revoke(args.cmd, args.name):
+                die(f"no active {args.cmd} named {args.name!r}", 1)
+            print(f"revoked {args.cmd} {args.name!r}; it can no longer connect")
+    finally:
+        store.close()
+
+
+def _path(p: str):
+    from pathlib import Path
+
+    return Path(p).expanduser()
+
+
+# --- client commands -----------------------------------------------------------------------
+
+
+def _connection_params(args: argparse.Namespace) -> tuple[str, str]:
+    from mind import paths
+
+    home = paths.home(args.home)
+    url = args.mind or os.environ.get("MINDHAND_URL")
+    if not url:
+        try:
+            url = paths.url_file(home).read_text().strip()
+        except OSError:
+            die(f"no Mind URL: pass --mind URL, set MINDHAND_URL, or start `mind serve` (looked in {paths.url_file(home)})")
+    cred = args.credential or os.environ.get("MINDHAND_CREDENTIAL") or str(paths.admin_cred_file(home))
+    return url, cred
+
+
+async def _client_command(args: argparse.Namespace) -> int:
+    from mind.client import ClientError, MindClient, load_credential
+
+    url, cred_path = _connection_params(args)
+    try:
+        cred = load_credential(cred_path)
+        client = await MindClient.connect(url, cred)
+    except ClientError as exc:
+        die(exc.message)
+    try:
+        if args.cmd == "hands":
+            return await cmd_hands(client, args)
+        if args.cmd == "exec":
+            return await cmd_exec(client, args)
+        if args.cmd == "call":
+            return await cmd_call(client, args)
+        if args.cmd == "run":
+            return await cmd_run_get(client, args)
+        die(f"unknown command {args.cmd}", EXIT_USAGE)
+    except ClientError as exc:
+        die(exc.message)
+    finally:
+        await client.close()
+
+
+async def cmd_hands(client: Any, args: argparse.Namespace) -> int:
+    hands = await client.hands()
+    if args.json:
+        print(json.dumps([h.model_dump(mode="json") for h in hands], indent=2))
+        return 0
+    rows = []
+    for h in hands:
+        c = h.claims
+        rows.append(
+            [
+                h.name,
+                "yes" if h.connected else "no",
+                str(h.generation),
+                _ts(h.since),
+                c.hostname if c else "-",
+                f"{c.platform}/{c.machine}" if c else "-",
+                str(h.running),
+            ]
+        )
+    _table(["NAME", "CONNECTED", "GEN", "SINCE", "HOST", "PLATFORM", "RUNNING"], rows)
+    return 0
+
+
+def exit_code_for(end: Any) -> int:
+    from protocol.states import RunState
+
+    s = end.state
+    if s in (RunState.SUCCEEDED, RunState.FAILED):
+        if end.exit_code is not None:
+            return end.exit_code
+        if end.signal is not None:
+            return 128 + end.signal
+        return 0 if s is RunState.SUCCEEDED else 1
+    return {
+        RunState.TIMED_OUT: EXIT_TIMED_OUT,
+        RunState.CANCELLED: EXIT_CANCELLED,
+        RunState.REJECTED: EXIT_REFUSED,
+        RunState.LOST: EXIT_LOST,
+        RunState.BUDGET_EXHAUSTED: EXIT_BUDGET,
+    }.get(s, 1)
+
+
+def _text(b: bytes) -> Any:
+    try:
+        return b.decode()
+    except UnicodeDecodeError:
+        import base64
+
+        return {"base64": base64.b64encode(b).decode()}
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (bytes, bytearray)):
+        return _text(bytes(v))
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+def end_summary(end: Any) -> dict[str, Any]:
+    return {
+        "run_id": end.run_id,
+        "hand": end.hand,
+        "tool": end.tool,
+        "state": end.state.value,
+        "reason": end.reason,
+        "reject_code": end.reject_code.value if end.reject_code else None,
+        "exit_code": end.exit_code,
+        "signal": end.signal,
+        "stage": end.stage.value if end.stage else None,
+        "progress_dropped": end.progress_dropped,
+        "truncated": end.truncated,
+        "duration_ms": end.duration_ms,
+        "error": end.error,
+    }
+
+
+class _StreamPrinter:
+    """Writes streamed output live, marks gaps left by dropped progress, and completes the output
+    from the result's tail so the user always sees how the command ended."""
+
+    def __init__(self) -> None:
+        self.upto = {"stdout": 0, "stderr": 0}
+        self.out = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+
+    def chunk(self, stream: str, offset: int, data: bytes) -> None:
+        if offset < self.upto[stream]:
+            data = data[self.upto[stream] - offset :]
+            offset = self.upto[stream]
+            if not data:
+                return
+        if offset > self.upto[stream]:
+            self._gap(stream, offset - self.upto[stream])
+        f = self.out[stream]
+        f.write(data)
+        f.flush()
+        self.upto[stream] = offset + len(data)
+
+    def _gap(self, stream: str, n: int) -> None:
+        sys.stderr.buffer.write(f"\n[mindhand: {n} bytes of {stream} not shown: progress cap]\n".encode())
+        sys.stderr.buffer.flush()
+
+    def finish(self, stream: str, tail: Any) -> None:
+        total, data = tail.total, tail.data
+        if self.upto[stream] >= total or not data:
+            return
+        self.chunk(stream, total - len(data), data)
+
+
+async def cmd_exec(client: Any, args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from protocol.messages import RunEnd, RunOutput, RunUpdate
+
+    if args.shell is not None and args.argv:
+        die("give either --shell COMMAND or -- ARGV, not both", EXIT_USAGE)
+    if args.shell is None and not args.argv:
+        die("nothing to run: give -- ARGV or --shell COMMAND", EXIT_USAGE)
+    if args.timeout <= 0:
+        die("--timeout must be positive", EXIT_USAGE)
+    tool_args: dict[str, Any] = {"command": args.shell} if args.shell is not None else {"argv": list(args.argv)}
+    if args.cwd:
+        tool_args["cwd"] = args.cwd
+    if args.env:
+        env = {}
+        for kv in args.env:
+            k, sep, v = kv.partition("=")
+            if not sep or not k:
+                die(f"--env wants K=V, got {kv!r}", EXIT_USAGE)
+            env[k] = v
+        tool_args["env"] = env
+    tool = "shell" if args.shell is not None else "exec"
+
+    handle = await client.start(args.hand, tool, tool_args, timeout=args.timeout, grace=args.grace)
+    printer = _StreamPrinter()
+    loop = asyncio.get_running_loop()
+    interrupts = 0
+    detach = asyncio.Event()
+
+    def on_sigint() -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts == 1:
+            print("\nmind: cancel requested (Ctrl-C again to detach)", file=sys.stderr, flush=True)
+            loop.create_task(_request_cancel(handle))
+        else:
+            detach.set()
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+
+    def on_event(ev: Any) -> None:
+        if args.events:
+            if isinstance(ev, RunUpdate):
+                line = {"event": "state", "run_id": ev.run_id, "state": ev.state.value, "gen": ev.gen}
+            elif isinstance(ev, RunOutput):
+                line = {"event": "output", "run_id": ev.run_id, "stream": ev.stream, "offset": ev.offset, "data": _text(ev.data)}
+            else:
+                line = {"event": "end", **end_summary(ev), "stdout": _text(ev.stdout.data), "stderr": _text(ev.stderr.data)}
+            print(json.dumps(line), flush=True)
+        elif not args.json and isinstance(ev, RunOutput):
+            printer.chunk(ev.stream, ev.offset, ev.data)
+
+    waiter = asyncio.ensure_future(handle.wait(on_event))
+    detacher = asyncio.ensure_future(detach.wait())
+    try:
+        done, _ = await asyncio.wait({waiter, detacher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    if waiter not in done:
+        waiter.cancel()
+        print(f"mind: detached from run {handle.run_id}; the cancel still proceeds on the Hand", file=sys.stderr)
+        return EXIT_CANCELLED
+    detacher.cancel()
+    end: RunEnd = waiter.result()
+    if args.json:
+        summary = end_summary(end)
+        summary["stdout"] = _text(end.stdout.data)
+        summary["stderr"] = _text(end.stderr.data)
+        print(json.dumps(summary))
+    elif not args.events:
+        printer.finish("stdout", end.stdout)
+        printer.finish("stderr", end.stderr)
+        _explain(end)
+    return exit_code_for(end)
+
+
+async def _request_cancel(handle: Any) -> None:
+    from mind.client import ClientError
+
+    try:
+        await handle.cancel()
+    except ClientError as exc:
+        print(f"mind: cancel request failed: {exc.message}", file=sys.stderr)
+
+
+def _explain(end: Any) -> None:
+    """One line on stderr for any end that is not the command's own exit."""
+    from protocol.states import RunState
+
+    s = end.state
+    if s is RunState.SUCCEEDED or (s is RunState.FAILED and end.exit_code is not None):
+        return
+    detail = end.error or end.reason
+    code = f" ({end.reject_code.value})" if end.reject_code else ""
+    stage = f", stopped by SIG{end.stage.value.upper()}" if end.stage else ""
+    print(f"mind: run {end.run_id} {s.value}{code}{stage}: {detail}", file=sys.stderr)
+
+
+def _parse_kv(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in items:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            die(f"tool arguments are key=value, got {kv!r}", EXIT_USAGE)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+async def cmd_call(client: Any, args: argparse.Namespace) -> int:
+    tool_args: dict[str, Any] = {}
+    if args.args_json:
+        try:
+            tool_args = json.loads(args.args_json)
+        except json.JSONDecodeError as exc:
+            die(f"--args is not valid JSON: {exc}", EXIT_USAGE)
+        if not isinstance(tool_args, dict):
+            die("--args must be a JSON object", EXIT_USAGE)
+    tool_args.update(_parse_kv(args.kv))
+    end = await client.exec(args.hand, args.tool, tool_args, timeout=args.timeout)
+    from protocol.states import RunState
+
+    if end.state is RunState.SUCCEEDED:
+        if args.raw and isinstance(end.value, dict) and isinstance(end.value.get("data"), bytes):
+            sys.stdout.buffer.write(end.value["data"])
+            sys.stdout.flush()
+        else:
+            print(json.dumps(_jsonable(end.value), indent=2))
+        return 0
+    if end.stdout.data:
+        sys.stdout.buffer.write(end.stdout.data)
+    if end.stderr.data:
+        sys.stderr.buffer.write(end.stderr.data)
+    _explain(end)
+    if end.state is RunState.FAILED and end.exit_code is None and end.signal is None:
+        return 1
+    return exit_code_for(end)
+
+
+async def cmd_run_get(client: Any, args: argparse.Namespace) -> int:
+    info = await client.get_run(args.run_id)
+    if args.json:
+        d = info.model_dump(mode="python")
+        print(json.dumps(_jsonable(d), indent=2, default=str))
+        return 0
+    print(f"run      {info.run_id}\nhand     {info.hand} (gen {info.gen})\ntool     {info.tool}\nstate    {info.state.value}")
+    print(f"created  {_ts(info.created_at)}\nended    {_ts(info.ended_at)}")
+    if info.end is not None:
+        e = info.end
+        print(f"exit     {e.exit_code}  signal {e.signal}  duration {e.duration_ms} ms  dropped {e.progress_dropped}")
+        if e.reason:
+            print(f"reason   {e.reason}")
+    return 0
+
+
+# --- formatting ----------------------------------------------------------------------------
+
+
+def _ts(t: float | None) -> str:
+    if not t:
+        return "-"
+    import datetime
+
+    return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+if __name__ == "__main__":
+    main()

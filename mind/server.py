@@ -1,0 +1,384 @@
+"""The Mind daemon's asyncio shell: WebSocket server, connection table, and the action performer.
+
+Thin on purpose: read frame -> decode -> feed the registry (or handshake) -> perform the returned
+actions. Every rule lives in `registry.py` and `handshake.py`; this file only moves bytes and owns
+tasks (one TaskGroup for the server, one per connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import structlog
+from websockets.asyncio.connection import Connection
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from mind import paths
+from mind.handshake import Identity, ServerHandshake
+from mind.outbox import Outbox
+from mind.registry import Action, Log, RunRegistry, SendToClient, SendToHand
+from mind.store import Store
+from protocol import limits
+from protocol.codes import CancelReason, ErrorCode
+from protocol.envelope import Channel
+from protocol.errors import ProtocolError
+from protocol.ids import new_id
+from protocol.messages import (
+    Accepted,
+    CancelResult,
+    CancelRun,
+    CancelRunResult,
+    Error,
+    Exec,
+    GetRun,
+    HandClaims,
+    HandInfo,
+    HandsList,
+    Hello,
+    ListHands,
+    Message,
+    Progress,
+    Proof,
+    Rejected,
+    Result,
+    Started,
+)
+
+log = structlog.get_logger("mind")
+
+CLOSE_PROTOCOL = 1002
+CLOSE_POLICY = 1008
+CLOSE_REPLACED = 4001
+
+
+@dataclass
+class Peer:
+    ident: Identity
+    gen: int
+    ws: Connection
+    outbox: Outbox
+    since: float
+    conn_id: str = field(default_factory=lambda: new_id("c"))
+
+
+@dataclass
+class MindConfig:
+    home: Path
+    host: str = "127.0.0.1"
+    port: int = 7470
+    ping_interval: float = 10.0
+    ping_timeout: float = 10.0
+    tick_interval: float = 0.25
+    retain_runs: int = 10_000
+
+
+def ensure_admin(store: Store, home: Path) -> None:
+    """First start: make the local admin client credential the CLI finds by itself (0600)."""
+    cred_file = paths.admin_cred_file(home)
+    if cred_file.exists() and store.secret("client", "admin") is not None:
+        return
+    store.revoke("client", "admin")
+    cred = store.add("client", "admin")
+    paths.write_private(cred_file, "# mindhand admin client credential (full scope); keep private\n" + cred.token() + "\n")
+
+
+class Mind:
+    def __init__(self, cfg: MindConfig) -> None:
+        self.cfg = cfg
+        self.store = Store(paths.db_path(cfg.home))
+        self.mind_id = self.store.mind_id()
+        self.registry = RunRegistry(retain_finished=cfg.retain_runs)
+        self.hands: dict[str, Peer] = {}
+        self.clients: dict[str, Peer] = {}
+        self.last_seen: dict[str, float] = {}
+        self.url: str | None = None
+        self._stop = asyncio.Event()
+        self._tg: asyncio.TaskGroup | None = None
+
+    # --- lifecycle ---
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self, on_ready: Callable[[str], None] | None = None) -> None:
+        ensure_admin(self.store, self.cfg.home)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.stop)
+            except (NotImplementedError, RuntimeError):
+                pass
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            async with serve(
+                self._handler,
+                self.cfg.host,
+                self.cfg.port,
+                compression=None,
+                max_size=limits.MAX_FRAME_BYTES,
+                ping_interval=self.cfg.ping_interval,
+                ping_timeout=self.cfg.ping_timeout,
+                close_timeout=2,
+                backlog=1024,
+            ) as server:
+                port = next(iter(server.sockets)).getsockname()[1]
+                host = self.cfg.host if ":" not in self.cfg.host else f"[{self.cfg.host}]"
+                self.url = f"ws://{host}:{port}"
+                paths.write_private(paths.url_file(self.cfg.home), self.url + "\n")
+                log.info("mind_listening", url=self.url, mind_id=self.mind_id, pid=os.getpid())
+                if on_ready:
+                    on_ready(self.url)
+                ticker = tg.create_task(self._ticker())
+                await self._stop.wait()
+                log.info("mind_stopping")
+                self._perform(self.registry.on_shutdown(time.monotonic(), time.time()))
+                await self._flush_all(timeout=2.0)
+                ticker.cancel()
+                server.close(close_connections=True)
+                await server.wait_closed()
+        self.store.close()
+        log.info("mind_stopped")
+
+    async def _flush_all(self, timeout: float) -> None:
+        peers = list(self.hands.values()) + list(self.clients.values())
+        try:
+            async with asyncio.timeout(timeout):
+                for p in peers:
+                    await p.outbox.drained.wait()
+        except TimeoutError:
+            pass
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.tick_interval)
+            self._perform(self.registry.on_tick(time.monotonic(), time.time()))
+
+    # --- performing actions ---
+
+    def _perform(self, actions: list[Action]) -> None:
+        for a in actions:
+            if isinstance(a, SendToHand):
+                peer = self.hands.get(a.hand)
+                if peer is not None and peer.gen == a.gen:
+                    peer.outbox.put(a.msg)
+            elif isinstance(a, SendToClient):
+                peer = self.clients.get(a.client)
+                if peer is not None:
+                    peer.outbox.put(a.msg, a.req_id, droppable=a.droppable)
+            elif isinstance(a, Log):
+                level = "warning" if a.event in ("hand_input_wrong_generation", "hand_input_unknown_run", "hand_input_illegal") else "info"
+                getattr(log, level)(a.event, **a.fields)
+
+    # --- connections ---
+
+    async def _handler(self, ws: ServerConnection) -> None:
+        channel = Channel()
+        peer_addr = ws.remote_address[0] if ws.remote_address else "?"
+        try:
+            async with asyncio.timeout(limits.HANDSHAKE_TIMEOUT_S):
+                ident, gen = await self._handshake(ws, channel)
+        except TimeoutError:
+            log.info("handshake_failed", peer=peer_addr, code=ErrorCode.HANDSHAKE_TIMEOUT.value)
+            await self._refuse(ws, channel, ProtocolError(ErrorCode.HANDSHAKE_TIMEOUT, "handshake took too long"))
+            return
+        except ProtocolError as exc:
+            log.info("handshake_failed", peer=peer_addr, code=exc.code.value, reason=exc.message)
+            await self._refuse(ws, channel, exc)
+            return
+        except ConnectionClosed:
+            return
+        outbox = Outbox(ws, channel)
+        peer = Peer(ident=ident, gen=gen, ws=ws, outbox=outbox, since=time.time())
+        async with asyncio.TaskGroup() as tg:
+            writer = tg.create_task(outbox.run())
+            try:
+                if ident.role == "hand":
+                    await self._serve_hand(peer)
+                else:
+                    await self._serve_client(peer)
+            finally:
+                outbox.close()
+                try:
+                    async with asyncio.timeout(2):
+                        await asyncio.shield(writer)
+                except (TimeoutError, ConnectionClosed):
+                    writer.cancel()
+
+    async def _refuse(self, ws: Connection, channel: Channel, exc: ProtocolError) -> None:
+        code = CLOSE_POLICY if exc.code in (ErrorCode.AUTH_FAILED, ErrorCode.HANDSHAKE_TIMEOUT) else CLOSE_PROTOCOL
+        try:
+            await ws.send(channel.stamp(Error(code=exc.code, message=exc.message)))
+            await ws.close(code, exc.code.value)
+        except (ConnectionClosed, ProtocolError):
+            pass
+
+    async def _recv(self, ws: Connection, channel: Channel) -> Message:
+        data = await ws.recv()
+        return channel.receive(data).msg
+
+    async def _handshake(self, ws: Connection, channel: Channel) -> tuple[Identity, int]:
+        loop = asyncio.get_running_loop()
+        msg = await self._recv(ws, channel)
+        if not isinstance(msg, Hello):
+            raise ProtocolError(
+                ErrorCode.UNEXPECTED_MESSAGE, f"expected hello, got {msg.TYPE}: nothing is acted on before welcome"
+            )
+        secret = await asyncio.to_thread(self.store.secret, msg.role, msg.label)
+        hs = ServerHandshake(self.mind_id, new_id("hs"), os.urandom(limits.NONCE_BYTES), loop.time())
+        challenge = hs.on_hello(msg, secret, os.urandom(limits.SECRET_BYTES), loop.time())
+        await ws.send(channel.stamp(challenge))
+        proof = await self._recv(ws, channel)
+        if not isinstance(proof, Proof):
+            raise ProtocolError(
+                ErrorCode.UNEXPECTED_MESSAGE, f"expected proof, got {proof.TYPE}: nothing is acted on before welcome"
+            )
+        ident = hs.on_proof(proof, loop.time())
+        gen = await asyncio.to_thread(self.store.next_generation, ident.role, ident.label)
+        channel.gen = gen
+        await ws.send(channel.stamp(hs.welcome(gen, self.cfg.ping_interval)))
+        return ident, gen
+
+    # --- hands ---
+
+    async def _serve_hand(self, peer: Peer) -> None:
+        label, gen = peer.ident.label, peer.gen
+        hlog = log.bind(hand=label, gen=gen)
+        old = self.hands.get(label)
+        self.hands[label] = peer
+        if old is not None:
+            # The newer connection wins at once: the old one may be a dead socket nobody noticed yet.
+            hlog.info("hand_replaced", old_gen=old.gen)
+            self.last_seen[label] = time.time()
+            self._perform(self.registry.on_hand_gone(label, old.gen, time.monotonic(), time.time()))
+            old.outbox.close()
+            assert self._tg is not None
+            self._tg.create_task(self._close_quietly(old.ws, CLOSE_REPLACED, "replaced by a newer connection"))
+        hlog.info("hand_connected", claims=peer.ident.claims.model_dump() if peer.ident.claims else None)
+        try:
+            await self._read_loop(peer, self._on_hand_message)
+        finally:
+            if self.hands.get(label) is peer:
+                del self.hands[label]
+                self.last_seen[label] = time.time()
+                self._perform(self.registry.on_hand_gone(label, gen, time.monotonic(), time.time()))
+            hlog.info("hand_disconnected")
+
+    async def _close_quietly(self, ws: Connection, code: int, reason: str) -> None:
+        try:
+            await ws.close(code, reason)
+        except Exception:  # noqa: BLE001 - the socket may already be gone; nothing to do
+            pass
+
+    async def _read_loop(self, peer: Peer, on_message: Callable[[Peer, str | None, Message], None]) -> None:
+        channel = peer.outbox._channel
+        try:
+            async for data in peer.ws:
+                try:
+                    env = channel.receive(data)
+                    on_message(peer, env.id, env.msg)
+                except ProtocolError as exc:
+                    log.warning(
+                        "peer_protocol_error", role=peer.ident.role, label=peer.ident.label, gen=peer.gen,
+                        code=exc.code.value, reason=exc.message,
+                    )
+                    peer.outbox.put(Error(code=exc.code, message=exc.message))
+                    peer.outbox.close()
+                    await peer.outbox.drained.wait()
+                    await self._close_quietly(peer.ws, CLOSE_PROTOCOL, exc.code.value)
+                    return
+        except ConnectionClosed:
+            return
+
+    def _on_hand_message(self, peer: Peer, id_: str | None, msg: Message) -> None:
+        label, gen = peer.ident.label, peer.gen
+        now, wall = time.monotonic(), time.time()
+        r = self.registry
+        if isinstance(msg, Progress):
+            acts = r.on_progress(msg, label, gen)
+        elif isinstance(msg, Accepted):
+            acts = r.on_accepted(msg.run_id, label, gen, now)
+        elif isinstance(msg, Started):
+            acts = r.on_started(msg.run_id, label, gen, now)
+        elif isinstance(msg, Rejected):
+            acts = r.on_rejected(msg.run_id, label, gen, msg.code, msg.message, now, wall)
+        elif isinstance(msg, Result):
+            acts = r.on_result(msg, label, gen, now, wall)
+        elif isinstance(msg, CancelResult):
+            acts = r.on_cancel_result(msg.run_id, label, gen, msg.status, now, wall)
+        elif isinstance(msg, Error):
+            log.warning("hand_error", hand=label, gen=gen, code=msg.code.value, reason=msg.message)
+            return
+        else:
+            raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, f"a hand may not send {msg.TYPE}")
+        self._perform(acts)
+
+    # --- clients ---
+
+    async def _serve_client(self, peer: Peer) -> None:
+        self.clients[peer.conn_id] = peer
+        clog = log.bind(client=peer.ident.label, conn=peer.conn_id)
+        clog.debug("client_connected")
+        try:
+            await self._read_loop(peer, self._on_client_message)
+        finally:
+            self.clients.pop(peer.conn_id, None)
+            self._perform(self.registry.on_client_gone(peer.conn_id, time.monotonic(), time.time()))
+            clog.debug("client_disconnected")
+
+    def _on_client_message(self, peer: Peer, id_: str | None, msg: Message) -> None:
+        if id_ is None:
+            raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"a {msg.TYPE} request needs an envelope id")
+        now, wall = time.monotonic(), time.time()
+        if isinstance(msg, Exec):
+            live = self.hands.get(msg.hand)
+            known = live is not None or self.store.secret("hand", msg.hand) is not None
+            run_id = new_id("r")
+            self._perform(
+                self.registry.admit(
+                    run_id, msg, peer.conn_id, id_, live.gen if live else None, known, now, wall
+                )
+            )
+        elif isinstance(msg, CancelRun):
+            status, acts = self.registry.on_cancel(msg.run_id, CancelReason.USER_REQUESTED, now, wall)
+            run = self.registry.get(msg.run_id)
+            if run is None:
+                peer.outbox.put(Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {msg.run_id}"), id_)
+            else:
+                peer.outbox.put(CancelRunResult(run_id=msg.run_id, status=status, state=run.state), id_)
+            self._perform(acts)
+        elif isinstance(msg, ListHands):
+            peer.outbox.put(HandsList(hands=self.hand_infos()), id_)
+        elif isinstance(msg, GetRun):
+            run = self.registry.get(msg.run_id)
+            if run is None:
+                peer.outbox.put(Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {msg.run_id}"), id_)
+            else:
+                peer.outbox.put(run.info(), id_)
+        else:
+            raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, f"a client may not send {msg.TYPE}")
+
+    def hand_infos(self) -> list[HandInfo]:
+        out = []
+        for row in self.store.list("hand"):
+            if row.revoked_at is not None and row.label not in self.hands:
+                continue
+            live = self.hands.get(row.label)
+            claims: HandClaims | None = live.ident.claims if live else None
+            out.append(
+                HandInfo(
+                    name=row.label,
+                    connected=live is not None,
+                    generation=live.gen if live else row.generation,
+                    since=live.since if live else (self.last_seen.get(row.label) or row.last_seen_at),
+                    claims=claims,
+                    running=self.registry.running_on(row.label),
+                )
+            )
+        return out

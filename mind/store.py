@@ -1,0 +1,160 @@
+"""The Mind's SQLite store: credentials and per-label generations.
+
+Generations must be monotonic per label and survive a Mind restart, because they are what makes a
+result from an old connection recognisably old (DESIGN §8). `next_generation` increments inside one
+transaction and returns the new value only after it is committed.
+
+Synchronous on purpose: the asyncio shell calls it through `asyncio.to_thread`, the CLI directly.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol import limits
+from protocol.auth import Credential
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS credentials (
+    role TEXT NOT NULL CHECK (role IN ('hand', 'client')),
+    label TEXT NOT NULL,
+    secret BLOB NOT NULL,
+    created_at REAL NOT NULL,
+    revoked_at REAL,
+    generation INTEGER NOT NULL DEFAULT 0,
+    last_seen_at REAL,
+    PRIMARY KEY (role, label)
+);
+"""
+
+
+class StoreError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class CredentialRow:
+    role: str
+    label: str
+    created_at: float
+    revoked_at: float | None
+    generation: int
+    last_seen_at: float | None
+
+
+def _private_file(path: Path) -> None:
+    if not path.exists():
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+        os.close(fd)
+    os.chmod(path, 0o600)
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _private_file(path)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        for suffix in ("-wal", "-shm"):
+            side = Path(str(path) + suffix)
+            if side.exists():
+                os.chmod(side, 0o600)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def mind_id(self) -> str:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key='mind_id'").fetchone()
+            if row:
+                return row[0]
+            mid = "mind-" + secrets.token_hex(6)
+            self._db.execute("INSERT INTO meta(key, value) VALUES ('mind_id', ?)", (mid,))
+            return mid
+
+    def add(self, role: str, label: str) -> Credential:
+        if not limits.LABEL_RE.match(label):
+            raise StoreError(
+                f"invalid name {label!r}: use 1-64 of A-Z a-z 0-9 . _ - , starting with a letter or digit"
+            )
+        secret = secrets.token_bytes(limits.SECRET_BYTES)
+        with self._lock:
+            row = self._db.execute(
+                "SELECT revoked_at FROM credentials WHERE role=? AND label=?", (role, label)
+            ).fetchone()
+            if row is not None and row[0] is None:
+                raise StoreError(f"{role} {label!r} already exists")
+            if row is not None:
+                # Re-adding a revoked name keeps its generation counter: generations never go back.
+                self._db.execute(
+                    "UPDATE credentials SET secret=?, created_at=?, revoked_at=NULL WHERE role=? AND label=?",
+                    (secret, time.time(), role, label),
+                )
+            else:
+                self._db.execute(
+                    "INSERT INTO credentials(role, label, secret, created_at) VALUES (?, ?, ?, ?)",
+                    (role, label, secret, time.time()),
+                )
+        return Credential(role=role, label=label, secret=secret)
+
+    def revoke(self, role: str, label: str) -> bool:
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE credentials SET revoked_at=? WHERE role=? AND label=? AND revoked_at IS NULL",
+                (time.time(), role, label),
+            )
+            return cur.rowcount == 1
+
+    def secret(self, role: str, label: str) -> bytes | None:
+        """The live secret, or None for an unknown or revoked credential."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT secret FROM credentials WHERE role=? AND label=? AND revoked_at IS NULL",
+                (role, label),
+            ).fetchone()
+        return bytes(row[0]) if row else None
+
+    def next_generation(self, role: str, label: str) -> int:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(
+                    "UPDATE credentials SET generation = generation + 1, last_seen_at=? WHERE role=? AND label=?",
+                    (time.time(), role, label),
+                )
+                row = self._db.execute(
+                    "SELECT generation FROM credentials WHERE role=? AND label=?", (role, label)
+                ).fetchone()
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        if row is None:
+            raise StoreError(f"{role} {label!r} vanished during the handshake")
+        return int(row[0])
+
+    def touch(self, role: str, label: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE credentials SET last_seen_at=? WHERE role=? AND label=?", (time.time(), role, label)
+            )
+
+    def list(self, role: str) -> list[CredentialRow]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT role, label, created_at, revoked_at, generation, last_seen_at FROM credentials "
+                "WHERE role=? ORDER BY label",
+                (role,),
+            ).fetchall()
+        return [CredentialRow(*r) for r in rows]
