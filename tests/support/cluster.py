@@ -1,0 +1,175 @@
+"""Real `mind serve` and `hand run` processes on loopback for integration tests.
+
+Every process runs in its own session so cleanup can kill it and anything it spawned by PID; every
+wait polls a condition with a deadline (no sleeps that hope).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+BIN = Path(sys.executable).parent
+
+
+def wait_until(cond: Callable[[], object], timeout: float = 15.0, what: str = "condition", interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def pid_alive(pid: int) -> bool:
+    """True if `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+class Proc:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.name = name
+        self.log = log
+        self._logf = open(log, "ab")
+        self.p = subprocess.Popen(
+            argv, env=env, stdout=self._logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.p.pid
+
+    def alive(self) -> bool:
+        return self.p.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.p.pid, sig)
+
+    def kill9(self) -> None:
+        """Kill the process only (not its group): a crash, children left to fend for themselves."""
+        if self.alive():
+            os.kill(self.p.pid, signal.SIGKILL)
+        self.p.wait(timeout=10)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        if self.alive():
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._logf.close()
+        return self.p.returncode
+
+    def output(self) -> str:
+        self._logf.flush()
+        return self.log.read_text(errors="replace")
+
+
+class Cluster:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.home = tmp / "mind-home"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("MINDHAND_")}
+        self.env["MINDHAND_HOME"] = str(self.home)
+        self.env["PATH"] = f"{BIN}{os.pathsep}{self.env.get('PATH', '')}"
+        self.procs: list[Proc] = []
+        self.mind: Proc | None = None
+        self.hands: dict[str, Proc] = {}
+        self.port = 0
+
+    # --- processes ---
+
+    def start_mind(self, *extra: str, port: int | None = None) -> Proc:
+        url_file = self.home / "mind.url"
+        if url_file.exists():
+            url_file.unlink()
+        listen = f"127.0.0.1:{self.port if port is None else port}"
+        p = Proc("mind", [str(BIN / "mind"), "serve", "--listen", listen, "--log-format", "json", "--ping-interval", "1", *extra], self.env, self.tmp / "mind.log")
+        self.procs.append(p)
+        self.mind = p
+        wait_until(lambda: url_file.exists() or not p.alive(), 20, "the Mind to listen")
+        if not p.alive():
+            raise AssertionError("mind exited at start:\n" + p.output())
+        self.url = url_file.read_text().strip()
+        self.port = int(self.url.rsplit(":", 1)[1])
+        return p
+
+    def add_hand(self, name: str) -> Path:
+        cred = self.tmp / f"{name}.cred"
+        r = self.cli("hand", "add", name, "--out", str(cred))
+        assert r.returncode == 0, r.stderr
+        return cred
+
+    def start_hand(self, name: str, *extra: str, root: Path | None = None, cred: Path | None = None, url: str | None = None) -> Proc:
+        cred = cred or (self.tmp / f"{name}.cred")
+        if not cred.exists():
+            self.add_hand(name)
+        root = root or (self.tmp / f"root-{name}")
+        root.mkdir(parents=True, exist_ok=True)
+        argv = [
+            str(BIN / "hand"), "run", "--mind", url or self.url, "--credential", str(cred), "--root", str(root),
+            "--state-dir", str(self.tmp / f"state-{name}"), "--log-format", "json", "--ping-interval", "1",
+            "--max-backoff", "1", *extra,
+        ]
+        p = Proc(f"hand-{name}", argv, self.env, self.tmp / f"hand-{name}.log")
+        self.procs.append(p)
+        self.hands[name] = p
+        return p
+
+    def stop_all(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+
+    # --- CLI ---
+
+    def cli(self, *args: str, timeout: float = 60.0, input: bytes | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(BIN / "mind"), *args], env=self.env, capture_output=True, timeout=timeout, input=input
+        )
+
+    def cli_popen(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [str(BIN / "mind"), *args], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+
+    def hands_json(self) -> list[dict]:
+        r = self.cli("hands", "--json", timeout=20)
+        if r.returncode != 0:
+            return []
+        return json.loads(r.stdout)
+
+    def hand_info(self, name: str) -> dict | None:
+        for h in self.hands_json():
+            if h["name"] == name:
+                return h
+        return None
+
+    def wait_connected(self, name: str, min_gen: int = 1, timeout: float = 20.0) -> dict:
+        def ok():
+            h = self.hand_info(name)
+            return h if h and h["connected"] and h["generation"] >= min_gen else None
+
+        return wait_until(ok, timeout, f"hand {name} connected with generation >= {min_gen}", interval=0.1)
