@@ -1,0 +1,3 @@
+from hand.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,36 @@
+"""Which tools this machine runs (DESIGN §3: the Hand's policy is final).
+
+The Mind's request is an input, never a verdict: a denied tool is refused before anything runs,
+whatever the Mind says. Deny wins over allow, so an operator can narrow a broad allow list with one
+flag; no allow list means every known tool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KNOWN_TOOLS: frozenset[str] = frozenset({"exec", "shell", "read_file", "write_file", "list_dir"})
+
+
+@dataclass(frozen=True)
+class Policy:
+    allow: frozenset[str] | None = None
+    """None: every tool not denied. An empty set: nothing at all."""
+    deny: frozenset[str] = frozenset()
+
+    def allowed(self, tool: str) -> bool:
+        if tool in self.deny:
+            return False
+        return self.allow is None or tool in self.allow
+
+
+def parse_tool_list(text: str) -> frozenset[str]:
+    """`"exec, shell"` -> {"exec", "shell"}; unknown names are a configuration error (a typo in a
+    deny list must not silently allow the tool the operator meant to deny)."""
+    names = frozenset(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(names - KNOWN_TOOLS)
+    if unknown:
+        raise ValueError(
+            f"unknown tool(s) {', '.join(unknown)}; known tools: {', '.join(sorted(KNOWN_TOOLS))}"
+        )
+    return names

@@ -1,0 +1,377 @@
+"""The foreground run table of one connection, and the execution of each run.
+
+Per run, on the ordered stream: `rpc` -> `rejected`, or `accepted` -> `started` -> `progress`* ->
+exactly one `result`. `cancel` -> `cancel_result` (a request, not an outcome: the `result` says how
+the run really ended).
+
+Rules this module keeps, each from DESIGN §3-§6:
+- Everything that can refuse a run (duplicate id, unknown tool, policy, arguments, paths) is
+  decided before `accepted`, and a refused run runs nothing.
+- A run is registered synchronously in `on_rpc`, before any await, so a `cancel` that follows the
+  `rpc` on the ordered stream always finds it.
+- Progress is observation only: past the caps it is dropped and counted (`progress_dropped`),
+  execution goes on, and no progress is sent after the result.
+- The Hand enforces the deadline on its own monotonic clock: it kills the tree, `timed_out`.
+- The truth wins: `RunControl(finish_on_cancel=False)`; the run finishes with what actually
+  happened. A command that exited on its own before a kill landed reports its real exit, even if a
+  cancel was requested; a killed command reports the state its cancel reason maps to.
+- File tools run to completion in a thread (a thread cannot be interrupted, and a write that
+  happened must not be reported as cancelled); their result is the truth too.
+- An exception in one run never kills the agent: it becomes `result(failed, error=sanitised)`.
+- Raw arguments never reach a log: only their SHA-256 digest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import OrderedDict
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+import msgpack
+import structlog
+
+from hand.policy import KNOWN_TOOLS, Policy
+from hand.process import DEFAULT_GRACE_S, ProcessOutcome, ProcessRun, Stream
+from hand.sanitize import Sanitizer
+from hand.tools import FileCall, Prepared, ProcessSpec, Refusal, ToolFailed, prepare
+from protocol import limits
+from protocol.codes import CancelReason, CancelStatus, RejectCode
+from protocol.control import REASON_TO_STATE, Budget, RunAborted, RunControl, check_active
+from protocol.errors import ProtocolError
+from protocol.messages import (
+    Accepted,
+    Cancel,
+    CancelResult,
+    Message,
+    OutputTail,
+    Progress,
+    Rejected,
+    Result,
+    Rpc,
+    Started,
+)
+from protocol.states import RunState
+
+Send = Callable[[Message], None]
+"""Stamp and queue one frame, in order, without blocking. Dropped silently once the connection is
+gone (nobody can receive it; the Mind marks the run `lost`)."""
+Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
+
+RECENT_MAX = 1000
+PROGRESS_BYTES = "progress_bytes"
+PROGRESS_EVENTS = "progress_events"
+
+
+def args_digest(args: dict[str, Any]) -> str:
+    """SHA-256 of the msgpack-encoded arguments: what logs and audits may keep instead of the args."""
+    return hashlib.sha256(msgpack.packb(args, use_bin_type=True)).hexdigest()
+
+
+class RecentRuns:
+    """A bounded memory of finished run ids: `already_done` for a late cancel, and `duplicate_run`
+    for an rpc that would run a finished run again (nothing is re-run automatically). Shared across
+    connections by the agent, so a run id of an earlier connection is never run twice."""
+
+    def __init__(self, cap: int = RECENT_MAX) -> None:
+        self._cap = cap
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def add(self, run_id: str) -> None:
+        self._ids[run_id] = None
+        self._ids.move_to_end(run_id)
+        while len(self._ids) > self._cap:
+            self._ids.popitem(last=False)
+
+    def __contains__(self, run_id: object) -> bool:
+        return run_id in self._ids
+
+
+@dataclass(eq=False)
+class _Run:
+    rpc: Rpc
+    ctl: RunControl
+    prepared: Prepared
+    grace: float
+    digest: str
+    log: Any
+    offsets: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+    dropped: int = 0
+    task: asyncio.Task[None] | None = None
+
+
+def _fits(budget: Budget, n: int) -> bool:
+    """Reserve one progress event of `n` bytes, all or nothing."""
+    for kind, amount in ((PROGRESS_EVENTS, 1), (PROGRESS_BYTES, n)):
+        limit = budget.limit(kind)
+        if limit is not None and budget.used(kind) + amount > limit:
+            return False
+    return budget.try_reserve(PROGRESS_EVENTS, 1) and budget.try_reserve(PROGRESS_BYTES, n)
+
+
+class RunTable:
+    def __init__(
+        self,
+        *,
+        root: Path,
+        policy: Policy,
+        send: Send,
+        spawn: Spawn,
+        sanitize: Sanitizer | None = None,
+        recent: RecentRuns | None = None,
+        kill_grace: float = DEFAULT_GRACE_S,
+        log: Any = None,
+    ) -> None:
+        self._root = root
+        self._policy = policy
+        self._send = send
+        self._spawn = spawn
+        self._sanitize = sanitize or Sanitizer(root)
+        self._recent = recent if recent is not None else RecentRuns()
+        self._kill_grace = kill_grace
+        self._log = log if log is not None else structlog.get_logger(component="hand")
+        self._active: dict[str, _Run] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closing: CancelReason | None = None
+
+    # --- admission ------------------------------------------------------------------------------
+
+    def on_rpc(self, rpc: Rpc) -> None:
+        log = self._log.bind(run_id=rpc.run_id, tool=rpc.tool)
+        try:
+            packed = msgpack.packb(rpc.args, use_bin_type=True)
+            digest = hashlib.sha256(packed).hexdigest()
+            prepared = self._admit(rpc, len(packed))
+        except Refusal as refusal:
+            self._reject(rpc, refusal.code, refusal.message, log)
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug must refuse one run, not kill the agent
+            log.exception("run_admission_failed")
+            self._reject(rpc, RejectCode.INTERNAL_ERROR, f"internal error: {exc}", log)
+            return
+        loop = asyncio.get_running_loop()
+        budget = Budget({PROGRESS_BYTES: limits.PROGRESS_BYTES_MAX, PROGRESS_EVENTS: limits.PROGRESS_EVENTS_MAX})
+        ctl = RunControl(budget, deadline=loop.time() + rpc.timeout_ms / 1000, finish_on_cancel=False)
+        grace = self._kill_grace if rpc.grace_ms is None else min(rpc.grace_ms / 1000, self._kill_grace)
+        run = _Run(rpc, ctl, prepared, grace, digest, log)
+        self._active[rpc.run_id] = run  # before any await: a following cancel finds it
+        self._idle.clear()
+        self._send(Accepted(run_id=rpc.run_id))
+        log.info("run_accepted", args_digest=digest, timeout_ms=rpc.timeout_ms)
+        try:
+            run.task = self._spawn(self._execute(run))
+        except Exception as exc:  # noqa: BLE001 - e.g. the connection's task group is closing
+            log.exception("run_spawn_failed")
+            self._conclude(run, self._failed(run, f"internal error: {exc}"))
+
+    def _admit(self, rpc: Rpc, args_size: int) -> Prepared:
+        if rpc.run_id in self._active or rpc.run_id in self._recent:
+            raise Refusal(RejectCode.DUPLICATE_RUN, f"run {rpc.run_id} is already known to this hand")
+        if self._closing is not None:
+            raise Refusal(RejectCode.SHUTTING_DOWN, "this hand is shutting down")
+        if args_size > limits.ARGS_MAX_BYTES:
+            raise Refusal(
+                RejectCode.INVALID_REQUEST, f"arguments of {args_size} bytes exceed {limits.ARGS_MAX_BYTES}"
+            )
+        if rpc.tool not in KNOWN_TOOLS:
+            raise Refusal(RejectCode.UNKNOWN_TOOL, f"this hand has no tool {rpc.tool!r}")
+        if not self._policy.allowed(rpc.tool):
+            raise Refusal(RejectCode.DENIED_BY_POLICY, f"tool {rpc.tool!r} is denied by this hand's policy")
+        return prepare(rpc.tool, rpc.args, self._root)  # arguments and paths
+
+    def _reject(self, rpc: Rpc, code: RejectCode, message: str, log: Any) -> None:
+        self._send(Rejected(run_id=rpc.run_id, code=code, message=self._sanitize(message)))
+        log.info("run_rejected", code=code.value)
+
+    # --- cancellation ---------------------------------------------------------------------------
+
+    def on_cancel(self, cancel: Cancel) -> None:
+        run = self._active.get(cancel.run_id)
+        if run is not None:
+            self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.CANCEL_REQUESTED))
+            run.log.info("run_cancel_requested", reason=cancel.reason.value)
+            self._cancel(run, cancel.reason)
+        elif cancel.run_id in self._recent:
+            self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.ALREADY_DONE))
+        else:
+            self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.UNKNOWN_RUN))
+
+    def cancel_all(self, reason: CancelReason) -> None:
+        """Cancel every run and refuse new ones (`shutdown`, `connection_lost`)."""
+        self._closing = self._closing or reason
+        for run in list(self._active.values()):
+            self._cancel(run, reason)
+
+    def _cancel(self, run: _Run, reason: CancelReason) -> None:
+        try:
+            run.ctl.cancel(reason, asyncio.get_running_loop().time())
+        except Exception:  # noqa: BLE001 - a failing kill callback must not stop the others
+            run.log.exception("run_cancel_callback_failed")
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no run is active. Past `timeout`, cancel the tasks still running (they report
+        and end at once) and return False."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+            return True
+        except TimeoutError:
+            for run in list(self._active.values()):
+                if run.task is not None:
+                    run.task.cancel()
+            return False
+
+    # --- execution ------------------------------------------------------------------------------
+
+    async def _execute(self, run: _Run) -> None:
+        loop = asyncio.get_running_loop()
+        assert run.ctl.deadline is not None
+        timer = loop.call_at(run.ctl.deadline, self._cancel, run, CancelReason.DEADLINE_EXCEEDED)
+        try:
+            result = await self._outcome(run)
+        except asyncio.CancelledError:
+            # Our owner stopped waiting (shutdown bound passed): report what we know, then end.
+            self._conclude(run, self._stopped(run))
+            raise
+        finally:
+            timer.cancel()
+        self._conclude(run, result)
+
+    async def _outcome(self, run: _Run) -> Result:
+        loop = asyncio.get_running_loop()
+        try:
+            check_active(run.ctl, loop.time())
+        except RunAborted:
+            return self._stopped(run)
+        self._send(Started(run_id=run.rpc.run_id))
+        started = loop.time()
+        try:
+            if isinstance(run.prepared, ProcessSpec):
+                return self._from_process(run, await self._run_process(run, run.prepared))
+            assert isinstance(run.prepared, FileCall)
+            value = await asyncio.to_thread(run.prepared.call)
+            return Result(
+                run_id=run.rpc.run_id,
+                state=RunState.SUCCEEDED,
+                value=value,
+                duration_ms=_ms(loop.time() - started),
+            )
+        except ToolFailed as exc:
+            return self._failed(run, str(exc), loop.time() - started)
+        except OSError as exc:  # the command could not start
+            program = run.prepared.argv[0] if isinstance(run.prepared, ProcessSpec) else run.rpc.tool
+            return self._failed(run, f"cannot start {program}: {exc.strerror or exc}", loop.time() - started)
+        except Exception as exc:  # noqa: BLE001 - one run's bug must not kill the agent
+            run.log.exception("run_crashed")
+            return self._failed(run, f"internal error: {type(exc).__name__}: {exc}", loop.time() - started)
+
+    async def _run_process(self, run: _Run, spec: ProcessSpec) -> ProcessOutcome:
+        proc = ProcessRun(
+            spec.argv,
+            cwd=spec.cwd,
+            env=spec.env,
+            stdin=spec.stdin,
+            on_output=partial(self._progress, run),
+            grace=run.grace,
+        )
+        unregister = run.ctl.cancellation.on_cancel(lambda _reason: proc.kill())
+        try:
+            return await proc.run()
+        finally:
+            unregister()
+
+    def _progress(self, run: _Run, stream: Stream, data: bytes) -> None:
+        base = run.offsets[stream]
+        run.offsets[stream] = base + len(data)
+        step = limits.PROGRESS_CHUNK_MAX
+        for i in range(0, len(data), step):
+            piece = data[i : i + step]
+            if run.ctl.cancellation.cancelled or run.ctl.lifecycle.done or not _fits(run.ctl.budget, len(piece)):
+                run.dropped += 1
+                continue
+            self._send(Progress(run_id=run.rpc.run_id, stream=stream, offset=base + i, data=piece))
+
+    # --- results --------------------------------------------------------------------------------
+
+    def _from_process(self, run: _Run, out: ProcessOutcome) -> Result:
+        reason = run.ctl.cancellation.reason
+        if out.killed and reason is not None:
+            state, why = REASON_TO_STATE[reason], reason.value
+        elif out.exit_code == 0:
+            state, why = RunState.SUCCEEDED, ""
+        else:
+            state = RunState.FAILED
+            why = f"exit status {out.exit_code}" if out.exit_code is not None else f"killed by signal {out.signal}"
+        return Result(
+            run_id=run.rpc.run_id,
+            state=state,
+            reason=why,
+            exit_code=out.exit_code,
+            signal=out.signal,
+            stage=out.stage if out.killed else None,
+            stdout=OutputTail(data=out.stdout.data, total=out.stdout.total),
+            stderr=OutputTail(data=out.stderr.data, total=out.stderr.total),
+            truncated=out.stdout.truncated or out.stderr.truncated,
+            duration_ms=_ms(out.duration),
+        )
+
+    def _failed(self, run: _Run, error: str, duration: float = 0.0) -> Result:
+        return Result(
+            run_id=run.rpc.run_id,
+            state=RunState.FAILED,
+            reason="tool failed",
+            error=self._sanitize(error),
+            duration_ms=_ms(duration),
+        )
+
+    def _stopped(self, run: _Run) -> Result:
+        """The run was stopped before (or instead of) producing an outcome."""
+        term = run.ctl.lifecycle.termination
+        reason = run.ctl.cancellation.reason or CancelReason.SHUTDOWN
+        state = term.state if term is not None else REASON_TO_STATE[reason]
+        return Result(run_id=run.rpc.run_id, state=state, reason=reason.value)
+
+    def _conclude(self, run: _Run, result: Result) -> None:
+        """Record the one terminal, forget the run, send the one result. Synchronous, so a cancel
+        sees the run either active or already done, never in between."""
+        if self._active.get(run.rpc.run_id) is not run:
+            return  # already concluded
+        now = asyncio.get_running_loop().time()
+        if not run.ctl.lifecycle.finish(result.state, result.reason or result.state.value, now):
+            term = run.ctl.lifecycle.termination
+            assert term is not None
+            if term.state != result.state:
+                result = result.model_copy(update={"state": term.state, "reason": term.reason})
+        result = result.model_copy(update={"progress_dropped": run.dropped})
+        del self._active[run.rpc.run_id]
+        self._recent.add(run.rpc.run_id)
+        if not self._active:
+            self._idle.set()
+        try:
+            self._send(result)
+        except ProtocolError as exc:  # e.g. the value does not fit in a frame
+            run.log.warning("run_result_unsendable", code=exc.code.value)
+            self._send(self._failed(run, "the result was too large to send").model_copy(
+                update={"duration_ms": result.duration_ms, "progress_dropped": run.dropped}
+            ))
+        except Exception:  # noqa: BLE001
+            run.log.exception("run_result_send_failed")
+        run.log.info(
+            "run_terminal",
+            state=result.state.value,
+            exit_code=result.exit_code,
+            signal=result.signal,
+            stage=result.stage.value if result.stage else None,
+            duration_ms=result.duration_ms,
+            progress_dropped=run.dropped,
+            args_digest=run.digest,
+        )
+
+
+def _ms(seconds: float) -> int:
+    return max(0, int(seconds * 1000))

@@ -1,0 +1,375 @@
+"""The tools a Hand offers, their argument models, and their implementations.
+
+`prepare(tool, args, root)` validates everything that can be known before anything runs (the
+arguments, every path against the root) and returns what to execute: a `ProcessSpec` for the
+command tools, a `FileCall` (run in a thread) for the file tools. Refusals raise `Refusal` with
+the reject code, so the run table answers `rejected` BEFORE `accepted` and nothing half-starts.
+
+A tool that ran and failed raises `ToolFailed` (or an `OSError`) whose message names the caller's
+own path, never the Hand's absolute one; the run table sanitises it once more on the way out.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Callable, Literal
+
+import pydantic
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from hand.paths import PathRefused, resolve, show
+from hand.policy import KNOWN_TOOLS
+from protocol import limits
+from protocol.codes import RejectCode
+
+READ_FILE_DEFAULT = 1 << 20
+
+
+class Refusal(Exception):
+    """The run is refused before anything ran. `message` is safe to send."""
+
+    def __init__(self, code: RejectCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ToolFailed(Exception):
+    """A tool ran and failed. `message` is meant for the caller (no absolute Hand paths)."""
+
+
+# --- argument models --------------------------------------------------------------------------
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+def _env_key(value: str) -> str:
+    if not value or "=" in value or "\x00" in value:
+        raise ValueError("environment names must be non-empty, without '=' or NUL")
+    return value
+
+
+NoNul = Annotated[str, AfterValidator(_no_nul)]
+EnvKey = Annotated[str, AfterValidator(_env_key)]
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class _ProcessArgs(_Args):
+    cwd: str | None = None
+    env: dict[EnvKey, NoNul] | None = None
+    stdin: bytes | None = None
+
+
+class ExecArgs(_ProcessArgs):
+    argv: list[NoNul] = Field(min_length=1)
+
+    @pydantic.field_validator("argv")
+    @classmethod
+    def _program(cls, argv: list[str]) -> list[str]:
+        if not argv[0]:
+            raise ValueError("argv[0] must name a program")
+        return argv
+
+
+class ShellArgs(_ProcessArgs):
+    command: Annotated[NoNul, Field(min_length=1)]
+
+
+class ReadFileArgs(_Args):
+    path: str
+    offset: int = Field(0, ge=0)
+    limit: int = Field(READ_FILE_DEFAULT, ge=0, le=limits.READ_FILE_MAX)
+
+
+class WriteFileArgs(_Args):
+    path: str
+    data: bytes | str
+    mode: Literal["overwrite", "append", "create"] = "overwrite"
+    make_dirs: bool = False
+
+
+class ListDirArgs(_Args):
+    path: str = "."
+
+
+# --- what prepare() returns ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    argv: tuple[str, ...]
+    cwd: Path
+    env: dict[str, str]
+    stdin: bytes | None
+
+
+@dataclass(frozen=True)
+class FileCall:
+    call: Callable[[], dict[str, Any]]
+    """Blocking: the run table runs it with `asyncio.to_thread`."""
+
+
+Prepared = ProcessSpec | FileCall
+
+
+def child_env(extra: dict[str, str] | None) -> dict[str, str]:
+    """The environment a command gets: the Hand's own plus the run's `env`.
+
+    The one place where environment scrubbing (DESIGN §9) will go: today nothing is removed.
+    """
+    env = dict(os.environ)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def _describe(exc: pydantic.ValidationError) -> str:
+    """First error's location and message, never the input value (it may be a secret or huge)."""
+    errs = exc.errors(include_input=False, include_url=False, include_context=False)
+    if not errs:
+        return "invalid arguments"
+    first = errs[0]
+    loc = ".".join(str(x)[:32] for x in first.get("loc", ())) or "(args)"
+    more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+    return f"{loc}: {first.get('msg', 'invalid')}{more}"[:300]
+
+
+def _validate(model: type[_Args], tool: str, args: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(args)
+    except pydantic.ValidationError as exc:
+        raise Refusal(RejectCode.INVALID_REQUEST, f"invalid {tool} arguments: {_describe(exc)}") from None
+
+
+def _path(root: Path, user_path: str) -> Path:
+    try:
+        return resolve(root, user_path)
+    except PathRefused as exc:
+        raise Refusal(RejectCode.PATH_OUTSIDE_ROOT, exc.message) from None
+
+
+def _cwd(root: Path, user_cwd: str | None) -> Path:
+    cwd = _path(root, user_cwd) if user_cwd is not None else Path(os.path.realpath(root))
+    if not cwd.is_dir():
+        raise Refusal(RejectCode.INVALID_REQUEST, f"cwd {show(user_cwd or '.')} is not a directory")
+    return cwd
+
+
+def _prepare_exec(args: dict[str, Any], root: Path) -> Prepared:
+    a: ExecArgs = _validate(ExecArgs, "exec", args)
+    return ProcessSpec(tuple(a.argv), _cwd(root, a.cwd), child_env(a.env), a.stdin)
+
+
+def _prepare_shell(args: dict[str, Any], root: Path) -> Prepared:
+    a: ShellArgs = _validate(ShellArgs, "shell", args)
+    return ProcessSpec(("/bin/sh", "-c", a.command), _cwd(root, a.cwd), child_env(a.env), a.stdin)
+
+
+def _prepare_read_file(args: dict[str, Any], root: Path) -> Prepared:
+    a: ReadFileArgs = _validate(ReadFileArgs, "read_file", args)
+    path = _path(root, a.path)
+    return FileCall(lambda: read_file(path, a.offset, a.limit, show(a.path)))
+
+
+def _prepare_write_file(args: dict[str, Any], root: Path) -> Prepared:
+    a: WriteFileArgs = _validate(WriteFileArgs, "write_file", args)
+    path = _path(root, a.path)
+    data = a.data.encode("utf-8") if isinstance(a.data, str) else a.data
+    return FileCall(lambda: write_file(path, data, a.mode, a.make_dirs, show(a.path)))
+
+
+def _prepare_list_dir(args: dict[str, Any], root: Path) -> Prepared:
+    a: ListDirArgs = _validate(ListDirArgs, "list_dir", args)
+    path = _path(root, a.path)
+    return FileCall(lambda: list_dir(path, show(a.path)))
+
+
+_PREPARE: dict[str, Callable[[dict[str, Any], Path], Prepared]] = {
+    "exec": _prepare_exec,
+    "shell": _prepare_shell,
+    "read_file": _prepare_read_file,
+    "write_file": _prepare_write_file,
+    "list_dir": _prepare_list_dir,
+}
+assert frozenset(_PREPARE) == KNOWN_TOOLS, "policy.KNOWN_TOOLS and the tool table disagree"
+
+
+def prepare(tool: str, args: dict[str, Any], root: Path) -> Prepared:
+    builder = _PREPARE.get(tool)
+    if builder is None:
+        raise Refusal(RejectCode.UNKNOWN_TOOL, f"this hand has no tool {tool!r}")
+    return builder(args, root)
+
+
+# --- file tools (blocking; run in a thread) -------------------------------------------------------
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return "not a regular file"
+
+
+def _failed(what: str, shown: str, exc: OSError) -> ToolFailed:
+    return ToolFailed(f"cannot {what} {shown}: {exc.strerror or type(exc).__name__}")
+
+
+def read_file(path: Path, offset: int, limit: int, shown: str) -> dict[str, Any]:
+    """Read up to `limit` bytes at `offset`. Special files are refused before opening: opening a
+    FIFO for reading would block until a writer appears, and a device may never end."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            hint = "; use list_dir" if stat.S_ISDIR(st.st_mode) else ""
+            raise ToolFailed(f"cannot read {shown}: it is {_kind(st.st_mode)}{hint}")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _failed("read", shown, exc) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # swapped between stat and open
+            raise ToolFailed(f"cannot read {shown}: it is {_kind(st.st_mode)}")
+        size = st.st_size
+        chunks: list[bytes] = []
+        got = 0
+        while got < limit:
+            chunk = os.pread(fd, limit - got, offset + got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+    except OSError as exc:
+        raise _failed("read", shown, exc) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    return {"data": data, "size": size, "offset": offset, "eof": offset + len(data) >= size}
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def write_file(path: Path, data: bytes, mode: str, make_dirs: bool, shown: str) -> dict[str, Any]:
+    """`overwrite` is atomic (a temp file in the same directory, then `rename`): a reader sees the
+    old content or the new one, never half of it, and a crash leaves the old file intact."""
+    parent = path.parent
+    try:
+        if make_dirs:
+            os.makedirs(parent, exist_ok=True)
+        elif not parent.is_dir():
+            raise ToolFailed(f"cannot write {shown}: its directory does not exist (set make_dirs)")
+        try:
+            existing: os.stat_result | None = os.lstat(path)
+        except FileNotFoundError:
+            existing = None
+        if existing is not None and mode == "create":
+            raise ToolFailed(f"cannot create {shown}: it already exists")
+        if existing is not None and not stat.S_ISREG(existing.st_mode):
+            raise ToolFailed(f"cannot write {shown}: it is {_kind(existing.st_mode)}")
+        if mode == "overwrite":
+            _replace_atomically(path, data, existing)
+        else:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+            flags |= os.O_APPEND if mode == "append" else os.O_EXCL
+            fd = os.open(path, flags, 0o666)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise ToolFailed(f"cannot write {shown}: it is {_kind(st.st_mode)}")
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
+    except FileExistsError:
+        raise ToolFailed(f"cannot create {shown}: it already exists") from None
+    except OSError as exc:
+        raise _failed("write", shown, exc) from None
+    return {"bytes_written": len(data)}
+
+
+def _replace_atomically(path: Path, data: bytes, existing: os.stat_result | None) -> None:
+    tmp = path.parent / f".{path.name[:200]}.{secrets.token_hex(6)}.tmp"
+    # 0o666 through the umask, like any new file; an existing file keeps its permission bits.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        try:
+            _write_all(fd, data)
+            if existing is not None:
+                os.fchmod(fd, stat.S_IMODE(existing.st_mode))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _wire_name(name: str) -> str:
+    """File names that are not UTF-8 (surrogate-escaped by Python) cannot travel as msgpack str."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _entry_type(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISREG(mode):
+        return "file"
+    return "other"
+
+
+def list_dir(path: Path, shown: str) -> dict[str, Any]:
+    """Entries sorted by name, at most `LIST_DIR_MAX_ENTRIES` (the smallest names, kept in a heap, so
+    memory stays bounded by the cap however large the directory is). Symlinks are reported as
+    symlinks, never followed."""
+    cap = limits.LIST_DIR_MAX_ENTRIES
+    try:
+        st = os.stat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise ToolFailed(f"cannot list {shown}: it is {_kind(st.st_mode)}, not a directory")
+        with os.scandir(path) as it:
+            kept = heapq.nsmallest(cap + 1, it, key=lambda e: e.name)
+    except OSError as exc:
+        raise _failed("list", shown, exc) from None
+    entries = []
+    for entry in kept[:cap]:
+        try:
+            est = entry.stat(follow_symlinks=False)
+        except OSError:  # vanished while listing
+            continue
+        entries.append({"name": _wire_name(entry.name), "type": _entry_type(est.st_mode), "size": est.st_size})
+    return {"entries": entries, "truncated": len(kept) > cap}

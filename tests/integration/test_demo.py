@@ -1,0 +1,26 @@
+"""scripts/demo is the README's first command: it must run end to end and say what it shows."""
+
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_demo_runs_end_to_end(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINDHAND_")}
+    env["TMPDIR"] = str(tmp_path)
+    r = subprocess.run(
+        [str(ROOT / "scripts" / "demo")], env=env, capture_output=True, timeout=240, stdin=subprocess.DEVNULL
+    )
+    out = r.stdout.decode(errors="replace")
+    err = r.stderr.decode(errors="replace")
+    assert r.returncode == 0, out + err
+    for line in ("step 1", "step 2", "step 3", "exit code: 3 (the remote exit code)", "exit code: 124",
+                 "exit code: 125", "hello from the demo hand", "demo finished"):
+        assert line in out, f"{line!r} missing from demo output:\n{out}\n{err}"
+    assert "to stderr" in err
+    # a hands table showing the demo Hand connected
+    assert any(ln.split()[:2] == ["demo", "yes"] for ln in out.splitlines())
+    # it cleaned up after itself: no state dir left behind, no daemon left running
+    assert list(tmp_path.glob("mindhand-demo.*")) == []

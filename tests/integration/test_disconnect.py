@@ -1,0 +1,88 @@
+"""Disconnects with real processes: kill -9 either side, kill the client, and the truth survives."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from support.cluster import Cluster, pid_alive, wait_until
+
+
+@pytest.fixture
+def c(tmp_path):
+    cl = Cluster(tmp_path)
+    try:
+        cl.start_mind()
+        cl.start_hand("box")
+        cl.wait_connected("box")
+        yield cl
+    finally:
+        cl.stop_all()
+
+
+def start_long_run(c, name="long.pid"):
+    root = c.tmp / "root-box"
+    (root / name).unlink(missing_ok=True)
+    p = c.cli_popen("exec", "--hand", "box", "--json", "--", "sh", "-c", f"echo $$ > {name}; sleep 120")
+    wait_until(lambda: (root / name).exists() and (root / name).read_text().strip(), 15, "the remote command to start")
+    return p, int((root / name).read_text())
+
+
+def test_kill_9_hand_mid_run_gives_lost_promptly_and_a_restarted_hand_works(c):
+    gen1 = c.hand_info("box")["generation"]
+    p, pid = start_long_run(c)
+    t0 = time.monotonic()
+    c.hands["box"].kill9()
+    out, err = p.communicate(timeout=30)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 255, err
+    end = json.loads(out)
+    assert end["state"] == "lost"
+    assert elapsed < 15  # noticed from the closed socket, not after a long timeout
+    os.kill(pid, signal.SIGKILL)  # the orphan of the crashed Hand (crash = nobody cleaned up)
+    c.start_hand("box")
+    info = c.wait_connected("box", min_gen=gen1 + 1)
+    assert info["generation"] > gen1
+    r = c.cli("exec", "--hand", "box", "--", "echo", "again")
+    assert r.returncode == 0 and r.stdout == b"again\n"
+
+
+def test_mind_killed_and_restarted_hand_reconnects_by_itself_with_higher_generation(c):
+    gen1 = c.hand_info("box")["generation"]
+    c.mind.kill9()
+    c.start_mind(port=c.port)
+    info = c.wait_connected("box", min_gen=gen1 + 1, timeout=30)
+    assert info["generation"] > gen1
+    r = c.cli("exec", "--hand", "box", "--", "echo", "back")
+    assert r.returncode == 0 and r.stdout == b"back\n"
+
+
+def test_runs_of_a_dead_mind_connection_are_killed_on_the_hand(c):
+    p, pid = start_long_run(c)
+    c.mind.kill9()
+    # the Hand sees its connection drop and kills the runs it carried: nobody can receive their result
+    wait_until(lambda: not pid_alive(pid), 20, "the Hand to kill the run of the dead connection")
+    p.kill()
+    p.wait(10)
+
+
+def test_client_killed_mid_run_kills_the_remote_command(c):
+    p, pid = start_long_run(c)
+    assert pid_alive(pid)
+    p.kill()
+    p.wait(10)
+    wait_until(lambda: not pid_alive(pid), 15, "the remote command to be killed after the client vanished")
+
+
+def test_sigterm_hand_cancels_its_runs_and_exits_cleanly(c):
+    p, pid = start_long_run(c)
+    hand = c.hands["box"]
+    hand.signal(signal.SIGTERM)
+    wait_until(lambda: not hand.alive(), 20, "the Hand to exit on SIGTERM")
+    assert hand.p.returncode == 0
+    assert not pid_alive(pid)
+    out, err = p.communicate(timeout=20)
+    # the Hand either reported its kill (cancelled) or went away first (lost): never succeeded
+    assert json.loads(out)["state"] in ("cancelled", "lost")
