@@ -7,14 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-
-def pid_alive(pid: int) -> bool:
-    """True if `pid` exists and is not a zombie (PID 1 may not reap orphans in a container)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
+from support.cluster import pid_alive  # noqa: F401 - re-exported for the hand tests
 
 
 async def until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:

@@ -30,10 +30,10 @@ def wait_until(cond: Callable[[], object], timeout: float = 15.0, what: str = "c
 
 
 def pid_alive(pid: int) -> bool:
-    """True if `pid` exists and is not a zombie."""
+    """True if `pid` exists and is not a zombie (PID 1 may not reap orphans in a container)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
 
