@@ -10,7 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 
 from mind.client import MindClient, load_credential  # noqa: E402
 from support.cluster import Cluster  # noqa: E402
