@@ -16,16 +16,14 @@ DESIGN §5 is decided here and only here:
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
-
 from protocol import limits
 from protocol.codes import CancelReason, CancelStatus, RejectCode
 from protocol.control import Budget
+from protocol.digest import args_digest
 from protocol.messages import (
     Cancel,
     Exec,
@@ -76,10 +74,6 @@ class Log:
 Action = SendToHand | SendToClient | Log
 
 
-def args_digest(tool: str, args: dict[str, Any]) -> str:
-    """SHA-256 of the canonical tool call: what logs and records keep instead of raw arguments."""
-    blob = msgpack.packb([tool, args], use_bin_type=True)
-    return hashlib.sha256(blob).hexdigest()
 
 
 @dataclass

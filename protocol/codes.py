@@ -22,6 +22,9 @@ class ErrorCode(StrEnum):
     INTERNAL_ERROR = "internal_error"
     # request-level errors a client can get back for one request
     UNKNOWN_RUN = "unknown_run"
+    UNKNOWN_TASK = "unknown_task"
+    HAND_OFFLINE = "hand_offline"
+    HAND_TIMEOUT = "hand_timeout"
     NOT_ALLOWED = "not_allowed"
 
 
@@ -61,6 +64,16 @@ class CancelStatus(StrEnum):
     CANCEL_REQUESTED = "cancel_requested"
     ALREADY_DONE = "already_done"
     UNKNOWN_RUN = "unknown_run"
+
+
+class TaskCancelStatus(StrEnum):
+    """The answer to a task cancel. `pending_delivery`: the Hand is offline; the Mind recorded the
+    request and delivers it in the reconciliation pass after the Hand reconnects."""
+
+    CANCEL_REQUESTED = "cancel_requested"
+    ALREADY_DONE = "already_done"
+    UNKNOWN_TASK = "unknown_task"
+    PENDING_DELIVERY = "pending_delivery"
 
 
 class KillStage(StrEnum):

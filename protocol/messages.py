@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from pydantic.types import Strict
 
 from protocol import limits
-from protocol.codes import CancelReason, CancelStatus, ErrorCode, KillStage, RejectCode
-from protocol.states import HAND_REPORTABLE, RUN_TERMINAL, RunState
+from protocol.codes import CancelReason, CancelStatus, ErrorCode, KillStage, RejectCode, TaskCancelStatus
+from protocol.states import HAND_REPORTABLE, RUN_TERMINAL, RunState, TaskState
 
 Str = Annotated[str, Strict(), StringConstraints(max_length=4096)]
 Text = Annotated[str, Strict(), StringConstraints(max_length=16384)]
@@ -100,6 +100,15 @@ class Rpc(Message):
     args: dict[Str, Any]
     timeout_ms: TimeoutMs
     grace_ms: Annotated[int, Strict(), Field(ge=0, le=600_000)] | None = None
+    background: "Background | None" = None
+    """Set for the start run of a background task: `task_id == run_id`. The run succeeds once the
+    Hand has durably accepted the task (row committed); `timeout_ms` bounds only that admission,
+    never the task, whose own limit is `background.max_runtime_ms`."""
+
+
+class Background(Message):
+    TYPE = "background"
+    max_runtime_ms: Annotated[int, Strict(), Field(gt=0, le=limits.MAX_RUNTIME_MAX_MS)]
 
 
 class Accepted(Message):
@@ -175,6 +184,118 @@ class CancelResult(Message):
     TYPE = "cancel_result"
     run_id: Id
     status: CancelStatus
+
+
+# --- Mind <-> Hand: background tasks (the Hand's database is the truth) -------------------------
+
+
+Digest = Annotated[str, Strict(), StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+
+
+class TaskInfo(Message):
+    """One row of the Hand's task database, as the Hand reports it. Never the raw arguments."""
+
+    TYPE = "task_info"
+    task_id: Id
+    tool: Label
+    state: TaskState
+    version: Annotated[int, Strict(), Field(ge=1)]
+    """Bumped by the Hand on every change of the row: the Mind applies a report only if it is newer
+    than what it holds, so pushes, replies and inventory pages can arrive in any order."""
+    args_digest: Digest
+    binding_digest: Digest
+    max_runtime_ms: Annotated[int, Strict(), Field(gt=0, le=limits.MAX_RUNTIME_MAX_MS)]
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    exit_code: Int | None = None
+    signal: Int | None = None
+    stage: KillStage | None = None
+    reason: Str = ""
+    error: Text | None = None
+    log_bytes: NonNeg = 0
+    truncated: Bool = False
+
+
+class TaskStartValue(Message):
+    """The `value` of a successful background start run (sent as a plain map inside `Result`)."""
+
+    TYPE = "task_start_value"
+    task: TaskInfo
+    duplicate: Bool = False
+    """True when the same task (same id and binding) already existed: nothing new was run."""
+
+
+class TaskStatus(Message):
+    """Mind -> Hand: what is the state of this task? Answered with `task_info` or `error`."""
+
+    TYPE = "task_status"
+    task_id: Id
+
+
+class TaskLogs(Message):
+    """Read a task's log by byte offset, one page of at most 64 KiB (Mind -> Hand, client -> Mind)."""
+
+    TYPE = "task_logs"
+    task_id: Id
+    offset: NonNeg = 0
+    limit: Annotated[int, Strict(), Field(gt=0, le=limits.TASK_LOG_PAGE_MAX)] = limits.TASK_LOG_PAGE_MAX
+
+
+class TaskLogPage(Message):
+    TYPE = "task_log_page"
+    task_id: Id
+    offset: NonNeg
+    data: Annotated[bytes, Strict(), Field(max_length=limits.TASK_LOG_PAGE_MAX)]
+    next_offset: NonNeg
+    log_bytes: NonNeg
+    state: TaskState
+    truncated: Bool = False
+    eof: Bool
+    """No byte past `next_offset` exists now and the task is terminal: nothing more will come."""
+
+    @model_validator(mode="after")
+    def _offsets(self) -> "TaskLogPage":
+        if self.next_offset != self.offset + len(self.data):
+            raise ValueError("next_offset must be offset + len(data)")
+        return self
+
+
+class TaskCancel(Message):
+    """Mind -> Hand: cancel a task. Answered with `task_cancel_result`."""
+
+    TYPE = "task_cancel"
+    task_id: Id
+    reason: CancelReason
+
+
+class TaskCancelResult(Message):
+    TYPE = "task_cancel_result"
+    task_id: Id
+    status: TaskCancelStatus
+    task: TaskInfo | None = None
+
+
+class TaskUpdate(Message):
+    """Hand -> Mind push on each task transition, best effort (the database is the truth)."""
+
+    TYPE = "task_update"
+    task: TaskInfo
+
+
+class TaskInventory(Message):
+    """Mind -> Hand: one page of the Hand's tasks, ordered by task id, after `after`."""
+
+    TYPE = "task_inventory"
+    after: Id | None = None
+    limit: Annotated[int, Strict(), Field(gt=0, le=1000)] = 500
+
+
+class TaskInventoryPage(Message):
+    TYPE = "task_inventory_page"
+    tasks: Annotated[list[TaskInfo], Field(max_length=1000)]
+    next_after: Id | None = None
+    """Pass as `after` for the next page; None when this was the last page."""
 
 
 # --- client <-> Mind -----------------------------------------------------------------------
@@ -287,6 +408,74 @@ class RunInfo(Message):
     end: RunEnd | None = None
 
 
+class TaskStart(Message):
+    """Client -> Mind: start a background task. Answered with `task_start_result`."""
+
+    TYPE = "task_start"
+    hand: Label
+    task_id: Id | None = None
+    """Name the task to make retries safe: the same id and binding returns the existing task."""
+    tool: Label
+    args: dict[Str, Any]
+    max_runtime_ms: Annotated[int, Strict(), Field(gt=0, le=limits.MAX_RUNTIME_MAX_MS)]
+
+
+class TaskView(Message):
+    """What the Mind knows of a task: the Hand's last report plus how fresh it is."""
+
+    TYPE = "task_view"
+    hand: Label
+    task: TaskInfo | None = None
+    """None only while the start is in flight and the Hand has not reported yet."""
+    task_id: Id
+    state: TaskState
+    stale: Bool
+    last_synced_at: float | None = None
+    cancel_pending: Bool = False
+    created_at: float
+
+
+class TaskStartResult(Message):
+    TYPE = "task_start_result"
+    task_id: Id
+    hand: Label
+    outcome: Literal["accepted", "duplicate", "rejected", "unknown"]
+    """`unknown`: the start was sent but no answer came (connection lost, deadline): the task may or
+    may not exist; `task get` after the Hand reconnects tells."""
+    reject_code: RejectCode | None = None
+    message: Text = ""
+    view: TaskView | None = None
+
+
+class TaskGet(Message):
+    TYPE = "task_get"
+    task_id: Id
+
+
+class TaskCancelRequest(Message):
+    TYPE = "task_cancel_request"
+    task_id: Id
+
+
+class TaskCancelReply(Message):
+    TYPE = "task_cancel_reply"
+    task_id: Id
+    status: TaskCancelStatus
+    view: TaskView | None = None
+
+
+class TaskList(Message):
+    TYPE = "task_list"
+    hand: Label | None = None
+    state: TaskState | None = None
+    limit: Annotated[int, Strict(), Field(gt=0, le=10_000)] = 1000
+
+
+class TaskListResult(Message):
+    TYPE = "task_list_result"
+    tasks: list[TaskView]
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     m.TYPE: m
     for m in (
@@ -313,7 +502,26 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         HandsList,
         GetRun,
         RunInfo,
+        TaskStatus,
+        TaskInfo,
+        TaskLogs,
+        TaskLogPage,
+        TaskCancel,
+        TaskCancelResult,
+        TaskUpdate,
+        TaskInventory,
+        TaskInventoryPage,
+        TaskStart,
+        TaskStartResult,
+        TaskView,
+        TaskGet,
+        TaskCancelRequest,
+        TaskCancelReply,
+        TaskList,
+        TaskListResult,
     )
 }
+
+Rpc.model_rebuild()
 
 HANDSHAKE_TYPES = frozenset({"hello", "challenge", "proof", "welcome", "error"})
