@@ -90,6 +90,39 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("tool")
     c.add_argument("kv", nargs="*", metavar="key=value", help="values are JSON if they parse, else strings")
 
+    t = sub.add_parser("task", help="durable background tasks: start, get, logs, cancel, list")
+    ts = t.add_subparsers(dest="action", required=True, metavar="ACTION")
+    st = ts.add_parser("start", help="start a background task; prints its id at once")
+    conn_opts(st)
+    st.add_argument("--hand", required=True)
+    st.add_argument("--id", dest="task_id", help="name the task (retrying the same start is then safe)")
+    st.add_argument("--max-runtime", default="24h", help="the Hand kills it after this long (e.g. 90s, 30m, 2h; max 24h)")
+    st.add_argument("--shell", metavar="COMMAND", help="run COMMAND through /bin/sh -c")
+    st.add_argument("--cwd", help="working directory on the Hand, inside its root")
+    st.add_argument("--env", action="append", default=[], metavar="K=V")
+    st.add_argument("--json", action="store_true")
+    st.add_argument("argv", nargs="*", help="the command (after --)")
+    tg = ts.add_parser("get", help="a task's state, times, exit code, log size, and how fresh that is")
+    conn_opts(tg)
+    tg.add_argument("task_id")
+    tg.add_argument("--json", action="store_true")
+    tl = ts.add_parser("logs", help="a task's log (from the Hand)")
+    conn_opts(tl)
+    tl.add_argument("task_id")
+    tl.add_argument("--offset", type=int, default=0)
+    tl.add_argument("--follow", "-f", action="store_true", help="keep streaming until the task ends")
+    tc = ts.add_parser("cancel", help="request a cancel, then wait for the authoritative end")
+    conn_opts(tc)
+    tc.add_argument("task_id")
+    tc.add_argument("--no-wait", action="store_true", help="return after the request is acknowledged")
+    tc.add_argument("--wait-timeout", type=float, default=60.0, help="seconds to wait for the end (default 60)")
+    tli = ts.add_parser("list", help="tasks the Mind knows (with staleness)")
+    conn_opts(tli)
+    tli.add_argument("--hand")
+    tli.add_argument("--state", choices=["queued", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"])
+    tli.add_argument("--limit", type=int, default=1000)
+    tli.add_argument("--json", action="store_true")
+
     r = sub.add_parser("run", help="look at foreground runs")
     rs = r.add_subparsers(dest="action", required=True, metavar="ACTION")
     rg = rs.add_parser("get", help="show one run (state, times, outcome)")
@@ -242,6 +275,10 @@ async def _client_command(args: argparse.Namespace) -> int:
             return await cmd_call(client, args)
         if args.cmd == "run":
             return await cmd_run_get(client, args)
+        if args.cmd == "task":
+            from mind import task_cli
+
+            return await task_cli.run(client, args)
         die(f"unknown command {args.cmd}", EXIT_USAGE)
     except ClientError as exc:
         die(exc.message)
@@ -366,24 +403,9 @@ async def cmd_exec(client: Any, args: argparse.Namespace) -> int:
 
     from protocol.messages import RunEnd, RunOutput, RunUpdate
 
-    if args.shell is not None and args.argv:
-        die("give either --shell COMMAND or -- ARGV, not both", EXIT_USAGE)
-    if args.shell is None and not args.argv:
-        die("nothing to run: give -- ARGV or --shell COMMAND", EXIT_USAGE)
     if args.timeout <= 0:
         die("--timeout must be positive", EXIT_USAGE)
-    tool_args: dict[str, Any] = {"command": args.shell} if args.shell is not None else {"argv": list(args.argv)}
-    if args.cwd:
-        tool_args["cwd"] = args.cwd
-    if args.env:
-        env = {}
-        for kv in args.env:
-            k, sep, v = kv.partition("=")
-            if not sep or not k:
-                die(f"--env wants K=V, got {kv!r}", EXIT_USAGE)
-            env[k] = v
-        tool_args["env"] = env
-    tool = "shell" if args.shell is not None else "exec"
+    tool, tool_args = tool_args_from(args)
 
     handle = await client.start(args.hand, tool, tool_args, timeout=args.timeout, grace=args.grace)
     printer = _StreamPrinter()
@@ -520,6 +542,26 @@ async def cmd_run_get(client: Any, args: argparse.Namespace) -> int:
 
 
 # --- formatting ----------------------------------------------------------------------------
+
+
+def tool_args_from(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """`--shell COMMAND` or `-- ARGV`, plus `--cwd` and `--env`, as a tool call."""
+    if args.shell is not None and args.argv:
+        die("give either --shell COMMAND or -- ARGV, not both", EXIT_USAGE)
+    if args.shell is None and not args.argv:
+        die("nothing to run: give -- ARGV or --shell COMMAND", EXIT_USAGE)
+    tool_args: dict[str, Any] = {"command": args.shell} if args.shell is not None else {"argv": list(args.argv)}
+    if args.cwd:
+        tool_args["cwd"] = args.cwd
+    if args.env:
+        env = {}
+        for kv in args.env:
+            k, sep, v = kv.partition("=")
+            if not sep or not k:
+                die(f"--env wants K=V, got {kv!r}", EXIT_USAGE)
+            env[k] = v
+        tool_args["env"] = env
+    return ("shell" if args.shell is not None else "exec"), tool_args
 
 
 def _ts(t: float | None) -> str:

@@ -40,8 +40,19 @@ from protocol.messages import (
     RunInfo,
     RunOutput,
     RunUpdate,
+    TaskCancelReply,
+    TaskCancelRequest,
+    TaskGet,
+    TaskList,
+    TaskListResult,
+    TaskLogPage,
+    TaskLogs,
+    TaskStart,
+    TaskStartResult,
+    TaskView,
     Welcome,
 )
+from protocol.states import TaskState
 from protocol.states import RunState
 
 
@@ -293,6 +304,44 @@ class MindClient:
         reply = await self._request(GetRun(run_id=run_id))
         assert isinstance(reply, RunInfo)
         return reply
+
+    # --- background tasks ---
+
+    async def task_start(
+        self,
+        hand: str,
+        tool: str,
+        args: dict[str, Any],
+        max_runtime: float = 24 * 3600.0,
+        task_id: str | None = None,
+    ) -> TaskStartResult:
+        """Start a durable task. `outcome` says `accepted` (the Hand committed it), `duplicate`,
+        `rejected` (with a code; nothing stored) or `unknown` (no answer came)."""
+        reply = await self._request(
+            TaskStart(hand=hand, tool=tool, args=args, max_runtime_ms=max(1, int(max_runtime * 1000)), task_id=task_id)
+        )
+        assert isinstance(reply, TaskStartResult)
+        return reply
+
+    async def task_get(self, task_id: str) -> TaskView:
+        reply = await self._request(TaskGet(task_id=task_id))
+        assert isinstance(reply, TaskView)
+        return reply
+
+    async def task_logs(self, task_id: str, offset: int = 0, limit: int = 64 << 10) -> TaskLogPage:
+        reply = await self._request(TaskLogs(task_id=task_id, offset=offset, limit=limit))
+        assert isinstance(reply, TaskLogPage)
+        return reply
+
+    async def task_cancel(self, task_id: str) -> TaskCancelReply:
+        reply = await self._request(TaskCancelRequest(task_id=task_id))
+        assert isinstance(reply, TaskCancelReply)
+        return reply
+
+    async def task_list(self, hand: str | None = None, state: TaskState | None = None, limit: int = 1000) -> list[TaskView]:
+        reply = await self._request(TaskList(hand=hand, state=state, limit=limit))
+        assert isinstance(reply, TaskListResult)
+        return reply.tasks
 
 
 def _raise_if_error(msg: Message) -> None:

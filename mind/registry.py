@@ -25,6 +25,7 @@ from protocol.codes import CancelReason, CancelStatus, RejectCode
 from protocol.control import Budget
 from protocol.digest import args_digest
 from protocol.messages import (
+    Background,
     Cancel,
     Exec,
     Message,
@@ -71,7 +72,17 @@ class Log:
     fields: dict[str, Any]
 
 
-Action = SendToHand | SendToClient | Log
+@dataclass(frozen=True)
+class StartEnded:
+    """The start run of a background task reached its terminal: the shell settles the snapshot
+    (fresh on success, deleted on rejection, left stale for reconciliation otherwise)."""
+
+    run_id: str
+    hand: str
+    end: RunEnd
+
+
+Action = SendToHand | SendToClient | Log | StartEnded
 
 
 
@@ -98,6 +109,7 @@ class Run:
         )
     )
     dropped: int = 0
+    background: Background | None = None
     end: RunEnd | None = None
     ended_at: float | None = None
     ended_wall: float | None = None
@@ -176,6 +188,8 @@ class RunRegistry:
         )
         if run.client is not None:
             acts.append(SendToClient(run.client, run.req_id, end))
+        if run.background is not None:
+            acts.append(StartEnded(run.run_id, run.hand, end))
         self._prune()
         return acts
 
@@ -222,8 +236,12 @@ class RunRegistry:
         hand_known: bool,
         now: float,
         wall: float,
+        background: Background | None = None,
     ) -> list[Action]:
-        """A client asks for a run. `hand_gen` is the Hand's live generation, None if offline."""
+        """A client asks for a run. `hand_gen` is the Hand's live generation, None if offline.
+
+        With `background`, this is the start run of a task (`task_id == run_id`): it ends
+        `succeeded` as soon as the Hand has durably accepted the task, and emits `StartEnded`."""
         if run_id in self._runs:
             raise ValueError(f"run id {run_id} already exists")
         grace = req.grace_ms if req.grace_ms is not None else DEFAULT_GRACE_MS
@@ -239,6 +257,7 @@ class RunRegistry:
             created_at=now,
             created_wall=wall,
             mind_deadline=now + (req.timeout_ms + grace) / 1000 + MIND_DEADLINE_SLACK_S,
+            background=background,
         )
         self._runs[run_id] = run
         acts: list[Action] = [self._log("run_admitted", run, tool=req.tool, args_digest=run.args_digest)]
@@ -255,7 +274,14 @@ class RunRegistry:
             SendToHand(
                 run.hand,
                 hand_gen,
-                Rpc(run_id=run_id, tool=req.tool, args=req.args, timeout_ms=req.timeout_ms, grace_ms=grace),
+                Rpc(
+                    run_id=run_id,
+                    tool=req.tool,
+                    args=req.args,
+                    timeout_ms=req.timeout_ms,
+                    grace_ms=grace,
+                    background=background,
+                ),
             )
         )
         return acts

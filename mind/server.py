@@ -11,9 +11,11 @@ import asyncio
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, TypeVar
 
 import structlog
 from websockets.asyncio.connection import Connection
@@ -23,8 +25,10 @@ from websockets.exceptions import ConnectionClosed
 from mind import paths
 from mind.handshake import Identity, ServerHandshake
 from mind.outbox import Outbox
-from mind.registry import Action, Log, RunRegistry, SendToClient, SendToHand
+from mind.registry import Action, Log, RunRegistry, SendToClient, SendToHand, StartEnded
+from mind.snapshots import SnapshotStore
 from mind.store import Store
+from mind.taskservice import TaskService
 from protocol import limits
 from protocol.codes import CancelReason, ErrorCode
 from protocol.envelope import Channel
@@ -49,9 +53,21 @@ from protocol.messages import (
     Rejected,
     Result,
     Started,
+    TaskCancelRequest,
+    TaskCancelResult,
+    TaskGet,
+    TaskInfo,
+    TaskInventoryPage,
+    TaskLogPage,
+    TaskList,
+    TaskLogs,
+    TaskStart,
+    TaskUpdate,
 )
 
 log = structlog.get_logger("mind")
+T = TypeVar("T")
+REPLY_TYPES = (TaskInfo, TaskLogPage, TaskCancelResult, TaskInventoryPage)
 
 CLOSE_PROTOCOL = 1002
 CLOSE_POLICY = 1008
@@ -66,6 +82,19 @@ class Peer:
     outbox: Outbox
     since: float
     conn_id: str = field(default_factory=lambda: new_id("c"))
+    tg: asyncio.TaskGroup | None = None
+    pending: dict[str, asyncio.Future[Message]] = field(default_factory=dict)
+    """Requests this Mind sent to the peer (a Hand), by envelope id, waiting for their reply."""
+
+    def spawn(self, coro: Any) -> None:
+        assert self.tg is not None
+        self.tg.create_task(coro)
+
+    def fail_pending(self, why: str) -> None:
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError(why))
+        self.pending.clear()
 
 
 @dataclass
@@ -93,6 +122,8 @@ class Mind:
     def __init__(self, cfg: MindConfig) -> None:
         self.cfg = cfg
         self.store = Store(paths.db_path(cfg.home))
+        self.snapshots = SnapshotStore(paths.db_path(cfg.home))
+        self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mind-db")
         self.mind_id = self.store.mind_id()
         self.registry = RunRegistry(retain_finished=cfg.retain_runs)
         self.hands: dict[str, Peer] = {}
@@ -101,6 +132,27 @@ class Mind:
         self.url: str | None = None
         self._stop = asyncio.Event()
         self._tg: asyncio.TaskGroup | None = None
+        self.tasks = TaskService(self)
+
+    async def db(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a store call on the one database thread: never blocks the loop, and serialises writes."""
+        return await asyncio.get_running_loop().run_in_executor(self._db_thread, partial(fn, *args))
+
+    def spawn(self, coro: Any) -> None:
+        assert self._tg is not None
+        self._tg.create_task(coro)
+
+    async def ask(self, peer: Peer, msg: Message, timeout: float = 10.0) -> Message:
+        """Send a request to a Hand and wait for the reply with the same envelope id."""
+        id_ = new_id("m")
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        peer.pending[id_] = fut
+        peer.outbox.put(msg, id_)
+        try:
+            async with asyncio.timeout(timeout):
+                return await fut
+        finally:
+            peer.pending.pop(id_, None)
 
     # --- lifecycle ---
 
@@ -109,6 +161,9 @@ class Mind:
 
     async def run(self, on_ready: Callable[[str], None] | None = None) -> None:
         ensure_admin(self.store, self.cfg.home)
+        staled = self.snapshots.mark_all_stale()
+        if staled:
+            log.info("snapshots_marked_stale", count=staled, why="mind restart")
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
@@ -144,6 +199,8 @@ class Mind:
                 server.close(close_connections=True)
                 await server.wait_closed()
         self.store.close()
+        self.snapshots.close()
+        self._db_thread.shutdown(wait=True)
         log.info("mind_stopped")
 
     async def _flush_all(self, timeout: float) -> None:
@@ -172,6 +229,8 @@ class Mind:
                 peer = self.clients.get(a.client)
                 if peer is not None:
                     peer.outbox.put(a.msg, a.req_id, droppable=a.droppable)
+            elif isinstance(a, StartEnded):
+                self.spawn(self.tasks.start_ended(a))
             elif isinstance(a, Log):
                 level = "warning" if a.event in ("hand_input_wrong_generation", "hand_input_unknown_run", "hand_input_illegal") else "info"
                 getattr(log, level)(a.event, **a.fields)
@@ -197,6 +256,7 @@ class Mind:
         outbox = Outbox(ws, channel)
         peer = Peer(ident=ident, gen=gen, ws=ws, outbox=outbox, since=time.time())
         async with asyncio.TaskGroup() as tg:
+            peer.tg = tg
             writer = tg.create_task(outbox.run())
             try:
                 if ident.role == "hand":
@@ -261,14 +321,19 @@ class Mind:
             assert self._tg is not None
             self._tg.create_task(self._close_quietly(old.ws, CLOSE_REPLACED, "replaced by a newer connection"))
         hlog.info("hand_connected", claims=peer.ident.claims.model_dump() if peer.ident.claims else None)
+        peer.spawn(self.tasks.reconcile(peer))
         try:
             await self._read_loop(peer, self._on_hand_message)
         finally:
+            peer.fail_pending("hand disconnected")
             if self.hands.get(label) is peer:
                 del self.hands[label]
                 self.last_seen[label] = time.time()
                 self._perform(self.registry.on_hand_gone(label, gen, time.monotonic(), time.time()))
-            hlog.info("hand_disconnected")
+                staled = await self.db(self.snapshots.mark_hand_stale, label)
+                hlog.info("hand_disconnected", snapshots_marked_stale=staled)
+            else:
+                hlog.info("hand_disconnected", replaced=True)
 
     async def _close_quietly(self, ws: Connection, code: int, reason: str) -> None:
         try:
@@ -312,11 +377,23 @@ class Mind:
             acts = r.on_result(msg, label, gen, now, wall)
         elif isinstance(msg, CancelResult):
             acts = r.on_cancel_result(msg.run_id, label, gen, msg.status, now, wall)
+        elif id_ is not None and id_ in peer.pending:
+            fut = peer.pending.pop(id_)
+            if not fut.done():
+                fut.set_result(msg)
+            return
+        elif isinstance(msg, TaskUpdate):
+            peer.spawn(self.tasks.on_update(peer, msg.task))
+            return
+        elif isinstance(msg, REPLY_TYPES) and id_ is not None:
+            # A reply whose request already gave up (timeout): harmless, and not a protocol error.
+            log.info("late_reply", hand=label, gen=gen, type=msg.TYPE)
+            return
         elif isinstance(msg, Error):
             log.warning("hand_error", hand=label, gen=gen, code=msg.code.value, reason=msg.message)
             return
         else:
-            raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, f"a hand may not send {msg.TYPE}")
+            raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, f"a hand may not send {msg.TYPE} here")
         self._perform(acts)
 
     # --- clients ---
@@ -355,6 +432,16 @@ class Mind:
             self._perform(acts)
         elif isinstance(msg, ListHands):
             peer.outbox.put(HandsList(hands=self.hand_infos()), id_)
+        elif isinstance(msg, TaskStart):
+            peer.spawn(self.tasks.start(peer, id_, msg))
+        elif isinstance(msg, TaskGet):
+            peer.spawn(self.tasks.get(peer, id_, msg))
+        elif isinstance(msg, TaskLogs):
+            peer.spawn(self.tasks.logs(peer, id_, msg))
+        elif isinstance(msg, TaskCancelRequest):
+            peer.spawn(self.tasks.cancel(peer, id_, msg))
+        elif isinstance(msg, TaskList):
+            peer.spawn(self.tasks.list(peer, id_, msg))
         elif isinstance(msg, GetRun):
             run = self.registry.get(msg.run_id)
             if run is None:

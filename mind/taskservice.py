@@ -1,0 +1,301 @@
+"""The Mind's side of background tasks: starts, queries, cancels and the reconciliation pass.
+
+The asyncio glue around `mind/tasks.py` (the rules) and `mind/snapshots.py` (the table): it asks the
+Hand when the Hand is connected (the authority), answers from the snapshot when it is not (saying so:
+`stale`, `last_synced_at`), records cancels for later delivery, and realigns every snapshot of a Hand
+after each `welcome`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+import structlog
+from pydantic import ValidationError
+
+from mind.registry import StartEnded
+from mind.tasks import Snapshot
+from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
+from protocol.digest import args_digest, binding_digest
+from protocol.ids import new_id
+from protocol.messages import (
+    Background,
+    Error,
+    Exec,
+    TaskCancel,
+    TaskCancelReply,
+    TaskCancelRequest,
+    TaskCancelResult,
+    TaskGet,
+    TaskInfo,
+    TaskInventory,
+    TaskInventoryPage,
+    TaskList,
+    TaskListResult,
+    TaskLogPage,
+    TaskLogs,
+    TaskStart,
+    TaskStartResult,
+    TaskStartValue,
+    TaskStatus,
+)
+from protocol.states import RunState, TaskState
+
+if TYPE_CHECKING:
+    from mind.server import Mind, Peer
+
+log = structlog.get_logger("mind.tasks")
+
+START_TIMEOUT_MS = 30_000
+"""Bounds only the Hand's durable admission of a task (row committed), never the task itself."""
+ASK_TIMEOUT_S = 10.0
+INVENTORY_PAGE = 1000
+
+
+class TaskService:
+    def __init__(self, mind: "Mind") -> None:
+        self.mind = mind
+        self._starts: dict[str, tuple["Peer", str]] = {}
+
+    # --- start ---
+
+    async def start(self, peer: "Peer", id_: str, req: TaskStart) -> None:
+        m = self.mind
+        task_id = req.task_id or new_id("t")
+        binding = binding_digest(req.tool, req.args, req.max_runtime_ms)
+
+        def reply(outcome: str, code: RejectCode | None = None, message: str = "", view=None) -> None:
+            peer.outbox.put(
+                TaskStartResult(task_id=task_id, hand=req.hand, outcome=outcome, reject_code=code, message=message, view=view),  # type: ignore[arg-type]
+                id_,
+            )
+
+        live = m.hands.get(req.hand)
+        known = live is not None or await m.db(m.store.secret, "hand", req.hand) is not None
+        if m.registry.get(task_id) is not None:
+            return reply("rejected", RejectCode.CONFLICTING_DUPLICATE, f"id {task_id} is already used by a run")
+        snap = Snapshot(
+            task_id=task_id,
+            hand=req.hand,
+            tool=req.tool,
+            args_digest=args_digest(req.tool, req.args),
+            binding_digest=binding,
+            state=TaskState.QUEUED,
+            stale=True,
+            created_at=time.time(),
+            start_pending=True,
+        )
+        if not known:
+            return reply("rejected", RejectCode.UNKNOWN_HAND, f"no hand named {req.hand!r}")
+        existing = await m.db(m.snapshots.insert_new, snap) if live is not None else await m.db(m.snapshots.get, task_id)
+        if existing is not None:
+            if existing.hand == req.hand and existing.binding_digest == binding:
+                log.info("task_start_duplicate", task_id=task_id, hand=req.hand)
+                return reply("duplicate", message="a task with this id and binding exists; nothing new was run", view=existing.view())
+            return reply(
+                "rejected",
+                RejectCode.CONFLICTING_DUPLICATE,
+                f"task {task_id} already exists with another hand, tool, arguments or options",
+            )
+        live = m.hands.get(req.hand)  # the Hand may have gone while we waited on the database
+        if live is None:
+            await m.db(m.snapshots.delete, task_id)
+            return reply("rejected", RejectCode.HAND_OFFLINE, f"hand {req.hand!r} is not connected; nothing was stored")
+        self._starts[task_id] = (peer, id_)
+        exec_req = Exec(hand=req.hand, tool=req.tool, args=req.args, timeout_ms=START_TIMEOUT_MS)
+        m._perform(
+            m.registry.admit(
+                task_id, exec_req, None, id_, live.gen, True, time.monotonic(), time.time(),
+                background=Background(max_runtime_ms=req.max_runtime_ms),
+            )
+        )
+
+    async def start_ended(self, a: StartEnded) -> None:
+        m = self.mind
+        end = a.end
+        waiter = self._starts.pop(a.run_id, None)
+        outcome, code, message, view = "unknown", None, "", None
+        if end.state is RunState.SUCCEEDED:
+            try:
+                value = TaskStartValue.model_validate(end.value)
+            except ValidationError:
+                log.warning("task_start_bad_value", task_id=a.run_id, hand=a.hand)
+                value = None
+            if value is not None and value.task.task_id == a.run_id:
+                snap, what = await m.db(m.snapshots.report, a.hand, value.task, time.time())
+                outcome = "duplicate" if value.duplicate else "accepted"
+                view = snap.view() if snap is not None else None
+            else:
+                snap = await m.db(m.snapshots.finish_start, a.run_id)
+                message = "the hand accepted the start but its answer was malformed"
+        elif end.state is RunState.REJECTED:
+            await m.db(m.snapshots.delete, a.run_id)  # nothing stored for a refused start
+            outcome, code, message = "rejected", end.reject_code, end.reason
+        else:
+            snap = await m.db(m.snapshots.finish_start, a.run_id)
+            view = snap.view() if snap is not None else None
+            message = (
+                f"the start was sent but its answer never came ({end.state.value}: {end.reason}); "
+                "the task may exist: `mind task get` tells once the hand is connected"
+            )
+        log.info("task_start_ended", task_id=a.run_id, hand=a.hand, outcome=outcome, start_run=end.state.value)
+        if waiter is not None:
+            peer, id_ = waiter
+            peer.outbox.put(
+                TaskStartResult(task_id=a.run_id, hand=a.hand, outcome=outcome, reject_code=code, message=message, view=view),  # type: ignore[arg-type]
+                id_,
+            )
+
+    # --- queries ---
+
+    async def _refresh(self, snap: Snapshot) -> Snapshot:
+        """Ask the Hand (the authority) if it is connected; else return the snapshot as it is."""
+        m = self.mind
+        live = m.hands.get(snap.hand)
+        if live is None or snap.start_pending:
+            return snap
+        try:
+            reply = await m.ask(live, TaskStatus(task_id=snap.task_id), ASK_TIMEOUT_S)
+        except (TimeoutError, ConnectionError):
+            return snap
+        if isinstance(reply, TaskInfo) and reply.task_id == snap.task_id:
+            new, _ = await m.db(m.snapshots.report, snap.hand, reply, time.time())
+            return new or snap
+        return snap
+
+    async def get(self, peer: "Peer", id_: str, req: TaskGet) -> None:
+        m = self.mind
+        snap = await m.db(m.snapshots.get, req.task_id)
+        if snap is None:
+            peer.outbox.put(Error(code=ErrorCode.UNKNOWN_TASK, message=f"no task {req.task_id}"), id_)
+            return
+        snap = await self._refresh(snap)
+        peer.outbox.put(snap.view(), id_)
+
+    async def list(self, peer: "Peer", id_: str, req: TaskList) -> None:
+        m = self.mind
+        snaps = await m.db(m.snapshots.list, req.hand, req.state, req.limit)
+        peer.outbox.put(TaskListResult(tasks=[s.view() for s in snaps]), id_)
+
+    async def logs(self, peer: "Peer", id_: str, req: TaskLogs) -> None:
+        m = self.mind
+        snap = await m.db(m.snapshots.get, req.task_id)
+        if snap is None:
+            peer.outbox.put(Error(code=ErrorCode.UNKNOWN_TASK, message=f"no task {req.task_id}"), id_)
+            return
+        live = m.hands.get(snap.hand)
+        if live is None:
+            peer.outbox.put(
+                Error(
+                    code=ErrorCode.HAND_OFFLINE,
+                    message=f"hand {snap.hand!r} is offline: task logs live on the hand; read them when it reconnects",
+                ),
+                id_,
+            )
+            return
+        try:
+            reply = await m.ask(live, req, ASK_TIMEOUT_S)
+        except (TimeoutError, ConnectionError) as exc:
+            code = ErrorCode.HAND_TIMEOUT if isinstance(exc, TimeoutError) else ErrorCode.HAND_OFFLINE
+            peer.outbox.put(Error(code=code, message=f"hand {snap.hand!r} did not answer: {exc or 'timeout'}"), id_)
+            return
+        if isinstance(reply, (TaskLogPage, Error)):
+            peer.outbox.put(reply, id_)
+        else:
+            peer.outbox.put(Error(code=ErrorCode.INTERNAL_ERROR, message="unexpected answer from the hand"), id_)
+
+    # --- cancel ---
+
+    async def cancel(self, peer: "Peer", id_: str, req: TaskCancelRequest) -> None:
+        m = self.mind
+        snap = await m.db(m.snapshots.get, req.task_id)
+        if snap is None:
+            peer.outbox.put(TaskCancelReply(task_id=req.task_id, status=TaskCancelStatus.UNKNOWN_TASK), id_)
+            return
+        if snap.terminal:
+            peer.outbox.put(TaskCancelReply(task_id=req.task_id, status=TaskCancelStatus.ALREADY_DONE, view=snap.view()), id_)
+            return
+        live = m.hands.get(snap.hand)
+        if live is not None and not snap.start_pending:
+            try:
+                reply = await m.ask(live, TaskCancel(task_id=req.task_id, reason=CancelReason.USER_REQUESTED), ASK_TIMEOUT_S)
+            except (TimeoutError, ConnectionError):
+                reply = None
+            if isinstance(reply, TaskCancelResult):
+                if reply.task is not None:
+                    new, _ = await m.db(m.snapshots.report, snap.hand, reply.task, time.time())
+                    snap = new or snap
+                log.info("task_cancel_delivered", task_id=req.task_id, hand=snap.hand, status=reply.status.value)
+                peer.outbox.put(TaskCancelReply(task_id=req.task_id, status=reply.status, view=snap.view()), id_)
+                return
+        # Offline (or no answer): record it; the reconciliation pass delivers it after reconnect.
+        snap = await m.db(m.snapshots.set_cancel_pending, req.task_id, CancelReason.USER_REQUESTED.value) or snap
+        log.info("task_cancel_recorded", task_id=req.task_id, hand=snap.hand)
+        peer.outbox.put(TaskCancelReply(task_id=req.task_id, status=TaskCancelStatus.PENDING_DELIVERY, view=snap.view()), id_)
+
+    # --- pushes and reconciliation ---
+
+    async def on_update(self, peer: "Peer", info: TaskInfo) -> None:
+        m = self.mind
+        snap, what = await m.db(m.snapshots.report, peer.ident.label, info, time.time())
+        if what == "foreign":
+            log.warning("task_update_foreign", hand=peer.ident.label, gen=peer.gen, task_id=info.task_id)
+        else:
+            log.debug("task_update", hand=peer.ident.label, task_id=info.task_id, state=info.state.value, applied=what)
+
+    async def reconcile(self, peer: "Peer") -> None:
+        """After each `welcome`: realign every snapshot of this Hand with its database (DESIGN §8)."""
+        m = self.mind
+        hand, gen = peer.ident.label, peer.gen
+        t0 = time.monotonic()
+        rows: dict[str, TaskInfo] = {}
+        after: str | None = None
+        pages = 0
+        try:
+            while True:
+                page = await m.ask(peer, TaskInventory(after=after, limit=INVENTORY_PAGE), 30.0)
+                if isinstance(page, Error):
+                    log.warning("reconcile_refused", hand=hand, gen=gen, code=page.code.value, reason=page.message)
+                    return
+                if not isinstance(page, TaskInventoryPage):
+                    log.warning("reconcile_bad_page", hand=hand, gen=gen, type=page.TYPE)
+                    return
+                pages += 1
+                for t in page.tasks:
+                    rows[t.task_id] = t
+                if page.next_after is None or not page.tasks:
+                    break
+                after = page.next_after
+        except (TimeoutError, ConnectionError) as exc:
+            log.warning("reconcile_aborted", hand=hand, gen=gen, error=type(exc).__name__)
+            return
+        plan = await m.db(m.snapshots.reconcile, hand, rows, time.time())
+        delivered = 0
+        for task_id, _reason in plan.cancels:
+            try:
+                reply = await m.ask(peer, TaskCancel(task_id=task_id, reason=CancelReason.USER_REQUESTED), ASK_TIMEOUT_S)
+            except (TimeoutError, ConnectionError):
+                break
+            if isinstance(reply, TaskCancelResult):
+                delivered += 1
+                if reply.task is not None:
+                    await m.db(m.snapshots.report, hand, reply.task, time.time())
+                await m.db(m.snapshots.clear_cancel_pending, task_id)
+        for tid in plan.foreign:
+            log.warning("reconcile_foreign_task", hand=hand, gen=gen, task_id=tid)
+        log.info(
+            "reconcile_done",
+            hand=hand,
+            gen=gen,
+            hand_tasks=len(rows),
+            pages=pages,
+            updated=len(plan.updated),
+            adopted=len(plan.adopted),
+            lost=len(plan.lost),
+            unchanged=plan.unchanged,
+            foreign=len(plan.foreign),
+            cancels_delivered=delivered,
+            duration_ms=round((time.monotonic() - t0) * 1000, 1),
+        )
