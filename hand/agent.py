@@ -15,6 +15,12 @@ Rules (DESIGN §4, §8, §9):
 - A frame we cannot decode, or a message a Mind may not send, gets an `error` frame and a close.
 - SIGTERM/SIGINT (`request_stop`): runs are cancelled with `shutdown`, their results are sent while
   the connection is still up (bounded by the kill grace + 1 s), then the socket is closed.
+- Background tasks (`hand.tasks`) belong to the agent, not to a connection: the task manager is
+  opened (restart recovery) before the first dial, its executions live in an agent-level task group,
+  and a dropped connection only detaches where `task_update`s go. Task messages (a background
+  `rpc`, `task_status`, `task_logs`, `task_cancel`, `task_inventory`) are handled IN ORDER by the
+  reader (each awaited before the next frame is read), so a `task_status` that follows a start on
+  the ordered stream sees its committed row. Replies carry the request's envelope id.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from collections.abc import Awaitable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
@@ -40,12 +46,28 @@ from hand.policy import Policy
 from hand.process import DEFAULT_GRACE_S
 from hand.runs import RecentRuns, RunTable
 from hand.sanitize import Sanitizer
+from hand.tasks import TaskLimits, TaskManager
 from protocol import limits, logs
 from protocol.auth import ClientHandshake, Credential
-from protocol.codes import CancelReason, ErrorCode
+from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
 from protocol.envelope import Channel, Envelope
 from protocol.errors import ProtocolError
-from protocol.messages import Cancel, Challenge, Error, HandClaims, Message, Rpc, Welcome
+from protocol.messages import (
+    Cancel,
+    Challenge,
+    Error,
+    HandClaims,
+    Message,
+    Rejected,
+    Rpc,
+    TaskCancel,
+    TaskCancelResult,
+    TaskInventory,
+    TaskInventoryPage,
+    TaskLogs,
+    TaskStatus,
+    Welcome,
+)
 
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)
@@ -61,7 +83,9 @@ class AgentConfig:
     root: Path
     policy: Policy = field(default_factory=Policy)
     state_dir: Path | None = None
-    """Reserved for background tasks (their database and logs); unused by foreground runs."""
+    """Where background tasks live (their database and logs). None: this Hand refuses background
+    tasks (foreground runs need no state)."""
+    tasks: TaskLimits = field(default_factory=TaskLimits)
     max_backoff: float = 30.0
     ping_interval: float = 10.0
     kill_grace: float = DEFAULT_GRACE_S
@@ -149,11 +173,36 @@ class Agent:
         self._uri = parse_uri(config.url)
         self.gen: int | None = None
         """The generation of the live connection (None between connections), for tests and logs."""
+        self.tasks: TaskManager | None = None
+
+    async def run(self) -> int:
+        """Open the task manager (restart recovery happens here, before any connection), then
+        connect forever; on stop, shut the tasks down (`cancelled`, reason `shutdown`)."""
+        if self.cfg.state_dir is None:
+            return await self._connect_forever()
+        async with asyncio.TaskGroup() as owner:  # outlives every connection
+            tasks = TaskManager(
+                state_dir=self.cfg.state_dir,
+                root=self.cfg.root,
+                spawn=owner.create_task,
+                policy=self.cfg.policy,
+                limits=self.cfg.tasks,
+                kill_grace=self.cfg.kill_grace,
+                sanitize=self._sanitize,
+                log=self._log,
+            )
+            await tasks.open()
+            self.tasks = tasks
+            try:
+                code = await self._connect_forever()
+            finally:
+                await tasks.shutdown()
+        return code
 
     def request_stop(self) -> None:
         self._stop.set()
 
-    async def run(self) -> int:
+    async def _connect_forever(self) -> int:
         loop = asyncio.get_running_loop()
         uri = self._uri
         while not self._stop.is_set():
@@ -267,22 +316,31 @@ class Agent:
                 log=log,
             )
             wire.writer = tg.create_task(wire.write_loop())
-            reader = tg.create_task(self._read_loop(wire, table, log))
-            stopper = tg.create_task(self._stop.wait())
-            await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            stopper.cancel()
-            if reader.done():
-                why = reader.result()
-            else:
-                reason, why = CancelReason.SHUTDOWN, "shutdown"
-            table.cancel_all(reason)
-            if reason is CancelReason.SHUTDOWN:  # the results can still go out
+            if self.tasks is not None:
+                self.tasks.attach(wire.send)
+            try:
+                reader = tg.create_task(self._read_loop(wire, table, log))
+                stopper = tg.create_task(self._stop.wait())
+                await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                stopper.cancel()
+                if reader.done():
+                    why = reader.result()
+                else:
+                    reason, why = CancelReason.SHUTDOWN, "shutdown"
+                table.cancel_all(reason)  # foreground runs only: tasks outlive the connection
+                if reason is CancelReason.SHUTDOWN:  # the results and task updates can still go out
+                    ending = [table.wait_idle(self.cfg.kill_grace + 1)]
+                    if self.tasks is not None:
+                        ending.append(self.tasks.shutdown())
+                    await asyncio.gather(*ending)
+                reader.cancel()
+                await wire.finish(CLOSE_TIMEOUT_S)
+                with suppress(Exception):
+                    await ws.close()
                 await table.wait_idle(self.cfg.kill_grace + 1)
-            reader.cancel()
-            await wire.finish(CLOSE_TIMEOUT_S)
-            with suppress(Exception):
-                await ws.close()
-            await table.wait_idle(self.cfg.kill_grace + 1)
+            finally:
+                if self.tasks is not None:
+                    self.tasks.attach(None)
         log.info("connection_lost" if reason is CancelReason.CONNECTION_LOST else "connection_closed", reason=why)
 
     async def _read_loop(self, wire: _Wire, table: RunTable, log: Any) -> str:
@@ -293,8 +351,12 @@ class Agent:
                 try:
                     env = wire.channel.receive(data)
                     msg = env.msg
-                    if isinstance(msg, Rpc):
+                    if isinstance(msg, Rpc) and msg.background is not None:
+                        await self._task_start(msg, wire)
+                    elif isinstance(msg, Rpc):
                         table.on_rpc(msg)
+                    elif isinstance(msg, (TaskStatus, TaskLogs, TaskCancel, TaskInventory)):
+                        wire.send(await self._task_answer(msg), id=env.id)
                     elif isinstance(msg, Cancel):
                         table.on_cancel(msg)
                     elif isinstance(msg, Error):
@@ -315,6 +377,27 @@ class Agent:
             log.exception("reader_crashed")
             return "internal error"
 
+    async def _task_start(self, rpc: Rpc, wire: _Wire) -> None:
+        if self.tasks is None:
+            wire.send(Rejected(run_id=rpc.run_id, code=RejectCode.INVALID_REQUEST,
+                               message="this hand keeps no background tasks (it has no state dir)"))
+            return
+        await self.tasks.on_start(rpc, wire.send)
+
+    async def _task_answer(self, msg: Message) -> Message:
+        if self.tasks is not None:
+            try:
+                return await self.tasks.answer(msg)
+            except Exception as exc:  # noqa: BLE001 - one failed request, not the connection
+                self._log.exception("task_request_failed", type=msg.TYPE)
+                return Error(code=ErrorCode.INTERNAL_ERROR, message=self._sanitize(f"internal error: {exc}"))
+        if isinstance(msg, TaskInventory):
+            return TaskInventoryPage(tasks=[])
+        if isinstance(msg, TaskCancel):
+            return TaskCancelResult(task_id=msg.task_id, status=TaskCancelStatus.UNKNOWN_TASK)
+        assert isinstance(msg, (TaskStatus, TaskLogs))
+        return Error(code=ErrorCode.UNKNOWN_TASK, message=f"this hand has no task {msg.task_id}")
+
 
 async def _expect(ws: ClientConnection, channel: Channel, kind: type[M]) -> Envelope[M]:
     env = channel.receive(await ws.recv())
@@ -331,8 +414,13 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:200]
 
 
-async def run_agent(config: AgentConfig, *, handle_signals: bool = True) -> int:
+async def run_agent(
+    config: AgentConfig, *, handle_signals: bool = True, stop_requested: Callable[[], bool] | None = None
+) -> int:
     """Run the Hand until SIGTERM/SIGINT (graceful: runs cancelled with `shutdown`). Returns 0.
+
+    `stop_requested`: did a signal arrive before our handlers were installed (the CLI catches them
+    from its first line on, so a Hand stopped while starting still stops gracefully)?
 
     Embedders and tests that want to stop it themselves use `Agent(config)`, `await agent.run()`
     and `agent.request_stop()`.
@@ -342,6 +430,8 @@ async def run_agent(config: AgentConfig, *, handle_signals: bool = True) -> int:
     signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
     for sig in signals:
         loop.add_signal_handler(sig, agent.request_stop)
+    if stop_requested is not None and stop_requested():
+        agent.request_stop()
     try:
         return await agent.run()
     finally:

@@ -1,8 +1,11 @@
-"""`hand run ...`: start the Hand agent on this machine.
+"""`hand run ...`: start the Hand agent on this machine. `hand tasks`: list its background tasks.
 
 Local configuration errors (flags, credential file, root, state dir) are the only things that stop
 a Hand for good: they print one clear line on stderr and exit 2 before any connection is tried.
 Everything the network does (refusals, drops, a Mind that is down) is retried forever.
+
+`hand tasks` reads the Hand's own task database directly (read-only): it works while the Hand runs,
+and with no Mind at all, because the Hand is the authority on its tasks (DESIGN §3).
 
 Heavy modules are imported inside `main`, so `hand --help` stays fast.
 """
@@ -10,8 +13,11 @@ Heavy modules are imported inside `main`, so `hand --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +26,28 @@ DEFAULT_STATE_DIR = "~/.local/state/mindhand-hand"
 
 class ConfigError(Exception):
     pass
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_BYTES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_duration(text: str) -> float:
+    """`90s`, `30m`, `2h`, `7d`, or plain seconds -> seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a duration (use e.g. 90s, 30m, 2h, 7d)")
+    return float(m.group(1)) * _SECONDS[m.group(2)]
+
+
+def parse_size(text: str) -> int:
+    """`64M`, `512K`, `1G` (binary multiples), or plain bytes -> bytes."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a size (use e.g. 65536, 512K, 64M, 1G)")
+    return int(m.group(1)) * _BYTES[m.group(2).lower()]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,8 +74,28 @@ def _parser() -> argparse.ArgumentParser:
                      help="keepalive ping interval and timeout (default 10)")
     run.add_argument("--kill-grace", metavar="S", type=float, default=5.0,
                      help="seconds between SIGTERM and SIGKILL of a cancelled command (default 5)")
+    run.add_argument("--max-running-tasks", metavar="N", type=int, default=4,
+                     help="background tasks running at once; others wait queued (default 4)")
+    run.add_argument("--max-retained-tasks", metavar="N", type=int, default=1000,
+                     help="background tasks kept, finished ones included; more are refused (default 1000)")
+    run.add_argument("--task-retention", metavar="DURATION", default="7d",
+                     help="how long finished tasks and their logs are kept: 90s, 30m, 2h, 7d (default 7d)")
+    run.add_argument("--task-log-max", metavar="SIZE", default="64M",
+                     help="bytes of output kept per task (the head): bytes or K, M, G (default 64M)")
     run.add_argument("--log-format", choices=("auto", "console", "json"), default="auto")
     run.add_argument("--log-level", default="info", help="debug, info, warning, error (default info)")
+
+    tasks = sub.add_parser(
+        "tasks",
+        help="list this machine's background tasks (reads the Hand's database; no Mind needed)",
+        description="List the background tasks in the Hand's own database, oldest first. "
+        "Works while the Hand runs and without any Mind.",
+    )
+    tasks.add_argument("--state-dir", metavar="DIR", default=DEFAULT_STATE_DIR,
+                       help=f"the Hand's state directory (default {DEFAULT_STATE_DIR})")
+    tasks.add_argument("--state", choices=("queued", "running", "succeeded", "failed", "cancelled", "timed_out",
+                                           "lost"), help="only tasks in this state")
+    tasks.add_argument("--json", action="store_true", help="a JSON list instead of a table")
     return parser
 
 
@@ -104,20 +152,113 @@ def build_config(args: argparse.Namespace) -> Any:
             raise ConfigError(f"{name} must be between {low} and 3600 seconds")
     if not 0 <= args.kill_grace <= 600:
         raise ConfigError("--kill-grace must be between 0 and 600 seconds")
+    task_limits = _task_limits(args)
+    state = _state_dir(args.state_dir)
+    _check_task_db(state)
     return AgentConfig(
         url=args.mind,
         credential=cred,
         root=Path(os.path.realpath(root)),
         policy=Policy(allow=allow, deny=deny),
-        state_dir=_state_dir(args.state_dir),
+        state_dir=state,
         max_backoff=args.max_backoff,
         ping_interval=args.ping_interval,
         kill_grace=args.kill_grace,
+        tasks=task_limits,
     )
+
+
+def _check_task_db(state: Path) -> None:
+    """A task database that cannot be opened is a local problem: say so now, not after connecting."""
+    from hand.taskstore import TaskStore, TaskStoreError
+
+    try:
+        TaskStore(state).close()
+    except TaskStoreError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _task_limits(args: argparse.Namespace) -> Any:
+    from hand.tasks import TaskLimits
+
+    if not 1 <= args.max_running_tasks <= 10_000:
+        raise ConfigError("--max-running-tasks must be between 1 and 10000")
+    if not 1 <= args.max_retained_tasks <= 10_000_000:
+        raise ConfigError("--max-retained-tasks must be between 1 and 10000000")
+    try:
+        retention = parse_duration(args.task_retention)
+    except ValueError as exc:
+        raise ConfigError(f"--task-retention: {exc}") from None
+    if retention <= 0:
+        raise ConfigError("--task-retention must be more than 0")
+    try:
+        log_max = parse_size(args.task_log_max)
+    except ValueError as exc:
+        raise ConfigError(f"--task-log-max: {exc}") from None
+    return TaskLimits(max_running=args.max_running_tasks, max_retained=args.max_retained_tasks,
+                      retention_s=retention, log_max=log_max)
+
+
+_COLUMNS = ("TASK", "STATE", "TOOL", "CREATED", "EXIT", "LOG BYTES", "REASON")
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t is not None else "-"
+
+
+def tasks_main(args: argparse.Namespace) -> int:
+    from hand.taskstore import TaskStoreError, read_rows
+    from protocol.states import TaskState
+
+    state_dir = Path(args.state_dir).expanduser()
+    if not state_dir.is_dir():
+        print(f"hand: state dir {state_dir} does not exist (pass the --state-dir of `hand run`)", file=sys.stderr)
+        return 2
+    try:
+        rows = read_rows(state_dir, TaskState(args.state) if args.state else None)
+    except TaskStoreError as exc:
+        print(f"hand: {exc}", file=sys.stderr)
+        return 2
+    rows = rows or []
+    if args.json:
+        out = [
+            {
+                "task_id": r.task_id, "state": r.state.value, "tool": r.tool, "version": r.version,
+                "created_at": r.created_at, "started_at": r.started_at, "finished_at": r.finished_at,
+                "exit_code": r.exit_code, "signal": r.signal, "stage": r.stage.value if r.stage else None,
+                "log_bytes": r.log_bytes, "truncated": r.truncated, "reason": r.reason, "error": r.error,
+                "max_runtime_ms": r.max_runtime_ms, "args_digest": r.args_digest,
+            }
+            for r in rows
+        ]
+        print(json.dumps(out, indent=2))
+        return 0
+    if not rows:
+        print("no tasks")
+        return 0
+    table = [_COLUMNS] + [
+        (
+            r.task_id, r.state.value, r.tool, _when(r.created_at),
+            str(r.exit_code) if r.exit_code is not None else (f"sig {r.signal}" if r.signal else "-"),
+            f"{r.log_bytes}{'+' if r.truncated else ''}", (r.reason or "-")[:80],
+        )
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in table) for i in range(len(_COLUMNS) - 1)]
+    for line in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)) + "  " + line[-1])
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "tasks":
+        return tasks_main(args)
+    import signal
+
+    early: list[int] = []  # SIGTERM/SIGINT while starting: stop gracefully once the agent runs
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: early.append(signum))
     try:
         config = build_config(args)
         from protocol import logs
@@ -134,4 +275,4 @@ def main(argv: list[str] | None = None) -> int:
 
     from hand.agent import run_agent
 
-    return asyncio.run(run_agent(config))
+    return asyncio.run(run_agent(config, stop_requested=lambda: bool(early)))

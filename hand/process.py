@@ -26,13 +26,14 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Awaitable, Callable, Literal
 
 from protocol import limits
 from protocol.codes import KillStage
 
 Stream = Literal["stdout", "stderr"]
 OnOutput = Callable[[Stream, bytes], None]
+OnSpawn = Callable[[int], Awaitable[None]]
 
 DEFAULT_GRACE_S = 5.0
 DRAIN_S = 0.2
@@ -153,7 +154,11 @@ class ProcessRun:
         grace: float = DEFAULT_GRACE_S,
         drain: float = DRAIN_S,
         straggler_grace: float = STRAGGLER_GRACE_S,
+        on_spawn: OnSpawn | None = None,
     ) -> None:
+        """`on_spawn(pid)` is awaited right after the child started, before anything else: a
+        background task records `running` and the pid there. Output and exit are still observed
+        meanwhile, and a `kill()` requested during it is honoured as soon as it returns."""
         if not argv:
             raise ValueError("argv must not be empty")
         self._argv = list(argv)
@@ -164,6 +169,7 @@ class ProcessRun:
         self._grace = grace
         self._drain = drain
         self._straggler_grace = straggler_grace
+        self._on_spawn = on_spawn
         self._kill = asyncio.Event()
         self.stdout = Tail()
         self.stderr = Tail()
@@ -207,6 +213,8 @@ class ProcessRun:
         self._exited = proto.exited
         finished = False
         try:
+            if self._on_spawn is not None:
+                await self._on_spawn(pgid)
             if self._stdin is not None:
                 pipe = transport.get_pipe_transport(0)
                 if pipe is not None:
@@ -279,3 +287,20 @@ class ProcessRun:
                 break
             await asyncio.sleep(POLL_S)
         return KillStage.KILL
+
+
+async def kill_group(pgid: int, grace: float) -> KillStage:
+    """Kill process group `pgid` (not our child: e.g. one left by a crashed Hand) as a whole tree:
+    SIGTERM, `grace` seconds, SIGKILL."""
+    return await ProcessRun._kill_group(pgid, grace, None)
+
+
+def start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (start time in clock ticks since boot): with the pid, it names one
+    process for good, so a pid reused after a restart is never mistaken for the one we started."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rfind(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None

@@ -24,7 +24,6 @@ Rules this module keeps, each from DESIGN §3-§6:
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections import OrderedDict
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from hand.sanitize import Sanitizer
 from hand.tools import FileCall, Prepared, ProcessSpec, Refusal, ToolFailed, prepare
 from protocol import limits
 from protocol.codes import CancelReason, CancelStatus, RejectCode
+from protocol.digest import args_digest
 from protocol.control import REASON_TO_STATE, Budget, RunAborted, RunControl, check_active
 from protocol.errors import ProtocolError
 from protocol.messages import (
@@ -65,11 +65,6 @@ Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 RECENT_MAX = 1000
 PROGRESS_BYTES = "progress_bytes"
 PROGRESS_EVENTS = "progress_events"
-
-
-def args_digest(args: dict[str, Any]) -> str:
-    """SHA-256 of the msgpack-encoded arguments: what logs and audits may keep instead of the args."""
-    return hashlib.sha256(msgpack.packb(args, use_bin_type=True)).hexdigest()
 
 
 class RecentRuns:
@@ -145,7 +140,7 @@ class RunTable:
         log = self._log.bind(run_id=rpc.run_id, tool=rpc.tool)
         try:
             packed = msgpack.packb(rpc.args, use_bin_type=True)
-            digest = hashlib.sha256(packed).hexdigest()
+            digest = args_digest(rpc.tool, rpc.args)
             prepared = self._admit(rpc, len(packed))
         except Refusal as refusal:
             self._reject(rpc, refusal.code, refusal.message, log)

@@ -72,10 +72,26 @@ class TaskService:
                 id_,
             )
 
-        live = m.hands.get(req.hand)
-        known = live is not None or await m.db(m.store.secret, "hand", req.hand) is not None
+        def settle(existing: Snapshot) -> None:
+            if existing.hand == req.hand and existing.binding_digest == binding:
+                log.info("task_start_duplicate", task_id=task_id, hand=req.hand)
+                reply("duplicate", message="a task with this id and binding exists; nothing new was run", view=existing.view())
+            else:
+                reply(
+                    "rejected",
+                    RejectCode.CONFLICTING_DUPLICATE,
+                    f"task {task_id} already exists with another hand, tool, arguments or options",
+                )
+
+        existing = await m.db(m.snapshots.get, task_id)
+        if existing is not None:
+            return settle(existing)
         if m.registry.get(task_id) is not None:
             return reply("rejected", RejectCode.CONFLICTING_DUPLICATE, f"id {task_id} is already used by a run")
+        if m.hands.get(req.hand) is None:
+            if await m.db(m.store.secret, "hand", req.hand) is None:
+                return reply("rejected", RejectCode.UNKNOWN_HAND, f"no hand named {req.hand!r}")
+            return reply("rejected", RejectCode.HAND_OFFLINE, f"hand {req.hand!r} is not connected; nothing was stored")
         snap = Snapshot(
             task_id=task_id,
             hand=req.hand,
@@ -87,18 +103,9 @@ class TaskService:
             created_at=time.time(),
             start_pending=True,
         )
-        if not known:
-            return reply("rejected", RejectCode.UNKNOWN_HAND, f"no hand named {req.hand!r}")
-        existing = await m.db(m.snapshots.insert_new, snap) if live is not None else await m.db(m.snapshots.get, task_id)
+        existing = await m.db(m.snapshots.insert_new, snap)  # written stale before the start is sent
         if existing is not None:
-            if existing.hand == req.hand and existing.binding_digest == binding:
-                log.info("task_start_duplicate", task_id=task_id, hand=req.hand)
-                return reply("duplicate", message="a task with this id and binding exists; nothing new was run", view=existing.view())
-            return reply(
-                "rejected",
-                RejectCode.CONFLICTING_DUPLICATE,
-                f"task {task_id} already exists with another hand, tool, arguments or options",
-            )
+            return settle(existing)
         live = m.hands.get(req.hand)  # the Hand may have gone while we waited on the database
         if live is None:
             await m.db(m.snapshots.delete, task_id)

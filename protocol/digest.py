@@ -12,8 +12,17 @@ from typing import Any
 import msgpack
 
 
+def _canonical(value: Any) -> Any:
+    """Maps with sorted keys, recursively: `{"a":1,"b":2}` and `{"b":2,"a":1}` are one call."""
+    if isinstance(value, dict):
+        return [[k, _canonical(value[k])] for k in sorted(value, key=lambda k: (type(k).__name__, k))]
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
+
+
 def _sha(value: Any) -> str:
-    return hashlib.sha256(msgpack.packb(value, use_bin_type=True)).hexdigest()
+    return hashlib.sha256(msgpack.packb(_canonical(value), use_bin_type=True)).hexdigest()
 
 
 def args_digest(tool: str, args: dict[str, Any]) -> str:

@@ -1,116 +1,42 @@
-"""The agent's connection loop against a scripted Mind endpoint on loopback.
-
-The endpoint below is test scaffolding, not the Mind: it speaks the handshake with `protocol.auth`
-and lets each test write and read raw frames, so the Hand's reactions to a well-behaved, a refusing,
-a misbehaving and a vanishing Mind can each be checked with real sockets and real processes.
+"""The agent's connection loop against a scripted Mind endpoint on loopback (`scripted_mind`), with
+real sockets and real processes: foreground runs, refusals, bad frames, shutdown, and background
+tasks that outlive a dropped connection.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import os
-from dataclasses import dataclass
 
 import pytest
 from hand_support import pid_alive, read_pid, until
-from websockets.asyncio.server import ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
+from scripted_mind import ScriptedMind
+from websockets.asyncio.server import serve
 
 from hand.agent import Agent, AgentConfig
 from hand.backoff import Backoff
+from hand.taskstore import read_rows
 from protocol import limits
-from protocol.auth import Credential, client_mac, mind_mac, transcript
+from protocol.auth import Credential
 from protocol.codes import CancelReason, ErrorCode
-from protocol.envelope import Channel, Envelope, decode
 from protocol.messages import (
     Accepted,
+    Background,
     Challenge,
     Error,
-    Hello,
     Message,
     Progress,
-    Proof,
     Result,
     Rpc,
     Started,
-    Welcome,
+    TaskInfo,
+    TaskLogPage,
+    TaskLogs,
+    TaskStartValue,
+    TaskStatus,
+    TaskUpdate,
 )
-from protocol.states import RunState
-
-
-@dataclass
-class Conn:
-    ws: ServerConnection
-    channel: Channel
-    gen: int
-    hello: Hello
-
-    async def send(self, msg: Message) -> None:
-        await self.ws.send(self.channel.stamp(msg))
-
-    async def recv(self, timeout: float = 10.0) -> Envelope:
-        env = self.channel.receive(await asyncio.wait_for(self.ws.recv(), timeout))
-        assert env.gen == self.gen
-        return env
-
-    async def until_result(self, run_id: str) -> list[Message]:
-        msgs = []
-        while True:
-            msg = (await self.recv()).msg
-            msgs.append(msg)
-            if isinstance(msg, Result) and msg.run_id == run_id:
-                return msgs
-
-    async def closed_by_hand(self, timeout: float = 10.0) -> None:
-        with pytest.raises(ConnectionClosed):
-            while True:
-                await asyncio.wait_for(self.ws.recv(), timeout)
-
-
-class ScriptedMind:
-    def __init__(self, cred: Credential) -> None:
-        self.cred = cred
-        self.gen = 0
-        self.handshakes = 0
-        self.conns: asyncio.Queue[Conn] = asyncio.Queue()
-        self.script: list[str] = []  # per handshake: "refuse", "forge", "silent" or "ok" (default)
-        self.hand_errors: list[Error] = []
-        self.url = ""
-
-    async def handler(self, ws: ServerConnection) -> None:
-        ch = Channel()
-        hello = ch.receive(await ws.recv()).msg
-        assert isinstance(hello, Hello)
-        step = self.script.pop(0) if self.script else "ok"
-        self.handshakes += 1
-        if step == "refuse":
-            await ws.send(ch.stamp(Error(code=ErrorCode.AUTH_FAILED, message="no")))
-            return
-        if step == "silent":  # never answer the hello
-            env = decode(await asyncio.wait_for(ws.recv(), 10))
-            self.hand_errors.append(env.msg)
-            return
-        challenge = Challenge(mind_id="mind1", handshake_id=f"hs{self.handshakes}", nonce=os.urandom(32),
-                              expires_in_ms=10_000)
-        await ws.send(ch.stamp(challenge))
-        proof = ch.receive(await ws.recv()).msg
-        assert isinstance(proof, Proof)
-        t = transcript(hello, challenge)
-        assert hmac.compare_digest(proof.mac, client_mac(self.cred.secret, t))
-        self.gen += 1
-        ch.gen = self.gen
-        mac = os.urandom(32) if step == "forge" else mind_mac(self.cred.secret, t, self.gen)
-        await ws.send(ch.stamp(Welcome(gen=self.gen, mac=mac, ping_interval_s=1.0)))
-        if step == "forge":
-            env = decode(await asyncio.wait_for(ws.recv(), 10))
-            self.hand_errors.append(env.msg)
-            return
-        await self.conns.put(Conn(ws, ch, self.gen, hello))
-        await ws.wait_closed()
-
-    async def next_conn(self, timeout: float = 10.0) -> Conn:
-        return await asyncio.wait_for(self.conns.get(), timeout)
+from protocol.states import RunState, TaskState
 
 
 @pytest.fixture
@@ -122,7 +48,8 @@ async def world(tmp_path):
     async with serve(mind.handler, "127.0.0.1", 0, compression=None, max_size=limits.MAX_FRAME_BYTES) as server:
         port = server.sockets[0].getsockname()[1]
         mind.url = f"ws://127.0.0.1:{port}"
-        cfg = AgentConfig(url=mind.url, credential=cred, root=root, ping_interval=1.0, kill_grace=0.5)
+        cfg = AgentConfig(url=mind.url, credential=cred, root=root, ping_interval=1.0, kill_grace=0.5,
+                          state_dir=tmp_path / "state")
         agent = Agent(cfg, backoff=Backoff(base=0.01, cap=0.05))
         task = asyncio.create_task(agent.run())
         try:
@@ -252,3 +179,67 @@ async def test_a_mind_that_never_answers_the_hello_times_the_handshake_out(world
     assert conn.gen == 2
     [err] = mind.hand_errors
     assert err.code is ErrorCode.HANDSHAKE_TIMEOUT
+
+
+async def test_a_task_outlives_a_dropped_connection_and_is_read_back_on_the_next(world):
+    mind, agent, _, tmp = world
+    conn = await mind.next_conn()
+    gate = tmp / "gate"
+    command = f"while [ ! -e {gate} ]; do sleep 0.01; done; seq 1 30000"
+    await conn.send(Rpc(run_id="t1", tool="shell", args={"command": command}, timeout_ms=5_000,
+                        background=Background(max_runtime_ms=60_000)))
+    # On the ordered stream, a status right behind the start sees the committed row.
+    await conn.send(TaskStatus(task_id="t1"), id="q1")
+    accepted = await conn.until(lambda e: isinstance(e.msg, Accepted))
+    result = await conn.until(lambda e: isinstance(e.msg, Result))
+    assert accepted.msg.run_id == result.msg.run_id == "t1" and result.msg.state is RunState.SUCCEEDED
+    assert TaskStartValue.model_validate(result.msg.value).task.state is TaskState.QUEUED
+    status = await conn.until(lambda e: e.id == "q1")
+    assert isinstance(status.msg, TaskInfo) and status.msg.task_id == "t1"
+    await conn.until(lambda e: isinstance(e.msg, TaskUpdate) and e.msg.task.state is TaskState.RUNNING)
+
+    mind.script = ["hold"]  # the Hand stays offline until released
+    conn.ws.transport.abort()
+    await until(lambda: mind.handshakes >= 2, what="the Hand to try again")
+    gate.touch()
+    state = tmp / "state"
+    await until(lambda: [r for r in read_rows(state) or [] if r.state is TaskState.SUCCEEDED], timeout=15,
+                what="the task to finish while the Hand is offline")
+    mind.release.set()
+    conn2 = await mind.next_conn()
+    assert conn2.gen == conn.gen + 1
+    await conn2.send(TaskStatus(task_id="t1"), id="q2")
+    env = await conn2.until(lambda e: e.id == "q2")
+    assert isinstance(env.msg, TaskInfo) and env.msg.state is TaskState.SUCCEEDED and env.msg.exit_code == 0
+    expected = "".join(f"{i}\n" for i in range(1, 30001)).encode()
+    assert env.msg.log_bytes == len(expected)
+    got, offset, n = b"", 0, 0
+    while True:
+        n += 1
+        await conn2.send(TaskLogs(task_id="t1", offset=offset), id=f"l{n}")
+        page = (await conn2.until(lambda e: e.id == f"l{n}")).msg
+        assert isinstance(page, TaskLogPage)
+        got += page.data
+        offset = page.next_offset
+        if page.eof:
+            break
+    assert got == expected
+    await conn2.send(TaskStatus(task_id="nope"), id="q3")
+    env = await conn2.until(lambda e: e.id == "q3")
+    assert isinstance(env.msg, Error) and env.msg.code is ErrorCode.UNKNOWN_TASK
+
+
+async def test_shutdown_ends_running_tasks_cancelled_and_says_so_before_closing(world):
+    mind, agent, task, tmp = world
+    conn = await mind.next_conn()
+    pidfile = tmp / "bg.pid"
+    await conn.send(Rpc(run_id="t1", tool="shell", args={"command": f"sleep 100 & echo $! > {pidfile}; wait"},
+                        timeout_ms=5_000, background=Background(max_runtime_ms=60_000)))
+    child = await until(lambda: read_pid(pidfile), what="the task to start")
+    agent.request_stop()
+    env = await conn.until(lambda e: isinstance(e.msg, TaskUpdate) and e.msg.task.state is TaskState.CANCELLED)
+    assert env.msg.task.reason == "shutdown"
+    assert await asyncio.wait_for(task, 10) == 0
+    assert not pid_alive(child)
+    [row] = read_rows(tmp / "state")
+    assert row.state is TaskState.CANCELLED and row.reason == "shutdown"

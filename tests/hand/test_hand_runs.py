@@ -13,7 +13,8 @@ from hand_support import pid_alive, read_pid, until
 
 from hand import tools as hand_tools
 from hand.policy import Policy
-from hand.runs import RunTable, args_digest
+from hand.runs import RunTable
+from protocol.digest import args_digest
 from protocol import limits
 from protocol.codes import CancelReason, CancelStatus, KillStage, RejectCode
 from protocol.envelope import Channel
@@ -329,5 +330,5 @@ async def test_logs_carry_an_args_digest_never_the_args(hand):
     accepted = [e for e in logs if e["event"] == "run_accepted"]
     terminal = [e for e in logs if e["event"] == "run_terminal"]
     assert accepted and terminal
-    assert accepted[0]["args_digest"] == terminal[0]["args_digest"] == args_digest(args)
+    assert accepted[0]["args_digest"] == terminal[0]["args_digest"] == args_digest("shell", args)
     assert terminal[0]["state"] == "succeeded" and terminal[0]["exit_code"] == 0

@@ -7,19 +7,13 @@ import time
 
 import pytest
 
-from support.cluster import Cluster, pid_alive, wait_until
+from support.cluster import pid_alive, running, wait_until
 
 
 @pytest.fixture
 def c(tmp_path):
-    cl = Cluster(tmp_path)
-    try:
-        cl.start_mind()
-        cl.start_hand("box")
-        cl.wait_connected("box")
+    with running(tmp_path) as cl:
         yield cl
-    finally:
-        cl.stop_all()
 
 
 def read_until(pipe, needle: bytes, timeout: float) -> bytes:

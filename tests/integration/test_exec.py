@@ -8,19 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from support.cluster import Cluster, pid_alive, wait_until
+from support.cluster import pid_alive, running, wait_until
 
 
 @pytest.fixture(scope="module")
 def c(tmp_path_factory):
-    cl = Cluster(tmp_path_factory.mktemp("exec"))
-    try:
-        cl.start_mind()
-        cl.start_hand("box")
-        cl.wait_connected("box")
+    with running(tmp_path_factory.mktemp("exec")) as cl:
         yield cl
-    finally:
-        cl.stop_all()
 
 
 @pytest.fixture
@@ -211,11 +205,7 @@ def test_mind_unreachable_is_125(c, tmp_path):
 
 
 def test_policy_denies_before_anything_runs(tmp_path):
-    cl = Cluster(tmp_path)
-    try:
-        cl.start_mind()
-        cl.start_hand("locked", "--deny-tools", "write_file,exec")
-        cl.wait_connected("locked")
+    with running(tmp_path, "locked", "--deny-tools", "write_file,exec") as cl:
         root = tmp_path / "root-locked"
         r = cl.cli("call", "--hand", "locked", "write_file", "path=x.txt", "data=hi")
         assert r.returncode == 125 and b"denied_by_policy" in r.stderr
@@ -225,5 +215,3 @@ def test_policy_denies_before_anything_runs(tmp_path):
         assert not (root / "marker").exists()
         # allowed tools still work
         assert cl.cli("exec", "--hand", "locked", "--shell", "true").returncode == 0
-    finally:
-        cl.stop_all()

@@ -106,3 +106,15 @@ def test_credential_token_round_trip_and_redacted_repr():
     for bad in ("", "mh1:hand:x", "mh2:hand:x:" + "0" * 64, "mh1:root:x:" + "0" * 64, "mh1:hand:x:zz"):
         with pytest.raises(ValueError):
             Credential.parse(bad)
+
+
+def test_digests_ignore_key_order_but_not_values():
+    from protocol.digest import args_digest, binding_digest
+
+    a = {"argv": ["ls"], "cwd": "x", "env": {"A": "1", "B": "2"}}
+    b = {"env": {"B": "2", "A": "1"}, "cwd": "x", "argv": ["ls"]}
+    assert args_digest("exec", a) == args_digest("exec", b)
+    assert binding_digest("exec", a, 10) == binding_digest("exec", b, 10)
+    assert binding_digest("exec", a, 10) != binding_digest("exec", a, 11)
+    assert args_digest("exec", a) != args_digest("shell", a)
+    assert args_digest("exec", {"argv": ["ls", "-l"]}) != args_digest("exec", {"argv": ["-l", "ls"]})

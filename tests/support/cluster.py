@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from contextlib import contextmanager
 from typing import Callable
 
 BIN = Path(sys.executable).parent
@@ -87,6 +88,29 @@ class Proc:
         return self.log.read_text(errors="replace")
 
 
+@contextmanager
+def running(tmp: Path, hand: str | None = "box", *hand_args: str, via_proxy: bool = False):
+    """A Mind, and a Hand named `hand` connected to it (through a fault proxy if asked); all stopped
+    and killed by PID on the way out."""
+    cl = Cluster(tmp)
+    proxy = None
+    try:
+        cl.start_mind()
+        if via_proxy:
+            from support.faultproxy import FaultProxy
+
+            proxy = FaultProxy.start(cl.port)
+            cl.proxy = proxy
+        if hand is not None:
+            cl.start_hand(hand, *hand_args, url=proxy.url if proxy else None)
+            cl.wait_connected(hand)
+        yield cl
+    finally:
+        cl.stop_all()
+        if proxy is not None:
+            proxy.stop()
+
+
 class Cluster:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -154,6 +178,27 @@ class Cluster:
             [str(BIN / "mind"), *args], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
+
+    def task(self, task_id: str) -> dict:
+        r = self.cli("task", "get", task_id, "--json", timeout=30)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def task_snapshots(self, hand: str | None = None) -> dict[str, dict]:
+        """What the Mind holds, without asking any Hand (`mind task list` reads snapshots only)."""
+        args = ["task", "list", "--json"] + (["--hand", hand] if hand else [])
+        r = self.cli(*args, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return {t["task_id"]: t for t in json.loads(r.stdout)}
+
+    def hand_tasks(self, name: str) -> dict[str, dict]:
+        """The Hand's own database, read by `hand tasks` on its machine (no Mind involved)."""
+        r = subprocess.run(
+            [str(BIN / "hand"), "tasks", "--state-dir", str(self.tmp / f"state-{name}"), "--json"],
+            env=self.env, capture_output=True, timeout=30,
+        )
+        assert r.returncode == 0, r.stderr
+        return {t["task_id"]: t for t in json.loads(r.stdout)}
 
     def hands_json(self) -> list[dict]:
         r = self.cli("hands", "--json", timeout=20)

@@ -1,0 +1,716 @@
+"""Background tasks on the Hand: admission, quotas, execution, logs, cancel, restart and shutdown.
+
+The Hand's task database (`hand.taskstore`) is the authority (DESIGN §3, §7). Two state machines
+share one id: the start run (an `rpc` with `background`; it succeeds once the row is committed) and
+the task itself (`queued -> running -> succeeded|failed|cancelled|timed_out`, `queued|running ->
+lost`).
+
+Rules this module keeps:
+- Durable before accepted: the row is inserted and COMMITTED, and only then do `accepted` and the
+  start run's `result` go out. The start run's `timeout_ms` bounds that admission, never the task.
+- Admission decides everything before anything is stored: the tool (only `exec`/`shell` run in the
+  background), policy, arguments and paths exactly as for foreground runs (`hand.tools.prepare`),
+  then duplicates (same id and binding -> the existing task, nothing runs; another binding ->
+  `conflicting_duplicate`), then quotas (expired terminal rows are purged first; at
+  `max_retained` rows -> `quota_exceeded` with nothing stored). At most `max_running` tasks run;
+  the others wait `queued`, first come first served.
+- Raw arguments never enter the database or a log: digests only. A queued task keeps its prepared
+  arguments in memory; a Hand that restarts has lost them, which is one reason nothing re-runs.
+- Tasks belong to the agent, not to a connection: executions are spawned into an owner that
+  outlives every connection, output keeps going to the log file while the Hand is offline, and a
+  dropped connection touches no task. `task_update` is pushed on the live connection if there is
+  one (best effort: the database is the truth, the Mind reconciles after reconnecting).
+- Every transition is committed (`version` + 1) BEFORE it is pushed or logged.
+- The truth wins: a command that exited on its own before a kill landed reports its real exit;
+  only a kill we performed makes a task `cancelled` (a cancel) or `timed_out` (`max_runtime_ms`,
+  on the Hand's own timer).
+- The log keeps the HEAD, bounded by `log_max` bytes: offsets stay stable for paging, and the
+  first bytes (the command line echo, the first error) are usually the ones worth keeping. Past
+  the bound nothing more is written and `truncated` is set. Chunks are appended on the event loop:
+  a page-cache append of at most a pipe buffer takes microseconds, and a single writer keeps
+  stdout and stderr interleaved in arrival order.
+- Hand restart (`open`): every `queued`/`running` row becomes `lost` ("hand restarted before
+  completion"); nothing re-runs; the log stays readable. If a `running` row's process is still
+  alive (same pid AND same /proc start time) its process group, orphaned by the crash, is killed.
+- Clean shutdown (`shutdown`, on SIGTERM/SIGINT): running tasks are killed as trees and end
+  `cancelled` with reason `shutdown`; queued ones end `cancelled` with reason `shutdown` (nothing
+  ran). Not `lost`: the Hand itself observed the end, so the outcome is known. `lost` is reserved
+  for "nobody can know", i.e. a crash. Bounded by the kill grace + 1 s.
+
+The decisions are plain functions at the top (fed with rows, counts and `now`); `TaskManager` is
+the asyncio shell that performs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import os
+import time
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+import msgpack
+import structlog
+
+from hand.policy import Policy
+from hand.process import DEFAULT_GRACE_S, ProcessOutcome, ProcessRun, Stream, kill_group, start_time
+from hand.sanitize import Sanitizer
+from hand.taskstore import TaskRow, TaskStore, to_info
+from hand.tools import ProcessSpec, Refusal, prepare
+from protocol import limits
+from protocol.codes import CancelReason, ErrorCode, KillStage, RejectCode, TaskCancelStatus
+from protocol.digest import args_digest, binding_digest
+from protocol.messages import (
+    Accepted,
+    Error,
+    Message,
+    Rejected,
+    Result,
+    Rpc,
+    TaskCancel,
+    TaskCancelResult,
+    TaskInfo,
+    TaskInventory,
+    TaskInventoryPage,
+    TaskLogPage,
+    TaskLogs,
+    TaskStartValue,
+    TaskStatus,
+    TaskUpdate,
+)
+from protocol.states import TASK_TRANSITIONS, RunState, TaskState
+
+Send = Callable[[Message], None]
+Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
+
+BACKGROUND_TOOLS = frozenset({"exec", "shell"})
+PURGE_EVERY_S = 60.0
+LOST_REASON = "hand restarted before completion"
+SHUTDOWN_REASON = CancelReason.SHUTDOWN.value
+
+
+# --- decisions (pure: no I/O, no clock) -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskLimits:
+    max_running: int = 4
+    max_retained: int = 1000
+    retention_s: float = 7 * 86400.0
+    log_max: int = 64 << 20
+
+
+class Admission(enum.Enum):
+    INSERT = "insert"
+    DUPLICATE = "duplicate"
+    CONFLICT = "conflict"
+    OVER_QUOTA = "over_quota"
+
+
+def admit(existing: TaskRow | None, binding: str, retained: int, max_retained: int) -> Admission:
+    """What to do with a start whose arguments passed policy, given the row already stored under its
+    id (if any) and the number of rows kept after the retention purge."""
+    if existing is not None:
+        return Admission.DUPLICATE if existing.binding_digest == binding else Admission.CONFLICT
+    if retained >= max_retained:
+        return Admission.OVER_QUOTA
+    return Admission.INSERT
+
+
+def purge_cutoff(now: float, retention_s: float) -> float:
+    """Terminal rows that finished before this time are forgotten (rows and logs)."""
+    return now - retention_s
+
+
+def next_to_start(queued: Sequence[str], running: int, max_running: int) -> list[str]:
+    """The queued ids to start now, oldest first, so that at most `max_running` run at once."""
+    return list(queued[: max(0, max_running - running)])
+
+
+@dataclass(frozen=True)
+class Ending:
+    state: TaskState
+    reason: str = ""
+    exit_code: int | None = None
+    signal: int | None = None
+    stage: KillStage | None = None
+    error: str | None = None
+
+
+def ending(out: ProcessOutcome | None, cancel: CancelReason | None, max_runtime_ms: int,
+           error: str | None = None) -> Ending:
+    """How a task ended. The truth wins: only a kill we performed makes it `cancelled` or
+    `timed_out`; a command that exited on its own reports its real exit even if a cancel raced."""
+    if out is None:
+        return Ending(TaskState.FAILED, "tool failed", error=error)
+    if out.killed:
+        stage = out.stage
+        if cancel is CancelReason.DEADLINE_EXCEEDED:
+            return Ending(TaskState.TIMED_OUT, f"max runtime of {max_runtime_ms} ms exceeded",
+                          out.exit_code, out.signal, stage, error)
+        return Ending(TaskState.CANCELLED, (cancel or CancelReason.SHUTDOWN).value,
+                      out.exit_code, out.signal, stage, error)
+    if out.exit_code == 0:
+        return Ending(TaskState.SUCCEEDED, "", 0, None, None, error)
+    reason = f"exit status {out.exit_code}" if out.exit_code is not None else f"killed by signal {out.signal}"
+    return Ending(TaskState.FAILED, reason, out.exit_code, out.signal, None, error)
+
+
+class CancelAction(enum.Enum):
+    DEQUEUE = "dequeue"
+    KILL = "kill"
+    ALREADY_DONE = "already_done"
+    UNKNOWN = "unknown"
+
+
+def cancel_action(queued: bool, running: bool, row: TaskRow | None) -> CancelAction:
+    """A queued task is cancelled at once (nothing ran); a running one is killed and its terminal
+    comes later as a `task_update`; anything else already ended or never existed."""
+    if queued:
+        return CancelAction.DEQUEUE
+    if running:
+        return CancelAction.KILL
+    return CancelAction.UNKNOWN if row is None else CancelAction.ALREADY_DONE
+
+
+def lost_reason(orphan_killed: bool) -> str:
+    return f"{LOST_REASON}; its leftover processes were killed" if orphan_killed else LOST_REASON
+
+
+def page_length(offset: int, limit: int, log_bytes: int) -> int:
+    """How many bytes a log page holds: never past the known end, so a page never shows bytes the
+    `log_bytes` beside it does not count."""
+    return max(0, min(limit, log_bytes - offset))
+
+
+def at_eof(next_offset: int, log_bytes: int, terminal: bool) -> bool:
+    return terminal and next_offset >= log_bytes
+
+
+# --- the task log -------------------------------------------------------------------------------
+
+
+class LogSink:
+    """Append-only, head-bounded log file of one task (0600). Stops writing at `cap` bytes and
+    sets `truncated`; a write error stops writing too and is remembered as `error`."""
+
+    def __init__(self, path: Path, cap: int) -> None:
+        self.cap = cap
+        self.size = 0
+        self.truncated = False
+        self.error: str | None = None
+        self._fd: int | None = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
+        )
+        os.fchmod(self._fd, 0o600)
+
+    def append(self, data: bytes) -> None:
+        if not data:
+            return
+        if self._fd is None:  # closed at the bound (or by a write error): drop, and say so
+            self.truncated = True
+            return
+        room = self.cap - self.size
+        piece = data if len(data) <= room else data[:room]
+        try:
+            view = memoryview(piece)
+            while view:
+                n = os.write(self._fd, view)
+                self.size += n
+                view = view[n:]
+        except OSError as exc:
+            self.error = f"task log write failed: {exc.strerror or exc}"
+            self.truncated = True
+            self.close()
+            return
+        if len(piece) < len(data):
+            self.truncated = True
+            self.close()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_log(path: Path, offset: int, length: int) -> bytes:
+    if length <= 0:
+        return b""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return b""
+    try:
+        chunks: list[bytes] = []
+        got = 0
+        while got < length:
+            chunk = os.pread(fd, length - got, offset + got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+# --- the asyncio shell --------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Live:
+    """A task this Hand holds in memory: queued (with its prepared arguments) or running."""
+
+    row: TaskRow
+    spec: ProcessSpec
+    log: Any
+    cancel: CancelReason | None = None
+    proc: ProcessRun | None = None
+    sink: LogSink | None = None
+    runner: asyncio.Task[None] | None = None
+
+
+class TaskManager:
+    """Owns the background tasks of one Hand, across connections.
+
+    Lifecycle: `await open()` once before connecting (restart recovery, purge), `attach(send)` per
+    connection (`attach(None)` when it ends), `await shutdown()` once at the end. Requests:
+    `on_start(rpc, send)` for an `rpc` with `background`, `answer(msg)` for `task_status`,
+    `task_logs`, `task_cancel` and `task_inventory`. `spawn` must belong to an owner that outlives
+    connections (the agent's task group).
+    """
+
+    def __init__(
+        self,
+        *,
+        state_dir: Path,
+        root: Path,
+        spawn: Spawn,
+        policy: Policy | None = None,
+        limits: TaskLimits | None = None,
+        kill_grace: float = DEFAULT_GRACE_S,
+        sanitize: Sanitizer | None = None,
+        log: Any = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._state_dir = Path(state_dir)
+        self._root = root
+        self._spawn = spawn
+        self._policy = policy or Policy()
+        self.limits = limits or TaskLimits()
+        self._grace = kill_grace
+        self._sanitize = sanitize or Sanitizer(root)
+        self._log = log if log is not None else structlog.get_logger(component="hand")
+        self._clock = clock
+        self._store: TaskStore | None = None
+        self._queued: dict[str, _Live] = {}
+        """Insertion order is creation order: FIFO."""
+        self._running: dict[str, _Live] = {}
+        self._push: Send | None = None
+        self._admit_lock = asyncio.Lock()
+        self._closing = False
+        self._closed = asyncio.Event()
+        self._purger: asyncio.Task[None] | None = None
+
+    @property
+    def store(self) -> TaskStore:
+        assert self._store is not None, "TaskManager.open() was not awaited"
+        return self._store
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Open the database, settle what a previous run of the Hand left unfinished, purge."""
+        self._store = await asyncio.to_thread(TaskStore, self._state_dir)
+        await self._recover()
+        await self._purge()
+        self._purger = self._spawn(self._purge_loop())
+
+    def attach(self, push: Send | None) -> None:
+        """Where `task_update` goes: the live connection's send, or None while offline."""
+        self._push = push
+
+    async def shutdown(self) -> None:
+        """Kill running tasks, cancel queued ones (both `cancelled`, reason `shutdown`), close the
+        database. Idempotent; bounded by the kill grace + 1 s."""
+        if self._closing:
+            await self._closed.wait()
+            return
+        self._closing = True
+        try:
+            async with self._admit_lock:  # a start half-way through admission finishes first
+                pass
+            if self._purger is not None:
+                self._purger.cancel()
+            if self._store is None:
+                return
+            queued, self._queued = list(self._queued.values()), {}
+            for live in queued:
+                await self._dequeue(live, SHUTDOWN_REASON)
+            for live in list(self._running.values()):
+                self._kill(live, CancelReason.SHUTDOWN)
+            runners = {live.runner for live in self._running.values() if live.runner is not None}
+            if runners:
+                _, late = await asyncio.wait(runners, timeout=self._grace + 1)
+                for runner in late:  # past the bound: the group is SIGKILLed, the row still ends
+                    runner.cancel()
+                if late:
+                    await asyncio.wait(late, timeout=1.0)
+            if self._purger is not None:
+                await asyncio.wait({self._purger}, timeout=1.0)
+            await asyncio.to_thread(self._store.close)
+        finally:
+            self._closed.set()
+
+    # --- start ----------------------------------------------------------------------------------
+
+    async def on_start(self, rpc: Rpc, send: Send) -> None:
+        """Admit a background start: `rejected`, or (row committed) `accepted` + `result`.
+
+        The admission runs in the owner's task group and the caller only waits for it (shielded):
+        if the connection's reader is cancelled half-way, a committed task is still queued and
+        started, never stranded between the database and memory.
+        """
+        try:
+            job = self._spawn(self._start(rpc, send))
+        except RuntimeError:  # the owner is closing
+            send(Rejected(run_id=rpc.run_id, code=RejectCode.SHUTTING_DOWN, message="this hand is shutting down"))
+            return
+        await asyncio.shield(job)
+
+    def _prepare(self, rpc: Rpc) -> ProcessSpec:
+        if self._closing:
+            raise Refusal(RejectCode.SHUTTING_DOWN, "this hand is shutting down")
+        if rpc.tool not in BACKGROUND_TOOLS:
+            raise Refusal(RejectCode.INVALID_REQUEST, "only exec and shell can run as background tasks")
+        size = len(msgpack.packb(rpc.args, use_bin_type=True))
+        if size > limits.ARGS_MAX_BYTES:
+            raise Refusal(RejectCode.INVALID_REQUEST, f"arguments of {size} bytes exceed {limits.ARGS_MAX_BYTES}")
+        if not self._policy.allowed(rpc.tool):
+            raise Refusal(RejectCode.DENIED_BY_POLICY, f"tool {rpc.tool!r} is denied by this hand's policy")
+        spec = prepare(rpc.tool, rpc.args, self._root)
+        assert isinstance(spec, ProcessSpec)
+        return spec
+
+    def _look(self, task_id: str, cutoff: float) -> tuple[TaskRow | None, int]:
+        """(in a thread) Purge expired rows, then read the row under this id and the row count."""
+        purged = self.store.purge(cutoff)
+        if purged:
+            self._log.info("tasks_purged", count=len(purged))
+        return self.store.get(task_id), self.store.count()
+
+    async def _start(self, rpc: Rpc, send: Send) -> None:
+        assert rpc.background is not None
+        task_id = rpc.run_id
+        log = self._log.bind(task_id=task_id, tool=rpc.tool)
+        try:
+            async with self._admit_lock:
+                spec = self._prepare(rpc)
+                max_runtime_ms = rpc.background.max_runtime_ms
+                digest = args_digest(rpc.tool, rpc.args)
+                binding = binding_digest(rpc.tool, rpc.args, max_runtime_ms)
+                now = self._clock()
+                existing, retained = await asyncio.to_thread(
+                    self._look, task_id, purge_cutoff(now, self.limits.retention_s)
+                )
+                decision = admit(existing, binding, retained, self.limits.max_retained)
+                if decision is Admission.CONFLICT:
+                    raise Refusal(RejectCode.CONFLICTING_DUPLICATE,
+                                  f"task {task_id} already exists with another tool, arguments or max runtime")
+                if decision is Admission.OVER_QUOTA:
+                    raise Refusal(RejectCode.QUOTA_EXCEEDED,
+                                  f"this hand already keeps {retained} tasks (max {self.limits.max_retained}); "
+                                  "finished tasks are forgotten after the retention time")
+                if decision is Admission.DUPLICATE:
+                    assert existing is not None
+                    self._started(send, task_id, self._info(existing), duplicate=True)
+                    log.info("task_duplicate", state=existing.state.value, args_digest=digest)
+                    return
+                row = TaskRow(task_id=task_id, tool=rpc.tool, args_digest=digest, binding_digest=binding,
+                              state=TaskState.QUEUED, version=1, max_runtime_ms=max_runtime_ms, created_at=now)
+                await asyncio.to_thread(self.store.insert, row)  # committed before `accepted`
+                self._queued[task_id] = _Live(row, spec, log)
+            self._started(send, task_id, to_info(row), duplicate=False)
+            log.info("task_queued", args_digest=digest, max_runtime_ms=max_runtime_ms)
+            self._pump()
+        except Refusal as refusal:
+            send(Rejected(run_id=task_id, code=refusal.code, message=self._sanitize(refusal.message)))
+            log.info("task_start_rejected", code=refusal.code.value)
+        except Exception as exc:  # noqa: BLE001 - a bug refuses one start, never the agent
+            log.exception("task_start_failed")
+            send(Rejected(run_id=task_id, code=RejectCode.INTERNAL_ERROR,
+                          message=self._sanitize(f"internal error: {type(exc).__name__}: {exc}")))
+
+    @staticmethod
+    def _started(send: Send, task_id: str, info: TaskInfo, *, duplicate: bool) -> None:
+        send(Accepted(run_id=task_id))
+        value = TaskStartValue(task=info, duplicate=duplicate).model_dump(mode="python")
+        send(Result(run_id=task_id, state=RunState.SUCCEEDED, value=value))
+
+    def _pump(self) -> None:
+        """Start queued tasks while there is room."""
+        if self._closing:
+            return
+        for task_id in next_to_start(list(self._queued), len(self._running), self.limits.max_running):
+            live = self._queued.pop(task_id)
+            self._running[task_id] = live
+            try:
+                live.runner = self._spawn(self._execute(live))
+            except RuntimeError:  # the owner is closing: shutdown settles it as queued
+                del self._running[task_id]
+                self._queued[task_id] = live
+                return
+
+    # --- execution ------------------------------------------------------------------------------
+
+    async def _execute(self, live: _Live) -> None:
+        loop = asyncio.get_running_loop()
+        row = live.row
+        timer = loop.call_later(row.max_runtime_ms / 1000, self._kill, live, CancelReason.DEADLINE_EXCEEDED)
+        try:
+            try:
+                end = await self._run(live)
+                await self._conclude(live, end)
+            except asyncio.CancelledError:
+                # The shutdown bound passed: ProcessRun SIGKILLed the group on its way out.
+                self._conclude_now(live, Ending(TaskState.CANCELLED, (live.cancel or CancelReason.SHUTDOWN).value,
+                                                stage=KillStage.KILL))
+                raise
+            except Exception:  # noqa: BLE001 - e.g. the database failed; the row ends `lost` at restart
+                live.log.exception("task_conclude_failed")
+        finally:
+            timer.cancel()
+            if live.sink is not None:
+                live.sink.close()
+            self._running.pop(row.task_id, None)
+            self._pump()
+
+    async def _run(self, live: _Live) -> Ending:
+        spec = live.spec
+        max_ms = live.row.max_runtime_ms
+        try:
+            live.sink = await asyncio.to_thread(LogSink, self.store.log_path(live.row.task_id), self.limits.log_max)
+        except OSError as exc:
+            return ending(None, None, max_ms, f"cannot open the task log: {exc.strerror or exc}")
+        proc = ProcessRun(
+            spec.argv,
+            cwd=spec.cwd,
+            env=spec.env,
+            stdin=spec.stdin,
+            on_output=partial(self._output, live),
+            grace=self._grace,
+            on_spawn=partial(self._on_spawn, live),
+        )
+        live.proc = proc
+        if live.cancel is not None:
+            proc.kill()
+        try:
+            out = await proc.run()
+        except OSError as exc:  # the command could not start
+            return ending(None, None, max_ms, self._sanitize(f"cannot start {spec.argv[0]}: {exc.strerror or exc}"))
+        except Exception as exc:  # noqa: BLE001
+            live.log.exception("task_crashed")
+            return ending(None, None, max_ms, self._sanitize(f"internal error: {type(exc).__name__}: {exc}"))
+        return ending(out, live.cancel, max_ms, live.sink.error)
+
+    @staticmethod
+    def _output(live: _Live, _stream: Stream, data: bytes) -> None:
+        assert live.sink is not None
+        live.sink.append(data)
+
+    async def _on_spawn(self, live: _Live, pid: int) -> None:
+        await self._commit(live, state=TaskState.RUNNING, started_at=self._clock(), pid=pid,
+                           pid_start_time=start_time(pid))
+        live.log.info("task_running", pid=pid)
+
+    def _kill(self, live: _Live, reason: CancelReason) -> None:
+        """Request the end of a running task; the first reason wins (a cancel, the deadline, shutdown)."""
+        if live.cancel is None:
+            live.cancel = reason
+        if live.proc is not None:
+            live.proc.kill()
+
+    def _final(self, live: _Live, end: Ending) -> dict[str, Any]:
+        sink = live.sink
+        error = end.error
+        return dict(
+            state=end.state, finished_at=self._clock(), reason=end.reason, exit_code=end.exit_code,
+            signal=end.signal, stage=end.stage, error=error,
+            log_bytes=sink.size if sink is not None else live.row.log_bytes,
+            truncated=sink.truncated if sink is not None else live.row.truncated,
+        )
+
+    async def _conclude(self, live: _Live, end: Ending) -> None:
+        if live.row.state is TaskState.QUEUED and end.state not in TASK_TRANSITIONS[TaskState.QUEUED]:
+            # It never got to run (the program could not start): it did start, then failed.
+            await self._commit(live, state=TaskState.RUNNING, started_at=self._clock())
+        await self._commit(live, **self._final(live, end))
+        self._log_terminal(live)
+
+    def _conclude_now(self, live: _Live, end: Ending) -> None:
+        """Synchronous terminal commit for a runner cancelled at shutdown (no await possible)."""
+        try:
+            current = self.store.get(live.row.task_id)
+            if current is None or current.terminal:
+                return
+            if current.state is TaskState.RUNNING or end.state in TASK_TRANSITIONS[current.state]:
+                live.row = self.store.update(live.row.task_id, **self._final(live, end))
+                self._send_update(live.row)
+                self._log_terminal(live)
+        except Exception:  # noqa: BLE001
+            live.log.exception("task_conclude_failed")
+
+    def _log_terminal(self, live: _Live) -> None:
+        row = live.row
+        duration = None
+        if row.started_at is not None and row.finished_at is not None:
+            duration = round(row.finished_at - row.started_at, 3)
+        live.log.info("task_terminal", state=row.state.value, reason=row.reason, exit_code=row.exit_code,
+                      signal=row.signal, stage=row.stage.value if row.stage else None, duration=duration,
+                      log_bytes=row.log_bytes, truncated=row.truncated, args_digest=row.args_digest)
+
+    async def _commit(self, live: _Live, **changes: Any) -> TaskRow:
+        """Commit a change of the row (version + 1), THEN push it."""
+        if live.sink is not None and "log_bytes" not in changes:
+            changes.update(log_bytes=live.sink.size, truncated=live.sink.truncated)
+        live.row = await asyncio.to_thread(self.store.update, live.row.task_id, **changes)
+        self._send_update(live.row)
+        return live.row
+
+    def _send_update(self, row: TaskRow) -> None:
+        push = self._push
+        if push is None:
+            return  # offline: the Mind reconciles from the database after reconnecting
+        try:
+            push(TaskUpdate(task=self._info(row)))
+        except Exception:  # noqa: BLE001 - best effort
+            self._log.warning("task_update_unsendable", task_id=row.task_id)
+
+    def _info(self, row: TaskRow) -> TaskInfo:
+        """The row as reported; a running task's log size is the live one (persisted on the next
+        transition), so `task get` shows the log growing."""
+        live = self._running.get(row.task_id)
+        if live is not None and live.sink is not None and not row.terminal:
+            row = dataclasses.replace(row, log_bytes=live.sink.size, truncated=live.sink.truncated)
+        return to_info(row)
+
+    # --- cancel, status, logs, inventory -------------------------------------------------------
+
+    async def answer(self, msg: Message) -> Message:
+        """The reply to a task request (send it with the request's envelope id)."""
+        if isinstance(msg, TaskStatus):
+            return await self.status(msg)
+        if isinstance(msg, TaskLogs):
+            return await self.logs(msg)
+        if isinstance(msg, TaskCancel):
+            return await self.cancel(msg)
+        if isinstance(msg, TaskInventory):
+            return await self.inventory(msg)
+        raise TypeError(f"not a task request: {msg.TYPE}")
+
+    async def _current(self, task_id: str) -> TaskRow | None:
+        row = await asyncio.to_thread(self.store.get, task_id)
+        if row is not None and not row.terminal and task_id not in self._queued and task_id not in self._running:
+            row = await asyncio.to_thread(self.store.get, task_id)  # it just ended: read the terminal row
+        return row
+
+    async def status(self, msg: TaskStatus) -> TaskInfo | Error:
+        row = await self._current(msg.task_id)
+        if row is None:
+            return Error(code=ErrorCode.UNKNOWN_TASK, message=f"this hand has no task {msg.task_id}")
+        return self._info(row)
+
+    async def logs(self, msg: TaskLogs) -> TaskLogPage | Error:
+        row = await self._current(msg.task_id)
+        if row is None:
+            return Error(code=ErrorCode.UNKNOWN_TASK, message=f"this hand has no task {msg.task_id}")
+        info = self._info(row)  # the size now: at least this many bytes are in the file
+        length = page_length(msg.offset, msg.limit, info.log_bytes)
+        data = await asyncio.to_thread(read_log, self.store.log_path(msg.task_id), msg.offset, length)
+        end = msg.offset + len(data)
+        return TaskLogPage(task_id=msg.task_id, offset=msg.offset, data=data, next_offset=end,
+                           log_bytes=info.log_bytes, state=info.state, truncated=info.truncated,
+                           eof=at_eof(end, info.log_bytes, row.terminal))
+
+    async def cancel(self, msg: TaskCancel) -> TaskCancelResult:
+        task_id = msg.task_id
+        queued, running = self._queued.get(task_id), self._running.get(task_id)
+        row = None
+        if queued is None and running is None:
+            row = await asyncio.to_thread(self.store.get, task_id)
+            queued, running = self._queued.get(task_id), self._running.get(task_id)  # moved meanwhile?
+        action = cancel_action(queued is not None, running is not None, row)
+        if action is CancelAction.DEQUEUE:
+            assert queued is not None
+            del self._queued[task_id]  # before any await: it can no longer be started
+            row = await self._dequeue(queued, msg.reason.value)
+            return TaskCancelResult(task_id=task_id, status=TaskCancelStatus.CANCEL_REQUESTED, task=self._info(row))
+        if action is CancelAction.KILL:
+            assert running is not None
+            self._kill(running, msg.reason)
+            running.log.info("task_cancel_requested", reason=msg.reason.value)
+            return TaskCancelResult(task_id=task_id, status=TaskCancelStatus.CANCEL_REQUESTED,
+                                    task=self._info(running.row))
+        if action is CancelAction.UNKNOWN:
+            return TaskCancelResult(task_id=task_id, status=TaskCancelStatus.UNKNOWN_TASK)
+        assert row is not None
+        return TaskCancelResult(task_id=task_id, status=TaskCancelStatus.ALREADY_DONE, task=self._info(row))
+
+    async def _dequeue(self, live: _Live, reason: str) -> TaskRow:
+        """A queued task ends `cancelled` without having run."""
+        row = await self._commit(live, state=TaskState.CANCELLED, finished_at=self._clock(), reason=reason)
+        self._log_terminal(live)
+        return row
+
+    async def inventory(self, msg: TaskInventory) -> TaskInventoryPage:
+        rows = await asyncio.to_thread(self.store.page, msg.after, msg.limit + 1)
+        more = len(rows) > msg.limit
+        rows = rows[: msg.limit]
+        return TaskInventoryPage(tasks=[self._info(r) for r in rows],
+                                 next_after=rows[-1].task_id if more and rows else None)
+
+    # --- restart and retention ------------------------------------------------------------------
+
+    async def _recover(self) -> None:
+        rows = await asyncio.to_thread(self.store.unfinished)
+        if not rows:
+            return
+        async with asyncio.TaskGroup() as tg:
+            for row in rows:
+                tg.create_task(self._recover_one(row))
+        self._log.info("tasks_recovered", lost=len(rows))
+
+    async def _recover_one(self, row: TaskRow) -> None:
+        killed = False
+        if row.pid is not None and row.pid_start_time is not None and start_time(row.pid) == row.pid_start_time:
+            await kill_group(row.pid, self._grace)  # the crashed Hand's tree: nobody else will stop it
+            killed = True
+        try:
+            size = os.stat(self.store.log_path(row.task_id)).st_size
+        except OSError:
+            size = row.log_bytes
+        new = await asyncio.to_thread(self.store.update, row.task_id, state=TaskState.LOST,
+                                      reason=lost_reason(killed), finished_at=self._clock(), log_bytes=size)
+        self._log.bind(task_id=row.task_id).info(
+            "task_terminal", state=new.state.value, reason=new.reason, log_bytes=new.log_bytes,
+            args_digest=new.args_digest, orphan_killed=killed,
+        )
+
+    async def _purge(self) -> None:
+        cutoff = purge_cutoff(self._clock(), self.limits.retention_s)
+        ids = await asyncio.to_thread(self.store.purge, cutoff)
+        if ids:
+            self._log.info("tasks_purged", count=len(ids))
+
+    async def _purge_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PURGE_EVERY_S)
+            try:
+                await self._purge()
+            except Exception:  # noqa: BLE001 - try again next time
+                self._log.exception("tasks_purge_failed")

@@ -1,0 +1,299 @@
+"""The Hand's task database: `tasks.db` (SQLite, WAL) in the state dir, the authority on every
+background task (DESIGN §3, §7).
+
+Rules this module keeps:
+- A row is durable before anyone hears of it: every write is its own transaction, committed with
+  `synchronous=FULL`, so the `accepted` that follows an insert survives a power cut.
+- `version` starts at 1 and grows by one on EVERY change of the row: the Mind applies a report
+  only if it is newer than what it holds, so pushes, replies and inventory pages can arrive in any
+  order. A state change goes through `protocol.states.advance`: a terminal row never changes again.
+- Raw arguments never enter the database: only `args_digest` and `binding_digest`.
+- Private: the state dir is 0700, the database and its -wal/-shm files 0600.
+
+The API is synchronous (one connection behind a lock); the asyncio side calls it through
+`asyncio.to_thread`. `hand tasks` reads the same file with `read_rows`, while the Hand runs or not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from protocol.codes import KillStage
+from protocol.messages import TaskInfo
+from protocol.states import TASK_TERMINAL, TASK_TRANSITIONS, TaskState, advance
+
+DB_NAME = "tasks.db"
+LOGS_DIR = "logs"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id        TEXT PRIMARY KEY,
+    tool           TEXT NOT NULL,
+    args_digest    TEXT NOT NULL,
+    binding_digest TEXT NOT NULL,
+    state          TEXT NOT NULL,
+    version        INTEGER NOT NULL,
+    max_runtime_ms INTEGER NOT NULL,
+    created_at     REAL NOT NULL,
+    started_at     REAL,
+    finished_at    REAL,
+    exit_code      INTEGER,
+    signal         INTEGER,
+    stage          TEXT,
+    reason         TEXT NOT NULL DEFAULT '',
+    error          TEXT,
+    log_bytes      INTEGER NOT NULL DEFAULT 0,
+    truncated      INTEGER NOT NULL DEFAULT 0,
+    pid            INTEGER,
+    pid_start_time INTEGER
+);
+CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (state, finished_at);
+"""
+
+
+class TaskStoreError(Exception):
+    """The database cannot be opened or used (a local problem: permissions, a corrupt file)."""
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    task_id: str
+    tool: str
+    args_digest: str
+    binding_digest: str
+    state: TaskState
+    version: int
+    max_runtime_ms: int
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    stage: KillStage | None = None
+    reason: str = ""
+    error: str | None = None
+    log_bytes: int = 0
+    truncated: bool = False
+    pid: int | None = None
+    pid_start_time: int | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TASK_TERMINAL
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(TaskRow))
+_COLUMNS = ", ".join(_FIELDS)
+
+
+def _to_row(values: tuple[Any, ...]) -> TaskRow:
+    d = dict(zip(_FIELDS, values))
+    d["state"] = TaskState(d["state"])
+    d["stage"] = KillStage(d["stage"]) if d["stage"] is not None else None
+    d["truncated"] = bool(d["truncated"])
+    return TaskRow(**d)
+
+
+def _to_values(row: TaskRow) -> tuple[Any, ...]:
+    d = dataclasses.asdict(row)
+    d["state"] = row.state.value
+    d["stage"] = row.stage.value if row.stage is not None else None
+    d["truncated"] = int(row.truncated)
+    return tuple(d[f] for f in _FIELDS)
+
+
+def to_info(row: TaskRow) -> TaskInfo:
+    return TaskInfo(
+        task_id=row.task_id,
+        tool=row.tool,
+        state=row.state,
+        version=row.version,
+        args_digest=row.args_digest,
+        binding_digest=row.binding_digest,
+        max_runtime_ms=row.max_runtime_ms,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        exit_code=row.exit_code,
+        signal=row.signal,
+        stage=row.stage,
+        reason=row.reason[:4096],
+        error=row.error[:16384] if row.error is not None else None,
+        log_bytes=row.log_bytes,
+        truncated=row.truncated,
+    )
+
+
+def _private_file(path: Path) -> None:
+    """Create `path` 0600 if missing, and make it 0600 if it exists (SQLite gives -wal and -shm the
+    mode of the database file, so the database must be private before SQLite opens it)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
+def private_dir(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+class TaskStore:
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = Path(state_dir)
+        self.path = self.state_dir / DB_NAME
+        self.logs_dir = self.state_dir / LOGS_DIR
+        self._lock = threading.Lock()
+        try:
+            private_dir(self.state_dir)
+            private_dir(self.logs_dir)
+            _private_file(self.path)
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
+            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise TaskStoreError(f"{self.path}: cannot switch to WAL journaling (got {mode})")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            for suffix in ("-wal", "-shm"):
+                extra = Path(f"{self.path}{suffix}")
+                if extra.exists():
+                    os.chmod(extra, 0o600)
+        except (OSError, sqlite3.Error) as exc:
+            raise TaskStoreError(f"cannot open the task database {self.path}: {exc}") from None
+
+    def log_path(self, task_id: str) -> Path:
+        return self.logs_dir / f"{task_id}.log"
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    def get(self, task_id: str) -> TaskRow | None:
+        with self._lock:
+            cur = self._db.execute(f"SELECT {_COLUMNS} FROM tasks WHERE task_id = ?", (task_id,))
+            found = cur.fetchone()
+        return _to_row(found) if found is not None else None
+
+    def count(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM tasks").fetchone()[0])
+
+    def page(self, after: str | None, limit: int) -> list[TaskRow]:
+        """Up to `limit` rows with task_id > `after`, ordered by task_id."""
+        with self._lock:
+            cur = self._db.execute(
+                f"SELECT {_COLUMNS} FROM tasks WHERE task_id > ? ORDER BY task_id LIMIT ?", (after or "", limit)
+            )
+            return [_to_row(r) for r in cur.fetchall()]
+
+    def unfinished(self) -> list[TaskRow]:
+        with self._lock:
+            cur = self._db.execute(
+                f"SELECT {_COLUMNS} FROM tasks WHERE state IN (?, ?) ORDER BY created_at, task_id",
+                (TaskState.QUEUED.value, TaskState.RUNNING.value),
+            )
+            return [_to_row(r) for r in cur.fetchall()]
+
+    # --- writes (each one a committed transaction) ----------------------------------------------
+
+    def insert(self, row: TaskRow) -> None:
+        """Insert a new row and commit. Raises `sqlite3.IntegrityError` if the id exists."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(
+                    f"INSERT INTO tasks ({_COLUMNS}) VALUES ({', '.join('?' * len(_FIELDS))})", _to_values(row)
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def update(self, task_id: str, **changes: Any) -> TaskRow:
+        """Apply `changes`, bump `version`, commit, and return the new row. A change of `state` must
+        be a legal transition (`IllegalTransition` otherwise, and nothing is written)."""
+        if "version" in changes or "task_id" in changes:
+            raise ValueError("version and task_id are not changed by the caller")
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                cur = self._db.execute(f"SELECT {_COLUMNS} FROM tasks WHERE task_id = ?", (task_id,))
+                found = cur.fetchone()
+                if found is None:
+                    raise KeyError(task_id)
+                row = _to_row(found)
+                if "state" in changes and changes["state"] != row.state:
+                    advance(TASK_TRANSITIONS, row.state, changes["state"])
+                new = dataclasses.replace(row, **changes, version=row.version + 1)
+                sets = ", ".join(f"{f} = ?" for f in _FIELDS[1:])
+                self._db.execute(
+                    f"UPDATE tasks SET {sets} WHERE task_id = ? AND version = ?",
+                    (*_to_values(new)[1:], task_id, row.version),
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        return new
+
+    def purge(self, finished_before: float) -> list[str]:
+        """Delete terminal rows that finished before `finished_before`, then their log files.
+        Returns the ids deleted. Rows go first: a log without a row is garbage, a row whose log
+        vanished would be a lie."""
+        terminal = tuple(s.value for s in TASK_TERMINAL)
+        marks = ", ".join("?" * len(terminal))
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                ids = [
+                    r[0]
+                    for r in self._db.execute(
+                        f"SELECT task_id FROM tasks WHERE state IN ({marks}) AND finished_at < ?",
+                        (*terminal, finished_before),
+                    ).fetchall()
+                ]
+                self._db.executemany("DELETE FROM tasks WHERE task_id = ?", [(i,) for i in ids])
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        for task_id in ids:
+            try:
+                os.unlink(self.log_path(task_id))
+            except FileNotFoundError:
+                pass
+        return ids
+
+
+def read_rows(state_dir: Path, state: TaskState | None = None) -> list[TaskRow] | None:
+    """Every row (or those in `state`), ordered by created_at, read without changing anything: for
+    `hand tasks`, which may run next to a live Hand. None if there is no database yet."""
+    path = Path(state_dir) / DB_NAME
+    if not path.is_file():
+        return None
+    try:
+        db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=10.0)
+        try:
+            sql = f"SELECT {_COLUMNS} FROM tasks"
+            params: tuple[Any, ...] = ()
+            if state is not None:
+                sql += " WHERE state = ?"
+                params = (state.value,)
+            rows = db.execute(sql + " ORDER BY created_at, task_id", params).fetchall()
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        if "no such table" in str(exc):
+            return []
+        raise TaskStoreError(f"cannot read the task database {path}: {exc}") from None
+    return [_to_row(r) for r in rows]
