@@ -237,7 +237,8 @@ class SnapshotStore:
             settled = [s for s in mine if not s.start_pending]
             in_flight = {s.task_id: hand for s in mine if s.start_pending}
             held_elsewhere: dict[str, str] = dict(in_flight)
-            unknown_ids = [tid for tid in hand_rows if tid not in {s.task_id for s in mine}]
+            mine_ids = {s.task_id for s in mine}
+            unknown_ids = [tid for tid in hand_rows if tid not in mine_ids]
             for i in range(0, len(unknown_ids), 500):
                 chunk = unknown_ids[i : i + 500]
                 for tid, owner in self._db.execute(
