@@ -55,7 +55,7 @@ def view_json(v: TaskView) -> dict[str, Any]:
         "finished_at": info.finished_at if info else None,
         "exit_code": info.exit_code if info else None,
         "signal": info.signal if info else None,
-        "reason": info.reason if info else "",
+        "reason": (info.reason if info else "") or v.reason,
         "error": info.error if info else None,
         "log_bytes": info.log_bytes if info else 0,
         "truncated": info.truncated if info else False,

@@ -61,6 +61,7 @@ class Snapshot:
             last_synced_at=self.last_synced_at,
             cancel_pending=self.cancel_pending is not None,
             created_at=self.created_at,
+            reason=self.reason,
         )
 
 

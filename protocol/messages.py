@@ -433,6 +433,8 @@ class TaskView(Message):
     last_synced_at: float | None = None
     cancel_pending: Bool = False
     created_at: float
+    reason: Str = ""
+    """Why the Mind itself decided the state, when it did (`lost`: unknown to hand)."""
 
 
 class TaskStartResult(Message):

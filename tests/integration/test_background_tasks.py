@@ -248,3 +248,22 @@ def test_unknown_task_and_offline_start(c):
     r = c.cli("task", "start", "--hand", "away", "--", "true")
     assert r.returncode == 125 and b"hand_offline" in r.stderr
     assert c.task_snapshots() == {}
+
+
+def test_start_into_a_blackholed_path_is_stale_then_unknown_then_settled_by_reconciliation(pc):
+    c = pc
+    gen = c.hand_info("box")["generation"]
+    c.proxy.send("blackhole")
+    p = c.cli_popen("task", "start", "--hand", "box", "--id", "limbo", "--", "touch", "limbo-ran")
+    # the snapshot is written (stale) before the start is sent: visible while the start is in flight
+    snap = wait_until(lambda: c.task_snapshots().get("limbo"), 10, "the in-flight snapshot")
+    assert snap["stale"] is True and snap["state"] == "queued"
+    out, err = p.communicate(timeout=60)  # keepalive declares the blackholed connection dead
+    assert p.returncode == 255 and b"unknown" in err
+    c.proxy.send("refuse")
+    c.proxy.send("cut fin")  # what the proxy held is discarded: the Hand never saw the start
+    c.proxy.send("resume")
+    heal_path(c, gen + 1)
+    s = wait_until(lambda: (t := c.task_snapshots()["limbo"])["state"] == "lost" and t, 20, "reconciliation")
+    assert s["stale"] is False and s["reason"] == "unknown to hand"
+    assert "limbo" not in c.hand_tasks("box") and not (root(c) / "limbo-ran").exists()
