@@ -7,13 +7,17 @@ Run by hand:
 
 From pytest: `FaultProxy.start(target_port)` runs it as a subprocess and `.send("cut fin")`.
 
-Commands (one line each, answered with one line starting `ok` or `error`):
-  status            connections and mode
-  cut fin|rst       close every live connection, both sides (FIN), or reset it (RST)
-  blackhole         stop forwarding in both directions without closing (the peer sees silence)
-  resume            forward again (what was held is delivered)
-  refuse            new connections are closed at once (the path is down)
-  accept            new connections are proxied again
+Commands (one line each, answered with one line starting `ok` or `error`). DIR is `up` (Hand to
+Mind), `down` (Mind to Hand) or `both` (the default); ID is a connection id from `status` (default:
+every live connection, and the default for new ones):
+  status                  connections (id, bytes each way, faults) and the defaults
+  cut fin|rst [ID]        close the connection on both sides (FIN), or reset it (RST); held data is lost
+  blackhole [DIR] [ID]    stop forwarding without closing (the peer sees silence; data is held)
+  resume [DIR] [ID]       forward again (what was held is delivered, in order)
+  delay MS [DIR] [ID]     hold every chunk MS milliseconds before forwarding it (0: none)
+  throttle BPS [DIR] [ID] forward at most BPS bytes per second (0: unlimited)
+  refuse                  new connections are closed at once (the path is down)
+  accept                  new connections are proxied again
 """
 
 from __future__ import annotations
@@ -30,13 +34,95 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+@dataclass
+class Faults:
+    """What happens to one direction of one connection."""
+
+    flowing: bool = True
+    delay: float = 0.0
+    rate: float = 0.0  # bytes per second; 0 = unlimited
+
+    def copy(self) -> "Faults":
+        return Faults(self.flowing, self.delay, self.rate)
+
+
+class Direction:
+    """One way of one connection: a reader that takes bytes off the source as they come, and a
+    writer that forwards them in order once their delay has passed, at the throttled rate, and only
+    while flowing. Held bytes stay in order; nothing is reordered or duplicated."""
+
+    def __init__(self, name: str, src: asyncio.StreamReader, dst: asyncio.StreamWriter, faults: Faults) -> None:
+        self.name = name
+        self.src = src
+        self.dst = dst
+        self.faults = faults
+        self.bytes = 0
+        self.held = 0
+        """Bytes read from the source and not yet forwarded (blackholed, delayed or throttled)."""
+        self._queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
+        self._flowing = asyncio.Event()
+        self._next_free = 0.0
+        self.apply()
+
+    def apply(self) -> None:
+        if self.faults.flowing:
+            self._flowing.set()
+        else:
+            self._flowing.clear()
+
+    async def read(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while data := await self.src.read(65536):
+                self.held += len(data)
+                self._queue.put_nowait((loop.time() + self.faults.delay, data))
+        except (ConnectionError, OSError):
+            pass
+        self._queue.put_nowait(None)
+
+    async def _send(self, data: bytes) -> None:
+        """Forward `data`; throttled, in slices of a tenth of a second's worth, paced before sending."""
+        loop = asyncio.get_running_loop()
+        while data:
+            rate = self.faults.rate
+            piece = data if rate <= 0 else data[: max(1, int(rate / 10))]
+            data = data[len(piece) :]
+            if rate > 0:
+                if (wait := self._next_free - loop.time()) > 0:
+                    await asyncio.sleep(wait)
+                self._next_free = max(loop.time(), self._next_free) + len(piece) / rate
+            self.dst.write(piece)
+            self.held -= len(piece)
+            await self.dst.drain()
+            self.bytes += len(piece)
+
+    async def write(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while (item := await self._queue.get()) is not None:
+                at, data = item
+                if (wait := at - loop.time()) > 0:
+                    await asyncio.sleep(wait)
+                await self._flowing.wait()
+                await self._send(data)
+            await self._flowing.wait()
+            if self.dst.can_write_eof():
+                self.dst.write_eof()  # pass the FIN on, after everything before it
+        except (ConnectionError, OSError):
+            pass
+
+
 @dataclass(eq=False)
 class Pair:
     id: int
     client: asyncio.StreamWriter
     upstream: asyncio.StreamWriter
-    flowing: asyncio.Event = field(default_factory=asyncio.Event)
+    up: Direction
+    down: Direction
     tasks: list[asyncio.Task] = field(default_factory=list)
+
+    def directions(self, which: str) -> list[Direction]:
+        return {"up": [self.up], "down": [self.down], "both": [self.up, self.down]}[which]
 
 
 class Proxy:
@@ -44,7 +130,7 @@ class Proxy:
         self.target = target
         self.pairs: dict[int, Pair] = {}
         self.refusing = False
-        self.blackholed = False
+        self.defaults = {"up": Faults(), "down": Faults()}
         self._next = 0
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -57,14 +143,11 @@ class Proxy:
             _abort(writer)
             return
         self._next += 1
-        pair = Pair(self._next, writer, uwriter)
-        if not self.blackholed:
-            pair.flowing.set()
+        up = Direction("up", reader, uwriter, self.defaults["up"].copy())
+        down = Direction("down", ureader, writer, self.defaults["down"].copy())
+        pair = Pair(self._next, writer, uwriter, up, down)
         self.pairs[pair.id] = pair
-        pair.tasks = [
-            asyncio.create_task(self._pump(pair, reader, uwriter)),
-            asyncio.create_task(self._pump(pair, ureader, writer)),
-        ]
+        pair.tasks = [asyncio.create_task(c) for c in (up.read(), up.write(), down.read(), down.write())]
         try:
             await asyncio.gather(*pair.tasks, return_exceptions=True)
         finally:
@@ -72,55 +155,75 @@ class Proxy:
             for w in (writer, uwriter):
                 w.close()
 
-    async def _pump(self, pair: Pair, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                await pair.flowing.wait()
-                data = await src.read(65536)
-                if not data:
-                    break
-                await pair.flowing.wait()  # blackholed while we read: hold it
-                dst.write(data)
-                await dst.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            for t in pair.tasks:
-                if t is not asyncio.current_task():
-                    t.cancel()
+    def _targets(self, args: list[str]) -> tuple[str, list[Pair], bool]:
+        """Parse `[DIR] [ID]` -> (direction, pairs, also_defaults)."""
+        which, ident = "both", None
+        for a in args:
+            if a in ("up", "down", "both"):
+                which = a
+            else:
+                ident = int(a)
+        if ident is None:
+            return which, list(self.pairs.values()), True
+        if ident not in self.pairs:
+            raise ValueError(f"no connection {ident}")
+        return which, [self.pairs[ident]], False
+
+    def _set(self, args: list[str], **change: object) -> str:
+        which, pairs, defaults = self._targets(args)
+        if defaults:
+            for d in ("up", "down") if which == "both" else (which,):
+                for k, v in change.items():
+                    setattr(self.defaults[d], k, v)
+        for pair in pairs:
+            for d in pair.directions(which):
+                for k, v in change.items():
+                    setattr(d.faults, k, v)
+                d.apply()
+        return f"ok {len(pairs)}"
 
     def command(self, line: str) -> str:
         words = line.split()
         if not words:
             return "error empty command"
         cmd, rest = words[0], words[1:]
-        if cmd == "status":
-            return "ok " + json.dumps({"connections": len(self.pairs), "refusing": self.refusing, "blackholed": self.blackholed})
-        if cmd == "cut":
-            mode = rest[0] if rest else "fin"
-            n = len(self.pairs)
-            for pair in list(self.pairs.values()):
-                for w in (pair.client, pair.upstream):
-                    _abort(w) if mode == "rst" else w.close()
-                for t in pair.tasks:
-                    t.cancel()
-            return f"ok cut {n}"
-        if cmd == "blackhole":
-            self.blackholed = True
-            for pair in self.pairs.values():
-                pair.flowing.clear()
-            return f"ok blackholed {len(self.pairs)}"
-        if cmd == "resume":
-            self.blackholed = False
-            for pair in self.pairs.values():
-                pair.flowing.set()
-            return f"ok resumed {len(self.pairs)}"
-        if cmd == "refuse":
-            self.refusing = True
-            return "ok refusing"
-        if cmd == "accept":
-            self.refusing = False
-            return "ok accepting"
+        try:
+            if cmd == "status":
+                conns = [
+                    {"id": p.id, "up_bytes": p.up.bytes, "down_bytes": p.down.bytes,
+                     "up_held": p.up.held, "down_held": p.down.held,
+                     "up": vars(p.up.faults), "down": vars(p.down.faults)}
+                    for p in self.pairs.values()
+                ]
+                return "ok " + json.dumps({
+                    "connections": conns, "refusing": self.refusing,
+                    "defaults": {k: vars(v) for k, v in self.defaults.items()},
+                })
+            if cmd == "cut":
+                mode = rest[0] if rest and rest[0] in ("fin", "rst") else "fin"
+                _, pairs, _ = self._targets([a for a in rest if a not in ("fin", "rst")])
+                for pair in pairs:
+                    for t in pair.tasks:
+                        t.cancel()
+                    for w in (pair.client, pair.upstream):
+                        _abort(w) if mode == "rst" else w.close()
+                return f"ok cut {len(pairs)}"
+            if cmd == "blackhole":
+                return self._set(rest, flowing=False)
+            if cmd == "resume":
+                return self._set(rest, flowing=True)
+            if cmd == "delay":
+                return self._set(rest[1:], delay=max(0.0, float(rest[0]) / 1000))
+            if cmd == "throttle":
+                return self._set(rest[1:], rate=max(0.0, float(rest[0])))
+            if cmd == "refuse":
+                self.refusing = True
+                return "ok refusing"
+            if cmd == "accept":
+                self.refusing = False
+                return "ok accepting"
+        except (ValueError, IndexError) as exc:
+            return f"error {exc or 'bad arguments'}"
         return f"error unknown command {cmd!r}"
 
     async def control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
