@@ -89,13 +89,13 @@ class Proc:
 
 
 @contextmanager
-def running(tmp: Path, hand: str | None = "box", *hand_args: str, via_proxy: bool = False):
+def running(tmp: Path, hand: str | None = "box", *hand_args: str, via_proxy: bool = False, mind_args: tuple[str, ...] = ()):
     """A Mind, and a Hand named `hand` connected to it (through a fault proxy if asked); all stopped
     and killed by PID on the way out."""
     cl = Cluster(tmp)
     proxy = None
     try:
-        cl.start_mind()
+        cl.start_mind(*mind_args)
         if via_proxy:
             from support.faultproxy import FaultProxy
 
@@ -130,6 +130,7 @@ class Cluster:
         if url_file.exists():
             url_file.unlink()
         listen = f"127.0.0.1:{self.port if port is None else port}"
+        self.mind_args = extra
         p = Proc("mind", [str(BIN / "mind"), "serve", "--listen", listen, "--log-format", "json", "--ping-interval", "1", *extra], self.env, self.tmp / "mind.log")
         self.procs.append(p)
         self.mind = p
