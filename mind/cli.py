@@ -46,12 +46,16 @@ def _parser() -> argparse.ArgumentParser:
     def conn_opts(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--mind", help="Mind URL (default $MINDHAND_URL, then the local Mind's mind.url)")
         sp.add_argument("--credential", help="client credential file (default $MINDHAND_CREDENTIAL, then admin.cred)")
+        sp.add_argument("--ca", help="CA file to verify a wss:// Mind (default $MINDHAND_CA, else system trust)")
+        sp.add_argument("--pin", help="require the Mind's certificate to be sha256:HEX (default $MINDHAND_PIN)")
 
     s = sub.add_parser("serve", help="run the Mind daemon")
     s.add_argument("--listen", default=None, help="HOST:PORT to listen on (default 127.0.0.1:7470; port 0 = any free)")
     s.add_argument("--ping-interval", type=float, default=10.0, help="keepalive ping interval in seconds")
     s.add_argument("--log-format", choices=["auto", "console", "json"], default="auto")
     s.add_argument("--log-level", default="info")
+    s.add_argument("--tls-cert", help="serve wss:// with this certificate (PEM; see scripts/mkcerts)")
+    s.add_argument("--tls-key", help="the certificate's private key (PEM)")
 
     for role in ("hand", "client"):
         r = sub.add_parser(role, help=f"manage {role} credentials (local, no daemon needed)")
@@ -59,10 +63,18 @@ def _parser() -> argparse.ArgumentParser:
         a = rs.add_parser("add", help=f"create a {role} credential and print it once")
         a.add_argument("name")
         a.add_argument("--out", help="also write the credential to this file (mode 0600)")
+        if role == "client":
+            a.add_argument("--hands", help="Hands it may use: names or globs, comma-separated (default: all)")
+            a.add_argument("--tools", help="tools it may use: names or globs, comma-separated (default: all)")
+            a.add_argument("--read-others", action="store_true",
+                           help="may read and cancel other clients' runs and tasks (default: its own only)")
         ls = rs.add_parser("list", help=f"list {role} credentials")
         ls.add_argument("--json", action="store_true")
-        rv = rs.add_parser("revoke", help=f"revoke a {role} credential")
+        rv = rs.add_parser("revoke", help=f"revoke a {role} credential; its live connections are closed at once")
         rv.add_argument("name")
+        ro = rs.add_parser("rotate", help=f"give a {role} a new secret (printed once); the old one stops working at once")
+        ro.add_argument("name")
+        ro.add_argument("--out", help="also write the new credential to this file (mode 0600)")
 
     h = sub.add_parser("hands", help="list Hands known to the Mind, live")
     conn_opts(h)
@@ -172,20 +184,36 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from mind.server import Mind, MindConfig
     from protocol import logs
 
+    host, port = _parse_listen(args.listen or paths.DEFAULT_LISTEN)
     try:
-        logs.configure(args.log_format, args.log_level)
+        audit = logs.AuditLog(paths.home(args.home) / "audit.jsonl")
+        logs.configure(args.log_format, args.log_level, audit=audit)
     except ValueError as exc:
         die(str(exc), EXIT_USAGE)
-    host, port = _parse_listen(args.listen or paths.DEFAULT_LISTEN)
+    except OSError as exc:
+        die(f"cannot open the audit log in {paths.home(args.home)}: {exc.strerror}", 1)
     if args.ping_interval <= 0:
         die("--ping-interval must be positive", EXIT_USAGE)
     home = paths.home(args.home)
-    if host not in ("127.0.0.1", "::1", "localhost"):
+    if bool(args.tls_cert) != bool(args.tls_key):
+        die("--tls-cert and --tls-key go together", EXIT_USAGE)
+    if args.tls_cert:
+        from protocol.tls import TLSConfigError, server_context
+
+        try:
+            server_context(args.tls_cert, args.tls_key)
+        except TLSConfigError as exc:
+            die(str(exc), EXIT_USAGE)
+    elif host not in ("127.0.0.1", "::1", "localhost"):
         print(
-            f"mind: WARNING: serving {host} without TLS: traffic (not secrets) can be read and altered on the network",
+            f"mind: WARNING: serving {host} without TLS: anyone on the network path can read and alter "
+            "the traffic (not the secrets). Use --tls-cert/--tls-key (scripts/mkcerts makes a local CA).",
             file=sys.stderr,
         )
-    cfg = MindConfig(home=home, host=host, port=port, ping_interval=args.ping_interval, ping_timeout=args.ping_interval)
+    cfg = MindConfig(
+        home=home, host=host, port=port, ping_interval=args.ping_interval, ping_timeout=args.ping_interval,
+        tls_cert=_path(args.tls_cert) if args.tls_cert else None, tls_key=_path(args.tls_key) if args.tls_key else None,
+    )
     try:
         mind = Mind(cfg)
     except Exception as exc:  # noqa: BLE001 - one clear line for a bad state dir or database
@@ -200,36 +228,77 @@ def cmd_credentials(args: argparse.Namespace) -> None:
     from mind import paths
     from mind.store import Store, StoreError
 
+    from mind.scope import FULL, Scope, parse_patterns
+
     home = paths.home(args.home)
     store = Store(paths.db_path(home))
+
+    def audit(action: str) -> None:
+        import datetime
+
+        from protocol.logs import AuditLog
+
+        a = AuditLog(home / "audit.jsonl")
+        a.write({"event": "credential_changed", "role": args.cmd, "label": args.name, "action": action,
+                 "by": "local admin (mind CLI)", "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat()})
+        a.close()
+
+    def show(cred, verb: str) -> None:
+        if args.out:
+            paths.write_private(_path(args.out), cred.token() + "\n")
+        print(f"# {args.cmd} credential for {args.name!r} {verb}, shown once; keep it private", file=sys.stderr)
+        print(cred.token())
+        if args.out:
+            print(f"# also written to {args.out} (mode 0600)", file=sys.stderr)
+
+    def scope_of(row) -> str:
+        if row.role != "client":
+            return "-"
+        return (FULL if row.label == "admin" else Scope.from_json(row.scope)).describe()
+
     try:
         if args.action == "add":
+            scope = None
+            if args.cmd == "client":
+                try:
+                    scope = Scope(
+                        hands=parse_patterns(args.hands, "hands"), tools=parse_patterns(args.tools, "tools"),
+                        read_others=args.read_others,
+                    ).to_json()
+                except ValueError as exc:
+                    die(str(exc), EXIT_USAGE)
             try:
-                cred = store.add(args.cmd, args.name)
+                cred = store.add(args.cmd, args.name, scope)
             except StoreError as exc:
                 die(str(exc), 1)
-            if args.out:
-                paths.write_private(_path(args.out), cred.token() + "\n")
-            print(f"# {args.cmd} credential for {args.name!r}, shown once; keep it private", file=sys.stderr)
-            print(cred.token())
-            if args.out:
-                print(f"# also written to {args.out} (mode 0600)", file=sys.stderr)
+            audit("add")
+            show(cred, "created")
+        elif args.action == "rotate":
+            cred = store.rotate(args.cmd, args.name)
+            if cred is None:
+                die(f"no active {args.cmd} named {args.name!r}", 1)
+            audit("rotate")
+            if args.cmd == "client" and args.name == "admin":
+                paths.write_private(paths.admin_cred_file(home), "# mindhand admin client credential (full scope); keep private\n" + cred.token() + "\n")
+            show(cred, "rotated (the old secret no longer works; live connections are closed)")
         elif args.action == "list":
             rows = store.list(args.cmd)
             if args.json:
-                print(json.dumps([r.__dict__ for r in rows], indent=2))
+                print(json.dumps([{**r.__dict__, "scope": scope_of(r)} for r in rows], indent=2))
             else:
                 _table(
-                    ["NAME", "STATE", "GENERATION", "CREATED", "LAST SEEN"],
+                    ["NAME", "STATE", "GENERATION", "CREATED", "LAST SEEN", "SCOPE"],
                     [
-                        [r.label, "revoked" if r.revoked_at else "active", str(r.generation), _ts(r.created_at), _ts(r.last_seen_at)]
+                        [r.label, "revoked" if r.revoked_at else "active", str(r.generation), _ts(r.created_at),
+                         _ts(r.last_seen_at), scope_of(r)]
                         for r in rows
                     ],
                 )
         elif args.action == "revoke":
             if not store.revoke(args.cmd, args.name):
                 die(f"no active {args.cmd} named {args.name!r}", 1)
-            print(f"revoked {args.cmd} {args.name!r}; it can no longer connect")
+            audit("revoke")
+            print(f"revoked {args.cmd} {args.name!r}; it can no longer connect, and its live connections are closed")
     finally:
         store.close()
 
@@ -243,27 +312,37 @@ def _path(p: str):
 # --- client commands -----------------------------------------------------------------------
 
 
-def _connection_params(args: argparse.Namespace) -> tuple[str, str]:
+def _connection_params(args: argparse.Namespace) -> tuple[str, str, str | None, str | None]:
+    """URL, credential file, CA file and pin: flags, then env vars, then the local Mind's files."""
     from mind import paths
 
     home = paths.home(args.home)
+    local = False
     url = args.mind or os.environ.get("MINDHAND_URL")
     if not url:
         try:
             url = paths.url_file(home).read_text().strip()
+            local = True
         except OSError:
             die(f"no Mind URL: pass --mind URL, set MINDHAND_URL, or start `mind serve` (looked in {paths.url_file(home)})")
     cred = args.credential or os.environ.get("MINDHAND_CREDENTIAL") or str(paths.admin_cred_file(home))
-    return url, cred
+    ca = args.ca or os.environ.get("MINDHAND_CA")
+    pin = args.pin or os.environ.get("MINDHAND_PIN")
+    if local and not ca and not pin and url.startswith("wss://"):
+        try:
+            pin = paths.pin_file(home).read_text().strip()
+        except OSError:
+            pass
+    return url, cred, ca, pin
 
 
 async def _client_command(args: argparse.Namespace) -> int:
     from mind.client import ClientError, MindClient, load_credential
 
-    url, cred_path = _connection_params(args)
+    url, cred_path, ca, pin = _connection_params(args)
     try:
         cred = load_credential(cred_path)
-        client = await MindClient.connect(url, cred)
+        client = await MindClient.connect(url, cred, ca=ca, pin=pin)
     except ClientError as exc:
         die(exc.message)
     try:

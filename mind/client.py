@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
@@ -54,6 +55,7 @@ from protocol.messages import (
 )
 from protocol.states import TaskState
 from protocol.states import RunState
+from protocol.tls import TLSConfigError, check_pin, client_context
 
 
 class ClientError(Exception):
@@ -131,9 +133,23 @@ class MindClient:
     # --- connecting ---
 
     @classmethod
-    async def connect(cls, url: str, credential: Credential, *, open_timeout: float = 10.0) -> "MindClient":
+    async def connect(
+        cls,
+        url: str,
+        credential: Credential,
+        *,
+        open_timeout: float = 10.0,
+        ca: str | os.PathLike[str] | None = None,
+        pin: str | None = None,
+    ) -> "MindClient":
+        """Connect and authenticate. `wss://` URLs are verified (system trust or `ca`), and the
+        certificate must match `pin` if given, before the credential is used at all."""
         if credential.role != "client":
             raise ClientError("auth_failed", f"a {credential.role} credential cannot be used by a client")
+        try:
+            ssl_ctx = client_context(url, ca, pin)
+        except TLSConfigError as exc:
+            raise ClientError("config", str(exc)) from None
         try:
             ws = await connect(
                 url,
@@ -143,9 +159,17 @@ class MindClient:
                 ping_interval=20,
                 ping_timeout=20,
                 close_timeout=2,
+                ssl=ssl_ctx,
             )
+        except ssl.SSLCertVerificationError as exc:
+            raise ClientError("tls", f"the Mind at {url} failed certificate verification: {exc.verify_message}") from None
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
             raise ClientError("unreachable", f"cannot reach the Mind at {url}: {exc}") from None
+        try:
+            check_pin(ws.transport.get_extra_info("ssl_object"), pin)
+        except TLSConfigError as exc:
+            await ws.close()
+            raise ClientError("tls", str(exc)) from None
         channel = Channel()
         hs = ClientHandshake(credential, os.urandom(limits.NONCE_BYTES))
         try:

@@ -25,6 +25,11 @@ def url_file(h: Path) -> Path:
     return h / "mind.url"
 
 
+def pin_file(h: Path) -> Path:
+    """The daemon's own certificate fingerprint, when it serves TLS: the local CLI pins it."""
+    return h / "mind.pin"
+
+
 def admin_cred_file(h: Path) -> Path:
     return h / "admin.cred"
 

@@ -95,6 +95,7 @@ class Run:
     args_digest: str
     client: str | None
     req_id: str
+    owner: str
     timeout_ms: int
     grace_ms: int
     created_at: float
@@ -184,6 +185,8 @@ class RunRegistry:
                 progress_dropped=end.progress_dropped,
                 tool=run.tool,
                 args_digest=run.args_digest,
+                client=run.owner,
+                reject_code=end.reject_code.value if end.reject_code else None,
             )
         )
         if run.client is not None:
@@ -237,6 +240,8 @@ class RunRegistry:
         now: float,
         wall: float,
         background: Background | None = None,
+        owner: str = "",
+        refusal: tuple[RejectCode, str] | None = None,
     ) -> list[Action]:
         """A client asks for a run. `hand_gen` is the Hand's live generation, None if offline.
 
@@ -252,6 +257,7 @@ class RunRegistry:
             args_digest=args_digest(req.tool, req.args),
             client=client,
             req_id=req_id,
+            owner=owner,
             timeout_ms=req.timeout_ms,
             grace_ms=grace,
             created_at=now,
@@ -260,9 +266,15 @@ class RunRegistry:
             background=background,
         )
         self._runs[run_id] = run
-        acts: list[Action] = [self._log("run_admitted", run, tool=req.tool, args_digest=run.args_digest)]
+        acts: list[Action] = [
+            self._log("run_admitted", run, tool=req.tool, args_digest=run.args_digest, client=owner)
+        ]
         if run.client is not None:
             acts.append(SendToClient(client, req_id, RunUpdate(run_id=run_id, hand=run.hand, state=run.state)))  # type: ignore[arg-type]
+        if refusal is not None:
+            code, why = refusal
+            acts += self._terminate(run, self._end(run, RunState.REJECTED, why, now, reject_code=code), now, wall)
+            return acts
         if hand_gen is None:
             code = RejectCode.HAND_OFFLINE if hand_known else RejectCode.UNKNOWN_HAND
             why = f"hand {req.hand!r} is not connected" if hand_known else f"no hand named {req.hand!r}"

@@ -8,8 +8,10 @@ tasks (one TaskGroup for the server, one per connection).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import signal
+import ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,15 +27,17 @@ from websockets.exceptions import ConnectionClosed
 from mind import paths
 from mind.handshake import Identity, ServerHandshake
 from mind.outbox import Outbox
+from mind.scope import FULL, Scope
 from mind.registry import Action, Log, RunRegistry, SendToClient, SendToHand, StartEnded
 from mind.snapshots import SnapshotStore
 from mind.store import Store
 from mind.taskservice import TaskService
 from protocol import limits
-from protocol.codes import CancelReason, ErrorCode
+from protocol.codes import CancelReason, ErrorCode, RejectCode
 from protocol.envelope import Channel
 from protocol.errors import ProtocolError
 from protocol.ids import new_id
+from protocol.tls import fingerprint, server_context
 from protocol.messages import (
     Accepted,
     CancelResult,
@@ -72,6 +76,8 @@ REPLY_TYPES = (TaskInfo, TaskLogPage, TaskCancelResult, TaskInventoryPage)
 CLOSE_PROTOCOL = 1002
 CLOSE_POLICY = 1008
 CLOSE_REPLACED = 4001
+CLOSE_REVOKED = 4003
+CLOSE_TRY_LATER = 1013
 
 
 @dataclass
@@ -83,6 +89,10 @@ class Peer:
     since: float
     conn_id: str = field(default_factory=lambda: new_id("c"))
     tg: asyncio.TaskGroup | None = None
+    scope: Scope = FULL
+    secret_digest: bytes = b""
+    """SHA-256 of the secret this connection authenticated with: a rotation or revocation is seen by
+    comparing it with the store's current one."""
     pending: dict[str, asyncio.Future[Message]] = field(default_factory=dict)
     """Requests this Mind sent to the peer (a Hand), by envelope id, waiting for their reply."""
 
@@ -106,6 +116,11 @@ class MindConfig:
     ping_timeout: float = 10.0
     tick_interval: float = 0.25
     retain_runs: int = 10_000
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    max_pending_handshakes: int = 64
+    auth_fail_limit: int = 10
+    auth_fail_window: float = 60.0
 
 
 def ensure_admin(store: Store, home: Path) -> None:
@@ -133,6 +148,18 @@ class Mind:
         self._stop = asyncio.Event()
         self._tg: asyncio.TaskGroup | None = None
         self.tasks = TaskService(self)
+        self._pending_handshakes = 0
+        self._failures: dict[str, list[float]] = {}
+        self._epoch = -1
+        self.denials: dict[str, int] = {}
+
+    # --- scopes ---
+
+    def deny(self, peer: "Peer", what: str, **fields: Any) -> str:
+        """Count and log a request outside the client's scope; return the sentence for the client."""
+        self.denials[what] = self.denials.get(what, 0) + 1
+        log.warning("denied_by_scope", client=peer.ident.label, what=what, **fields)
+        return f"denied_by_scope: credential {peer.ident.label!r} may not {what}"
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a store call on the one database thread: never blocks the loop, and serialises writes."""
@@ -170,6 +197,14 @@ class Mind:
                 loop.add_signal_handler(sig, self.stop)
             except (NotImplementedError, RuntimeError):
                 pass
+        ssl_ctx = None
+        if self.cfg.tls_cert is not None and self.cfg.tls_key is not None:
+            ssl_ctx = server_context(self.cfg.tls_cert, self.cfg.tls_key)
+            der = ssl.PEM_cert_to_DER_cert(Path(self.cfg.tls_cert).read_text())
+            # The local CLI pins the daemon's own certificate by itself (like admin.cred).
+            paths.write_private(paths.pin_file(self.cfg.home), fingerprint(der) + "\n")
+        else:
+            paths.pin_file(self.cfg.home).unlink(missing_ok=True)
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
             async with serve(
@@ -182,10 +217,11 @@ class Mind:
                 ping_timeout=self.cfg.ping_timeout,
                 close_timeout=2,
                 backlog=1024,
+                ssl=ssl_ctx,
             ) as server:
                 port = next(iter(server.sockets)).getsockname()[1]
                 host = self.cfg.host if ":" not in self.cfg.host else f"[{self.cfg.host}]"
-                self.url = f"ws://{host}:{port}"
+                self.url = f"{'wss' if ssl_ctx else 'ws'}://{host}:{port}"
                 paths.write_private(paths.url_file(self.cfg.home), self.url + "\n")
                 log.info("mind_listening", url=self.url, mind_id=self.mind_id, pid=os.getpid())
                 if on_ready:
@@ -213,9 +249,29 @@ class Mind:
             pass
 
     async def _ticker(self) -> None:
+        last_epoch_check = 0.0
         while True:
             await asyncio.sleep(self.cfg.tick_interval)
             self._perform(self.registry.on_tick(time.monotonic(), time.time()))
+            if time.monotonic() - last_epoch_check >= 0.5:
+                last_epoch_check = time.monotonic()
+                await self._check_credentials()
+
+    async def _check_credentials(self) -> None:
+        """Close, at once, every connection whose credential was revoked or rotated (by `mind hand
+        revoke`, `mind client rotate`, ... which change the database this daemon shares)."""
+        epoch = await self.db(self.store.epoch)
+        if epoch == self._epoch:
+            return
+        self._epoch = epoch
+        for peer in list(self.hands.values()) + list(self.clients.values()):
+            current = await self.db(self.store.secret, peer.ident.role, peer.ident.label)
+            if current is None or hashlib.sha256(current).digest() != peer.secret_digest:
+                why = "revoked" if current is None else "rotated"
+                log.warning("credential_closed", role=peer.ident.role, label=peer.ident.label, gen=peer.gen, why=why)
+                peer.outbox.put(Error(code=ErrorCode.REVOKED, message=f"this credential was {why}"))
+                peer.outbox.close()
+                self.spawn(self._close_quietly(peer.ws, CLOSE_REVOKED, f"credential {why}"))
 
     # --- performing actions ---
 
@@ -237,24 +293,54 @@ class Mind:
 
     # --- connections ---
 
+    def _rate_limited(self, addr: str, now: float) -> bool:
+        recent = [t for t in self._failures.get(addr, ()) if now - t < self.cfg.auth_fail_window]
+        if recent:
+            self._failures[addr] = recent
+        else:
+            self._failures.pop(addr, None)
+        return len(recent) >= self.cfg.auth_fail_limit
+
+    def _failed(self, addr: str, now: float) -> None:
+        self._failures.setdefault(addr, []).append(now)
+        if len(self._failures) > 10_000:  # bounded memory under a spray of addresses
+            self._failures.pop(next(iter(self._failures)))
+
     async def _handler(self, ws: ServerConnection) -> None:
         channel = Channel()
         peer_addr = ws.remote_address[0] if ws.remote_address else "?"
+        now = time.monotonic()
+        if self._rate_limited(peer_addr, now):
+            log.warning("handshake_refused", peer=peer_addr, why="rate_limited")
+            await self._refuse(ws, channel, ProtocolError(ErrorCode.RATE_LIMITED, "too many failed handshakes from this address; try later"))
+            return
+        if self._pending_handshakes >= self.cfg.max_pending_handshakes:
+            log.warning("handshake_refused", peer=peer_addr, why="busy", pending=self._pending_handshakes)
+            await self._refuse(ws, channel, ProtocolError(ErrorCode.BUSY, "too many handshakes in progress; try later"))
+            return
+        self._pending_handshakes += 1
         try:
             async with asyncio.timeout(limits.HANDSHAKE_TIMEOUT_S):
-                ident, gen = await self._handshake(ws, channel)
+                ident, gen, secret = await self._handshake(ws, channel)
         except TimeoutError:
+            self._failed(peer_addr, now)
             log.info("handshake_failed", peer=peer_addr, code=ErrorCode.HANDSHAKE_TIMEOUT.value)
             await self._refuse(ws, channel, ProtocolError(ErrorCode.HANDSHAKE_TIMEOUT, "handshake took too long"))
             return
         except ProtocolError as exc:
+            self._failed(peer_addr, now)
             log.info("handshake_failed", peer=peer_addr, code=exc.code.value, reason=exc.message)
             await self._refuse(ws, channel, exc)
             return
         except ConnectionClosed:
             return
+        finally:
+            self._pending_handshakes -= 1
         outbox = Outbox(ws, channel)
-        peer = Peer(ident=ident, gen=gen, ws=ws, outbox=outbox, since=time.time())
+        peer = Peer(ident=ident, gen=gen, ws=ws, outbox=outbox, since=time.time(), secret_digest=hashlib.sha256(secret).digest())
+        if ident.role == "client":
+            peer.scope = FULL if ident.label == "admin" else Scope.from_json(await self.db(self.store.scope, "client", ident.label))
+        log.info("handshake_ok", peer=peer_addr, role=ident.role, label=ident.label, gen=gen)
         async with asyncio.TaskGroup() as tg:
             peer.tg = tg
             writer = tg.create_task(outbox.run())
@@ -272,7 +358,12 @@ class Mind:
                     writer.cancel()
 
     async def _refuse(self, ws: Connection, channel: Channel, exc: ProtocolError) -> None:
-        code = CLOSE_POLICY if exc.code in (ErrorCode.AUTH_FAILED, ErrorCode.HANDSHAKE_TIMEOUT) else CLOSE_PROTOCOL
+        code = {
+            ErrorCode.AUTH_FAILED: CLOSE_POLICY,
+            ErrorCode.HANDSHAKE_TIMEOUT: CLOSE_POLICY,
+            ErrorCode.RATE_LIMITED: CLOSE_TRY_LATER,
+            ErrorCode.BUSY: CLOSE_TRY_LATER,
+        }.get(exc.code, CLOSE_PROTOCOL)
         try:
             await ws.send(channel.stamp(Error(code=exc.code, message=exc.message)))
             await ws.close(code, exc.code.value)
@@ -283,7 +374,7 @@ class Mind:
         data = await ws.recv()
         return channel.receive(data).msg
 
-    async def _handshake(self, ws: Connection, channel: Channel) -> tuple[Identity, int]:
+    async def _handshake(self, ws: Connection, channel: Channel) -> tuple[Identity, int, bytes]:
         loop = asyncio.get_running_loop()
         msg = await self._recv(ws, channel)
         if not isinstance(msg, Hello):
@@ -303,7 +394,8 @@ class Mind:
         gen = await asyncio.to_thread(self.store.next_generation, ident.role, ident.label)
         channel.gen = gen
         await ws.send(channel.stamp(hs.welcome(gen, self.cfg.ping_interval)))
-        return ident, gen
+        assert secret is not None  # a verified proof implies a known secret
+        return ident, gen, secret
 
     # --- hands ---
 

@@ -35,14 +35,15 @@ CREATE TABLE IF NOT EXISTS task_snapshots (
     info BLOB,
     cancel_pending TEXT,
     start_pending INTEGER NOT NULL DEFAULT 0,
-    reason TEXT NOT NULL DEFAULT ''
+    reason TEXT NOT NULL DEFAULT '',
+    owner TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS task_snapshots_hand ON task_snapshots(hand, state);
 """
 
 COLS = (
     "task_id, hand, tool, args_digest, binding_digest, state, stale, created_at, last_synced_at, "
-    "version, info, cancel_pending, start_pending, reason"
+    "version, info, cancel_pending, start_pending, reason, owner"
 )
 NON_TERMINAL = tuple(s.value for s in TaskState if s not in TASK_TERMINAL)
 
@@ -64,6 +65,7 @@ def _row(r: tuple) -> Snapshot:
         cancel_pending=r[11],
         start_pending=bool(r[12]),
         reason=r[13],
+        owner=r[14],
     )
 
 
@@ -84,6 +86,7 @@ def _values(s: Snapshot) -> tuple:
         s.cancel_pending,
         int(s.start_pending),
         s.reason,
+        s.owner,
     )
 
 
@@ -107,7 +110,7 @@ class SnapshotStore:
 
     def _put_many(self, snaps: Iterable[Snapshot]) -> None:
         self._db.executemany(
-            f"INSERT OR REPLACE INTO task_snapshots ({COLS}) VALUES ({', '.join('?' * 14)})",
+            f"INSERT OR REPLACE INTO task_snapshots ({COLS}) VALUES ({', '.join('?' * 15)})",
             [_values(s) for s in snaps],
         )
 

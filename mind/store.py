@@ -30,6 +30,7 @@ CREATE TABLE IF NOT EXISTS credentials (
     revoked_at REAL,
     generation INTEGER NOT NULL DEFAULT 0,
     last_seen_at REAL,
+    scope TEXT,
     PRIMARY KEY (role, label)
 );
 """
@@ -47,6 +48,7 @@ class CredentialRow:
     revoked_at: float | None
     generation: int
     last_seen_at: float | None
+    scope: str | None = None
 
 
 def _private_file(path: Path) -> None:
@@ -65,6 +67,9 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        cols = {r[1] for r in self._db.execute("PRAGMA table_info(credentials)")}
+        if "scope" not in cols:  # a database from before scopes existed
+            self._db.execute("ALTER TABLE credentials ADD COLUMN scope TEXT")
         for suffix in ("-wal", "-shm"):
             side = Path(str(path) + suffix)
             if side.exists():
@@ -83,7 +88,20 @@ class Store:
             self._db.execute("INSERT INTO meta(key, value) VALUES ('mind_id', ?)", (mid,))
             return mid
 
-    def add(self, role: str, label: str) -> Credential:
+    def _bump_epoch(self) -> None:
+        """Any change to credentials: the daemon watches this to close connections of revoked or
+        rotated credentials at once."""
+        self._db.execute(
+            "INSERT INTO meta(key, value) VALUES ('cred_epoch', '1') "
+            "ON CONFLICT(key) DO UPDATE SET value = CAST(value AS INTEGER) + 1"
+        )
+
+    def epoch(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key='cred_epoch'").fetchone()
+        return int(row[0]) if row else 0
+
+    def add(self, role: str, label: str, scope: str | None = None) -> Credential:
         if not limits.LABEL_RE.match(label):
             raise StoreError(
                 f"invalid name {label!r}: use 1-64 of A-Z a-z 0-9 . _ - , starting with a letter or digit"
@@ -98,15 +116,33 @@ class Store:
             if row is not None:
                 # Re-adding a revoked name keeps its generation counter: generations never go back.
                 self._db.execute(
-                    "UPDATE credentials SET secret=?, created_at=?, revoked_at=NULL WHERE role=? AND label=?",
-                    (secret, time.time(), role, label),
+                    "UPDATE credentials SET secret=?, created_at=?, revoked_at=NULL, scope=? WHERE role=? AND label=?",
+                    (secret, time.time(), scope, role, label),
                 )
             else:
                 self._db.execute(
-                    "INSERT INTO credentials(role, label, secret, created_at) VALUES (?, ?, ?, ?)",
-                    (role, label, secret, time.time()),
+                    "INSERT INTO credentials(role, label, secret, created_at, scope) VALUES (?, ?, ?, ?, ?)",
+                    (role, label, secret, time.time(), scope),
                 )
+            self._bump_epoch()
         return Credential(role=role, label=label, secret=secret)
+
+    def rotate(self, role: str, label: str) -> Credential | None:
+        """A new secret for an active credential; the old one stops working at once."""
+        secret = secrets.token_bytes(limits.SECRET_BYTES)
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE credentials SET secret=? WHERE role=? AND label=? AND revoked_at IS NULL", (secret, role, label)
+            )
+            if cur.rowcount != 1:
+                return None
+            self._bump_epoch()
+        return Credential(role=role, label=label, secret=secret)
+
+    def scope(self, role: str, label: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT scope FROM credentials WHERE role=? AND label=?", (role, label)).fetchone()
+        return row[0] if row else None
 
     def revoke(self, role: str, label: str) -> bool:
         with self._lock:
@@ -114,6 +150,8 @@ class Store:
                 "UPDATE credentials SET revoked_at=? WHERE role=? AND label=? AND revoked_at IS NULL",
                 (time.time(), role, label),
             )
+            if cur.rowcount == 1:
+                self._bump_epoch()
             return cur.rowcount == 1
 
     def secret(self, role: str, label: str) -> bytes | None:
@@ -153,7 +191,7 @@ class Store:
     def list(self, role: str) -> list[CredentialRow]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT role, label, created_at, revoked_at, generation, last_seen_at FROM credentials "
+                "SELECT role, label, created_at, revoked_at, generation, last_seen_at, scope FROM credentials "
                 "WHERE role=? ORDER BY label",
                 (role,),
             ).fetchall()

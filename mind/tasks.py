@@ -46,6 +46,8 @@ class Snapshot:
     """The start run is in flight: the Hand may not have committed the row yet."""
     reason: str = ""
     """Why the Mind itself decided a state (only `lost`: unknown to hand)."""
+    owner: str = ""
+    """The client that started it ("" for a task adopted from a Hand): scopes decide who may see it."""
 
     @property
     def terminal(self) -> bool:

@@ -83,8 +83,14 @@ class TaskService:
                     f"task {task_id} already exists with another hand, tool, arguments or options",
                 )
 
+        if not peer.scope.allows_hand(req.hand):
+            return reply("rejected", RejectCode.DENIED_BY_SCOPE, m.deny(peer, f"use hand {req.hand!r}", hand=req.hand))
+        if not peer.scope.allows_tool(req.tool):
+            return reply("rejected", RejectCode.DENIED_BY_SCOPE, m.deny(peer, f"use tool {req.tool!r}", tool=req.tool))
         existing = await m.db(m.snapshots.get, task_id)
         if existing is not None:
+            if not self._may(peer, existing):
+                return reply("rejected", RejectCode.DENIED_BY_SCOPE, m.deny(peer, f"reuse task id {task_id}", task_id=task_id))
             return settle(existing)
         if m.registry.get(task_id) is not None:
             return reply("rejected", RejectCode.CONFLICTING_DUPLICATE, f"id {task_id} is already used by a run")
@@ -102,6 +108,7 @@ class TaskService:
             stale=True,
             created_at=time.time(),
             start_pending=True,
+            owner=peer.ident.label,
         )
         existing = await m.db(m.snapshots.insert_new, snap)  # written stale before the start is sent
         if existing is not None:
@@ -115,7 +122,7 @@ class TaskService:
         m._perform(
             m.registry.admit(
                 task_id, exec_req, None, id_, live.gen, True, time.monotonic(), time.time(),
-                background=Background(max_runtime_ms=req.max_runtime_ms),
+                background=Background(max_runtime_ms=req.max_runtime_ms), owner=peer.ident.label,
             )
         )
 
@@ -157,6 +164,22 @@ class TaskService:
 
     # --- queries ---
 
+    def _may(self, peer: "Peer", snap: Snapshot) -> bool:
+        return peer.scope.allows_hand(snap.hand) and peer.scope.may_touch(snap.owner, peer.ident.label)
+
+    async def _visible(self, peer: "Peer", id_: str, task_id: str, verb: str) -> Snapshot | None:
+        """The snapshot if it exists and this client may `verb` it; otherwise answer and return None."""
+        m = self.mind
+        snap = await m.db(m.snapshots.get, task_id)
+        if snap is None:
+            peer.outbox.put(Error(code=ErrorCode.UNKNOWN_TASK, message=f"no task {task_id}"), id_)
+            return None
+        if not self._may(peer, snap):
+            why = m.deny(peer, f"{verb} task {task_id}", task_id=task_id)
+            peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+            return None
+        return snap
+
     async def _refresh(self, snap: Snapshot) -> Snapshot:
         """Ask the Hand (the authority) if it is connected; else return the snapshot as it is."""
         m = self.mind
@@ -173,10 +196,8 @@ class TaskService:
         return snap
 
     async def get(self, peer: "Peer", id_: str, req: TaskGet) -> None:
-        m = self.mind
-        snap = await m.db(m.snapshots.get, req.task_id)
+        snap = await self._visible(peer, id_, req.task_id, "read")
         if snap is None:
-            peer.outbox.put(Error(code=ErrorCode.UNKNOWN_TASK, message=f"no task {req.task_id}"), id_)
             return
         snap = await self._refresh(snap)
         peer.outbox.put(snap.view(), id_)
@@ -184,13 +205,12 @@ class TaskService:
     async def list(self, peer: "Peer", id_: str, req: TaskList) -> None:
         m = self.mind
         snaps = await m.db(m.snapshots.list, req.hand, req.state, req.limit)
-        peer.outbox.put(TaskListResult(tasks=[s.view() for s in snaps]), id_)
+        peer.outbox.put(TaskListResult(tasks=[s.view() for s in snaps if self._may(peer, s)]), id_)
 
     async def logs(self, peer: "Peer", id_: str, req: TaskLogs) -> None:
         m = self.mind
-        snap = await m.db(m.snapshots.get, req.task_id)
+        snap = await self._visible(peer, id_, req.task_id, "read the log of")
         if snap is None:
-            peer.outbox.put(Error(code=ErrorCode.UNKNOWN_TASK, message=f"no task {req.task_id}"), id_)
             return
         live = m.hands.get(snap.hand)
         if live is None:
@@ -220,6 +240,10 @@ class TaskService:
         snap = await m.db(m.snapshots.get, req.task_id)
         if snap is None:
             peer.outbox.put(TaskCancelReply(task_id=req.task_id, status=TaskCancelStatus.UNKNOWN_TASK), id_)
+            return
+        if not self._may(peer, snap):
+            why = m.deny(peer, f"cancel task {req.task_id}", task_id=req.task_id)
+            peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
             return
         if snap.terminal:
             peer.outbox.put(TaskCancelReply(task_id=req.task_id, status=TaskCancelStatus.ALREADY_DONE, view=snap.view()), id_)

@@ -26,6 +26,9 @@ class ErrorCode(StrEnum):
     HAND_OFFLINE = "hand_offline"
     HAND_TIMEOUT = "hand_timeout"
     NOT_ALLOWED = "not_allowed"
+    DENIED_BY_SCOPE = "denied_by_scope"
+    RATE_LIMITED = "rate_limited"
+    BUSY = "busy"
 
 
 class RejectCode(StrEnum):
@@ -34,6 +37,7 @@ class RejectCode(StrEnum):
     INVALID_REQUEST = "invalid_request"
     UNKNOWN_TOOL = "unknown_tool"
     DENIED_BY_POLICY = "denied_by_policy"
+    DENIED_BY_SCOPE = "denied_by_scope"
     PATH_OUTSIDE_ROOT = "path_outside_root"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     DUPLICATE_RUN = "duplicate_run"

@@ -6,16 +6,69 @@ sizes and counts only).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Literal
 
 import structlog
 
 LogFormat = Literal["auto", "console", "json"]
 
+AUDIT_EVENTS = frozenset(
+    {
+        # admission decisions and terminal states, both sides
+        "run_admitted", "run_terminal", "run_accepted", "run_rejected",
+        "task_queued", "task_rejected", "task_duplicate", "task_terminal", "task_start_ended",
+        "task_cancel_requested", "task_cancel_recorded", "task_cancel_delivered",
+        # who got in, who did not, and who tried to act outside what they may do
+        "handshake_ok", "handshake_failed", "handshake_refused", "credential_changed", "credential_closed",
+        "denied_by_scope", "hand_input_wrong_generation", "hand_input_unknown_run", "task_update_foreign",
+        "reconcile_foreign_task",
+    }
+)
 
-def configure(fmt: LogFormat = "auto", level: str = "info", stream=None) -> None:
+
+class AuditLog:
+    """Append-only JSON lines (0600): every admission decision and terminal state, with who, hand,
+    generation, tool, args digest, decision, reason and time. Fed from the same log events as the
+    console, so it can never carry more than they do: never raw arguments or secrets."""
+
+    def __init__(self, path: os.PathLike[str] | str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.chmod(self.path, 0o600)
+
+    def write(self, record: dict) -> None:
+        line = json.dumps(record, default=str, separators=(",", ":")) + "\n"
+        os.write(self._fd, line.encode())  # one write per line: O_APPEND keeps lines whole
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _audit_tee(audit: AuditLog | None, min_level: int):
+    """A processor that writes audit events whatever the console level, then drops what the
+    console's level filters out. (The bound logger itself lets INFO through for that reason.)"""
+
+    def processor(logger, method, event_dict):
+        if audit is not None and event_dict.get("event") in AUDIT_EVENTS:
+            record = {k: v for k, v in event_dict.items() if k != "level"}
+            record.setdefault("timestamp", datetime.now(timezone.utc).isoformat())
+            audit.write(record)
+        level_no = logging.getLevelName(method.upper())
+        if isinstance(level_no, int) and level_no < min_level:
+            raise structlog.DropEvent
+        return event_dict
+
+    return processor
+
+
+def configure(fmt: LogFormat = "auto", level: str = "info", stream=None, audit: AuditLog | None = None) -> None:
     stream = stream or sys.stderr
     if fmt == "auto":
         fmt = "console" if stream.isatty() else "json"
@@ -32,9 +85,10 @@ def configure(fmt: LogFormat = "auto", level: str = "info", stream=None) -> None
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _audit_tee(audit, numeric),
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        wrapper_class=structlog.make_filtering_bound_logger(min(numeric, logging.INFO)),
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
