@@ -174,7 +174,10 @@ class MindClient:
         hs = ClientHandshake(credential, os.urandom(limits.NONCE_BYTES))
         try:
             async with asyncio.timeout(limits.HANDSHAKE_TIMEOUT_S):
-                await ws.send(channel.stamp(hs.hello()))
+                try:
+                    await ws.send(channel.stamp(hs.hello()))
+                except ConnectionClosed:
+                    pass  # refused before it read our hello (busy, rate limited): its reason is queued
                 msg = channel.receive(await ws.recv()).msg
                 _raise_if_error(msg)
                 if not isinstance(msg, Challenge):

@@ -505,25 +505,40 @@ class Mind:
         if id_ is None:
             raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"a {msg.TYPE} request needs an envelope id")
         now, wall = time.monotonic(), time.time()
+        me, scope = peer.ident.label, peer.scope
         if isinstance(msg, Exec):
+            refusal = None
+            if not scope.allows_hand(msg.hand):
+                refusal = (RejectCode.DENIED_BY_SCOPE, self.deny(peer, f"use hand {msg.hand!r}", hand=msg.hand))
+            elif not scope.allows_tool(msg.tool):
+                refusal = (RejectCode.DENIED_BY_SCOPE, self.deny(peer, f"use tool {msg.tool!r}", tool=msg.tool))
             live = self.hands.get(msg.hand)
             known = live is not None or self.store.secret("hand", msg.hand) is not None
             run_id = new_id("r")
             self._perform(
                 self.registry.admit(
-                    run_id, msg, peer.conn_id, id_, live.gen if live else None, known, now, wall
+                    run_id, msg, peer.conn_id, id_, live.gen if live else None, known, now, wall,
+                    owner=me, refusal=refusal,
                 )
             )
-        elif isinstance(msg, CancelRun):
-            status, acts = self.registry.on_cancel(msg.run_id, CancelReason.USER_REQUESTED, now, wall)
+        elif isinstance(msg, (CancelRun, GetRun)):
             run = self.registry.get(msg.run_id)
             if run is None:
                 peer.outbox.put(Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {msg.run_id}"), id_)
-            else:
-                peer.outbox.put(CancelRunResult(run_id=msg.run_id, status=status, state=run.state), id_)
+                return
+            if not (scope.allows_hand(run.hand) and scope.may_touch(run.owner, me)):
+                verb = "cancel" if isinstance(msg, CancelRun) else "read"
+                why = self.deny(peer, f"{verb} run {msg.run_id}", run_id=msg.run_id)
+                peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+                return
+            if isinstance(msg, GetRun):
+                peer.outbox.put(run.info(), id_)
+                return
+            status, acts = self.registry.on_cancel(msg.run_id, CancelReason.USER_REQUESTED, now, wall)
+            peer.outbox.put(CancelRunResult(run_id=msg.run_id, status=status, state=run.state), id_)
             self._perform(acts)
         elif isinstance(msg, ListHands):
-            peer.outbox.put(HandsList(hands=self.hand_infos()), id_)
+            peer.outbox.put(HandsList(hands=[h for h in self.hand_infos() if scope.allows_hand(h.name)]), id_)
         elif isinstance(msg, TaskStart):
             peer.spawn(self.tasks.start(peer, id_, msg))
         elif isinstance(msg, TaskGet):
@@ -534,12 +549,6 @@ class Mind:
             peer.spawn(self.tasks.cancel(peer, id_, msg))
         elif isinstance(msg, TaskList):
             peer.spawn(self.tasks.list(peer, id_, msg))
-        elif isinstance(msg, GetRun):
-            run = self.registry.get(msg.run_id)
-            if run is None:
-                peer.outbox.put(Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {msg.run_id}"), id_)
-            else:
-                peer.outbox.put(run.info(), id_)
         else:
             raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, f"a client may not send {msg.TYPE}")
 
