@@ -26,6 +26,7 @@ Rules (DESIGN §4, §8, §9):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import platform
 import signal
@@ -45,6 +46,7 @@ from hand.backoff import Backoff
 from hand.policy import Policy
 from hand.process import DEFAULT_GRACE_S
 from hand.runs import RecentRuns, RunTable
+from hand.sandbox import Sandbox
 from hand.sanitize import Sanitizer
 from hand.tasks import TaskLimits, TaskManager
 from protocol import limits, logs
@@ -89,6 +91,8 @@ class AgentConfig:
     max_backoff: float = 30.0
     ping_interval: float = 10.0
     kill_grace: float = DEFAULT_GRACE_S
+    sandbox: Sandbox = field(default_factory=Sandbox)
+    """What every child sees and may use: environment, resource caps, user (`hand.sandbox`)."""
 
 
 class MindRefused(Exception):
@@ -169,6 +173,10 @@ class Agent:
         self._backoff = backoff or Backoff(cap=config.max_backoff)
         self._recent = RecentRuns()
         self._sanitize = Sanitizer(config.root, secrets=[cred.secret.hex()])
+        # The credential never reaches a child, whatever the environment allowlist says.
+        self._sandbox = dataclasses.replace(
+            config.sandbox, secrets=config.sandbox.secrets + (cred.secret.hex(),)
+        )
         self._claims = claims()
         self._uri = parse_uri(config.url)
         self.gen: int | None = None
@@ -190,6 +198,7 @@ class Agent:
                 kill_grace=self.cfg.kill_grace,
                 sanitize=self._sanitize,
                 log=self._log,
+                sandbox=self._sandbox,
             )
             await tasks.open()
             self.tasks = tasks
@@ -314,6 +323,7 @@ class Agent:
                 recent=self._recent,
                 kill_grace=self.cfg.kill_grace,
                 log=log,
+                sandbox=self._sandbox,
             )
             wire.writer = tg.create_task(wire.write_loop())
             if self.tasks is not None:

@@ -82,6 +82,32 @@ def _parser() -> argparse.ArgumentParser:
                      help="how long finished tasks and their logs are kept: 90s, 30m, 2h, 7d (default 7d)")
     run.add_argument("--task-log-max", metavar="SIZE", default="64M",
                      help="bytes of output kept per task (the head): bytes or K, M, G (default 64M)")
+    box = run.add_argument_group(
+        "sandbox",
+        "What commands (exec, shell, background tasks) see and may use. By default a command sees only "
+        "PATH, HOME, LANG, LANGUAGE, LC_*, TERM, TZ, USER, LOGNAME, SHELL and TMPDIR of this Hand's "
+        "environment, plus the env of its own request; MINDHAND_* variables and the credential never "
+        "reach it. Resource limits are requested per run (the `limits` argument: cpu_seconds, "
+        "address_space, open_files, processes); the --max-* flags cap them, and a run that asks for "
+        "nothing gets the caps.",
+    )
+    box.add_argument("--env-allow", metavar="NAMES", action="append", default=[],
+                     help="also pass these variables of this Hand's environment (comma-separated, repeatable; "
+                     "a trailing * is a prefix glob, e.g. CI_*)")
+    box.add_argument("--env-inherit", action="store_true",
+                     help="UNSAFE: pass this Hand's whole environment (any token or key it holds) to every "
+                     "command; only MINDHAND_* and the credential are still removed")
+    box.add_argument("--max-cpu-seconds", metavar="N", type=int,
+                     help="cap on a run's CPU seconds (whole process tree; spent -> budget_exhausted)")
+    box.add_argument("--max-address-space", metavar="SIZE",
+                     help="cap on a run's address space per process: bytes or K, M, G (RLIMIT_AS)")
+    box.add_argument("--max-open-files", metavar="N", type=int, help="cap on open files per process (RLIMIT_NOFILE)")
+    box.add_argument("--max-processes", metavar="N", type=int,
+                     help="cap on processes (RLIMIT_NPROC: counts ALL processes of the user; root is exempt, "
+                     "so it is meant for --run-as)")
+    box.add_argument("--run-as", metavar="USER",
+                     help="run commands as USER (uid, primary and supplementary groups); only when this Hand "
+                     "runs as root. Nothing is chowned: --root must be usable by USER")
     run.add_argument("--log-format", choices=("auto", "console", "json"), default="auto")
     run.add_argument("--log-level", default="info", help="debug, info, warning, error (default info)")
 
@@ -153,6 +179,7 @@ def build_config(args: argparse.Namespace) -> Any:
     if not 0 <= args.kill_grace <= 600:
         raise ConfigError("--kill-grace must be between 0 and 600 seconds")
     task_limits = _task_limits(args)
+    sandbox = _sandbox(args)
     state = _state_dir(args.state_dir)
     _check_task_db(state)
     return AgentConfig(
@@ -165,7 +192,44 @@ def build_config(args: argparse.Namespace) -> Any:
         ping_interval=args.ping_interval,
         kill_grace=args.kill_grace,
         tasks=task_limits,
+        sandbox=sandbox,
     )
+
+
+def _sandbox(args: argparse.Namespace) -> Any:
+    from hand.sandbox import DEFAULT_ALLOW, ResourceLimits, Sandbox, lookup_user, parse_env_allow
+
+    try:
+        allow = DEFAULT_ALLOW.extended(parse_env_allow(args.env_allow))
+    except ValueError as exc:
+        raise ConfigError(f"--env-allow: {exc}") from None
+    caps: dict[str, int | None] = {}
+    for name, flag, value in (("cpu_seconds", "--max-cpu-seconds", args.max_cpu_seconds),
+                              ("open_files", "--max-open-files", args.max_open_files),
+                              ("processes", "--max-processes", args.max_processes)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{flag} must be more than 0")
+        caps[name] = value
+    if args.max_address_space is not None:
+        try:
+            caps["address_space"] = parse_size(args.max_address_space)
+        except ValueError as exc:
+            raise ConfigError(f"--max-address-space: {exc}") from None
+        if caps["address_space"] <= 0:
+            raise ConfigError("--max-address-space must be more than 0")
+    try:
+        limits = ResourceLimits(**caps)
+    except ValueError as exc:
+        raise ConfigError(f"a --max-* value is out of range: {str(exc).splitlines()[-1].strip()}") from None
+    run_as = None
+    if args.run_as is not None:
+        if os.geteuid() != 0:
+            raise ConfigError(f"--run-as needs the hand to run as root (it runs as uid {os.geteuid()})")
+        try:
+            run_as = lookup_user(args.run_as)
+        except ValueError as exc:
+            raise ConfigError(f"--run-as: {exc}") from None
+    return Sandbox(env_allow=allow, env_inherit=args.env_inherit, caps=limits, run_as=run_as)
 
 
 def _check_task_db(state: Path) -> None:

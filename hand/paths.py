@@ -64,3 +64,16 @@ def resolve(root: Path | str, user_path: str) -> Path:
     if not real.is_relative_to(root_real):
         raise PathRefused(f"{shown} leads outside the root through a symlink")
     return real
+
+
+def resolve_entry(root: Path | str, user_path: str) -> Path:
+    """Like `resolve`, but the LAST component stays as named (its directory is resolved): what a
+    write acts on. A symlink there stays a symlink, so `write_file` can see it and refuse it rather
+    than write through it (or replace it). Every check of `resolve` applies to the full path too,
+    so a link whose target leaves the root is still refused as such."""
+    real = resolve(root, user_path)
+    norm = os.path.normpath(user_path)
+    name = os.path.basename(norm)
+    if name in ("", ".", "/") or real == Path(os.path.realpath(root)):
+        return real  # the root itself
+    return resolve(root, os.path.dirname(norm) or ".") / name

@@ -15,6 +15,11 @@
   lifetime and logs. (Python 3.11's `Process.wait()` would wait for the pipes to close as well, i.e.
   hang on `sleep 100 &`; hence the protocol below, which sees the exit and the pipes separately.)
 
+- Sandboxing (`hand.sandbox`) is applied by `subprocess` in the child before `exec`: the user and
+  groups of `--run-as`, and `setrlimit` for the run's limits (a `preexec_fn` only when there are
+  limits; see `hand.sandbox` for why that is safe enough). The tree-wide CPU budget is not here:
+  the caller watches the tree (`hand.cputime`) and calls `kill()`.
+
 "Gone" means no member of the group is alive. Zombies count as gone: where PID 1 does not reap
 orphans (some containers), a killed grandchild stays a zombie forever, and it runs nothing.
 """
@@ -24,10 +29,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable, Literal
 
+from hand.sandbox import ResourceLimits, RunAs, preexec_for, rlimit_plan
 from protocol import limits
 from protocol.codes import KillStage
 
@@ -155,10 +162,14 @@ class ProcessRun:
         drain: float = DRAIN_S,
         straggler_grace: float = STRAGGLER_GRACE_S,
         on_spawn: OnSpawn | None = None,
+        limits: ResourceLimits | None = None,
+        run_as: RunAs | None = None,
     ) -> None:
         """`on_spawn(pid)` is awaited right after the child started, before anything else: a
         background task records `running` and the pid there. Output and exit are still observed
-        meanwhile, and a `kill()` requested during it is honoured as soon as it returns."""
+        meanwhile, and a `kill()` requested during it is honoured as soon as it returns.
+
+        `limits` become `setrlimit` calls in the child, `run_as` its user and groups."""
         if not argv:
             raise ValueError("argv must not be empty")
         self._argv = list(argv)
@@ -170,6 +181,12 @@ class ProcessRun:
         self._drain = drain
         self._straggler_grace = straggler_grace
         self._on_spawn = on_spawn
+        self._sandbox: dict[str, object] = {}
+        preexec = preexec_for(rlimit_plan(limits))
+        if preexec is not None:
+            self._sandbox["preexec_fn"] = preexec
+        if run_as is not None:
+            self._sandbox.update(run_as.popen_args())
         self._kill = asyncio.Event()
         self.stdout = Tail()
         self.stderr = Tail()
@@ -198,16 +215,20 @@ class ProcessRun:
         if self._kill.is_set():  # cancelled before it could start: start nothing
             return ProcessOutcome(None, None, True, None, self.stdout, self.stderr, 0.0)
         proto = _Protocol(loop, self._on_data)
-        transport, _ = await loop.subprocess_exec(
-            lambda: proto,
-            *self._argv,
-            stdin=asyncio.subprocess.PIPE if self._stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=self._cwd,
-            env=self._env,
-            start_new_session=True,
-        )
+        try:
+            transport, _ = await loop.subprocess_exec(
+                lambda: proto,
+                *self._argv,
+                stdin=asyncio.subprocess.PIPE if self._stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=self._cwd,
+                env=self._env,
+                start_new_session=True,
+                **self._sandbox,
+            )
+        except subprocess.SubprocessError as exc:  # the preexec function failed: it did not start
+            raise OSError(f"the sandbox could not be set up ({exc})") from None
         pgid = transport.get_pid()
         self.pid = pgid
         self._exited = proto.exited

@@ -17,6 +17,11 @@ Rules this module keeps, each from DESIGN §3-§6:
   cancel was requested; a killed command reports the state its cancel reason maps to.
 - File tools run to completion in a thread (a thread cannot be interrupted, and a write that
   happened must not be reported as cancelled); their result is the truth too.
+- CPU seconds are a budget (seed 000): while a command with `limits.cpu_seconds` runs, its tree's
+  CPU time is reserved on the run's budget as it is spent (`hand.cputime`); the reservation that
+  does not fit ends the run through `RunControl.exhaust` (the fact `budget_exhausted` first, then
+  the cancel broadcast that kills the tree: SIGTERM, grace, SIGKILL). A process the kernel killed
+  for its per-process CPU limit (SIGXCPU, or SIGKILL at the hard limit) is `budget_exhausted` too.
 - An exception in one run never kills the agent: it becomes `result(failed, error=sanitised)`.
 - Raw arguments never reach a log: only their SHA-256 digest.
 """
@@ -34,10 +39,12 @@ from typing import Any, Callable
 import msgpack
 import structlog
 
+from hand.cputime import CPU_SECONDS, cpu_exhausted, kernel_cpu_kill, stop_watching, watch_cpu
 from hand.policy import KNOWN_TOOLS, Policy
 from hand.process import DEFAULT_GRACE_S, ProcessOutcome, ProcessRun, Stream
+from hand.sandbox import Sandbox
 from hand.sanitize import Sanitizer
-from hand.tools import FileCall, Prepared, ProcessSpec, Refusal, ToolFailed, prepare
+from hand.tools import DEFAULT_SANDBOX, FileCall, Prepared, ProcessSpec, Refusal, ToolFailed, prepare
 from protocol import limits
 from protocol.codes import CancelReason, CancelStatus, RejectCode
 from protocol.digest import args_digest
@@ -120,8 +127,10 @@ class RunTable:
         recent: RecentRuns | None = None,
         kill_grace: float = DEFAULT_GRACE_S,
         log: Any = None,
+        sandbox: Sandbox = DEFAULT_SANDBOX,
     ) -> None:
         self._root = root
+        self._sandbox = sandbox
         self._policy = policy
         self._send = send
         self._spawn = spawn
@@ -150,7 +159,13 @@ class RunTable:
             self._reject(rpc, RejectCode.INTERNAL_ERROR, f"internal error: {exc}", log)
             return
         loop = asyncio.get_running_loop()
-        budget = Budget({PROGRESS_BYTES: limits.PROGRESS_BYTES_MAX, PROGRESS_EVENTS: limits.PROGRESS_EVENTS_MAX})
+        budget_limits: dict[str, int | float] = {
+            PROGRESS_BYTES: limits.PROGRESS_BYTES_MAX, PROGRESS_EVENTS: limits.PROGRESS_EVENTS_MAX
+        }
+        cpu = _cpu_limit(prepared)
+        if cpu is not None:
+            budget_limits[CPU_SECONDS] = cpu
+        budget = Budget(budget_limits)
         ctl = RunControl(budget, deadline=loop.time() + rpc.timeout_ms / 1000, finish_on_cancel=False)
         grace = self._kill_grace if rpc.grace_ms is None else min(rpc.grace_ms / 1000, self._kill_grace)
         run = _Run(rpc, ctl, prepared, grace, digest, log)
@@ -177,7 +192,7 @@ class RunTable:
             raise Refusal(RejectCode.UNKNOWN_TOOL, f"this hand has no tool {rpc.tool!r}")
         if not self._policy.allowed(rpc.tool):
             raise Refusal(RejectCode.DENIED_BY_POLICY, f"tool {rpc.tool!r} is denied by this hand's policy")
-        return prepare(rpc.tool, rpc.args, self._root)  # arguments and paths
+        return prepare(rpc.tool, rpc.args, self._root, self._sandbox)  # arguments, paths, limits
 
     def _reject(self, rpc: Rpc, code: RejectCode, message: str, log: Any) -> None:
         self._send(Rejected(run_id=rpc.run_id, code=code, message=self._sanitize(message)))
@@ -273,12 +288,32 @@ class RunTable:
             stdin=spec.stdin,
             on_output=partial(self._progress, run),
             grace=run.grace,
+            limits=spec.limits,
+            run_as=spec.run_as,
         )
         unregister = run.ctl.cancellation.on_cancel(lambda _reason: proc.kill())
+        watcher = None
+        if _cpu_limit(spec) is not None:
+            watcher = asyncio.get_running_loop().create_task(
+                watch_cpu(lambda: proc.pid, partial(self._charge_cpu, run))
+            )
         try:
             return await proc.run()
         finally:
             unregister()
+            if watcher is not None:  # owned here: stopped and awaited, its failure seen
+                failure = await stop_watching(watcher)
+                if failure is not None:  # metering broke; the run's own outcome stands
+                    run.log.error("run_cpu_watch_failed", error=type(failure).__name__)
+
+    def _charge_cpu(self, run: _Run, seconds: float) -> bool:
+        """Reserve CPU the tree has spent; False (stop watching) once the run cannot go on. A
+        reservation over the budget ends the run `budget_exhausted` inside `reserve`."""
+        try:
+            run.ctl.reserve(CPU_SECONDS, seconds, asyncio.get_running_loop().time())
+        except RunAborted:
+            return False
+        return True
 
     def _progress(self, run: _Run, stream: Stream, data: bytes) -> None:
         base = run.offsets[stream]
@@ -295,8 +330,15 @@ class RunTable:
 
     def _from_process(self, run: _Run, out: ProcessOutcome) -> Result:
         reason = run.ctl.cancellation.reason
-        if out.killed and reason is not None:
+        cpu = run.ctl.budget.limit(CPU_SECONDS)
+        if out.killed and reason is CancelReason.BUDGET_EXHAUSTED and cpu is not None:
+            state, why = RunState.BUDGET_EXHAUSTED, cpu_exhausted(int(cpu))
+        elif out.killed and reason is not None:
             state, why = REASON_TO_STATE[reason], reason.value
+        elif cpu is not None and kernel_cpu_kill(
+            out.killed, out.signal, int(cpu), run.ctl.budget.used(CPU_SECONDS)
+        ):
+            state, why = RunState.BUDGET_EXHAUSTED, f"{cpu_exhausted(int(cpu))} (the kernel's per-process CPU limit)"
         elif out.exit_code == 0:
             state, why = RunState.SUCCEEDED, ""
         else:
@@ -366,6 +408,12 @@ class RunTable:
             progress_dropped=run.dropped,
             args_digest=run.digest,
         )
+
+
+def _cpu_limit(prepared: Prepared) -> int | None:
+    if isinstance(prepared, ProcessSpec) and prepared.limits is not None:
+        return prepared.limits.cpu_seconds
+    return None
 
 
 def _ms(seconds: float) -> int:

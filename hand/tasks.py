@@ -24,6 +24,12 @@ Rules this module keeps:
 - The truth wins: a command that exited on its own before a kill landed reports its real exit;
   only a kill we performed makes a task `cancelled` (a cancel) or `timed_out` (`max_runtime_ms`,
   on the Hand's own timer).
+- Sandboxing and limits are the foreground runs' (`hand.sandbox`): the same scrubbed environment,
+  user and `setrlimit`s, and the same tree-wide CPU budget (`hand.cputime`). A task has no
+  `budget_exhausted` state (`TaskState` is the protocol's, and a task's outcome is one of
+  succeeded/failed/cancelled/timed_out/lost): a task whose tree spends its `cpu_seconds` is killed
+  as a tree and ends `failed` with reason "cpu budget of N s exhausted" (also when the kernel's
+  per-process CPU limit killed it).
 - The log keeps the HEAD, bounded by `log_max` bytes: offsets stay stable for paging, and the
   first bytes (the command line echo, the first error) are usually the ones worth keeping. Past
   the bound nothing more is written and `truncated` is set. Chunks are appended on the event loop:
@@ -57,13 +63,16 @@ from typing import Any, Callable
 import msgpack
 import structlog
 
+from hand.cputime import CPU_SECONDS, cpu_exhausted, kernel_cpu_kill, stop_watching, watch_cpu
 from hand.policy import Policy
 from hand.process import DEFAULT_GRACE_S, ProcessOutcome, ProcessRun, Stream, kill_group, start_time
+from hand.sandbox import Sandbox
 from hand.sanitize import Sanitizer
 from hand.taskstore import TaskRow, TaskStore, to_info
-from hand.tools import ProcessSpec, Refusal, prepare
+from hand.tools import DEFAULT_SANDBOX, ProcessSpec, Refusal, prepare
 from protocol import limits
 from protocol.codes import CancelReason, ErrorCode, KillStage, RejectCode, TaskCancelStatus
+from protocol.control import Budget
 from protocol.digest import args_digest, binding_digest
 from protocol.messages import (
     Accepted,
@@ -143,13 +152,16 @@ class Ending:
 
 
 def ending(out: ProcessOutcome | None, cancel: CancelReason | None, max_runtime_ms: int,
-           error: str | None = None) -> Ending:
-    """How a task ended. The truth wins: only a kill we performed makes it `cancelled` or
-    `timed_out`; a command that exited on its own reports its real exit even if a cancel raced."""
+           error: str | None = None, cpu_seconds: int | None = None, cpu_used: float = 0.0) -> Ending:
+    """How a task ended. The truth wins: only a kill we performed makes it `cancelled`,
+    `timed_out` or (its CPU budget spent) `failed`; a command that exited on its own reports its
+    real exit even if a cancel raced."""
     if out is None:
         return Ending(TaskState.FAILED, "tool failed", error=error)
     if out.killed:
         stage = out.stage
+        if cancel is CancelReason.BUDGET_EXHAUSTED and cpu_seconds is not None:
+            return Ending(TaskState.FAILED, cpu_exhausted(cpu_seconds), out.exit_code, out.signal, stage, error)
         if cancel is CancelReason.DEADLINE_EXCEEDED:
             return Ending(TaskState.TIMED_OUT, f"max runtime of {max_runtime_ms} ms exceeded",
                           out.exit_code, out.signal, stage, error)
@@ -157,6 +169,10 @@ def ending(out: ProcessOutcome | None, cancel: CancelReason | None, max_runtime_
                       out.exit_code, out.signal, stage, error)
     if out.exit_code == 0:
         return Ending(TaskState.SUCCEEDED, "", 0, None, None, error)
+    if kernel_cpu_kill(out.killed, out.signal, cpu_seconds, cpu_used):
+        assert cpu_seconds is not None
+        return Ending(TaskState.FAILED, f"{cpu_exhausted(cpu_seconds)} (the kernel's per-process CPU limit)",
+                      out.exit_code, out.signal, None, error)
     reason = f"exit status {out.exit_code}" if out.exit_code is not None else f"killed by signal {out.signal}"
     return Ending(TaskState.FAILED, reason, out.exit_code, out.signal, None, error)
 
@@ -273,6 +289,7 @@ class _Live:
     proc: ProcessRun | None = None
     sink: LogSink | None = None
     runner: asyncio.Task[None] | None = None
+    cpu: Budget | None = None
 
 
 class TaskManager:
@@ -297,8 +314,10 @@ class TaskManager:
         sanitize: Sanitizer | None = None,
         log: Any = None,
         clock: Callable[[], float] = time.time,
+        sandbox: Sandbox = DEFAULT_SANDBOX,
     ) -> None:
         self._state_dir = Path(state_dir)
+        self._sandbox = sandbox
         self._root = root
         self._spawn = spawn
         self._policy = policy or Policy()
@@ -393,7 +412,7 @@ class TaskManager:
             raise Refusal(RejectCode.INVALID_REQUEST, f"arguments of {size} bytes exceed {limits.ARGS_MAX_BYTES}")
         if not self._policy.allowed(rpc.tool):
             raise Refusal(RejectCode.DENIED_BY_POLICY, f"tool {rpc.tool!r} is denied by this hand's policy")
-        spec = prepare(rpc.tool, rpc.args, self._root)
+        spec = prepare(rpc.tool, rpc.args, self._root, self._sandbox)
         assert isinstance(spec, ProcessSpec)
         return spec
 
@@ -505,10 +524,19 @@ class TaskManager:
             on_output=partial(self._output, live),
             grace=self._grace,
             on_spawn=partial(self._on_spawn, live),
+            limits=spec.limits,
+            run_as=spec.run_as,
         )
         live.proc = proc
         if live.cancel is not None:
             proc.kill()
+        cpu_seconds = spec.limits.cpu_seconds if spec.limits is not None else None
+        watcher = None
+        if cpu_seconds is not None:
+            live.cpu = Budget({CPU_SECONDS: cpu_seconds})
+            watcher = asyncio.get_running_loop().create_task(
+                watch_cpu(lambda: proc.pid, partial(self._charge_cpu, live))
+            )
         try:
             out = await proc.run()
         except OSError as exc:  # the command could not start
@@ -516,7 +544,24 @@ class TaskManager:
         except Exception as exc:  # noqa: BLE001
             live.log.exception("task_crashed")
             return ending(None, None, max_ms, self._sanitize(f"internal error: {type(exc).__name__}: {exc}"))
-        return ending(out, live.cancel, max_ms, live.sink.error)
+        finally:
+            if watcher is not None:  # owned here: stopped and awaited, its failure seen
+                failure = await stop_watching(watcher)
+                if failure is not None:  # metering broke; the task's own outcome stands
+                    live.log.error("task_cpu_watch_failed", error=type(failure).__name__)
+        used = live.cpu.used(CPU_SECONDS) if live.cpu is not None else 0.0
+        return ending(out, live.cancel, max_ms, live.sink.error, cpu_seconds, used)
+
+    def _charge_cpu(self, live: _Live, seconds: float) -> bool:
+        """Spend CPU the tree used; past the budget, kill the tree (it ends `failed`)."""
+        assert live.cpu is not None
+        if live.cancel is not None:
+            return False
+        if not live.cpu.try_reserve(CPU_SECONDS, seconds):
+            live.log.info("task_cpu_budget_exhausted", cpu_seconds=live.cpu.limit(CPU_SECONDS))
+            self._kill(live, CancelReason.BUDGET_EXHAUSTED)
+            return False
+        return True
 
     @staticmethod
     def _output(live: _Live, _stream: Stream, data: bytes) -> None:

@@ -5,6 +5,11 @@ arguments, every path against the root) and returns what to execute: a `ProcessS
 command tools, a `FileCall` (run in a thread) for the file tools. Refusals raise `Refusal` with
 the reject code, so the run table answers `rejected` BEFORE `accepted` and nothing half-starts.
 
+Command tools run sandboxed (`hand.sandbox`): a scrubbed environment (`child_env`), the run's
+resource `limits` within the Hand's caps (a request over a cap is refused here, before anything
+runs), and the `--run-as` user. File tools refuse special files (devices, FIFOs, sockets): a read
+must never block on a FIFO or stream a device forever, and a write never goes through a symlink.
+
 A tool that ran and failed raises `ToolFailed` (or an `OSError`) whose message names the caller's
 own path, never the Hand's absolute one; the run table sanitises it once more on the way out.
 """
@@ -22,8 +27,9 @@ from typing import Annotated, Any, Callable, Literal
 import pydantic
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from hand.paths import PathRefused, resolve, show
+from hand.paths import PathRefused, resolve, resolve_entry, show
 from hand.policy import KNOWN_TOOLS
+from hand.sandbox import OverCap, ResourceLimits, RunAs, Sandbox
 from protocol import limits
 from protocol.codes import RejectCode
 
@@ -70,6 +76,7 @@ class _ProcessArgs(_Args):
     cwd: str | None = None
     env: dict[EnvKey, NoNul] | None = None
     stdin: bytes | None = None
+    limits: ResourceLimits | None = None
 
 
 class ExecArgs(_ProcessArgs):
@@ -113,6 +120,9 @@ class ProcessSpec:
     cwd: Path
     env: dict[str, str]
     stdin: bytes | None
+    limits: ResourceLimits | None = None
+    """The effective limits (the request within the Hand's caps); None: unlimited."""
+    run_as: RunAs | None = None
 
 
 @dataclass(frozen=True)
@@ -124,15 +134,14 @@ class FileCall:
 Prepared = ProcessSpec | FileCall
 
 
-def child_env(extra: dict[str, str] | None) -> dict[str, str]:
-    """The environment a command gets: the Hand's own plus the run's `env`.
+DEFAULT_SANDBOX = Sandbox()
 
-    The one place where environment scrubbing (DESIGN §9) will go: today nothing is removed.
-    """
-    env = dict(os.environ)
-    if extra:
-        env.update(extra)
-    return env
+
+def child_env(extra: dict[str, str] | None, sandbox: Sandbox = DEFAULT_SANDBOX) -> dict[str, str]:
+    """The environment a command gets (DESIGN §9): the allowed part of the Hand's own environment
+    (never `MINDHAND_*`, never a value holding a secret), the `--run-as` identity, then the run's
+    `env` on top. See `hand.sandbox`."""
+    return sandbox.child_env(extra)
 
 
 def _describe(exc: pydantic.ValidationError) -> str:
@@ -167,36 +176,51 @@ def _cwd(root: Path, user_cwd: str | None) -> Path:
     return cwd
 
 
-def _prepare_exec(args: dict[str, Any], root: Path) -> Prepared:
+def _process(argv: tuple[str, ...], a: _ProcessArgs, root: Path, sandbox: Sandbox) -> ProcessSpec:
+    try:
+        granted = sandbox.limits_for(a.limits)
+    except OverCap as exc:
+        raise Refusal(RejectCode.INVALID_REQUEST, str(exc)) from None
+    return ProcessSpec(argv, _cwd(root, a.cwd), child_env(a.env, sandbox), a.stdin, granted, sandbox.run_as)
+
+
+def _prepare_exec(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Prepared:
     a: ExecArgs = _validate(ExecArgs, "exec", args)
-    return ProcessSpec(tuple(a.argv), _cwd(root, a.cwd), child_env(a.env), a.stdin)
+    return _process(tuple(a.argv), a, root, sandbox)
 
 
-def _prepare_shell(args: dict[str, Any], root: Path) -> Prepared:
+def _prepare_shell(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Prepared:
     a: ShellArgs = _validate(ShellArgs, "shell", args)
-    return ProcessSpec(("/bin/sh", "-c", a.command), _cwd(root, a.cwd), child_env(a.env), a.stdin)
+    return _process(("/bin/sh", "-c", a.command), a, root, sandbox)
 
 
-def _prepare_read_file(args: dict[str, Any], root: Path) -> Prepared:
+def _entry(root: Path, user_path: str) -> Path:
+    try:
+        return resolve_entry(root, user_path)
+    except PathRefused as exc:
+        raise Refusal(RejectCode.PATH_OUTSIDE_ROOT, exc.message) from None
+
+
+def _prepare_read_file(args: dict[str, Any], root: Path, _sandbox: Sandbox) -> Prepared:
     a: ReadFileArgs = _validate(ReadFileArgs, "read_file", args)
     path = _path(root, a.path)
     return FileCall(lambda: read_file(path, a.offset, a.limit, show(a.path)))
 
 
-def _prepare_write_file(args: dict[str, Any], root: Path) -> Prepared:
+def _prepare_write_file(args: dict[str, Any], root: Path, _sandbox: Sandbox) -> Prepared:
     a: WriteFileArgs = _validate(WriteFileArgs, "write_file", args)
-    path = _path(root, a.path)
+    path = _entry(root, a.path)  # the last component as named: a symlink there is refused
     data = a.data.encode("utf-8") if isinstance(a.data, str) else a.data
     return FileCall(lambda: write_file(path, data, a.mode, a.make_dirs, show(a.path)))
 
 
-def _prepare_list_dir(args: dict[str, Any], root: Path) -> Prepared:
+def _prepare_list_dir(args: dict[str, Any], root: Path, _sandbox: Sandbox) -> Prepared:
     a: ListDirArgs = _validate(ListDirArgs, "list_dir", args)
     path = _path(root, a.path)
     return FileCall(lambda: list_dir(path, show(a.path)))
 
 
-_PREPARE: dict[str, Callable[[dict[str, Any], Path], Prepared]] = {
+_PREPARE: dict[str, Callable[[dict[str, Any], Path, Sandbox], Prepared]] = {
     "exec": _prepare_exec,
     "shell": _prepare_shell,
     "read_file": _prepare_read_file,
@@ -206,11 +230,11 @@ _PREPARE: dict[str, Callable[[dict[str, Any], Path], Prepared]] = {
 assert frozenset(_PREPARE) == KNOWN_TOOLS, "policy.KNOWN_TOOLS and the tool table disagree"
 
 
-def prepare(tool: str, args: dict[str, Any], root: Path) -> Prepared:
+def prepare(tool: str, args: dict[str, Any], root: Path, sandbox: Sandbox = DEFAULT_SANDBOX) -> Prepared:
     builder = _PREPARE.get(tool)
     if builder is None:
         raise Refusal(RejectCode.UNKNOWN_TOOL, f"this hand has no tool {tool!r}")
-    return builder(args, root)
+    return builder(args, root, sandbox)
 
 
 # --- file tools (blocking; run in a thread) -------------------------------------------------------

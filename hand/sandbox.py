@@ -1,0 +1,284 @@
+"""What a child process may see and use (DESIGN §9): its environment, its resource limits, its user.
+
+The Hand's policy is final, and these are the parts of it that travel into the child itself:
+
+Environment - scrubbed by default. A child sees only an allowlist of the Hand's own environment
+(`DEFAULT_ENV_ALLOW`, extended by `hand run --env-allow NAME[,NAME...]`, where a trailing `*` is a
+prefix glob such as `CI_*`), then the run's own `env` on top. Whatever the Hand was started with
+(cloud keys, tokens, `SSH_AUTH_SOCK`...) stays out of commands a remote Mind asks for, unless the
+operator names it. `--env-inherit` turns scrubbing off; it is unsafe and documented as such. Two
+things are removed even then, and even with `--env-allow '*'`: every `MINDHAND_*` variable of the
+Hand (its own configuration: the credential path, the Mind URL, the Mind's home) and any variable
+whose value contains one of the Hand's secrets (the credential). The run's own `env` is the
+caller's data, not the Hand's, so it always applies as given.
+
+Resource limits - per run (`limits` in the `exec`/`shell` arguments), capped by the Hand
+(`--max-cpu-seconds`, `--max-address-space`, `--max-open-files`, `--max-processes`). A request over
+a cap is refused before anything runs; a limit the request leaves out while the Hand has a cap gets
+the cap (a cap that could be dodged by omission would not be one). They are applied with
+`setrlimit` in the child between `fork` and `exec` (a `preexec_fn`): see `rlimit_plan` for what
+each one means and where it falls short. The CPU limit is also a budget for the whole process tree
+(`hand.cputime`), which is what normally ends a run `budget_exhausted`.
+
+Why `preexec_fn` at all: it is documented as unsafe with threads (the forked child may find a lock
+held by a thread that does not exist there), and the Hand has threads (`asyncio.to_thread`).
+Everything else the child needs is done by `subprocess` itself in C (`start_new_session`, `user`,
+`group`, `extra_groups`), so the preexec function is used only when a run has limits, and it only
+calls `resource.setrlimit` with values computed in the parent beforehand: no imports, no
+allocation-heavy work, no locks of ours, which is as safe as a Python preexec function gets.
+Without limits no preexec function is passed, and `subprocess` keeps its fast `vfork` path.
+
+User - `hand run --run-as USER` (only when the Hand runs as root): children run with that user's
+uid, primary gid and supplementary groups (set by `subprocess` in the child, after the session and
+before `exec`), and see HOME, USER and LOGNAME for that user. What the Hand writes itself (its
+database, task logs, files written by `write_file`) stays the Hand's: the file tools run inside the
+Hand, with its privileges, confined by the root directory (`hand.paths`), not by the user. Nothing
+is chowned: the root directory must already be usable by that user (search permission for `cwd`,
+write permission where commands write).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import resource
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_ENV_ALLOW: tuple[str, ...] = (
+    "PATH", "HOME", "LANG", "LANGUAGE", "LC_*", "TERM", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR",
+)
+HAND_PREFIX = "MINDHAND_"
+"""The Hand's own configuration variables: never passed to a child."""
+
+
+# --- environment --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EnvAllow:
+    """Names a child may inherit from the Hand: exact names, and prefixes (from `NAME*`)."""
+
+    names: frozenset[str] = frozenset()
+    prefixes: tuple[str, ...] = ()
+
+    def allows(self, name: str) -> bool:
+        return name in self.names or any(name.startswith(p) for p in self.prefixes)
+
+    def extended(self, other: "EnvAllow") -> "EnvAllow":
+        return EnvAllow(self.names | other.names, tuple(dict.fromkeys(self.prefixes + other.prefixes)))
+
+
+def parse_env_allow(items: Iterable[str]) -> EnvAllow:
+    """`["CI_*,GITHUB_TOKEN", "FOO"]` -> names {GITHUB_TOKEN, FOO}, prefixes (CI_,). A `*` is only
+    allowed at the end (a prefix glob); a lone `*` allows every name. Raises ValueError."""
+    names: set[str] = set()
+    prefixes: list[str] = []
+    for item in items:
+        for part in item.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            stem = part[:-1] if part.endswith("*") else part
+            if "*" in stem or "=" in stem or "\x00" in stem or any(c.isspace() for c in stem):
+                raise ValueError(f"{part!r} is not an environment name (a '*' may only end a prefix, as in CI_*)")
+            if part.endswith("*"):
+                prefixes.append(stem)
+            else:
+                names.add(stem)
+    return EnvAllow(frozenset(names), tuple(dict.fromkeys(prefixes)))
+
+
+DEFAULT_ALLOW = parse_env_allow(DEFAULT_ENV_ALLOW)
+
+
+# --- resource limits -----------------------------------------------------------------------------
+
+
+class ResourceLimits(BaseModel):
+    """The `limits` argument of `exec` and `shell`; every field optional, every value > 0.
+
+    - `cpu_seconds`: CPU time (user + system) of the whole process tree, a budget: when it is spent
+      the tree is killed and the run ends `budget_exhausted` (a background task: `failed`).
+    - `address_space`: bytes of virtual memory per process (RLIMIT_AS).
+    - `open_files`: file descriptors per process (RLIMIT_NOFILE).
+    - `processes`: processes of the child's user (RLIMIT_NPROC; see `rlimit_plan`).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    cpu_seconds: int | None = Field(None, gt=0, le=366 * 86400)
+    address_space: int | None = Field(None, gt=0, le=1 << 62)
+    open_files: int | None = Field(None, gt=0, le=1 << 30)
+    processes: int | None = Field(None, gt=0, le=1 << 30)
+
+    @property
+    def empty(self) -> bool:
+        return all(getattr(self, name) is None for name in LIMIT_FLAGS)
+
+
+LIMIT_FLAGS: dict[str, str] = {
+    "cpu_seconds": "--max-cpu-seconds",
+    "address_space": "--max-address-space",
+    "open_files": "--max-open-files",
+    "processes": "--max-processes",
+}
+_UNITS = {"cpu_seconds": " s", "address_space": " bytes", "open_files": "", "processes": ""}
+
+
+class OverCap(ValueError):
+    """A requested limit is above the Hand's cap. The message is safe to send."""
+
+
+def effective_limits(requested: ResourceLimits | None, caps: ResourceLimits) -> ResourceLimits | None:
+    """The limits a run gets: what it asked for, refused above a cap, and the cap where it asked
+    for nothing. None when there is nothing to limit."""
+    requested = requested or ResourceLimits()
+    values: dict[str, int | None] = {}
+    for name, flag in LIMIT_FLAGS.items():
+        want, cap = getattr(requested, name), getattr(caps, name)
+        if want is not None and cap is not None and want > cap:
+            raise OverCap(f"limits.{name} of {want}{_UNITS[name]} is over this hand's cap of "
+                          f"{cap}{_UNITS[name]} ({flag})")
+        values[name] = want if want is not None else cap
+    limits = ResourceLimits(**values)
+    return None if limits.empty else limits
+
+
+CPU_BACKSTOP_S = 1
+"""RLIMIT_CPU is set this much above the tree budget: the tree-wide poll normally ends the run
+first (SIGTERM to the group, a grace, SIGKILL; `stage` set), and the kernel's per-process limit only
+catches a process the Hand was too starved to poll in time."""
+
+RlimitPlan = tuple[tuple[int, tuple[int, int]], ...]
+
+
+def _tighter(value: int, current: int) -> int:
+    return value if current == resource.RLIM_INFINITY else min(value, current)
+
+
+def rlimit_plan(limits: ResourceLimits | None) -> RlimitPlan:
+    """The `setrlimit` calls for the child, computed in the parent (the child only applies them).
+
+    Limits only ever tighten: soft and hard are the smaller of the request and the Hand's own, so
+    a child never gets more than the Hand has (raising a hard limit needs privilege anyway).
+    - RLIMIT_CPU: per process, soft at budget + CPU_BACKSTOP_S (SIGXCPU), hard one second later
+      (SIGKILL). A backstop only: the tree budget is enforced by polling (`hand.cputime`).
+    - RLIMIT_AS: per process; an allocation past it fails (MemoryError in Python, ENOMEM in C), it
+      does not kill. An `exec` whose image does not fit fails to start.
+    - RLIMIT_NOFILE: per process; opening past it fails with EMFILE.
+    - RLIMIT_NPROC: counts ALL processes of the child's real user, not just this tree. So it is
+      meaningful with `--run-as` (a dedicated user); without it, it counts the Hand's user's
+      processes too, and a user with CAP_SYS_RESOURCE/CAP_SYS_ADMIN (root) is not limited at all.
+    """
+    if limits is None:
+        return ()
+    wanted: list[tuple[int, int, int]] = []
+    if limits.cpu_seconds is not None:
+        soft = limits.cpu_seconds + CPU_BACKSTOP_S
+        wanted.append((resource.RLIMIT_CPU, soft, soft + 1))
+    if limits.address_space is not None:
+        wanted.append((resource.RLIMIT_AS, limits.address_space, limits.address_space))
+    if limits.open_files is not None:
+        wanted.append((resource.RLIMIT_NOFILE, limits.open_files, limits.open_files))
+    if limits.processes is not None:
+        wanted.append((resource.RLIMIT_NPROC, limits.processes, limits.processes))
+    plan = []
+    for which, soft, hard in wanted:
+        cur_soft, cur_hard = resource.getrlimit(which)
+        hard = _tighter(hard, cur_hard)
+        soft = min(_tighter(soft, cur_soft), hard)
+        plan.append((which, (soft, hard)))
+    return tuple(plan)
+
+
+def _apply_rlimits(plan: RlimitPlan, setrlimit: Callable[[int, tuple[int, int]], None]) -> None:
+    """Runs in the forked child, before `exec`: nothing but the prepared `setrlimit` calls."""
+    for which, pair in plan:
+        setrlimit(which, pair)
+
+
+def preexec_for(plan: RlimitPlan) -> Callable[[], None] | None:
+    """The `preexec_fn` applying `plan`, or None when there is nothing to apply (no preexec
+    function at all: see the module docstring)."""
+    if not plan:
+        return None
+    return partial(_apply_rlimits, plan, resource.setrlimit)
+
+
+# --- user ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunAs:
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+    def popen_args(self) -> dict[str, object]:
+        """What `subprocess` needs to switch the child to this user. `extra_groups` is always
+        passed (possibly empty): otherwise the child would keep root's supplementary groups."""
+        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
+
+
+def lookup_user(name: str) -> RunAs:
+    """The user named `name` (or a numeric uid), with its primary and supplementary groups.
+    Raises ValueError for an unknown user."""
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        if not name.isdigit():
+            raise ValueError(f"unknown user {name!r}") from None
+        try:
+            pw = pwd.getpwuid(int(name))
+        except KeyError:
+            raise ValueError(f"unknown user id {name}") from None
+    try:
+        groups = tuple(sorted(set(os.getgrouplist(pw.pw_name, pw.pw_gid))))
+    except OSError:
+        groups = (pw.pw_gid,)
+    return RunAs(name=pw.pw_name, uid=pw.pw_uid, gid=pw.pw_gid, groups=groups, home=pw.pw_dir or "/")
+
+
+# --- the whole policy ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """The Hand's sandbox policy for every child it starts (foreground runs and background tasks)."""
+
+    env_allow: EnvAllow = DEFAULT_ALLOW
+    """The full allowlist (the defaults included)."""
+    env_inherit: bool = False
+    """UNSAFE: pass the Hand's whole environment (still without MINDHAND_* and secrets)."""
+    caps: ResourceLimits = field(default_factory=ResourceLimits)
+    run_as: RunAs | None = None
+    secrets: tuple[str, ...] = ()
+    """Values that must never reach a child (the credential's secret, in hex)."""
+
+    def child_env(self, extra: Mapping[str, str] | None, parent: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment of a child: the allowed part of `parent` (the Hand's own environment,
+        read now), the run-as identity, then the run's `extra` on top."""
+        parent = os.environ if parent is None else parent
+        env = {
+            k: v
+            for k, v in parent.items()
+            if not k.startswith(HAND_PREFIX)
+            and (self.env_inherit or self.env_allow.allows(k))
+            and not any(s and s in v for s in self.secrets)
+        }
+        if self.run_as is not None:
+            env.update(HOME=self.run_as.home, USER=self.run_as.name, LOGNAME=self.run_as.name)
+        if extra:
+            env.update(extra)
+        return env
+
+    def limits_for(self, requested: ResourceLimits | None) -> ResourceLimits | None:
+        """Raises `OverCap`."""
+        return effective_limits(requested, self.caps)
