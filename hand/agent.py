@@ -54,6 +54,7 @@ from protocol.auth import ClientHandshake, Credential
 from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
 from protocol.envelope import Channel, Envelope
 from protocol.errors import ProtocolError
+from protocol.tls import TLSConfigError, check_pin, client_context
 from protocol.messages import (
     Cancel,
     Challenge,
@@ -93,6 +94,9 @@ class AgentConfig:
     kill_grace: float = DEFAULT_GRACE_S
     sandbox: Sandbox = field(default_factory=Sandbox)
     """What every child sees and may use: environment, resource caps, user (`hand.sandbox`)."""
+    ca: Path | None = None
+    pin: str | None = None
+    """How a wss:// Mind is verified (`protocol.tls`): checked before the credential is ever used."""
 
 
 class MindRefused(Exception):
@@ -179,6 +183,7 @@ class Agent:
         )
         self._claims = claims()
         self._uri = parse_uri(config.url)
+        self._ssl = client_context(config.url, config.ca, config.pin)
         self.gen: int | None = None
         """The generation of the live connection (None between connections), for tests and logs."""
         self.tasks: TaskManager | None = None
@@ -270,11 +275,18 @@ class Agent:
                 ping_timeout=p,
                 open_timeout=OPEN_TIMEOUT_S,
                 close_timeout=CLOSE_TIMEOUT_S,
+                ssl=self._ssl,
             )
         )
         self._log.info("connected", host=self._uri.host, port=self._uri.port, tls=self._uri.secure)
         channel = Channel()
         try:
+            try:
+                check_pin(ws.transport.get_extra_info("ssl_object"), self.cfg.pin)
+            except TLSConfigError as exc:
+                # Not our configuration's fault necessarily (a wrong Mind, or an attacker on the path):
+                # refuse this connection, say why, and keep trying like any other refusal.
+                raise ProtocolError(ErrorCode.AUTH_FAILED, f"TLS: {exc}") from None
             try:
                 try:
                     welcome = await self._unless_stopped(self._handshake(ws, channel))

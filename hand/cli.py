@@ -108,6 +108,10 @@ def _parser() -> argparse.ArgumentParser:
     box.add_argument("--run-as", metavar="USER",
                      help="run commands as USER (uid, primary and supplementary groups); only when this Hand "
                      "runs as root. Nothing is chowned: --root must be usable by USER")
+    run.add_argument("--ca", metavar="FILE", default=os.environ.get("MINDHAND_CA"),
+                     help="CA file to verify a wss:// Mind (default $MINDHAND_CA, else the system trust store)")
+    run.add_argument("--pin", metavar="sha256:HEX", default=os.environ.get("MINDHAND_PIN"),
+                     help="require the Mind's certificate to have this fingerprint (default $MINDHAND_PIN)")
     run.add_argument("--log-format", choices=("auto", "console", "json"), default="auto")
     run.add_argument("--log-level", default="info", help="debug, info, warning, error (default info)")
 
@@ -182,6 +186,12 @@ def build_config(args: argparse.Namespace) -> Any:
     sandbox = _sandbox(args)
     state = _state_dir(args.state_dir)
     _check_task_db(state)
+    from protocol.tls import TLSConfigError, client_context
+
+    try:
+        client_context(args.mind, args.ca, args.pin)
+    except TLSConfigError as exc:
+        raise ConfigError(str(exc)) from None
     return AgentConfig(
         url=args.mind,
         credential=cred,
@@ -193,6 +203,8 @@ def build_config(args: argparse.Namespace) -> Any:
         kill_grace=args.kill_grace,
         tasks=task_limits,
         sandbox=sandbox,
+        ca=Path(args.ca).expanduser() if args.ca else None,
+        pin=args.pin,
     )
 
 
@@ -328,9 +340,12 @@ def main(argv: list[str] | None = None) -> int:
         from protocol import logs
 
         try:
-            logs.configure(args.log_format, args.log_level)
+            audit = logs.AuditLog(config.state_dir / "audit.jsonl") if config.state_dir else None
+            logs.configure(args.log_format, args.log_level, audit=audit)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        except OSError as exc:
+            raise ConfigError(f"cannot open the audit log in {config.state_dir}: {exc.strerror}") from None
     except ConfigError as exc:
         print(f"hand: {exc}", file=sys.stderr)
         return 2

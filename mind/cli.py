@@ -43,6 +43,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--home", help="state directory (default $MINDHAND_HOME or ~/.local/state/mindhand)")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
+    def limit_opts(sp: argparse.ArgumentParser) -> None:
+        g = sp.add_argument_group("resource limits (applied by the Hand to the process tree; it may cap them)")
+        g.add_argument("--cpu-seconds", type=int, help="CPU budget for the whole tree; exhausted -> budget_exhausted (123)")
+        g.add_argument("--memory", metavar="SIZE", help="address space per process (e.g. 512M)")
+        g.add_argument("--max-files", type=int, help="open files per process")
+        g.add_argument("--max-procs", type=int, help="processes of the user (mostly useful with the Hand's --run-as)")
+
     def conn_opts(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--mind", help="Mind URL (default $MINDHAND_URL, then the local Mind's mind.url)")
         sp.add_argument("--credential", help="client credential file (default $MINDHAND_CREDENTIAL, then admin.cred)")
@@ -90,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL (Hand default 5)")
     e.add_argument("--cwd", help="working directory on the Hand, inside its root")
     e.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment variable (repeatable)")
+    limit_opts(e)
     out = e.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print one JSON object at the end instead of the output")
     out.add_argument("--events", action="store_true", help="print every event as one JSON line (NDJSON)")
@@ -115,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--cwd", help="working directory on the Hand, inside its root")
     st.add_argument("--env", action="append", default=[], metavar="K=V")
     st.add_argument("--json", action="store_true")
+    limit_opts(st)
     st.add_argument("argv", nargs="*", help="the command (after --)")
     tg = ts.add_parser("get", help="a task's state, times, exit code, log size, and how fresh that is")
     conn_opts(tg)
@@ -645,7 +654,31 @@ def tool_args_from(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
                 die(f"--env wants K=V, got {kv!r}", EXIT_USAGE)
             env[k] = v
         tool_args["env"] = env
+    lim: dict[str, int] = {}
+    for flag, key in (("cpu_seconds", "cpu_seconds"), ("max_files", "open_files"), ("max_procs", "processes")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            if value <= 0:
+                die(f"--{flag.replace('_', '-')} must be positive", EXIT_USAGE)
+            lim[key] = value
+    if getattr(args, "memory", None):
+        lim["address_space"] = _size(args.memory)
+    if lim:
+        tool_args["limits"] = lim
     return ("shell" if args.shell is not None else "exec"), tool_args
+
+
+def _size(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    mult = units.get(t[-1:], 1)
+    try:
+        value = int(float(t[:-1] if t[-1:] in units else t) * mult)
+    except ValueError:
+        die(f"{text!r} is not a size (use e.g. 512M)", EXIT_USAGE)
+    if value <= 0:
+        die(f"size {text!r} must be positive", EXIT_USAGE)
+    return value
 
 
 def _ts(t: float | None) -> str:

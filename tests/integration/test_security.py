@@ -48,6 +48,15 @@ def test_tls_with_ca_pin_and_the_local_cli(tmp_path, certs):
         assert r.returncode == 125 and b"certificate verification" in r.stderr
         r = cl.cli("hands", "--mind", cl.url.replace("wss://", "ws://"))
         assert r.returncode == 125  # plain WebSocket to a TLS port: no connection
+        # Hands verify the Mind too: by CA, and by pin
+        cl.start_hand("viaca", "--ca", str(d / "ca.crt"))
+        cl.start_hand("viapin", "--pin", pin)
+        cl.start_hand("wrongpin", "--pin", wrong_pin)
+        cl.wait_connected("viaca")
+        cl.wait_connected("viapin")
+        assert cl.cli("exec", "--hand", "viapin", "--", "echo", "over tls").stdout == b"over tls\n"
+        wait_until(lambda: "does not match the pinned" in cl.hands["wrongpin"].output(), 15, "the pin refusal")
+        assert cl.hands["wrongpin"].alive() and not cl.hand_info("wrongpin")["connected"]
 
 
 def test_serving_a_non_loopback_address_without_tls_warns(tmp_path):
@@ -216,3 +225,18 @@ def test_audit_log_records_decisions_and_ends_without_raw_arguments(tmp_path):
         for r in term:
             assert r["hand"] == "box" and r["gen"] >= 1 and len(r["args_digest"]) == 64 and r["client"] == "admin"
         assert any(r["state"] == "rejected" and r["reject_code"] == "path_outside_root" for r in term)
+
+
+def test_cpu_budget_from_the_cli_and_the_hands_own_audit_log(tmp_path):
+    with running(tmp_path) as cl:
+        r = cl.cli("exec", "--hand", "box", "--cpu-seconds", "1", "--", "sh", "-c", "while :; do :; done", timeout=60)
+        assert r.returncode == 123 and b"budget_exhausted" in r.stderr
+        r = cl.cli("exec", "--hand", "box", "--memory", "64M", "--", "python3", "-c", "bytearray(512 << 20)")
+        assert r.returncode != 0 and b"MemoryError" in r.stderr
+        audit = tmp_path / "state-box" / "audit.jsonl"
+        assert stat.S_IMODE(audit.stat().st_mode) == 0o600
+        records = [json.loads(ln) for ln in audit.read_text().splitlines()]
+        ends = [r for r in records if r["event"] == "run_terminal"]
+        assert any(e["state"] == "budget_exhausted" for e in ends)
+        assert all(len(e["args_digest"]) == 64 and e["hand"] == "box" and e["gen"] >= 1 for e in ends)
+        assert "while :" not in audit.read_text()
