@@ -3,7 +3,7 @@
 Run by hand:
     python tests/support/faultproxy.py --listen 127.0.0.1:7471 --target 127.0.0.1:7470 --control 127.0.0.1:7472
     hand run --mind ws://127.0.0.1:7471 ...
-    printf 'cut fin\n' | nc 127.0.0.1 7472        # or: blackhole, resume, refuse, accept, status, cut rst
+    python tests/support/faultproxy.py --control 127.0.0.1:7472 --send 'cut fin'   # or blackhole, resume, ...
 
 From pytest: `FaultProxy.start(target_port)` runs it as a subprocess and `.send("cut fin")`.
 
@@ -266,10 +266,21 @@ async def main_async(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description="fault-injecting TCP proxy (see module docstring)")
     ap.add_argument("--listen", default="127.0.0.1:0")
-    ap.add_argument("--target", required=True)
+    ap.add_argument("--target")
     ap.add_argument("--control", default="127.0.0.1:0")
+    ap.add_argument("--send", metavar="COMMAND", help="send one command to a running proxy's --control port and exit")
+    args = ap.parse_args()
+    if args.send is not None:
+        host, port = _addr(args.control)
+        with socket.create_connection((host, port), timeout=10) as s:
+            s.sendall(args.send.encode() + b"\n")
+            reply = s.makefile("rb").readline().decode().strip()
+        print(reply)
+        raise SystemExit(0 if reply.startswith("ok") else 1)
+    if args.target is None:
+        ap.error("--target is required to run the proxy")
     try:
-        asyncio.run(main_async(ap.parse_args()))
+        asyncio.run(main_async(args))
     except KeyboardInterrupt:
         pass
 
