@@ -258,13 +258,15 @@ class RunTable:
             check_active(run.ctl, loop.time())
         except RunAborted:
             return self._stopped(run)
-        self._send(Started(run_id=run.rpc.run_id))
+        if isinstance(run.prepared, ProcessSpec):
+            # A process has a start worth reporting (spawned, or not); a file call has only an end.
+            self._send(Started(run_id=run.rpc.run_id))
         started = loop.time()
         try:
             if isinstance(run.prepared, ProcessSpec):
                 return self._from_process(run, await self._run_process(run, run.prepared))
             assert isinstance(run.prepared, FileCall)
-            value = await asyncio.to_thread(run.prepared.call)
+            value = run.prepared.call() if run.prepared.quick else await asyncio.to_thread(run.prepared.call)
             return Result(
                 run_id=run.rpc.run_id,
                 state=RunState.SUCCEEDED,

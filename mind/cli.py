@@ -500,7 +500,7 @@ async def cmd_exec(client: Any, args: argparse.Namespace) -> int:
         die("--timeout must be positive", EXIT_USAGE)
     tool, tool_args = tool_args_from(args)
 
-    handle = await client.start(args.hand, tool, tool_args, timeout=args.timeout, grace=args.grace)
+    handle = await client.start(args.hand, tool, tool_args, timeout=args.timeout, grace=args.grace, watch=args.events)
     printer = _StreamPrinter()
     loop = asyncio.get_running_loop()
     interrupts = 0

@@ -278,15 +278,23 @@ class MindClient:
     # --- API ---
 
     async def start(
-        self, hand: str, tool: str, args: dict[str, Any], timeout: float = 60.0, grace: float | None = None
+        self,
+        hand: str,
+        tool: str,
+        args: dict[str, Any],
+        timeout: float = 60.0,
+        grace: float | None = None,
+        watch: bool = True,
     ) -> RunHandle:
-        """Send the run; events (and its end) arrive on the returned handle."""
+        """Send the run; events (and its end) arrive on the returned handle. With `watch=False` the
+        handle sees only `admitted`, the output and the end (fewer frames: faster calls)."""
         req = Exec(
             hand=hand,
             tool=tool,
             args=args,
             timeout_ms=max(1, int(timeout * 1000)),
             grace_ms=None if grace is None else int(grace * 1000),
+            watch=watch,
         )
         id_ = new_id("x")
         handle = RunHandle(self, id_)
@@ -306,8 +314,9 @@ class MindClient:
         timeout: float = 60.0,
         grace: float | None = None,
         on_event: Callable[[RunEvent], None] | None = None,
+        watch: bool = False,
     ) -> RunEnd:
-        handle = await self.start(hand, tool, args, timeout, grace)
+        handle = await self.start(hand, tool, args, timeout, grace, watch=watch)
         return await handle.wait(on_event)
 
     async def call(self, hand: str, tool: str, args: dict[str, Any] | None = None, timeout: float = 60.0) -> Any:

@@ -96,6 +96,7 @@ class Run:
     client: str | None
     req_id: str
     owner: str
+    watch: bool
     timeout_ms: int
     grace_ms: int
     created_at: float
@@ -161,7 +162,7 @@ class RunRegistry:
         old = run.state
         run.state = advance(RUN_TRANSITIONS, run.state, new)
         acts: list[Action] = [self._log("run_state", run, old=old.value, new=new.value)]
-        if run.client is not None and new not in RUN_TERMINAL:
+        if run.client is not None and run.watch and new not in RUN_TERMINAL:
             acts.append(
                 SendToClient(run.client, run.req_id, RunUpdate(run_id=run.run_id, hand=run.hand, state=new, gen=run.gen))
             )
@@ -258,6 +259,7 @@ class RunRegistry:
             client=client,
             req_id=req_id,
             owner=owner,
+            watch=req.watch,
             timeout_ms=req.timeout_ms,
             grace_ms=grace,
             created_at=now,

@@ -72,6 +72,14 @@ from protocol.messages import (
 log = structlog.get_logger("mind")
 T = TypeVar("T")
 REPLY_TYPES = (TaskInfo, TaskLogPage, TaskCancelResult, TaskInventoryPage)
+LOG_LEVELS = {
+    "hand_input_wrong_generation": "warning",
+    "hand_input_unknown_run": "warning",
+    "hand_input_illegal": "warning",
+    # Every transition is logged, at debug: admission and the terminal (info, and audited) carry what
+    # operators need; the steps between cost a tenth of the Mind's CPU per call at info.
+    "run_state": "debug",
+}
 
 CLOSE_PROTOCOL = 1002
 CLOSE_POLICY = 1008
@@ -288,8 +296,7 @@ class Mind:
             elif isinstance(a, StartEnded):
                 self.spawn(self.tasks.start_ended(a))
             elif isinstance(a, Log):
-                level = "warning" if a.event in ("hand_input_wrong_generation", "hand_input_unknown_run", "hand_input_illegal") else "info"
-                getattr(log, level)(a.event, **a.fields)
+                getattr(log, LOG_LEVELS.get(a.event, "info"))(a.event, **a.fields)
 
     # --- connections ---
 

@@ -230,7 +230,8 @@ class SnapshotStore:
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM task_snapshots WHERE stale=1").fetchone()[0]
 
-    def reconcile(self, hand: str, hand_rows: dict[str, TaskInfo], now: float) -> Plan:
+    def reconcile(self, hand: str, hand_rows: dict[str, TaskInfo], now: float,
+                  synced_since: float | None = None) -> Plan:
         """One reconciliation pass for `hand`, planned and applied in one transaction."""
         with self._tx():
             mine = [
@@ -248,6 +249,6 @@ class SnapshotStore:
                     f"SELECT task_id, hand FROM task_snapshots WHERE task_id IN ({','.join('?' * len(chunk))})", chunk
                 ).fetchall():
                     held_elsewhere[tid] = owner
-            plan = reconcile(hand, settled, hand_rows, held_elsewhere, now)
+            plan = reconcile(hand, settled, hand_rows, held_elsewhere, now, synced_since)
             self._put_many(plan.writes)
             return plan

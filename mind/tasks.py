@@ -90,8 +90,9 @@ def apply_report(snap: Snapshot, info: TaskInfo, now: float) -> Snapshot | None:
         return None  # older than what we hold: arrived out of order
     if info.version == snap.version and not snap.stale and snap.info == info:
         return None
-    if snap.terminal and snap.version == 0:
-        # The Mind decided this terminal itself (unknown to hand); terminals never change.
+    if snap.terminal:
+        # Terminals never change. A Hand's terminal row never does; a terminal the Mind decided
+        # itself (`lost`, unknown to hand) keeps the version it had, which may be > 0.
         return None
     cancel_pending = None if info.state in TASK_TERMINAL else snap.cancel_pending
     return replace(
@@ -135,12 +136,17 @@ def reconcile(
     hand_rows: dict[str, TaskInfo],
     held_elsewhere: dict[str, str],
     now: float,
+    synced_since: float | None = None,
 ) -> Plan:
     """Realign `snapshots` (this Hand's, excluding starts still in flight) with the Hand's rows.
 
     `held_elsewhere`: task id -> hand, for ids among `hand_rows` that the Mind holds but that are not
     in `snapshots`: another Hand's (foreign: never adopted, reported) or this Hand's start still in
     flight (left to the start run to settle).
+
+    `synced_since`: when the inventory was first asked for. A snapshot the Hand reported since then
+    is newer than the inventory, whose pages are read one by one (a task started during the pass
+    can be missing from a page read before it existed): it is never declared `lost`.
     """
     plan = Plan([], [], [], [], [], 0)
     seen: set[str] = set()
@@ -148,7 +154,10 @@ def reconcile(
         seen.add(snap.task_id)
         row = hand_rows.get(snap.task_id)
         if row is None:
-            if snap.terminal:
+            reported_since = (
+                synced_since is not None and snap.last_synced_at is not None and snap.last_synced_at >= synced_since
+            )
+            if snap.terminal or reported_since:
                 plan.unchanged += 1
             else:
                 plan.lost.append(

@@ -281,6 +281,7 @@ class TaskService:
         m = self.mind
         hand, gen = peer.ident.label, peer.gen
         t0 = time.monotonic()
+        since = time.time()  # a report applied after this is newer than any page of the inventory
         rows: dict[str, TaskInfo] = {}
         after: str | None = None
         pages = 0
@@ -302,7 +303,7 @@ class TaskService:
         except (TimeoutError, ConnectionError) as exc:
             log.warning("reconcile_aborted", hand=hand, gen=gen, error=type(exc).__name__)
             return
-        plan = await m.db(m.snapshots.reconcile, hand, rows, time.time())
+        plan = await m.db(m.snapshots.reconcile, hand, rows, time.time(), since)
         delivered = 0
         for task_id, _reason in plan.cancels:
             try:

@@ -310,6 +310,9 @@ class Exec(Message):
     args: dict[Str, Any]
     timeout_ms: TimeoutMs
     grace_ms: Annotated[int, Strict(), Field(ge=0, le=600_000)] | None = None
+    watch: Bool = True
+    """Send every state change as a `run_update`. Without it the client gets only the first one
+    (`admitted`, which names the run id), the output and the end: three frames fewer per call."""
 
 
 class RunUpdate(Message):
