@@ -137,6 +137,9 @@ class Run:
 class RunRegistry:
     def __init__(self, retain_finished: int = 10_000) -> None:
         self._runs: dict[str, Run] = {}
+        self._active: dict[str, Run] = {}
+        """The non-terminal runs: ticks, disconnects and counts touch only these, never the
+        (much larger) retained history."""
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._retain = retain_finished
         self.late_inputs = 0
@@ -148,10 +151,10 @@ class RunRegistry:
         return self._runs.get(run_id)
 
     def active(self) -> list[Run]:
-        return [r for r in self._runs.values() if not r.terminal]
+        return list(self._active.values())
 
     def running_on(self, hand: str) -> int:
-        return sum(1 for r in self._runs.values() if r.hand == hand and not r.terminal)
+        return sum(1 for r in self._active.values() if r.hand == hand)
 
     # --- helpers ---
 
@@ -174,6 +177,7 @@ class RunRegistry:
         run.end = end
         run.ended_at = now
         run.ended_wall = wall
+        self._active.pop(run.run_id, None)
         self._finished[run.run_id] = None
         acts.append(
             self._log(
@@ -268,6 +272,7 @@ class RunRegistry:
             background=background,
         )
         self._runs[run_id] = run
+        self._active[run_id] = run
         acts: list[Action] = [
             self._log("run_admitted", run, tool=req.tool, args_digest=run.args_digest, client=owner)
         ]
@@ -401,8 +406,8 @@ class RunRegistry:
     def on_hand_gone(self, hand: str, gen: int, now: float, wall: float) -> list[Action]:
         """The connection of generation `gen` ended: every run it carried has an unknown outcome."""
         acts: list[Action] = []
-        for run in list(self._runs.values()):
-            if run.hand == hand and run.gen == gen and not run.terminal:
+        for run in list(self._active.values()):
+            if run.hand == hand and run.gen == gen:
                 acts += self._terminate(
                     run, self._end(run, RunState.LOST, "hand connection lost before a result", now), now, wall
                 )
@@ -410,20 +415,19 @@ class RunRegistry:
 
     def on_client_gone(self, client: str, now: float, wall: float) -> list[Action]:
         acts: list[Action] = []
-        for run in list(self._runs.values()):
+        for run in list(self._active.values()):
             if run.client != client:
                 continue
             run.client = None  # nobody left to tell
-            if not run.terminal:
-                _, more = self.on_cancel(run.run_id, CancelReason.CLIENT_DISCONNECTED, now, wall)
-                acts += more
+            _, more = self.on_cancel(run.run_id, CancelReason.CLIENT_DISCONNECTED, now, wall)
+            acts += more
         return acts
 
     def on_tick(self, now: float, wall: float) -> list[Action]:
         """Mind-side deadlines: a run whose Hand never answered in time ends `timed_out`."""
         acts: list[Action] = []
-        for run in list(self._runs.values()):
-            if run.terminal or now < run.mind_deadline:
+        for run in list(self._active.values()):
+            if now < run.mind_deadline:
                 continue
             if not can_advance(RUN_TRANSITIONS, run.state, RunState.TIMED_OUT):
                 continue

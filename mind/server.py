@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import signal
 import ssl
@@ -26,6 +27,7 @@ from websockets.exceptions import ConnectionClosed
 
 from mind import paths
 from mind.handshake import Identity, ServerHandshake
+from mind.metrics import MindMetrics
 from mind.outbox import Outbox
 from mind.scope import FULL, Scope
 from mind.registry import Action, Log, RunRegistry, SendToClient, SendToHand, StartEnded
@@ -70,6 +72,12 @@ from protocol.messages import (
 )
 
 log = structlog.get_logger("mind")
+try:
+    from importlib.metadata import version as _v
+
+    VERSION = _v("mindhand")
+except Exception:  # noqa: BLE001 - running from a source tree that is not installed
+    VERSION = "unknown"
 T = TypeVar("T")
 REPLY_TYPES = (TaskInfo, TaskLogPage, TaskCancelResult, TaskInventoryPage)
 LOG_LEVELS = {
@@ -86,6 +94,12 @@ CLOSE_POLICY = 1008
 CLOSE_REPLACED = 4001
 CLOSE_REVOKED = 4003
 CLOSE_TRY_LATER = 1013
+
+
+def _typed(resp: Any, content_type: str) -> Any:
+    del resp.headers["Content-Type"]  # websockets' Headers appends on assignment
+    resp.headers["Content-Type"] = content_type
+    return resp
 
 
 @dataclass
@@ -160,12 +174,15 @@ class Mind:
         self._failures: dict[str, list[float]] = {}
         self._epoch = -1
         self.denials: dict[str, int] = {}
+        self.metrics = MindMetrics()
+        self.started = time.time()
 
     # --- scopes ---
 
     def deny(self, peer: "Peer", what: str, **fields: Any) -> str:
         """Count and log a request outside the client's scope; return the sentence for the client."""
         self.denials[what] = self.denials.get(what, 0) + 1
+        self.metrics.denied.inc()
         log.warning("denied_by_scope", client=peer.ident.label, what=what, **fields)
         return f"denied_by_scope: credential {peer.ident.label!r} may not {what}"
 
@@ -219,6 +236,7 @@ class Mind:
                 self._handler,
                 self.cfg.host,
                 self.cfg.port,
+                process_request=self._http,
                 compression=None,
                 max_size=limits.MAX_FRAME_BYTES,
                 ping_interval=self.cfg.ping_interval,
@@ -257,13 +275,20 @@ class Mind:
             pass
 
     async def _ticker(self) -> None:
-        last_epoch_check = 0.0
+        last_epoch_check = last_gauges = 0.0
         while True:
+            expected = time.monotonic() + self.cfg.tick_interval
             await asyncio.sleep(self.cfg.tick_interval)
-            self._perform(self.registry.on_tick(time.monotonic(), time.time()))
-            if time.monotonic() - last_epoch_check >= 0.5:
-                last_epoch_check = time.monotonic()
+            now = time.monotonic()
+            self.metrics.observe_lag(max(0.0, now - expected))  # how late the loop woke us
+            self._perform(self.registry.on_tick(now, time.time()))
+            if now - last_epoch_check >= 0.5:
+                last_epoch_check = now
                 await self._check_credentials()
+            if now - last_gauges >= 2.0:
+                last_gauges = now
+                self.metrics.runs_active.set(len(self.registry.active()))
+                self.metrics.snapshots_stale.set(await self.db(self.snapshots.count_stale))
 
     async def _check_credentials(self) -> None:
         """Close, at once, every connection whose credential was revoked or rotated (by `mind hand
@@ -297,6 +322,14 @@ class Mind:
                 self.spawn(self.tasks.start_ended(a))
             elif isinstance(a, Log):
                 getattr(log, LOG_LEVELS.get(a.event, "info"))(a.event, **a.fields)
+                if a.event == "run_terminal":
+                    f = a.fields
+                    self.metrics.runs.labels(f["state"]).inc()
+                    self.metrics.run_seconds.observe(f["duration_ms"] / 1000)
+                    if f["progress_dropped"]:
+                        self.metrics.progress_dropped.inc(f["progress_dropped"])
+                elif a.event in ("hand_input_wrong_generation", "hand_input_unknown_run"):
+                    self.metrics.foreign.inc()
 
     # --- connections ---
 
@@ -330,11 +363,13 @@ class Mind:
             async with asyncio.timeout(limits.HANDSHAKE_TIMEOUT_S):
                 ident, gen, secret = await self._handshake(ws, channel)
         except TimeoutError:
+            self.metrics.handshakes.labels("failed").inc()
             self._failed(peer_addr, now)
             log.info("handshake_failed", peer=peer_addr, code=ErrorCode.HANDSHAKE_TIMEOUT.value)
             await self._refuse(ws, channel, ProtocolError(ErrorCode.HANDSHAKE_TIMEOUT, "handshake took too long"))
             return
         except ProtocolError as exc:
+            self.metrics.handshakes.labels("failed").inc()
             self._failed(peer_addr, now)
             log.info("handshake_failed", peer=peer_addr, code=exc.code.value, reason=exc.message)
             await self._refuse(ws, channel, exc)
@@ -348,6 +383,7 @@ class Mind:
         if ident.role == "client":
             peer.scope = FULL if ident.label == "admin" else Scope.from_json(await self.db(self.store.scope, "client", ident.label))
         log.info("handshake_ok", peer=peer_addr, role=ident.role, label=ident.label, gen=gen)
+        self.metrics.handshakes.labels("ok").inc()
         async with asyncio.TaskGroup() as tg:
             peer.tg = tg
             writer = tg.create_task(outbox.run())
@@ -363,6 +399,21 @@ class Mind:
                         await asyncio.shield(writer)
                 except (TimeoutError, ConnectionClosed):
                     writer.cancel()
+
+    def _http(self, connection: ServerConnection, request: Any) -> Any:
+        """Plain HTTP on the same port: `GET /healthz` and `GET /metrics`; anything else goes on to
+        the WebSocket handshake (which refuses a request that is not an upgrade)."""
+        path = request.path.split("?", 1)[0]
+        if path == "/healthz":
+            body = json.dumps({
+                "status": "ok", "version": VERSION, "mind_id": self.mind_id,
+                "uptime_s": round(time.time() - self.started, 3), "hands_connected": len(self.hands),
+                "clients_connected": len(self.clients), "runs_active": len(self.registry.active()),
+            })
+            return _typed(connection.respond(200, body), "application/json")
+        if path == "/metrics":
+            return _typed(connection.respond(200, self.metrics.render().decode()), "text/plain; version=0.0.4; charset=utf-8")
+        return None
 
     async def _refuse(self, ws: Connection, channel: Channel, exc: ProtocolError) -> None:
         code = {
@@ -420,6 +471,7 @@ class Mind:
             assert self._tg is not None
             self._tg.create_task(self._close_quietly(old.ws, CLOSE_REPLACED, "replaced by a newer connection"))
         hlog.info("hand_connected", claims=peer.ident.claims.model_dump() if peer.ident.claims else None)
+        self.metrics.hands_connected.set(len(self.hands))
         peer.spawn(self.tasks.reconcile(peer))
         try:
             await self._read_loop(peer, self._on_hand_message)
@@ -429,6 +481,7 @@ class Mind:
                 del self.hands[label]
                 self.last_seen[label] = time.time()
                 self._perform(self.registry.on_hand_gone(label, gen, time.monotonic(), time.time()))
+                self.metrics.hands_connected.set(len(self.hands))
                 staled = await self.db(self.snapshots.mark_hand_stale, label)
                 hlog.info("hand_disconnected", snapshots_marked_stale=staled)
             else:
@@ -499,12 +552,14 @@ class Mind:
 
     async def _serve_client(self, peer: Peer) -> None:
         self.clients[peer.conn_id] = peer
+        self.metrics.clients_connected.set(len(self.clients))
         clog = log.bind(client=peer.ident.label, conn=peer.conn_id)
         clog.debug("client_connected")
         try:
             await self._read_loop(peer, self._on_client_message)
         finally:
             self.clients.pop(peer.conn_id, None)
+            self.metrics.clients_connected.set(len(self.clients))
             self._perform(self.registry.on_client_gone(peer.conn_id, time.monotonic(), time.time()))
             clog.debug("client_disconnected")
 

@@ -317,6 +317,7 @@ class TaskService:
                 await m.db(m.snapshots.clear_cancel_pending, task_id)
         for tid in plan.foreign:
             log.warning("reconcile_foreign_task", hand=hand, gen=gen, task_id=tid)
+        m.metrics.reconcile_seconds.observe(time.monotonic() - t0)
         log.info(
             "reconcile_done",
             hand=hand,
