@@ -146,6 +146,18 @@ def _parser() -> argparse.ArgumentParser:
     tli.add_argument("--limit", type=int, default=1000)
     tli.add_argument("--json", action="store_true")
 
+    stt = sub.add_parser("status", help="one screen: the Mind, its Hands, running runs, tasks, recent failures")
+    conn_opts(stt)
+    stt.add_argument("--json", action="store_true")
+    rn = sub.add_parser("runs", help="foreground run history (newest first; retained per the Mind's settings)")
+    conn_opts(rn)
+    rn.add_argument("--hand")
+    rn.add_argument("--state", choices=["admitted", "sent", "accepted", "running", "cancel_requested", "succeeded",
+                                        "failed", "rejected", "cancelled", "timed_out", "lost", "budget_exhausted"])
+    rn.add_argument("--since", metavar="DURATION", help="only runs started within this long ago (e.g. 30m, 2h)")
+    rn.add_argument("--limit", type=int, default=50)
+    rn.add_argument("--json", action="store_true")
+
     r = sub.add_parser("run", help="look at foreground runs")
     rs = r.add_subparsers(dest="action", required=True, metavar="ACTION")
     rg = rs.add_parser("get", help="show one run (state, times, outcome)")
@@ -368,6 +380,10 @@ async def _client_command(args: argparse.Namespace) -> int:
             return await cmd_call(client, args)
         if args.cmd == "run":
             return await cmd_run_get(client, args)
+        if args.cmd == "runs":
+            return await cmd_runs(client, args)
+        if args.cmd == "status":
+            return await cmd_status(client, args)
         if args.cmd == "task":
             from mind import task_cli
 
@@ -631,6 +647,59 @@ async def cmd_run_get(client: Any, args: argparse.Namespace) -> int:
         print(f"exit     {e.exit_code}  signal {e.signal}  duration {e.duration_ms} ms  dropped {e.progress_dropped}")
         if e.reason:
             print(f"reason   {e.reason}")
+    return 0
+
+
+def _run_row(r: Any) -> list[str]:
+    e = r.end
+    exit_ = "-" if e is None or e.exit_code is None else str(e.exit_code)
+    dur = "-" if e is None else f"{e.duration_ms / 1000:.2f}s"
+    return [r.run_id, r.hand, r.tool, r.state.value, _ts(r.created_at), dur, exit_]
+
+
+RUN_HEADERS = ["RUN", "HAND", "TOOL", "STATE", "CREATED", "DURATION", "EXIT"]
+
+
+async def cmd_runs(client: Any, args: argparse.Namespace) -> int:
+    import time as _time
+
+    from mind.task_cli import parse_duration
+    from protocol.states import RunState
+
+    since = None
+    if args.since:
+        try:
+            since = _time.time() - parse_duration(args.since)
+        except ValueError as exc:
+            die(f"--since: {exc}", EXIT_USAGE)
+    if args.limit <= 0:
+        die("--limit must be positive", EXIT_USAGE)
+    runs = await client.list_runs(args.hand, RunState(args.state) if args.state else None, since, args.limit)
+    if args.json:
+        print(json.dumps([_jsonable(r.model_dump(mode="python")) for r in runs], indent=2, default=str))
+        return 0
+    _table(RUN_HEADERS, [_run_row(r) for r in runs])
+    return 0
+
+
+async def cmd_status(client: Any, args: argparse.Namespace) -> int:
+    st = await client.status()
+    if args.json:
+        print(json.dumps(_jsonable(st.model_dump(mode="python")), indent=2, default=str))
+        return 0
+    up = int(st.uptime_s)
+    print(f"mind {st.mind_id}  version {st.version}  up {up // 3600}h{up % 3600 // 60:02d}m{up % 60:02d}s  "
+          f"retained runs {st.retained_runs}")
+    live = sum(1 for h in st.hands if h.connected)
+    print(f"\nHANDS ({live} of {len(st.hands)} connected)")
+    _table(["NAME", "CONNECTED", "GEN", "SINCE", "RUNNING"],
+           [[h.name, "yes" if h.connected else "no", str(h.generation), _ts(h.since), str(h.running)] for h in st.hands])
+    print(f"\nRUNNING ({len(st.active_runs)})")
+    _table(RUN_HEADERS, [_run_row(r) for r in st.active_runs])
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(st.task_counts.items())) or "none"
+    print(f"\nTASKS  {counts};  stale snapshots {st.stale_snapshots}")
+    print(f"\nRECENT FAILURES ({len(st.recent_failures)})")
+    _table(RUN_HEADERS, [_run_row(r) for r in st.recent_failures])
     return 0
 
 

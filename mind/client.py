@@ -33,7 +33,11 @@ from protocol.messages import (
     Error,
     Exec,
     GetRun,
+    GetStatus,
     HandInfo,
+    ListRuns,
+    RunList,
+    StatusReply,
     HandsList,
     ListHands,
     Message,
@@ -339,6 +343,18 @@ class MindClient:
     async def get_run(self, run_id: str) -> RunInfo:
         reply = await self._request(GetRun(run_id=run_id))
         assert isinstance(reply, RunInfo)
+        return reply
+
+    async def list_runs(
+        self, hand: str | None = None, state: RunState | None = None, since: float | None = None, limit: int = 100
+    ) -> list[RunInfo]:
+        reply = await self._request(ListRuns(hand=hand, state=state, since=since, limit=limit))
+        assert isinstance(reply, RunList)
+        return reply.runs
+
+    async def status(self) -> StatusReply:
+        reply = await self._request(GetStatus())
+        assert isinstance(reply, StatusReply)
         return reply
 
     # --- background tasks ---

@@ -153,6 +153,21 @@ class RunRegistry:
     def active(self) -> list[Run]:
         return list(self._active.values())
 
+    def history(self, hand: str | None, state: RunState | None, since: float | None, limit: int) -> list[Run]:
+        """Newest first: the active runs and the retained finished ones."""
+        out: list[Run] = []
+        for run in reversed(list(self._runs.values())):  # insertion order is admission order
+            if hand is not None and run.hand != hand:
+                continue
+            if state is not None and run.state is not state:
+                continue
+            if since is not None and run.created_wall < since:
+                continue
+            out.append(run)
+            if len(out) >= limit:
+                break
+        return out
+
     def running_on(self, hand: str) -> int:
         return sum(1 for r in self._active.values() if r.hand == hand)
 

@@ -36,6 +36,7 @@ from mind.store import Store
 from mind.taskservice import TaskService
 from protocol import limits
 from protocol.codes import CancelReason, ErrorCode, RejectCode
+from protocol.states import RunState
 from protocol.envelope import Channel
 from protocol.errors import ProtocolError
 from protocol.ids import new_id
@@ -48,6 +49,10 @@ from protocol.messages import (
     Error,
     Exec,
     GetRun,
+    GetStatus,
+    ListRuns,
+    RunList,
+    StatusReply,
     HandClaims,
     HandInfo,
     HandsList,
@@ -601,6 +606,12 @@ class Mind:
             self._perform(acts)
         elif isinstance(msg, ListHands):
             peer.outbox.put(HandsList(hands=[h for h in self.hand_infos() if scope.allows_hand(h.name)]), id_)
+        elif isinstance(msg, ListRuns):
+            runs = [r for r in self.registry.history(msg.hand, msg.state, msg.since, 100_000)
+                    if scope.allows_hand(r.hand) and scope.may_touch(r.owner, me)][: msg.limit]
+            peer.outbox.put(RunList(runs=[r.info() for r in runs]), id_)
+        elif isinstance(msg, GetStatus):
+            peer.spawn(self._status(peer, id_))
         elif isinstance(msg, TaskStart):
             peer.spawn(self.tasks.start(peer, id_, msg))
         elif isinstance(msg, TaskGet):
@@ -613,6 +624,26 @@ class Mind:
             peer.spawn(self.tasks.list(peer, id_, msg))
         else:
             raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, f"a client may not send {msg.TYPE}")
+
+    async def _status(self, peer: Peer, id_: str) -> None:
+        scope, me = peer.scope, peer.ident.label
+        visible = lambda r: scope.allows_hand(r.hand) and scope.may_touch(r.owner, me)  # noqa: E731
+        failures = [
+            r.info() for r in self.registry.history(None, None, None, 100_000)
+            if r.terminal and r.state not in (RunState.SUCCEEDED,) and visible(r)
+        ][:10]
+        counts = await self.db(self.snapshots.counts_by_state)
+        peer.outbox.put(
+            StatusReply(
+                version=VERSION, mind_id=self.mind_id, uptime_s=round(time.time() - self.started, 3),
+                hands=[h for h in self.hand_infos() if scope.allows_hand(h.name)],
+                active_runs=[r.info() for r in self.registry.active() if visible(r)],
+                recent_failures=failures, task_counts=counts,
+                stale_snapshots=await self.db(self.snapshots.count_stale),
+                retained_runs=len(self.registry._runs),
+            ),
+            id_,
+        )
 
     def hand_infos(self) -> list[HandInfo]:
         out = []

@@ -226,6 +226,10 @@ class SnapshotStore:
             rows = self._db.execute(sql, (*params, limit)).fetchall()
         return [_row(r) for r in rows]
 
+    def counts_by_state(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._db.execute("SELECT state, COUNT(*) FROM task_snapshots GROUP BY state").fetchall())
+
     def count_stale(self) -> int:
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM task_snapshots WHERE stale=1").fetchone()[0]

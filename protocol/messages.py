@@ -481,6 +481,41 @@ class TaskListResult(Message):
     tasks: list[TaskView]
 
 
+class ListRuns(Message):
+    """Foreground run history the Mind retains (newest first)."""
+
+    TYPE = "list_runs"
+    hand: Label | None = None
+    state: RunState | None = None
+    since: float | None = None
+    """Wall-clock time: only runs created at or after it."""
+    limit: Annotated[int, Strict(), Field(gt=0, le=10_000)] = 100
+
+
+class RunList(Message):
+    TYPE = "run_list"
+    runs: list[RunInfo]
+
+
+class GetStatus(Message):
+    TYPE = "get_status"
+
+
+class StatusReply(Message):
+    """One screen of what the Mind is doing."""
+
+    TYPE = "status_reply"
+    version: Str
+    mind_id: Id
+    uptime_s: float
+    hands: list[HandInfo]
+    active_runs: list[RunInfo]
+    recent_failures: list[RunInfo]
+    task_counts: dict[Str, NonNeg]
+    stale_snapshots: NonNeg
+    retained_runs: NonNeg
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     m.TYPE: m
     for m in (
@@ -524,6 +559,10 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         TaskCancelReply,
         TaskList,
         TaskListResult,
+        ListRuns,
+        RunList,
+        GetStatus,
+        StatusReply,
     )
 }
 

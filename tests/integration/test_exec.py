@@ -215,3 +215,18 @@ def test_policy_denies_before_anything_runs(tmp_path):
         assert not (root / "marker").exists()
         # allowed tools still work
         assert cl.cli("exec", "--hand", "locked", "--shell", "true").returncode == 0
+
+
+def test_status_and_runs_history(c):
+    c.cli("exec", "--hand", "box", "--", "sh", "-c", "exit 5")
+    r = c.cli("runs", "--hand", "box", "--limit", "5", "--json")
+    runs = json.loads(r.stdout)
+    assert r.returncode == 0 and 1 <= len(runs) <= 5 and runs[0]["state"] == "failed"
+    assert runs[0]["created_at"] >= runs[-1]["created_at"]  # newest first
+    r = c.cli("runs", "--state", "failed", "--since", "1h")
+    assert r.returncode == 0 and b"failed" in r.stdout and b"RUN" in r.stdout
+    r = c.cli("status")
+    assert r.returncode == 0 and b"HANDS (1 of" in r.stdout and b"RECENT FAILURES" in r.stdout
+    st = json.loads(c.cli("status", "--json").stdout)
+    assert st["hands"][0]["name"] == "box" and st["recent_failures"][0]["state"] == "failed"
+    assert c.cli("runs", "--since", "soon").returncode == 2
