@@ -113,7 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--pin", metavar="sha256:HEX", default=os.environ.get("MINDHAND_PIN"),
                      help="require the Mind's certificate to have this fingerprint (default $MINDHAND_PIN)")
     run.add_argument("--log-format", choices=("auto", "console", "json"), default="auto")
-    run.add_argument("--log-level", default="info", help="debug, info, warning, error (default info)")
+    run.add_argument("--log-level", default="info",
+                     help="debug, info, warning, error (default info); per component: info,hand=debug")
+    run.add_argument("--log-file", metavar="FILE", help="append logs here (follows logrotate) instead of stdout")
 
     tasks = sub.add_parser(
         "tasks",
@@ -341,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             audit = logs.AuditLog(config.state_dir / "audit.jsonl") if config.state_dir else None
-            logs.configure(args.log_format, args.log_level, audit=audit)
+            stream = logs.ReopeningFile(args.log_file) if args.log_file else None
+            logs.configure(args.log_format, args.log_level, stream=stream, audit=audit)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         except OSError as exc:

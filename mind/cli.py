@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--listen", default=None, help="HOST:PORT to listen on (default 127.0.0.1:7470; port 0 = any free)")
     s.add_argument("--ping-interval", type=float, default=10.0, help="keepalive ping interval in seconds")
     s.add_argument("--log-format", choices=["auto", "console", "json"], default="auto")
-    s.add_argument("--log-level", default="info")
+    s.add_argument("--log-level", default="info", help="info, or per component: info,mind.tasks=debug")
+    s.add_argument("--log-file", help="append logs here (follows logrotate) instead of stdout")
     s.add_argument("--tls-cert", help="serve wss:// with this certificate (PEM; see scripts/mkcerts)")
     s.add_argument("--tls-key", help="the certificate's private key (PEM)")
     s.add_argument("--max-pending-handshakes", type=int, default=64, help="refuse new connections past this many handshakes in progress")
@@ -210,7 +211,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     host, port = _parse_listen(args.listen or paths.DEFAULT_LISTEN)
     try:
         audit = logs.AuditLog(paths.home(args.home) / "audit.jsonl")
-        logs.configure(args.log_format, args.log_level, audit=audit)
+        stream = logs.ReopeningFile(args.log_file) if args.log_file else None
+        logs.configure(args.log_format, args.log_level, stream=stream, audit=audit)
     except ValueError as exc:
         die(str(exc), EXIT_USAGE)
     except OSError as exc:

@@ -19,7 +19,7 @@ from protocol.messages import Message
 
 import structlog
 
-log = structlog.get_logger("mind.outbox")
+log = structlog.get_logger(component="mind.outbox")
 
 
 class Outbox:

@@ -76,7 +76,7 @@ from protocol.messages import (
     TaskUpdate,
 )
 
-log = structlog.get_logger("mind")
+log = structlog.get_logger(component="mind")
 try:
     from importlib.metadata import version as _v
 

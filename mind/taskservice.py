@@ -46,7 +46,7 @@ from protocol.states import RunState, TaskState
 if TYPE_CHECKING:
     from mind.server import Mind, Peer
 
-log = structlog.get_logger("mind.tasks")
+log = structlog.get_logger(component="mind.tasks")
 
 START_TIMEOUT_MS = 30_000
 """Bounds only the Hand's durable admission of a task (row committed), never the task itself."""

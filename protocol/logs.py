@@ -53,7 +53,33 @@ def _json(event_dict: dict) -> str:
     return json.dumps(event_dict, default=str, separators=(",", ":"))
 
 
-def _tee_and_render(audit: AuditLog | None, min_level: int, json_console: bool, console_renderer):
+def parse_levels(spec: str) -> tuple[int, dict[str, int]]:
+    """`info` or `info,mind.tasks=debug,hand=warning` -> (default level, per-component levels).
+    A component level applies to that component and those below it (`mind` covers `mind.tasks`)."""
+    default: int | None = None
+    per: dict[str, int] = {}
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        name, sep, lvl = part.rpartition("=")
+        level = _LEVELS.get(lvl.lower())
+        if level is None:
+            raise ValueError(f"unknown log level {lvl!r} in {spec!r} (use debug, info, warning, error)")
+        if sep:
+            per[name] = level
+        else:
+            default = level
+    return (logging.INFO if default is None else default), per
+
+
+def _level_for(component: str | None, default: int, per: dict[str, int]) -> int:
+    while component:
+        if component in per:
+            return per[component]
+        component = component.rpartition(".")[0]
+    return default
+
+
+def _tee_and_render(audit: AuditLog | None, min_level: int, json_console: bool, console_renderer,
+                    per: dict[str, int] | None = None):
     """The last processor: writes audit events whatever the console level (the bound logger lets
     INFO through for that reason), drops what the console's level filters out, and renders. With a
     JSON console an audited event is encoded once for both."""
@@ -64,7 +90,8 @@ def _tee_and_render(audit: AuditLog | None, min_level: int, json_console: bool, 
             line = _json(event_dict)
             os.write(audit._fd, (line + "\n").encode())  # one write per line: O_APPEND keeps it whole
         level_no = _LEVELS.get(method)
-        if level_no is not None and level_no < min_level:
+        floor = _level_for(event_dict.get("component"), min_level, per) if per else min_level
+        if level_no is not None and level_no < floor:
             raise structlog.DropEvent
         if json_console:
             return line if line is not None else _json(event_dict)
@@ -77,22 +104,58 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
            "error": logging.ERROR, "exception": logging.ERROR, "critical": logging.CRITICAL}
 
 
+class ReopeningFile:
+    """A log file that follows rotation (logrotate's move-and-create): if the path no longer names
+    the file we hold, reopen it. Checked at most once a second."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._f = self._open()
+        self._checked = 0.0
+
+    def _open(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        return os.fdopen(fd, "a", buffering=1)
+
+    def write(self, text: str) -> int:
+        import time
+
+        now = time.monotonic()
+        if now - self._checked > 1.0:
+            self._checked = now
+            try:
+                moved = os.stat(self.path).st_ino != os.fstat(self._f.fileno()).st_ino
+            except FileNotFoundError:
+                moved = True
+            if moved:
+                self._f.close()
+                self._f = self._open()
+        return self._f.write(text)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
 def configure(fmt: LogFormat = "auto", level: str = "info", stream=None, audit: AuditLog | None = None) -> None:
-    stream = stream or sys.stderr
+    """Logs go to stdout by default (systemd/journald collect it), or to `stream` (a `ReopeningFile`
+    for `--log-file`). `level` is `info` or `info,component=debug,...`."""
+    stream = stream or sys.stdout
     if fmt == "auto":
         fmt = "console" if stream.isatty() else "json"
     console = structlog.dev.ConsoleRenderer(colors=stream.isatty()) if fmt == "console" else None
-    numeric = logging.getLevelName(level.upper())
-    if not isinstance(numeric, int):
-        raise ValueError(f"unknown log level {level!r} (use debug, info, warning, error)")
+    numeric, per = parse_levels(level)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            _tee_and_render(audit, numeric, console is None, console),
+            _tee_and_render(audit, numeric, console is None, console, per),
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(min(numeric, logging.INFO)),
+        wrapper_class=structlog.make_filtering_bound_logger(min([numeric, logging.INFO, *per.values()])),
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         # Daemons configure once at start: caching the bound loggers saves a proxy lookup and a bind
         # on every log call (measured: a tenth of the Mind's CPU per routed call).
