@@ -713,7 +713,11 @@ class TaskManager:
         return row
 
     async def inventory(self, msg: TaskInventory) -> TaskInventoryPage:
-        rows = await asyncio.to_thread(self.store.page, msg.after, msg.limit + 1)
+        # Under the admission lock: a start still being admitted (its connection may have dropped
+        # mid-commit) is committed, and listed, before the page is read; else the Mind's
+        # reconciliation would call it `lost` while this Hand runs it (found by tests/sim).
+        async with self._admit_lock:
+            rows = await asyncio.to_thread(self.store.page, msg.after, msg.limit + 1)
         more = len(rows) > msg.limit
         rows = rows[: msg.limit]
         return TaskInventoryPage(tasks=[self._info(r) for r in rows],

@@ -1,0 +1,392 @@
+"""The Mind, simulated: the REAL `mind.registry.RunRegistry` and the REAL `mind.tasks` rules (through
+`SnapshotTable`) inside a synchronous copy of the asyncio shell around them.
+
+What is mirrored, and from where (keep in step with the real files):
+- `mind/server.py`: `_perform` (SendToHand only onto the live connection of that generation),
+  `_serve_hand` (a newer connection replaces the older one at once: its runs `lost`; the older
+  one's pending asks fail when its reader ends), the end of a Hand connection (pending asks fail,
+  runs `lost`, snapshots stale), `_on_hand_message`, `_on_client_message`, the ticker, and restart
+  (`mark_all_stale` before serving).
+- `mind/taskservice.py`: `start`, `start_ended`, `get` (`_refresh`), `cancel`, `on_update` and
+  `reconcile`, as generators that yield where the real coroutines await (`m.db`, `m.ask`).
+
+A Mind crash is the loss of this object: its registry, asks, starts in flight and connections.
+What survives is outside it: the snapshot table and the generation counter (both on disk).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generator
+
+from pydantic import ValidationError
+
+from mind.registry import Action, Log, SendToClient, SendToHand, StartEnded
+from mind.taskservice import ASK_TIMEOUT_S, START_TIMEOUT_MS
+from mind.tasks import Snapshot
+from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
+from protocol.digest import args_digest, binding_digest
+from protocol.messages import (
+    Accepted,
+    Background,
+    CancelResult,
+    CancelRunResult,
+    Error,
+    Exec,
+    Message,
+    Progress,
+    Rejected,
+    Result,
+    Rpc,
+    Started,
+    TaskCancel,
+    TaskCancelReply,
+    TaskCancelResult,
+    TaskGet,
+    TaskInfo,
+    TaskInventory,
+    TaskInventoryPage,
+    TaskStart,
+    TaskStartResult,
+    TaskStartValue,
+    TaskStatus,
+    TaskUpdate,
+)
+from protocol.states import RunState, TaskState
+from sim.network import Link
+from sim.runtime import Fut
+
+if TYPE_CHECKING:
+    from sim.simulation import World
+
+REPLY_TYPES = (TaskInfo, TaskCancelResult, TaskInventoryPage)
+
+
+@dataclass(eq=False)
+class HandPeer:
+    """`server.Peer` of a Hand connection."""
+
+    label: str
+    gen: int
+    link: Link
+    pending: dict[str, Fut] = field(default_factory=dict)
+
+    def fail_pending(self) -> None:
+        pending, self.pending = self.pending, {}
+        for fut in pending.values():
+            fut.fail(ConnectionError("hand disconnected"))
+
+
+class SimMind:
+    def __init__(self, world: "World") -> None:
+        self.world = world
+        self.clock = world.clock
+        self.life = world.events["mind_start"]
+        """Which life of the Mind this is: run ids are only unique within one registry."""
+        self.loop = world.new_loop("mind")
+        self.registry = world.rules.registry_cls()
+        self.snapshots = world.snapshots
+        self.hands: dict[str, HandPeer] = {}
+        """The live connection of each Hand (`Mind.hands`)."""
+        self.hands_changed = True
+        """Set when a Hand connects or goes (the checker then looks at every snapshot)."""
+        self.peers: dict[Link, HandPeer] = {}
+        """Every Hand connection whose reader still runs, replaced ones included."""
+        self.starts: dict[str, tuple[str, str]] = {}
+        self.snapshots.mark_all_stale()  # Mind.run(): before serving anything
+
+    # --- plumbing -------------------------------------------------------------------------------
+
+    @property
+    def now(self) -> float:
+        return self.clock.now
+
+    def db(self, fn: Any, *args: Any) -> Fut:
+        """`await m.db(fn, *args)`: one database thread, so submission order is execution order."""
+        return self.loop.io(fn, *args)
+
+    def ask(self, peer: HandPeer, msg: Message, timeout: float) -> Fut:
+        """`Mind.ask`: send with a fresh envelope id, wait for the reply with that id, or time out."""
+        id_ = self.world.next_id("m")
+        fut = Fut()
+        peer.pending[id_] = fut
+        peer.link.send(peer.link.down, msg, id_, self.now)
+
+        def expire() -> None:
+            if peer.pending.pop(id_, None) is fut:
+                fut.fail(TimeoutError())
+
+        timer = self.loop.call_at(self.now + timeout, expire, label="ask_timeout")
+        fut.then(lambda _f: timer.cancel())
+        return fut
+
+    def perform(self, actions: list[Action]) -> None:
+        check = self.world.checker
+        for a in actions:
+            if isinstance(a, SendToHand):
+                peer = self.hands.get(a.hand)
+                if isinstance(a.msg, Rpc):
+                    check.on_rpc_sent(self.life, a.msg.run_id, a.gen)
+                if peer is not None and peer.gen == a.gen:
+                    peer.link.send(peer.link.down, a.msg, None, self.now)
+            elif isinstance(a, SendToClient):
+                self.world.to_client(a.client, a.req_id, a.msg)
+            elif isinstance(a, StartEnded):
+                check.on_start_ended(a)
+                self.loop.spawn(self.start_ended(a), f"start_ended {a.run_id}")
+            elif isinstance(a, Log):
+                check.on_mind_log(self.life, a)
+
+    def _admit(self, run_id: str, req: Exec, client: str | None, req_id: str, gen: int | None, known: bool,
+               background: Background | None = None) -> None:
+        self.perform(self.registry.admit(run_id, req, client, req_id, gen, known, self.now, self.now, background))
+        run = self.registry.get(run_id)
+        if run is not None and not run.terminal:  # the ticker would notice the Mind's deadline then
+            self.loop.call_at(run.mind_deadline, self.tick, label="mind_deadline")
+
+    def tick(self) -> None:
+        self.perform(self.registry.on_tick(self.now, self.now))
+
+    # --- hand connections (server._serve_hand) ------------------------------------------------
+
+    def hand_connected(self, link: Link) -> None:
+        label = link.hand
+        peer = HandPeer(label, link.gen, link)
+        self.peers[link] = peer
+        old = self.hands.get(label)
+        self.hands[label] = peer
+        self.hands_changed = True
+        if old is not None:  # the newer connection wins at once
+            self.perform(self.registry.on_hand_gone(label, old.gen, self.now, self.now))
+            self.world.mind_close(old.link, "replaced")
+        self.loop.spawn(self.reconcile(peer), f"reconcile {label} gen{link.gen}")
+
+    def hand_link_ended(self, link: Link) -> None:
+        """The reader of `link` ended (closed, reset, replaced, or its keepalive expired)."""
+        peer = self.peers.pop(link, None)
+        if peer is None:
+            return
+        peer.fail_pending()
+        if self.hands.get(link.hand) is peer:
+            del self.hands[link.hand]
+            self.hands_changed = True
+            self.perform(self.registry.on_hand_gone(link.hand, link.gen, self.now, self.now))
+            self.db(self.snapshots.mark_hand_stale, link.hand)
+
+    def on_hand_message(self, link: Link, env_id: str | None, msg: Message) -> None:
+        """`server._on_hand_message`."""
+        peer = self.peers.get(link)
+        assert peer is not None, f"a frame on {link} whose reader has ended"
+        label, gen = peer.label, peer.gen
+        r = self.registry
+        check = self.world.checker
+        now = self.now
+        if isinstance(msg, Progress):
+            before = check.run_state(r, msg.run_id)
+            acts = r.on_progress(msg, label, gen)
+            check.on_progress(r, msg.run_id, before, acts)
+        elif isinstance(msg, (Accepted, Started, Rejected, Result, CancelResult)):
+            before = check.run_state(r, msg.run_id)
+            if isinstance(msg, Accepted):
+                acts = r.on_accepted(msg.run_id, label, gen, now)
+            elif isinstance(msg, Started):
+                acts = r.on_started(msg.run_id, label, gen, now)
+            elif isinstance(msg, Rejected):
+                acts = r.on_rejected(msg.run_id, label, gen, msg.code, msg.message, now, now)
+            elif isinstance(msg, Result):
+                acts = r.on_result(msg, label, gen, now, now)
+            else:
+                acts = r.on_cancel_result(msg.run_id, label, gen, msg.status, now, now)
+            check.on_hand_input(self.life, r, msg, label, gen, before)
+        elif env_id is not None and env_id in peer.pending:
+            check.on_reply(label, msg)
+            peer.pending.pop(env_id).resolve(msg)
+            return
+        elif isinstance(msg, TaskUpdate):
+            self.loop.spawn(self.on_update(peer, msg.task), f"on_update {msg.task.task_id}")
+            return
+        elif isinstance(msg, REPLY_TYPES) and env_id is not None:
+            check.on_reply(label, msg)
+            return  # a late reply whose ask gave up
+        elif isinstance(msg, Error):
+            return
+        else:
+            raise AssertionError(f"a hand may not send {msg.TYPE} here")
+        self.perform(acts)
+
+    # --- clients (server._serve_client, _on_client_message) -----------------------------------
+
+    def client_gone(self, conn: str) -> None:
+        self.perform(self.registry.on_client_gone(conn, self.now, self.now))
+
+    def on_exec(self, conn: str, req_id: str, msg: Exec) -> str:
+        live = self.hands.get(msg.hand)
+        known = live is not None or msg.hand in self.world.hand_labels
+        run_id = self.world.next_id("r")
+        self._admit(run_id, msg, conn, req_id, live.gen if live else None, known)
+        return run_id
+
+    def on_cancel_run(self, conn: str, req_id: str, run_id: str) -> None:
+        status, acts = self.registry.on_cancel(run_id, CancelReason.USER_REQUESTED, self.now, self.now)
+        run = self.registry.get(run_id)
+        if run is None:
+            self.world.to_client(conn, req_id, Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {run_id}"))
+        else:
+            self.world.to_client(conn, req_id, CancelRunResult(run_id=run_id, status=status, state=run.state))
+        self.perform(acts)
+
+    def on_task_start(self, conn: str, req_id: str, msg: TaskStart) -> None:
+        self.loop.spawn(self.start(conn, req_id, msg), f"start {msg.task_id}")
+
+    def on_task_get(self, conn: str, req_id: str, msg: TaskGet) -> None:
+        self.loop.spawn(self.get(conn, req_id, msg), f"get {msg.task_id}")
+
+    def on_task_cancel(self, conn: str, req_id: str, task_id: str) -> None:
+        self.loop.spawn(self.cancel(conn, req_id, task_id), f"cancel {task_id}")
+
+    # --- taskservice ----------------------------------------------------------------------------
+
+    def start(self, conn: str, req_id: str, req: TaskStart) -> Generator[Any, Any, None]:
+        task_id = req.task_id or self.world.next_id("tm")
+        binding = binding_digest(req.tool, req.args, req.max_runtime_ms)
+
+        def reply(outcome: str, code: RejectCode | None = None, message: str = "", view: Any = None) -> None:
+            self.world.to_client(conn, req_id, TaskStartResult(task_id=task_id, hand=req.hand, outcome=outcome,  # type: ignore[arg-type]
+                                                               reject_code=code, message=message, view=view))
+
+        def settle(existing: Snapshot) -> None:
+            if existing.hand == req.hand and existing.binding_digest == binding:
+                reply("duplicate", message="a task with this id and binding exists", view=existing.view())
+            else:
+                reply("rejected", RejectCode.CONFLICTING_DUPLICATE, f"task {task_id} already exists")
+
+        existing = yield self.db(self.snapshots.get, task_id)
+        if existing is not None:
+            return settle(existing)
+        if self.registry.get(task_id) is not None:
+            return reply("rejected", RejectCode.CONFLICTING_DUPLICATE, f"id {task_id} is already used by a run")
+        if self.hands.get(req.hand) is None:
+            known = yield self.db(lambda: req.hand in self.world.hand_labels)
+            if not known:
+                return reply("rejected", RejectCode.UNKNOWN_HAND, f"no hand named {req.hand!r}")
+            return reply("rejected", RejectCode.HAND_OFFLINE, "hand is not connected; nothing was stored")
+        snap = Snapshot(task_id=task_id, hand=req.hand, tool=req.tool, args_digest=args_digest(req.tool, req.args),
+                        binding_digest=binding, state=TaskState.QUEUED, stale=True, created_at=self.now,
+                        start_pending=True)
+        existing = yield self.db(self.snapshots.insert_new, snap)  # written stale before the start is sent
+        if existing is not None:
+            return settle(existing)
+        live = self.hands.get(req.hand)
+        if live is None:
+            yield self.db(self.snapshots.delete, task_id)
+            return reply("rejected", RejectCode.HAND_OFFLINE, "hand is not connected; nothing was stored")
+        self.starts[task_id] = (conn, req_id)
+        exec_req = Exec(hand=req.hand, tool=req.tool, args=req.args, timeout_ms=START_TIMEOUT_MS)
+        self._admit(task_id, exec_req, None, req_id, live.gen, True, Background(max_runtime_ms=req.max_runtime_ms))
+
+    def start_ended(self, a: StartEnded) -> Generator[Any, Any, None]:
+        end = a.end
+        waiter = self.starts.pop(a.run_id, None)
+        outcome, code, message, view = "unknown", None, "", None
+        if end.state is RunState.SUCCEEDED:
+            try:
+                value: TaskStartValue | None = TaskStartValue.model_validate(end.value)
+            except ValidationError:
+                value = None
+            if value is not None and value.task.task_id == a.run_id:
+                snap, _ = yield self.db(self.snapshots.report, a.hand, value.task, self.now)
+                outcome = "duplicate" if value.duplicate else "accepted"
+                view = snap.view() if snap is not None else None
+            else:
+                yield self.db(self.snapshots.finish_start, a.run_id)
+                message = "the hand accepted the start but its answer was malformed"
+        elif end.state is RunState.REJECTED:
+            yield self.db(self.snapshots.delete, a.run_id)
+            outcome, code, message = "rejected", end.reject_code, end.reason
+        else:
+            snap = yield self.db(self.snapshots.finish_start, a.run_id)
+            view = snap.view() if snap is not None else None
+            message = f"the start was sent but its answer never came ({end.state.value})"
+        if waiter is not None:
+            conn, req_id = waiter
+            self.world.to_client(conn, req_id, TaskStartResult(task_id=a.run_id, hand=a.hand, outcome=outcome,  # type: ignore[arg-type]
+                                                               reject_code=code, message=message, view=view))
+
+    def _refresh(self, snap: Snapshot) -> Generator[Any, Any, Snapshot]:
+        live = self.hands.get(snap.hand)
+        if live is None or snap.start_pending:
+            return snap
+        try:
+            reply = yield self.ask(live, TaskStatus(task_id=snap.task_id), ASK_TIMEOUT_S)
+        except (TimeoutError, ConnectionError):
+            return snap
+        if isinstance(reply, TaskInfo) and reply.task_id == snap.task_id:
+            new, _ = yield self.db(self.snapshots.report, snap.hand, reply, self.now)
+            return new or snap
+        return snap
+
+    def get(self, conn: str, req_id: str, req: TaskGet) -> Generator[Any, Any, None]:
+        snap = yield self.db(self.snapshots.get, req.task_id)
+        if snap is None:
+            self.world.to_client(conn, req_id, Error(code=ErrorCode.UNKNOWN_TASK, message=f"no task {req.task_id}"))
+            return
+        snap = yield from self._refresh(snap)
+        self.world.to_client(conn, req_id, snap.view())
+
+    def cancel(self, conn: str, req_id: str, task_id: str) -> Generator[Any, Any, None]:
+        snap = yield self.db(self.snapshots.get, task_id)
+        if snap is None:
+            self.world.to_client(conn, req_id, TaskCancelReply(task_id=task_id, status=TaskCancelStatus.UNKNOWN_TASK))
+            return
+        if snap.terminal:
+            self.world.to_client(conn, req_id, TaskCancelReply(task_id=task_id, status=TaskCancelStatus.ALREADY_DONE,
+                                                               view=snap.view()))
+            return
+        live = self.hands.get(snap.hand)
+        if live is not None and not snap.start_pending:
+            try:
+                reply = yield self.ask(live, TaskCancel(task_id=task_id, reason=CancelReason.USER_REQUESTED), ASK_TIMEOUT_S)
+            except (TimeoutError, ConnectionError):
+                reply = None
+            if isinstance(reply, TaskCancelResult):
+                if reply.task is not None:
+                    new, _ = yield self.db(self.snapshots.report, snap.hand, reply.task, self.now)
+                    snap = new or snap
+                self.world.to_client(conn, req_id, TaskCancelReply(task_id=task_id, status=reply.status, view=snap.view()))
+                return
+        snap = (yield self.db(self.snapshots.set_cancel_pending, task_id, CancelReason.USER_REQUESTED.value)) or snap
+        self.world.to_client(conn, req_id, TaskCancelReply(task_id=task_id, status=TaskCancelStatus.PENDING_DELIVERY,
+                                                           view=snap.view()))
+
+    def on_update(self, peer: HandPeer, info: TaskInfo) -> Generator[Any, Any, None]:
+        yield self.db(self.snapshots.report, peer.label, info, self.now)
+
+    def reconcile(self, peer: HandPeer) -> Generator[Any, Any, None]:
+        """After each `welcome`: realign every snapshot of this Hand with its database (DESIGN §8)."""
+        hand = peer.label
+        since = self.now
+        rows: dict[str, TaskInfo] = {}
+        after: str | None = None
+        try:
+            while True:
+                page = yield self.ask(peer, TaskInventory(after=after, limit=self.world.config.inventory_page), 30.0)
+                if not isinstance(page, TaskInventoryPage):
+                    return
+                for t in page.tasks:
+                    rows[t.task_id] = t
+                if page.next_after is None or not page.tasks:
+                    break
+                after = page.next_after
+        except (TimeoutError, ConnectionError):
+            return
+        plan = yield self.db(self.snapshots.reconcile, hand, rows, self.now, since)
+        self.world.checker.on_reconciled(hand, peer.gen, plan)
+        for task_id, _reason in plan.cancels:
+            try:
+                reply = yield self.ask(peer, TaskCancel(task_id=task_id, reason=CancelReason.USER_REQUESTED), ASK_TIMEOUT_S)
+            except (TimeoutError, ConnectionError):
+                break
+            if isinstance(reply, TaskCancelResult):
+                if reply.task is not None:
+                    yield self.db(self.snapshots.report, hand, reply.task, self.now)
+                yield self.db(self.snapshots.clear_cancel_pending, task_id)

@@ -1,0 +1,51 @@
+"""The code as it was before the fixes the simulation led to, runnable in the simulation.
+
+`scripts/sim --variant NAME` and the tests run these to show that the checker finds each bug, and
+that the fix is what makes the seeds pass:
+- `mind-before-fix`: `mind.tasks` before this change. The reconciliation pass declared `lost` a task
+  started DURING the pass whose id sorted into an inventory page already read, and a Mind-decided
+  `lost` could later be overwritten by a report (its version was > 0): a terminal changed.
+- `hand-as-shipped`: `hand/tasks.py` today (the fix is only proposed): a start still in admission
+  when its connection dropped is missing from the next connection's inventory, so the Mind declares
+  it `lost` ("unknown to hand") while the Hand runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from mind.tasks import Snapshot, reconcile
+from protocol.messages import TaskInfo
+from protocol.states import TASK_TERMINAL
+from sim.hand_tasks import HandTasks
+from sim.simulation import Rules
+
+
+def apply_report_before_fix(snap: Snapshot, info: TaskInfo, now: float) -> Snapshot | None:
+    if info.version < snap.version:
+        return None
+    if info.version == snap.version and not snap.stale and snap.info == info:
+        return None
+    if snap.terminal and snap.version == 0:
+        return None
+    cancel_pending = None if info.state in TASK_TERMINAL else snap.cancel_pending
+    return replace(snap, state=info.state, stale=False, last_synced_at=now, version=info.version, info=info,
+                   cancel_pending=cancel_pending, start_pending=False, tool=info.tool)
+
+
+def reconcile_before_fix(hand, snapshots, hand_rows, held_elsewhere, now, synced_since=None):  # type: ignore[no-untyped-def]
+    return reconcile(hand, snapshots, hand_rows, held_elsewhere, now)
+
+
+class ShippedHandTasks(HandTasks):
+    """`hand/tasks.py` as it is today: the inventory does not wait for admissions in flight."""
+
+    inventory_waits_for_admissions = False
+
+
+VARIANTS: dict[str, Rules] = {
+    "fixed": Rules(),
+    "mind-before-fix": Rules(reconcile=reconcile_before_fix, apply_report=apply_report_before_fix,
+                             variant="mind-before-fix"),
+    "hand-as-shipped": Rules(hand_tasks_cls=ShippedHandTasks, variant="hand-as-shipped"),
+}
