@@ -249,6 +249,6 @@ def test_a_start_admitted_across_a_reconnect_is_in_the_next_inventory() -> None:
 
 def test_the_hand_as_shipped_leaves_the_mind_saying_lost() -> None:
     with pytest.raises(InvariantViolation) as caught:
-        race_admission_across_a_reconnect(VARIANTS["hand-as-shipped"])
+        race_admission_across_a_reconnect(VARIANTS["hand-before-fix"])
     assert caught.value.invariant == "mind snapshot equals the hand's row"
     assert "t1: mind says lost (unknown to hand)" in caught.value.detail

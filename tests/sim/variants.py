@@ -5,7 +5,7 @@ that the fix is what makes the seeds pass:
 - `mind-before-fix`: `mind.tasks` before this change. The reconciliation pass declared `lost` a task
   started DURING the pass whose id sorted into an inventory page already read, and a Mind-decided
   `lost` could later be overwritten by a report (its version was > 0): a terminal changed.
-- `hand-as-shipped`: `hand/tasks.py` today (the fix is only proposed): a start still in admission
+- `hand-before-fix`: `hand/tasks.py` before its inventory waited for admissions: a start still in admission
   when its connection dropped is missing from the next connection's inventory, so the Mind declares
   it `lost` ("unknown to hand") while the Hand runs it.
 """
@@ -47,5 +47,5 @@ VARIANTS: dict[str, Rules] = {
     "fixed": Rules(),
     "mind-before-fix": Rules(reconcile=reconcile_before_fix, apply_report=apply_report_before_fix,
                              variant="mind-before-fix"),
-    "hand-as-shipped": Rules(hand_tasks_cls=ShippedHandTasks, variant="hand-as-shipped"),
+    "hand-before-fix": Rules(hand_tasks_cls=ShippedHandTasks, variant="hand-before-fix"),
 }
