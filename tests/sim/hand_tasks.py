@@ -103,11 +103,11 @@ class _Live:
 
 class HandTasks:
     inventory_waits_for_admissions = True
-    """PROPOSED FIX, not yet in `hand/tasks.py` (see `sim.variants.ShippedHandTasks`): `inventory` reads its page
-    under the admission lock, so a start admitted on an earlier connection (its row not yet
-    committed when that connection dropped) is in the inventory of the next one. Without it, the
-    Mind's reconciliation declares such a task `lost` ("unknown to hand") while the Hand runs it.
-    The patch: `async with self._admit_lock:` around `store.page` in `TaskManager.inventory`."""
+    """As `hand/tasks.py` does since the simulation found the race (see `sim.variants.HandBeforeFix`):
+    `inventory` reads its page under the admission lock, so a start admitted on an earlier
+    connection (its row not yet committed when that connection dropped) is in the inventory of the
+    next one. Without it, the Mind's reconciliation declares such a task `lost` ("unknown to hand")
+    while the Hand runs it."""
 
     def __init__(self, hand: "HandProcess") -> None:
         self.hand = hand

@@ -37,8 +37,8 @@ def reconcile_before_fix(hand, snapshots, hand_rows, held_elsewhere, now, synced
     return reconcile(hand, snapshots, hand_rows, held_elsewhere, now)
 
 
-class ShippedHandTasks(HandTasks):
-    """`hand/tasks.py` as it is today: the inventory does not wait for admissions in flight."""
+class HandBeforeFix(HandTasks):
+    """`hand/tasks.py` before the fix: the inventory did not wait for admissions in flight."""
 
     inventory_waits_for_admissions = False
 
@@ -47,5 +47,5 @@ VARIANTS: dict[str, Rules] = {
     "fixed": Rules(),
     "mind-before-fix": Rules(reconcile=reconcile_before_fix, apply_report=apply_report_before_fix,
                              variant="mind-before-fix"),
-    "hand-before-fix": Rules(hand_tasks_cls=ShippedHandTasks, variant="hand-before-fix"),
+    "hand-before-fix": Rules(hand_tasks_cls=HandBeforeFix, variant="hand-before-fix"),
 }
