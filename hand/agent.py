@@ -272,9 +272,9 @@ class Agent:
                 compression=None,
                 max_size=limits.MAX_FRAME_BYTES,
                 ping_interval=p,
-                ping_timeout=p,
+                ping_timeout=0.75 * p,  # with the short close below: a dead Mind noticed within 2 intervals
                 open_timeout=OPEN_TIMEOUT_S,
-                close_timeout=CLOSE_TIMEOUT_S,
+                close_timeout=max(0.2, min(CLOSE_TIMEOUT_S, 0.2 * p)),
                 ssl=self._ssl,
             )
         )

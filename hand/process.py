@@ -46,7 +46,7 @@ DEFAULT_GRACE_S = 5.0
 DRAIN_S = 0.2
 """How long pipes may stay open after the main process exited before we stop reading them."""
 STRAGGLER_GRACE_S = 0.5
-POLL_S = 0.02
+POLL_S = 0.005
 REAP_BOUND_S = 5.0
 """Upper bound on waiting for a SIGKILLed tree to disappear (a process stuck in the kernel)."""
 

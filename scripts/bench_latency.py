@@ -1,4 +1,5 @@
-"""Baseline latency figures for later work to beat (see scripts/bench-latency)."""
+"""Baseline latency figures for later work to beat (see scripts/bench-latency). `scripts/bench latency exec`
+measures the same against a reference (benchlib)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 
+from benchlib.core import pct  # noqa: E402  (scripts/bench covers this and more, against a reference)
 from mind.client import MindClient, load_credential  # noqa: E402
 from support.cluster import Cluster  # noqa: E402
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
 async def measure(url: str, cred_path: Path, n: int) -> list[tuple[str, list[float]]]:

@@ -3,77 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 
-from hand.taskstore import TaskRow, TaskStore, _COLUMNS, _FIELDS, _to_values  # noqa: E402
-from mind.client import MindClient, load_credential  # noqa: E402
-from protocol.states import TaskState  # noqa: E402
-from support.cluster import Cluster, wait_until  # noqa: E402
-
-DIGEST = "ab" * 32
-
-
-def seed(state_dir: Path, n: int) -> None:
-    store = TaskStore(state_dir)
-    now = time.time()
-    rows = [
-        TaskRow(task_id=f"t{i:06}", tool="exec", args_digest=DIGEST, binding_digest=DIGEST,
-                state=TaskState.SUCCEEDED, version=3, max_runtime_ms=60_000, created_at=now - 100 + i / n,
-                started_at=now - 99, finished_at=now - 98, exit_code=0, log_bytes=10)
-        for i in range(n)
-    ]
-    with store._lock:
-        store._db.execute("BEGIN")
-        store._db.executemany(
-            f"INSERT INTO tasks ({_COLUMNS}) VALUES ({', '.join('?' * len(_FIELDS))})", [_to_values(r) for r in rows]
-        )
-        store._db.execute("COMMIT")
-    store.close()
-
-
-def reconcile_lines(log: Path) -> list[dict]:
-    out = []
-    for line in log.read_text(errors="replace").splitlines():
-        if '"reconcile_done"' in line:
-            out.append(json.loads(line))
-    return out
-
-
-async def probe(url: str, cred_path: Path, stop: asyncio.Event, worst: list[float]) -> None:
-    async with await MindClient.connect(url, load_credential(cred_path)) as mc:
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            await mc.hands()
-            worst.append((time.perf_counter() - t0) * 1000)
-            await asyncio.sleep(0.005)
-
-
-def measure(cl: Cluster, expect_lines: int, start_hand) -> tuple[dict, float]:
-    worst: list[float] = []
-
-    async def go() -> None:
-        stop = asyncio.Event()
-        task = asyncio.create_task(probe(cl.url, cl.home / "admin.cred", stop, worst))
-        await asyncio.sleep(0.2)
-        start_hand()
-        deadline = time.monotonic() + 120
-        while len(reconcile_lines(cl.tmp / "mind.log")) < expect_lines:
-            if time.monotonic() > deadline:
-                raise SystemExit("reconciliation did not finish within 120 s")
-            await asyncio.sleep(0.05)
-        stop.set()
-        await task
-
-    asyncio.run(go())
-    return reconcile_lines(cl.tmp / "mind.log")[expect_lines - 1], max(worst)
+from benchlib.reconcile import measure, seed  # noqa: E402  (shared with scripts/bench reconcile)
+from support.cluster import Cluster  # noqa: E402
 
 
 def main() -> None:
@@ -86,9 +24,10 @@ def main() -> None:
             cl.start_mind()
             cl.add_hand("bench")
             seed(Path(tmp) / "state-bench", args.n)
-            first, lag1 = measure(cl, 1, lambda: cl.start_hand("bench"))
+            first, rtts1, _ = measure(cl, 1, lambda: cl.start_hand("bench"))
             cl.hands["bench"].stop()
-            second, lag2 = measure(cl, 2, lambda: cl.start_hand("bench"))
+            second, rtts2, _ = measure(cl, 2, lambda: cl.start_hand("bench"))
+            lag1, lag2 = max(rtts1), max(rtts2)
         finally:
             cl.stop_all()
     print(f"{'pass':<34} {'tasks':>7} {'adopted':>8} {'unchanged':>9} {'duration ms':>12} {'worst client RTT ms':>20}")

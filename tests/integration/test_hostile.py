@@ -264,7 +264,7 @@ async def test_a_hostile_mind_never_stops_a_real_hand(tmp_path):
         p = subprocess.Popen([str(BIN / "hand"), "run", "--mind", f"ws://127.0.0.1:{port}", "--credential",
                               str(tmp_path / "victim.cred"), "--root", str(root), "--state-dir", str(tmp_path / "st"),
                               "--max-backoff", "0.5", "--log-format", "json"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             async with asyncio.timeout(30):
                 while connections < 6:
@@ -272,9 +272,9 @@ async def test_a_hostile_mind_never_stops_a_real_hand(tmp_path):
             assert p.poll() is None  # still running after six hostile sessions
         finally:
             p.terminate()
-            _, err = p.communicate(timeout=20)
+            out, _ = p.communicate(timeout=20)
         assert p.returncode == 0
-        assert b"protocol_error" in err or b"mind_error" in err
+        assert b"protocol_error" in out or b"mind_error" in out
 
 
 def test_secrets_and_the_hand_root_never_leak(tmp_path):

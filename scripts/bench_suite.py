@@ -1,0 +1,106 @@
+"""mindhand's benchmark suite (see scripts/bench): every figure, or a named subset, against a
+reference measured in the same run, printed as one table with PASS/MISS against its target.
+
+    scripts/bench                      # every figure, full mode (3 rounds each)
+    scripts/bench latency pipelined    # a subset
+    scripts/bench --quick              # a second or two per figure, 1 round (what CI runs)
+    scripts/bench --list               # the figures
+
+Timing targets are goals, not assertions: a MISS does not fail the run (exit 0); a figure that
+could not be measured at all prints an ERROR row and makes the exit code 1.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the real packages FIRST: tests/protocol etc. would shadow them
+sys.path.append(str(ROOT / "tests"))  # tests/support (Cluster, FaultProxy), last
+
+import argparse  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+
+from benchlib import core  # noqa: E402
+from benchlib.figures import ABOUT, FIGURES, release_unused  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="scripts/bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("figures", nargs="*", metavar="FIGURE", help=f"figures to run (default all): {', '.join(FIGURES)}")
+    ap.add_argument("--quick", action="store_true", help="a second or two per figure, 1 round, smaller scales")
+    ap.add_argument("--rounds", type=int, help="rounds per figure (default 3, --quick 1)")
+    ap.add_argument("--install-ssh", action="store_true",
+                    help="full mode only: apt-get install openssh-server if there is no sshd (for the ssh references)")
+    ap.add_argument("--json", metavar="FILE", help="also write the machine, rows and notes as JSON")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs of every process)")
+    ap.add_argument("--list", action="store_true", help="list the figures and exit")
+    args = ap.parse_args()
+    if args.list:
+        for name, about in ABOUT.items():
+            print(f"{name:<10} {about}")
+        return 0
+    unknown = [f for f in args.figures if f not in FIGURES]
+    if unknown:
+        ap.error(f"unknown figure(s) {', '.join(unknown)}; choose from {', '.join(FIGURES)}")
+    selected = [f for f in FIGURES if not args.figures or f in args.figures]
+    rounds = args.rounds or (1 if args.quick else 3)
+    if rounds < 1:
+        ap.error("--rounds must be at least 1")
+
+    def terminated(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)  # unwinds through the cleanup below
+
+    signal.signal(signal.SIGTERM, terminated)
+    mode = f"{'quick' if args.quick else 'full'}, {rounds} round{'s' if rounds > 1 else ''} per figure"
+    mach = core.machine()
+    head = (f"mindhand bench ({mode}) -- nproc {mach['nproc']}, CPU {mach['cpu']}, Python {mach['python']}, "
+            f"Linux {mach['kernel']}, websockets {mach['websockets']}; load average at start {core.loadavg()}")
+    print(head, flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="mindhand-bench."))
+    ctx = core.Ctx(quick=args.quick, rounds=rounds, tmp=tmp, install_ssh=args.install_ssh)
+    rows: list[core.Row] = []
+    errors = 0
+    t_start = time.monotonic()
+    try:
+        for name in selected:
+            t0 = time.monotonic()
+            print(f"bench: {name} ...", file=sys.stderr, flush=True)
+            try:
+                rows += FIGURES[name](ctx)
+            except Exception as exc:  # noqa: BLE001 - one figure failing must not hide the others
+                errors += 1
+                traceback.print_exc(file=sys.stderr)
+                rows.append(core.Row(name, "could not be measured (see notes)", verdict="ERROR"))
+                ctx.note(name, f"ERROR {type(exc).__name__}: {exc}"[:600])
+            release_unused(ctx, selected[selected.index(name) + 1:])
+            print(f"bench: {name} done in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+    finally:
+        ctx.close()
+        if args.keep:
+            print(f"bench: logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print()
+    print(core.format_table(rows))
+    if ctx.notes:
+        print("\nnotes:")
+        for name in [*selected, "ssh"]:
+            for text in ctx.notes.get(name, []):
+                print(f"  {name}: {text}")
+    verdicts = [r.verdict for r in rows]
+    print(f"\n{verdicts.count('PASS')} PASS, {verdicts.count('MISS')} MISS, {verdicts.count('n/a')} n/a, "
+          f"{verdicts.count('ERROR')} ERROR; {time.monotonic() - t_start:.0f} s in all; load average at end {core.loadavg()}")
+    if args.json:
+        core.dump_json(Path(args.json), mach, rows, ctx.notes, mode)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

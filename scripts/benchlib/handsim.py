@@ -1,0 +1,221 @@
+"""A light Hand simulator: N Hands as N WebSocket connections in ONE asyncio process.
+
+Each simulated Hand does the real handshake (`protocol.auth.ClientHandshake`, with its own hand
+credential) and then answers what a Mind sends: an `rpc` with `accepted`, `started` and a
+`read_file`-shaped `result` (100 bytes), a `task_inventory` with an empty page, a `cancel` with
+`already_done`; a background start is `rejected`. Nothing runs, nothing is stored.
+
+    handsim.py --url ws://... --creds FILE [--concurrency 30] [--ping-interval 10]
+    handsim.py --url ws://... --raw --count N      # N plain idle WebSocket connections, no protocol
+
+Talks JSON lines: prints {"ready": true} once imported, connects when it reads `go` on stdin, prints
+{"connected": n, "seconds": s, "busy": b, "errors": e} when every Hand is welcomed (or after
+--deadline), then holds the connections until stdin closes (or SIGTERM).
+
+The Mind refuses handshakes past `--max-pending-handshakes` (64) with `busy`: at most --concurrency
+handshakes are in progress here at once, and a `busy` refusal is retried after a short pause.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the real packages first (tests/protocol would shadow them)
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import random  # noqa: E402
+import signal  # noqa: E402
+import time  # noqa: E402
+
+from websockets.asyncio.client import ClientConnection, connect  # noqa: E402
+from websockets.exceptions import ConnectionClosed, InvalidHandshake  # noqa: E402
+
+from protocol import limits  # noqa: E402
+from protocol.auth import ClientHandshake, Credential  # noqa: E402
+from protocol.codes import CancelStatus, ErrorCode, RejectCode  # noqa: E402
+from protocol.envelope import Channel  # noqa: E402
+from protocol.errors import ProtocolError  # noqa: E402
+from protocol.messages import (  # noqa: E402
+    Accepted,
+    Cancel,
+    CancelResult,
+    Challenge,
+    Error,
+    HandClaims,
+    Rejected,
+    Result,
+    Rpc,
+    Started,
+    TaskInventory,
+    TaskInventoryPage,
+    Welcome,
+)
+from protocol.states import RunState  # noqa: E402
+
+CLAIMS = HandClaims(hostname="handsim", platform="Linux", machine="sim", python="3", version="handsim")
+VALUE = {"data": b"x" * 100, "size": 100, "offset": 0, "eof": True}
+
+
+class Sim:
+    def __init__(self, url: str, n: int, concurrency: int, ping: float | None) -> None:
+        self.url = url
+        self.n = n
+        self.sem = asyncio.Semaphore(concurrency)
+        self.ping = ping
+        self.connected = 0
+        self.busy = 0
+        self.errors = 0
+        self.all = asyncio.Event()
+        self.calls = 0
+
+    async def _dial(self) -> ClientConnection:
+        return await connect(
+            self.url, compression=None, max_size=limits.MAX_FRAME_BYTES, ping_interval=self.ping,
+            ping_timeout=self.ping, open_timeout=30, close_timeout=1,
+        )
+
+    def _up(self) -> None:
+        self.connected += 1
+        if self.connected >= self.n:
+            self.all.set()
+
+    async def raw(self) -> None:
+        for _ in range(100):
+            async with self.sem:
+                try:
+                    ws = await self._dial()
+                except (OSError, InvalidHandshake, TimeoutError):
+                    self.errors += 1
+                    await asyncio.sleep(0.05)
+                    continue
+            self._up()
+            await ws.wait_closed()
+            return
+
+    async def hand(self, cred: Credential) -> None:
+        for _ in range(500):
+            async with self.sem:
+                try:
+                    ws = await self._dial()
+                except (OSError, InvalidHandshake, TimeoutError):
+                    self.errors += 1
+                    await asyncio.sleep(0.05 + random.random() * 0.05)
+                    continue
+                ch = Channel()
+                try:
+                    ok = await self._handshake(ws, ch, cred)
+                except (ConnectionClosed, ProtocolError, TimeoutError):
+                    self.errors += 1
+                    ok = False
+                if not ok:
+                    await ws.close()
+            if not ok:
+                await asyncio.sleep(0.02 + random.random() * 0.03)
+                continue
+            self._up()
+            try:
+                await self._serve(ws, ch)
+            except (ConnectionClosed, ProtocolError):
+                pass
+            return
+
+    async def _handshake(self, ws: ClientConnection, ch: Channel, cred: Credential) -> bool:
+        hs = ClientHandshake(cred, os.urandom(limits.NONCE_BYTES), claims=CLAIMS)
+        async with asyncio.timeout(limits.HANDSHAKE_TIMEOUT_S):
+            try:
+                await ws.send(ch.stamp(hs.hello()))
+            except ConnectionClosed:
+                pass  # refused before it read the hello: the reason is queued
+            msg = ch.receive(await ws.recv()).msg
+            if isinstance(msg, Error):
+                if msg.code is ErrorCode.BUSY:
+                    self.busy += 1
+                else:
+                    self.errors += 1
+                return False
+            assert isinstance(msg, Challenge), msg.TYPE
+            await ws.send(ch.stamp(hs.on_challenge(msg)))
+            msg = ch.receive(await ws.recv()).msg
+            if not isinstance(msg, Welcome):
+                self.errors += 1
+                return False
+            ch.gen = hs.on_welcome(msg)
+        return True
+
+    async def _serve(self, ws: ClientConnection, ch: Channel) -> None:
+        async for data in ws:
+            env = ch.receive(data)
+            msg = env.msg
+            if isinstance(msg, Rpc):
+                if msg.background is not None:
+                    await ws.send(ch.stamp(Rejected(run_id=msg.run_id, code=RejectCode.INVALID_REQUEST,
+                                                    message="a simulated hand keeps no tasks")))
+                    continue
+                await ws.send(ch.stamp(Accepted(run_id=msg.run_id)))
+                await ws.send(ch.stamp(Started(run_id=msg.run_id)))
+                await ws.send(ch.stamp(Result(run_id=msg.run_id, state=RunState.SUCCEEDED, value=VALUE)))
+                self.calls += 1
+            elif isinstance(msg, TaskInventory):
+                await ws.send(ch.stamp(TaskInventoryPage(tasks=[]), env.id))
+            elif isinstance(msg, Cancel):
+                await ws.send(ch.stamp(CancelResult(run_id=msg.run_id, status=CancelStatus.ALREADY_DONE)))
+            elif isinstance(msg, Error):
+                return
+            elif env.id is not None:
+                await ws.send(ch.stamp(Error(code=ErrorCode.UNKNOWN_TASK, message="a simulated hand keeps no tasks"),
+                                       env.id))
+
+
+async def amain(args: argparse.Namespace) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stdin = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    creds = []
+    if not args.raw:
+        creds = [Credential.parse(ln) for ln in Path(args.creds).read_text().splitlines() if ln.strip()]
+    n = args.count if args.raw else len(creds)
+    sim = Sim(args.url, n, args.concurrency, args.ping_interval or None)
+    print(json.dumps({"ready": True}), flush=True)
+    if (await stdin.readline()).strip() != b"go":
+        return
+    t0 = time.perf_counter()
+    jobs = [asyncio.ensure_future(sim.raw() if args.raw else sim.hand(c)) for c in (range(n) if args.raw else creds)]
+    try:
+        async with asyncio.timeout(args.deadline):
+            await sim.all.wait()
+    except TimeoutError:
+        pass
+    print(json.dumps({"connected": sim.connected, "seconds": time.perf_counter() - t0, "busy": sim.busy,
+                      "errors": sim.errors}), flush=True)
+    eof = asyncio.ensure_future(stdin.read())
+    waiter = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({eof, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    for j in jobs:
+        j.cancel()
+    await asyncio.gather(*jobs, return_exceptions=True)
+    print(json.dumps({"calls": sim.calls}), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--creds", help="file of hand credentials, one token a line")
+    ap.add_argument("--raw", action="store_true", help="plain idle WebSocket connections, no protocol")
+    ap.add_argument("--count", type=int, default=0, help="connections in --raw mode")
+    ap.add_argument("--concurrency", type=int, default=30, help="handshakes in progress at once")
+    ap.add_argument("--ping-interval", type=float, default=10.0, help="keepalive ping of each connection (0: none)")
+    ap.add_argument("--deadline", type=float, default=60.0, help="give up waiting for all connections after this")
+    args = ap.parse_args()
+    asyncio.run(amain(args))
+
+
+if __name__ == "__main__":
+    main()
