@@ -25,6 +25,7 @@ from protocol.codes import CancelReason, CancelStatus, RejectCode
 from protocol.control import Budget
 from protocol.digest import args_digest
 from protocol.messages import (
+    OUTCOME_FIELDS,
     Background,
     Cancel,
     Exec,
@@ -370,23 +371,9 @@ class RunRegistry:
             return acts
         if not can_advance(RUN_TRANSITIONS, run.state, res.state):
             return [self._log("hand_input_illegal", run, what="result", state=run.state.value, result=res.state.value)]
-        end = RunEnd(
-            run_id=run.run_id,
-            hand=run.hand,
-            tool=run.tool,
-            state=res.state,
-            reason=res.reason,
-            exit_code=res.exit_code,
-            signal=res.signal,
-            stage=res.stage,
-            stdout=res.stdout,
-            stderr=res.stderr,
-            truncated=res.truncated,
-            progress_dropped=res.progress_dropped + run.dropped,
-            value=res.value,
-            error=res.error,
-            duration_ms=res.duration_ms,
-        )
+        fields = {k: getattr(res, k) for k in OUTCOME_FIELDS}
+        fields["progress_dropped"] = res.progress_dropped + run.dropped
+        end = RunEnd(hand=run.hand, tool=run.tool, **fields)
         return self._terminate(run, end, now, wall)
 
     def on_cancel_result(self, run_id: str, hand: str, gen: int, status: CancelStatus, now: float, wall: float) -> list[Action]:

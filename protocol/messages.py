@@ -151,8 +151,10 @@ class OutputTail(Message):
     total: NonNeg = 0
 
 
-class Result(Message):
-    TYPE = "result"
+class Outcome(Message):
+    """How a run ended: what the Hand reports (`result`) and what the client is told (`run_end`)."""
+
+    TYPE = "outcome"
     run_id: Id
     state: RunState
     reason: Str = ""
@@ -166,6 +168,13 @@ class Result(Message):
     value: Any = None
     error: Text | None = None
     duration_ms: NonNeg = 0
+
+
+OUTCOME_FIELDS = tuple(Outcome.model_fields)
+
+
+class Result(Outcome):
+    TYPE = "result"
 
     @model_validator(mode="after")
     def _hand_reportable(self) -> "Result":
@@ -333,26 +342,13 @@ class RunOutput(Message):
     data: Annotated[bytes, Strict(), Field(min_length=1, max_length=limits.PROGRESS_CHUNK_MAX)]
 
 
-class RunEnd(Message):
+class RunEnd(Outcome):
     """The authoritative end of a run, exactly once."""
 
     TYPE = "run_end"
-    run_id: Id
     hand: Label
     tool: Label
-    state: RunState
-    reason: Str = ""
     reject_code: RejectCode | None = None
-    exit_code: Int | None = None
-    signal: Int | None = None
-    stage: KillStage | None = None
-    stdout: OutputTail = OutputTail()
-    stderr: OutputTail = OutputTail()
-    truncated: Bool = False
-    progress_dropped: NonNeg = 0
-    value: Any = None
-    error: Text | None = None
-    duration_ms: NonNeg = 0
 
     @model_validator(mode="after")
     def _terminal(self) -> "RunEnd":

@@ -166,7 +166,9 @@ async def test_waiting_client_disconnect_cancels_the_run(tmp_path):
         await mc.close()
         await until(lambda: not pid_alive(pid), 15, "the run to be killed after its client left")
         async with await client(cl) as mc2:
-            info = await mc2.get_run(run_id)
+            async with asyncio.timeout(15):  # the tree is gone; its result is on its way
+                while (info := await mc2.get_run(run_id)).state is RunState.CANCEL_REQUESTED:
+                    await asyncio.sleep(0.05)
             assert info.state is RunState.CANCELLED and info.end.reason == "client_disconnected"
 
 
