@@ -64,6 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--log-file", help="append logs here (follows logrotate) instead of stdout")
     s.add_argument("--tls-cert", help="serve wss:// with this certificate (PEM; see scripts/mkcerts)")
     s.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    s.add_argument("--retain-runs", type=int, default=10_000,
+                   help="finished foreground runs kept in memory for `mind runs`/`run get` (default 10000)")
     s.add_argument("--max-pending-handshakes", type=int, default=64, help="refuse new connections past this many handshakes in progress")
     s.add_argument("--auth-fail-limit", type=int, default=10, help="failed handshakes per source address per minute before it is refused")
 
@@ -239,7 +241,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
         home=home, host=host, port=port, ping_interval=args.ping_interval, ping_timeout=args.ping_interval,
         tls_cert=_path(args.tls_cert) if args.tls_cert else None, tls_key=_path(args.tls_key) if args.tls_key else None,
         max_pending_handshakes=args.max_pending_handshakes, auth_fail_limit=args.auth_fail_limit,
+        retain_runs=args.retain_runs,
     )
+    if args.retain_runs < 0:
+        die("--retain-runs must be >= 0", EXIT_USAGE)
     if args.max_pending_handshakes < 1 or args.auth_fail_limit < 1:
         die("--max-pending-handshakes and --auth-fail-limit must be at least 1", EXIT_USAGE)
     try:

@@ -38,3 +38,15 @@ def test_healthz_and_metrics_over_http_during_runs(tmp_path):
         assert ("mindhand_event_loop_lag_seconds", ()) in samples
         assert ("mindhand_task_snapshots_stale", ()) in samples
         assert ("mindhand_reconcile_duration_seconds_count", ()) in samples
+
+
+def test_run_retention_is_configurable_and_bounds_history(tmp_path):
+    with running(tmp_path, mind_args=("--retain-runs", "3")) as cl:
+        ids = []
+        for i in range(6):
+            r = cl.cli("exec", "--hand", "box", "--json", "--", "echo", str(i))
+            ids.append(json.loads(r.stdout)["run_id"])
+        kept = [r["run_id"] for r in json.loads(cl.cli("runs", "--json").stdout)]
+        assert kept == list(reversed(ids[-3:]))  # the newest three, newest first
+        assert cl.cli("run", "get", ids[0]).returncode == 125  # pruned: no longer known
+        assert cl.cli("run", "get", ids[-1]).returncode == 0
