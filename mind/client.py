@@ -15,7 +15,7 @@ import asyncio
 import os
 import ssl
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
@@ -79,6 +79,7 @@ class RunFailed(ClientError):
 
 
 RunEvent = RunUpdate | RunOutput | RunEnd
+R = TypeVar("R", bound=Message)
 
 
 class RunHandle:
@@ -279,6 +280,13 @@ class MindClient:
         _raise_if_error(reply)
         return reply
 
+    async def _ask(self, msg: Message, kind: type[R]) -> R:
+        """A request whose one reply must be a `kind` (an `error` reply raises `ClientError`)."""
+        reply = await self._request(msg)
+        if not isinstance(reply, kind):
+            raise ClientError("protocol", f"expected {kind.TYPE} in reply to {msg.TYPE}, got {reply.TYPE}")
+        return reply
+
     # --- API ---
 
     async def start(
@@ -331,31 +339,21 @@ class MindClient:
         return end.value
 
     async def cancel(self, run_id: str) -> CancelRunResult:
-        reply = await self._request(CancelRun(run_id=run_id))
-        assert isinstance(reply, CancelRunResult)
-        return reply
+        return await self._ask(CancelRun(run_id=run_id), CancelRunResult)
 
     async def hands(self) -> list[HandInfo]:
-        reply = await self._request(ListHands())
-        assert isinstance(reply, HandsList)
-        return reply.hands
+        return (await self._ask(ListHands(), HandsList)).hands
 
     async def get_run(self, run_id: str) -> RunInfo:
-        reply = await self._request(GetRun(run_id=run_id))
-        assert isinstance(reply, RunInfo)
-        return reply
+        return await self._ask(GetRun(run_id=run_id), RunInfo)
 
     async def list_runs(
         self, hand: str | None = None, state: RunState | None = None, since: float | None = None, limit: int = 100
     ) -> list[RunInfo]:
-        reply = await self._request(ListRuns(hand=hand, state=state, since=since, limit=limit))
-        assert isinstance(reply, RunList)
-        return reply.runs
+        return (await self._ask(ListRuns(hand=hand, state=state, since=since, limit=limit), RunList)).runs
 
     async def status(self) -> StatusReply:
-        reply = await self._request(GetStatus())
-        assert isinstance(reply, StatusReply)
-        return reply
+        return await self._ask(GetStatus(), StatusReply)
 
     # --- background tasks ---
 
@@ -369,31 +367,21 @@ class MindClient:
     ) -> TaskStartResult:
         """Start a durable task. `outcome` says `accepted` (the Hand committed it), `duplicate`,
         `rejected` (with a code; nothing stored) or `unknown` (no answer came)."""
-        reply = await self._request(
-            TaskStart(hand=hand, tool=tool, args=args, max_runtime_ms=max(1, int(max_runtime * 1000)), task_id=task_id)
-        )
-        assert isinstance(reply, TaskStartResult)
-        return reply
+        ms = max(1, int(max_runtime * 1000))
+        req = TaskStart(hand=hand, tool=tool, args=args, max_runtime_ms=ms, task_id=task_id)
+        return await self._ask(req, TaskStartResult)
 
     async def task_get(self, task_id: str) -> TaskView:
-        reply = await self._request(TaskGet(task_id=task_id))
-        assert isinstance(reply, TaskView)
-        return reply
+        return await self._ask(TaskGet(task_id=task_id), TaskView)
 
     async def task_logs(self, task_id: str, offset: int = 0, limit: int = 64 << 10) -> TaskLogPage:
-        reply = await self._request(TaskLogs(task_id=task_id, offset=offset, limit=limit))
-        assert isinstance(reply, TaskLogPage)
-        return reply
+        return await self._ask(TaskLogs(task_id=task_id, offset=offset, limit=limit), TaskLogPage)
 
     async def task_cancel(self, task_id: str) -> TaskCancelReply:
-        reply = await self._request(TaskCancelRequest(task_id=task_id))
-        assert isinstance(reply, TaskCancelReply)
-        return reply
+        return await self._ask(TaskCancelRequest(task_id=task_id), TaskCancelReply)
 
     async def task_list(self, hand: str | None = None, state: TaskState | None = None, limit: int = 1000) -> list[TaskView]:
-        reply = await self._request(TaskList(hand=hand, state=state, limit=limit))
-        assert isinstance(reply, TaskListResult)
-        return reply.tasks
+        return (await self._ask(TaskList(hand=hand, state=state, limit=limit), TaskListResult)).tasks
 
 
 def _raise_if_error(msg: Message) -> None:

@@ -187,25 +187,15 @@ class Child:
         self.p.stdin.flush()
 
     def stop(self, timeout: float = 5.0) -> None:
+        from support.cluster import stop_group  # tests/ is on sys.path for every bench entry point
+
         if self.p.poll() is None:
             try:
                 if self.p.stdin is not None:
                     self.p.stdin.close()
             except OSError:
                 pass
-            try:
-                self.p.send_signal(signal.SIGTERM)
-                self.p.wait(timeout=timeout)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                pass
-        try:
-            os.killpg(self.p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        stop_group(self.p, timeout)
         if self._log is not subprocess.DEVNULL:
             self._log.close()
 

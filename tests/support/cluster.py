@@ -39,6 +39,25 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def stop_group(p: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM and wait up to `timeout` (a clean stop), then SIGKILL whatever is left of the
+    process's session/group (it was started with start_new_session), bounded."""
+    if p.poll() is None:
+        try:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=timeout)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            pass
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        p.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 class Proc:
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
         self.name = name
@@ -66,20 +85,7 @@ class Proc:
         self.p.wait(timeout=10)
 
     def stop(self, timeout: float = 10.0) -> int | None:
-        if self.alive():
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        stop_group(self.p, timeout)
         self._logf.close()
         return self.p.returncode
 
