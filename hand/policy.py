@@ -34,3 +34,15 @@ def parse_tool_list(text: str) -> frozenset[str]:
             f"unknown tool(s) {', '.join(unknown)}; known tools: {', '.join(sorted(KNOWN_TOOLS))}"
         )
     return names
+
+
+class LivePolicy:
+    """The policy in force, shared by the run table and the task manager. A SIGHUP reload swaps
+    what it holds: runs and tasks already admitted keep going (they were allowed when they asked);
+    every later request meets the new policy."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.current = policy
+
+    def allowed(self, tool: str) -> bool:
+        return self.current.allowed(tool)

@@ -27,6 +27,8 @@ AUDIT_EVENTS = frozenset(
         "handshake_ok", "handshake_failed", "handshake_refused", "credential_changed", "credential_closed",
         "denied_by_scope", "hand_input_wrong_generation", "hand_input_unknown_run", "task_update_foreign",
         "reconcile_foreign_task",
+        # what the operator changed while it ran
+        "config_reloaded", "config_reload_failed", "policy_reloaded",
     }
 )
 
@@ -78,8 +80,52 @@ def _level_for(component: str | None, default: int, per: dict[str, int]) -> int:
     return default
 
 
-def _tee_and_render(audit: AuditLog | None, min_level: int, json_console: bool, console_renderer,
-                    per: dict[str, int] | None = None):
+class _Levels:
+    """The levels in force, read by every log call: `set_levels` (SIGHUP) changes them in place, so
+    loggers already bound and cached keep working and follow the new levels."""
+
+    floor = logging.INFO  # the lowest level any component lets through: cheaper calls stop here
+    default = logging.INFO
+    per: dict[str, int] = {}
+
+
+def set_levels(spec: str) -> None:
+    """Apply a new level spec (`info,hand=debug`) to every logger, cached or not. ValueError if bad."""
+    default, per = parse_levels(spec)
+    _Levels.default, _Levels.per = default, per
+    _Levels.floor = min([default, logging.INFO, *per.values()])  # INFO: audit events pass to the tee
+
+
+def _method(name: str, level: int):
+    def method(self, event=None, *args, **kw):
+        if level < _Levels.floor:
+            return None
+        return self._proxy_to_logger(name, event % args if args else event, **kw)
+
+    method.__name__ = name
+    return method
+
+
+def _exception(self, event=None, *args, **kw):
+    kw.setdefault("exc_info", True)
+    return self.error(event, *args, **kw)
+
+
+class LevelledLogger(structlog.BoundLoggerBase):
+    """A bound logger whose threshold can change at run time (structlog's filtering loggers fix it
+    when they are made, and the daemons cache theirs)."""
+
+    debug = _method("debug", logging.DEBUG)
+    info = _method("info", logging.INFO)
+    msg = _method("info", logging.INFO)
+    warning = _method("warning", logging.WARNING)
+    warn = warning
+    error = _method("error", logging.ERROR)
+    critical = _method("critical", logging.CRITICAL)
+    exception = _exception
+
+
+def _tee_and_render(audit: AuditLog | None, json_console: bool, console_renderer):
     """The last processor: writes audit events whatever the console level (the bound logger lets
     INFO through for that reason), drops what the console's level filters out, and renders. With a
     JSON console an audited event is encoded once for both."""
@@ -90,7 +136,8 @@ def _tee_and_render(audit: AuditLog | None, min_level: int, json_console: bool, 
             line = _json(event_dict)
             os.write(audit._fd, (line + "\n").encode())  # one write per line: O_APPEND keeps it whole
         level_no = _LEVELS.get(method)
-        floor = _level_for(event_dict.get("component"), min_level, per) if per else min_level
+        per = _Levels.per
+        floor = _level_for(event_dict.get("component"), _Levels.default, per) if per else _Levels.default
         if level_no is not None and level_no < floor:
             raise structlog.DropEvent
         if json_console:
@@ -147,15 +194,15 @@ def configure(fmt: LogFormat = "auto", level: str = "info", stream=None, audit: 
     if fmt == "auto":
         fmt = "console" if stream.isatty() else "json"
     console = structlog.dev.ConsoleRenderer(colors=stream.isatty()) if fmt == "console" else None
-    numeric, per = parse_levels(level)
+    set_levels(level)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            _tee_and_render(audit, numeric, console is None, console, per),
+            _tee_and_render(audit, console is None, console),
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(min([numeric, logging.INFO, *per.values()])),
+        wrapper_class=LevelledLogger,
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         # Daemons configure once at start: caching the bound loggers saves a proxy lookup and a bind
         # on every log call (measured: a tenth of the Mind's CPU per routed call).

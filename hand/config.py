@@ -1,0 +1,143 @@
+"""The Hand's settings: one table that makes the `hand run` flags, the `MINDHAND_*` variables and
+the keys of `hand.toml` (precedence and errors: `protocol.settings`).
+
+The file is `--config FILE` or `$MINDHAND_CONFIG`, else `hand.toml` in the state directory if it
+exists. Each key is the flag's name with underscores: `--max-running-tasks 8` is
+`max_running_tasks = 8`. Checks that need only the value live here, so a bad value in the file is
+reported with its line; checks that touch the machine (is the root a directory, can the credential
+be read) happen when the agent is built, and still name where the value came from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from protocol.settings import Key, between, listen_address, log_levels, one_of, positive
+
+DEFAULT_STATE_DIR = "~/.local/state/mindhand-hand"
+CONFIG_NAME = "hand.toml"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_BYTES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_duration(text: str) -> float:
+    """`90s`, `30m`, `2h`, `7d`, or plain seconds -> seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a duration (use e.g. 90s, 30m, 2h, 7d)")
+    return float(m.group(1)) * _SECONDS[m.group(2)]
+
+
+def parse_size(text: str) -> int:
+    """`64M`, `512K`, `1G` (binary multiples), or plain bytes -> bytes."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a size (use e.g. 65536, 512K, 64M, 1G)")
+    return int(m.group(1)) * _BYTES[m.group(2).lower()]
+
+
+def _duration(value: str) -> str:
+    if parse_duration(value) <= 0:
+        raise ValueError("must be more than 0")
+    return value
+
+
+def _size(value: str) -> str:
+    if parse_size(value) <= 0:
+        raise ValueError("must be more than 0")
+    return value
+
+
+def _tools(value: list[str]) -> list[str]:
+    from hand.policy import parse_tool_list
+
+    parse_tool_list(",".join(value))
+    return value
+
+
+CONNECTION = "connection"
+TASKS = "background tasks"
+SANDBOX = "sandbox"
+LOGS = "logs and health"
+
+KEYS: tuple[Key, ...] = (
+    Key("mind", str, None, "ws:// or wss:// URL of the Mind", env="MINDHAND_URL", required=True, metavar="URL",
+        what="Mind URL"),
+    Key("credential", str, None, "file holding this Hand's credential mh1:hand:LABEL:HEX (or the token itself; "
+        "`config show` masks it)", env="MINDHAND_CREDENTIAL", required=True, metavar="FILE",
+        what="credential"),
+    Key("root", str, None, "directory that file tools and command cwd cannot leave", required=True, metavar="DIR",
+        what="root directory"),
+    Key("state_dir", str, DEFAULT_STATE_DIR, "private state directory (task database, logs, audit), created 0700",
+        metavar="DIR"),
+    Key("allow_tools", list, None, "tools to allow, comma-separated (default: all)", check=_tools,
+        reloadable=True, metavar="LIST"),
+    Key("deny_tools", list, [], "tools to deny, comma-separated (wins over allow)", check=_tools,
+        reloadable=True, metavar="LIST"),
+    Key("max_backoff", float, 30.0, "largest reconnect delay in seconds", check=between(0.5, 3600, " seconds"),
+        metavar="S"),
+    Key("ping_interval", float, 10.0, "keepalive ping interval and timeout in seconds",
+        check=between(0.1, 3600, " seconds"), metavar="S"),
+    Key("kill_grace", float, 5.0, "seconds between SIGTERM and SIGKILL of a cancelled command",
+        check=between(0, 600, " seconds"), metavar="S"),
+    Key("ca", str, None, "CA file to verify a wss:// Mind (default: the system trust store)", env="MINDHAND_CA",
+        metavar="FILE"),
+    Key("pin", str, None, "require the Mind's certificate to have this fingerprint", env="MINDHAND_PIN",
+        metavar="sha256:HEX"),
+    Key("max_running_tasks", int, 4, "background tasks running at once; others wait queued",
+        check=between(1, 10_000), metavar="N"),
+    Key("max_retained_tasks", int, 1000, "background tasks kept, finished ones included; more are refused",
+        check=between(1, 10_000_000), metavar="N"),
+    Key("task_retention", str, "7d", "how long finished tasks and their logs are kept: 90s, 30m, 2h, 7d",
+        check=_duration, metavar="DURATION"),
+    Key("task_log_max", str, "64M", "bytes of output kept per task (the head): bytes or K, M, G",
+        check=_size, metavar="SIZE"),
+    Key("env_allow", list, [], "also pass these variables of this Hand's environment (comma-separated, "
+        "repeatable; a trailing * is a prefix glob, e.g. CI_*)", metavar="NAMES"),
+    Key("env_inherit", bool, False, "UNSAFE: pass this Hand's whole environment (any token or key it holds) to "
+        "every command; only MINDHAND_* and the credential are still removed"),
+    Key("max_cpu_seconds", int, None, "cap on a run's CPU seconds (whole process tree; spent -> "
+        "budget_exhausted)", check=positive, metavar="N"),
+    Key("max_address_space", str, None, "cap on a run's address space per process: bytes or K, M, G (RLIMIT_AS)",
+        check=_size, metavar="SIZE"),
+    Key("max_open_files", int, None, "cap on open files per process (RLIMIT_NOFILE)", check=positive,
+        metavar="N"),
+    Key("max_processes", int, None, "cap on processes (RLIMIT_NPROC: counts ALL processes of the user; root is "
+        "exempt, so it is meant for --run-as)", check=positive, metavar="N"),
+    Key("run_as", str, None, "run commands as USER (uid, primary and supplementary groups); only when this "
+        "Hand runs as root. Nothing is chowned: the root must be usable by USER", metavar="USER"),
+    Key("log_format", str, "auto", "auto (console on a TTY, else JSON lines), console or json",
+        check=one_of("auto", "console", "json")),
+    Key("log_level", str, "info", "debug, info, warning, error; per component: info,hand=debug",
+        check=log_levels, reloadable=True),
+    Key("log_file", str, None, "append logs here (follows logrotate) instead of stdout", metavar="FILE"),
+    Key("metrics_listen", str, None, "serve GET /healthz and /metrics on HOST:PORT (plain HTTP, no auth: keep it "
+        "on loopback; port 0 = any free port, written to STATE_DIR/metrics.addr)", check=listen_address,
+        metavar="HOST:PORT"),
+)
+
+GROUPS: dict[str, str] = {
+    "max_running_tasks": TASKS, "max_retained_tasks": TASKS, "task_retention": TASKS, "task_log_max": TASKS,
+    "env_allow": SANDBOX, "env_inherit": SANDBOX, "max_cpu_seconds": SANDBOX, "max_address_space": SANDBOX,
+    "max_open_files": SANDBOX, "max_processes": SANDBOX, "run_as": SANDBOX,
+    "log_format": LOGS, "log_level": LOGS, "log_file": LOGS, "metrics_listen": LOGS,
+}
+
+
+def config_path(flag: str | None, state_dir_flag: str | None, env: dict[str, str]) -> tuple[str, bool]:
+    """The file to read and whether it was named explicitly (then it must exist)."""
+    named = flag or env.get("MINDHAND_CONFIG")
+    if named:
+        return str(Path(named).expanduser()), True
+    state = state_dir_flag or env.get("MINDHAND_STATE_DIR") or DEFAULT_STATE_DIR
+    return str(Path(state).expanduser() / CONFIG_NAME), False
+
+
+def environment() -> dict[str, str]:
+    return dict(os.environ)

@@ -1,0 +1,46 @@
+"""The Mind's settings: one table that makes the `mind serve` flags, the `MINDHAND_*` variables and
+the keys of `mind.toml` (precedence and errors: `protocol.settings`).
+
+The file is `--config FILE` or `$MINDHAND_CONFIG`, else `mind.toml` in the Mind's home if it
+exists. Each key is the flag's name with underscores: `--retain-runs 500` is `retain_runs = 500`.
+The home itself (`--home`/`$MINDHAND_HOME`) is not a key: it is where the file is looked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mind.paths import DEFAULT_LISTEN
+from protocol.settings import Key, between, listen_address, log_levels, one_of
+
+CONFIG_NAME = "mind.toml"
+
+KEYS: tuple[Key, ...] = (
+    Key("listen", str, DEFAULT_LISTEN, "HOST:PORT to listen on (port 0 = any free port, written to HOME/mind.url)",
+        check=listen_address, metavar="HOST:PORT"),
+    Key("ping_interval", float, 10.0, "keepalive ping interval in seconds (a silent peer is lost after two)",
+        check=between(0.1, 3600, " seconds"), metavar="S"),
+    Key("tls_cert", str, None, "serve wss:// with this certificate (PEM; see scripts/mkcerts)", metavar="FILE"),
+    Key("tls_key", str, None, "the certificate's private key (PEM)", metavar="FILE"),
+    Key("retain_runs", int, 10_000, "finished foreground runs kept in memory for `mind runs`/`run get`",
+        check=between(0, 10_000_000), metavar="N"),
+    Key("max_pending_handshakes", int, 64, "refuse new connections past this many handshakes in progress",
+        check=between(1, 100_000), reloadable=True, metavar="N"),
+    Key("auth_fail_limit", int, 10, "failed handshakes per source address per minute before it is refused",
+        check=between(1, 1_000_000), reloadable=True, metavar="N"),
+    Key("log_format", str, "auto", "auto (console on a TTY, else JSON lines), console or json",
+        check=one_of("auto", "console", "json")),
+    Key("log_level", str, "info", "debug, info, warning, error; per component: info,mind.tasks=debug",
+        check=log_levels, reloadable=True),
+    Key("log_file", str, None, "append logs here (follows logrotate) instead of stdout", metavar="FILE"),
+)
+
+GROUPS = {"log_format": "logs", "log_level": "logs", "log_file": "logs"}
+
+
+def config_path(flag: str | None, home: Path, env: dict[str, str]) -> tuple[str, bool]:
+    """The file to read and whether it was named explicitly (then it must exist)."""
+    named = flag or env.get("MINDHAND_CONFIG")
+    if named:
+        return str(Path(named).expanduser()), True
+    return str(home / CONFIG_NAME), False
