@@ -32,6 +32,7 @@ import platform
 import signal
 import socket
 import sys
+import time
 from collections.abc import Awaitable
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -43,7 +44,9 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.uri import parse_uri
 
 from hand.backoff import Backoff
-from hand.policy import Policy
+from hand.health import ADDR_FILE, HealthServer, shown_url
+from hand.metrics import HandMetrics
+from hand.policy import LivePolicy, Policy
 from hand.process import DEFAULT_GRACE_S
 from hand.runs import RecentRuns, RunTable
 from hand.sandbox import Sandbox
@@ -79,6 +82,34 @@ OPEN_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 2.0
 
 
+class BatchingConnection(ClientConnection):
+    """A client connection that writes everything its protocol has to send in one `writelines`
+    (one syscall, one wakeup of the Mind for frames queued together). Frames, order and flow
+    control stay websockets' own; only the write changes. (The Mind's twin: `mind.outbox`.)"""
+
+    def send_data(self) -> None:
+        chunks = self.protocol.data_to_send()
+        if all(chunks):
+            if chunks:
+                self.transport.writelines(chunks)
+            return
+        for data in chunks:  # an EOF marker among them (closing): upstream's own handling
+            if data:
+                self.transport.write(data)
+            elif self.transport.can_write_eof():
+                try:
+                    self.transport.write_eof()
+                except Exception:  # noqa: BLE001 - as websockets: write_eof() documents no exceptions
+                    pass
+            else:
+                self.transport.close()
+
+    async def send_many(self, frames: list[bytes]) -> None:
+        async with self.send_context():
+            for frame in frames:
+                self.protocol.send_binary(frame)
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     url: str
@@ -97,6 +128,8 @@ class AgentConfig:
     ca: Path | None = None
     pin: str | None = None
     """How a wss:// Mind is verified (`protocol.tls`): checked before the credential is ever used."""
+    metrics_listen: tuple[str, int] | None = None
+    """(host, port) of the local `/healthz` and `/metrics` (`hand.health`); None: not served."""
 
 
 class MindRefused(Exception):
@@ -147,14 +180,23 @@ class _Wire:
         self._queue.put_nowait(self.channel.stamp(msg, id=id))
 
     async def write_loop(self) -> None:
+        """Frames queued together (a quick tool's `accepted` and `result`) leave in one write."""
         while True:
-            data = await self._queue.get()
-            if data is None:
-                return
+            frames = [await self._queue.get()]
+            while not self._queue.empty() and frames[-1] is not None and len(frames) < 64:
+                frames.append(self._queue.get_nowait())
+            last = frames[-1]
+            batch = [f for f in frames if f is not None]
             try:
-                await self.ws.send(data)
+                if len(batch) == 1 or not isinstance(self.ws, BatchingConnection):
+                    for data in batch:
+                        await self.ws.send(data)
+                elif batch:
+                    await self.ws.send_many(batch)
             except ConnectionClosed:
                 self.open = False
+                return
+            if last is None:
                 return
 
     async def finish(self, timeout: float) -> None:
@@ -187,8 +229,74 @@ class Agent:
         self.gen: int | None = None
         """The generation of the live connection (None between connections), for tests and logs."""
         self.tasks: TaskManager | None = None
+        self.policy = LivePolicy(config.policy)
+        self.metrics = HandMetrics()
+        self.metrics.build.info({"version": self._claims.version})
+
+    def reload(self, reload: Callable[[], Policy | None]) -> None:
+        """SIGHUP: never fatal (a bad file is the reload's to report); connections stay up."""
+        try:
+            policy = reload()
+        except Exception:  # noqa: BLE001 - a reload must not stop the Hand
+            self._log.exception("config_reload_crashed")
+            return
+        if policy is not None and policy != self.policy.current:
+            self.policy.current = policy
+            self._log.info("policy_reloaded", allow=sorted(policy.allow) if policy.allow is not None else "all",
+                           deny=sorted(policy.deny))
 
     async def run(self) -> int:
+        """Bind `--metrics-listen` first, if asked: a port that cannot be bound is a local
+        configuration error (exit 2 before any dial), like every other one. The health server and
+        the lag probe are owned here, outside `_run`, so they answer through reconnects and through
+        the whole shutdown, and are closed last."""
+        if self.cfg.metrics_listen is None:
+            return await self._run()
+        host, port = self.cfg.metrics_listen
+        health = HealthServer(host, port, health=self.health, metrics=self.metrics.render, log=self._log,
+                              addr_file=self.cfg.state_dir / ADDR_FILE if self.cfg.state_dir is not None else None)
+        try:
+            await health.start()
+        except OSError as exc:
+            self._log.error("metrics_listen_failed", host=host, port=port, error=_short(exc))
+            print(f"hand: cannot serve --metrics-listen {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        async with asyncio.TaskGroup() as tg:
+            serving = tg.create_task(health.serve())
+            probe = tg.create_task(self._lag_probe())
+            try:
+                return await self._run()
+            finally:
+                probe.cancel()
+                serving.cancel()
+
+    def health(self) -> dict[str, Any]:
+        """The body of `/healthz`. Answered whenever the process can answer (liveness); whether a
+        Mind is listening is `connected`, and `status` says it in one word: `ok`, `disconnected`
+        (alive, reconnecting) or `stopping`. The Mind's URL is shown without userinfo or query."""
+        connected = self.gen is not None
+        return {
+            "status": "stopping" if self._stop.is_set() else "ok" if connected else "disconnected",
+            "version": self._claims.version,
+            "hand": self.cfg.credential.label,
+            "uptime_s": round(time.monotonic() - self.metrics.started, 3),
+            "connected": connected,
+            "mind": shown_url(self.cfg.url),
+            "generation": self.gen,
+            "runs_running": self.metrics.runs_running(),
+            "tasks": self.tasks.live() if self.tasks is not None else {"queued": 0, "running": 0},
+        }
+
+    async def _lag_probe(self, period: float = 0.01) -> None:
+        """Event-loop lag sampled every 10 ms, like the Mind's: a stalled loop delays every run's
+        output and every keepalive, and this is how an operator sees it."""
+        loop = asyncio.get_running_loop()
+        while True:
+            t0 = loop.time()
+            await asyncio.sleep(period)
+            self.metrics.observe_lag(max(0.0, loop.time() - t0 - period))
+
+    async def _run(self) -> int:
         """Open the task manager (restart recovery happens here, before any connection), then
         connect forever; on stop, shut the tasks down (`cancelled`, reason `shutdown`)."""
         if self.cfg.state_dir is None:
@@ -198,15 +306,17 @@ class Agent:
                 state_dir=self.cfg.state_dir,
                 root=self.cfg.root,
                 spawn=owner.create_task,
-                policy=self.cfg.policy,
+                policy=self.policy,  # type: ignore[arg-type] - a LivePolicy: SIGHUP swaps it
                 limits=self.cfg.tasks,
                 kill_grace=self.cfg.kill_grace,
                 sanitize=self._sanitize,
                 log=self._log,
                 sandbox=self._sandbox,
+                metrics=self.metrics,
             )
             await tasks.open()
             self.tasks = tasks
+            self.metrics.watch_tasks(tasks.live)
             try:
                 code = await self._connect_forever()
             finally:
@@ -226,20 +336,26 @@ class Agent:
             except _Stopped:
                 break
             except MindRefused as exc:
+                self.metrics.handshake_failures.labels(exc.code.value).inc()
                 self._log.warning("mind_refused", code=exc.code.value, reason=exc.message[:300])
             except ProtocolError as exc:
+                self.metrics.handshake_failures.labels(exc.code.value).inc()
                 self._log.warning("handshake_failed", code=exc.code.value, reason=exc.message)
             except TimeoutError:
+                self.metrics.connect_failures.inc()
                 self._log.warning("connect_timeout", host=uri.host, port=uri.port)
             except (OSError, InvalidHandshake, ConnectionClosed) as exc:
+                self.metrics.connect_failures.inc()
                 self._log.warning("connect_failed", host=uri.host, port=uri.port, error=_short(exc))
             except Exception:  # noqa: BLE001 - never let one bad connection end the agent
                 self._log.exception("connection_crashed")
             self.gen = None
+            self.metrics.session_ended()
             if self._stop.is_set():
                 break
             self._backoff.connection_ended(lived)
             delay = self._backoff.next_delay()
+            self.metrics.backoff.set(delay)
             self._log.info("reconnect_wait", delay=round(delay, 3), attempt=self._backoff.attempt)
             with suppress(TimeoutError):
                 async with asyncio.timeout(delay):
@@ -276,6 +392,7 @@ class Agent:
                 open_timeout=OPEN_TIMEOUT_S,
                 close_timeout=max(0.2, min(CLOSE_TIMEOUT_S, 0.2 * p)),
                 ssl=self._ssl,
+                create_connection=BatchingConnection,
             )
         )
         self._log.info("connected", host=self._uri.host, port=self._uri.port, tls=self._uri.secure)
@@ -321,6 +438,7 @@ class Agent:
     async def _serve(self, ws: ClientConnection, channel: Channel, welcome: Welcome) -> None:
         log = self._log.bind(gen=welcome.gen)
         self.gen = welcome.gen
+        self.metrics.welcomed()
         log.info("welcome", mind_ping_interval_s=welcome.ping_interval_s)
         wire = _Wire(ws, channel, log)
         reason = CancelReason.CONNECTION_LOST
@@ -328,7 +446,7 @@ class Agent:
         async with asyncio.TaskGroup() as tg:
             table = RunTable(
                 root=self.cfg.root,
-                policy=self.cfg.policy,
+                policy=self.policy,  # type: ignore[arg-type] - a LivePolicy: SIGHUP swaps it
                 send=wire.send,
                 spawn=tg.create_task,
                 sanitize=self._sanitize,
@@ -336,6 +454,7 @@ class Agent:
                 kill_grace=self.cfg.kill_grace,
                 log=log,
                 sandbox=self._sandbox,
+                metrics=self.metrics,
             )
             wire.writer = tg.create_task(wire.write_loop())
             if self.tasks is not None:
@@ -437,9 +556,15 @@ def _short(exc: BaseException) -> str:
 
 
 async def run_agent(
-    config: AgentConfig, *, handle_signals: bool = True, stop_requested: Callable[[], bool] | None = None
+    config: AgentConfig,
+    *,
+    handle_signals: bool = True,
+    stop_requested: Callable[[], bool] | None = None,
+    reload: Callable[[], Policy | None] | None = None,
 ) -> int:
     """Run the Hand until SIGTERM/SIGINT (graceful: runs cancelled with `shutdown`). Returns 0.
+    SIGHUP calls `reload` (the CLI re-reads its config file); a policy it returns applies to every
+    request from then on, on this connection and the next ones, without dropping the connection.
 
     `stop_requested`: did a signal arrive before our handlers were installed (the CLI catches them
     from its first line on, so a Hand stopped while starting still stops gracefully)?
@@ -452,6 +577,9 @@ async def run_agent(
     signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
     for sig in signals:
         loop.add_signal_handler(sig, agent.request_stop)
+    if handle_signals and reload is not None:
+        signals += (signal.SIGHUP,)
+        loop.add_signal_handler(signal.SIGHUP, lambda: agent.reload(reload))
     if stop_requested is not None and stop_requested():
         agent.request_stop()
     try:

@@ -15,39 +15,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-DEFAULT_STATE_DIR = "~/.local/state/mindhand-hand"
+from hand.config import DEFAULT_STATE_DIR, GROUPS, KEYS, parse_duration, parse_size  # noqa: F401 (re-exported)
+from protocol.settings import ConfigError, Settings
 
 
-class ConfigError(Exception):
-    pass
+def _add_settings(p: argparse.ArgumentParser) -> None:
+    from protocol.settings import add_flags
+
+    add_flags(p, KEYS, GROUPS, _GROUP_HELP, file_help="TOML settings file (default $MINDHAND_CONFIG, else "
+              "STATE_DIR/hand.toml if it exists)")
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
-_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-_BYTES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-
-def parse_duration(text: str) -> float:
-    """`90s`, `30m`, `2h`, `7d`, or plain seconds -> seconds."""
-    m = _DURATION.match(text)
-    if not m:
-        raise ValueError(f"{text!r} is not a duration (use e.g. 90s, 30m, 2h, 7d)")
-    return float(m.group(1)) * _SECONDS[m.group(2)]
-
-
-def parse_size(text: str) -> int:
-    """`64M`, `512K`, `1G` (binary multiples), or plain bytes -> bytes."""
-    m = _SIZE.match(text)
-    if not m:
-        raise ValueError(f"{text!r} is not a size (use e.g. 65536, 512K, 64M, 1G)")
-    return int(m.group(1)) * _BYTES[m.group(2).lower()]
+_GROUP_HELP = {
+    "sandbox": "What commands (exec, shell, background tasks) see and may use. By default a command sees only "
+    "PATH, HOME, LANG, LANGUAGE, LC_*, TERM, TZ, USER, LOGNAME, SHELL and TMPDIR of this Hand's "
+    "environment, plus the env of its own request; MINDHAND_* variables and the credential never "
+    "reach it. Resource limits are requested per run (the `limits` argument: cpu_seconds, "
+    "address_space, open_files, processes); the --max-* flags cap them, and a run that asks for "
+    "nothing gets the caps.",
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,65 +48,20 @@ def _parser() -> argparse.ArgumentParser:
         "run",
         help="connect to a Mind and run tools in a root directory",
         description="Connect out to a Mind and run the tools it asks for, confined to --root. "
-        "Reconnects forever; SIGTERM/SIGINT stop it gracefully.",
+        "Reconnects forever; SIGTERM/SIGINT stop it gracefully; SIGHUP reloads the tool policy and "
+        "log level from the config file.",
     )
-    run.add_argument("--mind", metavar="URL", default=os.environ.get("MINDHAND_URL"),
-                     help="ws:// or wss:// URL of the Mind (env MINDHAND_URL)")
-    run.add_argument("--credential", metavar="FILE", default=os.environ.get("MINDHAND_CREDENTIAL"),
-                     help="file holding this hand's credential mh1:hand:LABEL:HEX (env MINDHAND_CREDENTIAL)")
-    run.add_argument("--root", metavar="DIR", required=True,
-                     help="directory that file tools and command cwd cannot leave")
-    run.add_argument("--state-dir", metavar="DIR", default=DEFAULT_STATE_DIR,
-                     help=f"private state directory, created 0700 (default {DEFAULT_STATE_DIR})")
-    run.add_argument("--allow-tools", metavar="LIST", help="comma-separated tools to allow (default: all)")
-    run.add_argument("--deny-tools", metavar="LIST", default="", help="comma-separated tools to deny (wins over allow)")
-    run.add_argument("--max-backoff", metavar="S", type=float, default=30.0, help="largest reconnect delay (default 30)")
-    run.add_argument("--ping-interval", metavar="S", type=float, default=10.0,
-                     help="keepalive ping interval and timeout (default 10)")
-    run.add_argument("--kill-grace", metavar="S", type=float, default=5.0,
-                     help="seconds between SIGTERM and SIGKILL of a cancelled command (default 5)")
-    run.add_argument("--max-running-tasks", metavar="N", type=int, default=4,
-                     help="background tasks running at once; others wait queued (default 4)")
-    run.add_argument("--max-retained-tasks", metavar="N", type=int, default=1000,
-                     help="background tasks kept, finished ones included; more are refused (default 1000)")
-    run.add_argument("--task-retention", metavar="DURATION", default="7d",
-                     help="how long finished tasks and their logs are kept: 90s, 30m, 2h, 7d (default 7d)")
-    run.add_argument("--task-log-max", metavar="SIZE", default="64M",
-                     help="bytes of output kept per task (the head): bytes or K, M, G (default 64M)")
-    box = run.add_argument_group(
-        "sandbox",
-        "What commands (exec, shell, background tasks) see and may use. By default a command sees only "
-        "PATH, HOME, LANG, LANGUAGE, LC_*, TERM, TZ, USER, LOGNAME, SHELL and TMPDIR of this Hand's "
-        "environment, plus the env of its own request; MINDHAND_* variables and the credential never "
-        "reach it. Resource limits are requested per run (the `limits` argument: cpu_seconds, "
-        "address_space, open_files, processes); the --max-* flags cap them, and a run that asks for "
-        "nothing gets the caps.",
+    _add_settings(run)
+    cfg = sub.add_parser("config", help="show the effective settings and where each comes from")
+    cfgs = cfg.add_subparsers(dest="action", required=True, metavar="ACTION")
+    show = cfgs.add_parser(
+        "show",
+        help="print every setting, its value (credentials masked) and its source",
+        description="Resolve the settings exactly as `hand run` would with the same flags, environment "
+        "and file, and print each value with its source (flag, variable, file line, or default).",
     )
-    box.add_argument("--env-allow", metavar="NAMES", action="append", default=[],
-                     help="also pass these variables of this Hand's environment (comma-separated, repeatable; "
-                     "a trailing * is a prefix glob, e.g. CI_*)")
-    box.add_argument("--env-inherit", action="store_true",
-                     help="UNSAFE: pass this Hand's whole environment (any token or key it holds) to every "
-                     "command; only MINDHAND_* and the credential are still removed")
-    box.add_argument("--max-cpu-seconds", metavar="N", type=int,
-                     help="cap on a run's CPU seconds (whole process tree; spent -> budget_exhausted)")
-    box.add_argument("--max-address-space", metavar="SIZE",
-                     help="cap on a run's address space per process: bytes or K, M, G (RLIMIT_AS)")
-    box.add_argument("--max-open-files", metavar="N", type=int, help="cap on open files per process (RLIMIT_NOFILE)")
-    box.add_argument("--max-processes", metavar="N", type=int,
-                     help="cap on processes (RLIMIT_NPROC: counts ALL processes of the user; root is exempt, "
-                     "so it is meant for --run-as)")
-    box.add_argument("--run-as", metavar="USER",
-                     help="run commands as USER (uid, primary and supplementary groups); only when this Hand "
-                     "runs as root. Nothing is chowned: --root must be usable by USER")
-    run.add_argument("--ca", metavar="FILE", default=os.environ.get("MINDHAND_CA"),
-                     help="CA file to verify a wss:// Mind (default $MINDHAND_CA, else the system trust store)")
-    run.add_argument("--pin", metavar="sha256:HEX", default=os.environ.get("MINDHAND_PIN"),
-                     help="require the Mind's certificate to have this fingerprint (default $MINDHAND_PIN)")
-    run.add_argument("--log-format", choices=("auto", "console", "json"), default="auto")
-    run.add_argument("--log-level", default="info",
-                     help="debug, info, warning, error (default info); per component: info,hand=debug")
-    run.add_argument("--log-file", metavar="FILE", help="append logs here (follows logrotate) instead of stdout")
+    _add_settings(show)
+    show.add_argument("--json", action="store_true", help="a JSON list instead of a table")
 
     tasks = sub.add_parser(
         "tasks",
@@ -123,29 +69,46 @@ def _parser() -> argparse.ArgumentParser:
         description="List the background tasks in the Hand's own database, oldest first. "
         "Works while the Hand runs and without any Mind.",
     )
-    tasks.add_argument("--state-dir", metavar="DIR", default=DEFAULT_STATE_DIR,
-                       help=f"the Hand's state directory (default {DEFAULT_STATE_DIR})")
+    tasks.add_argument("--state-dir", metavar="DIR", default=None,
+                       help=f"the Hand's state directory (default $MINDHAND_STATE_DIR, else {DEFAULT_STATE_DIR})")
     tasks.add_argument("--state", choices=("queued", "running", "succeeded", "failed", "cancelled", "timed_out",
                                            "lost"), help="only tasks in this state")
     tasks.add_argument("--json", action="store_true", help="a JSON list instead of a table")
     return parser
 
 
-def _read_credential(path: str | None) -> Any:
+def settings_source(args: argparse.Namespace, env: dict[str, str] | None = None) -> Any:
+    """What `resolve` needs, kept for SIGHUP: the flags given, the environment, the file's path."""
+    from hand.config import config_path, environment
+    from protocol.settings import Source, flags_given, read_file
+
+    env = environment() if env is None else env
+    flags = flags_given(args, KEYS)
+    path, explicit = config_path(args.config, flags.get("state_dir"), env)
+    return Source(keys=KEYS, flags=flags, env=env, path=path, explicit=explicit, read=read_file)
+
+
+def _read_credential(value: str, s: Settings) -> Any:
+    """The credential file (or, for deployments that pass secrets in the environment, the token
+    itself). Never echo the token in a message."""
     from protocol.auth import Credential
 
-    if not path:
-        raise ConfigError("no credential: pass --credential FILE or set MINDHAND_CREDENTIAL")
-    try:
-        text = Path(path).expanduser().read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read credential file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    inline = value.strip().startswith("mh1:")
+    where = s.origin("credential") if inline else f"credential file {value}"
+    if inline:
+        text = value
+    else:
+        try:
+            text = Path(value).expanduser().read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise s.fail("credential", f"cannot read credential file {value}: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
     try:
         cred = Credential.parse(text)
     except ValueError as exc:
-        raise ConfigError(f"bad credential in {path}: {exc}") from None
+        raise ConfigError(f"bad credential in {where}: {exc}") from None
     if cred.role != "hand":
-        raise ConfigError(f"credential in {path} is for a {cred.role}, not a hand")
+        raise ConfigError(f"credential in {where} is for a {cred.role}, not a hand")
     return cred
 
 
@@ -160,90 +123,82 @@ def _state_dir(path: str) -> Path:
     return state
 
 
-def build_config(args: argparse.Namespace) -> Any:
+def build_config(settings: Settings) -> Any:
     from hand.agent import AgentConfig, validate_url
-    from hand.policy import Policy, parse_tool_list
 
-    if not args.mind:
-        raise ConfigError("no Mind URL: pass --mind URL or set MINDHAND_URL")
+    s = settings
     try:
-        validate_url(args.mind)
+        validate_url(s["mind"])
     except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    cred = _read_credential(args.credential)
-    root = Path(args.root).expanduser()
+        raise s.fail("mind", str(exc)) from None
+    cred = _read_credential(s["credential"], s)
+    root = Path(s["root"]).expanduser()
     if not root.is_dir():
-        raise ConfigError(f"--root {args.root} is not a directory")
-    try:
-        allow = None if args.allow_tools is None else parse_tool_list(args.allow_tools)
-        deny = parse_tool_list(args.deny_tools)
-    except ValueError as exc:
-        raise ConfigError(f"--allow-tools/--deny-tools: {exc}") from None
-    for name, value, low in (("--max-backoff", args.max_backoff, 0.5), ("--ping-interval", args.ping_interval, 0.1)):
-        if not value >= low or value > 3600:
-            raise ConfigError(f"{name} must be between {low} and 3600 seconds")
-    if not 0 <= args.kill_grace <= 600:
-        raise ConfigError("--kill-grace must be between 0 and 600 seconds")
-    task_limits = _task_limits(args)
-    sandbox = _sandbox(args)
-    state = _state_dir(args.state_dir)
+        raise s.fail("root", f"{s['root']} is not a directory")
+    task_limits = _task_limits(s)
+    sandbox = _sandbox(s)
+    state = _state_dir(s["state_dir"])
     _check_task_db(state)
     from protocol.tls import TLSConfigError, client_context
 
     try:
-        client_context(args.mind, args.ca, args.pin)
+        client_context(s["mind"], s["ca"], s["pin"])
     except TLSConfigError as exc:
         raise ConfigError(str(exc)) from None
+    from hand.health import parse_listen
+
+    try:
+        metrics_listen = parse_listen(s["metrics_listen"]) if s["metrics_listen"] else None
+    except ValueError as exc:
+        raise s.fail("metrics_listen", str(exc)) from None
     return AgentConfig(
-        url=args.mind,
+        url=s["mind"],
         credential=cred,
         root=Path(os.path.realpath(root)),
-        policy=Policy(allow=allow, deny=deny),
+        policy=policy_of(s),
         state_dir=state,
-        max_backoff=args.max_backoff,
-        ping_interval=args.ping_interval,
-        kill_grace=args.kill_grace,
+        max_backoff=s["max_backoff"],
+        ping_interval=s["ping_interval"],
+        kill_grace=s["kill_grace"],
         tasks=task_limits,
         sandbox=sandbox,
-        ca=Path(args.ca).expanduser() if args.ca else None,
-        pin=args.pin,
+        ca=Path(s["ca"]).expanduser() if s["ca"] else None,
+        pin=s["pin"],
+        metrics_listen=metrics_listen,
     )
 
 
-def _sandbox(args: argparse.Namespace) -> Any:
+def policy_of(s: Settings) -> Any:
+    from hand.policy import Policy
+
+    allow = s["allow_tools"]
+    return Policy(allow=None if allow is None else frozenset(allow), deny=frozenset(s["deny_tools"]))
+
+
+def _sandbox(s: Settings) -> Any:
     from hand.sandbox import DEFAULT_ALLOW, ResourceLimits, Sandbox, lookup_user, parse_env_allow
 
     try:
-        allow = DEFAULT_ALLOW.extended(parse_env_allow(args.env_allow))
+        allow = DEFAULT_ALLOW.extended(parse_env_allow(s["env_allow"]))
     except ValueError as exc:
-        raise ConfigError(f"--env-allow: {exc}") from None
-    caps: dict[str, int | None] = {}
-    for name, flag, value in (("cpu_seconds", "--max-cpu-seconds", args.max_cpu_seconds),
-                              ("open_files", "--max-open-files", args.max_open_files),
-                              ("processes", "--max-processes", args.max_processes)):
-        if value is not None and value <= 0:
-            raise ConfigError(f"{flag} must be more than 0")
-        caps[name] = value
-    if args.max_address_space is not None:
-        try:
-            caps["address_space"] = parse_size(args.max_address_space)
-        except ValueError as exc:
-            raise ConfigError(f"--max-address-space: {exc}") from None
-        if caps["address_space"] <= 0:
-            raise ConfigError("--max-address-space must be more than 0")
+        raise s.fail("env_allow", str(exc)) from None
+    caps: dict[str, int | None] = {
+        "cpu_seconds": s["max_cpu_seconds"], "open_files": s["max_open_files"], "processes": s["max_processes"],
+        "address_space": parse_size(s["max_address_space"]) if s["max_address_space"] is not None else None,
+    }
     try:
         limits = ResourceLimits(**caps)
     except ValueError as exc:
         raise ConfigError(f"a --max-* value is out of range: {str(exc).splitlines()[-1].strip()}") from None
     run_as = None
-    if args.run_as is not None:
+    if s["run_as"] is not None:
         if os.geteuid() != 0:
-            raise ConfigError(f"--run-as needs the hand to run as root (it runs as uid {os.geteuid()})")
+            raise s.fail("run_as", f"needs the hand to run as root (it runs as uid {os.geteuid()})")
         try:
-            run_as = lookup_user(args.run_as)
+            run_as = lookup_user(s["run_as"])
         except ValueError as exc:
-            raise ConfigError(f"--run-as: {exc}") from None
-    return Sandbox(env_allow=allow, env_inherit=args.env_inherit, caps=limits, run_as=run_as)
+            raise s.fail("run_as", str(exc)) from None
+    return Sandbox(env_allow=allow, env_inherit=s["env_inherit"], caps=limits, run_as=run_as)
 
 
 def _check_task_db(state: Path) -> None:
@@ -256,25 +211,11 @@ def _check_task_db(state: Path) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def _task_limits(args: argparse.Namespace) -> Any:
+def _task_limits(s: Settings) -> Any:
     from hand.tasks import TaskLimits
 
-    if not 1 <= args.max_running_tasks <= 10_000:
-        raise ConfigError("--max-running-tasks must be between 1 and 10000")
-    if not 1 <= args.max_retained_tasks <= 10_000_000:
-        raise ConfigError("--max-retained-tasks must be between 1 and 10000000")
-    try:
-        retention = parse_duration(args.task_retention)
-    except ValueError as exc:
-        raise ConfigError(f"--task-retention: {exc}") from None
-    if retention <= 0:
-        raise ConfigError("--task-retention must be more than 0")
-    try:
-        log_max = parse_size(args.task_log_max)
-    except ValueError as exc:
-        raise ConfigError(f"--task-log-max: {exc}") from None
-    return TaskLimits(max_running=args.max_running_tasks, max_retained=args.max_retained_tasks,
-                      retention_s=retention, log_max=log_max)
+    return TaskLimits(max_running=s["max_running_tasks"], max_retained=s["max_retained_tasks"],
+                      retention_s=parse_duration(s["task_retention"]), log_max=parse_size(s["task_log_max"]))
 
 
 _COLUMNS = ("TASK", "STATE", "TOOL", "CREATED", "EXIT", "LOG BYTES", "REASON")
@@ -288,7 +229,7 @@ def tasks_main(args: argparse.Namespace) -> int:
     from hand.taskstore import TaskStoreError, read_rows
     from protocol.states import TaskState
 
-    state_dir = Path(args.state_dir).expanduser()
+    state_dir = Path(args.state_dir or os.environ.get("MINDHAND_STATE_DIR") or DEFAULT_STATE_DIR).expanduser()
     if not state_dir.is_dir():
         print(f"hand: state dir {state_dir} does not exist (pass the --state-dir of `hand run`)", file=sys.stderr)
         return 2
@@ -328,23 +269,79 @@ def tasks_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def config_show(args: argparse.Namespace) -> int:
+    from protocol.settings import format_table
+
+    source = settings_source(args)
+    try:
+        settings = source.load(require=False)
+    except ConfigError as exc:
+        print(f"hand: {exc}", file=sys.stderr)
+        return 2
+    rows = settings.show()
+    missing = source.missing(settings)
+    if args.json:
+        print(json.dumps({"file": settings.file, "settings": rows, "missing": missing}, indent=2))
+    else:
+        print(f"# config file: {source.describe(settings)}")
+        print(format_table(rows))
+    for name in missing:
+        key = next(k for k in KEYS if k.name == name)
+        print(f"hand: {name} is not set (pass {key.flag}, set {key.env_name}, or set {name} in the file): "
+              "`hand run` would refuse to start", file=sys.stderr)
+    return 2 if missing else 0
+
+
+def reloader(source: Any, started: Settings) -> Any:
+    """SIGHUP: read the file again (same flags and environment), apply what can change while
+    running (the tool policy, the log level), and say which other changes need a restart. A file
+    that no longer parses changes nothing: the running Hand keeps its settings and logs why."""
+    from protocol import logs
+
+    log = logs.get("hand")
+    applied = {k.name: started[k.name] for k in KEYS if k.reloadable}
+
+    def reload() -> Any:
+        try:
+            new = source.load()
+        except ConfigError as exc:
+            log.error("config_reload_failed", error=str(exc), file=source.path)
+            return None
+        now = [k.name for k in KEYS if k.reloadable and new[k.name] != applied[k.name]]
+        restart = [k.name for k in KEYS if not k.reloadable and new[k.name] != started[k.name]]
+        log.info("config_reloaded", file=source.path, applied=now, needs_restart=restart)  # at the old level
+        if restart:
+            log.warning("config_needs_restart", keys=restart)
+        if "log_level" in now:
+            logs.set_levels(new["log_level"])
+        applied.update({name: new[name] for name in now})
+        return policy_of(new) if {"allow_tools", "deny_tools"} & set(now) else None
+
+    return reload
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "tasks":
         return tasks_main(args)
+    if args.command == "config":
+        return config_show(args)
     import signal
 
     early: list[int] = []  # SIGTERM/SIGINT while starting: stop gracefully once the agent runs
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: early.append(signum))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload before the agent runs has nothing to reload
     try:
-        config = build_config(args)
+        source = settings_source(args)
+        settings = source.load()
+        config = build_config(settings)
         from protocol import logs
 
         try:
             audit = logs.AuditLog(config.state_dir / "audit.jsonl") if config.state_dir else None
-            stream = logs.ReopeningFile(args.log_file) if args.log_file else None
-            logs.configure(args.log_format, args.log_level, stream=stream, audit=audit)
+            stream = logs.ReopeningFile(settings["log_file"]) if settings["log_file"] else None
+            logs.configure(settings["log_format"], settings["log_level"], stream=stream, audit=audit)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         except OSError as exc:
@@ -357,4 +354,4 @@ def main(argv: list[str] | None = None) -> int:
 
     from hand.agent import run_agent
 
-    return asyncio.run(run_agent(config, stop_requested=lambda: bool(early)))
+    return asyncio.run(run_agent(config, stop_requested=lambda: bool(early), reload=reloader(source, settings)))

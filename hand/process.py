@@ -22,6 +22,10 @@
 
 "Gone" means no member of the group is alive. Zombies count as gone: where PID 1 does not reap
 orphans (some containers), a killed grandchild stays a zombie forever, and it runs nothing.
+Waiting for "gone" is event-driven, not a fixed sleep: the main process's exit comes from the child
+watcher, the other members' through pidfds (Linux >= 5.3; without them, a poll from 0.5 ms backing
+off to 5 ms), and /proc is scanned only once every member seen alive has exited. `kill()` sends
+SIGTERM itself, at once, so a cancel costs the signal, the tree's own exit and one scan.
 """
 
 from __future__ import annotations
@@ -46,9 +50,24 @@ DEFAULT_GRACE_S = 5.0
 DRAIN_S = 0.2
 """How long pipes may stay open after the main process exited before we stop reading them."""
 STRAGGLER_GRACE_S = 0.5
+FIRST_POLL_S = 0.0005
 POLL_S = 0.005
+"""Without pidfds, a signalled group is re-checked after FIRST_POLL_S, then at doubling intervals
+up to POLL_S."""
+WATCHED_POLL_S = 0.05
+"""With a pidfd on every live member, their exits wake us; the group is rescanned at this interval
+only as a backstop (a member that left the group alive). A long grace costs ~20 scans a second."""
+WATCH_MAX = 64
+"""A group with more live members is polled instead: watching it would take one fd per member,
+and running the Hand out of fds would break its connection too."""
 REAP_BOUND_S = 5.0
 """Upper bound on waiting for a SIGKILLed tree to disappear (a process stuck in the kernel)."""
+SCAN_ROUNDS = 20
+"""Re-listings of /proc in one scan before giving up on a stable view (see `_scan`)."""
+SCAN_INLINE_MAX = 1000
+"""A scan that must read up to this many processes' /proc/PID/stat runs on the loop (~3 us each:
+less than the hop to a thread and back on a busy machine); a larger one goes to a thread, so a
+kill never stalls the loop for more than ~3 ms."""
 
 _FDS: dict[int, Stream] = {1: "stdout", 2: "stderr"}
 
@@ -124,31 +143,195 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 def group_alive(pgid: int) -> bool:
     """Is any non-zombie process left in group `pgid`?"""
+    entries = _entries(pgid)
+    live = _scan(pgid, entries) if entries is not None else None
+    return live is None or bool(live)
+
+
+async def live_members(pgid: int) -> list[int] | None:
+    """The pids of group `pgid`'s live (non-zombie) members, [] once it is gone; None when it exists
+    but its members cannot be listed (no /proc, or not ours to signal): count that as alive."""
+    entries = _entries(pgid)
+    if entries is None:
+        return None
+    if sum(1 for key in entries if _unknown(key, pgid)) <= SCAN_INLINE_MAX:
+        return _scan(pgid, entries)
+    return await asyncio.to_thread(_scan, pgid, entries)
+
+
+Entry = tuple[str, int]
+"""A /proc entry: (pid, inode). A reused pid gets a new inode, so an entry names one process."""
+
+_seen: dict[Entry, int | None] = {}
+"""Processes already read, with their session id, or None once a zombie. A process outside session
+G never joins group G (setpgid stays within a session; setsid makes a session of the caller's own
+pid), and a zombie stays one: a scan for G skips both, and reads only the processes new since the
+last scan and those of G's own session."""
+
+
+def _unknown(key: Entry, pgid: int) -> bool:
+    """Must this process be read to tell if it is a live member of group `pgid`? Process `pgid`
+    itself always is: seen before its `setsid`, it was in another session."""
+    return _seen.get(key, pgid) == pgid or key[0] == str(pgid)
+
+
+def _entries(pgid: int) -> list[Entry] | None:
+    """The /proc entries to scan for group `pgid`'s members: none when the group has no member at
+    all, not even a zombie (one cheap syscall tells, the usual case once a tree is reaped); None
+    when it exists and cannot be looked into."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
-        return False
+        return []
     except PermissionError:
-        return True
-    if not os.path.isdir("/proc"):
-        return True  # no way to tell zombies apart here: assume alive
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+        return None
+    return _listing()
+
+
+def _listing() -> list[Entry] | None:
+    try:
+        with os.scandir("/proc") as it:
+            return [(e.name, e.inode()) for e in it if e.name.isdigit()]
+    except OSError:
+        return None  # no way to tell zombies apart here: assume alive
+
+
+def _scan(pgid: int, entries: list[Entry]) -> list[int] | None:
+    """The live members of group `pgid` among the processes of /proc listing `entries`, re-listing
+    until nothing new shows up; None (count it as alive) if new processes keep showing up.
+
+    Reading /proc is not atomic: a member may fork and exit while it is read, so that its child is
+    missing from the listing and the member itself is already dead (the tree would be "gone" with
+    the child running). Whatever was created meanwhile had a live creator; a re-listing with nothing
+    new in it means no creator was missed."""
+    global _seen
+    if not entries:
+        return []
+    old = _seen
+    _seen = {key: old[key] for key in entries if key in old}  # forget the processes gone
+    want = str(pgid).encode()
+    done: set[Entry] = set()
+    for _ in range(SCAN_ROUNDS):
+        fresh = [key for key in entries if key not in done and _unknown(key, pgid)]
+        if not fresh:
+            return []
+        done.update(fresh)
+        live = []
+        for key in fresh:
+            try:
+                fd = os.open(f"/proc/{key[0]}/stat", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                stat = os.read(fd, 512)  # pid (comm) state ppid pgrp session ...: all near the start
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+            fields = stat[stat.rfind(b")") + 2 :].split(maxsplit=4)
+            if len(fields) < 4:
+                continue
+            zombie = fields[0] in (b"Z", b"X")
+            _seen[key] = None if zombie else int(fields[3])
+            if not zombie and fields[2] == want:
+                live.append(int(key[0]))
+        if live:
+            return live
+        relisted = _listing()
+        if relisted is None:
+            return None
+        entries = relisted
+    return None
+
+
+def _pidfd(pid: int, pgid: int) -> int | None:
+    """A pidfd for member `pid` of group `pgid` (readable once that process has exited), or None: no
+    pidfd support (not Linux >= 5.3, or a seccomp filter), or `pid` no longer names a member. The
+    group is checked after the open, so the fd names a member or a process that already exited."""
+    if _pidfd_open is None:
+        return None
+    try:
+        fd = _pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        if os.getpgid(pid) == pgid:
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+_pidfd_open: Callable[[int], int] | None = getattr(os, "pidfd_open", None)
+
+
+async def _until_exited(fds: list[int], timeout: float) -> bool:
+    """Wait until every pidfd is readable (all those processes have exited) or `timeout` passes.
+    False, at once, when this event loop cannot watch fds."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    pending = set(fds)
+
+    def ready(fd: int) -> None:
+        loop.remove_reader(fd)  # a pidfd stays readable: one report is enough
+        pending.discard(fd)
+        if not pending and not done.done():
+            done.set_result(None)
+
+    watching: list[int] = []
+    try:
+        for fd in fds:
+            loop.add_reader(fd, ready, fd)
+            watching.append(fd)
+    except (NotImplementedError, OSError):
+        fds = []
+    try:
+        if fds:
+            await asyncio.wait({done}, timeout=timeout)
+    finally:
+        for fd in watching:
+            loop.remove_reader(fd)
+    return bool(fds)
+
+
+async def _until_gone(pgid: int, exited: asyncio.Future[None] | None, until: float) -> bool:
+    """Wait until the tree is gone (True) or loop time `until` passes (False), without a fixed sleep.
+
+    Exits are events: the main process's (`exited`, from the child watcher) and, through pidfds,
+    every member's. The group is scanned only when every member seen alive by the last scan has
+    exited (a live one keeps the group alive anyway); that scan finds what was forked meanwhile.
+    The timer is a backstop for a member that left the group alive (WATCHED_POLL_S), or, without
+    pidfds, the poll itself (FIRST_POLL_S, doubling up to POLL_S)."""
+    loop = asyncio.get_running_loop()
+    if exited is not None and not exited.done():
+        await asyncio.wait({exited}, timeout=max(0.0, until - loop.time()))
+        if not exited.done():
+            return False
+    step = FIRST_POLL_S
+    while True:
+        live = await live_members(pgid)
+        if live == []:
             return True
-    return False
+        remaining = until - loop.time()
+        if remaining <= 0:
+            return False
+        watchable = live if live is not None and len(live) <= WATCH_MAX else []
+        fds = [fd for pid in watchable if (fd := _pidfd(pid, pgid)) is not None]
+        try:
+            if live and len(fds) == len(live) and await _until_exited(fds, min(WATCHED_POLL_S, remaining)):
+                continue
+        finally:
+            for fd in fds:
+                os.close(fd)
+        await asyncio.sleep(min(step, remaining))
+        step = min(step * 2, POLL_S)
 
 
 class ProcessRun:
     """One child process tree. `kill()` may be called at any time, from any callback, any number of
-    times: it only records the request; `run()` performs the kill sequence."""
+    times: it records the request and, once the child runs, sends SIGTERM at once; `run()` performs
+    the rest of the kill sequence."""
 
     def __init__(
         self,
@@ -188,13 +371,27 @@ class ProcessRun:
         if run_as is not None:
             self._sandbox.update(run_as.popen_args())
         self._kill = asyncio.Event()
+        self._armed = False
+        """`on_spawn` has returned and `run()` has not: `kill()` may signal the group itself."""
+        self._terminated = False
         self.stdout = Tail()
         self.stderr = Tail()
         self.pid: int | None = None
         self._exited: asyncio.Future[None] | None = None
 
     def kill(self) -> None:
+        """SIGTERM goes out here, in the caller's own callback, not a loop turn later behind the
+        frames and log lines that callback queued: a cancel's latency starts with this signal."""
         self._kill.set()
+        if self._armed and not self.exited:
+            self._terminate()
+
+    def _terminate(self) -> None:
+        """SIGTERM (and SIGCONT, so a stopped member can act on it) to the group, once."""
+        if not self._terminated and self.pid is not None:
+            self._terminated = True
+            _signal_group(self.pid, signal.SIGTERM)
+            _signal_group(self.pid, signal.SIGCONT)
 
     @property
     def exited(self) -> bool:
@@ -236,12 +433,13 @@ class ProcessRun:
         try:
             if self._on_spawn is not None:
                 await self._on_spawn(pgid)
+            self._armed = True
             if self._stdin is not None:
                 pipe = transport.get_pipe_transport(0)
                 if pipe is not None:
                     pipe.write(self._stdin)
                     pipe.close()  # flushes, then EOF; a child that never reads gets EPIPE-closed
-            killed, stage = False, None
+            killed, stage, gone = False, None, False
             if not proto.exited.done():
                 kill_wait = loop.create_task(self._kill.wait())
                 try:
@@ -249,17 +447,21 @@ class ProcessRun:
                 finally:
                     kill_wait.cancel()
             if not proto.exited.done():  # the kill request came first: the truth is "we killed it"
+                self._terminate()
+            if self._terminated:  # (sent by kill() itself, maybe just before the exit was seen)
                 killed = True
-                stage = await self._kill_group(pgid, self._grace, proto.exited)
+                stage, gone = await self._kill_group(pgid, self._grace, proto.exited, terminated=True)
             drained = await self._wait_closed(proto, self._drain)
             stragglers = False
-            if await asyncio.to_thread(group_alive, pgid):
+            # Seen gone, it stays gone: a new member needs a live one to fork it.
+            if not gone and (await live_members(pgid)) != []:
                 stragglers = True
                 await self._kill_group(pgid, self._straggler_grace, None)
             if not drained:
                 await self._wait_closed(proto, self._drain)
             finished = True
         finally:
+            self._armed = False  # the group is not ours to signal any more: its id may be reused
             transport.close()  # stop reading pipes a setsid'd escapee may still hold
             if not finished:  # cancelled or failed mid-way: leave nothing running
                 _signal_group(pgid, signal.SIGKILL)
@@ -284,36 +486,30 @@ class ProcessRun:
         return not still
 
     @staticmethod
-    async def _kill_group(pgid: int, grace: float, exited: asyncio.Future[None] | None) -> KillStage:
-        """SIGTERM the group, give it `grace` seconds to be gone, then SIGKILL it.
+    async def _kill_group(
+        pgid: int, grace: float, exited: asyncio.Future[None] | None, *, terminated: bool = False
+    ) -> tuple[KillStage, bool]:
+        """SIGTERM the group, give it `grace` seconds to be gone, then SIGKILL it. Returns the stage
+        that ended it and whether it was seen gone (False only past REAP_BOUND_S after SIGKILL).
 
         `exited` is the main process's exit (None once it has been reaped): the tree is gone when
-        the main process has exited and no member of the group is left alive.
+        the main process has exited and no member of the group is left alive. `terminated`: the
+        SIGTERM is already out.
         """
         loop = asyncio.get_running_loop()
-        _signal_group(pgid, signal.SIGTERM)
-        _signal_group(pgid, signal.SIGCONT)
-        deadline = loop.time() + grace
-        while True:
-            if (exited is None or exited.done()) and not await asyncio.to_thread(group_alive, pgid):
-                return KillStage.TERM
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            await asyncio.sleep(min(POLL_S, remaining))
+        if not terminated:
+            _signal_group(pgid, signal.SIGTERM)
+            _signal_group(pgid, signal.SIGCONT)
+        if await _until_gone(pgid, exited, loop.time() + grace):
+            return KillStage.TERM, True
         _signal_group(pgid, signal.SIGKILL)
-        bound = loop.time() + REAP_BOUND_S
-        while loop.time() < bound:
-            if (exited is None or exited.done()) and not await asyncio.to_thread(group_alive, pgid):
-                break
-            await asyncio.sleep(POLL_S)
-        return KillStage.KILL
+        return KillStage.KILL, await _until_gone(pgid, exited, loop.time() + REAP_BOUND_S)
 
 
 async def kill_group(pgid: int, grace: float) -> KillStage:
     """Kill process group `pgid` (not our child: e.g. one left by a crashed Hand) as a whole tree:
     SIGTERM, `grace` seconds, SIGKILL."""
-    return await ProcessRun._kill_group(pgid, grace, None)
+    return (await ProcessRun._kill_group(pgid, grace, None))[0]
 
 
 def start_time(pid: int) -> int | None:

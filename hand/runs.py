@@ -40,6 +40,7 @@ import msgpack
 import structlog
 
 from hand.cputime import CPU_SECONDS, cpu_exhausted, kernel_cpu_kill, stop_watching, watch_cpu
+from hand.metrics import HandMetrics
 from hand.policy import KNOWN_TOOLS, Policy
 from hand.process import DEFAULT_GRACE_S, ProcessOutcome, ProcessRun, Stream
 from hand.sandbox import Sandbox
@@ -128,9 +129,11 @@ class RunTable:
         kill_grace: float = DEFAULT_GRACE_S,
         log: Any = None,
         sandbox: Sandbox = DEFAULT_SANDBOX,
+        metrics: HandMetrics | None = None,
     ) -> None:
         self._root = root
         self._sandbox = sandbox
+        self._metrics = metrics or HandMetrics()
         self._policy = policy
         self._send = send
         self._spawn = spawn
@@ -170,6 +173,7 @@ class RunTable:
         grace = self._kill_grace if rpc.grace_ms is None else min(rpc.grace_ms / 1000, self._kill_grace)
         run = _Run(rpc, ctl, prepared, grace, digest, log)
         self._active[rpc.run_id] = run  # before any await: a following cancel finds it
+        self._metrics.run_started(rpc.run_id)
         self._idle.clear()
         self._send(Accepted(run_id=rpc.run_id))
         log.info("run_accepted", args_digest=digest, timeout_ms=rpc.timeout_ms)
@@ -197,15 +201,16 @@ class RunTable:
     def _reject(self, rpc: Rpc, code: RejectCode, message: str, log: Any) -> None:
         self._send(Rejected(run_id=rpc.run_id, code=code, message=self._sanitize(message)))
         log.info("run_rejected", code=code.value)
+        self._metrics.runs_rejected.labels(code.value).inc()
 
     # --- cancellation ---------------------------------------------------------------------------
 
     def on_cancel(self, cancel: Cancel) -> None:
         run = self._active.get(cancel.run_id)
         if run is not None:
+            self._cancel(run, cancel.reason)  # first: the SIGTERM goes out before any frame or log
             self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.CANCEL_REQUESTED))
             run.log.info("run_cancel_requested", reason=cancel.reason.value)
-            self._cancel(run, cancel.reason)
         elif cancel.run_id in self._recent:
             self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.ALREADY_DONE))
         else:
@@ -325,6 +330,7 @@ class RunTable:
             piece = data[i : i + step]
             if run.ctl.cancellation.cancelled or run.ctl.lifecycle.done or not _fits(run.ctl.budget, len(piece)):
                 run.dropped += 1
+                self._metrics.progress_dropped(len(piece))
                 continue
             self._send(Progress(run_id=run.rpc.run_id, stream=stream, offset=base + i, data=piece))
 
@@ -388,6 +394,7 @@ class RunTable:
                 result = result.model_copy(update={"state": term.state, "reason": term.reason})
         result = result.model_copy(update={"progress_dropped": run.dropped})
         del self._active[run.rpc.run_id]
+        self._metrics.run_finished(run.rpc.run_id, result.state.value)
         self._recent.add(run.rpc.run_id)
         if not self._active:
             self._idle.set()

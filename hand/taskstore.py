@@ -2,8 +2,9 @@
 background task (DESIGN §3, §7).
 
 Rules this module keeps:
-- A row is durable before anyone hears of it: every write is its own transaction, committed with
-  `synchronous=FULL`, so the `accepted` that follows an insert survives a power cut.
+- A row is durable before anyone hears of it: every write is a committed transaction with
+  `synchronous=FULL`, so the `accepted` that follows an insert survives a power cut. The starts
+  admitted together share one transaction (`insert_many`: one fsync for the batch, all or none).
 - `version` starts at 1 and grows by one on EVERY change of the row: the Mind applies a report
   only if it is newer than what it holds, so pushes, replies and inventory pages can arrive in any
   order. A state change goes through `protocol.states.advance`: a terminal row never changes again.
@@ -22,7 +23,7 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import quote
 
 from protocol.codes import KillStage
@@ -62,6 +63,12 @@ class TaskStoreError(Exception):
     """The database cannot be opened or used (a local problem: permissions, a corrupt file)."""
 
 
+def _raise(result: Any) -> Any:
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
 @dataclass(frozen=True)
 class TaskRow:
     task_id: str
@@ -89,7 +96,26 @@ class TaskRow:
         return self.state in TASK_TERMINAL
 
 
+@dataclass(frozen=True)
+class Insert:
+    """A write: new rows (all or none)."""
+
+    rows: tuple[TaskRow, ...]
+
+
+@dataclass(frozen=True)
+class Change:
+    """A write: `changes` to one row, `version` + 1 (see `TaskStore.update`)."""
+
+    task_id: str
+    changes: Mapping[str, Any]
+
+
+Write = Insert | Change
+
 _FIELDS = tuple(f.name for f in dataclasses.fields(TaskRow))
+_IN_CHUNK = 500
+"""Ids per `IN (...)` query: well under SQLite's limit on bound parameters."""
 _COLUMNS = ", ".join(_FIELDS)
 
 
@@ -102,7 +128,7 @@ def _to_row(values: tuple[Any, ...]) -> TaskRow:
 
 
 def _to_values(row: TaskRow) -> tuple[Any, ...]:
-    d = dataclasses.asdict(row)
+    d = {f: getattr(row, f) for f in _FIELDS}  # flat fields: no deep copy (`asdict`) per write
     d["state"] = row.state.value
     d["stage"] = row.stage.value if row.stage is not None else None
     d["truncated"] = int(row.truncated)
@@ -184,6 +210,21 @@ class TaskStore:
             found = cur.fetchone()
         return _to_row(found) if found is not None else None
 
+    def get_many(self, task_ids: Iterable[str]) -> dict[str, TaskRow]:
+        """The rows stored under any of `task_ids`, by id (absent ids are missing from the result)."""
+        ids = list(dict.fromkeys(task_ids))
+        found: dict[str, TaskRow] = {}
+        with self._lock:
+            for i in range(0, len(ids), _IN_CHUNK):
+                chunk = ids[i : i + _IN_CHUNK]
+                cur = self._db.execute(
+                    f"SELECT {_COLUMNS} FROM tasks WHERE task_id IN ({', '.join('?' * len(chunk))})", chunk
+                )
+                for values in cur.fetchall():
+                    row = _to_row(values)
+                    found[row.task_id] = row
+        return found
+
     def count(self) -> int:
         with self._lock:
             return int(self._db.execute("SELECT COUNT(*) FROM tasks").fetchone()[0])
@@ -208,42 +249,69 @@ class TaskStore:
 
     def insert(self, row: TaskRow) -> None:
         """Insert a new row and commit. Raises `sqlite3.IntegrityError` if the id exists."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.execute(
-                    f"INSERT INTO tasks ({_COLUMNS}) VALUES ({', '.join('?' * len(_FIELDS))})", _to_values(row)
-                )
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        self.insert_many([row])
+
+    def insert_many(self, rows: Sequence[TaskRow]) -> None:
+        """Insert new rows in one transaction and commit, all or none. Raises
+        `sqlite3.IntegrityError` if any id exists."""
+        if rows:
+            _raise(self.write_many([Insert(tuple(rows))])[0])
 
     def update(self, task_id: str, **changes: Any) -> TaskRow:
         """Apply `changes`, bump `version`, commit, and return the new row. A change of `state` must
         be a legal transition (`IllegalTransition` otherwise, and nothing is written)."""
-        if "version" in changes or "task_id" in changes:
-            raise ValueError("version and task_id are not changed by the caller")
+        return _raise(self.write_many([Change(task_id, changes)])[0])
+
+    def write_many(self, writes: Sequence[Write]) -> list[Any]:
+        """Apply `writes` in order in ONE transaction and commit it: one fsync for all (the group
+        commit). Each write is undone alone if it fails (a savepoint: an id that exists, an unknown
+        id, an illegal transition) and its result is then the exception; the others stand. Results:
+        None for an `Insert`, the new row for a `Change`. If the commit itself fails nothing is
+        stored and the error is raised: no write of the batch may be reported as done."""
+        results: list[Any] = []
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                cur = self._db.execute(f"SELECT {_COLUMNS} FROM tasks WHERE task_id = ?", (task_id,))
-                found = cur.fetchone()
-                if found is None:
-                    raise KeyError(task_id)
-                row = _to_row(found)
-                if "state" in changes and changes["state"] != row.state:
-                    advance(TASK_TRANSITIONS, row.state, changes["state"])
-                new = dataclasses.replace(row, **changes, version=row.version + 1)
-                sets = ", ".join(f"{f} = ?" for f in _FIELDS[1:])
-                self._db.execute(
-                    f"UPDATE tasks SET {sets} WHERE task_id = ? AND version = ?",
-                    (*_to_values(new)[1:], task_id, row.version),
-                )
+                for write in writes:
+                    self._db.execute("SAVEPOINT one")
+                    try:
+                        if isinstance(write, Insert):
+                            results.append(self._insert(write.rows))
+                        else:
+                            results.append(self._change(write.task_id, write.changes))
+                    except Exception as exc:  # noqa: BLE001 - this write's own result
+                        self._db.execute("ROLLBACK TO one")
+                        results.append(exc)
+                    self._db.execute("RELEASE one")
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
+        return results
+
+    def _insert(self, rows: Sequence[TaskRow]) -> None:
+        self._db.executemany(
+            f"INSERT INTO tasks ({_COLUMNS}) VALUES ({', '.join('?' * len(_FIELDS))})",
+            [_to_values(row) for row in rows],
+        )
+
+    def _change(self, task_id: str, changes: Mapping[str, Any]) -> TaskRow:
+        if "version" in changes or "task_id" in changes:
+            raise ValueError("version and task_id are not changed by the caller")
+        cur = self._db.execute(f"SELECT {_COLUMNS} FROM tasks WHERE task_id = ?", (task_id,))
+        found = cur.fetchone()
+        if found is None:
+            raise KeyError(task_id)
+        row = _to_row(found)
+        if "state" in changes and changes["state"] != row.state:
+            advance(TASK_TRANSITIONS, row.state, changes["state"])
+        new = dataclasses.replace(row, **changes, version=row.version + 1)
+        sets = ", ".join(f"{f} = ?" for f in _FIELDS[1:])
+        self._db.execute(
+            f"UPDATE tasks SET {sets} WHERE task_id = ? AND version = ?",
+            (*_to_values(new)[1:], task_id, row.version),
+        )
         return new
 
     def purge(self, finished_before: float) -> list[str]:

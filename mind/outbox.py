@@ -11,6 +11,7 @@ import asyncio
 from collections import deque
 
 from websockets.asyncio.connection import Connection
+from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from protocol.envelope import Channel
@@ -20,6 +21,39 @@ from protocol.messages import Message
 import structlog
 
 log = structlog.get_logger(component="mind.outbox")
+
+MAX_BATCH = 64
+"""Frames written together at most: a long queue still yields to the loop between batches."""
+
+
+class BatchingConnection(ServerConnection):
+    """A server connection that writes everything its protocol has to send in one `writelines`:
+    frames queued together (a burst of results, pipelined replies) leave in one syscall and wake
+    the peer once. Measured on loopback, a frame's `send` syscall was a third of the Mind's CPU per
+    routed call. Frames, their order and flow control are websockets' own; only the write changes."""
+
+    def send_data(self) -> None:
+        chunks = self.protocol.data_to_send()
+        if all(chunks):
+            if chunks:
+                self.transport.writelines(chunks)
+            return
+        for data in chunks:  # an EOF marker among them (closing): upstream's own handling
+            if data:
+                self.transport.write(data)
+            elif self.transport.can_write_eof():
+                try:
+                    self.transport.write_eof()
+                except Exception:  # noqa: BLE001 - as websockets: write_eof() documents no exceptions
+                    pass
+            else:
+                self.transport.close()
+
+    async def send_many(self, frames: list[bytes]) -> None:
+        """Send binary frames as one write (websockets' `send_context`: state checks, drain, close)."""
+        async with self.send_context():
+            for frame in frames:
+                self.protocol.send_binary(frame)
 
 
 class Outbox:
@@ -53,13 +87,18 @@ class Outbox:
         try:
             while True:
                 while self._q:
-                    msg, id_ = self._q.popleft()
-                    try:
-                        data = self._channel.stamp(msg, id_)
-                    except ProtocolError as exc:
-                        log.error("outbound_frame_refused", type=msg.TYPE, error=exc.message)
-                        continue
-                    await self._ws.send(data)
+                    frames = []
+                    while self._q and len(frames) < MAX_BATCH:
+                        msg, id_ = self._q.popleft()
+                        try:
+                            frames.append(self._channel.stamp(msg, id_))
+                        except ProtocolError as exc:
+                            log.error("outbound_frame_refused", type=msg.TYPE, error=exc.message)
+                    if len(frames) == 1 or not isinstance(self._ws, BatchingConnection):
+                        for data in frames:
+                            await self._ws.send(data)
+                    elif frames:
+                        await self._ws.send_many(frames)
                 self.drained.set()
                 if self._closed:
                     return

@@ -28,7 +28,7 @@ from websockets.exceptions import ConnectionClosed
 from mind import paths
 from mind.handshake import Identity, ServerHandshake
 from mind.metrics import MindMetrics
-from mind.outbox import Outbox
+from mind.outbox import BatchingConnection, Outbox
 from mind.scope import FULL, Scope
 from mind.registry import Action, Log, RunRegistry, SendToClient, SendToHand, StartEnded
 from mind.snapshots import SnapshotStore
@@ -228,15 +228,32 @@ class Mind:
     def stop(self) -> None:
         self._stop.set()
 
-    async def run(self, on_ready: Callable[[str], None] | None = None) -> None:
+    def reload(self, reload: Callable[[], dict[str, Any]]) -> None:
+        """SIGHUP: `reload` (the CLI re-reads its config file and applies the log level) returns the
+        reloadable settings that changed; they apply to new connections. Live connections, runs and
+        reconciliation passes are untouched. Never fatal."""
+        try:
+            changes = reload()
+        except Exception:  # noqa: BLE001 - a reload must not stop the Mind
+            log.exception("config_reload_crashed")
+            return
+        for name, value in changes.items():
+            if name in ("max_pending_handshakes", "auth_fail_limit"):
+                setattr(self.cfg, name, value)
+
+    async def run(self, on_ready: Callable[[str], None] | None = None,
+                  reload: Callable[[], dict[str, Any]] | None = None) -> None:
         ensure_admin(self.store, self.cfg.home)
         staled = self.snapshots.mark_all_stale()
         if staled:
             log.info("snapshots_marked_stale", count=staled, why="mind restart")
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        handlers: list[tuple[signal.Signals, Callable[[], None]]] = [(signal.SIGTERM, self.stop), (signal.SIGINT, self.stop)]
+        if reload is not None:
+            handlers.append((signal.SIGHUP, lambda: self.reload(reload)))
+        for sig, handler in handlers:
             try:
-                loop.add_signal_handler(sig, self.stop)
+                loop.add_signal_handler(sig, handler)
             except (NotImplementedError, RuntimeError):
                 pass
         ssl_ctx = None
@@ -254,6 +271,7 @@ class Mind:
                 self.cfg.host,
                 self.cfg.port,
                 process_request=self._http,
+                create_connection=BatchingConnection,
                 compression=None,
                 max_size=limits.MAX_FRAME_BYTES,
                 ping_interval=self.cfg.ping_interval,

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 from pydantic import ValidationError
@@ -53,11 +55,95 @@ START_TIMEOUT_MS = 30_000
 ASK_TIMEOUT_S = 10.0
 INVENTORY_PAGE = 1000
 
+T = TypeVar("T")
+
+
+def _run_all(calls: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:
+    """(on the database thread) Each call in order, each its own transaction; one failing call
+    fails only itself."""
+    out: list[tuple[bool, Any]] = []
+    for call in calls:
+        try:
+            out.append((True, call()))
+        except Exception as exc:  # noqa: BLE001 - handed to that call's waiter
+            out.append((False, exc))
+    return out
+
 
 class TaskService:
     def __init__(self, mind: "Mind") -> None:
         self.mind = mind
         self._starts: dict[str, tuple["Peer", str]] = {}
+        self._calls: list[tuple[Callable[[], Any], str | None, asyncio.Future[Any]]] = []
+        self._flushing = False
+
+    async def _db(self, fn: Callable[..., T], *args: Any, hand: str | None = None) -> T:
+        """A snapshot-store call on the Mind's database thread, batched with the calls made while
+        the previous batch ran: one thread hop for many. At hundreds of starts/s (a snapshot
+        written per start, a report per start and per `task_update`) the hops, not SQLite, were the
+        Mind's cost. Same meaning as `mind.db`: calls run in order, each its own transaction, and
+        the caller resumes after ITS call committed (a start's snapshot is stale before it is sent).
+
+        `hand`: the call applies a report of this Hand. A batched call may reach the database after
+        the Hand's disconnect marked its snapshots stale (`mark_hand_stale` does not wait in this
+        queue); so if the Hand has no connection when the batch is handed to the database thread,
+        its snapshots are marked stale again right after the report: an offline Hand's snapshot
+        never looks fresh.
+        """
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._calls.append((partial(fn, *args), hand, fut))
+        if not self._flushing:
+            self._flushing = True
+            try:
+                self.mind.spawn(self._flush())  # owned by the Mind: outlives any one client or Hand
+            except BaseException:
+                self._flushing = False
+                self._calls.pop()
+                raise
+        return await fut
+
+    def _then_stale(self, call: Callable[[], Any], hand: str | None) -> Callable[[], Any]:
+        """(on the loop, as the batch is handed over) `call`, then the Hand's snapshots marked
+        stale if it is offline now: its disconnect's `mark_hand_stale` may have run already."""
+        if hand is None or self.mind.hands.get(hand) is not None:
+            return call
+        mark = partial(self.mind.snapshots.mark_hand_stale, hand)
+
+        def then_stale() -> Any:
+            try:
+                return call()
+            finally:
+                mark()
+
+        return then_stale
+
+    async def _flush(self) -> None:
+        batch: list[tuple[Callable[[], Any], str | None, asyncio.Future[Any]]] = []
+        try:
+            while self._calls:
+                batch, self._calls = self._calls, []
+                calls = [self._then_stale(call, hand) for call, hand, _ in batch]
+                results = await self.mind.db(_run_all, calls)
+                for (_, _, fut), (ok, value) in zip(batch, results):
+                    if fut.done():  # its waiter was cancelled
+                        continue
+                    if ok:
+                        fut.set_result(value)
+                    else:
+                        fut.set_exception(value)
+                batch = []
+        except Exception as exc:  # noqa: BLE001 - the database thread is gone: every waiter hears it
+            for _, _, fut in batch + self._calls:
+                if not fut.done():
+                    fut.set_exception(exc)
+            self._calls = []
+        except BaseException:  # cancelled: the Mind stops
+            for _, _, fut in batch + self._calls:
+                fut.cancel()
+            self._calls = []
+            raise
+        finally:
+            self._flushing = False  # no await since the last look at `_calls`: nothing is stranded
 
     # --- start ---
 
@@ -83,21 +169,27 @@ class TaskService:
                     f"task {task_id} already exists with another hand, tool, arguments or options",
                 )
 
+        def settle_existing(existing: Snapshot) -> None:
+            if not self._may(peer, existing):
+                return reply("rejected", RejectCode.DENIED_BY_SCOPE, m.deny(peer, f"reuse task id {task_id}", task_id=task_id))
+            return settle(existing)
+
         if not peer.scope.allows_hand(req.hand):
             return reply("rejected", RejectCode.DENIED_BY_SCOPE, m.deny(peer, f"use hand {req.hand!r}", hand=req.hand))
         if not peer.scope.allows_tool(req.tool):
             return reply("rejected", RejectCode.DENIED_BY_SCOPE, m.deny(peer, f"use tool {req.tool!r}", tool=req.tool))
-        existing = await m.db(m.snapshots.get, task_id)
-        if existing is not None:
-            if not self._may(peer, existing):
-                return reply("rejected", RejectCode.DENIED_BY_SCOPE, m.deny(peer, f"reuse task id {task_id}", task_id=task_id))
-            return settle(existing)
-        if m.registry.get(task_id) is not None:
-            return reply("rejected", RejectCode.CONFLICTING_DUPLICATE, f"id {task_id} is already used by a run")
-        if m.hands.get(req.hand) is None:
-            if await m.db(m.store.secret, "hand", req.hand) is None:
-                return reply("rejected", RejectCode.UNKNOWN_HAND, f"no hand named {req.hand!r}")
-            return reply("rejected", RejectCode.HAND_OFFLINE, f"hand {req.hand!r} is not connected; nothing was stored")
+        if m.registry.get(task_id) is not None or m.hands.get(req.hand) is None:
+            # The rare paths look first; the common one (hand connected, fresh id) goes straight to
+            # `insert_new`, which answers the same existing snapshot, in one database call.
+            existing = await m.db(m.snapshots.get, task_id)
+            if existing is not None:
+                return settle_existing(existing)
+            if m.registry.get(task_id) is not None:
+                return reply("rejected", RejectCode.CONFLICTING_DUPLICATE, f"id {task_id} is already used by a run")
+            if m.hands.get(req.hand) is None:
+                if await m.db(m.store.secret, "hand", req.hand) is None:
+                    return reply("rejected", RejectCode.UNKNOWN_HAND, f"no hand named {req.hand!r}")
+                return reply("rejected", RejectCode.HAND_OFFLINE, f"hand {req.hand!r} is not connected; nothing was stored")
         snap = Snapshot(
             task_id=task_id,
             hand=req.hand,
@@ -110,12 +202,12 @@ class TaskService:
             start_pending=True,
             owner=peer.ident.label,
         )
-        existing = await m.db(m.snapshots.insert_new, snap)  # written stale before the start is sent
+        existing = await self._db(m.snapshots.insert_new, snap)  # written stale before the start is sent
         if existing is not None:
-            return settle(existing)
+            return settle_existing(existing)
         live = m.hands.get(req.hand)  # the Hand may have gone while we waited on the database
         if live is None:
-            await m.db(m.snapshots.delete, task_id)
+            await self._db(m.snapshots.delete, task_id)
             return reply("rejected", RejectCode.HAND_OFFLINE, f"hand {req.hand!r} is not connected; nothing was stored")
         self._starts[task_id] = (peer, id_)
         exec_req = Exec(hand=req.hand, tool=req.tool, args=req.args, timeout_ms=START_TIMEOUT_MS)
@@ -138,17 +230,17 @@ class TaskService:
                 log.warning("task_start_bad_value", task_id=a.run_id, hand=a.hand)
                 value = None
             if value is not None and value.task.task_id == a.run_id:
-                snap, what = await m.db(m.snapshots.report, a.hand, value.task, time.time())
+                snap, what = await self._db(m.snapshots.report, a.hand, value.task, time.time(), hand=a.hand)
                 outcome = "duplicate" if value.duplicate else "accepted"
                 view = snap.view() if snap is not None else None
             else:
-                snap = await m.db(m.snapshots.finish_start, a.run_id)
+                snap = await self._db(m.snapshots.finish_start, a.run_id)
                 message = "the hand accepted the start but its answer was malformed"
         elif end.state is RunState.REJECTED:
-            await m.db(m.snapshots.delete, a.run_id)  # nothing stored for a refused start
+            await self._db(m.snapshots.delete, a.run_id)  # nothing stored for a refused start
             outcome, code, message = "rejected", end.reject_code, end.reason
         else:
-            snap = await m.db(m.snapshots.finish_start, a.run_id)
+            snap = await self._db(m.snapshots.finish_start, a.run_id)
             view = snap.view() if snap is not None else None
             message = (
                 f"the start was sent but its answer never came ({end.state.value}: {end.reason}); "
@@ -270,7 +362,7 @@ class TaskService:
 
     async def on_update(self, peer: "Peer", info: TaskInfo) -> None:
         m = self.mind
-        snap, what = await m.db(m.snapshots.report, peer.ident.label, info, time.time())
+        snap, what = await self._db(m.snapshots.report, peer.ident.label, info, time.time(), hand=peer.ident.label)
         if what == "foreign":
             log.warning("task_update_foreign", hand=peer.ident.label, gen=peer.gen, task_id=info.task_id)
         else:

@@ -213,9 +213,12 @@ def log_levels(value: str) -> str:
 
 
 def listen_address(value: str) -> str:
-    host, sep, port = value.rpartition(":")
+    """`HOST:PORT` or `[V6]:PORT`; port 0 means any free port."""
+    host, sep, port = value.strip().rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"wants HOST:PORT with a port 0-65535, got {value!r}")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise ValueError(f"write an IPv6 address in brackets, e.g. [::1]:{port} (got {value!r})")
     return value
 
 

@@ -1,13 +1,35 @@
 """Real child processes: exit codes, bounded output, killing whole trees, no stragglers."""
 
 import asyncio
+import errno
+import os
 import signal
+import subprocess
+import sys
 
+import pytest
 from hand_support import pid_alive, read_pid, until
 
-from hand.process import ProcessRun, Tail
+from hand import process
+from hand.process import ProcessRun, Tail, group_alive, live_members
 from protocol import limits
 from protocol.codes import KillStage
+
+
+@pytest.fixture(params=["pidfd", "no-pidfd", "pidfd-refused", "pidfd-capped"])
+def pidfds(request, monkeypatch):
+    """The kill sequence watches exits through pidfds where it can; without them (no
+    `os.pidfd_open`, the kernel or a seccomp filter refusing it, a group too large to watch) it
+    must reach the same end."""
+    if request.param == "pidfd-capped":
+        monkeypatch.setattr(process, "WATCH_MAX", 1)
+    elif request.param == "no-pidfd":
+        monkeypatch.setattr(process, "_pidfd_open", None)
+    elif request.param == "pidfd-refused":
+        def refused(pid: int) -> int:
+            raise OSError(errno.ENOSYS, "pidfd_open")
+        monkeypatch.setattr(process, "_pidfd_open", refused)
+    return request.param
 
 
 def sh(script: str, **kw) -> ProcessRun:
@@ -61,7 +83,7 @@ def test_tail_keeps_the_last_bytes():
     assert t2.data == b"abc" and not t2.truncated
 
 
-async def test_cancel_terminates_a_normal_tree_at_the_term_stage(tmp_path):
+async def test_cancel_terminates_a_normal_tree_at_the_term_stage(tmp_path, pidfds):
     pidfile = tmp_path / "child.pid"
     p = sh(f"sleep 100 & echo $! > {pidfile}; wait", grace=5)
     task = asyncio.ensure_future(run_bounded(p))
@@ -72,7 +94,7 @@ async def test_cancel_terminates_a_normal_tree_at_the_term_stage(tmp_path):
     assert not pid_alive(child)
 
 
-async def test_cancel_kills_a_grandchild_that_ignores_sigterm(tmp_path):
+async def test_cancel_kills_a_grandchild_that_ignores_sigterm(tmp_path, pidfds):
     pidfile = tmp_path / "grandchild.pid"
     # The grandchild ignores SIGTERM and execs sleep (which inherits the ignored disposition).
     script = f"sh -c 'trap \"\" TERM; echo $$ > {pidfile}; exec sleep 100' & wait"
@@ -134,3 +156,148 @@ async def test_cancelling_the_runner_task_kills_the_tree(tmp_path):
     except asyncio.CancelledError:
         pass
     await until(lambda: not pid_alive(child), timeout=5, what="the child to die")
+
+
+async def test_a_member_outliving_the_main_process_is_waited_for_within_the_grace(tmp_path, pidfds):
+    # The main shell dies at SIGTERM; the grandchild traps it, and its handler forks a new member
+    # (`sleep 0.3`, never signalled) before exiting: the tree ends on its own, so stage TERM.
+    pidfile = tmp_path / "gc.pid"
+    script = f"sh -c 'trap \"sleep 0.3; exit 0\" TERM; echo $$ > {pidfile}; while :; do sleep 0.05; done' & wait"
+    p = sh(script, grace=10)
+    task = asyncio.ensure_future(run_bounded(p))
+    grandchild = await until(lambda: read_pid(pidfile), what="the grandchild to start")
+    p.kill()
+    out = await task
+    assert out.killed and out.stage is KillStage.TERM
+    assert not pid_alive(grandchild) and not group_alive(p.pid)
+
+
+async def test_a_member_forked_after_sigterm_is_found_and_killed(tmp_path, pidfds):
+    # The grandchild's SIGTERM handler starts `sleep 100` (which never got SIGTERM) and exits: the
+    # group is not empty although every process seen at the signal is gone. Only SIGKILL ends it.
+    pidfile, late = tmp_path / "gc.pid", tmp_path / "late.pid"
+    script = (
+        f"sh -c 'trap \"sleep 100 & echo \\$! > {late}; exit 0\" TERM; echo $$ > {pidfile}; "
+        f"while :; do sleep 0.05; done' & wait"
+    )
+    p = sh(script, grace=0.5)
+    task = asyncio.ensure_future(run_bounded(p))
+    await until(lambda: read_pid(pidfile), what="the grandchild to start")
+    p.kill()
+    out = await task
+    assert out.killed and out.stage is KillStage.KILL
+    assert read_pid(late) is not None and not pid_alive(read_pid(late))
+    assert not group_alive(p.pid)
+
+
+async def test_kill_sends_sigterm_before_returning(tmp_path):
+    # The child blocks SIGTERM, so a SIGTERM sent stays pending where /proc shows it: it must be
+    # there as soon as kill() returns, before the event loop runs anything (no await in between).
+    code = (
+        "import signal,time; signal.pthread_sigmask(signal.SIG_BLOCK,{signal.SIGTERM}); "
+        "print('ready',flush=True); time.sleep(100)"
+    )
+    p = ProcessRun([sys.executable, "-c", code], grace=0.2)
+    task = asyncio.ensure_future(run_bounded(p))
+    await until(lambda: p.stdout.data == b"ready\n", what="the child to block SIGTERM")
+    p.kill()
+    assert signal.SIGTERM in _pending(p.pid)
+    out = await task
+    assert out.killed and out.stage is KillStage.KILL and out.signal == signal.SIGKILL
+
+
+async def test_a_detached_grandchild_holding_stdout_does_not_hang_a_cancelled_run(tmp_path, pidfds):
+    # `setsid` takes the grandchild out of the group (nothing but cgroups could follow it): the kill
+    # cannot reach it and it keeps stdout open; the run still ends after the drain period.
+    pidfile = tmp_path / "escapee.pid"
+    p = sh(f"setsid sleep 100 & echo $! > {pidfile}; wait", drain=0.2)
+    task = asyncio.ensure_future(run_bounded(p, timeout=10))
+    escapee = await until(lambda: read_pid(pidfile), what="the escapee to start")
+    try:
+        p.kill()
+        out = await task
+        assert out.killed and out.stage is KillStage.TERM
+    finally:
+        process._signal_group(escapee, signal.SIGKILL)
+
+
+async def test_group_liveness_counts_zombies_as_gone():
+    child = subprocess.Popen(["sleep", "100"], start_new_session=True)
+    try:
+        assert await live_members(child.pid) == [child.pid] and group_alive(child.pid)
+        child.kill()
+        await until(lambda: _state(child.pid) == "Z", what="the child to be a zombie")
+        assert await live_members(child.pid) == [] and not group_alive(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert await live_members(child.pid) == [] and not group_alive(child.pid)  # no member at all
+
+
+def test_a_scan_relists_proc_until_nothing_new_shows_up():
+    # The race: /proc is listed while a member forks and exits, so the listing holds the creator
+    # (gone by the time its stat is read) and not the child. Here: a listing of one process that
+    # no longer exists, and a live member it does not show. The scan must still find the member.
+    child = subprocess.Popen(["sleep", "100"], start_new_session=True)
+    try:
+        assert process._scan(child.pid, [("999999999", 1)]) == [child.pid]
+    finally:
+        child.kill()
+        child.wait()
+
+
+async def test_a_scan_rereads_only_new_processes_and_the_groups_session(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    leader = subprocess.Popen(["sh", "-c", f"sleep 100 & echo $! > {pidfile}; wait"], start_new_session=True)
+    try:
+        member = await until(lambda: read_pid(pidfile), what="the member to start")
+        assert sorted(process._scan(leader.pid, process._listing())) == sorted([leader.pid, member])
+        keys = {int(k[0]): k for k in process._listing() if int(k[0]) in (leader.pid, member)}
+        assert process._seen[keys[member]] == leader.pid  # remembered with its session
+        # A process remembered in another session is not read again (it could never join)...
+        process._seen[keys[member]] = 1
+        assert process._scan(leader.pid, process._listing()) == [leader.pid]
+        # ...except the leader itself: seen between its fork and its setsid, it was elsewhere.
+        process._seen[keys[leader.pid]] = 1
+        assert process._scan(leader.pid, process._listing()) == [leader.pid]
+    finally:
+        process._seen.clear()
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
+
+
+async def test_a_long_grace_does_not_poll_hot(tmp_path, monkeypatch):
+    # While a SIGTERM-ignoring member is watched by a pidfd, the group is rescanned only as a
+    # backstop: a handful of scans in a second of grace, where a busy loop would make thousands.
+    scans = 0
+    scan = process._scan
+
+    def counting(pgid, names):
+        nonlocal scans
+        scans += 1
+        return scan(pgid, names)
+
+    monkeypatch.setattr(process, "_scan", counting)
+    pidfile = tmp_path / "grandchild.pid"
+    p = sh(f"sh -c 'trap \"\" TERM; echo $$ > {pidfile}; exec sleep 100' & wait", grace=1.0)
+    task = asyncio.ensure_future(run_bounded(p))
+    grandchild = await until(lambda: read_pid(pidfile), what="the grandchild to start")
+    p.kill()
+    out = await task
+    assert out.stage is KillStage.KILL and not pid_alive(grandchild)
+    assert scans < 1.0 / process.WATCHED_POLL_S * 3
+
+
+def _pending(pid: int) -> set[int]:
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    mask = int(fields["ShdPnd"], 16) | int(fields["SigPnd"], 16)
+    return {n for n in range(1, 65) if mask & (1 << (n - 1))}
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None

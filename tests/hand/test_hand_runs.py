@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -227,6 +229,26 @@ async def test_sigterm_ignoring_tree_ends_at_the_kill_stage(hand, tmp_path):
     result = await hand.wait(rid)
     assert result.state is RunState.CANCELLED and result.stage is KillStage.KILL
     assert not pid_alive(grandchild)
+
+
+async def test_on_cancel_signals_the_tree_before_it_returns(hand, tmp_path):
+    # The command blocks SIGTERM, so the signal stays pending where /proc shows it: on_cancel has
+    # sent it by the time it returns (no loop turn, frame or log line first), and the tree still
+    # ends by SIGKILL after the grace.
+    pidfile = tmp_path / "py.pid"
+    code = (
+        "import os,signal,time; signal.pthread_sigmask(signal.SIG_BLOCK,{signal.SIGTERM}); "
+        f"open({str(pidfile)!r},'w').write(str(os.getpid())); time.sleep(100)"
+    )
+    rid = hand.rpc("shell", {"command": f"exec {sys.executable} -c \"{code}\""})
+    pid = await until(lambda: read_pid(pidfile), what="the command to block SIGTERM")
+    hand.table.on_cancel(Cancel(run_id=rid, reason=CancelReason.USER_REQUESTED))
+    with open(f"/proc/{pid}/status") as f:
+        pending = {k: int(v, 16) for k, v in (line.split(":", 1) for line in f) if k in ("ShdPnd", "SigPnd")}
+    assert (pending["ShdPnd"] | pending["SigPnd"]) & (1 << (signal.SIGTERM - 1))
+    result = await hand.wait(rid)
+    assert result.state is RunState.CANCELLED and result.stage is KillStage.KILL
+    assert not pid_alive(pid)
 
 
 async def test_cancel_all_for_a_lost_connection(hand, tmp_path):

@@ -170,26 +170,31 @@ def _args(tmp_path: Path, *extra: str):
     ])
 
 
+def _config(tmp_path: Path, *extra: str):
+    """What `hand run` builds from these flags (no environment, no file)."""
+    return cli.build_config(cli.settings_source(_args(tmp_path, *extra), env={}).load())
+
+
 def test_hand_run_flags_build_the_sandbox(tmp_path, monkeypatch):
-    cfg = cli.build_config(_args(tmp_path))
+    cfg = _config(tmp_path)
     assert cfg.sandbox == Sandbox()  # scrubbed, no caps, no user by default
-    cfg = cli.build_config(_args(
+    cfg = _config(
         tmp_path, "--env-allow", "SECRET_TOKEN,CI_*", "--env-allow", "OTHER", "--max-cpu-seconds", "30",
         "--max-address-space", "1G", "--max-open-files", "256", "--max-processes", "64",
-    ))
+    )
     box = cfg.sandbox
     assert box.env_allow.allows("SECRET_TOKEN") and box.env_allow.allows("CI_X") and box.env_allow.allows("OTHER")
     assert box.env_allow.allows("LC_ALL") and not box.env_allow.allows("AWS_KEY") and not box.env_inherit
     assert box.caps == ResourceLimits(cpu_seconds=30, address_space=1 << 30, open_files=256, processes=64)
-    assert cli.build_config(_args(tmp_path, "--env-inherit")).sandbox.env_inherit
+    assert _config(tmp_path, "--env-inherit").sandbox.env_inherit
     for bad, words in ((["--env-allow", "A*B"], "--env-allow"), (["--max-cpu-seconds", "0"], "--max-cpu-seconds"),
                        (["--max-address-space", "lots"], "--max-address-space"),
                        (["--run-as", f"no-such-user-{uuid.uuid4().hex[:8]}"], "unknown user")):
         with pytest.raises(cli.ConfigError, match=words):
-            cli.build_config(_args(tmp_path, *bad))
+            _config(tmp_path, *bad)
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(cli.ConfigError, match="--run-as needs the hand to run as root"):
-        cli.build_config(_args(tmp_path, "--run-as", "root"))
+    with pytest.raises(cli.ConfigError, match="--run-as: needs the hand to run as root"):
+        _config(tmp_path, "--run-as", "root")
 
 
 def test_hand_run_with_bad_sandbox_flags_exits_2(tmp_path):

@@ -78,6 +78,7 @@ class Hand:
         before = len(self.sent)
         await self.m.on_start(Rpc(run_id=task_id, tool=tool, args=args, timeout_ms=timeout_ms,
                                   background=Background(max_runtime_ms=max_runtime_ms)), self._send)
+        await self.m.settle()  # on_start hands the start to the group commit; this waits for its answer
         return self.sent[before:]
 
     async def info(self, task_id: str):
@@ -88,7 +89,11 @@ class Hand:
 
         async def reached():
             info[:] = [await self.info(task_id)]
-            return isinstance(info[0], TaskInfo) and info[0].state in states
+            if not (isinstance(info[0], TaskInfo) and info[0].state in states):
+                return False
+            # ... and pushed: the push follows the commit (a status read may see the row first)
+            return info[0].state is TaskState.QUEUED or any(
+                u.task_id == task_id and u.version >= info[0].version for u in self.updates)
 
         deadline = time.monotonic() + timeout
         while not await reached():

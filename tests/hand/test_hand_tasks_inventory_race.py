@@ -29,14 +29,14 @@ async def test_a_start_still_in_admission_is_in_the_next_inventory(tmp_path):
     m = TaskManager(state_dir=tmp_path / "state", root=tmp_path / "root", spawn=spawn, kill_grace=0.5)
     await m.open()
     entered, release = threading.Event(), threading.Event()
-    insert = m.store.insert
+    write_many = m.store.write_many
 
-    def slow_insert(row):  # a disk that stalls on the commit of the new row
+    def slow_commit(writes):  # a disk that stalls on the (group) commit of the new row
         entered.set()
         release.wait(10)
-        insert(row)
+        return write_many(writes)
 
-    m.store.insert = slow_insert  # type: ignore[method-assign]
+    m.store.write_many = slow_commit  # type: ignore[method-assign]
     sent: list = []
     start = asyncio.create_task(m.on_start(Rpc(run_id="t1", tool="shell", args={"command": "true"}, timeout_ms=10_000,
                                                 background=Background(max_runtime_ms=60_000)), sent.append))
