@@ -59,6 +59,7 @@ from protocol.envelope import Channel, Envelope
 from protocol.errors import ProtocolError
 from protocol.tls import TLSConfigError, check_pin, client_context
 from protocol.messages import (
+    build_all,
     Cancel,
     Challenge,
     Error,
@@ -572,8 +573,10 @@ async def run_agent(
     Embedders and tests that want to stop it themselves use `Agent(config)`, `await agent.run()`
     and `agent.request_stop()`.
     """
+    build_all()  # every validator built before the first connection, not on its first frame
     agent = Agent(config)
     loop = asyncio.get_running_loop()
+    use_pidfd_child_watcher()
     signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
     for sig in signals:
         loop.add_signal_handler(sig, agent.request_stop)
@@ -587,6 +590,24 @@ async def run_agent(
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
+
+
+def use_pidfd_child_watcher() -> bool:
+    """On Python 3.11, asyncio learns that a child exited from a thread it starts per child
+    (`ThreadedChildWatcher`): a thread start and a join for every command. A pidfd does the same
+    with the event loop's own epoll (measured: ~0.7 ms of CPU per spawned command here). 3.12 picks
+    pidfds by itself (and deprecates this API), and without `pidfd_open` the default stays. Call it
+from the loop that spawns (the watcher belongs to that loop)."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:  # an old kernel, or a seccomp filter that refuses it
+        return False
+    watcher = asyncio.PidfdChildWatcher()
+    watcher.attach_loop(asyncio.get_running_loop())  # 3.11 attaches only in set_event_loop
+    asyncio.get_event_loop_policy().set_child_watcher(watcher)
+    return True
 
 
 def validate_url(url: str) -> None:

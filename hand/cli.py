@@ -168,7 +168,7 @@ def build_config(settings: Settings) -> Any:
     )
 
 
-def policy_of(s: Settings) -> Any:
+def policy_of(s: Settings | dict[str, Any]) -> Any:
     from hand.policy import Policy
 
     allow = s["allow_tools"]
@@ -293,29 +293,20 @@ def config_show(args: argparse.Namespace) -> int:
 
 
 def reloader(source: Any, started: Settings) -> Any:
-    """SIGHUP: read the file again (same flags and environment), apply what can change while
-    running (the tool policy, the log level), and say which other changes need a restart. A file
-    that no longer parses changes nothing: the running Hand keeps its settings and logs why."""
+    """SIGHUP (`protocol.settings.Reloader`): a new log level is applied here; a new tool policy
+    is returned to the agent, which swaps it in for every later request."""
     from protocol import logs
+    from protocol.settings import Reloader
 
-    log = logs.get("hand")
-    applied = {k.name: started[k.name] for k in KEYS if k.reloadable}
+    reread, log = Reloader(source, started), logs.get("hand")
 
     def reload() -> Any:
-        try:
-            new = source.load()
-        except ConfigError as exc:
-            log.error("config_reload_failed", error=str(exc), file=source.path)
+        changes = reread(log)
+        if "log_level" in changes:
+            logs.set_levels(changes["log_level"])
+        if not {"allow_tools", "deny_tools"} & set(changes):
             return None
-        now = [k.name for k in KEYS if k.reloadable and new[k.name] != applied[k.name]]
-        restart = [k.name for k in KEYS if not k.reloadable and new[k.name] != started[k.name]]
-        log.info("config_reloaded", file=source.path, applied=now, needs_restart=restart)  # at the old level
-        if restart:
-            log.warning("config_needs_restart", keys=restart)
-        if "log_level" in now:
-            logs.set_levels(new["log_level"])
-        applied.update({name: new[name] for name in now})
-        return policy_of(new) if {"allow_tools", "deny_tools"} & set(now) else None
+        return policy_of(reread.applied)  # the reloadable values now in force
 
     return reload
 

@@ -38,36 +38,106 @@ def die(msg: str, code: int = EXIT_REFUSED) -> NoReturn:
 # --- argument parsing ----------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mind", description="mindhand: run commands and tools on remote machines.")
+def _limit_opts(sp: argparse.ArgumentParser) -> None:
+    g = sp.add_argument_group("resource limits (applied by the Hand to the process tree; it may cap them)")
+    g.add_argument("--cpu-seconds", type=int, help="CPU budget for the whole tree; exhausted -> budget_exhausted (123)")
+    g.add_argument("--memory", metavar="SIZE", help="address space per process (e.g. 512M)")
+    g.add_argument("--max-files", type=int, help="open files per process")
+    g.add_argument("--max-procs", type=int, help="processes of the user (mostly useful with the Hand's --run-as)")
+
+
+def _conn_opts(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--mind", help="Mind URL (default $MINDHAND_URL, then the local Mind's mind.url)")
+    sp.add_argument("--credential", help="client credential file (default $MINDHAND_CREDENTIAL, then admin.cred)")
+    sp.add_argument("--ca", help="CA file to verify a wss:// Mind (default $MINDHAND_CA, else system trust)")
+    sp.add_argument("--pin", help="require the Mind's certificate to be sha256:HEX (default $MINDHAND_PIN)")
+
+
+class _Help(argparse.HelpFormatter):
+    """argparse's formatter, minus one import: it loads `shutil` (with bz2 and lzma) only to learn
+    the terminal width, and builds a formatter for every option it adds."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None) -> None:
+        if width is None:
+            try:
+                width = int(os.environ["COLUMNS"])
+            except (KeyError, ValueError):
+                try:
+                    width = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+                except (AttributeError, ValueError, OSError):
+                    width = 0
+            width = (width or 80) - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
+def _top_parser() -> tuple[argparse.ArgumentParser, Any]:
+    p = argparse.ArgumentParser(prog="mind", description="mindhand: run commands and tools on remote machines.",
+                                formatter_class=_Help)
     p.add_argument("--home", help="state directory (default $MINDHAND_HOME or ~/.local/state/mindhand)")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    return p, p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    def limit_opts(sp: argparse.ArgumentParser) -> None:
-        g = sp.add_argument_group("resource limits (applied by the Hand to the process tree; it may cap them)")
-        g.add_argument("--cpu-seconds", type=int, help="CPU budget for the whole tree; exhausted -> budget_exhausted (123)")
-        g.add_argument("--memory", metavar="SIZE", help="address space per process (e.g. 512M)")
-        g.add_argument("--max-files", type=int, help="open files per process")
-        g.add_argument("--max-procs", type=int, help="processes of the user (mostly useful with the Hand's --run-as)")
 
-    def conn_opts(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--mind", help="Mind URL (default $MINDHAND_URL, then the local Mind's mind.url)")
-        sp.add_argument("--credential", help="client credential file (default $MINDHAND_CREDENTIAL, then admin.cred)")
-        sp.add_argument("--ca", help="CA file to verify a wss:// Mind (default $MINDHAND_CA, else system trust)")
-        sp.add_argument("--pin", help="require the Mind's certificate to be sha256:HEX (default $MINDHAND_PIN)")
+def _add_exec(sub: Any) -> None:
+    e = sub.add_parser("exec", help="run a command on a Hand, streaming its output", formatter_class=_Help)
+    _conn_opts(e)
+    e.add_argument("--hand", required=True)
+    e.add_argument("--shell", metavar="COMMAND", help="run COMMAND through /bin/sh -c")
+    e.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is killed (default 3600)")
+    e.add_argument("--grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL (Hand default 5)")
+    e.add_argument("--cwd", help="working directory on the Hand, inside its root")
+    e.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment variable (repeatable)")
+    _limit_opts(e)
+    out = e.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON object at the end instead of the output")
+    out.add_argument("--events", action="store_true", help="print every event as one JSON line (NDJSON)")
+    e.add_argument("argv", nargs="*", help="the command (after --)")
 
-    s = sub.add_parser("serve", help="run the Mind daemon")
-    s.add_argument("--listen", default=None, help="HOST:PORT to listen on (default 127.0.0.1:7470; port 0 = any free)")
-    s.add_argument("--ping-interval", type=float, default=10.0, help="keepalive ping interval in seconds")
-    s.add_argument("--log-format", choices=["auto", "console", "json"], default="auto")
-    s.add_argument("--log-level", default="info", help="info, or per component: info,mind.tasks=debug")
-    s.add_argument("--log-file", help="append logs here (follows logrotate) instead of stdout")
-    s.add_argument("--tls-cert", help="serve wss:// with this certificate (PEM; see scripts/mkcerts)")
-    s.add_argument("--tls-key", help="the certificate's private key (PEM)")
-    s.add_argument("--retain-runs", type=int, default=10_000,
-                   help="finished foreground runs kept in memory for `mind runs`/`run get` (default 10000)")
-    s.add_argument("--max-pending-handshakes", type=int, default=64, help="refuse new connections past this many handshakes in progress")
-    s.add_argument("--auth-fail-limit", type=int, default=10, help="failed handshakes per source address per minute before it is refused")
+
+def _command_word(argv: list[str]) -> str | None:
+    """The subcommand named in `argv`, if it comes right after the global options."""
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--home":
+            i += 2
+        elif a.startswith("--home="):
+            i += 1
+        else:
+            return None if a.startswith("-") else a
+    return None
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """`mind exec` is the command people run in loops and scripts: it is parsed by a parser that
+    knows only it (the same definition, `_add_exec`), so its start does not pay for building, and
+    importing what builds, every other command's options. Anything else gets the full parser."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if _command_word(argv) == "exec":
+        p, sub = _top_parser()
+        _add_exec(sub)
+        return p.parse_args(argv)
+    return _parser().parse_args(argv)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p, sub = _top_parser()
+    limit_opts, conn_opts = _limit_opts, _conn_opts
+
+    from mind.config import GROUPS, KEYS
+    from protocol.settings import add_flags
+
+    file_help = "TOML settings file (default $MINDHAND_CONFIG, else HOME/mind.toml if it exists)"
+    s = sub.add_parser("serve", help="run the Mind daemon",
+                       description="Run the Mind. SIGTERM/SIGINT stop it cleanly; SIGHUP re-reads the config file "
+                       "and applies the log level and handshake limits without dropping connections.")
+    add_flags(s, KEYS, GROUPS, {}, file_help=file_help)
+    cf = sub.add_parser("config", help="show the daemon's effective settings and where each comes from")
+    cfs = cf.add_subparsers(dest="action", required=True, metavar="ACTION")
+    show = cfs.add_parser("show", help="print every setting of `mind serve`, its value and its source",
+                          description="Resolve the settings exactly as `mind serve` would with the same flags, "
+                          "environment and file, and print each value with its source.")
+    add_flags(show, KEYS, GROUPS, {}, file_help=file_help)
+    show.add_argument("--json", action="store_true", help="a JSON object instead of a table")
 
     for role in ("hand", "client"):
         r = sub.add_parser(role, help=f"manage {role} credentials (local, no daemon needed)")
@@ -92,19 +162,7 @@ def _parser() -> argparse.ArgumentParser:
     conn_opts(h)
     h.add_argument("--json", action="store_true")
 
-    e = sub.add_parser("exec", help="run a command on a Hand, streaming its output")
-    conn_opts(e)
-    e.add_argument("--hand", required=True)
-    e.add_argument("--shell", metavar="COMMAND", help="run COMMAND through /bin/sh -c")
-    e.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is killed (default 3600)")
-    e.add_argument("--grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL (Hand default 5)")
-    e.add_argument("--cwd", help="working directory on the Hand, inside its root")
-    e.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment variable (repeatable)")
-    limit_opts(e)
-    out = e.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print one JSON object at the end instead of the output")
-    out.add_argument("--events", action="store_true", help="print every event as one JSON line (NDJSON)")
-    e.add_argument("argv", nargs="*", help="the command (after --)")
+    _add_exec(sub)
 
     c = sub.add_parser("call", help="call any tool on a Hand: mind call --hand H TOOL key=value ...")
     conn_opts(c)
@@ -171,10 +229,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     try:
-        if args.cmd == "serve":
+        if args.cmd == "exec":
+            from mind import exec_cli
+
+            raise SystemExit(exec_cli.run(args))
+        elif args.cmd == "serve":
             cmd_serve(args)
+        elif args.cmd == "config":
+            cmd_config_show(args)
         elif args.cmd in ("hand", "client"):
             cmd_credentials(args)
         else:
@@ -189,18 +253,46 @@ def main(argv: list[str] | None = None) -> None:
 # --- serve and local admin -----------------------------------------------------------------
 
 
-def _parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host:
-        die(f"--listen wants HOST:PORT, got {text!r}", EXIT_USAGE)
-    host = host.strip("[]")
+def _settings_source(args: argparse.Namespace):
+    from mind import paths
+    from mind.config import KEYS, config_path
+    from protocol.settings import Source, flags_given, read_file
+
+    env = dict(os.environ)
+    path, explicit = config_path(args.config, paths.home(args.home), env)
+    return Source(keys=KEYS, flags=flags_given(args, KEYS), env=env, path=path, explicit=explicit, read=read_file)
+
+
+def cmd_config_show(args: argparse.Namespace) -> None:
+    from protocol.settings import ConfigError, format_table
+
+    source = _settings_source(args)
     try:
-        p = int(port)
-    except ValueError:
-        die(f"--listen port must be a number, got {port!r}", EXIT_USAGE)
-    if not 0 <= p <= 65535:
-        die(f"--listen port must be 0-65535, got {p}", EXIT_USAGE)
-    return host, p
+        settings = source.load()
+    except ConfigError as exc:
+        die(str(exc), EXIT_USAGE)
+    rows = settings.show()
+    if args.json:
+        print(json.dumps({"file": settings.file, "settings": rows}, indent=2))
+    else:
+        print(f"# config file: {source.describe(settings)}")
+        print(format_table(rows))
+
+
+def _reloader(source, started):
+    """SIGHUP: the log level is applied here, the handshake limits by the Mind (new connections)."""
+    from protocol import logs
+    from protocol.settings import Reloader
+
+    reread, log = Reloader(source, started), logs.get("mind")
+
+    def reload() -> dict:
+        changes = reread(log)
+        if "log_level" in changes:
+            logs.set_levels(changes["log_level"])
+        return changes
+
+    return reload
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -209,26 +301,32 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from mind import paths
     from mind.server import Mind, MindConfig
     from protocol import logs
+    from protocol.settings import ConfigError
 
-    host, port = _parse_listen(args.listen or paths.DEFAULT_LISTEN)
+    home = paths.home(args.home)
+    source = _settings_source(args)
     try:
-        audit = logs.AuditLog(paths.home(args.home) / "audit.jsonl")
-        stream = logs.ReopeningFile(args.log_file) if args.log_file else None
-        logs.configure(args.log_format, args.log_level, stream=stream, audit=audit)
+        s = source.load()
+        if bool(s["tls_cert"]) != bool(s["tls_key"]):
+            missing, given = ("tls_key", "tls_cert") if s["tls_cert"] else ("tls_cert", "tls_key")
+            raise s.fail(given, f"needs {missing} too (--tls-cert and --tls-key go together)")
+    except ConfigError as exc:
+        die(str(exc), EXIT_USAGE)
+    host, _, port_text = s["listen"].rpartition(":")
+    host, port = host.strip("[]"), int(port_text)
+    try:
+        audit = logs.AuditLog(home / "audit.jsonl")
+        stream = logs.ReopeningFile(s["log_file"]) if s["log_file"] else None
+        logs.configure(s["log_format"], s["log_level"], stream=stream, audit=audit)
     except ValueError as exc:
         die(str(exc), EXIT_USAGE)
     except OSError as exc:
-        die(f"cannot open the audit log in {paths.home(args.home)}: {exc.strerror}", 1)
-    if args.ping_interval <= 0:
-        die("--ping-interval must be positive", EXIT_USAGE)
-    home = paths.home(args.home)
-    if bool(args.tls_cert) != bool(args.tls_key):
-        die("--tls-cert and --tls-key go together", EXIT_USAGE)
-    if args.tls_cert:
+        die(f"cannot open the audit log in {home}: {exc.strerror}", 1)
+    if s["tls_cert"]:
         from protocol.tls import TLSConfigError, server_context
 
         try:
-            server_context(args.tls_cert, args.tls_key)
+            server_context(s["tls_cert"], s["tls_key"])
         except TLSConfigError as exc:
             die(str(exc), EXIT_USAGE)
     elif host not in ("127.0.0.1", "::1", "localhost"):
@@ -238,21 +336,17 @@ def cmd_serve(args: argparse.Namespace) -> None:
             file=sys.stderr,
         )
     cfg = MindConfig(
-        home=home, host=host, port=port, ping_interval=args.ping_interval, ping_timeout=args.ping_interval,
-        tls_cert=_path(args.tls_cert) if args.tls_cert else None, tls_key=_path(args.tls_key) if args.tls_key else None,
-        max_pending_handshakes=args.max_pending_handshakes, auth_fail_limit=args.auth_fail_limit,
-        retain_runs=args.retain_runs,
+        home=home, host=host, port=port, ping_interval=s["ping_interval"], ping_timeout=s["ping_interval"],
+        tls_cert=_path(s["tls_cert"]) if s["tls_cert"] else None, tls_key=_path(s["tls_key"]) if s["tls_key"] else None,
+        max_pending_handshakes=s["max_pending_handshakes"], auth_fail_limit=s["auth_fail_limit"],
+        retain_runs=s["retain_runs"],
     )
-    if args.retain_runs < 0:
-        die("--retain-runs must be >= 0", EXIT_USAGE)
-    if args.max_pending_handshakes < 1 or args.auth_fail_limit < 1:
-        die("--max-pending-handshakes and --auth-fail-limit must be at least 1", EXIT_USAGE)
     try:
         mind = Mind(cfg)
     except Exception as exc:  # noqa: BLE001 - one clear line for a bad state dir or database
         die(f"cannot open state in {home}: {exc}", 1)
     try:
-        asyncio.run(mind.run())
+        asyncio.run(mind.run(reload=_reloader(source, s)))
     except OSError as exc:
         die(f"cannot listen on {host}:{port}: {exc.strerror or exc}", 1)
 
@@ -381,8 +475,6 @@ async def _client_command(args: argparse.Namespace) -> int:
     try:
         if args.cmd == "hands":
             return await cmd_hands(client, args)
-        if args.cmd == "exec":
-            return await cmd_exec(client, args)
         if args.cmd == "call":
             return await cmd_call(client, args)
         if args.cmd == "run":
@@ -511,78 +603,6 @@ class _StreamPrinter:
         if self.upto[stream] >= total or not data:
             return
         self.chunk(stream, total - len(data), data)
-
-
-async def cmd_exec(client: Any, args: argparse.Namespace) -> int:
-    import asyncio
-    import signal
-
-    from protocol.messages import RunEnd, RunOutput, RunUpdate
-
-    if args.timeout <= 0:
-        die("--timeout must be positive", EXIT_USAGE)
-    tool, tool_args = tool_args_from(args)
-
-    handle = await client.start(args.hand, tool, tool_args, timeout=args.timeout, grace=args.grace, watch=args.events)
-    printer = _StreamPrinter()
-    loop = asyncio.get_running_loop()
-    interrupts = 0
-    detach = asyncio.Event()
-
-    def on_sigint() -> None:
-        nonlocal interrupts
-        interrupts += 1
-        if interrupts == 1:
-            print("\nmind: cancel requested (Ctrl-C again to detach)", file=sys.stderr, flush=True)
-            loop.create_task(_request_cancel(handle))
-        else:
-            detach.set()
-
-    loop.add_signal_handler(signal.SIGINT, on_sigint)
-
-    def on_event(ev: Any) -> None:
-        if args.events:
-            if isinstance(ev, RunUpdate):
-                line = {"event": "state", "run_id": ev.run_id, "state": ev.state.value, "gen": ev.gen}
-            elif isinstance(ev, RunOutput):
-                line = {"event": "output", "run_id": ev.run_id, "stream": ev.stream, "offset": ev.offset, "data": _text(ev.data)}
-            else:
-                line = {"event": "end", **end_summary(ev), "stdout": _text(ev.stdout.data), "stderr": _text(ev.stderr.data)}
-            print(json.dumps(line), flush=True)
-        elif not args.json and isinstance(ev, RunOutput):
-            printer.chunk(ev.stream, ev.offset, ev.data)
-
-    waiter = asyncio.ensure_future(handle.wait(on_event))
-    detacher = asyncio.ensure_future(detach.wait())
-    try:
-        done, _ = await asyncio.wait({waiter, detacher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        loop.remove_signal_handler(signal.SIGINT)
-    if waiter not in done:
-        waiter.cancel()
-        print(f"mind: detached from run {handle.run_id}; the cancel still proceeds on the Hand", file=sys.stderr)
-        return EXIT_CANCELLED
-    detacher.cancel()
-    end: RunEnd = waiter.result()
-    if args.json:
-        summary = end_summary(end)
-        summary["stdout"] = _text(end.stdout.data)
-        summary["stderr"] = _text(end.stderr.data)
-        print(json.dumps(summary))
-    elif not args.events:
-        printer.finish("stdout", end.stdout)
-        printer.finish("stderr", end.stderr)
-        _explain(end)
-    return exit_code_for(end)
-
-
-async def _request_cancel(handle: Any) -> None:
-    from mind.client import ClientError
-
-    try:
-        await handle.cancel()
-    except ClientError as exc:
-        print(f"mind: cancel request failed: {exc.message}", file=sys.stderr)
 
 
 def _explain(end: Any) -> None:

@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
-from pathlib import Path
 from typing import Any, AsyncIterator, Callable, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from mind.credentials import load_credential
+from mind.errors import ClientError
 from protocol import limits
 from protocol.auth import ClientHandshake, Credential
 from protocol.codes import ErrorCode
@@ -60,15 +61,6 @@ from protocol.messages import (
 from protocol.states import TaskState
 from protocol.states import RunState
 from protocol.tls import TLSConfigError, check_pin, client_context
-
-
-class ClientError(Exception):
-    """The call could not be made or answered (connection, auth, a refused request)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 class RunFailed(ClientError):
@@ -168,7 +160,7 @@ class MindClient:
             )
         except ssl.SSLCertVerificationError as exc:
             raise ClientError("tls", f"the Mind at {url} failed certificate verification: {exc.verify_message}") from None
-        except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
+        except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ValueError) as exc:  # ValueError: a bad port
             raise ClientError("unreachable", f"cannot reach the Mind at {url}: {exc}") from None
         try:
             check_pin(ws.transport.get_extra_info("ssl_object"), pin)
@@ -387,18 +379,6 @@ class MindClient:
 def _raise_if_error(msg: Message) -> None:
     if isinstance(msg, Error):
         raise ClientError(msg.code.value, msg.message)
-
-
-def load_credential(path: str | os.PathLike[str]) -> Credential:
-    p = Path(path).expanduser()
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ClientError("config", f"cannot read credential file {p}: {exc.strerror}") from None
-    try:
-        return Credential.parse(text)
-    except ValueError as exc:
-        raise ClientError("config", f"bad credential file {p}: {exc}") from None
 
 
 __all__ = ["MindClient", "RunHandle", "ClientError", "RunFailed", "load_credential", "ErrorCode"]

@@ -42,6 +42,7 @@ from protocol.errors import ProtocolError
 from protocol.ids import new_id
 from protocol.tls import fingerprint, server_context
 from protocol.messages import (
+    build_all,
     Accepted,
     CancelResult,
     CancelRun,
@@ -243,6 +244,7 @@ class Mind:
 
     async def run(self, on_ready: Callable[[str], None] | None = None,
                   reload: Callable[[], dict[str, Any]] | None = None) -> None:
+        build_all()  # every validator built before the first connection, not on its first frame
         ensure_admin(self.store, self.cfg.home)
         staled = self.snapshots.mark_all_stale()
         if staled:
@@ -641,8 +643,8 @@ class Mind:
                 peer.outbox.put(run.info(), id_)
                 return
             status, acts = self.registry.on_cancel(msg.run_id, CancelReason.USER_REQUESTED, now, wall)
+            self._perform(acts)  # the Hand's `cancel` is queued (and written) before the acknowledgement
             peer.outbox.put(CancelRunResult(run_id=msg.run_id, status=status, state=run.state), id_)
-            self._perform(acts)
         elif isinstance(msg, ListHands):
             peer.outbox.put(HandsList(hands=[h for h in self.hand_infos() if scope.allows_hand(h.name)]), id_)
         elif isinstance(msg, ListRuns):

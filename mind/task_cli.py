@@ -16,12 +16,16 @@ from typing import Any
 
 from mind.cli import EXIT_LOST, EXIT_REFUSED, EXIT_USAGE, _table, _ts, die, tool_args_from
 from mind.client import ClientError, MindClient
+from mind.progress import Status, elapsed
 from protocol import limits
 from protocol.codes import TaskCancelStatus
 from protocol.messages import TaskView
 from protocol.states import TASK_TERMINAL, TaskState
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+LOGS_QUIET_S = 2.0
+"""`logs --follow` shows its status line once the log has been silent this long (on a terminal)."""
+CANCEL_STATUS_AFTER_S = 1.0
 
 
 def parse_duration(text: str) -> float:
@@ -141,18 +145,28 @@ async def logs(client: MindClient, args: argparse.Namespace) -> int:
         die("--offset must be >= 0", EXIT_USAGE)
     offset = args.offset
     out = sys.stdout.buffer
-    while True:
-        page = await client.task_logs(args.task_id, offset)
-        if page.data:
-            out.write(page.data)
-            out.flush()
-        offset = page.next_offset
-        if page.eof or (not args.follow and not page.data):
-            break
-        if not args.follow and page.next_offset >= page.log_bytes:
-            break
-        if not page.data:
-            await asyncio.sleep(0.3)
+    # On a terminal, a silent log says what it is waiting for: the task's state and its size so far
+    # (erased before the next output; nothing at all when stderr is not a terminal).
+    with Status(sys.stderr, enabled=args.follow) as status:
+        quiet_since = time.monotonic()
+        while True:
+            page = await client.task_logs(args.task_id, offset)
+            if page.data:
+                status.clear()
+                out.write(page.data)
+                out.flush()
+                quiet_since = time.monotonic()
+            offset = page.next_offset
+            if page.eof or (not args.follow and not page.data):
+                break
+            if not args.follow and page.next_offset >= page.log_bytes:
+                break
+            if not page.data:
+                quiet = time.monotonic() - quiet_since
+                if quiet >= LOGS_QUIET_S:
+                    status.show(f"task {args.task_id} {page.state.value}, {page.log_bytes} bytes so far; "
+                                f"waiting for output... {elapsed(quiet)}")
+                await asyncio.sleep(0.3)
     if page.truncated and page.eof:
         print(f"\n[mindhand: the log was truncated at its bound of {page.log_bytes} bytes]", file=sys.stderr)
     return 0
@@ -174,14 +188,21 @@ async def cancel(client: MindClient, args: argparse.Namespace) -> int:
     print("cancel requested", flush=True)
     if args.no_wait:
         return 0
-    deadline = time.monotonic() + args.wait_timeout
-    while time.monotonic() < deadline:
-        v = await client.task_get(args.task_id)
-        if v.state in TASK_TERMINAL:
-            why = f" ({v.task.reason})" if v.task and v.task.reason else ""
-            print(f"task {args.task_id} {v.state.value}{why}")
-            return 0
-        await asyncio.sleep(0.2)
+    t0 = time.monotonic()
+    deadline = t0 + args.wait_timeout
+    with Status(sys.stderr) as status:
+        while time.monotonic() < deadline:
+            v = await client.task_get(args.task_id)
+            if v.state in TASK_TERMINAL:
+                status.clear()
+                why = f" ({v.task.reason})" if v.task and v.task.reason else ""
+                print(f"task {args.task_id} {v.state.value}{why}")
+                return 0
+            waited = time.monotonic() - t0
+            if waited >= CANCEL_STATUS_AFTER_S:
+                stale = " (last heard: its hand is offline)" if v.stale else ""
+                status.show(f"waiting for task {args.task_id} to end: {v.state.value}{stale}... {elapsed(waited)}")
+            await asyncio.sleep(0.2)
     print(f"mind: task {args.task_id} has not ended yet; `mind task get {args.task_id}` will tell", file=sys.stderr)
     return 0
 

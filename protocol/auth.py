@@ -13,23 +13,33 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from protocol import PROTOCOL_VERSION, limits
 from protocol.codes import ErrorCode
 from protocol.errors import ProtocolError
-from protocol.messages import Challenge, HandClaims, Hello, Proof, Welcome
+from protocol.record import Frozen
+
+if TYPE_CHECKING:  # the models are imported when a handshake builds one: `mind exec` never needs pydantic
+    from protocol.messages import Challenge, HandClaims, Hello, Proof, Welcome
 
 TOKEN_PREFIX = "mh1"
 
 
-@dataclass(frozen=True)
-class Credential:
+class Credential(Frozen):
+    """Immutable (see protocol/record.py); its repr never shows the secret."""
+
+    __slots__ = ("role", "label", "secret")
     role: str  # "hand" | "client"
     label: str
     secret: bytes
+
+    def __init__(self, role: str, label: str, secret: bytes) -> None:
+        object.__setattr__(self, "role", role)
+        object.__setattr__(self, "label", label)
+        object.__setattr__(self, "secret", secret)
 
     def token(self) -> str:
         return f"{TOKEN_PREFIX}:{self.role}:{self.label}:{self.secret.hex()}"
@@ -92,15 +102,31 @@ def mind_mac(secret: bytes, transcript_bytes: bytes, gen: int) -> bytes:
 
 
 class ClientHandshake:
-    """The connecting side's state machine. Pure: nonces come in, messages go out."""
+    """The connecting side's state machine. Pure: nonces come in, messages go out.
+
+    The two messages it builds come from `_hello_msg` and `_proof_msg` (the pydantic models). The
+    CLI's pydantic-free fast path (`mind/link.py`) overrides only those two, so the transcript and
+    both MAC checks stay this one implementation."""
 
     def __init__(self, cred: Credential, nonce: bytes, claims: HandClaims | None = None) -> None:
         if len(nonce) != limits.NONCE_BYTES:
             raise ValueError("nonce has the wrong length")
         self._cred = cred
-        self._hello = Hello(role=cred.role, label=cred.label, nonce=nonce, claims=claims)  # type: ignore[arg-type]
+        self._hello = self._hello_msg(role=cred.role, label=cred.label, nonce=nonce, claims=claims)
         self._transcript: bytes | None = None
         self.gen: int | None = None
+
+    @staticmethod
+    def _hello_msg(**fields: Any) -> Hello:
+        from protocol.messages import Hello
+
+        return Hello(**fields)
+
+    @staticmethod
+    def _proof_msg(**fields: Any) -> Proof:
+        from protocol.messages import Proof
+
+        return Proof(**fields)
 
     def hello(self) -> Hello:
         return self._hello
@@ -109,7 +135,7 @@ class ClientHandshake:
         if self._transcript is not None:
             raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, "a second challenge in one handshake")
         self._transcript = transcript(self._hello, ch)
-        return Proof(handshake_id=ch.handshake_id, mac=client_mac(self._cred.secret, self._transcript))
+        return self._proof_msg(handshake_id=ch.handshake_id, mac=client_mac(self._cred.secret, self._transcript))
 
     def on_welcome(self, w: Welcome) -> int:
         if self._transcript is None:

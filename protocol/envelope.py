@@ -2,32 +2,47 @@
 
 `decode` takes untrusted bytes and returns an `Envelope` or raises `ProtocolError`; nothing else
 escapes it (a hypothesis test feeds it arbitrary bytes and arbitrary msgpack values).
+
+The framing (`unpack`, `check`, `encode`, `Channel`) needs no pydantic: the models and pydantic are
+imported on the first `decode`, so the CLI's fast path (`mind/wire.py`) shares these checks without
+paying for them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgpack
-import pydantic
 
 from protocol import PROTOCOL_VERSION, limits
 from protocol.codes import ErrorCode
 from protocol.errors import ProtocolError
-from protocol.messages import MESSAGE_TYPES, Message
+from protocol.record import Frozen
 
-M = TypeVar("M", bound=Message)
+if TYPE_CHECKING:
+    import pydantic
+
+    from protocol.messages import Message
+
+M = TypeVar("M", bound="Message")
 
 _KEYS = frozenset({"v", "t", "id", "seq", "gen", "p"})
 
 
-@dataclass(frozen=True)
-class Envelope(Generic[M]):
+class Envelope(Frozen, Generic[M]):
+    """One frame: the message and its envelope fields (immutable; see protocol/record.py)."""
+
+    __slots__ = ("msg", "seq", "id", "gen")
     msg: M
     seq: int
-    id: str | None = None
-    gen: int | None = None
+    id: str | None
+    gen: int | None
+
+    def __init__(self, msg: M, seq: int, id: str | None = None, gen: int | None = None) -> None:
+        object.__setattr__(self, "msg", msg)
+        object.__setattr__(self, "seq", seq)
+        object.__setattr__(self, "id", id)
+        object.__setattr__(self, "gen", gen)
 
     @property
     def t(self) -> str:
@@ -94,8 +109,24 @@ def unpack(data: object) -> dict[str, Any]:
     return raw
 
 
-def decode(data: object, expected_version: int = PROTOCOL_VERSION) -> Envelope[Message]:
-    raw = unpack(data)
+_registry: tuple[dict[str, Any], type[Exception]] | None = None
+
+
+def _models() -> tuple[dict[str, Any], type[Exception]]:
+    """MESSAGE_TYPES and pydantic's ValidationError, imported once, on the first decode."""
+    global _registry
+    if _registry is None:
+        import pydantic
+
+        from protocol.messages import MESSAGE_TYPES
+
+        _registry = (MESSAGE_TYPES, pydantic.ValidationError)
+    return _registry
+
+
+def check(raw: dict[str, Any], expected_version: int = PROTOCOL_VERSION) -> tuple[str, str | None, int, int | None, dict[str, Any]]:
+    """The envelope fields of an unpacked frame, checked: `(t, id, seq, gen, p)`. The payload is
+    not looked at: that is the model's job."""
     v = raw["v"]
     if not _is_int(v):
         raise ProtocolError(ErrorCode.MALFORMED_FRAME, "envelope field v must be an integer")
@@ -115,14 +146,24 @@ def decode(data: object, expected_version: int = PROTOCOL_VERSION) -> Envelope[M
         raise ProtocolError(ErrorCode.MALFORMED_FRAME, "envelope field gen must be an integer >= 1 or nil")
     if not isinstance(p, dict):
         raise ProtocolError(ErrorCode.MALFORMED_FRAME, "envelope field p must be a map")
-    model = MESSAGE_TYPES.get(t)
+    return t, id_, seq, gen, p
+
+
+def unknown_type(t: str) -> ProtocolError:
+    shown = t if len(t) <= 40 and t.isprintable() else "(unprintable)"
+    return ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {shown!r}")
+
+
+def decode(data: object, expected_version: int = PROTOCOL_VERSION) -> Envelope[Message]:
+    t, id_, seq, gen, p = check(unpack(data), expected_version)
+    types, validation_error = _models()
+    model = types.get(t)
     if model is None:
-        shown = t if len(t) <= 40 and t.isprintable() else "(unprintable)"
-        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {shown!r}")
+        raise unknown_type(t)
     try:
         msg = model.model_validate(p)
-    except pydantic.ValidationError as exc:
-        raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"invalid {t} payload: {_describe(exc)}") from None
+    except validation_error as exc:
+        raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"invalid {t} payload: {_describe(exc)}") from None  # type: ignore[arg-type]
     except RecursionError:
         raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"invalid {t} payload: nested too deeply") from None
     return Envelope(msg=msg, seq=seq, id=id_, gen=gen)

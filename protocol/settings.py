@@ -14,9 +14,7 @@ never import each other); the daemons' key tables live with each daemon.
 
 from __future__ import annotations
 
-import difflib
 import re
-import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -245,6 +243,9 @@ def _key_lines(text: str) -> dict[str, int]:
 def parse_file(text: str, path: str, keys: Iterable[Key]) -> dict[str, tuple[Any, int | None]]:
     """The file's values with their line numbers. A syntax error, an unknown key (with the closest
     known one suggested: a typo must not be silently ignored) or a table is a ConfigError."""
+    import difflib
+    import tomllib  # here, not at the top: `mind --help` builds the serve flags but reads no file
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -350,6 +351,33 @@ def read_file(path: str) -> str | None:
         return None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+class Reloader:
+    """SIGHUP for either daemon: read the file again (same flags and environment) and say which
+    reloadable keys changed; other changed keys are reported as needing a restart. A file that no
+    longer parses changes nothing: the daemon keeps its settings and the log says why. The event
+    is logged before the caller applies a new log level, so it is seen at the old one."""
+
+    def __init__(self, source: Source, started: Settings) -> None:
+        self.source = source
+        self.started = started
+        self.applied = {k.name: started[k.name] for k in source.keys if k.reloadable}
+
+    def __call__(self, log: Any) -> dict[str, Any]:
+        try:
+            new = self.source.load()
+        except ConfigError as exc:
+            log.error("config_reload_failed", error=str(exc), file=self.source.path)
+            return {}
+        keys = self.source.keys
+        now = {k.name: new[k.name] for k in keys if k.reloadable and new[k.name] != self.applied[k.name]}
+        restart = [k.name for k in keys if not k.reloadable and new[k.name] != self.started[k.name]]
+        log.info("config_reloaded", file=self.source.path, applied=sorted(now), needs_restart=restart)
+        if restart:
+            log.warning("config_needs_restart", keys=restart)
+        self.applied.update(now)
+        return now
 
 
 # --- the command line -----------------------------------------------------------------------------

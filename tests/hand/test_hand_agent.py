@@ -243,3 +243,26 @@ async def test_shutdown_ends_running_tasks_cancelled_and_says_so_before_closing(
     assert not pid_alive(child)
     [row] = read_rows(tmp / "state")
     assert row.state is TaskState.CANCELLED and row.reason == "shutdown"
+
+
+async def test_pidfd_child_watcher_reaps_without_a_thread_per_child():
+    """Python 3.11's default watcher starts a thread per child; the Hand swaps in pidfds."""
+    import sys
+    import threading
+
+    from hand.agent import use_pidfd_child_watcher
+
+    if sys.version_info >= (3, 12):
+        assert use_pidfd_child_watcher() is False  # 3.12 already uses pidfds by itself
+        return
+    policy = asyncio.get_event_loop_policy()
+    before = policy.get_child_watcher()
+    try:
+        assert use_pidfd_child_watcher() is True
+        assert isinstance(policy.get_child_watcher(), asyncio.PidfdChildWatcher)
+        threads = threading.active_count()
+        procs = [await asyncio.create_subprocess_exec("sh", "-c", f"sleep 0.2; exit {i}") for i in range(5)]
+        assert threading.active_count() == threads  # no watcher thread per running child
+        assert [await p.wait() for p in procs] == [0, 1, 2, 3, 4]
+    finally:
+        policy.set_child_watcher(before)

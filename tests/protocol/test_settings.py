@@ -131,3 +131,26 @@ def test_source_rereads_the_file_and_reports_what_changed():
         missing.load()
     default = Source(keys=KEYS, flags=BASE_FLAGS, env={}, path="/nope.toml", explicit=False, read=lambda p: None)
     assert default.load().file is None and default.describe(default.load()) == "none (/nope.toml does not exist)"
+
+
+def test_reloader_reports_reloadable_changes_once_and_keeps_going_on_a_bad_file():
+    from structlog.testing import capture_logs
+
+    from protocol.settings import Reloader
+
+    texts = {"/f.toml": "workers = 2\n"}
+    src = Source(keys=KEYS, flags=BASE_FLAGS, env={}, path="/f.toml", explicit=True, read=texts.get)
+    reread = Reloader(src, src.load())
+    import structlog
+
+    log = structlog.get_logger()
+    with capture_logs() as events:
+        texts["/f.toml"] = 'workers = 3\nlog_level = "debug"\n'
+        assert reread(log) == {"log_level": "debug"}
+        assert reread(log) == {}  # already applied: nothing new
+        texts["/f.toml"] = "workers = [\n"
+        assert reread(log) == {}
+    kinds = [(e["event"], e.get("applied"), e.get("needs_restart")) for e in events if e["event"] != "config_needs_restart"]
+    assert kinds[0] == ("config_reloaded", ["log_level"], ["workers"])
+    assert kinds[1] == ("config_reloaded", [], ["workers"])
+    assert kinds[2][0] == "config_reload_failed"

@@ -1,0 +1,116 @@
+"""`mind exec`'s fast path (mind/link.py): what it does not load, and that it refuses, verifies and
+gives up exactly where the full client does."""
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support.cluster import running
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory):
+    with running(tmp_path_factory.mktemp("fastpath")) as cl:
+        yield cl
+
+
+def test_exec_loads_neither_asyncio_nor_websockets_nor_pydantic(c):
+    code = (
+        "import sys\n"
+        "from mind.cli import main\n"
+        "try:\n"
+        "    main(['exec', '--hand', 'box', '--', 'echo', 'hi'])\n"
+        "except SystemExit as e:\n"
+        "    code = e.code\n"
+        "heavy = [m for m in ('asyncio', 'websockets', 'pydantic', 'structlog', 'prometheus_client') if m in sys.modules]\n"
+        "print(code, heavy, file=sys.stderr)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], env=c.env, capture_output=True, timeout=60)
+    assert r.stdout == b"hi\n"
+    assert r.stderr.strip() == b"0 []", r.stderr
+
+
+@pytest.mark.parametrize(
+    "args,why",
+    [
+        (["--hand", "bad name", "--", "true"], b"--hand wants"),
+        (["--hand", "box", "--timeout", "1e9", "--", "true"], b"at most 86400"),
+        (["--hand", "box", "--grace", "-1", "--", "true"], b"--grace"),
+    ],
+)
+def test_bad_arguments_are_usage_errors_with_a_sentence(c, args, why):
+    r = c.cli("exec", *args)
+    assert r.returncode == 2 and why in r.stderr and b"Traceback" not in r.stderr
+
+
+def test_exec_stays_fast_path_after_global_options(c):
+    r = c.cli("--home", str(c.home), "exec", "--hand", "box", "--json", "--", "echo", "x")
+    assert r.returncode == 0 and json.loads(r.stdout)["stdout"] == "x\n"
+
+
+def test_tls_pin_and_ca_are_checked_by_exec_like_by_every_client(tmp_path):
+    d = tmp_path / "certs"
+    out = subprocess.run([str(ROOT / "scripts" / "mkcerts"), str(d)], capture_output=True, text=True, check=True).stdout
+    pin = next(ln.split()[-1] for ln in out.splitlines() if ln.startswith("pin:"))
+    other = tmp_path / "other"
+    subprocess.run([str(ROOT / "scripts" / "mkcerts"), str(other)], capture_output=True, check=True)
+    tls = ("--tls-cert", str(d / "mind.crt"), "--tls-key", str(d / "mind.key"))
+    with running(tmp_path, hand=None, mind_args=tls) as cl:
+        cl.start_hand("box", "--pin", pin)
+        cl.wait_connected("box")
+        run = ("exec", "--hand", "box", "--", "echo", "over tls")
+        assert cl.cli(*run).stdout == b"over tls\n"  # the local CLI pins the daemon's own certificate
+        assert cl.cli("exec", "--mind", cl.url, "--pin", pin, *run[1:]).stdout == b"over tls\n"
+        assert cl.cli("exec", "--mind", cl.url, "--ca", str(d / "ca.crt"), *run[1:]).stdout == b"over tls\n"
+        r = cl.cli("exec", "--mind", cl.url, "--pin", "sha256:" + "0" * 64, *run[1:])
+        assert r.returncode == 125 and b"does not match the pinned" in r.stderr
+        r = cl.cli("exec", "--mind", cl.url, "--ca", str(other / "ca.crt"), *run[1:])
+        assert r.returncode == 125 and b"certificate verification" in r.stderr
+        r = cl.cli("exec", "--mind", cl.url.replace("wss://", "ws://"), *run[1:])
+        assert r.returncode == 125 and b"cannot reach" in r.stderr
+        r = cl.cli("exec", "--mind", cl.url.replace("wss://", "ws://"), "--pin", pin, *run[1:])
+        assert r.returncode == 125 and b"need a wss://" in r.stderr
+
+
+def test_a_mind_that_vanishes_mid_run_leaves_the_outcome_unknown(tmp_path):
+    with running(tmp_path) as cl:
+        p = cl.cli_popen("exec", "--hand", "box", "--", "sh", "-c", "echo started; exec sleep 60")
+        assert p.stdout.readline() == b"started\n"
+        cl.mind.kill9()
+        out, err = p.communicate(timeout=30)
+    assert p.returncode == 255 and b"unknown" in err
+
+
+def test_a_frozen_mind_is_noticed_by_the_keepalive(tmp_path, monkeypatch, capsys):
+    """In-process, with the keepalive shortened: the Mind freezes right after the run is sent (its
+    TCP connection stays open, nothing answers); the ping timeout ends the wait with 255."""
+    from mind import cli, exec_cli, link
+    from mind.credentials import load_credential
+
+    monkeypatch.setattr(link, "PING_INTERVAL_S", 0.2)
+    monkeypatch.setattr(link, "PING_TIMEOUT_S", 0.5)
+    with running(tmp_path) as cl:
+        monkeypatch.setenv("MINDHAND_HOME", str(cl.home))
+        args = cli._parse(["exec", "--hand", "box", "--", "sleep", "60"])
+        url, cred_path, ca, pin = cli._connection_params(args)
+        lk = link.Link.connect(url, load_credential(cred_path), ca=ca, pin=pin)
+        send = lk.send
+
+        def send_then_freeze(msg, id_=None):
+            send(msg, id_)
+            cl.mind.signal(signal.SIGSTOP)
+
+        lk.send = send_then_freeze
+        try:
+            code = exec_cli.ExecSession(lk, args).run("exec", {"argv": ["sleep", "60"]}, 60_000, None)
+        finally:
+            lk.abort()
+            cl.mind.signal(signal.SIGCONT)
+    assert code == 255
+    assert "stopped answering" in capsys.readouterr().err

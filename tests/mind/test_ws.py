@@ -1,0 +1,188 @@
+"""mind/ws.py, the CLI's minimal WebSocket client, against the `websockets` library's own sans-I/O
+server (the code the Mind runs), bytes passed by hand: upgrade, frames both ways, fragmentation,
+ping/pong, the closing handshake, and each way a server can break the protocol."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from websockets.frames import Opcode
+from websockets.server import ServerProtocol
+
+from mind.ws import CLOSED, MESSAGE, PONG, WsClient, WsError, accept_key, apply_mask
+
+
+def pair(max_size=1 << 20):
+    client = WsClient("example:80", "/", max_size=max_size)
+    server = ServerProtocol(max_size=max_size)
+    server.receive_data(client.data_to_send())
+    request = server.events_received()[0]
+    server.send_response(server.accept(request))
+    feed(server, client)
+    assert client.state == "open"
+    return client, server
+
+
+def feed(server, client):
+    for chunk in server.data_to_send():
+        client.receive_data(chunk)
+
+
+def to_server(client, server):
+    server.receive_data(client.data_to_send())
+    return server.events_received()
+
+
+def test_messages_both_ways_masked_out_and_large_in():
+    client, server = pair()
+    client.send_binary(b"hello")
+    frames = to_server(client, server)
+    assert [(f.opcode, f.data) for f in frames] == [(Opcode.BINARY, b"hello")]  # the server unmasked it
+    big = bytes(range(256)) * 1000
+    server.send_binary(big)
+    server.send_binary(b"")
+    feed(server, client)
+    assert client.events() == [(MESSAGE, big), (MESSAGE, b"")]
+
+
+def test_bytes_may_arrive_one_at_a_time():
+    client, server = pair()
+    server.send_binary(b"x" * 70_000)  # 64-bit length
+    server.send_text(b"t")
+    data = b"".join(server.data_to_send())
+    for i in range(len(data)):
+        client.receive_data(data[i : i + 1])
+    assert client.events() == [(MESSAGE, b"x" * 70_000), (MESSAGE, "t")]
+
+
+def test_fragmented_message_with_a_ping_in_between():
+    client, server = pair()
+    server.send_binary(b"ab", fin=False)
+    server.send_ping(b"p1")
+    server.send_continuation(b"cd", fin=True)
+    feed(server, client)
+    assert client.events() == [(MESSAGE, b"abcd")]
+    frames = to_server(client, server)
+    assert [(f.opcode, f.data) for f in frames] == [(Opcode.PONG, b"p1")]
+
+
+def test_ping_from_client_gets_its_pong():
+    client, server = pair()
+    client.send_ping(b"1234")
+    to_server(client, server)  # the server answers pings by itself
+    feed(server, client)
+    assert client.events() == [(PONG, b"1234")]
+
+
+def test_server_initiated_close_is_echoed():
+    client, server = pair()
+    server.send_close(1011, "going away")
+    feed(server, client)
+    assert client.events() == [(CLOSED, 1011, "going away")]
+    assert client.state == "closed"
+    frames = to_server(client, server)
+    assert frames[0].opcode == Opcode.CLOSE and frames[0].data[:2] == (1011).to_bytes(2, "big")
+    with pytest.raises(WsError):
+        client.send_binary(b"late")
+
+
+def test_client_initiated_close_completes_on_the_servers_answer():
+    client, server = pair()
+    client.send_close()
+    assert client.state == "closing"
+    to_server(client, server)
+    feed(server, client)
+    assert client.events() == [(CLOSED, 1000, "")]
+
+
+def test_eof_without_close_is_abnormal():
+    client, _ = pair()
+    client.receive_eof()
+    assert client.events() == [(CLOSED, 1006, "")]
+
+
+@pytest.mark.parametrize(
+    "head,why",
+    [
+        (b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n", "HTTP 403"),
+        (b"HTTP/1.1 101 OK\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: bad\r\n\r\n", "Accept"),
+        (b"HTTP/1.1 101 OK\r\nConnection: Upgrade\r\n\r\n", "did not upgrade"),
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "valid HTTP"),
+    ],
+)
+def test_bad_upgrade_answers_are_refused(head, why):
+    client = WsClient("h", "/")
+    client.data_to_send()
+    with pytest.raises(WsError) as ei:
+        client.receive_data(head)
+    assert why in ei.value.message
+
+
+def test_an_extension_we_did_not_offer_is_refused():
+    client = WsClient("h", "/")
+    head = (f"HTTP/1.1 101 OK\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: "
+            f"{accept_key(client.key)}\r\nSec-WebSocket-Extensions: permessage-deflate\r\n\r\n").encode()
+    with pytest.raises(WsError):
+        client.receive_data(head)
+
+
+def test_an_endless_response_head_is_bounded():
+    client = WsClient("h", "/")
+    with pytest.raises(WsError):
+        client.receive_data(b"HTTP/1.1 101 OK\r\n" + b"X-A: b\r\n" * 4000)
+
+
+def test_eof_before_the_answer():
+    client = WsClient("h", "/")
+    with pytest.raises(WsError):
+        client.receive_eof()
+
+
+@pytest.mark.parametrize(
+    "frame,code",
+    [
+        (b"\x82\x81abcd" + b"x", 1002),  # masked by the server
+        (b"\xc2\x01x", 1002),  # RSV1 without an extension
+        (b"\x83\x01x", 1002),  # reserved opcode
+        (b"\x09\x01x", 1002),  # fragmented ping
+        (b"\x89\x7e\x00\x7e" + b"x" * 126, 1002),  # control frame over 125 bytes
+        (b"\x80\x01x", 1002),  # continuation with nothing to continue
+        (b"\x02\x01a\x82\x01b", 1002),  # a new message inside a fragmented one
+        (b"\x81\x02\xff\xfe", 1007),  # text that is not UTF-8
+        (b"\x88\x01x", 1002),  # 1-byte close payload
+        (b"\x82\x7f" + (1 << 40).to_bytes(8, "big"), 1009),  # a message over max_size, refused before buffering
+    ],
+)
+def test_protocol_violations_carry_the_close_code(frame, code):
+    client, _ = pair(max_size=1000)
+    with pytest.raises(WsError) as ei:
+        client.receive_data(frame)
+    assert ei.value.code == code
+
+
+def test_fragments_count_towards_max_size():
+    client, server = pair(max_size=10)
+    server.send_binary(b"123456", fin=False)
+    server.send_continuation(b"78901", fin=True)
+    with pytest.raises(WsError) as ei:
+        feed(server, client)
+    assert ei.value.code == 1009
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300), st.binary(min_size=4, max_size=4))
+def test_mask_is_its_own_inverse_and_matches_the_rfc(data, mask):
+    masked = apply_mask(data, mask)
+    assert masked == bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+    assert apply_mask(masked, mask) == data
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.binary(max_size=2000), max_size=5), st.integers(min_value=1, max_value=500))
+def test_any_split_of_the_stream_gives_the_same_messages(messages, step):
+    client, server = pair()
+    for m in messages:
+        server.send_binary(m)
+    data = b"".join(server.data_to_send())
+    for i in range(0, len(data), step):
+        client.receive_data(data[i : i + step])
+    assert client.events() == [(MESSAGE, m) for m in messages]
