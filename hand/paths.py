@@ -18,6 +18,7 @@ with `O_NOFOLLOW` where they can.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -51,8 +52,7 @@ def resolve(root: Path | str, user_path: str) -> Path:
     shown = show(user_path)
     if ".." in user_path.split("/"):
         raise PathRefused(f"{shown} is refused: '..' components are not allowed")
-    root_given = Path(os.path.abspath(root))
-    root_real = Path(os.path.realpath(root))
+    root_given, root_real = _roots(os.fspath(root))
     if os.path.isabs(user_path):
         lexical = Path(os.path.normpath(user_path))
         if not (lexical.is_relative_to(root_given) or lexical.is_relative_to(root_real)):
@@ -66,6 +66,14 @@ def resolve(root: Path | str, user_path: str) -> Path:
     return real
 
 
+@functools.lru_cache(maxsize=16)
+def _roots(root: str) -> tuple[Path, Path]:
+    """The root as given and resolved, once per root: the Hand's root is fixed at start, and the
+    resolution cost an lstat per component on every call. Safe if the root is later swapped for a
+    symlink: every result must still lie under the root as it was resolved, or it is refused."""
+    return Path(os.path.abspath(root)), Path(os.path.realpath(root))
+
+
 def resolve_entry(root: Path | str, user_path: str) -> Path:
     """Like `resolve`, but the LAST component stays as named (its directory is resolved): what a
     write acts on. A symlink there stays a symlink, so `write_file` can see it and refuse it rather
@@ -74,6 +82,6 @@ def resolve_entry(root: Path | str, user_path: str) -> Path:
     real = resolve(root, user_path)
     norm = os.path.normpath(user_path)
     name = os.path.basename(norm)
-    if name in ("", ".", "/") or real == Path(os.path.realpath(root)):
+    if name in ("", ".", "/") or real == _roots(os.fspath(root))[1]:
         return real  # the root itself
     return resolve(root, os.path.dirname(norm) or ".") / name
