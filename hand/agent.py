@@ -500,6 +500,10 @@ class Agent:
                     elif isinstance(msg, (TaskStatus, TaskLogs, TaskCancel, TaskInventory)):
                         wire.send(await self._task_answer(msg), id=env.id)
                     elif isinstance(msg, Cancel):
+                        if self.tasks is not None and self.tasks.deciding():
+                            # A cancel of a start still being decided is answered after the start
+                            # is: `unknown_run` now would make the Mind call it lost (tests/sim).
+                            await self.tasks.settle()
                         table.on_cancel(msg)
                     elif isinstance(msg, Error):
                         log.warning("mind_error", code=msg.code.value, reason=msg.message[:300])

@@ -567,11 +567,26 @@ class TaskManager:
         if len(self._pending) >= ADMIT_BACKLOG:
             await self.settle()
 
+    def deciding(self) -> bool:
+        """Some start taken in is not answered yet."""
+        return bool(self._pending) or self._drainer is not None
+
     async def settle(self) -> None:
         """Wait until every start taken in so far is decided (committed and answered, or refused).
-        Requests read after a start see it, as if starts were admitted one at a time."""
-        async with self._admit_lock:
-            await self._admit_pending()
+        Requests read after a start see it, as if starts were admitted one at a time.
+
+        The deciding happens in the drainer, owned by the task group, never in the caller's task:
+        a caller cancelled meanwhile (the reader of a connection that dropped) cannot strand a
+        batch whose rows are committed but neither queued nor answered (found by tests/sim)."""
+        while self.deciding():
+            if self._drainer is None:
+                try:
+                    self._drainer = self._spawn(self._drain())
+                except RuntimeError:  # the owner is closing
+                    batch, self._pending = self._pending, []
+                    self._refuse(batch, RejectCode.SHUTTING_DOWN, "this hand is shutting down")
+                    return
+            await asyncio.wait({self._drainer})  # cancelling the caller does not cancel the drainer
 
     def _prepare(self, rpc: Rpc) -> ProcessSpec:
         if self._closing:
@@ -928,8 +943,8 @@ class TaskManager:
         # admitted (its connection may have dropped mid-commit) is committed, and listed, before
         # the page is read; else the Mind's reconciliation would call it `lost` while this Hand
         # runs it (found by tests/sim).
-        async with self._admit_lock:
-            await self._admit_pending()
+        await self.settle()
+        async with self._admit_lock:  # no batch half-way through its commit while the page is read
             rows = await asyncio.to_thread(self.store.page, msg.after, msg.limit + 1)
         more = len(rows) > msg.limit
         rows = rows[: msg.limit]

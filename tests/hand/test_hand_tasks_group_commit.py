@@ -185,6 +185,40 @@ async def test_starts_arriving_during_a_commit_share_the_next_one(make):
     assert len(fresh_rows(h.state)) == 11
 
 
+async def test_a_waiter_cancelled_mid_commit_strands_nothing(make):
+    """The reader waits (`settle`, for a status read after a start) while the start's commit is in
+    flight, and is cancelled (its connection dropped). The batch is decided in the owner's drainer,
+    not in the reader: the committed row is still queued in memory and answered (found by tests/sim)."""
+    h = await make()
+    write_many = h.m.store.write_many
+    entered = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    release = asyncio.Event()
+
+    def stalled(writes):
+        loop.call_soon_threadsafe(entered.set)
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result(10)
+        return write_many(writes)
+
+    h.m.store.write_many = stalled  # type: ignore[method-assign]
+
+    async def read_start_then_status() -> None:  # as the reader does, with no await in between
+        await h.start("t1")
+        await h.m.settle()
+
+    reader = asyncio.create_task(read_start_then_status())
+    await asyncio.wait_for(entered.wait(), 10)
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    assert h.m.deciding()  # the batch goes on without the reader
+    release.set()
+    await asyncio.wait_for(h.m.settle(), 10)
+    accepted_value(h.answers("t1"))
+    assert "t1" in h.m._queued  # committed and queued: it will run
+    assert fresh_rows(h.state)["t1"].state is TaskState.QUEUED
+
+
 async def test_duplicates_and_conflicts_within_one_batch_are_decided_as_if_sequential(make):
     h = await make()
     await h.start("a", "echo one")

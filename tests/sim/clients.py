@@ -2,7 +2,8 @@
 
 A client is one connection at a time (a new connection id after each reconnect). It asks for
 foreground runs, cancels them (its own or any run id it heard of), starts background tasks with
-names from a small pool (so duplicate starts happen, with the same binding or another), gets and
+names from a small pool (so duplicate starts happen, with the same binding or another), sometimes
+several at once to one Hand (their rpcs leave together: one admission batch if read together), gets and
 cancels tasks, and sometimes disconnects. Its inbox is what the invariants about "exactly one
 `run_end` per run per connected client" and "exactly one answer per request" are checked on.
 """
@@ -91,7 +92,7 @@ class ClientActions:
             client.conn = w.next_id("c")
             w.conn_clients[client.conn] = client
             return "client:connect"
-        kind = pick(rng, (("exec", 30), ("task_start", 25), ("task_get", 10), ("task_cancel", 10),
+        kind = pick(rng, (("exec", 30), ("task_start", 23), ("task_burst", 3), ("task_get", 10), ("task_cancel", 10),
                           ("cancel_run", 12), ("disconnect", 3)))
         if kind == "disconnect":
             conn, client.conn = client.conn, None
@@ -118,6 +119,10 @@ class ClientActions:
             mind.on_cancel_run(client.conn, req_id, run_id)
         elif kind == "task_start":
             self.start_task(client, self._task_start(), req_id)
+        elif kind == "task_burst":
+            hand = rng.choice(w.config.hands)
+            for i in range(rng.randint(2, 3)):
+                self.start_task(client, self._task_start(hand), req_id if i == 0 else None)
         else:
             live = [snap.task_id for snap in w.snapshots.rows.values() if not snap.terminal]
             if live and rng.random() < 0.6:
@@ -141,14 +146,16 @@ class ClientActions:
         w.drain()
         return req_id
 
-    def _task_start(self) -> TaskStart:
+    def _task_start(self, to: str | None = None) -> TaskStart:
+        """A start with a pooled id (or none); `to`: on this Hand (a retry of another Hand's binding
+        is then a conflict)."""
         w, rng = self.world, self.rng
         task_id = rng.choice(self.task_pool) if rng.random() < 0.9 else None
         known = self.bindings.get(task_id) if task_id else None
-        if known is not None and rng.random() < 0.6:
+        if known is not None and rng.random() < 0.6 and to in (None, known[0]):
             hand, tool, args, max_ms = known  # a retry: same binding
         else:
-            hand = rng.choice(w.config.hands) if rng.random() > 0.03 else "ghost"
+            hand = to or (rng.choice(w.config.hands) if rng.random() > 0.03 else "ghost")
             tool, args, max_ms = pick(rng, TASK_TOOLS), job(rng), rng.choice(MAX_RUNTIMES_MS)
             if task_id is not None:
                 self.bindings.setdefault(task_id, (hand, tool, args, max_ms))

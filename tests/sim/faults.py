@@ -8,13 +8,20 @@ Each is what the fault proxy (`tests/support/faultproxy.py`) or `kill -9` does t
 - partition: a cut, and the Hand's new connections are refused for a while;
 - Hand crash: its loop dies (its store and its commands' processes do not); it restarts later;
 - Mind crash: its registry, asks and connections vanish (snapshots and generations stay); it
-  restarts later and marks every unfinished snapshot stale.
+  restarts later and marks every unfinished snapshot stale;
+- start twice: the next background start on a connection goes out twice in one write (same id;
+  the same binding, or another max runtime: a conflict). The Mind never does this (its snapshot
+  dedups ids); it is here so that one admission batch holds the same id twice, which `admit_batch`
+  must answer as the first's duplicate or conflict (the copy's answers are late inputs to the Mind);
+- disk failure: the Hand's next commit of starts fails as a whole (`HandTaskStore.fail_commits`):
+  the batch is refused, nothing stored.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from protocol.messages import Background, Rpc
 from sim.clients import pick
 from sim.network import Link
 
@@ -31,10 +38,19 @@ class Faults:
         w = self.world
         rng, now = w.rng, w.clock.now
         kind = pick(rng, (("delay", 25), ("cut", 25), ("blackhole", 15), ("partition", 10), ("hand_crash", 12),
-                          ("mind_crash", 8)))
+                          ("mind_crash", 8), ("start_twice", 10), ("disk_fail", 5)))
         links = [lk for lk in w.links if lk.open]
-        if kind in ("delay", "cut", "blackhole") and not links:
+        if kind in ("delay", "cut", "blackhole", "start_twice") and not links:
             return "fault:none"
+        if kind == "start_twice":
+            link = rng.choice(links)
+            conflict = rng.random() < 0.4
+            link.twin = lambda msg: self._twin(link, msg, conflict)
+            return f"fault:start_twice {link.hand} gen{link.gen}{' conflicting' if conflict else ''}"
+        if kind == "disk_fail":
+            slot = rng.choice(list(w.hands.values()))
+            slot.store.fail_commits += 1
+            return f"fault:disk_fail {slot.label}"
         if kind == "delay":
             link = rng.choice(links)
             d = rng.choice((link.down, link.up))
@@ -77,10 +93,21 @@ class Faults:
         w.clock.at(now + rng.choice((0.5, 3.0, 20.0)), w.start_mind, label="restart")
         return "fault:mind_crash"
 
+    @staticmethod
+    def _twin(link: Link, msg: object, conflict: bool) -> Rpc | None:
+        if not isinstance(msg, Rpc) or msg.background is None:
+            return None
+        link.twin = None
+        if conflict:
+            return msg.model_copy(update={"background": Background(max_runtime_ms=msg.background.max_runtime_ms - 1)})
+        return msg
+
     def crash_hand(self, slot: HandSlot) -> None:
         w = self.world
         proc = slot.proc
         assert proc is not None
+        if proc.tasks.undecided():
+            w.checker.notes["admit_batch:crash_undecided"] += 1
         proc.loop.kill()
         slot.proc = None
         for link in w.links:
@@ -124,10 +151,12 @@ class Faults:
             w.tracer.line("--- heal: every link flows, every partition ends, every process is up ---")
         for link in w.links:
             link.down.delay = link.up.delay = 0.0
+            link.twin = None
             if not link.flowing:
                 self.resume(link, link.blackhole_epoch)
         for slot in w.hands.values():
             slot.refused_until = 0.0
+            slot.store.fail_commits = 0
             w.start_hand(slot)
         w.start_mind()
         w.drain()

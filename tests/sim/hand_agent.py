@@ -3,7 +3,10 @@
 Mirrored from `hand/agent.py` (keep in step): the task manager is opened (restart recovery) before
 the first dial; the Hand dials forever with the REAL `hand.backoff.Backoff` (seeded); per
 connection it has its own run table and reader; task messages are handled IN ORDER by the reader
-(each awaited before the next frame is read), foreground `rpc`/`cancel` synchronously; when the
+(each awaited before the next frame is read), foreground `rpc`/`cancel` synchronously. Frames that
+arrived in one read (a burst, see `World._step`) wait in `inbox` and the reader takes them without
+yielding, as websockets' `recv` returns a buffered frame without suspending: background starts
+read in one go are taken in before the admission drainer first runs (one batch). When the
 connection ends its foreground runs are cancelled (`connection_lost`) and awaited, and only then
 does it wait out the backoff. Nothing of an earlier connection is ever resent.
 
@@ -13,6 +16,7 @@ A crash is the loss of this object (and of its loop); the store and the machine'
 from __future__ import annotations
 
 import random
+from collections import deque
 from typing import TYPE_CHECKING, Any, Generator
 
 from hand.backoff import Backoff
@@ -37,6 +41,8 @@ class HandConn:
         self.wire_open = True
         self.closed = Fut()
         self.recv_fut: Fut | None = None
+        self.inbox: deque[Frame] = deque()
+        """Frames read off the socket that the reader has not taken yet."""
         self.runs = HandRuns(hand, self.send)
 
     def send(self, msg: Message, env_id: str | None = None) -> None:
@@ -52,11 +58,20 @@ class HandConn:
         return self.recv_fut is not None and not self.recv_fut.done
 
     def deliver(self, frame: Frame) -> None:
-        assert self.recv_fut is not None
-        self.recv_fut.resolve(frame)
+        """The frame read off the socket: to the waiting reader, or to the buffer if it is busy."""
+        if self.receiving:
+            self.recv_fut.resolve(frame)  # type: ignore[union-attr]
+        else:
+            self.inbox.append(frame)
 
 
 class HandProcess:
+    cancel_waits_for_starts = True
+    """True as `hand/agent.py` ships: a run `cancel` read while some start is undecided waits for
+    it (`await tasks.settle()` first, as `TaskManager.answer` does). False as the group commit first
+    shipped (`sim.variants`, "hand-batch-before-fix"): the cancel of a task's start run was answered
+    `unknown_run` before the start's `accepted`/`rejected`, and the Mind ended the start run `lost`."""
+
     def __init__(self, world: "World", slot: "HandSlot") -> None:
         self.world = world
         self.clock = world.clock
@@ -109,7 +124,7 @@ class HandProcess:
 
     def _read_loop(self, conn: HandConn) -> Generator[Any, Any, None]:
         while True:
-            frame = yield conn.recv()
+            frame = conn.inbox.popleft() if conn.inbox else (yield conn.recv())
             msg = frame.msg
             if isinstance(msg, Rpc) and msg.background is not None:
                 yield from self.tasks.on_start(msg, conn.send)
@@ -119,6 +134,8 @@ class HandProcess:
                 reply = yield from self.tasks.answer(msg)
                 conn.send(reply, frame.env_id)
             elif isinstance(msg, Cancel):
+                if self.cancel_waits_for_starts:
+                    yield from self.tasks.settle()
                 conn.runs.on_cancel(msg)
             else:
                 raise AssertionError(f"a mind may not send {msg.TYPE} to a hand")

@@ -3,17 +3,24 @@
 It survives Hand crashes (it is the disk). Same rules as the real store: `version` starts at 1 and
 grows by one on every change; a state change goes through `protocol.states.advance`, so a terminal
 row never changes; `page` is ordered by task id; `purge` forgets terminal rows finished before a
-cutoff. Each change is reported to `on_change` (the checker keeps every version the Hand ever had).
-The log files are sizes only: what matters to the invariants is `log_bytes`, not the bytes.
+cutoff. `write_many` is the group commit's one transaction (the REAL `Insert`/`Change` writes):
+each write is undone alone if it fails (its result is then the exception), and a failed commit
+stores nothing and raises. Each change is reported to `on_change` (the checker keeps every version
+the Hand ever had). The log files are sizes only: what matters to the invariants is `log_bytes`.
+
+Fault: `fail_commits` (armed by `sim.faults`) makes the next commits that hold only `Insert`s fail
+as a whole ("disk I/O error"), as SQLite's COMMIT can: the batch of starts is refused, nothing is
+stored. Only insert-only commits: a failed commit of a RUNNING/terminal change leaves that row
+unfinished until the Hand restarts (`TaskManager._execute`), which "every task ends" would flag.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sqlite3
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Sequence
 
-from hand.taskstore import TaskRow
+from hand.taskstore import Insert, TaskRow, Write
 from protocol.states import TASK_TERMINAL, TASK_TRANSITIONS, TaskState, advance
 
 OnChange = Callable[[str, TaskRow | None, str], None]
@@ -25,9 +32,15 @@ class HandTaskStore:
         self.rows: dict[str, TaskRow] = {}
         self.log_sizes: dict[str, int] = {}
         self._on_change = on_change
+        self.fail_commits = 0
+        """How many of the next insert-only commits fail (a fault)."""
 
     def get(self, task_id: str) -> TaskRow | None:
         return self.rows.get(task_id)
+
+    def get_many(self, task_ids: Iterable[str]) -> dict[str, TaskRow]:
+        rows = self.rows
+        return {t: rows[t] for t in task_ids if t in rows}
 
     def count(self) -> int:
         return len(self.rows)
@@ -41,10 +54,35 @@ class HandTaskStore:
         return sorted(rows, key=lambda r: (r.created_at, r.task_id))
 
     def insert(self, row: TaskRow) -> None:
-        if row.task_id in self.rows:
-            raise sqlite3.IntegrityError(f"UNIQUE constraint failed: tasks.task_id ({row.task_id})")
-        self.rows[row.task_id] = row
-        self._on_change(row.task_id, row, "insert")
+        self.insert_many([row])
+
+    def insert_many(self, rows: Sequence[TaskRow]) -> None:
+        """All or none: raises `sqlite3.IntegrityError` (nothing inserted) if any id exists."""
+        ids = [r.task_id for r in rows]
+        clash = next((t for t in ids if t in self.rows), None)
+        if clash is None and len(set(ids)) < len(ids):
+            clash = next(t for t in ids if ids.count(t) > 1)
+        if clash is not None:
+            raise sqlite3.IntegrityError(f"UNIQUE constraint failed: tasks.task_id ({clash})")
+        for row in rows:
+            self.rows[row.task_id] = row
+            self._on_change(row.task_id, row, "insert")
+
+    def write_many(self, writes: Sequence[Write]) -> list[Any]:
+        """One transaction: None for an `Insert`, the new row for a `Change`, or that write's error."""
+        if self.fail_commits and all(isinstance(w, Insert) for w in writes):
+            self.fail_commits -= 1
+            raise sqlite3.OperationalError("disk I/O error")
+        results: list[Any] = []
+        for w in writes:
+            try:
+                if isinstance(w, Insert):
+                    results.append(self.insert_many(w.rows))
+                else:
+                    results.append(self.update(w.task_id, **w.changes))
+            except Exception as exc:  # noqa: BLE001 - this write's own result (a savepoint rolled back)
+                results.append(exc)
+        return results
 
     def update(self, task_id: str, **changes: Any) -> TaskRow:
         if "version" in changes or "task_id" in changes:

@@ -1,38 +1,52 @@
 """The Hand's background tasks: `hand.tasks.TaskManager`, as generators on the Hand's loop.
 
-The decisions are the REAL plain functions of `hand/tasks.py` (`admit`, `next_to_start`, `ending`,
-`cancel_action`, `lost_reason`, `purge_cutoff`) and rows are real `TaskRow`s reported with the real
-`to_info`. The shell around them is mirrored from `TaskManager` (keep in step), with a `yield` at
-every `await`:
-- durable before accepted: the row is inserted (and the insert completed) before `accepted` and the
-  start run's `result` go out; duplicates, conflicts and the quota are decided under the admission
-  lock, and a refused start stores nothing;
+The decisions are the REAL plain functions of `hand/tasks.py` (`admit_batch`, `next_to_start`,
+`ending`, `cancel_action`, `lost_reason`, `purge_cutoff`), rows are real `TaskRow`s reported with the
+real `to_info`, and writes are the real `Insert`/`Change`. The shell around them is mirrored from
+`TaskManager` and `GroupCommit` (keep in step), with a `yield` at every `await`:
+- starts are taken in on arrival (`on_start` never waits): a policy/argument refusal is answered at
+  once with nothing stored, the others are queued; one drainer in the Hand's owner takes every
+  queued start as ONE batch under the admission lock, decides it with `admit_batch` (arrival order;
+  each start sees the rows admitted before it in the batch), commits the new rows in one write of
+  the group commit, and only then answers (`accepted` + `result`, or `rejected`) and queues them;
+  a failed look or commit refuses the whole batch. A batch is what arrived while the previous one
+  was being decided: the frames the reader read in one go, or during a slow disk;
+- durable before accepted; duplicates, conflicts and the quota are decided under the admission
+  lock; every request (`inventory`, and `status`/`cancel` through `settle`) first decides the starts
+  taken in before it, in ITS OWN task (as the real `settle`/`inventory` do);
+- one writer (`GroupCommit`): every write waits, one drainer commits all waiting writes in one
+  transaction, a batch's rows and RUNNING/terminal changes of running tasks together;
 - at most `max_running` run, the others wait `queued` (FIFO); every transition is committed
   (version + 1) BEFORE it is pushed as a `task_update` on the live connection, if any;
 - the truth wins on cancel and on `max_runtime_ms`; a queued task is cancelled without running;
 - restart (`open`): every queued/running row becomes `lost`, nothing re-runs, the orphan is killed.
 Executions belong to the Hand (its loop), not to a connection: a dropped connection touches no task.
+Not modelled: clean shutdown (`_closing`), the argument size check, `ADMIT_BACKLOG` (never reached).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Generator
 
 from hand.tasks import (
+    ADMIT_BACKLOG,
     BACKGROUND_TOOLS,
     Admission,
     CancelAction,
     Ending,
-    admit,
+    StartRequest,
+    Verdict,
+    admit_batch,
     cancel_action,
     ending,
     lost_reason,
     next_to_start,
     purge_cutoff,
 )
-from hand.taskstore import TaskRow, to_info
+from hand.taskstore import Change, Insert, TaskRow, Write, to_info
 from hand.tools import Refusal
 from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
 from protocol.digest import args_digest, binding_digest
@@ -54,7 +68,7 @@ from protocol.messages import (
 )
 from protocol.states import TASK_TRANSITIONS, RunState, TaskState
 from sim.jobs import JobSpec, VProcess
-from sim.runtime import Proc, SimLock
+from sim.runtime import Fut, Loop, Proc, SimLock
 
 if TYPE_CHECKING:
     from sim.hand_agent import HandProcess
@@ -101,13 +115,64 @@ class _Live:
     runner: Proc | None = None
 
 
+@dataclass(eq=False)
+class _Start:
+    """A start taken in, waiting for its batch; `send` is its connection's."""
+
+    req: StartRequest
+    spec: JobSpec
+    send: Send
+
+
+class GroupCommit:
+    """`hand.tasks.GroupCommit`: the one writer. Writes wait in `_waiting`; one drainer commits all
+    that are waiting in one `write_many` (one I/O), then wakes each writer with ITS result."""
+
+    def __init__(self, store: Any, loop: Loop) -> None:
+        self._store = store
+        self._loop = loop
+        self._waiting: list[tuple[Write, Fut]] = []
+        self._drainer: Proc | None = None
+
+    def write(self, write: Write) -> Generator[Any, Any, Any]:
+        fut = Fut()
+        self._waiting.append((write, fut))
+        if self._drainer is None:
+            self._drainer = self._loop.spawn(self._drain(), "group commit")
+        return (yield fut)
+
+    def _drain(self) -> Generator[Any, Any, None]:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                try:
+                    results = yield self._loop.io(self._store.write_many, [w for w, _ in batch])
+                except Exception as exc:  # noqa: BLE001 - the commit failed: no write of the batch is done
+                    results = [exc] * len(batch)
+                for (_, fut), result in zip(batch, results):
+                    if isinstance(result, BaseException):
+                        fut.fail(result)
+                    else:
+                        fut.resolve(result)
+        finally:
+            self._drainer = None
+
+
 class HandTasks:
     inventory_waits_for_admissions = True
     """As `hand/tasks.py` does since the simulation found the race (see `sim.variants.HandBeforeFix`):
-    `inventory` reads its page under the admission lock, so a start admitted on an earlier
-    connection (its row not yet committed when that connection dropped) is in the inventory of the
-    next one. Without it, the Mind's reconciliation declares such a task `lost` ("unknown to hand")
-    while the Hand runs it."""
+    `inventory` decides the waiting starts and reads its page under the admission lock, so a start
+    taken in on an earlier connection (its row not yet committed when that connection dropped) is in
+    the inventory of the next one. Without it, the Mind's reconciliation declares such a task `lost`
+    ("unknown to hand") while the Hand runs it."""
+
+    admit_in_owner = True
+    """True as `hand/tasks.py` ships: every batch is decided by the drainer in the Hand's owner and
+    callers (`settle`, `answer`, `inventory`) only wait for it. False as the group commit first
+    shipped ("hand-batch-before-fix"): they decided waiting starts in the CALLER's task, the
+    connection's reader, and a reader cancelled while its batch's commit was in flight (this model
+    cancels it when the connection ends) left the committed rows `queued` in the database and in no
+    queue: never run, never answered, until a restart called them `lost`."""
 
     def __init__(self, hand: "HandProcess") -> None:
         self.hand = hand
@@ -118,13 +183,25 @@ class HandTasks:
         self._running: dict[str, _Live] = {}
         self._push: Send | None = None
         self._admit_lock = SimLock()
+        self._pending: list[_Start] = []
+        """Starts taken in, in arrival order, not yet in a batch."""
+        self._drainer: Proc | None = None
+        self._deciding = 0
+        """Batches between their look and their answers (for the fault counters only)."""
+        self._writes = GroupCommit(self.store, self.loop)
+        self.batches = hand.world.checker.notes
+        """Where batch sizes and verdicts are counted (shown by `scripts/sim`)."""
 
     @property
     def now(self) -> float:
         return self.hand.clock.now
 
     def busy(self) -> bool:
-        return bool(self._queued or self._running)
+        return bool(self._queued or self._running or self._pending)
+
+    def undecided(self) -> bool:
+        """Starts taken in whose batch is not answered yet (waiting, or being looked up/committed)."""
+        return bool(self._pending or self._deciding)
 
     # --- lifecycle ---
 
@@ -161,9 +238,41 @@ class HandTasks:
     # --- start ---
 
     def on_start(self, rpc: Rpc, send: Send) -> Generator[Any, Any, None]:
-        """The admission runs in the Hand's owner; the reader only waits for it (shielded)."""
-        job = self.loop.spawn(self._start(rpc, send), f"task_start {rpc.run_id}")
-        yield job.done
+        """Refused at once, or queued for the drainer's next batch; returns before it is decided."""
+        task_id = rpc.run_id
+        try:
+            assert rpc.background is not None
+            spec = self._prepare(rpc)
+            max_runtime_ms = rpc.background.max_runtime_ms
+            req = StartRequest(task_id=task_id, tool=rpc.tool, args_digest=args_digest(rpc.tool, rpc.args),
+                               binding_digest=binding_digest(rpc.tool, rpc.args, max_runtime_ms),
+                               max_runtime_ms=max_runtime_ms)
+        except Refusal as refusal:
+            send(Rejected(run_id=task_id, code=refusal.code, message=refusal.message))
+            return
+        self._pending.append(_Start(req, spec, send))
+        if self._drainer is None:
+            self._drainer = self.loop.spawn(self._drain(), "admit drainer")
+        if len(self._pending) >= ADMIT_BACKLOG:
+            yield from self.settle()
+
+    def settle(self) -> Generator[Any, Any, None]:
+        """Every start taken in so far is decided (in the CALLER's proc, as the real `settle`)."""
+        if self.admit_in_owner:
+            yield from self._wait_drainer()
+            return
+        yield from self._admit_lock.acquire()
+        try:
+            yield from self._admit_pending()
+        finally:
+            self._admit_lock.release()
+
+    def _wait_drainer(self) -> Generator[Any, Any, None]:
+        """Wait, shielded, for the owner's drainer to decide every start taken in (`TaskManager.settle`)."""
+        while self._pending or self._drainer is not None:
+            if self._drainer is None:
+                self._drainer = self.loop.spawn(self._drain(), "admit drainer")
+            yield self._drainer.done
 
     def _prepare(self, rpc: Rpc) -> JobSpec:
         if rpc.tool not in BACKGROUND_TOOLS:
@@ -175,42 +284,90 @@ class HandTasks:
             raise Refusal(RejectCode.INVALID_REQUEST, "bad arguments")
         return spec
 
-    def _look(self, task_id: str, cutoff: float) -> tuple[TaskRow | None, int]:
-        self.store.purge(cutoff)
-        return self.store.get(task_id), self.store.count()
-
-    def _start(self, rpc: Rpc, send: Send) -> Generator[Any, Any, None]:
-        assert rpc.background is not None
-        task_id = rpc.run_id
+    def _drain(self) -> Generator[Any, Any, None]:
+        """The drainer, in the Hand's owner: admit batches until no start is waiting."""
         try:
             yield from self._admit_lock.acquire()
             try:
-                spec = self._prepare(rpc)
-                max_runtime_ms = rpc.background.max_runtime_ms
-                digest = args_digest(rpc.tool, rpc.args)
-                binding = binding_digest(rpc.tool, rpc.args, max_runtime_ms)
-                now = self.now
-                existing, retained = yield self.loop.io(self._look, task_id,
-                                                        purge_cutoff(now, self.limits.retention_s))
-                decision = admit(existing, binding, retained, self.limits.max_retained)
-                if decision is Admission.CONFLICT:
-                    raise Refusal(RejectCode.CONFLICTING_DUPLICATE, f"task {task_id} already exists")
-                if decision is Admission.OVER_QUOTA:
-                    raise Refusal(RejectCode.QUOTA_EXCEEDED, f"this hand already keeps {retained} tasks")
-                if decision is Admission.DUPLICATE:
-                    assert existing is not None
-                    self._started(send, task_id, self._info(existing), duplicate=True)
-                    return
-                row = TaskRow(task_id=task_id, tool=rpc.tool, args_digest=digest, binding_digest=binding,
-                              state=TaskState.QUEUED, version=1, max_runtime_ms=max_runtime_ms, created_at=now)
-                yield self.loop.io(self.store.insert, row)  # committed before `accepted`
-                self._queued[task_id] = _Live(row, spec)
+                yield from self._admit_pending()
             finally:
                 self._admit_lock.release()
-            self._started(send, task_id, to_info(row), duplicate=False)
-            self._pump()
-        except Refusal as refusal:
-            send(Rejected(run_id=task_id, code=refusal.code, message=refusal.message))
+        finally:
+            self._drainer = None
+
+    def _admit_pending(self) -> Generator[Any, Any, None]:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            self._deciding += 1
+            try:
+                yield from self._admit_batch(batch)
+            except Exception as exc:  # the real shell logs it; here it is a bug worth a failing seed
+                self.hand.world.checker.fail("hand_task_batch", f"{type(exc).__name__}: {exc}")
+            finally:
+                self._deciding -= 1
+
+    def _look(self, task_ids: set[str], cutoff: float) -> tuple[dict[str, TaskRow], int]:
+        self.store.purge(cutoff)
+        return self.store.get_many(task_ids), self.store.count()
+
+    def _admit_batch(self, batch: list[_Start]) -> Generator[Any, Any, None]:
+        now = self.now
+        reqs = [s.req for s in batch]
+        notes = self.batches
+        notes[f"admit_batch:size{min(len(batch), 4)}{'+' if len(batch) >= 4 else ''}"] += 1
+        try:
+            existing, retained = yield self.loop.io(self._look, {r.task_id for r in reqs},
+                                                    purge_cutoff(now, self.limits.retention_s))
+            verdicts = admit_batch(reqs, existing, retained, self.limits.max_retained, now)
+            rows = [v.row for v in verdicts if v.admission is Admission.INSERT and v.row is not None]
+            if rows:  # committed before any `accepted`; one write: all of the batch's rows or none
+                yield from self._writes.write(Insert(tuple(rows)))
+        except Exception as exc:  # noqa: BLE001 - the database failed: refuse the batch
+            if not isinstance(exc, sqlite3.Error):  # anything else is a bug of the model or the decision
+                self.hand.world.checker.fail("hand_task_batch", f"{type(exc).__name__}: {exc}")
+            notes["admit_batch:refused_by_commit"] += 1
+            if self.hand.world.tracer is not None:
+                self._trace(f"{self.hand.label} batch {[r.task_id for r in reqs]} refused: {type(exc).__name__}: {exc}")
+            self._refuse(batch, RejectCode.INTERNAL_ERROR, f"the task database could not store the start: {exc}")
+            return
+        if len(batch) > 1:
+            ids = [r.task_id for r in reqs]
+            if len(set(ids)) < len(ids):
+                notes["admit_batch:same_id_twice"] += 1
+            for v in verdicts[1:]:
+                notes[f"admit_batch:later_{v.admission.value}"] += 1
+        if self.hand.world.tracer is not None:
+            self._trace(f"{self.hand.label} batch decided: "
+                        + " ".join(f"{r.task_id}:{v.admission.value}" for r, v in zip(reqs, verdicts)))
+        for start, verdict in zip(batch, verdicts):
+            self._answer_start(start, verdict)
+        self._pump()
+
+    def _trace(self, what: str) -> None:
+        tracer = self.hand.world.tracer
+        if tracer is not None:
+            tracer.note(what)
+
+    def _answer_start(self, start: _Start, verdict: Verdict) -> None:
+        req = start.req
+        if verdict.admission is Admission.CONFLICT:
+            self._refuse([start], RejectCode.CONFLICTING_DUPLICATE, f"task {req.task_id} already exists")
+            return
+        if verdict.admission is Admission.OVER_QUOTA:
+            self._refuse([start], RejectCode.QUOTA_EXCEEDED, f"this hand already keeps {verdict.retained} tasks")
+            return
+        row = verdict.row
+        assert row is not None
+        if verdict.admission is Admission.DUPLICATE:
+            self._started(start.send, req.task_id, self._info(row), duplicate=True)
+            return
+        self._queued[req.task_id] = _Live(row, start.spec)  # committed: it will run
+        self._started(start.send, req.task_id, to_info(row), duplicate=False)
+
+    @staticmethod
+    def _refuse(starts: list[_Start], code: RejectCode, message: str) -> None:
+        for start in starts:
+            start.send(Rejected(run_id=start.req.task_id, code=code, message=message))
 
     @staticmethod
     def _started(send: Send, task_id: str, info: TaskInfo, *, duplicate: bool) -> None:
@@ -285,7 +442,7 @@ class HandTasks:
         """Commit a change of the row (version + 1), THEN push it."""
         if live.sink is not None and "log_bytes" not in changes:
             changes.update(log_bytes=live.sink.size, truncated=live.sink.truncated)
-        live.row = yield self.loop.io(self.store.update, live.row.task_id, **changes)
+        live.row = yield from self._writes.write(Change(live.row.task_id, changes))
         self._send_update(live.row)
         return live.row
 
@@ -302,12 +459,13 @@ class HandTasks:
     # --- requests ---
 
     def answer(self, msg: Message) -> Generator[Any, Any, Message]:
+        if isinstance(msg, TaskInventory):
+            return (yield from self.inventory(msg))
+        yield from self.settle()  # a request sees every start read before it
         if isinstance(msg, TaskStatus):
             return (yield from self.status(msg))
         if isinstance(msg, TaskCancel):
             return (yield from self.cancel(msg))
-        if isinstance(msg, TaskInventory):
-            return (yield from self.inventory(msg))
         raise TypeError(f"not a task request: {msg.TYPE}")
 
     def _current(self, task_id: str) -> Generator[Any, Any, TaskRow | None]:
@@ -348,8 +506,12 @@ class HandTasks:
 
     def inventory(self, msg: TaskInventory) -> Generator[Any, Any, TaskInventoryPage]:
         if self.inventory_waits_for_admissions:
+            if self.admit_in_owner:
+                yield from self._wait_drainer()
             yield from self._admit_lock.acquire()
             try:
+                if not self.admit_in_owner:
+                    yield from self._admit_pending()
                 rows = yield self.loop.io(self.store.page, msg.after, msg.limit + 1)
             finally:
                 self._admit_lock.release()

@@ -2,7 +2,8 @@
 
 Like TCP through the fault proxy (`tests/support/faultproxy.py`): each direction delivers in order,
 never duplicates, and can be delayed (every frame held `delay` seconds) or blackholed (held, nobody
-is told). A closed link loses whatever was in flight, both ways, and each side notices on its own
+is told). A `glued` frame was written together with the one before it (one read delivers both).
+A closed link loses whatever was in flight, both ways, and each side notices on its own
 schedule: at once if it closed the link itself, a moment later if the peer did (RST), or only when
 its keepalive expires if the path is blackholed.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass
@@ -20,6 +21,8 @@ class Frame:
     env_id: str | None
     sent_at: float
     ready_at: float
+    glued: bool = False
+    """Delivered with the frame before it, in the same read (see `Link.twin`)."""
 
 
 @dataclass
@@ -50,6 +53,9 @@ class Link:
         self.mind_noticed = False
         self.hand_noticed = False
         self.closed_why = ""
+        self.twin: Callable[[Any], Any] | None = None
+        """A fault (`sim.faults`): called with each Mind -> Hand message; a message it returns is
+        sent too, glued to the original (written in the same write)."""
 
     def send(self, direction: Direction, msg: Any, env_id: str | None, now: float) -> None:
         """Queue a frame; a closed link swallows it (the sender's socket is already gone)."""
@@ -57,7 +63,13 @@ class Link:
             direction.dropped += 1
             return
         direction.sent += 1
-        direction.queue.append(Frame(msg, env_id, now, now + direction.delay))
+        frame = Frame(msg, env_id, now, now + direction.delay)
+        direction.queue.append(frame)
+        if self.twin is not None and direction is self.down:
+            copy = self.twin(msg)
+            if copy is not None:
+                direction.sent += 1
+                direction.queue.append(Frame(copy, env_id, now, frame.ready_at, glued=True))
 
     def deliverable(self, direction: Direction, now: float) -> bool:
         head = direction.head()

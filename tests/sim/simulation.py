@@ -5,12 +5,16 @@ nothing sleeps, reads a clock or touches a socket, so `World(seed).run()` replay
 
 Each step picks one event, biased towards progress:
 - deliver the next frame of some link direction (ordered; delayed frames wait, blackholed ones
-  are held, and no frame waits longer than `max_latency_s` on a flowing link);
+  are held, and no frame waits longer than `max_latency_s` on a flowing link); to a Hand, often
+  with every ready frame behind it in the same read (a burst: starts among them share a batch);
 - advance the virtual clock (timers fire in order: command exits, deadlines, I/O completions,
   ask timeouts, keepalives, backoff, restarts);
-- a client action (exec, cancel, task start with pooled ids, task get/cancel, disconnect);
+- a client action (exec, cancel, task start with pooled ids, several task starts to one Hand at
+  once, task get/cancel, disconnect);
 - a fault: delay, cut, blackhole (keepalive declares it dead after `keepalive_s`), partition (cut,
-  and new connections refused for a while), Hand crash + restart, Mind crash + restart.
+  and new connections refused for a while), Hand crash + restart, Mind crash + restart, a start
+  sent twice in one write (same id; same binding or another: one batch), a Hand's disk failing its
+  next commit of starts (the batch is refused, nothing stored).
 After every event the always-invariants are checked (`checker.py`). After the steps comes the
 quiesce phase: heal everything, restart what is down, run until nothing is in flight and every job
 has ended, check the reconciled invariants; then force one more reconnect of every Hand (a final
@@ -288,10 +292,23 @@ class World:
             proc = self.hands[link.hand].proc
             assert proc is not None and proc.conn is not None
             proc.conn.deliver(frame)
+            while d.queue and d.queue[0].glued:  # written with it: read with it
+                self._deliver(link, d, within_step=True)
         else:
             assert self.mind is not None
             self.mind.on_hand_message(link, frame.env_id, frame.msg)
         return desc
+
+    def _burst(self, link: Link, d: Direction) -> str:
+        """The frames that are ready behind it come in the same read: the Hand's reader takes them
+        one after the other without yielding (so starts among them share one admission batch)."""
+        n = 0
+        while n < 8 and d.queue and d.queue[0].ready_at <= self.clock.now:
+            self._deliver(link, d, within_step=True)
+            n += 1
+        if n:
+            self.events["deliver_burst"] += 1
+        return f" (+{n} in the same read)" if n else ""
 
     def to_client(self, conn: str, req_id: str, msg: Message) -> None:
         client = self.conn_clients.get(conn)
@@ -347,6 +364,23 @@ class World:
             n += 1
         return n
 
+    def deliver_together(self, hand: str) -> int:
+        """Deliver every frame ready towards `hand` in ONE read (its reader takes them all before
+        anything else runs), then run what is ready. Returns how many."""
+        link = self.link_of(hand)
+        if link is None or not link.down.queue or (link, link.down) not in self._deliverable():
+            return 0
+        before = link.down.delivered
+
+        def read() -> None:
+            self._deliver(link, link.down)
+            self._burst(link, link.down)
+
+        self._guard(read)
+        self._guard(self.drain)
+        self.checker.after_event()
+        return link.down.delivered - before
+
     def link_of(self, hand: str) -> Link | None:
         proc = self.hands[hand].proc
         return proc.conn.link if proc is not None and proc.conn is not None else None
@@ -368,7 +402,10 @@ class World:
         deliverable = self._deliverable()
         kind = pick(self.rng, (("deliver", 45 if deliverable else 0), ("advance", 25), ("client", 20), ("fault", 4)))
         if kind == "deliver":
-            desc = self._deliver(*self.rng.choice(deliverable))
+            link, d = self.rng.choice(deliverable)
+            desc = self._deliver(link, d)
+            if d is link.down and len(d.queue) > 0 and self.rng.random() < 0.4:
+                desc += self._burst(link, d)
         elif kind == "advance":
             nxt = [t for t in (self.clock.next_at(), (self._forced() or (None,))[0]) if t is not None]
             if nxt and self.rng.random() < 0.6:

@@ -1,21 +1,29 @@
 """The deterministic simulation: a few hundred seeds hold every invariant; a seed replays exactly;
-the in-memory snapshot table is the real store; and the checker does trip, on deliberately broken
-rules and on the two races it found (replayed here as scripted scenarios on the virtual clock)."""
+the in-memory snapshot table is the real store; the checker does trip, on deliberately broken
+rules and on the races it found (replayed here as scripted scenarios on the virtual clock); and the
+Hand's batched admission (group commit) behaves as shipped: one batch per read, the same id twice in
+a batch, the quota within a batch, a failed commit, a crash before the commit, requests waiting."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from hand.tasks import TaskLimits
 from mind.registry import RunRegistry
-from mind.tasks import reconcile
-from protocol.messages import Result, TaskStart
+from mind.tasks import UNKNOWN_TO_HAND, reconcile
+from protocol.codes import RejectCode
+from protocol.messages import Accepted, Rejected, Result, TaskGet, TaskInfo, TaskStart, TaskStartResult, TaskStatus
+from protocol.states import TaskState
 from sim.checker import InvariantViolation
+from sim.clients import Request
+from sim.faults import Faults
 from sim.hand_agent import HandConn, HandProcess
 from sim.hand_tasks import HandTasks, _Live
 from sim.jobs import JobSpec
@@ -252,3 +260,231 @@ def test_the_hand_as_shipped_leaves_the_mind_saying_lost() -> None:
         race_admission_across_a_reconnect(VARIANTS["hand-before-fix"])
     assert caught.value.invariant == "mind snapshot equals the hand's row"
     assert "t1: mind says lost (unknown to hand)" in caught.value.detail
+
+
+# --- batched admission (group commit) ------------------------------------------------------------
+
+
+def answers(w: World, hand: str = "h1") -> list[tuple[str, ...]]:
+    """What the Hand has sent and the Mind not yet read: (type, run/task id, detail)."""
+    link = w.link_of(hand)
+    assert link is not None
+    out: list[tuple[str, ...]] = []
+    for f in link.up.queue:
+        m = f.msg
+        if isinstance(m, Result):
+            out.append(("result", m.run_id, "duplicate" if m.value["duplicate"] else "new"))
+        elif isinstance(m, Rejected):
+            out.append(("rejected", m.run_id, m.code.value))
+        elif isinstance(m, Accepted):
+            out.append(("accepted", m.run_id))
+        elif isinstance(m, TaskInfo):
+            out.append(("task_info", m.task_id, m.state.value))
+        else:
+            out.append((m.TYPE,))
+    return out
+
+
+def outcome(w: World, task_id: str) -> str:
+    results = [m for req in w.clients[0].requests.values() if req.kind == "task_start" and req.target == task_id
+               for m in req.replies if isinstance(m, TaskStartResult)]
+    assert len(results) == 1, results
+    code = results[0].reject_code
+    return results[0].outcome + (f":{code.value}" if code else "")
+
+
+def ask(w: World, req_id: str, kind: str, target: str) -> str:
+    client = w.clients[0]
+    assert client.conn is not None
+    client.requests[req_id] = Request(req_id, kind, client.conn, target)
+    return client.conn
+
+
+def count_commits(w: World, hand: str = "h1") -> list[list[Any]]:
+    """Record every group commit (`write_many`) of the Hand's store."""
+    store = w.hands[hand].store
+    commits: list[list[Any]] = []
+    real = store.write_many
+
+    def write_many(writes: Any) -> list[Any]:
+        commits.append(list(writes))
+        return real(writes)
+
+    store.write_many = write_many  # type: ignore[method-assign]
+    return commits
+
+
+def test_the_seeds_exercise_batched_admission() -> None:
+    """The fault and client mix keeps the batched paths busy: several starts per batch, the same id
+    twice in a batch (answered duplicate and conflict), a refused commit, a crash mid-admission."""
+    notes: Counter[str] = Counter()
+    for seed in range(40):
+        notes.update(run_seed(seed, 300).checker.notes)
+    for what in ("size2", "same_id_twice", "later_insert", "later_duplicate", "later_conflict", "refused_by_commit",
+                 "crash_undecided"):
+        assert notes[f"admit_batch:{what}"] > 0, what
+
+
+@pytest.mark.parametrize("conflict", [False, True], ids=["same-binding", "other-binding"])
+def test_the_same_id_twice_in_one_batch(conflict: bool) -> None:
+    """The start goes out twice in one write (the `start_twice` fault): one batch holds the id twice;
+    `admit_batch` answers the copy as the first's duplicate (or conflict), one row, one execution."""
+    w = world(Rules())
+    link = w.link_of("h1")
+    assert link is not None
+    link.twin = lambda msg: Faults._twin(link, msg, conflict)
+    start(w, "t1", 0.5)
+    assert [f.glued for f in link.down.queue] == [False, True]
+    commits = count_commits(w)
+    w.deliver_all("h1", "down")  # the copy is read with the original: one batch
+    copy = ("rejected", "t1", "conflicting_duplicate") if conflict else ("accepted", "t1")
+    assert answers(w)[:3] == [("accepted", "t1"), ("result", "t1", "new"), copy]
+    if not conflict:
+        assert answers(w)[3] == ("result", "t1", "duplicate")
+    assert w.checker.notes["admit_batch:size2"] == 1 and w.checker.notes["admit_batch:same_id_twice"] == 1
+    assert [type(wr).__name__ for wr in commits[0]] == ["Insert"] and len(commits[0][0].rows) == 1  # one row
+    settle(w)
+    assert outcome(w, "t1") == "accepted"
+    assert w.checker.executions[("h1", "task", "t1")] == 1
+
+
+def test_starts_read_together_are_one_batch_committed_once_and_answered_after_the_commit() -> None:
+    """Three starts in one read: one batch, decided in arrival order against the quota (the third
+    sees the two admitted before it), ONE commit for both rows, and no answer before it completes."""
+    w = world(Rules(), task_limits=TaskLimits(max_running=2, max_retained=2, retention_s=300.0, log_max=200))
+    hand = w.hands["h1"].proc
+    assert hand is not None
+    hand.loop._latency = lambda: 1.0  # every look and commit takes a second
+    commits = count_commits(w)
+    for t in ("t1", "t2", "t3"):
+        start(w, t, 0.5)
+    assert w.deliver_together("h1") == 3
+    assert w.checker.notes["admit_batch:size3"] == 1
+    w.advance(1.0)  # the look is done, the commit is submitted (the rows are on disk) ...
+    assert sorted(w.hands["h1"].store.rows) == ["t1", "t2"] and len(commits) == 1
+    assert answers(w) == []  # ... but nothing is answered before the commit completes
+    w.advance(1.0)
+    assert answers(w)[:5] == [("accepted", "t1"), ("result", "t1", "new"), ("accepted", "t2"), ("result", "t2", "new"),
+                              ("rejected", "t3", "quota_exceeded")]
+    hand.loop._latency = lambda: 0.0
+    settle(w)
+    assert [outcome(w, t) for t in ("t1", "t2", "t3")] == ["accepted", "accepted", "rejected:quota_exceeded"]
+
+
+def test_a_failed_commit_refuses_the_whole_batch_and_stores_nothing() -> None:
+    w = world(Rules())
+    w.hands["h1"].store.fail_commits = 1
+    start(w, "t1", 0.5)
+    start(w, "t2", 0.5)
+    w.deliver_together("h1")
+    assert answers(w) == [("rejected", "t1", "internal_error"), ("rejected", "t2", "internal_error")]
+    settle(w)
+    assert w.hands["h1"].store.rows == {} and not w.checker.executions
+    assert [outcome(w, t) for t in ("t1", "t2")] == ["rejected:internal_error"] * 2
+    assert w.snapshots.get("t1") is None and w.snapshots.get("t2") is None
+
+
+@pytest.mark.parametrize("committed", [False, True], ids=["before-the-commit", "commit-unanswered"])
+def test_a_hand_crash_loses_the_undecided_starts(committed: bool) -> None:
+    """A crash while the batch is being looked up: nothing stored, never answered, the Mind says
+    `unknown` and reconciliation `lost` (unknown to hand). A crash once the commit is on disk but
+    unanswered: the restarted Hand marks the row `lost`. Nothing runs either way."""
+    w = world(Rules())
+    slot = w.hands["h1"]
+    assert slot.proc is not None
+    latencies = iter([0.0, 2.0] if committed else [2.0])
+    slot.proc.loop._latency = lambda: next(latencies, 0.0)
+    start(w, "t1", 0.5)
+    w.deliver_all("h1", "down")
+    assert slot.proc.tasks.undecided() and answers(w) == []
+    assert ("t1" in slot.store.rows) is committed
+    w.faults.crash_hand(slot)
+    w.advance(0.5)
+    w.start_hand(slot)
+    settle(w)
+    assert outcome(w, "t1") == "unknown"
+    snap = w.snapshots.get("t1")
+    assert snap is not None and snap.state is TaskState.LOST
+    if committed:
+        row = slot.store.rows["t1"]
+        assert row.state is TaskState.LOST and snap.info is not None and snap.info.reason == row.reason
+    else:
+        assert "t1" not in slot.store.rows and snap.reason == UNKNOWN_TO_HAND
+    assert not w.checker.executions
+
+
+def test_a_request_read_after_a_start_sees_it() -> None:
+    """`task_status` read in the same read as the start is answered after the start is decided."""
+    w = world(Rules())
+    hand = w.hands["h1"].proc
+    link = w.link_of("h1")
+    assert hand is not None and link is not None
+    hand.loop._latency = lambda: 0.5
+    start(w, "t1", 5.0)
+    link.send(link.down, TaskStatus(task_id="t1"), "probe", w.clock.now)
+    assert w.deliver_together("h1") == 2
+    w.advance(1.6)  # look 0.5 s, commit 0.5 s, then the status's own read 0.5 s
+    assert answers(w)[:3] == [("accepted", "t1"), ("result", "t1", "new"), ("task_info", "t1", "queued")]
+    hand.loop._latency = lambda: 0.0
+    settle(w)
+
+
+# --- bugs the simulation found in the batched admission as first shipped (fixed; `sim.variants`) ----
+
+
+def race_cancel_of_an_undecided_start(rules: Rules) -> None:
+    """A client cancels a task's start run; the `cancel` reaches the Hand in the same read as the start
+    (or while its batch is looked up). The Hand as shipped answers it `unknown_run` at once, before the
+    start is decided: the Mind ends the start run `lost` and keeps the snapshot. The quota then
+    refuses the start: nothing is stored, and the Mind shows a `queued` task that nothing will ever
+    refresh (`task get` gets `unknown_task` and keeps it) until the Hand reconnects."""
+    w = world(rules, task_limits=TaskLimits(max_running=2, max_retained=1, retention_s=300.0, log_max=200))
+    start(w, "t5", 0.05)
+    settle(w)  # the one row the quota allows
+    start(w, "t1", 0.05)
+    assert w.mind is not None
+    w.mind.on_cancel_run(ask(w, "qc", "cancel_run", "t1"), "qc", "t1")
+    w.drain()
+    assert w.deliver_together("h1") == 2  # rpc t1, cancel t1
+    settle(w)
+
+
+def test_the_hand_before_the_fix_answers_a_start_runs_cancel_before_the_start() -> None:
+    with pytest.raises(InvariantViolation) as caught:
+        race_cancel_of_an_undecided_start(VARIANTS["hand-batch-before-fix"])
+    assert caught.value.invariant == "every non-terminal snapshot is fresh"
+    assert "t1 queued stale=True" in caught.value.detail
+
+
+def test_a_cancel_that_waits_for_the_undecided_starts_leaves_nothing_stale() -> None:
+    race_cancel_of_an_undecided_start(Rules())
+
+
+def race_reader_cancelled_while_deciding_a_batch(rules: Rules) -> None:
+    """The reader reads a start and a `task_status` in one go; `settle` (for the status) decides the
+    start's batch in the READER's task. The connection drops while the batch's commit is in flight:
+    the reader is cancelled, the group commit still stores the row, and nobody queues it."""
+    w = world(rules)
+    start(w, "t5", 0.05)
+    settle(w)
+    hand = w.hands["h1"].proc
+    assert hand is not None and w.mind is not None
+    latencies = iter([0.0, 2.0])  # the look is quick, the commit stalls
+    hand.loop._latency = lambda: next(latencies, 0.0)
+    start(w, "t1", 1.0)
+    w.mind.on_task_get(ask(w, "qg", "task_get", "t5"), "qg", TaskGet(task_id="t5"))
+    w.drain()
+    assert w.deliver_together("h1") == 2  # rpc t1, task_status t5
+    reconnect(w)
+    settle(w)
+
+
+def test_the_hand_before_the_fix_strands_a_batch_its_cancelled_reader_was_deciding() -> None:
+    with pytest.raises(InvariantViolation) as caught:
+        race_reader_cancelled_while_deciding_a_batch(VARIANTS["hand-batch-before-fix"])
+    assert caught.value.invariant == "every task ends"
+    assert "t1 on h1 still queued" in caught.value.detail
+
+
+def test_batches_decided_in_the_owner_survive_a_cancelled_reader() -> None:
+    race_reader_cancelled_while_deciding_a_batch(Rules())

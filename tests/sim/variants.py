@@ -8,6 +8,12 @@ that the fix is what makes the seeds pass:
 - `hand-before-fix`: `hand/tasks.py` before its inventory waited for admissions: a start still in admission
   when its connection dropped is missing from the next connection's inventory, so the Mind declares
   it `lost` ("unknown to hand") while the Hand runs it.
+
+- `hand-batch-before-fix`: `hand/` as the group commit first shipped: the Hand's reader answered a run
+  `cancel` at once, even for a task start still being decided (`unknown_run`: the Mind called the
+  start `lost` and kept a stale `queued` snapshot), and waiting starts were decided in the CALLER's
+  task, so a reader cancelled mid-commit stranded a committed batch (`HandProcess.
+  cancel_waits_for_starts`, `HandTasks.admit_in_owner`, both False here).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import replace
 from mind.tasks import Snapshot, reconcile
 from protocol.messages import TaskInfo
 from protocol.states import TASK_TERMINAL
+from sim.hand_agent import HandProcess
 from sim.hand_tasks import HandTasks
 from sim.simulation import Rules
 
@@ -43,9 +50,19 @@ class HandBeforeFix(HandTasks):
     inventory_waits_for_admissions = False
 
 
+class HandTasksAdmittingInCaller(HandTasks):
+    admit_in_owner = False
+
+
+class HandCancelAtOnce(HandProcess):
+    cancel_waits_for_starts = False
+
+
 VARIANTS: dict[str, Rules] = {
     "fixed": Rules(),
     "mind-before-fix": Rules(reconcile=reconcile_before_fix, apply_report=apply_report_before_fix,
                              variant="mind-before-fix"),
     "hand-before-fix": Rules(hand_tasks_cls=HandBeforeFix, variant="hand-before-fix"),
+    "hand-batch-before-fix": Rules(hand_tasks_cls=HandTasksAdmittingInCaller, hand_cls=HandCancelAtOnce,
+                                   variant="hand-batch-before-fix"),
 }
