@@ -70,7 +70,9 @@ def _parser() -> argparse.ArgumentParser:
         "Works while the Hand runs and without any Mind.",
     )
     tasks.add_argument("--state-dir", metavar="DIR", default=None,
-                       help=f"the Hand's state directory (default $MINDHAND_STATE_DIR, else {DEFAULT_STATE_DIR})")
+                       help="the Hand's state directory (default: as `hand run` resolves it: $MINDHAND_STATE_DIR, "
+                       f"else state_dir in the config file, else {DEFAULT_STATE_DIR})")
+    tasks.add_argument("--config", metavar="FILE", help="the config file `hand run` uses (default $MINDHAND_CONFIG)")
     tasks.add_argument("--state", choices=("queued", "running", "succeeded", "failed", "cancelled", "timed_out",
                                            "lost"), help="only tasks in this state")
     tasks.add_argument("--json", action="store_true", help="a JSON list instead of a table")
@@ -83,7 +85,7 @@ def settings_source(args: argparse.Namespace, env: dict[str, str] | None = None)
     from protocol.settings import Source, flags_given, read_file
 
     env = environment() if env is None else env
-    flags = flags_given(args, KEYS)
+    flags = flags_given(args, KEYS)  # `hand tasks` has only --state-dir of them
     path, explicit = config_path(args.config, flags.get("state_dir"), env)
     return Source(keys=KEYS, flags=flags, env=env, path=path, explicit=explicit, read=read_file)
 
@@ -229,7 +231,12 @@ def tasks_main(args: argparse.Namespace) -> int:
     from hand.taskstore import TaskStoreError, read_rows
     from protocol.states import TaskState
 
-    state_dir = Path(args.state_dir or os.environ.get("MINDHAND_STATE_DIR") or DEFAULT_STATE_DIR).expanduser()
+    try:
+        settings = settings_source(args).load(require=False)  # the state dir exactly as `hand run` finds it
+    except ConfigError as exc:
+        print(f"hand: {exc}", file=sys.stderr)
+        return 2
+    state_dir = Path(settings["state_dir"]).expanduser()
     if not state_dir.is_dir():
         print(f"hand: state dir {state_dir} does not exist (pass the --state-dir of `hand run`)", file=sys.stderr)
         return 2

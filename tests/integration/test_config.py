@@ -75,6 +75,11 @@ def test_daemons_start_from_toml_and_config_show_names_sources(tmp_path):
             cl.cli("exec", "--hand", "filed", "--", "true")
         runs = json.loads(cl.cli("runs", "--json", "--limit", "100").stdout)
         assert len(runs) == 3  # retain_runs = 3 from the file
+        started = cl.cli("task", "start", "--hand", "filed", "--id", "filed-task", "--", "true")
+        assert started.returncode == 0, started.stderr
+        listed = subprocess.run([str(BIN / "hand"), "tasks", "--config", str(conf), "--json"], env=cl.env,
+                                capture_output=True, text=True, timeout=30)  # state_dir from the file
+        assert listed.returncode == 0 and [t["task_id"] for t in json.loads(listed.stdout)] == ["filed-task"]
 
         shown = subprocess.run([str(BIN / "hand"), "config", "show", "--config", str(conf), "--json",
                                 "--max-running-tasks", "9"], env={**cl.env, "MINDHAND_KILL_GRACE": "2"},
