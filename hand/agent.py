@@ -58,6 +58,7 @@ from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
 from protocol.envelope import Channel, Envelope
 from protocol.errors import ProtocolError
 from protocol.tls import TLSConfigError, check_pin, client_context
+from protocol.batching import BatchedWrites
 from protocol.messages import (
     build_all,
     Cancel,
@@ -83,32 +84,8 @@ OPEN_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 2.0
 
 
-class BatchingConnection(ClientConnection):
-    """A client connection that writes everything its protocol has to send in one `writelines`
-    (one syscall, one wakeup of the Mind for frames queued together). Frames, order and flow
-    control stay websockets' own; only the write changes. (The Mind's twin: `mind.outbox`.)"""
-
-    def send_data(self) -> None:
-        chunks = self.protocol.data_to_send()
-        if all(chunks):
-            if chunks:
-                self.transport.writelines(chunks)
-            return
-        for data in chunks:  # an EOF marker among them (closing): upstream's own handling
-            if data:
-                self.transport.write(data)
-            elif self.transport.can_write_eof():
-                try:
-                    self.transport.write_eof()
-                except Exception:  # noqa: BLE001 - as websockets: write_eof() documents no exceptions
-                    pass
-            else:
-                self.transport.close()
-
-    async def send_many(self, frames: list[bytes]) -> None:
-        async with self.send_context():
-            for frame in frames:
-                self.protocol.send_binary(frame)
+class BatchingConnection(BatchedWrites, ClientConnection):
+    """The Hand's connection: frames queued together leave in one write (`protocol.batching`)."""
 
 
 @dataclass(frozen=True)

@@ -557,15 +557,22 @@ class TaskManager:
                           message=self._sanitize(f"internal error: {type(exc).__name__}: {exc}")))
             return
         self._pending.append(_Start(req, spec, send, log))
+        if not self._ensure_drainer():
+            return
+        if len(self._pending) >= ADMIT_BACKLOG:
+            await self.settle()
+
+    def _ensure_drainer(self) -> bool:
+        """A drainer owned by the task group is deciding the waiting starts; False if the owner is
+        closing (then the waiting starts are refused: nothing was stored)."""
         if self._drainer is None:
             try:
                 self._drainer = self._spawn(self._drain())
-            except RuntimeError:  # the owner is closing
+            except RuntimeError:
                 batch, self._pending = self._pending, []
                 self._refuse(batch, RejectCode.SHUTTING_DOWN, "this hand is shutting down")
-                return
-        if len(self._pending) >= ADMIT_BACKLOG:
-            await self.settle()
+                return False
+        return True
 
     def deciding(self) -> bool:
         """Some start taken in is not answered yet."""
@@ -579,13 +586,9 @@ class TaskManager:
         a caller cancelled meanwhile (the reader of a connection that dropped) cannot strand a
         batch whose rows are committed but neither queued nor answered (found by tests/sim)."""
         while self.deciding():
-            if self._drainer is None:
-                try:
-                    self._drainer = self._spawn(self._drain())
-                except RuntimeError:  # the owner is closing
-                    batch, self._pending = self._pending, []
-                    self._refuse(batch, RejectCode.SHUTTING_DOWN, "this hand is shutting down")
-                    return
+            if not self._ensure_drainer():
+                return
+            assert self._drainer is not None
             await asyncio.wait({self._drainer})  # cancelling the caller does not cancel the drainer
 
     def _prepare(self, rpc: Rpc) -> ProcessSpec:

@@ -14,6 +14,7 @@ from websockets.asyncio.connection import Connection
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
+from protocol.batching import BatchedWrites
 from protocol.envelope import Channel
 from protocol.errors import ProtocolError
 from protocol.messages import Message
@@ -26,34 +27,8 @@ MAX_BATCH = 64
 """Frames written together at most: a long queue still yields to the loop between batches."""
 
 
-class BatchingConnection(ServerConnection):
-    """A server connection that writes everything its protocol has to send in one `writelines`:
-    frames queued together (a burst of results, pipelined replies) leave in one syscall and wake
-    the peer once. Measured on loopback, a frame's `send` syscall was a third of the Mind's CPU per
-    routed call. Frames, their order and flow control are websockets' own; only the write changes."""
-
-    def send_data(self) -> None:
-        chunks = self.protocol.data_to_send()
-        if all(chunks):
-            if chunks:
-                self.transport.writelines(chunks)
-            return
-        for data in chunks:  # an EOF marker among them (closing): upstream's own handling
-            if data:
-                self.transport.write(data)
-            elif self.transport.can_write_eof():
-                try:
-                    self.transport.write_eof()
-                except Exception:  # noqa: BLE001 - as websockets: write_eof() documents no exceptions
-                    pass
-            else:
-                self.transport.close()
-
-    async def send_many(self, frames: list[bytes]) -> None:
-        """Send binary frames as one write (websockets' `send_context`: state checks, drain, close)."""
-        async with self.send_context():
-            for frame in frames:
-                self.protocol.send_binary(frame)
+class BatchingConnection(BatchedWrites, ServerConnection):
+    """The Mind's connections: frames queued together leave in one write (`protocol.batching`)."""
 
 
 class Outbox:

@@ -1,0 +1,45 @@
+"""Frames queued together leave in one write: a mixin for websockets' asyncio connections.
+
+Both shells (the Mind's server connections, the Hand's client connection) send bursts: a quick
+tool's `accepted` and `result`, pipelined replies, a page of task updates. Written frame by frame,
+each is a `send` syscall and a wakeup of the peer; on loopback a frame's `send` was a third of the
+Mind's CPU per routed call. With this mixin (`create_connection=` of `serve`/`connect`) everything
+the protocol has to send is written with one `writelines`, and `send_many` queues several frames
+under one `send_context` (websockets' own state checks, flow control and closing). Frames and
+their order are unchanged.
+
+It lives in `protocol` because it is the one piece both shells share and neither may import the
+other's; it opens nothing and holds no state: it only changes how a connection it is mixed into
+hands bytes to its transport.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class BatchedWrites:
+    protocol: Any
+    transport: Any
+
+    def send_data(self) -> None:
+        chunks = self.protocol.data_to_send()
+        if all(chunks):
+            if chunks:
+                self.transport.writelines(chunks)
+            return
+        for data in chunks:  # an EOF marker among them (closing): upstream's own handling
+            if data:
+                self.transport.write(data)
+            elif self.transport.can_write_eof():
+                try:
+                    self.transport.write_eof()
+                except Exception:  # noqa: BLE001 - as websockets: write_eof() documents no exceptions
+                    pass
+            else:
+                self.transport.close()
+
+    async def send_many(self, frames: list[bytes]) -> None:
+        async with self.send_context():  # type: ignore[attr-defined]
+            for frame in frames:
+                self.protocol.send_binary(frame)

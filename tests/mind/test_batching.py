@@ -1,0 +1,49 @@
+"""Frames queued together leave in one write (`protocol.batching`), intact and in order, over a real
+WebSocket on loopback; closing still works as websockets does it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from websockets.asyncio.client import connect
+from websockets.asyncio.server import serve
+
+from hand.agent import BatchingConnection as HandConnection
+from mind.outbox import BatchingConnection as MindConnection
+
+
+async def test_a_burst_is_one_write_and_arrives_whole_in_both_directions():
+    frames = [bytes([i % 256]) * (1 + i * 37 % 3000) for i in range(200)]
+    writes: dict[str, int] = {}
+    burst: dict[str, int] = {}
+    got_by_server: list[bytes] = []
+
+    def counted(conn, name: str) -> None:
+        transport = conn.transport
+        original = transport.writelines
+
+        def writelines(chunks):
+            writes[name] = writes.get(name, 0) + 1
+            return original(chunks)
+
+        transport.writelines = writelines
+
+    async def handler(ws: MindConnection) -> None:
+        counted(ws, "mind")
+        await ws.send_many(frames)
+        burst["mind"] = writes["mind"]
+        for _ in frames:
+            got_by_server.append(await ws.recv())
+        await ws.close()
+
+    async with serve(handler, "127.0.0.1", 0, create_connection=MindConnection, compression=None) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", create_connection=HandConnection, compression=None) as ws:
+            counted(ws, "hand")
+            got = [await asyncio.wait_for(ws.recv(), 10) for _ in frames]
+            await ws.send_many(frames)
+            burst["hand"] = writes["hand"]
+            await asyncio.wait_for(ws.wait_closed(), 10)
+    assert got == frames and got_by_server == frames
+    assert burst == {"mind": 1, "hand": 1}  # 200 frames each way, one write each
+    assert writes["mind"] >= 2  # the closing handshake went through the same path
