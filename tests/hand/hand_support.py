@@ -27,3 +27,12 @@ def read_pid(path: Path) -> int | None:
     except FileNotFoundError:
         return None
     return int(text) if text.isdigit() else None
+
+
+async def stop_manager(manager: Any, jobs: list[asyncio.Task]) -> None:
+    """Shut a test's TaskManager down, then cancel and await whatever it spawned that is left."""
+    await manager.shutdown()
+    for job in jobs:
+        if not job.done():
+            job.cancel()
+    await asyncio.gather(*jobs, return_exceptions=True)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hand_support import pid_alive, read_pid, until
+from hand_support import pid_alive, read_pid, stop_manager, until
 
 from hand.policy import Policy
 from hand.process import start_time
@@ -120,11 +120,7 @@ class Hand:
         return {r.task_id: r for r in read_rows(self.state) or []}
 
     async def close(self) -> None:
-        await self.m.shutdown()
-        for job in self.jobs:
-            if not job.done():
-                job.cancel()
-        await asyncio.gather(*self.jobs, return_exceptions=True)
+        await stop_manager(self.m, self.jobs)
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hand_support import stop_manager
 
 from hand.tasks import (
     Admission,
@@ -92,11 +93,7 @@ class Hand:
         return [m for m in self.sent if m.run_id == task_id]
 
     async def close(self) -> None:
-        await self.m.shutdown()
-        for job in self.jobs:
-            if not job.done():
-                job.cancel()
-        await asyncio.gather(*self.jobs, return_exceptions=True)
+        await stop_manager(self.m, self.jobs)
 
 
 @pytest.fixture
