@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from hand.config import DEFAULT_STATE_DIR, GROUPS, KEYS, parse_duration, parse_size  # noqa: F401 (re-exported)
-from protocol.settings import ConfigError, Settings
+from protocol.io.settings import ConfigError, Settings
 
 
 def _add_settings(p: argparse.ArgumentParser) -> None:
-    from protocol.settings import add_flags
+    from protocol.io.settings import add_flags
 
     add_flags(p, KEYS, GROUPS, _GROUP_HELP, file_help="TOML settings file (default $MINDHAND_CONFIG, else "
               "STATE_DIR/hand.toml if it exists)")
@@ -82,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
 def settings_source(args: argparse.Namespace, env: dict[str, str] | None = None) -> Any:
     """What `resolve` needs, kept for SIGHUP: the flags given, the environment, the file's path."""
     from hand.config import config_path, environment
-    from protocol.settings import Source, flags_given, read_file
+    from protocol.io.settings import Source, flags_given, read_file
 
     env = environment() if env is None else env
     flags = flags_given(args, KEYS)  # `hand tasks` has only --state-dir of them
@@ -126,7 +126,7 @@ def _state_dir(path: str) -> Path:
 
 
 def build_config(settings: Settings) -> Any:
-    from hand.agent import AgentConfig, validate_url
+    from hand.aio.agent import AgentConfig, validate_url
 
     s = settings
     try:
@@ -141,13 +141,13 @@ def build_config(settings: Settings) -> Any:
     sandbox = _sandbox(s)
     state = _state_dir(s["state_dir"])
     _check_task_db(state)
-    from protocol.tls import TLSConfigError, client_context
+    from protocol.io.tls import TLSConfigError, client_context
 
     try:
         client_context(s["mind"], s["ca"], s["pin"])
     except TLSConfigError as exc:
         raise ConfigError(str(exc)) from None
-    from hand.health import parse_listen
+    from hand.aio.health import parse_listen
 
     try:
         metrics_listen = parse_listen(s["metrics_listen"]) if s["metrics_listen"] else None
@@ -171,14 +171,14 @@ def build_config(settings: Settings) -> Any:
 
 
 def policy_of(s: Settings | dict[str, Any]) -> Any:
-    from hand.policy import Policy
+    from hand.core.policy import Policy
 
     allow = s["allow_tools"]
     return Policy(allow=None if allow is None else frozenset(allow), deny=frozenset(s["deny_tools"]))
 
 
 def _sandbox(s: Settings) -> Any:
-    from hand.sandbox import DEFAULT_ALLOW, ResourceLimits, Sandbox, lookup_user, parse_env_allow
+    from hand.system.sandbox import DEFAULT_ALLOW, ResourceLimits, Sandbox, lookup_user, parse_env_allow
 
     try:
         allow = DEFAULT_ALLOW.extended(parse_env_allow(s["env_allow"]))
@@ -205,7 +205,7 @@ def _sandbox(s: Settings) -> Any:
 
 def _check_task_db(state: Path) -> None:
     """A task database that cannot be opened is a local problem: say so now, not after connecting."""
-    from hand.taskstore import TaskStore, TaskStoreError
+    from hand.system.taskdb import TaskStore, TaskStoreError
 
     try:
         TaskStore(state).close()
@@ -214,7 +214,7 @@ def _check_task_db(state: Path) -> None:
 
 
 def _task_limits(s: Settings) -> Any:
-    from hand.tasks import TaskLimits
+    from hand.aio.tasks import TaskLimits
 
     return TaskLimits(max_running=s["max_running_tasks"], max_retained=s["max_retained_tasks"],
                       retention_s=parse_duration(s["task_retention"]), log_max=parse_size(s["task_log_max"]))
@@ -228,7 +228,7 @@ def _when(t: float | None) -> str:
 
 
 def tasks_main(args: argparse.Namespace) -> int:
-    from hand.taskstore import TaskStoreError, read_rows
+    from hand.system.taskdb import TaskStoreError, read_rows
     from protocol.states import TaskState
 
     try:
@@ -277,7 +277,7 @@ def tasks_main(args: argparse.Namespace) -> int:
 
 
 def config_show(args: argparse.Namespace) -> int:
-    from protocol.settings import format_table
+    from protocol.io.settings import format_table
 
     source = settings_source(args)
     try:
@@ -302,8 +302,8 @@ def config_show(args: argparse.Namespace) -> int:
 def reloader(source: Any, started: Settings) -> Any:
     """SIGHUP (`protocol.settings.Reloader`): a new log level is applied here; a new tool policy
     is returned to the agent, which swaps it in for every later request."""
-    from protocol import logs
-    from protocol.settings import Reloader
+    from protocol.io import logs
+    from protocol.io.settings import Reloader
 
     reread, log = Reloader(source, started), logs.get("hand")
 
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         source = settings_source(args)
         settings = source.load()
         config = build_config(settings)
-        from protocol import logs
+        from protocol.io import logs
 
         try:
             audit = logs.AuditLog(config.state_dir / "audit.jsonl") if config.state_dir else None
@@ -350,6 +350,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import asyncio
 
-    from hand.agent import run_agent
+    from hand.aio.agent import run_agent
 
     return asyncio.run(run_agent(config, stop_requested=lambda: bool(early), reload=reloader(source, settings)))

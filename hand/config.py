@@ -13,9 +13,8 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable
 
-from protocol.settings import Key, between, listen_address, log_levels, one_of, positive
+from protocol.io.settings import Key, between, listen_address, log_levels, one_of, positive
 
 DEFAULT_STATE_DIR = "~/.local/state/mindhand-hand"
 CONFIG_NAME = "hand.toml"
@@ -55,7 +54,7 @@ def _size(value: str) -> str:
 
 
 def _tools(value: list[str]) -> list[str]:
-    from hand.policy import parse_tool_list
+    from hand.core.policy import parse_tool_list
 
     parse_tool_list(",".join(value))
     return value

@@ -1,3 +1,3 @@
-from mind.cli import main
+from mind.main import main
 
 main()

@@ -9,9 +9,10 @@ The home itself (`--home`/`$MINDHAND_HOME`) is not a key: it is where the file i
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from mind.paths import DEFAULT_LISTEN
-from protocol.settings import Key, between, listen_address, log_levels, one_of
+from mind.home import DEFAULT_LISTEN
+from protocol.io.settings import Key, between, listen_address, log_levels, one_of
 
 CONFIG_NAME = "mind.toml"
 
@@ -44,3 +45,16 @@ def config_path(flag: str | None, home: Path, env: dict[str, str]) -> tuple[str,
     if named:
         return str(Path(named).expanduser()), True
     return str(home / CONFIG_NAME), False
+
+
+def settings_source(args: Any) -> Any:
+    """Where `mind serve` and `mind config show` read their settings: the flags given, the
+    environment, and the file (`--config`, `$MINDHAND_CONFIG`, or HOME/mind.toml)."""
+    import os
+
+    from mind import home as paths
+    from protocol.io.settings import Source, flags_given, read_file
+
+    env = dict(os.environ)
+    path, explicit = config_path(args.config, paths.home(args.home), env)
+    return Source(keys=KEYS, flags=flags_given(args, KEYS), env=env, path=path, explicit=explicit, read=read_file)

@@ -1,5 +1,5 @@
 """The error every client call raises, in a module of its own so that the CLI's fast path
-(`mind/link.py`) and the full Python client (`mind/client.py`) raise the same class."""
+(`mind/client/blocking.py`) and the full Python client (`mind/client/aio.py`) raise the same class."""
 
 from __future__ import annotations
 

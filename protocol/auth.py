@@ -6,7 +6,7 @@ expiry, Mind id, handshake id, claims); the Mind proves it back in `welcome` wit
 same transcript plus the generation it issues. The secret never crosses the wire, and a recorded
 handshake cannot be replayed because each side contributes a fresh nonce.
 
-The Mind's half lives in `mind/handshake.py`; both use `transcript`, `client_mac` and `mind_mac`.
+The Mind's half lives in `mind/core/handshake.py`; both use `transcript`, `client_mac` and `mind_mac`.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class ClientHandshake:
     """The connecting side's state machine. Pure: nonces come in, messages go out.
 
     The two messages it builds come from `_hello_msg` and `_proof_msg` (the pydantic models). The
-    CLI's pydantic-free fast path (`mind/link.py`) overrides only those two, so the transcript and
+    CLI's pydantic-free fast path (`mind/client/blocking.py`) overrides only those two, so the transcript and
     both MAC checks stay this one implementation."""
 
     def __init__(self, cred: Credential, nonce: bytes, claims: HandClaims | None = None) -> None:

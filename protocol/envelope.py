@@ -4,7 +4,7 @@
 escapes it (a hypothesis test feeds it arbitrary bytes and arbitrary msgpack values).
 
 The framing (`unpack`, `check`, `encode`, `Channel`) needs no pydantic: the models and pydantic are
-imported on the first `decode`, so the CLI's fast path (`mind/wire.py`) shares these checks without
+imported on the first `decode`, so the CLI's fast path (`mind/client/wire.py`) shares these checks without
 paying for them.
 """
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 
 from benchlib.core import pct  # noqa: E402  (scripts/bench covers this and more, against a reference)
-from mind.client import MindClient, load_credential  # noqa: E402
+from mind.client.aio import MindClient, load_credential  # noqa: E402
 from support.cluster import Cluster  # noqa: E402
 
 

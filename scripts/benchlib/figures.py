@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable
 from benchlib.core import (PY, Ctx, Row, med, mib, ms, num, pct, ratio, rss_mib, secs, spread,
                            verdict)
 from benchlib.relay import RelayClient
-from mind.client import MindClient, RunHandle, load_credential
+from mind.client.aio import MindClient, RunHandle, load_credential
 from protocol.messages import RunEnd, RunUpdate
 from protocol.states import RunState
 
@@ -429,7 +429,7 @@ async def ours_cancels(cl, n: int) -> tuple[list[float], int]:
 
 
 async def local_cancels(n: int) -> list[float]:
-    from hand.process import group_alive  # the product's own "is the group gone" check (read-only use)
+    from hand.system.process import group_alive  # the product's own "is the group gone" check (read-only use)
 
     out = []
     for i in range(n):
@@ -543,7 +543,7 @@ def _sims(ctx: Ctx, cl_url: str, args: list[list[str]], d: Path) -> tuple[list, 
 
 @figure("hands", "N simulated Hands connect + handshake; Mind RSS idle; no-op call to a random Hand")
 def fig_hands(ctx: Ctx) -> list[Row]:
-    from mind.store import Store
+    from mind.store.credentials import Store
 
     n = 100 if ctx.quick else 1000
     nprocs = 1 if n <= 200 else 2

@@ -9,8 +9,8 @@ import json
 import time
 from pathlib import Path
 
-from hand.taskstore import TaskRow, TaskStore, _COLUMNS, _FIELDS, _to_values
-from mind.client import MindClient, load_credential
+from hand.system.taskdb import TaskRow, TaskStore, _COLUMNS, _FIELDS, _to_values
+from mind.client.aio import MindClient, load_credential
 from protocol.states import TaskState
 
 DIGEST = "ab" * 32

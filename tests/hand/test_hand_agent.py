@@ -13,9 +13,9 @@ from hand_support import pid_alive, read_pid, until
 from scripted_mind import ScriptedMind
 from websockets.asyncio.server import serve
 
-from hand.agent import Agent, AgentConfig
-from hand.backoff import Backoff
-from hand.taskstore import read_rows
+from hand.aio.agent import Agent, AgentConfig
+from hand.core.backoff import Backoff
+from hand.system.taskdb import read_rows
 from protocol import limits
 from protocol.auth import Credential
 from protocol.codes import CancelReason, ErrorCode
@@ -250,7 +250,7 @@ async def test_pidfd_child_watcher_reaps_without_a_thread_per_child():
     import sys
     import threading
 
-    from hand.agent import use_pidfd_child_watcher
+    from hand.aio.agent import use_pidfd_child_watcher
 
     if sys.version_info >= (3, 12):
         assert use_pidfd_child_watcher() is False  # 3.12 already uses pidfds by itself

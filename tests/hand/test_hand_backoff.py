@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from hand.backoff import Backoff
+from hand.core.backoff import Backoff
 
 
 def test_ceiling_grows_exponentially_then_caps():

@@ -7,9 +7,9 @@ import json
 import pytest
 import structlog
 
-from hand import health
-from hand.health import HealthServer, Request, Response, examine, parse_listen, route, shown_url
-from hand.metrics import HandMetrics
+from hand.aio import health
+from hand.aio.health import HealthServer, Request, Response, examine, parse_listen, route, shown_url
+from hand.aio.metrics import HandMetrics
 
 
 @pytest.mark.parametrize(

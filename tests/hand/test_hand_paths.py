@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from hand.paths import PathRefused, resolve
-from hand.tools import Refusal, prepare
+from hand.system.paths import PathRefused, resolve
+from hand.system.tools import Refusal, prepare
 from protocol.codes import RejectCode
 
 

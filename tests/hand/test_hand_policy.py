@@ -1,6 +1,6 @@
 import pytest
 
-from hand.policy import KNOWN_TOOLS, Policy, parse_tool_list
+from hand.core.policy import KNOWN_TOOLS, Policy, parse_tool_list
 
 
 def test_no_allow_list_allows_every_tool_not_denied():

@@ -10,8 +10,8 @@ import sys
 import pytest
 from hand_support import pid_alive, read_pid, until
 
-from hand import process
-from hand.process import ProcessRun, Tail, group_alive, live_members
+from hand.system import process
+from hand.system.process import ProcessRun, Tail, group_alive, live_members
 from protocol import limits
 from protocol.codes import KillStage
 

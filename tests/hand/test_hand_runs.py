@@ -13,9 +13,9 @@ import pytest
 import structlog
 from hand_support import pid_alive, read_pid, until
 
-from hand import tools as hand_tools
-from hand.policy import Policy
-from hand.runs import RunTable
+from hand.system import tools as hand_tools
+from hand.core.policy import Policy
+from hand.aio.runs import RunTable
 from protocol.digest import args_digest
 from protocol import limits
 from protocol.codes import CancelReason, CancelStatus, KillStage, RejectCode

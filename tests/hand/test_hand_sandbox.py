@@ -23,8 +23,8 @@ from test_hand_runs import Hand
 from test_hand_tasks import Hand as TaskHand
 
 from hand import cli
-from hand.cputime import CpuMeter, kernel_cpu_kill, parse_stat, read_tree_seconds, tree_ticks
-from hand.sandbox import (
+from hand.system.cputime import CpuMeter, kernel_cpu_kill, parse_stat, read_tree_seconds, tree_ticks
+from hand.system.sandbox import (
     DEFAULT_ALLOW,
     OverCap,
     ResourceLimits,
@@ -35,7 +35,7 @@ from hand.sandbox import (
     parse_env_allow,
     rlimit_plan,
 )
-from hand.tasks import TaskLimits
+from hand.aio.tasks import TaskLimits
 from protocol.codes import KillStage, RejectCode
 from protocol.messages import Rejected
 from protocol.states import TASK_TERMINAL, RunState, TaskState
@@ -308,7 +308,7 @@ async def test_the_kernels_cpu_limit_is_a_backstop_that_also_means_budget_exhaus
     async def blind(*_args, **_kwargs):  # a Hand too starved to poll: only RLIMIT_CPU is left
         await asyncio.Event().wait()
 
-    monkeypatch.setattr("hand.runs.watch_cpu", blind)
+    monkeypatch.setattr("hand.aio.runs.watch_cpu", blind)
     hand = boxed()
     r = await hand.wait(hand.rpc("exec", {"argv": ["sh", "-c", BURN], "limits": {"cpu_seconds": 1}}), timeout=20)
     assert r.state is RunState.BUDGET_EXHAUSTED and r.signal == signal.SIGXCPU, r

@@ -1,6 +1,6 @@
 import os
 
-from hand.sanitize import MAX_CHARS, Sanitizer
+from hand.core.sanitize import MAX_CHARS, Sanitizer
 
 
 def test_root_becomes_dot_in_both_given_and_resolved_forms(tmp_path):

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from hand_support import pid_alive, read_pid, stop_manager, until
 
-from hand.policy import Policy
-from hand.process import start_time
-from hand.tasks import TaskLimits, TaskManager
-from hand.taskstore import read_rows
+from hand.core.policy import Policy
+from hand.system.process import start_time
+from hand.aio.tasks import TaskLimits, TaskManager
+from hand.system.taskdb import read_rows
 from protocol.codes import CancelReason, ErrorCode, KillStage, RejectCode, TaskCancelStatus
 from protocol.envelope import Channel, decode
 from protocol.messages import (

@@ -24,14 +24,14 @@ from pathlib import Path
 import pytest
 from hand_support import stop_manager
 
-from hand.tasks import (
+from hand.aio.tasks import (
     Admission,
     StartRequest,
     TaskLimits,
     TaskManager,
     admit_batch,
 )
-from hand.taskstore import DB_NAME, Change, Insert, TaskRow, TaskStore
+from hand.system.taskdb import DB_NAME, Change, Insert, TaskRow, TaskStore
 from protocol.codes import RejectCode
 from protocol.envelope import Channel, decode
 from protocol.messages import (

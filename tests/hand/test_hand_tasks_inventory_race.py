@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from hand.tasks import TaskManager
+from hand.aio.tasks import TaskManager
 from protocol.messages import Background, Rpc, TaskInventory
 
 

@@ -18,8 +18,8 @@ from hand_support import pid_alive, read_pid, until
 from scripted_mind import ScriptedMind
 from websockets.asyncio.server import serve
 
-from hand.tasks import LOST_REASON, TaskManager
-from hand.taskstore import TaskRow, TaskStore, read_rows
+from hand.aio.tasks import LOST_REASON, TaskManager
+from hand.system.taskdb import TaskRow, TaskStore, read_rows
 from protocol import limits
 from protocol.auth import Credential
 from protocol.messages import Background, Result, Rpc, TaskLogs, TaskUpdate

@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from hand.process import ProcessOutcome, Tail
-from hand.tasks import (
+from hand.system.process import ProcessOutcome, Tail
+from hand.aio.tasks import (
     Admission,
     CancelAction,
     LogSink,
@@ -21,7 +21,7 @@ from hand.tasks import (
     page_length,
     purge_cutoff,
 )
-from hand.taskstore import TaskRow, TaskStore, to_info
+from hand.system.taskdb import TaskRow, TaskStore, to_info
 from protocol.codes import CancelReason, KillStage
 from protocol.states import IllegalTransition, TaskState
 

@@ -1,4 +1,4 @@
-"""`mind exec`'s fast path (mind/link.py): what it does not load, and that it refuses, verifies and
+"""`mind exec`'s fast path (mind/client/blocking.py): what it does not load, and that it refuses, verifies and
 gives up exactly where the full client does."""
 
 import json
@@ -23,7 +23,7 @@ def c(tmp_path_factory):
 def test_exec_loads_neither_asyncio_nor_websockets_nor_pydantic(c):
     code = (
         "import sys\n"
-        "from mind.cli import main\n"
+        "from mind.main import main\n"
         "try:\n"
         "    main(['exec', '--hand', 'box', '--', 'echo', 'hi'])\n"
         "except SystemExit as e:\n"
@@ -90,15 +90,18 @@ def test_a_mind_that_vanishes_mid_run_leaves_the_outcome_unknown(tmp_path):
 def test_a_frozen_mind_is_noticed_by_the_keepalive(tmp_path, monkeypatch, capsys):
     """In-process, with the keepalive shortened: the Mind freezes right after the run is sent (its
     TCP connection stays open, nothing answers); the ping timeout ends the wait with 255."""
-    from mind import cli, exec_cli, link
-    from mind.credentials import load_credential
+    from mind.cli import main as cli
+    from mind.cli.connection import connection_params
+    from mind.cli import exec as exec_cli
+    from mind.client import blocking as link
+    from mind.client.credentials import load_credential
 
     monkeypatch.setattr(link, "PING_INTERVAL_S", 0.2)
     monkeypatch.setattr(link, "PING_TIMEOUT_S", 0.5)
     with running(tmp_path) as cl:
         monkeypatch.setenv("MINDHAND_HOME", str(cl.home))
         args = cli._parse(["exec", "--hand", "box", "--", "sleep", "60"])
-        url, cred_path, ca, pin = cli._connection_params(args)
+        url, cred_path, ca, pin = connection_params(args)
         lk = link.Link.connect(url, load_credential(cred_path), ca=ca, pin=pin)
         send = lk.send
 

@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from mind.client import ClientError, MindClient, load_credential
+from mind.client.aio import ClientError, MindClient, load_credential
 from support.cluster import running, wait_until
 
 BURST = 40

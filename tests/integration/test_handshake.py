@@ -8,7 +8,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from mind.client import ClientError, MindClient, load_credential
+from mind.client.aio import ClientError, MindClient, load_credential
 from protocol import PROTOCOL_VERSION
 from protocol.auth import ClientHandshake, Credential
 from protocol.codes import ErrorCode

@@ -15,8 +15,8 @@ from websockets.asyncio.client import connect
 from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 
-from mind.client import MindClient, load_credential
-from mind.handshake import ServerHandshake
+from mind.client.aio import MindClient, load_credential
+from mind.core.handshake import ServerHandshake
 from protocol import PROTOCOL_VERSION, limits
 from protocol.auth import ClientHandshake, Credential
 from protocol.codes import ErrorCode

@@ -239,7 +239,7 @@ def test_metrics_listen_warns_off_loopback_refuses_a_busy_port_and_cleans_up(tmp
 
 def test_sigterm_mind_during_a_foreground_run_gives_lost_and_kills_the_tree(tmp_path):
     """README: "SIGTERM stops cleanly: the Mind ends unfinished foreground runs `lost` (it will not be
-    there to hear their results) and tells their clients" -> the client exits 255 (mind/cli.py)."""
+    there to hear their results) and tells their clients" -> the client exits 255 (mind/cli/main.py)."""
     pids: list[int] = []
     with running(tmp_path, "box", *METRICS) as cl:
         addr = metrics_addr(cl)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from mind.client import MindClient, load_credential
+from mind.client.aio import MindClient, load_credential
 from protocol.auth import ClientHandshake
 from protocol.codes import CancelStatus
 from protocol.envelope import Channel

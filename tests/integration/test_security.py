@@ -11,7 +11,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from mind.client import ClientError, MindClient, load_credential
+from mind.client.aio import ClientError, MindClient, load_credential
 from protocol.auth import ClientHandshake, Credential
 from protocol.codes import ErrorCode
 from protocol.envelope import Channel, decode

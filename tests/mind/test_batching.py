@@ -8,8 +8,8 @@ import asyncio
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import serve
 
-from hand.agent import BatchingConnection as HandConnection
-from mind.outbox import BatchingConnection as MindConnection
+from hand.aio.agent import BatchingConnection as HandConnection
+from mind.daemon.outbox import BatchingConnection as MindConnection
 
 
 async def test_a_burst_is_one_write_and_arrives_whole_in_both_directions():

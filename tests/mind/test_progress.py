@@ -1,8 +1,8 @@
-"""mind/progress.py: a status line on a terminal, nothing at all anywhere else."""
+"""mind/cli/progress.py: a status line on a terminal, nothing at all anywhere else."""
 
 import io
 
-from mind.progress import Status, elapsed
+from mind.cli.progress import Status, elapsed
 
 
 class FakeTTY(io.StringIO):

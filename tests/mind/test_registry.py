@@ -2,7 +2,7 @@
 
 import pytest
 
-from mind.registry import MIND_DEADLINE_SLACK_S, Log, RunRegistry, SendToClient, SendToHand
+from mind.core.registry import MIND_DEADLINE_SLACK_S, Log, RunRegistry, SendToClient, SendToHand
 from protocol import limits
 from protocol.codes import CancelReason, CancelStatus, RejectCode
 from protocol.messages import Cancel, Exec, Progress, Result, Rpc, RunEnd, RunOutput

@@ -1,4 +1,4 @@
-"""mind/wire.py (the fast path's pydantic-free checks) against protocol/messages.py (the contract).
+"""mind/client/wire.py (the fast path's pydantic-free checks) against protocol/messages.py (the contract).
 
 The property: for any payload, if `wire` accepts it then the pydantic model accepts it too and
 holds the same values (same types); and `wire` accepts every payload the models produce. Plus the
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mind import wire
-from mind.handshake import ServerHandshake
-from mind.link import _Handshake
+from mind.client import wire
+from mind.core.handshake import ServerHandshake
+from mind.client.blocking import _Handshake
 from protocol import PROTOCOL_VERSION, limits
 from protocol.auth import ClientHandshake, Credential
 from protocol.codes import CancelStatus, ErrorCode, KillStage, RejectCode

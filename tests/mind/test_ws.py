@@ -1,4 +1,4 @@
-"""mind/ws.py, the CLI's minimal WebSocket client, against the `websockets` library's own sans-I/O
+"""mind/client/ws.py, the CLI's minimal WebSocket client, against the `websockets` library's own sans-I/O
 server (the code the Mind runs), bytes passed by hand: upgrade, frames both ways, fragmentation,
 ping/pong, the closing handshake, and each way a server can break the protocol."""
 
@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from websockets.frames import Opcode
 from websockets.server import ServerProtocol
 
-from mind.ws import CLOSED, MESSAGE, PONG, WsClient, WsError, accept_key, apply_mask
+from mind.client.ws import CLOSED, MESSAGE, PONG, WsClient, WsError, accept_key, apply_mask
 
 
 def pair(max_size=1 << 20):

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from mind.handshake import AUTH_FAILED_MESSAGE, ServerHandshake
+from mind.core.handshake import AUTH_FAILED_MESSAGE, ServerHandshake
 from protocol.auth import ClientHandshake, Credential
 from protocol.codes import ErrorCode
 from protocol.errors import ProtocolError

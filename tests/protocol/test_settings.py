@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol.settings import ConfigError, Key, Source, between, log_levels, mask, resolve
+from protocol.io.settings import ConfigError, Key, Source, between, log_levels, mask, resolve
 
 KEYS = (
     Key("ping_interval", float, 10.0, check=between(0.1, 3600, " seconds")),
@@ -136,7 +136,7 @@ def test_source_rereads_the_file_and_reports_what_changed():
 def test_reloader_reports_reloadable_changes_once_and_keeps_going_on_a_bad_file():
     from structlog.testing import capture_logs
 
-    from protocol.settings import Reloader
+    from protocol.io.settings import Reloader
 
     texts = {"/f.toml": "workers = 2\n"}
     src = Source(keys=KEYS, flags=BASE_FLAGS, env={}, path="/f.toml", explicit=True, read=texts.get)

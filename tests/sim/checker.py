@@ -26,9 +26,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from hand.taskstore import TaskRow, to_info
-from mind.registry import Log, RunRegistry, SendToClient, StartEnded
-from mind.tasks import UNKNOWN_TO_HAND, Plan, Snapshot
+from hand.system.taskdb import TaskRow, to_info
+from mind.core.registry import Log, RunRegistry, SendToClient, StartEnded
+from mind.core.snapshots import UNKNOWN_TO_HAND, Plan, Snapshot
 from protocol.codes import TaskCancelStatus
 from protocol.messages import (
     CancelRunResult,

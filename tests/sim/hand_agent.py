@@ -1,6 +1,6 @@
 """One life of a simulated Hand process: `hand.agent.Agent`, synchronously.
 
-Mirrored from `hand/agent.py` (keep in step): the task manager is opened (restart recovery) before
+Mirrored from `hand/aio/agent.py` (keep in step): the task manager is opened (restart recovery) before
 the first dial; the Hand dials forever with the REAL `hand.backoff.Backoff` (seeded); per
 connection it has its own run table and reader; task messages are handled IN ORDER by the reader
 (each awaited before the next frame is read), foreground `rpc`/`cancel` synchronously. Frames that
@@ -19,9 +19,9 @@ import random
 from collections import deque
 from typing import TYPE_CHECKING, Any, Generator
 
-from hand.backoff import Backoff
-from hand.policy import Policy
-from hand.runs import RecentRuns
+from hand.core.backoff import Backoff
+from hand.core.policy import Policy
+from hand.aio.runs import RecentRuns
 from protocol.codes import CancelReason
 from protocol.messages import Cancel, Message, Rpc, TaskCancel, TaskInventory, TaskStatus
 from sim.hand_runs import HandRuns
@@ -67,7 +67,7 @@ class HandConn:
 
 class HandProcess:
     cancel_waits_for_starts = True
-    """True as `hand/agent.py` ships: a run `cancel` read while some start is undecided waits for
+    """True as `hand/aio/agent.py` ships: a run `cancel` read while some start is undecided waits for
     it (`await tasks.settle()` first, as `TaskManager.answer` does). False as the group commit first
     shipped (`sim.variants`, "hand-batch-before-fix"): the cancel of a task's start run was answered
     `unknown_run` before the start's `accepted`/`rejected`, and the Mind ended the start run `lost`."""

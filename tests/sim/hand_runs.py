@@ -1,6 +1,6 @@
 """The Hand's foreground runs of one connection: `hand.runs.RunTable`, synchronously.
 
-Mirrored rule by rule from `hand/runs.py` (keep in step): everything that refuses a run is decided
+Mirrored rule by rule from `hand/aio/runs.py` (keep in step): everything that refuses a run is decided
 before `accepted`; the run is registered before `accepted` goes out, so a `cancel` that follows on
 the ordered stream finds it; `RunControl(finish_on_cancel=False)` so the truth wins (a command that
 exited on its own reports its exit even if a cancel raced it); the Hand's deadline kills the tree
@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Generator
 
-from hand.policy import KNOWN_TOOLS
-from hand.process import ProcessOutcome
-from hand.runs import PROGRESS_BYTES, PROGRESS_EVENTS, _fits
-from hand.tools import Refusal
+from hand.core.policy import KNOWN_TOOLS
+from hand.system.process import ProcessOutcome
+from hand.aio.runs import PROGRESS_BYTES, PROGRESS_EVENTS, _fits
+from hand.system.tools import Refusal
 from protocol import limits
 from protocol.codes import CancelReason, CancelStatus, RejectCode
 from protocol.control import REASON_TO_STATE, Budget, RunAborted, RunControl, check_active

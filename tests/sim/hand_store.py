@@ -20,7 +20,7 @@ import dataclasses
 import sqlite3
 from typing import Any, Callable, Iterable, Sequence
 
-from hand.taskstore import Insert, TaskRow, Write
+from hand.system.taskdb import Insert, TaskRow, Write
 from protocol.states import TASK_TERMINAL, TASK_TRANSITIONS, TaskState, advance
 
 OnChange = Callable[[str, TaskRow | None, str], None]

@@ -1,6 +1,6 @@
 """The Hand's background tasks: `hand.tasks.TaskManager`, as generators on the Hand's loop.
 
-The decisions are the REAL plain functions of `hand/tasks.py` (`admit_batch`, `next_to_start`,
+The decisions are the REAL plain functions of `hand/aio/tasks.py` (`admit_batch`, `next_to_start`,
 `ending`, `cancel_action`, `lost_reason`, `purge_cutoff`), rows are real `TaskRow`s reported with the
 real `to_info`, and writes are the real `Insert`/`Change`. The shell around them is mirrored from
 `TaskManager` and `GroupCommit` (keep in step), with a `yield` at every `await`:
@@ -31,7 +31,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Generator
 
-from hand.tasks import (
+from hand.aio.tasks import (
     ADMIT_BACKLOG,
     BACKGROUND_TOOLS,
     Admission,
@@ -46,8 +46,8 @@ from hand.tasks import (
     next_to_start,
     purge_cutoff,
 )
-from hand.taskstore import Change, Insert, TaskRow, Write, to_info
-from hand.tools import Refusal
+from hand.system.taskdb import Change, Insert, TaskRow, Write, to_info
+from hand.system.tools import Refusal
 from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
 from protocol.digest import args_digest, binding_digest
 from protocol.messages import (
@@ -160,14 +160,14 @@ class GroupCommit:
 
 class HandTasks:
     inventory_waits_for_admissions = True
-    """As `hand/tasks.py` does since the simulation found the race (see `sim.variants.HandBeforeFix`):
+    """As `hand/aio/tasks.py` does since the simulation found the race (see `sim.variants.HandBeforeFix`):
     `inventory` decides the waiting starts and reads its page under the admission lock, so a start
     taken in on an earlier connection (its row not yet committed when that connection dropped) is in
     the inventory of the next one. Without it, the Mind's reconciliation declares such a task `lost`
     ("unknown to hand") while the Hand runs it."""
 
     admit_in_owner = True
-    """True as `hand/tasks.py` ships: every batch is decided by the drainer in the Hand's owner and
+    """True as `hand/aio/tasks.py` ships: every batch is decided by the drainer in the Hand's owner and
     callers (`settle`, `answer`, `inventory`) only wait for it. False as the group commit first
     shipped ("hand-batch-before-fix"): they decided waiting starts in the CALLER's task, the
     connection's reader, and a reader cancelled while its batch's commit was in flight (this model

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Generator
 
-from hand.process import ProcessOutcome, Tail
+from hand.system.process import ProcessOutcome, Tail
 from protocol.codes import KillStage
 from sim.runtime import Clock, Fut
 

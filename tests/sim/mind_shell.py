@@ -2,12 +2,12 @@
 `SnapshotTable`) inside a synchronous copy of the asyncio shell around them.
 
 What is mirrored, and from where (keep in step with the real files):
-- `mind/server.py`: `_perform` (SendToHand only onto the live connection of that generation),
+- `mind/daemon/server.py`: `perform` (SendToHand only onto the live connection of that generation),
   `_serve_hand` (a newer connection replaces the older one at once: its runs `lost`; the older
   one's pending asks fail when its reader ends), the end of a Hand connection (pending asks fail,
   runs `lost`, snapshots stale), `_on_hand_message`, `_on_client_message`, the ticker, and restart
   (`mark_all_stale` before serving).
-- `mind/taskservice.py`: `start`, `start_ended`, `get` (`_refresh`), `cancel`, `on_update` and
+- `mind/daemon/taskservice.py`: `start`, `start_ended`, `get` (`_refresh`), `cancel`, `on_update` and
   `reconcile`, as generators that yield where the real coroutines await (`m.db`, `m.ask`).
 
 A Mind crash is the loss of this object: its registry, asks, starts in flight and connections.
@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, Generator
 
 from pydantic import ValidationError
 
-from mind.registry import Action, Log, SendToClient, SendToHand, StartEnded
-from mind.taskservice import ASK_TIMEOUT_S, START_TIMEOUT_MS
-from mind.tasks import Snapshot
+from mind.core.registry import Action, Log, SendToClient, SendToHand, StartEnded
+from mind.daemon.taskservice import ASK_TIMEOUT_S, START_TIMEOUT_MS
+from mind.core.snapshots import Snapshot
 from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
 from protocol.digest import args_digest, binding_digest
 from protocol.messages import (

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
 
-from hand.tasks import TaskLimits
-from mind import tasks as mind_tasks
-from mind.registry import RunRegistry
+from hand.aio.tasks import TaskLimits
+from mind.core import snapshots as mind_tasks
+from mind.core.registry import RunRegistry
 from protocol.messages import Message, RunOutput, RunUpdate
 from sim.checker import Checker, InvariantViolation
 from sim.faults import Faults

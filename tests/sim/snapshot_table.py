@@ -13,8 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from mind import tasks as rules
-from mind.tasks import Plan, Snapshot
+from mind.core import snapshots as rules
+from mind.core.snapshots import Plan, Snapshot
 from protocol.messages import TaskInfo
 
 
@@ -141,7 +141,7 @@ class CheckedSnapshots:
     """The model and the real `SnapshotStore` side by side; every answer must be the same."""
 
     def __init__(self, model: SnapshotTable) -> None:
-        from mind.snapshots import SnapshotStore
+        from mind.store.snapshots import SnapshotStore
 
         self.model = model
         self.real = SnapshotStore(Path(":memory:"))

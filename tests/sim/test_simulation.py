@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from hand.tasks import TaskLimits
-from mind.registry import RunRegistry
-from mind.tasks import UNKNOWN_TO_HAND, reconcile
+from hand.aio.tasks import TaskLimits
+from mind.core.registry import RunRegistry
+from mind.core.snapshots import UNKNOWN_TO_HAND, reconcile
 from protocol.codes import RejectCode
 from protocol.messages import Accepted, Rejected, Result, TaskGet, TaskInfo, TaskStart, TaskStartResult, TaskStatus
 from protocol.states import TaskState

@@ -5,7 +5,7 @@ that the fix is what makes the seeds pass:
 - `mind-before-fix`: `mind.tasks` before this change. The reconciliation pass declared `lost` a task
   started DURING the pass whose id sorted into an inventory page already read, and a Mind-decided
   `lost` could later be overwritten by a report (its version was > 0): a terminal changed.
-- `hand-before-fix`: `hand/tasks.py` before its inventory waited for admissions: a start still in admission
+- `hand-before-fix`: `hand/aio/tasks.py` before its inventory waited for admissions: a start still in admission
   when its connection dropped is missing from the next connection's inventory, so the Mind declares
   it `lost` ("unknown to hand") while the Hand runs it.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mind.tasks import Snapshot, reconcile
+from mind.core.snapshots import Snapshot, reconcile
 from protocol.messages import TaskInfo
 from protocol.states import TASK_TERMINAL
 from sim.hand_agent import HandProcess
@@ -45,7 +45,7 @@ def reconcile_before_fix(hand, snapshots, hand_rows, held_elsewhere, now, synced
 
 
 class HandBeforeFix(HandTasks):
-    """`hand/tasks.py` before the fix: the inventory did not wait for admissions in flight."""
+    """`hand/aio/tasks.py` before the fix: the inventory did not wait for admissions in flight."""
 
     inventory_waits_for_admissions = False
 

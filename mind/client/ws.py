@@ -4,7 +4,7 @@ Why not the `websockets` library here: importing it (with asyncio) costs more th
 `mind exec` (its version module alone imports `importlib.metadata`). The Mind speaks plain RFC 6455
 with no extension and no subprotocol, so the client half is small: the upgrade request and the check
 of its answer, masked frames out, unmasked frames in, fragmentation, ping/pong and the closing
-handshake. Like `websockets.protocol.Protocol` it does no I/O at all: the shell (`mind/link.py`)
+handshake. Like `websockets.protocol.Protocol` it does no I/O at all: the shell (`mind/client/blocking.py`)
 feeds it bytes with `receive_data` / `receive_eof`, writes what `data_to_send` returns, and reads what
 happened from `events`.
 

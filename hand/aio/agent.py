@@ -43,22 +43,23 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.uri import parse_uri
 
-from hand.backoff import Backoff
-from hand.health import ADDR_FILE, HealthServer, shown_url
-from hand.metrics import HandMetrics
-from hand.policy import LivePolicy, Policy
-from hand.process import DEFAULT_GRACE_S
-from hand.runs import RecentRuns, RunTable
-from hand.sandbox import Sandbox
-from hand.sanitize import Sanitizer
-from hand.tasks import TaskLimits, TaskManager
-from protocol import limits, logs
+from hand.core.backoff import Backoff
+from hand.aio.health import ADDR_FILE, HealthServer, shown_url
+from hand.aio.metrics import HandMetrics
+from hand.core.policy import LivePolicy, Policy
+from hand.system.process import DEFAULT_GRACE_S
+from hand.aio.runs import RecentRuns, RunTable
+from hand.system.sandbox import Sandbox
+from hand.core.sanitize import Sanitizer
+from hand.aio.tasks import TaskLimits, TaskManager
+from protocol import limits
+from protocol.io import logs
 from protocol.auth import ClientHandshake, Credential
 from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
 from protocol.envelope import Channel, Envelope
 from protocol.errors import ProtocolError
-from protocol.tls import TLSConfigError, check_pin, client_context
-from protocol.batching import BatchedWrites
+from protocol.io.tls import TLSConfigError, check_pin, client_context
+from protocol.io.batching import BatchedWrites
 from protocol.messages import (
     build_all,
     Cancel,

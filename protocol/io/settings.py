@@ -204,7 +204,7 @@ def one_of(*choices: str) -> Callable[[str], str]:
 
 
 def log_levels(value: str) -> str:
-    from protocol.logs import parse_levels
+    from protocol.io.logs import parse_levels
 
     parse_levels(value)
     return value

@@ -20,19 +20,18 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
-EXIT_TIMED_OUT = 124
-EXIT_CANCELLED = 130
-EXIT_REFUSED = 125
-EXIT_BUDGET = 123
-EXIT_LOST = 255
-EXIT_USAGE = 2
-
-
-def die(msg: str, code: int = EXIT_REFUSED) -> NoReturn:
-    print(f"mind: {msg}", file=sys.stderr)
-    raise SystemExit(code)
+from mind.cli.connection import connection_params
+from mind.cli.output import (
+    EXIT_USAGE,
+    _explain,
+    _jsonable,
+    _table,
+    _ts,
+    die,
+    exit_code_for,
+)
 
 
 # --- argument parsing ----------------------------------------------------------------------
@@ -124,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     limit_opts, conn_opts = _limit_opts, _conn_opts
 
     from mind.config import GROUPS, KEYS
-    from protocol.settings import add_flags
+    from protocol.io.settings import add_flags
 
     file_help = "TOML settings file (default $MINDHAND_CONFIG, else HOME/mind.toml if it exists)"
     s = sub.add_parser("serve", help="run the Mind daemon",
@@ -228,45 +227,30 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = _parse(argv)
-    try:
-        if args.cmd == "exec":
-            from mind import exec_cli
-
-            raise SystemExit(exec_cli.run(args))
-        elif args.cmd == "serve":
-            cmd_serve(args)
-        elif args.cmd == "config":
-            cmd_config_show(args)
-        elif args.cmd in ("hand", "client"):
-            cmd_credentials(args)
-        else:
-            import asyncio
-
-            code = asyncio.run(_client_command(args))
-            raise SystemExit(code)
-    except KeyboardInterrupt:
-        raise SystemExit(EXIT_CANCELLED)
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    return _parse(argv)
 
 
-# --- serve and local admin -----------------------------------------------------------------
+def run(args: argparse.Namespace) -> None:
+    """Every command but the daemon's own (`serve`, `hand ...`, `client ...`: `mind.daemon.commands`)."""
+    if args.cmd == "exec":
+        from mind.cli import exec as exec_cli
 
+        raise SystemExit(exec_cli.run(args))
+    if args.cmd == "config":
+        cmd_config_show(args)
+        return
+    import asyncio
 
-def _settings_source(args: argparse.Namespace):
-    from mind import paths
-    from mind.config import KEYS, config_path
-    from protocol.settings import Source, flags_given, read_file
-
-    env = dict(os.environ)
-    path, explicit = config_path(args.config, paths.home(args.home), env)
-    return Source(keys=KEYS, flags=flags_given(args, KEYS), env=env, path=path, explicit=explicit, read=read_file)
+    raise SystemExit(asyncio.run(_client_command(args)))
 
 
 def cmd_config_show(args: argparse.Namespace) -> None:
-    from protocol.settings import ConfigError, format_table
+    from protocol.io.settings import ConfigError, format_table
 
-    source = _settings_source(args)
+    from mind.config import settings_source
+
+    source = settings_source(args)
     try:
         settings = source.load()
     except ConfigError as exc:
@@ -279,194 +263,13 @@ def cmd_config_show(args: argparse.Namespace) -> None:
         print(format_table(rows))
 
 
-def _reloader(source, started):
-    """SIGHUP: the log level is applied here, the handshake limits by the Mind (new connections)."""
-    from protocol import logs
-    from protocol.settings import Reloader
-
-    reread, log = Reloader(source, started), logs.get("mind")
-
-    def reload() -> dict:
-        changes = reread(log)
-        if "log_level" in changes:
-            logs.set_levels(changes["log_level"])
-        return changes
-
-    return reload
-
-
-def cmd_serve(args: argparse.Namespace) -> None:
-    import asyncio
-
-    from mind import paths
-    from mind.server import Mind, MindConfig
-    from protocol import logs
-    from protocol.settings import ConfigError
-
-    home = paths.home(args.home)
-    source = _settings_source(args)
-    try:
-        s = source.load()
-        if bool(s["tls_cert"]) != bool(s["tls_key"]):
-            missing, given = ("tls_key", "tls_cert") if s["tls_cert"] else ("tls_cert", "tls_key")
-            raise s.fail(given, f"needs {missing} too (--tls-cert and --tls-key go together)")
-    except ConfigError as exc:
-        die(str(exc), EXIT_USAGE)
-    host, _, port_text = s["listen"].rpartition(":")
-    host, port = host.strip("[]"), int(port_text)
-    try:
-        audit = logs.AuditLog(home / "audit.jsonl")
-        stream = logs.ReopeningFile(s["log_file"]) if s["log_file"] else None
-        logs.configure(s["log_format"], s["log_level"], stream=stream, audit=audit)
-    except ValueError as exc:
-        die(str(exc), EXIT_USAGE)
-    except OSError as exc:
-        die(f"cannot open the audit log in {home}: {exc.strerror}", 1)
-    if s["tls_cert"]:
-        from protocol.tls import TLSConfigError, server_context
-
-        try:
-            server_context(s["tls_cert"], s["tls_key"])
-        except TLSConfigError as exc:
-            die(str(exc), EXIT_USAGE)
-    elif host not in ("127.0.0.1", "::1", "localhost"):
-        print(
-            f"mind: WARNING: serving {host} without TLS: anyone on the network path can read and alter "
-            "the traffic (not the secrets). Use --tls-cert/--tls-key (scripts/mkcerts makes a local CA).",
-            file=sys.stderr,
-        )
-    cfg = MindConfig(
-        home=home, host=host, port=port, ping_interval=s["ping_interval"], ping_timeout=s["ping_interval"],
-        tls_cert=_path(s["tls_cert"]) if s["tls_cert"] else None, tls_key=_path(s["tls_key"]) if s["tls_key"] else None,
-        max_pending_handshakes=s["max_pending_handshakes"], auth_fail_limit=s["auth_fail_limit"],
-        retain_runs=s["retain_runs"],
-    )
-    try:
-        mind = Mind(cfg)
-    except Exception as exc:  # noqa: BLE001 - one clear line for a bad state dir or database
-        die(f"cannot open state in {home}: {exc}", 1)
-    try:
-        asyncio.run(mind.run(reload=_reloader(source, s)))
-    except OSError as exc:
-        die(f"cannot listen on {host}:{port}: {exc.strerror or exc}", 1)
-
-
-def cmd_credentials(args: argparse.Namespace) -> None:
-    from mind import paths
-    from mind.store import Store, StoreError
-
-    from mind.scope import FULL, Scope, parse_patterns
-
-    home = paths.home(args.home)
-    store = Store(paths.db_path(home))
-
-    def audit(action: str) -> None:
-        import datetime
-
-        from protocol.logs import AuditLog
-
-        a = AuditLog(home / "audit.jsonl")
-        a.write({"event": "credential_changed", "role": args.cmd, "label": args.name, "action": action,
-                 "by": "local admin (mind CLI)", "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat()})
-        a.close()
-
-    def show(cred, verb: str) -> None:
-        if args.out:
-            paths.write_private(_path(args.out), cred.token() + "\n")
-        print(f"# {args.cmd} credential for {args.name!r} {verb}, shown once; keep it private", file=sys.stderr)
-        print(cred.token())
-        if args.out:
-            print(f"# also written to {args.out} (mode 0600)", file=sys.stderr)
-
-    def scope_of(row) -> str:
-        if row.role != "client":
-            return "-"
-        return (FULL if row.label == "admin" else Scope.from_json(row.scope)).describe()
-
-    try:
-        if args.action == "add":
-            scope = None
-            if args.cmd == "client":
-                try:
-                    scope = Scope(
-                        hands=parse_patterns(args.hands, "hands"), tools=parse_patterns(args.tools, "tools"),
-                        read_others=args.read_others,
-                    ).to_json()
-                except ValueError as exc:
-                    die(str(exc), EXIT_USAGE)
-            try:
-                cred = store.add(args.cmd, args.name, scope)
-            except StoreError as exc:
-                die(str(exc), 1)
-            audit("add")
-            show(cred, "created")
-        elif args.action == "rotate":
-            cred = store.rotate(args.cmd, args.name)
-            if cred is None:
-                die(f"no active {args.cmd} named {args.name!r}", 1)
-            audit("rotate")
-            if args.cmd == "client" and args.name == "admin":
-                paths.write_private(paths.admin_cred_file(home), "# mindhand admin client credential (full scope); keep private\n" + cred.token() + "\n")
-            show(cred, "rotated (the old secret no longer works; live connections are closed)")
-        elif args.action == "list":
-            rows = store.list(args.cmd)
-            if args.json:
-                print(json.dumps([{**r.__dict__, "scope": scope_of(r)} for r in rows], indent=2))
-            else:
-                _table(
-                    ["NAME", "STATE", "GENERATION", "CREATED", "LAST SEEN", "SCOPE"],
-                    [
-                        [r.label, "revoked" if r.revoked_at else "active", str(r.generation), _ts(r.created_at),
-                         _ts(r.last_seen_at), scope_of(r)]
-                        for r in rows
-                    ],
-                )
-        elif args.action == "revoke":
-            if not store.revoke(args.cmd, args.name):
-                die(f"no active {args.cmd} named {args.name!r}", 1)
-            audit("revoke")
-            print(f"revoked {args.cmd} {args.name!r}; it can no longer connect, and its live connections are closed")
-    finally:
-        store.close()
-
-
-def _path(p: str):
-    from pathlib import Path
-
-    return Path(p).expanduser()
-
-
 # --- client commands -----------------------------------------------------------------------
 
 
-def _connection_params(args: argparse.Namespace) -> tuple[str, str, str | None, str | None]:
-    """URL, credential file, CA file and pin: flags, then env vars, then the local Mind's files."""
-    from mind import paths
-
-    home = paths.home(args.home)
-    local = False
-    url = args.mind or os.environ.get("MINDHAND_URL")
-    if not url:
-        try:
-            url = paths.url_file(home).read_text().strip()
-            local = True
-        except OSError:
-            die(f"no Mind URL: pass --mind URL, set MINDHAND_URL, or start `mind serve` (looked in {paths.url_file(home)})")
-    cred = args.credential or os.environ.get("MINDHAND_CREDENTIAL") or str(paths.admin_cred_file(home))
-    ca = args.ca or os.environ.get("MINDHAND_CA")
-    pin = args.pin or os.environ.get("MINDHAND_PIN")
-    if local and not ca and not pin and url.startswith("wss://"):
-        try:
-            pin = paths.pin_file(home).read_text().strip()
-        except OSError:
-            pass
-    return url, cred, ca, pin
-
-
 async def _client_command(args: argparse.Namespace) -> int:
-    from mind.client import ClientError, MindClient, load_credential
+    from mind.client.aio import ClientError, MindClient, load_credential
 
-    url, cred_path, ca, pin = _connection_params(args)
+    url, cred_path, ca, pin = connection_params(args)
     try:
         cred = load_credential(cred_path)
         client = await MindClient.connect(url, cred, ca=ca, pin=pin)
@@ -484,7 +287,7 @@ async def _client_command(args: argparse.Namespace) -> int:
         if args.cmd == "status":
             return await cmd_status(client, args)
         if args.cmd == "task":
-            from mind import task_cli
+            from mind.cli import task as task_cli
 
             return await task_cli.run(client, args)
         die(f"unknown command {args.cmd}", EXIT_USAGE)
@@ -515,107 +318,6 @@ async def cmd_hands(client: Any, args: argparse.Namespace) -> int:
         )
     _table(["NAME", "CONNECTED", "GEN", "SINCE", "HOST", "PLATFORM", "RUNNING"], rows)
     return 0
-
-
-def exit_code_for(end: Any) -> int:
-    from protocol.states import RunState
-
-    s = end.state
-    if s in (RunState.SUCCEEDED, RunState.FAILED):
-        if end.exit_code is not None:
-            return end.exit_code
-        if end.signal is not None:
-            return 128 + end.signal
-        return 0 if s is RunState.SUCCEEDED else 1
-    return {
-        RunState.TIMED_OUT: EXIT_TIMED_OUT,
-        RunState.CANCELLED: EXIT_CANCELLED,
-        RunState.REJECTED: EXIT_REFUSED,
-        RunState.LOST: EXIT_LOST,
-        RunState.BUDGET_EXHAUSTED: EXIT_BUDGET,
-    }.get(s, 1)
-
-
-def _text(b: bytes) -> Any:
-    try:
-        return b.decode()
-    except UnicodeDecodeError:
-        import base64
-
-        return {"base64": base64.b64encode(b).decode()}
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, (bytes, bytearray)):
-        return _text(bytes(v))
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    return v
-
-
-def end_summary(end: Any) -> dict[str, Any]:
-    return {
-        "run_id": end.run_id,
-        "hand": end.hand,
-        "tool": end.tool,
-        "state": end.state.value,
-        "reason": end.reason,
-        "reject_code": end.reject_code.value if end.reject_code else None,
-        "exit_code": end.exit_code,
-        "signal": end.signal,
-        "stage": end.stage.value if end.stage else None,
-        "progress_dropped": end.progress_dropped,
-        "truncated": end.truncated,
-        "duration_ms": end.duration_ms,
-        "error": end.error,
-    }
-
-
-class _StreamPrinter:
-    """Writes streamed output live, marks gaps left by dropped progress, and completes the output
-    from the result's tail so the user always sees how the command ended."""
-
-    def __init__(self) -> None:
-        self.upto = {"stdout": 0, "stderr": 0}
-        self.out = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
-
-    def chunk(self, stream: str, offset: int, data: bytes) -> None:
-        if offset < self.upto[stream]:
-            data = data[self.upto[stream] - offset :]
-            offset = self.upto[stream]
-            if not data:
-                return
-        if offset > self.upto[stream]:
-            self._gap(stream, offset - self.upto[stream])
-        f = self.out[stream]
-        f.write(data)
-        f.flush()
-        self.upto[stream] = offset + len(data)
-
-    def _gap(self, stream: str, n: int) -> None:
-        sys.stderr.buffer.write(f"\n[mindhand: {n} bytes of {stream} not shown: progress cap]\n".encode())
-        sys.stderr.buffer.flush()
-
-    def finish(self, stream: str, tail: Any) -> None:
-        total, data = tail.total, tail.data
-        if self.upto[stream] >= total or not data:
-            return
-        self.chunk(stream, total - len(data), data)
-
-
-def _explain(end: Any) -> None:
-    """One line on stderr for any end that is not the command's own exit."""
-    from protocol.states import RunState
-
-    s = end.state
-    if s is RunState.SUCCEEDED or (s is RunState.FAILED and end.exit_code is not None):
-        return
-    detail = end.error or end.reason
-    code = f" ({end.reject_code.value})" if end.reject_code else ""
-    stage = f", stopped by SIG{end.stage.value.upper()}" if end.stage else ""
-    print(f"mind: run {end.run_id} {s.value}{code}{stage}: {detail}", file=sys.stderr)
 
 
 def _parse_kv(items: list[str]) -> dict[str, Any]:
@@ -690,7 +392,7 @@ RUN_HEADERS = ["RUN", "HAND", "TOOL", "STATE", "CREATED", "DURATION", "EXIT"]
 async def cmd_runs(client: Any, args: argparse.Namespace) -> int:
     import time as _time
 
-    from mind.task_cli import parse_duration
+    from mind.cli.task import parse_duration
     from protocol.states import RunState
 
     since = None
@@ -730,67 +432,3 @@ async def cmd_status(client: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-# --- formatting ----------------------------------------------------------------------------
-
-
-def tool_args_from(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    """`--shell COMMAND` or `-- ARGV`, plus `--cwd` and `--env`, as a tool call."""
-    if args.shell is not None and args.argv:
-        die("give either --shell COMMAND or -- ARGV, not both", EXIT_USAGE)
-    if args.shell is None and not args.argv:
-        die("nothing to run: give -- ARGV or --shell COMMAND", EXIT_USAGE)
-    tool_args: dict[str, Any] = {"command": args.shell} if args.shell is not None else {"argv": list(args.argv)}
-    if args.cwd:
-        tool_args["cwd"] = args.cwd
-    if args.env:
-        env = {}
-        for kv in args.env:
-            k, sep, v = kv.partition("=")
-            if not sep or not k:
-                die(f"--env wants K=V, got {kv!r}", EXIT_USAGE)
-            env[k] = v
-        tool_args["env"] = env
-    lim: dict[str, int] = {}
-    for flag, key in (("cpu_seconds", "cpu_seconds"), ("max_files", "open_files"), ("max_procs", "processes")):
-        value = getattr(args, flag, None)
-        if value is not None:
-            if value <= 0:
-                die(f"--{flag.replace('_', '-')} must be positive", EXIT_USAGE)
-            lim[key] = value
-    if getattr(args, "memory", None):
-        lim["address_space"] = _size(args.memory)
-    if lim:
-        tool_args["limits"] = lim
-    return ("shell" if args.shell is not None else "exec"), tool_args
-
-
-def _size(text: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().removesuffix("b").removesuffix("i")
-    mult = units.get(t[-1:], 1)
-    try:
-        value = int(float(t[:-1] if t[-1:] in units else t) * mult)
-    except ValueError:
-        die(f"{text!r} is not a size (use e.g. 512M)", EXIT_USAGE)
-    if value <= 0:
-        die(f"size {text!r} must be positive", EXIT_USAGE)
-    return value
-
-
-def _ts(t: float | None) -> str:
-    if not t:
-        return "-"
-    import datetime
-
-    return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-
-
-if __name__ == "__main__":
-    main()

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from mind.credentials import load_credential
+from mind.client.credentials import load_credential
 from mind.errors import ClientError
 from protocol import limits
 from protocol.auth import ClientHandshake, Credential
@@ -60,7 +60,7 @@ from protocol.messages import (
 )
 from protocol.states import TaskState
 from protocol.states import RunState
-from protocol.tls import TLSConfigError, check_pin, client_context
+from protocol.io.tls import TLSConfigError, check_pin, client_context
 
 
 class RunFailed(ClientError):

@@ -15,7 +15,7 @@ import signal
 import ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -25,22 +25,23 @@ from websockets.asyncio.connection import Connection
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from mind import paths
-from mind.handshake import Identity, ServerHandshake
-from mind.metrics import MindMetrics
-from mind.outbox import BatchingConnection, Outbox
-from mind.scope import FULL, Scope
-from mind.registry import Action, Log, RunRegistry, SendToClient, SendToHand, StartEnded
-from mind.snapshots import SnapshotStore
-from mind.store import Store
-from mind.taskservice import TaskService
+from mind import home as paths
+from mind.core.handshake import Identity, ServerHandshake
+from mind.daemon.metrics import MindMetrics
+from mind.daemon.outbox import BatchingConnection, Outbox
+from mind.core.scope import FULL, Scope
+from mind.core.registry import Action, Log, RunRegistry, SendToClient, SendToHand, StartEnded
+from mind.store.snapshots import SnapshotStore
+from mind.store.credentials import Store
+from mind.daemon.peer import Peer
+from mind.daemon.taskservice import TaskService
 from protocol import limits
 from protocol.codes import CancelReason, ErrorCode, RejectCode
 from protocol.states import RunState
 from protocol.envelope import Channel
 from protocol.errors import ProtocolError
 from protocol.ids import new_id
-from protocol.tls import fingerprint, server_context
+from protocol.io.tls import fingerprint, server_context
 from protocol.messages import (
     build_all,
     Accepted,
@@ -118,33 +119,6 @@ def _typed(resp: Any, content_type: str) -> Any:
     del resp.headers["Content-Type"]  # websockets' Headers appends on assignment
     resp.headers["Content-Type"] = content_type
     return resp
-
-
-@dataclass
-class Peer:
-    ident: Identity
-    gen: int
-    ws: Connection
-    outbox: Outbox
-    since: float
-    conn_id: str = field(default_factory=lambda: new_id("c"))
-    tg: asyncio.TaskGroup | None = None
-    scope: Scope = FULL
-    secret_digest: bytes = b""
-    """SHA-256 of the secret this connection authenticated with: a rotation or revocation is seen by
-    comparing it with the store's current one."""
-    pending: dict[str, asyncio.Future[Message]] = field(default_factory=dict)
-    """Requests this Mind sent to the peer (a Hand), by envelope id, waiting for their reply."""
-
-    def spawn(self, coro: Any) -> None:
-        assert self.tg is not None
-        self.tg.create_task(coro)
-
-    def fail_pending(self, why: str) -> None:
-        for fut in self.pending.values():
-            if not fut.done():
-                fut.set_exception(ConnectionError(why))
-        self.pending.clear()
 
 
 @dataclass
@@ -293,7 +267,7 @@ class Mind:
                 lag_probe = tg.create_task(self._lag_probe())
                 await self._stop.wait()
                 log.info("mind_stopping")
-                self._perform(self.registry.on_shutdown(time.monotonic(), time.time()))
+                self.perform(self.registry.on_shutdown(time.monotonic(), time.time()))
                 await self._flush_all(timeout=2.0)
                 ticker.cancel()
                 lag_probe.cancel()
@@ -326,7 +300,7 @@ class Mind:
         while True:
             await asyncio.sleep(self.cfg.tick_interval)
             now = time.monotonic()
-            self._perform(self.registry.on_tick(now, time.time()))
+            self.perform(self.registry.on_tick(now, time.time()))
             if now - last_epoch_check >= 0.5:
                 last_epoch_check = now
                 await self._check_credentials()
@@ -354,7 +328,7 @@ class Mind:
 
     # --- performing actions ---
 
-    def _perform(self, actions: list[Action]) -> None:
+    def perform(self, actions: list[Action]) -> None:
         for a in actions:
             if isinstance(a, SendToHand):
                 peer = self.hands.get(a.hand)
@@ -512,7 +486,7 @@ class Mind:
             # The newer connection wins at once: the old one may be a dead socket nobody noticed yet.
             hlog.info("hand_replaced", old_gen=old.gen)
             self.last_seen[label] = time.time()
-            self._perform(self.registry.on_hand_gone(label, old.gen, time.monotonic(), time.time()))
+            self.perform(self.registry.on_hand_gone(label, old.gen, time.monotonic(), time.time()))
             old.outbox.close()
             assert self._tg is not None
             self._tg.create_task(self._close_quietly(old.ws, CLOSE_REPLACED, "replaced by a newer connection"))
@@ -526,7 +500,7 @@ class Mind:
             if self.hands.get(label) is peer:
                 del self.hands[label]
                 self.last_seen[label] = time.time()
-                self._perform(self.registry.on_hand_gone(label, gen, time.monotonic(), time.time()))
+                self.perform(self.registry.on_hand_gone(label, gen, time.monotonic(), time.time()))
                 self.metrics.hands_connected.set(len(self.hands))
                 staled = await self.db(self.snapshots.mark_hand_stale, label)
                 hlog.info("hand_disconnected", snapshots_marked_stale=staled)
@@ -592,7 +566,7 @@ class Mind:
             return
         else:
             raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, f"a hand may not send {msg.TYPE} here")
-        self._perform(acts)
+        self.perform(acts)
 
     # --- clients ---
 
@@ -606,7 +580,7 @@ class Mind:
         finally:
             self.clients.pop(peer.conn_id, None)
             self.metrics.clients_connected.set(len(self.clients))
-            self._perform(self.registry.on_client_gone(peer.conn_id, time.monotonic(), time.time()))
+            self.perform(self.registry.on_client_gone(peer.conn_id, time.monotonic(), time.time()))
             clog.debug("client_disconnected")
 
     def _on_client_message(self, peer: Peer, id_: str | None, msg: Message) -> None:
@@ -623,7 +597,7 @@ class Mind:
             live = self.hands.get(msg.hand)
             known = live is not None or self.store.secret("hand", msg.hand) is not None
             run_id = new_id("r")
-            self._perform(
+            self.perform(
                 self.registry.admit(
                     run_id, msg, peer.conn_id, id_, live.gen if live else None, known, now, wall,
                     owner=me, refusal=refusal,
@@ -643,7 +617,7 @@ class Mind:
                 peer.outbox.put(run.info(), id_)
                 return
             status, acts = self.registry.on_cancel(msg.run_id, CancelReason.USER_REQUESTED, now, wall)
-            self._perform(acts)  # the Hand's `cancel` is queued (and written) before the acknowledgement
+            self.perform(acts)  # the Hand's `cancel` is queued (and written) before the acknowledgement
             peer.outbox.put(CancelRunResult(run_id=msg.run_id, status=status, state=run.state), id_)
         elif isinstance(msg, ListHands):
             peer.outbox.put(HandsList(hands=[h for h in self.hand_infos() if scope.allows_hand(h.name)]), id_)

@@ -39,13 +39,13 @@ from typing import Any, Callable
 import msgpack
 import structlog
 
-from hand.cputime import CPU_SECONDS, cpu_exhausted, kernel_cpu_kill, stop_watching, watch_cpu
-from hand.metrics import HandMetrics
-from hand.policy import KNOWN_TOOLS, Policy
-from hand.process import DEFAULT_GRACE_S, ProcessOutcome, ProcessRun, Stream
-from hand.sandbox import Sandbox
-from hand.sanitize import Sanitizer
-from hand.tools import DEFAULT_SANDBOX, FileCall, Prepared, ProcessSpec, Refusal, ToolFailed, prepare
+from hand.system.cputime import CPU_SECONDS, cpu_exhausted, kernel_cpu_kill, stop_watching, watch_cpu
+from hand.aio.metrics import HandMetrics
+from hand.core.policy import KNOWN_TOOLS, Policy
+from hand.system.process import DEFAULT_GRACE_S, ProcessOutcome, ProcessRun, Stream
+from hand.system.sandbox import Sandbox
+from hand.core.sanitize import Sanitizer
+from hand.system.tools import DEFAULT_SANDBOX, FileCall, Prepared, ProcessSpec, Refusal, ToolFailed, prepare
 from protocol import limits
 from protocol.codes import CancelReason, CancelStatus, RejectCode
 from protocol.digest import args_digest

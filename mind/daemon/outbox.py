@@ -14,7 +14,7 @@ from websockets.asyncio.connection import Connection
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from protocol.batching import BatchedWrites
+from protocol.io.batching import BatchedWrites
 from protocol.envelope import Channel
 from protocol.errors import ProtocolError
 from protocol.messages import Message

@@ -1,6 +1,6 @@
 """The Mind's task snapshots in SQLite (the `task_snapshots` table of mind.db).
 
-Every read-modify-write happens under one lock with the pure rules of `mind/tasks.py` in between, so a
+Every read-modify-write happens under one lock with the pure rules of `mind/core/snapshots.py` in between, so a
 push, a query reply and a reconciliation pass racing each other still apply in version order.
 Synchronous: the asyncio shell calls it through one worker thread. Raw arguments are never stored:
 `info` is a `TaskInfo`, which carries digests only.
@@ -16,7 +16,7 @@ from typing import Iterable
 
 import msgpack
 
-from mind.tasks import Plan, Snapshot, apply_report, from_report, mark_stale, reconcile
+from mind.core.snapshots import Plan, Snapshot, apply_report, from_report, reconcile
 from protocol.messages import TaskInfo
 from protocol.states import TASK_TERMINAL, TaskState
 

@@ -1,6 +1,6 @@
 """The Mind's side of background tasks: starts, queries, cancels and the reconciliation pass.
 
-The asyncio glue around `mind/tasks.py` (the rules) and `mind/snapshots.py` (the table): it asks the
+The asyncio glue around `mind/core/snapshots.py` (the rules) and `mind/store/snapshots.py` (the table): it asks the
 Hand when the Hand is connected (the authority), answers from the snapshot when it is not (saying so:
 `stale`, `last_synced_at`), records cancels for later delivery, and realigns every snapshot of a Hand
 after each `welcome`.
@@ -12,17 +12,18 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import structlog
 from pydantic import ValidationError
 
-from mind.registry import StartEnded
-from mind.tasks import Snapshot
+from mind.core.registry import Action, RunRegistry, StartEnded
+from mind.core.snapshots import Snapshot
 from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
 from protocol.digest import args_digest, binding_digest
 from protocol.ids import new_id
 from protocol.messages import (
+    Message,
     Background,
     Error,
     Exec,
@@ -46,7 +47,10 @@ from protocol.messages import (
 from protocol.states import RunState, TaskState
 
 if TYPE_CHECKING:
-    from mind.server import Mind, Peer
+    from mind.daemon.metrics import MindMetrics
+    from mind.daemon.peer import Peer
+    from mind.store.credentials import Store
+    from mind.store.snapshots import SnapshotStore
 
 log = structlog.get_logger(component="mind.tasks")
 
@@ -70,8 +74,26 @@ def _run_all(calls: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:
     return out
 
 
+class Host(Protocol):
+    """What the task service needs of the daemon that owns it (`mind.daemon.server.Mind`): its
+    database thread, its asks to Hands, its connections, the run registry and the metrics. A
+    Protocol, so this module does not import the server that imports it."""
+
+    hands: dict[str, Peer]
+    registry: RunRegistry
+    snapshots: SnapshotStore
+    store: Store
+    metrics: MindMetrics
+
+    async def db(self, fn: Callable[..., T], *args: Any) -> T: ...
+    async def ask(self, peer: Peer, msg: Message, timeout: float = ...) -> Message: ...
+    def deny(self, peer: Peer, what: str, **fields: Any) -> str: ...
+    def spawn(self, coro: Any) -> None: ...
+    def perform(self, actions: list[Action]) -> None: ...
+
+
 class TaskService:
-    def __init__(self, mind: "Mind") -> None:
+    def __init__(self, mind: Host) -> None:
         self.mind = mind
         self._starts: dict[str, tuple["Peer", str]] = {}
         self._calls: list[tuple[Callable[[], Any], str | None, asyncio.Future[Any]]] = []
@@ -211,7 +233,7 @@ class TaskService:
             return reply("rejected", RejectCode.HAND_OFFLINE, f"hand {req.hand!r} is not connected; nothing was stored")
         self._starts[task_id] = (peer, id_)
         exec_req = Exec(hand=req.hand, tool=req.tool, args=req.args, timeout_ms=START_TIMEOUT_MS)
-        m._perform(
+        m.perform(
             m.registry.admit(
                 task_id, exec_req, None, id_, live.gen, True, time.monotonic(), time.time(),
                 background=Background(max_runtime_ms=req.max_runtime_ms), owner=peer.ident.label,

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable, Literal
 
-from hand.sandbox import ResourceLimits, RunAs, preexec_for, rlimit_plan
+from hand.system.sandbox import ResourceLimits, RunAs, preexec_for, rlimit_plan
 from protocol import limits
 from protocol.codes import KillStage
 

@@ -14,9 +14,9 @@ import sys
 import time
 from typing import Any
 
-from mind.cli import EXIT_LOST, EXIT_REFUSED, EXIT_USAGE, _table, _ts, die, tool_args_from
-from mind.client import ClientError, MindClient
-from mind.progress import Status, elapsed
+from mind.cli.output import EXIT_LOST, EXIT_REFUSED, EXIT_USAGE, _table, _ts, die, tool_args_from
+from mind.client.aio import ClientError, MindClient
+from mind.cli.progress import Status, elapsed
 from protocol import limits
 from protocol.codes import TaskCancelStatus
 from protocol.messages import TaskView

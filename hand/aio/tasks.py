@@ -67,14 +67,14 @@ from typing import Any, Callable
 import msgpack
 import structlog
 
-from hand.cputime import CPU_SECONDS, cpu_exhausted, kernel_cpu_kill, stop_watching, watch_cpu
-from hand.metrics import HandMetrics
-from hand.policy import Policy
-from hand.process import DEFAULT_GRACE_S, ProcessOutcome, ProcessRun, Stream, kill_group, start_time
-from hand.sandbox import Sandbox
-from hand.sanitize import Sanitizer
-from hand.taskstore import Change, Insert, TaskRow, TaskStore, Write, to_info
-from hand.tools import DEFAULT_SANDBOX, ProcessSpec, Refusal, prepare
+from hand.system.cputime import CPU_SECONDS, cpu_exhausted, kernel_cpu_kill, stop_watching, watch_cpu
+from hand.aio.metrics import HandMetrics
+from hand.core.policy import Policy
+from hand.system.process import DEFAULT_GRACE_S, ProcessOutcome, ProcessRun, Stream, kill_group, start_time
+from hand.system.sandbox import Sandbox
+from hand.core.sanitize import Sanitizer
+from hand.system.taskdb import Change, Insert, TaskRow, TaskStore, Write, to_info
+from hand.system.tools import DEFAULT_SANDBOX, ProcessSpec, Refusal, prepare
 from protocol import limits
 from protocol.codes import CancelReason, ErrorCode, KillStage, RejectCode, TaskCancelStatus
 from protocol.control import Budget

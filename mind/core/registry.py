@@ -30,7 +30,6 @@ from protocol.messages import (
     Cancel,
     Exec,
     Message,
-    OutputTail,
     Progress,
     Result,
     Rpc,

@@ -2,8 +2,8 @@
 
 Why it exists: a `mind exec` used to spend four fifths of its wall time importing asyncio,
 websockets, pydantic and building every message model, to exchange a dozen small frames. This thin
-shell around `mind/ws.py` (framing) and `mind/wire.py` (payload checks) keeps every check the full
-client (`mind/client.py`) makes:
+shell around `mind/client/ws.py` (framing) and `mind/client/wire.py` (payload checks) keeps every check the full
+client (`mind/client/aio.py`) makes:
 - TLS: the same `protocol.tls.client_context` (system trust or `--ca`, TLS >= 1.2, hostname) and
   `check_pin`, done right after the TLS handshake, before a byte of ours is sent;
 - the handshake: `protocol.auth.ClientHandshake` itself (the same transcript, our MAC, and the
@@ -25,9 +25,9 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from mind import wire
+from mind.client import wire
 from mind.errors import ClientError
-from mind.ws import CLOSED, MESSAGE, PONG, WsClient, WsError
+from mind.client.ws import CLOSED, MESSAGE, PONG, WsClient, WsError
 from protocol import limits
 from protocol.auth import ClientHandshake, Credential
 from protocol.envelope import Channel, Envelope
@@ -113,7 +113,7 @@ class Link:
             raise ClientError("unreachable", f"cannot reach the Mind at {url}: {url} isn't a valid URI: {exc}") from None
         ctx = None
         if tls or ca or pin:
-            from protocol.tls import TLSConfigError, client_context
+            from protocol.io.tls import TLSConfigError, client_context
 
             try:
                 ctx = client_context(url, ca, pin)
@@ -139,7 +139,7 @@ class Link:
             if ctx is not None:
                 import ssl
 
-                from protocol.tls import TLSConfigError, check_pin
+                from protocol.io.tls import TLSConfigError, check_pin
 
                 sock.settimeout(max(0.001, deadline - time.monotonic()))
                 try:

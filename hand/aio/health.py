@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from hand.metrics import CONTENT_TYPE
+from hand.aio.metrics import CONTENT_TYPE
 
 MAX_HEAD_BYTES = 8192
 MAX_HEADERS = 64

@@ -27,9 +27,9 @@ from typing import Annotated, Any, Callable, Literal
 import pydantic
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from hand.paths import PathRefused, resolve, resolve_entry, show
-from hand.policy import KNOWN_TOOLS
-from hand.sandbox import OverCap, ResourceLimits, RunAs, Sandbox
+from hand.system.paths import PathRefused, resolve, resolve_entry, show
+from hand.core.policy import KNOWN_TOOLS
+from hand.system.sandbox import OverCap, ResourceLimits, RunAs, Sandbox
 from protocol import limits
 from protocol.codes import RejectCode
 

@@ -1,6 +1,6 @@
 """`mind exec`: run a command on a Hand and behave as if it ran here (bytes, exit code, Ctrl-C).
 
-This is the CLI's fast path: one blocking `Link` (mind/link.py says why: no asyncio, no pydantic)
+This is the CLI's fast path: one blocking `Link` (mind/client/blocking.py says why: no asyncio, no pydantic)
 and one loop that waits on the socket, the Ctrl-C wakeup and the status timer.
 - Output is written as it streams; gaps left by dropped progress are marked and the result's tail
   completes what the stream missed (`_StreamPrinter`).
@@ -22,15 +22,16 @@ import sys
 import time
 from typing import Any
 
-from mind import wire
-from mind.cli import (
-    EXIT_CANCELLED, EXIT_LOST, EXIT_USAGE, _connection_params, _explain, _StreamPrinter, _text, die, end_summary,
+from mind.client import wire
+from mind.cli.connection import connection_params
+from mind.cli.output import (
+    EXIT_CANCELLED, EXIT_LOST, EXIT_USAGE, _explain, _StreamPrinter, _text, die, end_summary,
     exit_code_for, tool_args_from,
 )
-from mind.credentials import load_credential
+from mind.client.credentials import load_credential
 from mind.errors import ClientError
-from mind.link import Link
-from mind.progress import Status, elapsed
+from mind.client.blocking import Link
+from mind.cli.progress import Status, elapsed
 from protocol import limits
 from protocol.ids import new_id
 from protocol.states import RunState
@@ -60,7 +61,7 @@ def check_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], int, int 
 
 def run(args: argparse.Namespace) -> int:
     tool, tool_args, timeout_ms, grace_ms = check_args(args)
-    url, cred_path, ca, pin = _connection_params(args)
+    url, cred_path, ca, pin = connection_params(args)
     try:
         link = Link.connect(url, load_credential(cred_path), ca=ca, pin=pin)
     except ClientError as exc:
