@@ -27,8 +27,13 @@ from protocol.io.settings import ConfigError, Settings
 def _add_settings(p: argparse.ArgumentParser) -> None:
     from protocol.io.settings import add_flags
 
-    add_flags(p, KEYS, GROUPS, _GROUP_HELP, file_help="TOML settings file (default $MINDHAND_CONFIG, else "
-              "STATE_DIR/hand.toml if it exists)")
+    add_flags(
+        p,
+        KEYS,
+        GROUPS,
+        _GROUP_HELP,
+        file_help="TOML settings file (default $MINDHAND_CONFIG, else STATE_DIR/hand.toml if it exists)",
+    )
 
 
 _GROUP_HELP = {
@@ -69,12 +74,19 @@ def _parser() -> argparse.ArgumentParser:
         description="List the background tasks in the Hand's own database, oldest first. "
         "Works while the Hand runs and without any Mind.",
     )
-    tasks.add_argument("--state-dir", metavar="DIR", default=None,
-                       help="the Hand's state directory (default: as `hand run` resolves it: $MINDHAND_STATE_DIR, "
-                       f"else state_dir in the config file, else {DEFAULT_STATE_DIR})")
+    tasks.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        default=None,
+        help="the Hand's state directory (default: as `hand run` resolves it: $MINDHAND_STATE_DIR, "
+        f"else state_dir in the config file, else {DEFAULT_STATE_DIR})",
+    )
     tasks.add_argument("--config", metavar="FILE", help="the config file `hand run` uses (default $MINDHAND_CONFIG)")
-    tasks.add_argument("--state", choices=("queued", "running", "succeeded", "failed", "cancelled", "timed_out",
-                                           "lost"), help="only tasks in this state")
+    tasks.add_argument(
+        "--state",
+        choices=("queued", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"),
+        help="only tasks in this state",
+    )
     tasks.add_argument("--json", action="store_true", help="a JSON list instead of a table")
     return parser
 
@@ -103,8 +115,9 @@ def _read_credential(value: str, s: Settings) -> Any:
         try:
             text = Path(value).expanduser().read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise s.fail("credential", f"cannot read credential file {value}: "
-                          f"{getattr(exc, 'strerror', None) or exc}") from None
+            raise s.fail(
+                "credential", f"cannot read credential file {value}: {getattr(exc, 'strerror', None) or exc}"
+            ) from None
     try:
         cred = Credential.parse(text)
     except ValueError as exc:
@@ -185,7 +198,9 @@ def _sandbox(s: Settings) -> Any:
     except ValueError as exc:
         raise s.fail("env_allow", str(exc)) from None
     caps: dict[str, int | None] = {
-        "cpu_seconds": s["max_cpu_seconds"], "open_files": s["max_open_files"], "processes": s["max_processes"],
+        "cpu_seconds": s["max_cpu_seconds"],
+        "open_files": s["max_open_files"],
+        "processes": s["max_processes"],
         "address_space": parse_size(s["max_address_space"]) if s["max_address_space"] is not None else None,
     }
     try:
@@ -216,8 +231,12 @@ def _check_task_db(state: Path) -> None:
 def _task_limits(s: Settings) -> Any:
     from hand.aio.tasks import TaskLimits
 
-    return TaskLimits(max_running=s["max_running_tasks"], max_retained=s["max_retained_tasks"],
-                      retention_s=parse_duration(s["task_retention"]), log_max=parse_size(s["task_log_max"]))
+    return TaskLimits(
+        max_running=s["max_running_tasks"],
+        max_retained=s["max_retained_tasks"],
+        retention_s=parse_duration(s["task_retention"]),
+        log_max=parse_size(s["task_log_max"]),
+    )
 
 
 _COLUMNS = ("TASK", "STATE", "TOOL", "CREATED", "EXIT", "LOG BYTES", "REASON")
@@ -249,11 +268,22 @@ def tasks_main(args: argparse.Namespace) -> int:
     if args.json:
         out = [
             {
-                "task_id": r.task_id, "state": r.state.value, "tool": r.tool, "version": r.version,
-                "created_at": r.created_at, "started_at": r.started_at, "finished_at": r.finished_at,
-                "exit_code": r.exit_code, "signal": r.signal, "stage": r.stage.value if r.stage else None,
-                "log_bytes": r.log_bytes, "truncated": r.truncated, "reason": r.reason, "error": r.error,
-                "max_runtime_ms": r.max_runtime_ms, "args_digest": r.args_digest,
+                "task_id": r.task_id,
+                "state": r.state.value,
+                "tool": r.tool,
+                "version": r.version,
+                "created_at": r.created_at,
+                "started_at": r.started_at,
+                "finished_at": r.finished_at,
+                "exit_code": r.exit_code,
+                "signal": r.signal,
+                "stage": r.stage.value if r.stage else None,
+                "log_bytes": r.log_bytes,
+                "truncated": r.truncated,
+                "reason": r.reason,
+                "error": r.error,
+                "max_runtime_ms": r.max_runtime_ms,
+                "args_digest": r.args_digest,
             }
             for r in rows
         ]
@@ -264,9 +294,13 @@ def tasks_main(args: argparse.Namespace) -> int:
         return 0
     table = [_COLUMNS] + [
         (
-            r.task_id, r.state.value, r.tool, _when(r.created_at),
+            r.task_id,
+            r.state.value,
+            r.tool,
+            _when(r.created_at),
             str(r.exit_code) if r.exit_code is not None else (f"sig {r.signal}" if r.signal else "-"),
-            f"{r.log_bytes}{'+' if r.truncated else ''}", (r.reason or "-")[:80],
+            f"{r.log_bytes}{'+' if r.truncated else ''}",
+            (r.reason or "-")[:80],
         )
         for r in rows
     ]
@@ -294,8 +328,11 @@ def config_show(args: argparse.Namespace) -> int:
         print(format_table(rows))
     for name in missing:
         key = next(k for k in KEYS if k.name == name)
-        print(f"hand: {name} is not set (pass {key.flag}, set {key.env_name}, or set {name} in the file): "
-              "`hand run` would refuse to start", file=sys.stderr)
+        print(
+            f"hand: {name} is not set (pass {key.flag}, set {key.env_name}, or set {name} in the file): "
+            "`hand run` would refuse to start",
+            file=sys.stderr,
+        )
     return 2 if missing else 0
 
 

@@ -96,9 +96,7 @@ def client_mac(secret: bytes, transcript_bytes: bytes) -> bytes:
 
 
 def mind_mac(secret: bytes, transcript_bytes: bytes, gen: int) -> bytes:
-    return hmac.new(
-        secret, b"mind-proof\x00" + transcript_bytes + gen.to_bytes(8, "big"), hashlib.sha256
-    ).digest()
+    return hmac.new(secret, b"mind-proof\x00" + transcript_bytes + gen.to_bytes(8, "big"), hashlib.sha256).digest()
 
 
 class ClientHandshake:

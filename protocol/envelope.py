@@ -91,9 +91,7 @@ def unpack(data: object) -> dict[str, Any]:
             f"frame of {len(data)} bytes exceeds the limit of {limits.MAX_FRAME_BYTES}",
         )
     try:
-        raw = msgpack.unpackb(
-            bytes(data), raw=False, strict_map_key=True, ext_hook=_refuse_ext, timestamp=0
-        )
+        raw = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True, ext_hook=_refuse_ext, timestamp=0)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises many types: ExtraData, ValueError, StackError, ...
@@ -103,9 +101,7 @@ def unpack(data: object) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ProtocolError(ErrorCode.MALFORMED_FRAME, "frame must be a msgpack map")
     if set(raw) != _KEYS:
-        raise ProtocolError(
-            ErrorCode.MALFORMED_FRAME, "frame must have exactly the keys v, t, id, seq, gen, p"
-        )
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, "frame must have exactly the keys v, t, id, seq, gen, p")
     return raw
 
 
@@ -124,7 +120,9 @@ def _models() -> tuple[dict[str, Any], type[Exception]]:
     return _registry
 
 
-def check(raw: dict[str, Any], expected_version: int = PROTOCOL_VERSION) -> tuple[str, str | None, int, int | None, dict[str, Any]]:
+def check(
+    raw: dict[str, Any], expected_version: int = PROTOCOL_VERSION
+) -> tuple[str, str | None, int, int | None, dict[str, Any]]:
     """The envelope fields of an unpacked frame, checked: `(t, id, seq, gen, p)`. The payload is
     not looked at: that is the model's job."""
     v = raw["v"]
@@ -214,11 +212,7 @@ class Channel:
 
     def accept(self, env: Envelope[Message]) -> None:
         if env.seq != self._in + 1:
-            raise ProtocolError(
-                ErrorCode.SEQ_VIOLATION, f"expected frame seq {self._in + 1}, got {env.seq}"
-            )
+            raise ProtocolError(ErrorCode.SEQ_VIOLATION, f"expected frame seq {self._in + 1}, got {env.seq}")
         self._in = env.seq
         if self.gen is not None and env.gen != self.gen:
-            raise ProtocolError(
-                ErrorCode.GEN_MISMATCH, f"frame for generation {env.gen} on generation {self.gen}"
-            )
+            raise ProtocolError(ErrorCode.GEN_MISMATCH, f"frame for generation {env.gen} on generation {self.gen}")

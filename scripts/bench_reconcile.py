@@ -31,8 +31,13 @@ def main() -> None:
         finally:
             cl.stop_all()
     print(f"{'pass':<34} {'tasks':>7} {'adopted':>8} {'unchanged':>9} {'duration ms':>12} {'worst client RTT ms':>20}")
-    for label, line, lag in (("first (Mind knows none: adopt)", first, lag1), ("again (all known: unchanged)", second, lag2)):
-        print(f"{label:<34} {line['hand_tasks']:>7} {line['adopted']:>8} {line['unchanged']:>9} {line['duration_ms']:>12} {lag:>20.1f}")
+    for label, line, lag in (
+        ("first (Mind knows none: adopt)", first, lag1),
+        ("again (all known: unchanged)", second, lag2),
+    ):
+        print(
+            f"{label:<34} {line['hand_tasks']:>7} {line['adopted']:>8} {line['unchanged']:>9} {line['duration_ms']:>12} {lag:>20.1f}"
+        )
 
 
 if __name__ == "__main__":

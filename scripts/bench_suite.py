@@ -31,13 +31,17 @@ from benchlib.figures import ABOUT, FIGURES, release_unused  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(prog="scripts/bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="scripts/bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("figures", nargs="*", metavar="FIGURE", help=f"figures to run (default all): {', '.join(FIGURES)}")
     ap.add_argument("--quick", action="store_true", help="a second or two per figure, 1 round, smaller scales")
     ap.add_argument("--rounds", type=int, help="rounds per figure (default 3, --quick 1)")
-    ap.add_argument("--install-ssh", action="store_true",
-                    help="full mode only: apt-get install openssh-server if there is no sshd (for the ssh references)")
+    ap.add_argument(
+        "--install-ssh",
+        action="store_true",
+        help="full mode only: apt-get install openssh-server if there is no sshd (for the ssh references)",
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the machine, rows and notes as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs of every process)")
     ap.add_argument("--list", action="store_true", help="list the figures and exit")
@@ -60,8 +64,10 @@ def main() -> int:
     signal.signal(signal.SIGTERM, terminated)
     mode = f"{'quick' if args.quick else 'full'}, {rounds} round{'s' if rounds > 1 else ''} per figure"
     mach = core.machine()
-    head = (f"mindhand bench ({mode}) -- nproc {mach['nproc']}, CPU {mach['cpu']}, Python {mach['python']}, "
-            f"Linux {mach['kernel']}, websockets {mach['websockets']}; load average at start {core.loadavg()}")
+    head = (
+        f"mindhand bench ({mode}) -- nproc {mach['nproc']}, CPU {mach['cpu']}, Python {mach['python']}, "
+        f"Linux {mach['kernel']}, websockets {mach['websockets']}; load average at start {core.loadavg()}"
+    )
     print(head, flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="mindhand-bench."))
     ctx = core.Ctx(quick=args.quick, rounds=rounds, tmp=tmp, install_ssh=args.install_ssh)
@@ -79,7 +85,7 @@ def main() -> int:
                 traceback.print_exc(file=sys.stderr)
                 rows.append(core.Row(name, "could not be measured (see notes)", verdict="ERROR"))
                 ctx.note(name, f"ERROR {type(exc).__name__}: {exc}"[:600])
-            release_unused(ctx, selected[selected.index(name) + 1:])
+            release_unused(ctx, selected[selected.index(name) + 1 :])
             print(f"bench: {name} done in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
     finally:
         ctx.close()
@@ -95,8 +101,10 @@ def main() -> int:
             for text in ctx.notes.get(name, []):
                 print(f"  {name}: {text}")
     verdicts = [r.verdict for r in rows]
-    print(f"\n{verdicts.count('PASS')} PASS, {verdicts.count('MISS')} MISS, {verdicts.count('n/a')} n/a, "
-          f"{verdicts.count('ERROR')} ERROR; {time.monotonic() - t_start:.0f} s in all; load average at end {core.loadavg()}")
+    print(
+        f"\n{verdicts.count('PASS')} PASS, {verdicts.count('MISS')} MISS, {verdicts.count('n/a')} n/a, "
+        f"{verdicts.count('ERROR')} ERROR; {time.monotonic() - t_start:.0f} s in all; load average at end {core.loadavg()}"
+    )
     if args.json:
         core.dump_json(Path(args.json), mach, rows, ctx.notes, mode)
     return 1 if errors else 0

@@ -69,11 +69,18 @@ def replay(args: argparse.Namespace) -> int:
         print(f"FAIL {violation}", file=sys.stderr)
         return 1
     if args.digest:
-        print("digest", hashlib.sha256("\n".join(lines).encode()).hexdigest(), "steps", world.step_no,
-              "time", round(world.clock.now, 6))
+        print(
+            "digest",
+            hashlib.sha256("\n".join(lines).encode()).hexdigest(),
+            "steps",
+            world.step_no,
+            "time",
+            round(world.clock.now, 6),
+        )
     else:
-        print(f"seed {args.seed}: every invariant held over {world.step_no} steps "
-              f"({world.clock.now:.1f} virtual seconds)")
+        print(
+            f"seed {args.seed}: every invariant held over {world.step_no} steps ({world.clock.now:.1f} virtual seconds)"
+        )
     return 0
 
 
@@ -85,15 +92,21 @@ def main() -> int:
     p.add_argument("--seed", type=int, help="replay this one seed")
     p.add_argument("--trace", action="store_true", help="with --seed: print every step and what it changed")
     p.add_argument("--digest", action="store_true", help="with --seed: print a digest of the whole trace")
-    p.add_argument("--variant", choices=sorted(VARIANTS), default="fixed",
-                   help="the code under test: fixed (default), or as it was before a fix")
+    p.add_argument(
+        "--variant",
+        choices=sorted(VARIANTS),
+        default="fixed",
+        help="the code under test: fixed (default), or as it was before a fix",
+    )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: CPUs)")
     args = p.parse_args()
     if args.seed is not None:
         return replay(args)
 
-    jobs = [(s, min(CHUNK, args.start + args.seeds - s), args.steps, args.variant)
-            for s in range(args.start, args.start + args.seeds, CHUNK)]
+    jobs = [
+        (s, min(CHUNK, args.start + args.seeds - s), args.steps, args.variant)
+        for s in range(args.start, args.start + args.seeds, CHUNK)
+    ]
     t0 = time.perf_counter()
     counts: Counter[str] = Counter()
     failures: list[str] = []
@@ -109,8 +122,10 @@ def main() -> int:
         steps += n
     elapsed = time.perf_counter() - t0
 
-    print(f"{args.seeds} seeds ({args.start}..{args.start + args.seeds - 1}), {args.steps} steps each, "
-          f"variant {args.variant}, {args.jobs} jobs")
+    print(
+        f"{args.seeds} seeds ({args.start}..{args.start + args.seeds - 1}), {args.steps} steps each, "
+        f"variant {args.variant}, {args.jobs} jobs"
+    )
     print(f"{elapsed:.1f} s: {args.seeds / elapsed:.0f} seeds/s, {steps / elapsed:.0f} steps/s")
     groups: dict[str, list[tuple[str, int]]] = {}
     for key, n in sorted(counts.items()):

@@ -199,9 +199,7 @@ class Agent:
         self._recent = RecentRuns()
         self._sanitize = Sanitizer(config.root, secrets=[cred.secret.hex()])
         # The credential never reaches a child, whatever the environment allowlist says.
-        self._sandbox = dataclasses.replace(
-            config.sandbox, secrets=config.sandbox.secrets + (cred.secret.hex(),)
-        )
+        self._sandbox = dataclasses.replace(config.sandbox, secrets=config.sandbox.secrets + (cred.secret.hex(),))
         self._claims = claims()
         self._uri = parse_uri(config.url)
         self._ssl = client_context(config.url, config.ca, config.pin)
@@ -221,8 +219,11 @@ class Agent:
             return
         if policy is not None and policy != self.policy.current:
             self.policy.current = policy
-            self._log.info("policy_reloaded", allow=sorted(policy.allow) if policy.allow is not None else "all",
-                           deny=sorted(policy.deny))
+            self._log.info(
+                "policy_reloaded",
+                allow=sorted(policy.allow) if policy.allow is not None else "all",
+                deny=sorted(policy.deny),
+            )
 
     async def run(self) -> int:
         """Bind `--metrics-listen` first, if asked: a port that cannot be bound is a local
@@ -232,8 +233,14 @@ class Agent:
         if self.cfg.metrics_listen is None:
             return await self._run()
         host, port = self.cfg.metrics_listen
-        health = HealthServer(host, port, health=self.health, metrics=self.metrics.render, log=self._log,
-                              addr_file=self.cfg.state_dir / ADDR_FILE if self.cfg.state_dir is not None else None)
+        health = HealthServer(
+            host,
+            port,
+            health=self.health,
+            metrics=self.metrics.render,
+            log=self._log,
+            addr_file=self.cfg.state_dir / ADDR_FILE if self.cfg.state_dir is not None else None,
+        )
         try:
             await health.start()
         except OSError as exc:
@@ -487,9 +494,7 @@ class Agent:
                         log.warning("mind_error", code=msg.code.value, reason=msg.message[:300])
                         return f"mind sent error {msg.code.value}"
                     else:
-                        raise ProtocolError(
-                            ErrorCode.UNEXPECTED_MESSAGE, f"a mind may not send {msg.TYPE} to a hand"
-                        )
+                        raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, f"a mind may not send {msg.TYPE} to a hand")
                 except ProtocolError as exc:
                     log.warning("protocol_error", code=exc.code.value, reason=exc.message)
                     wire.send(Error(code=exc.code, message=exc.message))
@@ -503,8 +508,13 @@ class Agent:
 
     async def _task_start(self, rpc: Rpc, wire: _Wire) -> None:
         if self.tasks is None:
-            wire.send(Rejected(run_id=rpc.run_id, code=RejectCode.INVALID_REQUEST,
-                               message="this hand keeps no background tasks (it has no state dir)"))
+            wire.send(
+                Rejected(
+                    run_id=rpc.run_id,
+                    code=RejectCode.INVALID_REQUEST,
+                    message="this hand keeps no background tasks (it has no state dir)",
+                )
+            )
             return
         await self.tasks.on_start(rpc, wire.send)
 
@@ -576,10 +586,10 @@ async def run_agent(
 
 def use_pidfd_child_watcher() -> bool:
     """On Python 3.11, asyncio learns that a child exited from a thread it starts per child
-    (`ThreadedChildWatcher`): a thread start and a join for every command. A pidfd does the same
-    with the event loop's own epoll (measured: ~0.7 ms of CPU per spawned command here). 3.12 picks
-    pidfds by itself (and deprecates this API), and without `pidfd_open` the default stays. Call it
-from the loop that spawns (the watcher belongs to that loop)."""
+        (`ThreadedChildWatcher`): a thread start and a join for every command. A pidfd does the same
+        with the event loop's own epoll (measured: ~0.7 ms of CPU per spawned command here). 3.12 picks
+        pidfds by itself (and deprecates this API), and without `pidfd_open` the default stays. Call it
+    from the loop that spawns (the watcher belongs to that loop)."""
     if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
         return False
     try:

@@ -49,8 +49,14 @@ LINGER_S = 1.0
 LINGER_BYTES = 64 << 10
 ADDR_FILE = "metrics.addr"
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
-            500: "Internal Server Error"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    500: "Internal Server Error",
+}
 _METHOD = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,20}$")
 _HEADER_NAME = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
@@ -215,8 +221,11 @@ class HealthServer:
         exposed = [show_addr(*b) for b in bound if not is_loopback(b[0])]
         if exposed:
             self._log.warning("metrics_listen_not_loopback", addresses=exposed)
-            print(f"hand: warning: --metrics-listen {', '.join(exposed)} is not a loopback address: /healthz and "
-                  "/metrics are unauthenticated and anyone who can reach it can read them", file=sys.stderr)
+            print(
+                f"hand: warning: --metrics-listen {', '.join(exposed)} is not a loopback address: /healthz and "
+                "/metrics are unauthenticated and anyone who can reach it can read them",
+                file=sys.stderr,
+            )
         return self.address
 
     async def serve(self) -> None:

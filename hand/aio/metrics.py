@@ -41,22 +41,35 @@ class HandMetrics:
             "mindhand_hand_connect_failures", "Dials that failed before a handshake (refused, timeout, TLS)", registry=r
         )
         self.handshake_failures = Counter(
-            "mindhand_hand_handshake_failures", "Handshakes that failed or were refused, by error code", ["code"], registry=r
+            "mindhand_hand_handshake_failures",
+            "Handshakes that failed or were refused, by error code",
+            ["code"],
+            registry=r,
         )
         self.backoff = Gauge(
             "mindhand_hand_reconnect_backoff_seconds", "The current reconnect delay (0 while connected)", registry=r
         )
         # foreground runs
         self.runs_started = Counter("mindhand_hand_runs_started", "Foreground runs accepted", registry=r)
-        self.runs_rejected = Counter("mindhand_hand_runs_rejected", "Foreground runs refused, by code", ["code"], registry=r)
-        self.runs_finished = Counter("mindhand_hand_runs_finished", "Foreground runs by terminal state", ["state"], registry=r)
-        self.runs_active = Gauge("mindhand_hand_runs_active", "Foreground runs accepted and not yet terminal", registry=r)
+        self.runs_rejected = Counter(
+            "mindhand_hand_runs_rejected", "Foreground runs refused, by code", ["code"], registry=r
+        )
+        self.runs_finished = Counter(
+            "mindhand_hand_runs_finished", "Foreground runs by terminal state", ["state"], registry=r
+        )
+        self.runs_active = Gauge(
+            "mindhand_hand_runs_active", "Foreground runs accepted and not yet terminal", registry=r
+        )
         self.run_seconds = Histogram(
-            "mindhand_hand_run_duration_seconds", "Foreground run duration, accepted to terminal (Hand clock)",
-            buckets=LATENCY_BUCKETS, registry=r,
+            "mindhand_hand_run_duration_seconds",
+            "Foreground run duration, accepted to terminal (Hand clock)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.progress_dropped_frames = Counter(
-            "mindhand_hand_progress_dropped_frames", "Progress chunks not sent (past the caps, or after a cancel)", registry=r
+            "mindhand_hand_progress_dropped_frames",
+            "Progress chunks not sent (past the caps, or after a cancel)",
+            registry=r,
         )
         self.progress_dropped_bytes = Counter(
             "mindhand_hand_progress_dropped_bytes", "Bytes of progress chunks not sent", registry=r
@@ -66,16 +79,24 @@ class HandMetrics:
         for state in LIVE_TASK_STATES:
             self.tasks.labels(state)
         self.tasks_finished = Counter(
-            "mindhand_hand_tasks_finished", "Background tasks by terminal state (lost: found at restart)", ["state"],
+            "mindhand_hand_tasks_finished",
+            "Background tasks by terminal state (lost: found at restart)",
+            ["state"],
             registry=r,
         )
         self.task_starts = Counter(
-            "mindhand_hand_task_starts", "Background task starts: accepted, duplicate (nothing ran) or rejected",
-            ["result"], registry=r,
+            "mindhand_hand_task_starts",
+            "Background task starts: accepted, duplicate (nothing ran) or rejected",
+            ["result"],
+            registry=r,
         )
         # the event loop
-        self.loop_lag = Gauge("mindhand_hand_event_loop_lag_seconds", "Event-loop lag, sampled every 10 ms (last)", registry=r)
-        self.loop_lag_max = Gauge("mindhand_hand_event_loop_lag_max_seconds", "Largest event-loop lag since start", registry=r)
+        self.loop_lag = Gauge(
+            "mindhand_hand_event_loop_lag_seconds", "Event-loop lag, sampled every 10 ms (last)", registry=r
+        )
+        self.loop_lag_max = Gauge(
+            "mindhand_hand_event_loop_lag_max_seconds", "Largest event-loop lag since start", registry=r
+        )
         self._run_started: dict[str, float] = {}
 
     # --- one-line calls from where things happen ---

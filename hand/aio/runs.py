@@ -163,7 +163,8 @@ class RunTable:
             return
         loop = asyncio.get_running_loop()
         budget_limits: dict[str, int | float] = {
-            PROGRESS_BYTES: limits.PROGRESS_BYTES_MAX, PROGRESS_EVENTS: limits.PROGRESS_EVENTS_MAX
+            PROGRESS_BYTES: limits.PROGRESS_BYTES_MAX,
+            PROGRESS_EVENTS: limits.PROGRESS_EVENTS_MAX,
         }
         cpu = _cpu_limit(prepared)
         if cpu is not None:
@@ -189,9 +190,7 @@ class RunTable:
         if self._closing is not None:
             raise Refusal(RejectCode.SHUTTING_DOWN, "this hand is shutting down")
         if args_size > limits.ARGS_MAX_BYTES:
-            raise Refusal(
-                RejectCode.INVALID_REQUEST, f"arguments of {args_size} bytes exceed {limits.ARGS_MAX_BYTES}"
-            )
+            raise Refusal(RejectCode.INVALID_REQUEST, f"arguments of {args_size} bytes exceed {limits.ARGS_MAX_BYTES}")
         if rpc.tool not in KNOWN_TOOLS:
             raise Refusal(RejectCode.UNKNOWN_TOOL, f"this hand has no tool {rpc.tool!r}")
         if not self._policy.allowed(rpc.tool):
@@ -343,9 +342,7 @@ class RunTable:
             state, why = RunState.BUDGET_EXHAUSTED, cpu_exhausted(int(cpu))
         elif out.killed and reason is not None:
             state, why = REASON_TO_STATE[reason], reason.value
-        elif cpu is not None and kernel_cpu_kill(
-            out.killed, out.signal, int(cpu), run.ctl.budget.used(CPU_SECONDS)
-        ):
+        elif cpu is not None and kernel_cpu_kill(out.killed, out.signal, int(cpu), run.ctl.budget.used(CPU_SECONDS)):
             state, why = RunState.BUDGET_EXHAUSTED, f"{cpu_exhausted(int(cpu))} (the kernel's per-process CPU limit)"
         elif out.exit_code == 0:
             state, why = RunState.SUCCEEDED, ""
@@ -402,9 +399,11 @@ class RunTable:
             self._send(result)
         except ProtocolError as exc:  # e.g. the value does not fit in a frame
             run.log.warning("run_result_unsendable", code=exc.code.value)
-            self._send(self._failed(run, "the result was too large to send").model_copy(
-                update={"duration_ms": result.duration_ms, "progress_dropped": run.dropped}
-            ))
+            self._send(
+                self._failed(run, "the result was too large to send").model_copy(
+                    update={"duration_ms": result.duration_ms, "progress_dropped": run.dropped}
+                )
+            )
         except Exception:  # noqa: BLE001
             run.log.exception("run_result_send_failed")
         run.log.info(

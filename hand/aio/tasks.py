@@ -159,8 +159,9 @@ class Verdict:
     """Rows kept when this start was decided (for the quota message)."""
 
 
-def admit_batch(starts: Sequence[StartRequest], existing: Mapping[str, TaskRow], retained: int,
-                max_retained: int, now: float) -> list[Verdict]:
+def admit_batch(
+    starts: Sequence[StartRequest], existing: Mapping[str, TaskRow], retained: int, max_retained: int, now: float
+) -> list[Verdict]:
     """Decide the starts of one group commit, in arrival order, exactly as if they came one at a
     time: each sees the rows admitted before it in the same batch (a second start with the same id
     is its duplicate or its conflict) and counts them against the quota. `existing` holds the
@@ -171,12 +172,21 @@ def admit_batch(starts: Sequence[StartRequest], existing: Mapping[str, TaskRow],
         row = known.get(s.task_id)
         decision = admit(row, s.binding_digest, retained, max_retained)
         if decision is Admission.INSERT:
-            row = TaskRow(task_id=s.task_id, tool=s.tool, args_digest=s.args_digest, binding_digest=s.binding_digest,
-                          state=TaskState.QUEUED, version=1, max_runtime_ms=s.max_runtime_ms, created_at=now)
+            row = TaskRow(
+                task_id=s.task_id,
+                tool=s.tool,
+                args_digest=s.args_digest,
+                binding_digest=s.binding_digest,
+                state=TaskState.QUEUED,
+                version=1,
+                max_runtime_ms=s.max_runtime_ms,
+                created_at=now,
+            )
             known[s.task_id] = row
             retained += 1
-        verdicts.append(Verdict(decision, row if decision in (Admission.INSERT, Admission.DUPLICATE) else None,
-                                retained))
+        verdicts.append(
+            Verdict(decision, row if decision in (Admission.INSERT, Admission.DUPLICATE) else None, retained)
+        )
     return verdicts
 
 
@@ -200,8 +210,14 @@ class Ending:
     error: str | None = None
 
 
-def ending(out: ProcessOutcome | None, cancel: CancelReason | None, max_runtime_ms: int,
-           error: str | None = None, cpu_seconds: int | None = None, cpu_used: float = 0.0) -> Ending:
+def ending(
+    out: ProcessOutcome | None,
+    cancel: CancelReason | None,
+    max_runtime_ms: int,
+    error: str | None = None,
+    cpu_seconds: int | None = None,
+    cpu_used: float = 0.0,
+) -> Ending:
     """How a task ended. The truth wins: only a kill we performed makes it `cancelled`,
     `timed_out` or (its CPU budget spent) `failed`; a command that exited on its own reports its
     real exit even if a cancel raced."""
@@ -212,16 +228,29 @@ def ending(out: ProcessOutcome | None, cancel: CancelReason | None, max_runtime_
         if cancel is CancelReason.BUDGET_EXHAUSTED and cpu_seconds is not None:
             return Ending(TaskState.FAILED, cpu_exhausted(cpu_seconds), out.exit_code, out.signal, stage, error)
         if cancel is CancelReason.DEADLINE_EXCEEDED:
-            return Ending(TaskState.TIMED_OUT, f"max runtime of {max_runtime_ms} ms exceeded",
-                          out.exit_code, out.signal, stage, error)
-        return Ending(TaskState.CANCELLED, (cancel or CancelReason.SHUTDOWN).value,
-                      out.exit_code, out.signal, stage, error)
+            return Ending(
+                TaskState.TIMED_OUT,
+                f"max runtime of {max_runtime_ms} ms exceeded",
+                out.exit_code,
+                out.signal,
+                stage,
+                error,
+            )
+        return Ending(
+            TaskState.CANCELLED, (cancel or CancelReason.SHUTDOWN).value, out.exit_code, out.signal, stage, error
+        )
     if out.exit_code == 0:
         return Ending(TaskState.SUCCEEDED, "", 0, None, None, error)
     if kernel_cpu_kill(out.killed, out.signal, cpu_seconds, cpu_used):
         assert cpu_seconds is not None
-        return Ending(TaskState.FAILED, f"{cpu_exhausted(cpu_seconds)} (the kernel's per-process CPU limit)",
-                      out.exit_code, out.signal, None, error)
+        return Ending(
+            TaskState.FAILED,
+            f"{cpu_exhausted(cpu_seconds)} (the kernel's per-process CPU limit)",
+            out.exit_code,
+            out.signal,
+            None,
+            error,
+        )
     reason = f"exit status {out.exit_code}" if out.exit_code is not None else f"killed by signal {out.signal}"
     return Ending(TaskState.FAILED, reason, out.exit_code, out.signal, None, error)
 
@@ -542,9 +571,13 @@ class TaskManager:
             assert rpc.background is not None
             spec = self._prepare(rpc)
             max_runtime_ms = rpc.background.max_runtime_ms
-            req = StartRequest(task_id=task_id, tool=rpc.tool, args_digest=args_digest(rpc.tool, rpc.args),
-                               binding_digest=binding_digest(rpc.tool, rpc.args, max_runtime_ms),
-                               max_runtime_ms=max_runtime_ms)
+            req = StartRequest(
+                task_id=task_id,
+                tool=rpc.tool,
+                args_digest=args_digest(rpc.tool, rpc.args),
+                binding_digest=binding_digest(rpc.tool, rpc.args, max_runtime_ms),
+                max_runtime_ms=max_runtime_ms,
+            )
         except Refusal as refusal:
             send(Rejected(run_id=task_id, code=refusal.code, message=self._sanitize(refusal.message)))
             log.info("task_start_rejected", code=refusal.code.value)
@@ -553,8 +586,13 @@ class TaskManager:
         except Exception as exc:  # noqa: BLE001 - a bug refuses one start, never the agent
             log.exception("task_start_failed")
             self._metrics.task_starts.labels("rejected").inc()
-            send(Rejected(run_id=task_id, code=RejectCode.INTERNAL_ERROR,
-                          message=self._sanitize(f"internal error: {type(exc).__name__}: {exc}")))
+            send(
+                Rejected(
+                    run_id=task_id,
+                    code=RejectCode.INTERNAL_ERROR,
+                    message=self._sanitize(f"internal error: {type(exc).__name__}: {exc}"),
+                )
+            )
             return
         self._pending.append(_Start(req, spec, send, log))
         if not self._ensure_drainer():
@@ -649,8 +687,11 @@ class TaskManager:
                 await self._writes.write(Insert(tuple(rows)))
         except Exception as exc:  # noqa: BLE001 - the database failed: refuse the batch, keep the agent
             self._log.exception("task_batch_failed", starts=len(batch))
-            self._refuse(batch, RejectCode.INTERNAL_ERROR,
-                         f"the task database could not store the start: {type(exc).__name__}: {exc}")
+            self._refuse(
+                batch,
+                RejectCode.INTERNAL_ERROR,
+                f"the task database could not store the start: {type(exc).__name__}: {exc}",
+            )
             return
         for start, verdict in zip(batch, verdicts):
             self._answer_start(start, verdict)
@@ -660,12 +701,16 @@ class TaskManager:
         req, log = start.req, start.log
         try:
             if verdict.admission is Admission.CONFLICT:
-                raise Refusal(RejectCode.CONFLICTING_DUPLICATE,
-                              f"task {req.task_id} already exists with another tool, arguments or max runtime")
+                raise Refusal(
+                    RejectCode.CONFLICTING_DUPLICATE,
+                    f"task {req.task_id} already exists with another tool, arguments or max runtime",
+                )
             if verdict.admission is Admission.OVER_QUOTA:
-                raise Refusal(RejectCode.QUOTA_EXCEEDED,
-                              f"this hand already keeps {verdict.retained} tasks (max {self.limits.max_retained}); "
-                              "finished tasks are forgotten after the retention time")
+                raise Refusal(
+                    RejectCode.QUOTA_EXCEEDED,
+                    f"this hand already keeps {verdict.retained} tasks (max {self.limits.max_retained}); "
+                    "finished tasks are forgotten after the retention time",
+                )
             row = verdict.row
             assert row is not None
             if verdict.admission is Admission.DUPLICATE:
@@ -724,8 +769,10 @@ class TaskManager:
                 await self._conclude(live, end)
             except asyncio.CancelledError:
                 # The shutdown bound passed: ProcessRun SIGKILLed the group on its way out.
-                self._conclude_now(live, Ending(TaskState.CANCELLED, (live.cancel or CancelReason.SHUTDOWN).value,
-                                                stage=KillStage.KILL))
+                self._conclude_now(
+                    live,
+                    Ending(TaskState.CANCELLED, (live.cancel or CancelReason.SHUTDOWN).value, stage=KillStage.KILL),
+                )
                 raise
             except Exception:  # noqa: BLE001 - e.g. the database failed; the row ends `lost` at restart
                 live.log.exception("task_conclude_failed")
@@ -796,8 +843,9 @@ class TaskManager:
         live.sink.append(data)
 
     async def _on_spawn(self, live: _Live, pid: int) -> None:
-        await self._commit(live, state=TaskState.RUNNING, started_at=self._clock(), pid=pid,
-                           pid_start_time=start_time(pid))
+        await self._commit(
+            live, state=TaskState.RUNNING, started_at=self._clock(), pid=pid, pid_start_time=start_time(pid)
+        )
         live.log.info("task_running", pid=pid)
 
     def _kill(self, live: _Live, reason: CancelReason) -> None:
@@ -811,8 +859,13 @@ class TaskManager:
         sink = live.sink
         error = end.error
         return dict(
-            state=end.state, finished_at=self._clock(), reason=end.reason, exit_code=end.exit_code,
-            signal=end.signal, stage=end.stage, error=error,
+            state=end.state,
+            finished_at=self._clock(),
+            reason=end.reason,
+            exit_code=end.exit_code,
+            signal=end.signal,
+            stage=end.stage,
+            error=error,
             log_bytes=sink.size if sink is not None else live.row.log_bytes,
             truncated=sink.truncated if sink is not None else live.row.truncated,
         )
@@ -843,9 +896,18 @@ class TaskManager:
         duration = None
         if row.started_at is not None and row.finished_at is not None:
             duration = round(row.finished_at - row.started_at, 3)
-        live.log.info("task_terminal", state=row.state.value, reason=row.reason, exit_code=row.exit_code,
-                      signal=row.signal, stage=row.stage.value if row.stage else None, duration=duration,
-                      log_bytes=row.log_bytes, truncated=row.truncated, args_digest=row.args_digest)
+        live.log.info(
+            "task_terminal",
+            state=row.state.value,
+            reason=row.reason,
+            exit_code=row.exit_code,
+            signal=row.signal,
+            stage=row.stage.value if row.stage else None,
+            duration=duration,
+            log_bytes=row.log_bytes,
+            truncated=row.truncated,
+            args_digest=row.args_digest,
+        )
 
     async def _commit(self, live: _Live, **changes: Any) -> TaskRow:
         """Commit a change of the row (version + 1), THEN push it."""
@@ -907,9 +969,16 @@ class TaskManager:
         length = page_length(msg.offset, msg.limit, info.log_bytes)
         data = await asyncio.to_thread(read_log, self.store.log_path(msg.task_id), msg.offset, length)
         end = msg.offset + len(data)
-        return TaskLogPage(task_id=msg.task_id, offset=msg.offset, data=data, next_offset=end,
-                           log_bytes=info.log_bytes, state=info.state, truncated=info.truncated,
-                           eof=at_eof(end, info.log_bytes, row.terminal))
+        return TaskLogPage(
+            task_id=msg.task_id,
+            offset=msg.offset,
+            data=data,
+            next_offset=end,
+            log_bytes=info.log_bytes,
+            state=info.state,
+            truncated=info.truncated,
+            eof=at_eof(end, info.log_bytes, row.terminal),
+        )
 
     async def cancel(self, msg: TaskCancel) -> TaskCancelResult:
         task_id = msg.task_id
@@ -928,8 +997,9 @@ class TaskManager:
             assert running is not None
             self._kill(running, msg.reason)
             running.log.info("task_cancel_requested", reason=msg.reason.value)
-            return TaskCancelResult(task_id=task_id, status=TaskCancelStatus.CANCEL_REQUESTED,
-                                    task=self._info(running.row))
+            return TaskCancelResult(
+                task_id=task_id, status=TaskCancelStatus.CANCEL_REQUESTED, task=self._info(running.row)
+            )
         if action is CancelAction.UNKNOWN:
             return TaskCancelResult(task_id=task_id, status=TaskCancelStatus.UNKNOWN_TASK)
         assert row is not None
@@ -951,8 +1021,9 @@ class TaskManager:
             rows = await asyncio.to_thread(self.store.page, msg.after, msg.limit + 1)
         more = len(rows) > msg.limit
         rows = rows[: msg.limit]
-        return TaskInventoryPage(tasks=[self._info(r) for r in rows],
-                                 next_after=rows[-1].task_id if more and rows else None)
+        return TaskInventoryPage(
+            tasks=[self._info(r) for r in rows], next_after=rows[-1].task_id if more and rows else None
+        )
 
     # --- restart and retention ------------------------------------------------------------------
 
@@ -974,11 +1045,19 @@ class TaskManager:
             size = os.stat(self.store.log_path(row.task_id)).st_size
         except OSError:
             size = row.log_bytes
-        new = await self._writes.write(Change(row.task_id, dict(state=TaskState.LOST, reason=lost_reason(killed),
-                                                                finished_at=self._clock(), log_bytes=size)))
+        new = await self._writes.write(
+            Change(
+                row.task_id,
+                dict(state=TaskState.LOST, reason=lost_reason(killed), finished_at=self._clock(), log_bytes=size),
+            )
+        )
         self._log.bind(task_id=row.task_id).info(
-            "task_terminal", state=new.state.value, reason=new.reason, log_bytes=new.log_bytes,
-            args_digest=new.args_digest, orphan_killed=killed,
+            "task_terminal",
+            state=new.state.value,
+            reason=new.reason,
+            log_bytes=new.log_bytes,
+            args_digest=new.args_digest,
+            orphan_killed=killed,
         )
         self._metrics.tasks_finished.labels(new.state.value).inc()
 

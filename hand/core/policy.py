@@ -30,9 +30,7 @@ def parse_tool_list(text: str) -> frozenset[str]:
     names = frozenset(part.strip() for part in text.split(",") if part.strip())
     unknown = sorted(names - KNOWN_TOOLS)
     if unknown:
-        raise ValueError(
-            f"unknown tool(s) {', '.join(unknown)}; known tools: {', '.join(sorted(KNOWN_TOOLS))}"
-        )
+        raise ValueError(f"unknown tool(s) {', '.join(unknown)}; known tools: {', '.join(sorted(KNOWN_TOOLS))}")
     return names
 
 

@@ -50,7 +50,17 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_ENV_ALLOW: tuple[str, ...] = (
-    "PATH", "HOME", "LANG", "LANGUAGE", "LC_*", "TERM", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR",
+    "PATH",
+    "HOME",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TERM",
+    "TZ",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TMPDIR",
 )
 HAND_PREFIX = "MINDHAND_"
 """The Hand's own configuration variables: never passed to a child."""
@@ -142,8 +152,9 @@ def effective_limits(requested: ResourceLimits | None, caps: ResourceLimits) -> 
     for name, flag in LIMIT_FLAGS.items():
         want, cap = getattr(requested, name), getattr(caps, name)
         if want is not None and cap is not None and want > cap:
-            raise OverCap(f"limits.{name} of {want}{_UNITS[name]} is over this hand's cap of "
-                          f"{cap}{_UNITS[name]} ({flag})")
+            raise OverCap(
+                f"limits.{name} of {want}{_UNITS[name]} is over this hand's cap of {cap}{_UNITS[name]} ({flag})"
+            )
         values[name] = want if want is not None else cap
     limits = ResourceLimits(**values)
     return None if limits.empty else limits

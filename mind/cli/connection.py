@@ -20,7 +20,9 @@ def connection_params(args: argparse.Namespace) -> tuple[str, str, str | None, s
             url = paths.url_file(home).read_text().strip()
             local = True
         except OSError:
-            die(f"no Mind URL: pass --mind URL, set MINDHAND_URL, or start `mind serve` (looked in {paths.url_file(home)})")
+            die(
+                f"no Mind URL: pass --mind URL, set MINDHAND_URL, or start `mind serve` (looked in {paths.url_file(home)})"
+            )
     cred = args.credential or os.environ.get("MINDHAND_CREDENTIAL") or str(paths.admin_cred_file(home))
     ca = args.ca or os.environ.get("MINDHAND_CA")
     pin = args.pin or os.environ.get("MINDHAND_PIN")

@@ -25,8 +25,16 @@ from typing import Any
 from mind.client import wire
 from mind.cli.connection import connection_params
 from mind.cli.output import (
-    EXIT_CANCELLED, EXIT_LOST, EXIT_USAGE, _explain, _StreamPrinter, _text, die, end_summary,
-    exit_code_for, tool_args_from,
+    EXIT_CANCELLED,
+    EXIT_LOST,
+    EXIT_USAGE,
+    _explain,
+    _StreamPrinter,
+    _text,
+    die,
+    end_summary,
+    exit_code_for,
+    tool_args_from,
 )
 from mind.client.credentials import load_credential
 from mind.errors import ClientError
@@ -256,5 +264,11 @@ def _event_line(ev: Any) -> dict[str, Any]:
     if ev.TYPE == "run_update":
         return {"event": "state", "run_id": ev.run_id, "state": ev.state.value, "gen": ev.gen}
     if ev.TYPE == "run_output":
-        return {"event": "output", "run_id": ev.run_id, "stream": ev.stream, "offset": ev.offset, "data": _text(ev.data)}
+        return {
+            "event": "output",
+            "run_id": ev.run_id,
+            "stream": ev.stream,
+            "offset": ev.offset,
+            "data": _text(ev.data),
+        }
     return {"event": "end", **end_summary(ev), "stdout": _text(ev.stdout.data), "stderr": _text(ev.stderr.data)}

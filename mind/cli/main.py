@@ -56,7 +56,9 @@ class _Help(argparse.HelpFormatter):
     """argparse's formatter, minus one import: it loads `shutil` (with bz2 and lzma) only to learn
     the terminal width, and builds a formatter for every option it adds."""
 
-    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None) -> None:
+    def __init__(
+        self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
+    ) -> None:
         if width is None:
             try:
                 width = int(os.environ["COLUMNS"])
@@ -70,8 +72,9 @@ class _Help(argparse.HelpFormatter):
 
 
 def _top_parser() -> tuple[argparse.ArgumentParser, Any]:
-    p = argparse.ArgumentParser(prog="mind", description="mindhand: run commands and tools on remote machines.",
-                                formatter_class=_Help)
+    p = argparse.ArgumentParser(
+        prog="mind", description="mindhand: run commands and tools on remote machines.", formatter_class=_Help
+    )
     p.add_argument("--home", help="state directory (default $MINDHAND_HOME or ~/.local/state/mindhand)")
     return p, p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
@@ -126,15 +129,21 @@ def _parser() -> argparse.ArgumentParser:
     from protocol.io.settings import add_flags
 
     file_help = "TOML settings file (default $MINDHAND_CONFIG, else HOME/mind.toml if it exists)"
-    s = sub.add_parser("serve", help="run the Mind daemon",
-                       description="Run the Mind. SIGTERM/SIGINT stop it cleanly; SIGHUP re-reads the config file "
-                       "and applies the log level and handshake limits without dropping connections.")
+    s = sub.add_parser(
+        "serve",
+        help="run the Mind daemon",
+        description="Run the Mind. SIGTERM/SIGINT stop it cleanly; SIGHUP re-reads the config file "
+        "and applies the log level and handshake limits without dropping connections.",
+    )
     add_flags(s, KEYS, GROUPS, {}, file_help=file_help)
     cf = sub.add_parser("config", help="show the daemon's effective settings and where each comes from")
     cfs = cf.add_subparsers(dest="action", required=True, metavar="ACTION")
-    show = cfs.add_parser("show", help="print every setting of `mind serve`, its value and its source",
-                          description="Resolve the settings exactly as `mind serve` would with the same flags, "
-                          "environment and file, and print each value with its source.")
+    show = cfs.add_parser(
+        "show",
+        help="print every setting of `mind serve`, its value and its source",
+        description="Resolve the settings exactly as `mind serve` would with the same flags, "
+        "environment and file, and print each value with its source.",
+    )
     add_flags(show, KEYS, GROUPS, {}, file_help=file_help)
     show.add_argument("--json", action="store_true", help="a JSON object instead of a table")
 
@@ -147,13 +156,18 @@ def _parser() -> argparse.ArgumentParser:
         if role == "client":
             a.add_argument("--hands", help="Hands it may use: names or globs, comma-separated (default: all)")
             a.add_argument("--tools", help="tools it may use: names or globs, comma-separated (default: all)")
-            a.add_argument("--read-others", action="store_true",
-                           help="may read and cancel other clients' runs and tasks (default: its own only)")
+            a.add_argument(
+                "--read-others",
+                action="store_true",
+                help="may read and cancel other clients' runs and tasks (default: its own only)",
+            )
         ls = rs.add_parser("list", help=f"list {role} credentials")
         ls.add_argument("--json", action="store_true")
         rv = rs.add_parser("revoke", help=f"revoke a {role} credential; its live connections are closed at once")
         rv.add_argument("name")
-        ro = rs.add_parser("rotate", help=f"give a {role} a new secret (printed once); the old one stops working at once")
+        ro = rs.add_parser(
+            "rotate", help=f"give a {role} a new secret (printed once); the old one stops working at once"
+        )
         ro.add_argument("name")
         ro.add_argument("--out", help="also write the new credential to this file (mode 0600)")
 
@@ -178,7 +192,9 @@ def _parser() -> argparse.ArgumentParser:
     conn_opts(st)
     st.add_argument("--hand", required=True)
     st.add_argument("--id", dest="task_id", help="name the task (retrying the same start is then safe)")
-    st.add_argument("--max-runtime", default="24h", help="the Hand kills it after this long (e.g. 90s, 30m, 2h; max 24h)")
+    st.add_argument(
+        "--max-runtime", default="24h", help="the Hand kills it after this long (e.g. 90s, 30m, 2h; max 24h)"
+    )
     st.add_argument("--shell", metavar="COMMAND", help="run COMMAND through /bin/sh -c")
     st.add_argument("--cwd", help="working directory on the Hand, inside its root")
     st.add_argument("--env", action="append", default=[], metavar="K=V")
@@ -212,8 +228,23 @@ def _parser() -> argparse.ArgumentParser:
     rn = sub.add_parser("runs", help="foreground run history (newest first; retained per the Mind's settings)")
     conn_opts(rn)
     rn.add_argument("--hand")
-    rn.add_argument("--state", choices=["admitted", "sent", "accepted", "running", "cancel_requested", "succeeded",
-                                        "failed", "rejected", "cancelled", "timed_out", "lost", "budget_exhausted"])
+    rn.add_argument(
+        "--state",
+        choices=[
+            "admitted",
+            "sent",
+            "accepted",
+            "running",
+            "cancel_requested",
+            "succeeded",
+            "failed",
+            "rejected",
+            "cancelled",
+            "timed_out",
+            "lost",
+            "budget_exhausted",
+        ],
+    )
     rn.add_argument("--since", metavar="DURATION", help="only runs started within this long ago (e.g. 30m, 2h)")
     rn.add_argument("--limit", type=int, default=50)
     rn.add_argument("--json", action="store_true")
@@ -369,7 +400,9 @@ async def cmd_run_get(client: Any, args: argparse.Namespace) -> int:
         d = info.model_dump(mode="python")
         print(json.dumps(_jsonable(d), indent=2, default=str))
         return 0
-    print(f"run      {info.run_id}\nhand     {info.hand} (gen {info.gen})\ntool     {info.tool}\nstate    {info.state.value}")
+    print(
+        f"run      {info.run_id}\nhand     {info.hand} (gen {info.gen})\ntool     {info.tool}\nstate    {info.state.value}"
+    )
     print(f"created  {_ts(info.created_at)}\nended    {_ts(info.ended_at)}")
     if info.end is not None:
         e = info.end
@@ -417,12 +450,16 @@ async def cmd_status(client: Any, args: argparse.Namespace) -> int:
         print(json.dumps(_jsonable(st.model_dump(mode="python")), indent=2, default=str))
         return 0
     up = int(st.uptime_s)
-    print(f"mind {st.mind_id}  version {st.version}  up {up // 3600}h{up % 3600 // 60:02d}m{up % 60:02d}s  "
-          f"retained runs {st.retained_runs}")
+    print(
+        f"mind {st.mind_id}  version {st.version}  up {up // 3600}h{up % 3600 // 60:02d}m{up % 60:02d}s  "
+        f"retained runs {st.retained_runs}"
+    )
     live = sum(1 for h in st.hands if h.connected)
     print(f"\nHANDS ({live} of {len(st.hands)} connected)")
-    _table(["NAME", "CONNECTED", "GEN", "SINCE", "RUNNING"],
-           [[h.name, "yes" if h.connected else "no", str(h.generation), _ts(h.since), str(h.running)] for h in st.hands])
+    _table(
+        ["NAME", "CONNECTED", "GEN", "SINCE", "RUNNING"],
+        [[h.name, "yes" if h.connected else "no", str(h.generation), _ts(h.since), str(h.running)] for h in st.hands],
+    )
     print(f"\nRUNNING ({len(st.active_runs)})")
     _table(RUN_HEADERS, [_run_row(r) for r in st.active_runs])
     counts = ", ".join(f"{k} {v}" for k, v in sorted(st.task_counts.items())) or "none"
@@ -430,5 +467,3 @@ async def cmd_status(client: Any, args: argparse.Namespace) -> int:
     print(f"\nRECENT FAILURES ({len(st.recent_failures)})")
     _table(RUN_HEADERS, [_run_row(r) for r in st.recent_failures])
     return 0
-
-

@@ -20,7 +20,6 @@ def die(msg: str, code: int = EXIT_REFUSED) -> NoReturn:
     raise SystemExit(code)
 
 
-
 def exit_code_for(end: Any) -> int:
     from protocol.states import RunState
 
@@ -122,7 +121,6 @@ def _explain(end: Any) -> None:
     print(f"mind: run {end.run_id} {s.value}{code}{stage}: {detail}", file=sys.stderr)
 
 
-
 # --- formatting ----------------------------------------------------------------------------
 
 
@@ -183,5 +181,3 @@ def _table(headers: list[str], rows: list[list[str]]) -> None:
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-
-

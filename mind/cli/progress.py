@@ -34,7 +34,11 @@ def is_terminal(stream: TextIO | None) -> bool:
 
 class Status:
     def __init__(
-        self, stream: TextIO | None = None, *, enabled: bool = True, min_interval: float = 0.1,
+        self,
+        stream: TextIO | None = None,
+        *,
+        enabled: bool = True,
+        min_interval: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.stream = sys.stderr if stream is None else stream

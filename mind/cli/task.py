@@ -100,11 +100,18 @@ async def start(client: MindClient, args: argparse.Namespace) -> int:
     tool, tool_args = tool_args_from(args)
     res = await client.task_start(args.hand, tool, tool_args, max_runtime=max_runtime, task_id=args.task_id)
     if args.json:
-        print(json.dumps({
-            "task_id": res.task_id, "hand": res.hand, "outcome": res.outcome,
-            "reject_code": res.reject_code.value if res.reject_code else None, "message": res.message,
-            "state": res.view.state.value if res.view else None,
-        }))
+        print(
+            json.dumps(
+                {
+                    "task_id": res.task_id,
+                    "hand": res.hand,
+                    "outcome": res.outcome,
+                    "reject_code": res.reject_code.value if res.reject_code else None,
+                    "message": res.message,
+                    "state": res.view.state.value if res.view else None,
+                }
+            )
+        )
     elif res.outcome in ("accepted", "duplicate"):
         print(res.task_id)
         note = " (already existed with this binding: nothing new was run)" if res.outcome == "duplicate" else ""
@@ -164,8 +171,10 @@ async def logs(client: MindClient, args: argparse.Namespace) -> int:
             if not page.data:
                 quiet = time.monotonic() - quiet_since
                 if quiet >= LOGS_QUIET_S:
-                    status.show(f"task {args.task_id} {page.state.value}, {page.log_bytes} bytes so far; "
-                                f"waiting for output... {elapsed(quiet)}")
+                    status.show(
+                        f"task {args.task_id} {page.state.value}, {page.log_bytes} bytes so far; "
+                        f"waiting for output... {elapsed(quiet)}"
+                    )
                 await asyncio.sleep(0.3)
     if page.truncated and page.eof:
         print(f"\n[mindhand: the log was truncated at its bound of {page.log_bytes} bytes]", file=sys.stderr)
@@ -216,9 +225,16 @@ async def list_(client: MindClient, args: argparse.Namespace) -> int:
     rows = []
     for v in views:
         d = view_json(v)
-        rows.append([
-            v.task_id, v.hand, v.state.value, "stale" if v.stale else "fresh", _ts(d["created_at"]),
-            "-" if d["exit_code"] is None else str(d["exit_code"]), str(d["log_bytes"]),
-        ])
+        rows.append(
+            [
+                v.task_id,
+                v.hand,
+                v.state.value,
+                "stale" if v.stale else "fresh",
+                _ts(d["created_at"]),
+                "-" if d["exit_code"] is None else str(d["exit_code"]),
+                str(d["log_bytes"]),
+            ]
+        )
     _table(["TASK", "HAND", "STATE", "SYNC", "CREATED", "EXIT", "LOG BYTES"], rows)
     return 0

@@ -159,7 +159,9 @@ class MindClient:
                 ssl=ssl_ctx,
             )
         except ssl.SSLCertVerificationError as exc:
-            raise ClientError("tls", f"the Mind at {url} failed certificate verification: {exc.verify_message}") from None
+            raise ClientError(
+                "tls", f"the Mind at {url} failed certificate verification: {exc.verify_message}"
+            ) from None
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ValueError) as exc:  # ValueError: a bad port
             raise ClientError("unreachable", f"cannot reach the Mind at {url}: {exc}") from None
         try:
@@ -372,7 +374,9 @@ class MindClient:
     async def task_cancel(self, task_id: str) -> TaskCancelReply:
         return await self._ask(TaskCancelRequest(task_id=task_id), TaskCancelReply)
 
-    async def task_list(self, hand: str | None = None, state: TaskState | None = None, limit: int = 1000) -> list[TaskView]:
+    async def task_list(
+        self, hand: str | None = None, state: TaskState | None = None, limit: int = 1000
+    ) -> list[TaskView]:
         return (await self._ask(TaskList(hand=hand, state=state, limit=limit), TaskListResult)).tasks
 
 

@@ -101,7 +101,12 @@ class Link:
 
     @classmethod
     def connect(
-        cls, url: str, credential: Credential, *, ca: str | None = None, pin: str | None = None,
+        cls,
+        url: str,
+        credential: Credential,
+        *,
+        ca: str | None = None,
+        pin: str | None = None,
         open_timeout: float = 10.0,
     ) -> "Link":
         """Connect and authenticate, as `MindClient.connect` does (same checks, same errors)."""
@@ -110,7 +115,9 @@ class Link:
         try:
             tls, host, port, header, path = _parse_url(url)
         except ValueError as exc:
-            raise ClientError("unreachable", f"cannot reach the Mind at {url}: {url} isn't a valid URI: {exc}") from None
+            raise ClientError(
+                "unreachable", f"cannot reach the Mind at {url}: {url} isn't a valid URI: {exc}"
+            ) from None
         ctx = None
         if tls or ca or pin:
             from protocol.io.tls import TLSConfigError, client_context
@@ -128,8 +135,9 @@ class Link:
         return link
 
     @classmethod
-    def _open(cls, url: str, host: str, port: int, header: str, path: str, ctx: Any, pin: str | None,
-              timeout: float) -> "Link":
+    def _open(
+        cls, url: str, host: str, port: int, header: str, path: str, ctx: Any, pin: str | None, timeout: float
+    ) -> "Link":
         deadline = time.monotonic() + timeout
         sock: socket.socket | None = None
         try:
@@ -145,7 +153,9 @@ class Link:
                 try:
                     sock = ctx.wrap_socket(sock, server_hostname=host)
                 except ssl.SSLCertVerificationError as exc:
-                    raise ClientError("tls", f"the Mind at {url} failed certificate verification: {exc.verify_message}") from None
+                    raise ClientError(
+                        "tls", f"the Mind at {url} failed certificate verification: {exc.verify_message}"
+                    ) from None
                 try:
                     check_pin(sock, pin)  # type: ignore[arg-type]
                 except TLSConfigError as exc:
@@ -173,8 +183,11 @@ class Link:
         except (OSError, WsError) as exc:
             if sock is not None:
                 sock.close()
-            why = "timed out during opening handshake" if isinstance(exc, TimeoutError) else (
-                exc.message if isinstance(exc, WsError) else str(exc))
+            why = (
+                "timed out during opening handshake"
+                if isinstance(exc, TimeoutError)
+                else (exc.message if isinstance(exc, WsError) else str(exc))
+            )
             raise ClientError("unreachable", f"cannot reach the Mind at {url}: {why}") from None
 
     def _handshake(self, credential: Credential) -> None:

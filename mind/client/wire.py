@@ -197,10 +197,13 @@ Nonce = strict_bytes(limits.NONCE_BYTES, limits.NONCE_BYTES)
 Mac = strict_bytes(limits.MAC_BYTES, limits.MAC_BYTES)
 
 EMPTY_TAIL = Msg("output_tail", {"data": b"", "total": 0})
-OutputTail = model("output_tail", {
-    "data": (strict_bytes(max_len=limits.OUTPUT_TAIL_MAX), b""),
-    "total": (NonNeg, 0),
-})
+OutputTail = model(
+    "output_tail",
+    {
+        "data": (strict_bytes(max_len=limits.OUTPUT_TAIL_MAX), b""),
+        "total": (NonNeg, 0),
+    },
+)
 
 OUTCOME: Fields = {
     "run_id": (Id, REQUIRED),
@@ -224,44 +227,66 @@ def _terminal(f: dict[str, Any]) -> str | None:
 
 
 INBOUND: dict[str, Check] = {
-    "challenge": model("challenge", {
-        "mind_id": (Id, REQUIRED),
-        "handshake_id": (Id, REQUIRED),
-        "nonce": (Nonce, REQUIRED),
-        "expires_in_ms": (strict_int(gt=0, le=60_000), REQUIRED),
-    }),
-    "welcome": model("welcome", {
-        "gen": (strict_int(ge=1), REQUIRED),
-        "mac": (Mac, REQUIRED),
-        "ping_interval_s": (number(gt=0, le=3600), REQUIRED),
-    }),
-    "error": model("error", {
-        "code": (enum(ErrorCode), REQUIRED),
-        "message": (Text, REQUIRED),
-    }),
-    "run_update": model("run_update", {
-        "run_id": (Id, REQUIRED),
-        "hand": (Label, REQUIRED),
-        "state": (enum(RunState), REQUIRED),
-        "gen": (optional(Int), None),
-    }),
-    "run_output": model("run_output", {
-        "run_id": (Id, REQUIRED),
-        "stream": (literal("stdout", "stderr"), REQUIRED),
-        "offset": (NonNeg, REQUIRED),
-        "data": (strict_bytes(1, limits.PROGRESS_CHUNK_MAX), REQUIRED),
-    }),
-    "run_end": model("run_end", {
-        **OUTCOME,
-        "hand": (Label, REQUIRED),
-        "tool": (Label, REQUIRED),
-        "reject_code": (optional(enum(RejectCode)), None),
-    }, rule=_terminal),
-    "cancel_run_result": model("cancel_run_result", {
-        "run_id": (Id, REQUIRED),
-        "status": (enum(CancelStatus), REQUIRED),
-        "state": (enum(RunState), REQUIRED),
-    }),
+    "challenge": model(
+        "challenge",
+        {
+            "mind_id": (Id, REQUIRED),
+            "handshake_id": (Id, REQUIRED),
+            "nonce": (Nonce, REQUIRED),
+            "expires_in_ms": (strict_int(gt=0, le=60_000), REQUIRED),
+        },
+    ),
+    "welcome": model(
+        "welcome",
+        {
+            "gen": (strict_int(ge=1), REQUIRED),
+            "mac": (Mac, REQUIRED),
+            "ping_interval_s": (number(gt=0, le=3600), REQUIRED),
+        },
+    ),
+    "error": model(
+        "error",
+        {
+            "code": (enum(ErrorCode), REQUIRED),
+            "message": (Text, REQUIRED),
+        },
+    ),
+    "run_update": model(
+        "run_update",
+        {
+            "run_id": (Id, REQUIRED),
+            "hand": (Label, REQUIRED),
+            "state": (enum(RunState), REQUIRED),
+            "gen": (optional(Int), None),
+        },
+    ),
+    "run_output": model(
+        "run_output",
+        {
+            "run_id": (Id, REQUIRED),
+            "stream": (literal("stdout", "stderr"), REQUIRED),
+            "offset": (NonNeg, REQUIRED),
+            "data": (strict_bytes(1, limits.PROGRESS_CHUNK_MAX), REQUIRED),
+        },
+    ),
+    "run_end": model(
+        "run_end",
+        {
+            **OUTCOME,
+            "hand": (Label, REQUIRED),
+            "tool": (Label, REQUIRED),
+            "reject_code": (optional(enum(RejectCode)), None),
+        },
+        rule=_terminal,
+    ),
+    "cancel_run_result": model(
+        "cancel_run_result",
+        {
+            "run_id": (Id, REQUIRED),
+            "status": (enum(CancelStatus), REQUIRED),
+            "state": (enum(RunState), REQUIRED),
+        },
+    ),
 }
 
 
@@ -295,8 +320,10 @@ def proof(handshake_id: str, mac: bytes) -> Msg:
 
 
 def exec_(hand: str, tool: str, args: dict[str, Any], timeout_ms: int, grace_ms: int | None, watch: bool) -> Msg:
-    return Msg("exec", {"hand": hand, "tool": tool, "args": args, "timeout_ms": timeout_ms,
-                        "grace_ms": grace_ms, "watch": watch})
+    return Msg(
+        "exec",
+        {"hand": hand, "tool": tool, "args": args, "timeout_ms": timeout_ms, "grace_ms": grace_ms, "watch": watch},
+    )
 
 
 def cancel_run(run_id: str) -> Msg:

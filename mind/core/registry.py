@@ -85,8 +85,6 @@ class StartEnded:
 Action = SendToHand | SendToClient | Log | StartEnded
 
 
-
-
 @dataclass
 class Run:
     run_id: str
@@ -182,7 +180,9 @@ class RunRegistry:
         acts: list[Action] = [self._log("run_state", run, old=old.value, new=new.value)]
         if run.client is not None and run.watch and new not in RUN_TERMINAL:
             acts.append(
-                SendToClient(run.client, run.req_id, RunUpdate(run_id=run.run_id, hand=run.hand, state=new, gen=run.gen))
+                SendToClient(
+                    run.client, run.req_id, RunUpdate(run_id=run.run_id, hand=run.hand, state=new, gen=run.gen)
+                )
             )
         return acts
 
@@ -288,9 +288,7 @@ class RunRegistry:
         )
         self._runs[run_id] = run
         self._active[run_id] = run
-        acts: list[Action] = [
-            self._log("run_admitted", run, tool=req.tool, args_digest=run.args_digest, client=owner)
-        ]
+        acts: list[Action] = [self._log("run_admitted", run, tool=req.tool, args_digest=run.args_digest, client=owner)]
         if run.client is not None:
             acts.append(SendToClient(client, req_id, RunUpdate(run_id=run_id, hand=run.hand, state=run.state)))  # type: ignore[arg-type]
         if refusal is not None:
@@ -375,7 +373,9 @@ class RunRegistry:
         end = RunEnd(hand=run.hand, tool=run.tool, **fields)
         return self._terminate(run, end, now, wall)
 
-    def on_cancel_result(self, run_id: str, hand: str, gen: int, status: CancelStatus, now: float, wall: float) -> list[Action]:
+    def on_cancel_result(
+        self, run_id: str, hand: str, gen: int, status: CancelStatus, now: float, wall: float
+    ) -> list[Action]:
         run, acts = self._from_hand(run_id, hand, gen, "cancel_result")
         if run is None:
             return acts
@@ -385,7 +385,9 @@ class RunRegistry:
             return self._terminate(run, self._end(run, RunState.LOST, "hand does not know this run", now), now, wall)
         return [self._log("cancel_ack", run, status=status.value)]
 
-    def on_cancel(self, run_id: str, reason: CancelReason, now: float, wall: float) -> tuple[CancelStatus, list[Action]]:
+    def on_cancel(
+        self, run_id: str, reason: CancelReason, now: float, wall: float
+    ) -> tuple[CancelStatus, list[Action]]:
         """A request to stop. Returns what to tell the requester, and the actions."""
         run = self._runs.get(run_id)
         if run is None:
@@ -445,7 +447,9 @@ class RunRegistry:
         acts: list[Action] = []
         for run in self.active():
             gen = run.gen
-            acts += self._terminate(run, self._end(run, RunState.LOST, "mind shut down before a result", now), now, wall)
+            acts += self._terminate(
+                run, self._end(run, RunState.LOST, "mind shut down before a result", now), now, wall
+            )
             if gen is not None:
                 acts.append(SendToHand(run.hand, gen, Cancel(run_id=run.run_id, reason=CancelReason.SHUTDOWN)))
         return acts

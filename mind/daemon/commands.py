@@ -12,7 +12,6 @@ from mind.cli.output import EXIT_USAGE, _table, _ts, die
 from mind.config import settings_source as _settings_source
 
 
-
 def _reloader(source, started):
     """SIGHUP: the log level is applied here, the handshake limits by the Mind (new connections)."""
     from protocol.io import logs
@@ -70,9 +69,15 @@ def cmd_serve(args: argparse.Namespace) -> None:
             file=sys.stderr,
         )
     cfg = MindConfig(
-        home=home, host=host, port=port, ping_interval=s["ping_interval"], ping_timeout=s["ping_interval"],
-        tls_cert=_path(s["tls_cert"]) if s["tls_cert"] else None, tls_key=_path(s["tls_key"]) if s["tls_key"] else None,
-        max_pending_handshakes=s["max_pending_handshakes"], auth_fail_limit=s["auth_fail_limit"],
+        home=home,
+        host=host,
+        port=port,
+        ping_interval=s["ping_interval"],
+        ping_timeout=s["ping_interval"],
+        tls_cert=_path(s["tls_cert"]) if s["tls_cert"] else None,
+        tls_key=_path(s["tls_key"]) if s["tls_key"] else None,
+        max_pending_handshakes=s["max_pending_handshakes"],
+        auth_fail_limit=s["auth_fail_limit"],
         retain_runs=s["retain_runs"],
     )
     try:
@@ -100,8 +105,16 @@ def cmd_credentials(args: argparse.Namespace) -> None:
         from protocol.io.logs import AuditLog
 
         a = AuditLog(home / "audit.jsonl")
-        a.write({"event": "credential_changed", "role": args.cmd, "label": args.name, "action": action,
-                 "by": "local admin (mind CLI)", "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat()})
+        a.write(
+            {
+                "event": "credential_changed",
+                "role": args.cmd,
+                "label": args.name,
+                "action": action,
+                "by": "local admin (mind CLI)",
+                "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            }
+        )
         a.close()
 
     def show(cred, verb: str) -> None:
@@ -123,7 +136,8 @@ def cmd_credentials(args: argparse.Namespace) -> None:
             if args.cmd == "client":
                 try:
                     scope = Scope(
-                        hands=parse_patterns(args.hands, "hands"), tools=parse_patterns(args.tools, "tools"),
+                        hands=parse_patterns(args.hands, "hands"),
+                        tools=parse_patterns(args.tools, "tools"),
                         read_others=args.read_others,
                     ).to_json()
                 except ValueError as exc:
@@ -140,7 +154,10 @@ def cmd_credentials(args: argparse.Namespace) -> None:
                 die(f"no active {args.cmd} named {args.name!r}", 1)
             audit("rotate")
             if args.cmd == "client" and args.name == "admin":
-                paths.write_private(paths.admin_cred_file(home), "# mindhand admin client credential (full scope); keep private\n" + cred.token() + "\n")
+                paths.write_private(
+                    paths.admin_cred_file(home),
+                    "# mindhand admin client credential (full scope); keep private\n" + cred.token() + "\n",
+                )
             show(cred, "rotated (the old secret no longer works; live connections are closed)")
         elif args.action == "list":
             rows = store.list(args.cmd)
@@ -150,8 +167,14 @@ def cmd_credentials(args: argparse.Namespace) -> None:
                 _table(
                     ["NAME", "STATE", "GENERATION", "CREATED", "LAST SEEN", "SCOPE"],
                     [
-                        [r.label, "revoked" if r.revoked_at else "active", str(r.generation), _ts(r.created_at),
-                         _ts(r.last_seen_at), scope_of(r)]
+                        [
+                            r.label,
+                            "revoked" if r.revoked_at else "active",
+                            str(r.generation),
+                            _ts(r.created_at),
+                            _ts(r.last_seen_at),
+                            scope_of(r),
+                        ]
                         for r in rows
                     ],
                 )
@@ -168,4 +191,3 @@ def _path(p: str):
     from pathlib import Path
 
     return Path(p).expanduser()
-

@@ -20,17 +20,30 @@ class MindMetrics:
         self.handshakes = Counter("mindhand_handshakes", "Handshakes by result", ["result"], registry=r)
         self.runs = Counter("mindhand_runs", "Foreground runs by terminal state", ["state"], registry=r)
         self.run_seconds = Histogram(
-            "mindhand_run_duration_seconds", "Foreground run duration, admission to terminal", buckets=LATENCY_BUCKETS, registry=r
+            "mindhand_run_duration_seconds",
+            "Foreground run duration, admission to terminal",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.runs_active = Gauge("mindhand_runs_active", "Foreground runs not yet terminal", registry=r)
-        self.runs_retained = Gauge("mindhand_runs_retained", "Foreground runs held in memory (bounded by retention)", registry=r)
-        self.progress_dropped = Counter("mindhand_progress_dropped", "Progress chunks dropped (caps, slow clients)", registry=r)
-        self.snapshots_stale = Gauge("mindhand_task_snapshots_stale", "Task snapshots that may be out of date", registry=r)
+        self.runs_retained = Gauge(
+            "mindhand_runs_retained", "Foreground runs held in memory (bounded by retention)", registry=r
+        )
+        self.progress_dropped = Counter(
+            "mindhand_progress_dropped", "Progress chunks dropped (caps, slow clients)", registry=r
+        )
+        self.snapshots_stale = Gauge(
+            "mindhand_task_snapshots_stale", "Task snapshots that may be out of date", registry=r
+        )
         self.reconcile_seconds = Histogram(
             "mindhand_reconcile_duration_seconds", "Reconciliation pass duration", buckets=LATENCY_BUCKETS, registry=r
         )
-        self.loop_lag = Gauge("mindhand_event_loop_lag_seconds", "Event-loop lag, sampled every 10 ms (last)", registry=r)
-        self.loop_lag_max = Gauge("mindhand_event_loop_lag_max_seconds", "Largest event-loop lag since start", registry=r)
+        self.loop_lag = Gauge(
+            "mindhand_event_loop_lag_seconds", "Event-loop lag, sampled every 10 ms (last)", registry=r
+        )
+        self.loop_lag_max = Gauge(
+            "mindhand_event_loop_lag_max_seconds", "Largest event-loop lag since start", registry=r
+        )
         self.denied = Counter("mindhand_denied", "Requests refused outside a credential's scope", registry=r)
         self.foreign = Counter("mindhand_foreign_inputs", "Hand messages about runs or tasks not theirs", registry=r)
 

@@ -144,7 +144,9 @@ def ensure_admin(store: Store, home: Path) -> None:
         return
     store.revoke("client", "admin")
     cred = store.add("client", "admin")
-    paths.write_private(cred_file, "# mindhand admin client credential (full scope); keep private\n" + cred.token() + "\n")
+    paths.write_private(
+        cred_file, "# mindhand admin client credential (full scope); keep private\n" + cred.token() + "\n"
+    )
 
 
 class Mind:
@@ -216,15 +218,19 @@ class Mind:
             if name in ("max_pending_handshakes", "auth_fail_limit"):
                 setattr(self.cfg, name, value)
 
-    async def run(self, on_ready: Callable[[str], None] | None = None,
-                  reload: Callable[[], dict[str, Any]] | None = None) -> None:
+    async def run(
+        self, on_ready: Callable[[str], None] | None = None, reload: Callable[[], dict[str, Any]] | None = None
+    ) -> None:
         build_all()  # every validator built before the first connection, not on its first frame
         ensure_admin(self.store, self.cfg.home)
         staled = self.snapshots.mark_all_stale()
         if staled:
             log.info("snapshots_marked_stale", count=staled, why="mind restart")
         loop = asyncio.get_running_loop()
-        handlers: list[tuple[signal.Signals, Callable[[], None]]] = [(signal.SIGTERM, self.stop), (signal.SIGINT, self.stop)]
+        handlers: list[tuple[signal.Signals, Callable[[], None]]] = [
+            (signal.SIGTERM, self.stop),
+            (signal.SIGINT, self.stop),
+        ]
         if reload is not None:
             handlers.append((signal.SIGHUP, lambda: self.reload(reload)))
         for sig, handler in handlers:
@@ -372,7 +378,11 @@ class Mind:
         now = time.monotonic()
         if self._rate_limited(peer_addr, now):
             log.warning("handshake_refused", peer=peer_addr, why="rate_limited")
-            await self._refuse(ws, channel, ProtocolError(ErrorCode.RATE_LIMITED, "too many failed handshakes from this address; try later"))
+            await self._refuse(
+                ws,
+                channel,
+                ProtocolError(ErrorCode.RATE_LIMITED, "too many failed handshakes from this address; try later"),
+            )
             return
         if self._pending_handshakes >= self.cfg.max_pending_handshakes:
             log.warning("handshake_refused", peer=peer_addr, why="busy", pending=self._pending_handshakes)
@@ -399,9 +409,15 @@ class Mind:
         finally:
             self._pending_handshakes -= 1
         outbox = Outbox(ws, channel)
-        peer = Peer(ident=ident, gen=gen, ws=ws, outbox=outbox, since=time.time(), secret_digest=hashlib.sha256(secret).digest())
+        peer = Peer(
+            ident=ident, gen=gen, ws=ws, outbox=outbox, since=time.time(), secret_digest=hashlib.sha256(secret).digest()
+        )
         if ident.role == "client":
-            peer.scope = FULL if ident.label == "admin" else Scope.from_json(await self.db(self.store.scope, "client", ident.label))
+            peer.scope = (
+                FULL
+                if ident.label == "admin"
+                else Scope.from_json(await self.db(self.store.scope, "client", ident.label))
+            )
         log.info("handshake_ok", peer=peer_addr, role=ident.role, label=ident.label, gen=gen)
         self.metrics.handshakes.labels("ok").inc()
         async with asyncio.TaskGroup() as tg:
@@ -425,14 +441,22 @@ class Mind:
         the WebSocket handshake (which refuses a request that is not an upgrade)."""
         path = request.path.split("?", 1)[0]
         if path == "/healthz":
-            body = json.dumps({
-                "status": "ok", "version": VERSION, "mind_id": self.mind_id,
-                "uptime_s": round(time.time() - self.started, 3), "hands_connected": len(self.hands),
-                "clients_connected": len(self.clients), "runs_active": len(self.registry.active()),
-            })
+            body = json.dumps(
+                {
+                    "status": "ok",
+                    "version": VERSION,
+                    "mind_id": self.mind_id,
+                    "uptime_s": round(time.time() - self.started, 3),
+                    "hands_connected": len(self.hands),
+                    "clients_connected": len(self.clients),
+                    "runs_active": len(self.registry.active()),
+                }
+            )
             return _typed(connection.respond(200, body), "application/json")
         if path == "/metrics":
-            return _typed(connection.respond(200, self.metrics.render().decode()), "text/plain; version=0.0.4; charset=utf-8")
+            return _typed(
+                connection.respond(200, self.metrics.render().decode()), "text/plain; version=0.0.4; charset=utf-8"
+            )
         return None
 
     async def _refuse(self, ws: Connection, channel: Channel, exc: ProtocolError) -> None:
@@ -522,8 +546,12 @@ class Mind:
                     on_message(peer, env.id, env.msg)
                 except ProtocolError as exc:
                     log.warning(
-                        "peer_protocol_error", role=peer.ident.role, label=peer.ident.label, gen=peer.gen,
-                        code=exc.code.value, reason=exc.message,
+                        "peer_protocol_error",
+                        role=peer.ident.role,
+                        label=peer.ident.label,
+                        gen=peer.gen,
+                        code=exc.code.value,
+                        reason=exc.message,
                     )
                     peer.outbox.put(Error(code=exc.code, message=exc.message))
                     peer.outbox.close()
@@ -599,8 +627,16 @@ class Mind:
             run_id = new_id("r")
             self.perform(
                 self.registry.admit(
-                    run_id, msg, peer.conn_id, id_, live.gen if live else None, known, now, wall,
-                    owner=me, refusal=refusal,
+                    run_id,
+                    msg,
+                    peer.conn_id,
+                    id_,
+                    live.gen if live else None,
+                    known,
+                    now,
+                    wall,
+                    owner=me,
+                    refusal=refusal,
                 )
             )
         elif isinstance(msg, (CancelRun, GetRun)):
@@ -622,8 +658,11 @@ class Mind:
         elif isinstance(msg, ListHands):
             peer.outbox.put(HandsList(hands=[h for h in self.hand_infos() if scope.allows_hand(h.name)]), id_)
         elif isinstance(msg, ListRuns):
-            runs = [r for r in self.registry.history(msg.hand, msg.state, msg.since, 100_000)
-                    if scope.allows_hand(r.hand) and scope.may_touch(r.owner, me)][: msg.limit]
+            runs = [
+                r
+                for r in self.registry.history(msg.hand, msg.state, msg.since, 100_000)
+                if scope.allows_hand(r.hand) and scope.may_touch(r.owner, me)
+            ][: msg.limit]
             peer.outbox.put(RunList(runs=[r.info() for r in runs]), id_)
         elif isinstance(msg, GetStatus):
             peer.spawn(self._status(peer, id_))
@@ -644,16 +683,20 @@ class Mind:
         scope, me = peer.scope, peer.ident.label
         visible = lambda r: scope.allows_hand(r.hand) and scope.may_touch(r.owner, me)  # noqa: E731
         failures = [
-            r.info() for r in self.registry.history(None, None, None, 100_000)
+            r.info()
+            for r in self.registry.history(None, None, None, 100_000)
             if r.terminal and r.state not in (RunState.SUCCEEDED,) and visible(r)
         ][:10]
         counts = await self.db(self.snapshots.counts_by_state)
         peer.outbox.put(
             StatusReply(
-                version=VERSION, mind_id=self.mind_id, uptime_s=round(time.time() - self.started, 3),
+                version=VERSION,
+                mind_id=self.mind_id,
+                uptime_s=round(time.time() - self.started, 3),
                 hands=[h for h in self.hand_infos() if scope.allows_hand(h.name)],
                 active_runs=[r.info() for r in self.registry.active() if visible(r)],
-                recent_failures=failures, task_counts=counts,
+                recent_failures=failures,
+                task_counts=counts,
                 stale_snapshots=await self.db(self.snapshots.count_stale),
                 retained_runs=len(self.registry._runs),
             ),

@@ -176,14 +176,20 @@ class TaskService:
 
         def reply(outcome: str, code: RejectCode | None = None, message: str = "", view=None) -> None:
             peer.outbox.put(
-                TaskStartResult(task_id=task_id, hand=req.hand, outcome=outcome, reject_code=code, message=message, view=view),  # type: ignore[arg-type]
+                TaskStartResult(
+                    task_id=task_id, hand=req.hand, outcome=outcome, reject_code=code, message=message, view=view
+                ),  # type: ignore[arg-type]
                 id_,
             )
 
         def settle(existing: Snapshot) -> None:
             if existing.hand == req.hand and existing.binding_digest == binding:
                 log.info("task_start_duplicate", task_id=task_id, hand=req.hand)
-                reply("duplicate", message="a task with this id and binding exists; nothing new was run", view=existing.view())
+                reply(
+                    "duplicate",
+                    message="a task with this id and binding exists; nothing new was run",
+                    view=existing.view(),
+                )
             else:
                 reply(
                     "rejected",
@@ -193,7 +199,9 @@ class TaskService:
 
         def settle_existing(existing: Snapshot) -> None:
             if not self._may(peer, existing):
-                return reply("rejected", RejectCode.DENIED_BY_SCOPE, m.deny(peer, f"reuse task id {task_id}", task_id=task_id))
+                return reply(
+                    "rejected", RejectCode.DENIED_BY_SCOPE, m.deny(peer, f"reuse task id {task_id}", task_id=task_id)
+                )
             return settle(existing)
 
         if not peer.scope.allows_hand(req.hand):
@@ -211,7 +219,9 @@ class TaskService:
             if m.hands.get(req.hand) is None:
                 if await m.db(m.store.secret, "hand", req.hand) is None:
                     return reply("rejected", RejectCode.UNKNOWN_HAND, f"no hand named {req.hand!r}")
-                return reply("rejected", RejectCode.HAND_OFFLINE, f"hand {req.hand!r} is not connected; nothing was stored")
+                return reply(
+                    "rejected", RejectCode.HAND_OFFLINE, f"hand {req.hand!r} is not connected; nothing was stored"
+                )
         snap = Snapshot(
             task_id=task_id,
             hand=req.hand,
@@ -235,8 +245,16 @@ class TaskService:
         exec_req = Exec(hand=req.hand, tool=req.tool, args=req.args, timeout_ms=START_TIMEOUT_MS)
         m.perform(
             m.registry.admit(
-                task_id, exec_req, None, id_, live.gen, True, time.monotonic(), time.time(),
-                background=Background(max_runtime_ms=req.max_runtime_ms), owner=peer.ident.label,
+                task_id,
+                exec_req,
+                None,
+                id_,
+                live.gen,
+                True,
+                time.monotonic(),
+                time.time(),
+                background=Background(max_runtime_ms=req.max_runtime_ms),
+                owner=peer.ident.label,
             )
         )
 
@@ -272,7 +290,9 @@ class TaskService:
         if waiter is not None:
             peer, id_ = waiter
             peer.outbox.put(
-                TaskStartResult(task_id=a.run_id, hand=a.hand, outcome=outcome, reject_code=code, message=message, view=view),  # type: ignore[arg-type]
+                TaskStartResult(
+                    task_id=a.run_id, hand=a.hand, outcome=outcome, reject_code=code, message=message, view=view
+                ),  # type: ignore[arg-type]
                 id_,
             )
 
@@ -360,12 +380,16 @@ class TaskService:
             peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
             return
         if snap.terminal:
-            peer.outbox.put(TaskCancelReply(task_id=req.task_id, status=TaskCancelStatus.ALREADY_DONE, view=snap.view()), id_)
+            peer.outbox.put(
+                TaskCancelReply(task_id=req.task_id, status=TaskCancelStatus.ALREADY_DONE, view=snap.view()), id_
+            )
             return
         live = m.hands.get(snap.hand)
         if live is not None and not snap.start_pending:
             try:
-                reply = await m.ask(live, TaskCancel(task_id=req.task_id, reason=CancelReason.USER_REQUESTED), ASK_TIMEOUT_S)
+                reply = await m.ask(
+                    live, TaskCancel(task_id=req.task_id, reason=CancelReason.USER_REQUESTED), ASK_TIMEOUT_S
+                )
             except (TimeoutError, ConnectionError):
                 reply = None
             if isinstance(reply, TaskCancelResult):
@@ -378,7 +402,9 @@ class TaskService:
         # Offline (or no answer): record it; the reconciliation pass delivers it after reconnect.
         snap = await m.db(m.snapshots.set_cancel_pending, req.task_id, CancelReason.USER_REQUESTED.value) or snap
         log.info("task_cancel_recorded", task_id=req.task_id, hand=snap.hand)
-        peer.outbox.put(TaskCancelReply(task_id=req.task_id, status=TaskCancelStatus.PENDING_DELIVERY, view=snap.view()), id_)
+        peer.outbox.put(
+            TaskCancelReply(task_id=req.task_id, status=TaskCancelStatus.PENDING_DELIVERY, view=snap.view()), id_
+        )
 
     # --- pushes and reconciliation ---
 
@@ -421,7 +447,9 @@ class TaskService:
         delivered = 0
         for task_id, _reason in plan.cancels:
             try:
-                reply = await m.ask(peer, TaskCancel(task_id=task_id, reason=CancelReason.USER_REQUESTED), ASK_TIMEOUT_S)
+                reply = await m.ask(
+                    peer, TaskCancel(task_id=task_id, reason=CancelReason.USER_REQUESTED), ASK_TIMEOUT_S
+                )
             except (TimeoutError, ConnectionError):
                 break
             if isinstance(reply, TaskCancelResult):

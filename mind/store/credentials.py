@@ -103,9 +103,7 @@ class Store:
 
     def add(self, role: str, label: str, scope: str | None = None) -> Credential:
         if not limits.LABEL_RE.match(label):
-            raise StoreError(
-                f"invalid name {label!r}: use 1-64 of A-Z a-z 0-9 . _ - , starting with a letter or digit"
-            )
+            raise StoreError(f"invalid name {label!r}: use 1-64 of A-Z a-z 0-9 . _ - , starting with a letter or digit")
         secret = secrets.token_bytes(limits.SECRET_BYTES)
         with self._lock:
             row = self._db.execute(

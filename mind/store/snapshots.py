@@ -234,13 +234,13 @@ class SnapshotStore:
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM task_snapshots WHERE stale=1").fetchone()[0]
 
-    def reconcile(self, hand: str, hand_rows: dict[str, TaskInfo], now: float,
-                  synced_since: float | None = None) -> Plan:
+    def reconcile(
+        self, hand: str, hand_rows: dict[str, TaskInfo], now: float, synced_since: float | None = None
+    ) -> Plan:
         """One reconciliation pass for `hand`, planned and applied in one transaction."""
         with self._tx():
             mine = [
-                _row(r)
-                for r in self._db.execute(f"SELECT {COLS} FROM task_snapshots WHERE hand=?", (hand,)).fetchall()
+                _row(r) for r in self._db.execute(f"SELECT {COLS} FROM task_snapshots WHERE hand=?", (hand,)).fetchall()
             ]
             settled = [s for s in mine if not s.start_pending]
             in_flight = {s.task_id: hand for s in mine if s.start_pending}

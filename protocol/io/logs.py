@@ -20,15 +20,33 @@ LogFormat = Literal["auto", "console", "json"]
 AUDIT_EVENTS = frozenset(
     {
         # admission decisions and terminal states, both sides
-        "run_admitted", "run_terminal", "run_accepted", "run_rejected",
-        "task_queued", "task_rejected", "task_duplicate", "task_terminal", "task_start_ended",
-        "task_cancel_requested", "task_cancel_recorded", "task_cancel_delivered",
+        "run_admitted",
+        "run_terminal",
+        "run_accepted",
+        "run_rejected",
+        "task_queued",
+        "task_rejected",
+        "task_duplicate",
+        "task_terminal",
+        "task_start_ended",
+        "task_cancel_requested",
+        "task_cancel_recorded",
+        "task_cancel_delivered",
         # who got in, who did not, and who tried to act outside what they may do
-        "handshake_ok", "handshake_failed", "handshake_refused", "credential_changed", "credential_closed",
-        "denied_by_scope", "hand_input_wrong_generation", "hand_input_unknown_run", "task_update_foreign",
+        "handshake_ok",
+        "handshake_failed",
+        "handshake_refused",
+        "credential_changed",
+        "credential_closed",
+        "denied_by_scope",
+        "hand_input_wrong_generation",
+        "hand_input_unknown_run",
+        "task_update_foreign",
         "reconcile_foreign_task",
         # what the operator changed while it ran
-        "config_reloaded", "config_reload_failed", "policy_reloaded",
+        "config_reloaded",
+        "config_reload_failed",
+        "policy_reloaded",
     }
 )
 
@@ -147,8 +165,15 @@ def _tee_and_render(audit: AuditLog | None, json_console: bool, console_renderer
     return processor
 
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "warn": logging.WARNING,
-           "error": logging.ERROR, "exception": logging.ERROR, "critical": logging.CRITICAL}
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "exception": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
 
 
 class ReopeningFile:

@@ -92,8 +92,12 @@ class Settings:
     def show(self) -> list[dict[str, Any]]:
         """Every key with its effective value (credential tokens masked), source and reloadability."""
         return [
-            {"key": k.name, "value": mask(self.values[k.name]), "source": str(self.origins[k.name]),
-             "reloadable": k.reloadable}
+            {
+                "key": k.name,
+                "value": mask(self.values[k.name]),
+                "source": str(self.origins[k.name]),
+                "reloadable": k.reloadable,
+            }
             for k in self.keys
         ]
 
@@ -329,8 +333,14 @@ class Source:
         text = self.read(self.path) if self.path else None
         if text is None and self.explicit:
             raise ConfigError(f"config file {self.path} does not exist")
-        return resolve(self.keys, flags=self.flags, env=self.env, file_text=text,
-                       file_path=self.path if text is not None else None, require=require)
+        return resolve(
+            self.keys,
+            flags=self.flags,
+            env=self.env,
+            file_text=text,
+            file_path=self.path if text is not None else None,
+            require=require,
+        )
 
     def describe(self, settings: Settings) -> str:
         if settings.file:
@@ -383,12 +393,14 @@ class Reloader:
 # --- the command line -----------------------------------------------------------------------------
 
 
-def add_flags(parser: Any, keys: Iterable[Key], groups: Mapping[str, str], group_help: Mapping[str, str],
-              *, file_help: str) -> None:
+def add_flags(
+    parser: Any, keys: Iterable[Key], groups: Mapping[str, str], group_help: Mapping[str, str], *, file_help: str
+) -> None:
     """Every key as a flag (`--config` too). Flags default to None: only flags actually given take
     precedence over the environment and the file."""
-    parser.add_argument("--config", metavar="FILE", help=file_help + "; precedence: flags > MINDHAND_* variables "
-                        "> file > defaults")
+    parser.add_argument(
+        "--config", metavar="FILE", help=file_help + "; precedence: flags > MINDHAND_* variables > file > defaults"
+    )
     made: dict[str, Any] = {}
     for key in keys:
         group_name = groups.get(key.name)
@@ -398,8 +410,9 @@ def add_flags(parser: Any, keys: Iterable[Key], groups: Mapping[str, str], group
                 made[group_name] = parser.add_argument_group(group_name, group_help.get(group_name))
             target = made[group_name]
         default = f" (default {key.default})" if key.default not in (None, [], False) else ""
-        help_text = (key.help + default + f" [env {key.env_name}]"
-                     + (" [SIGHUP reloads]" if key.reloadable else "")).replace("%", "%%")
+        help_text = (
+            key.help + default + f" [env {key.env_name}]" + (" [SIGHUP reloads]" if key.reloadable else "")
+        ).replace("%", "%%")
         if key.kind is bool:
             target.add_argument(key.flag, action="store_true", default=None, help=help_text)
         elif key.kind is list:

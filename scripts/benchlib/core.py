@@ -82,9 +82,15 @@ class Row:
 
 
 COLUMNS = [
-    ("figure", "figure"), ("metric", "metric"), ("ours", "ours (median)"), ("p99", "p99"),
-    ("spread", "min-max over rounds"), ("ref", "reference (same run)"), ("ratio", "ratio"),
-    ("target", "target"), ("verdict", "verdict"),
+    ("figure", "figure"),
+    ("metric", "metric"),
+    ("ours", "ours (median)"),
+    ("p99", "p99"),
+    ("spread", "min-max over rounds"),
+    ("ref", "reference (same run)"),
+    ("ratio", "ratio"),
+    ("target", "target"),
+    ("verdict", "verdict"),
 ]
 
 
@@ -149,13 +155,24 @@ class Child:
     """A helper process in its own session, talking JSON lines on stdout. Stopped (and its whole
     group killed) by PID; every read has a deadline."""
 
-    def __init__(self, name: str, argv: list[str], *, env: dict[str, str] | None = None, log: Path | None = None,
-                 stdin: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        log: Path | None = None,
+        stdin: bool = False,
+    ) -> None:
         self.name = name
         self._log = open(log, "ab") if log is not None else subprocess.DEVNULL
         self.p = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            env=env, start_new_session=True,
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
         )
         self._buf = b""
 
@@ -253,5 +270,6 @@ class Ctx:
 
 
 def dump_json(path: Path, mach: dict[str, Any], rows: list[Row], notes: dict[str, list[str]], mode: str) -> None:
-    path.write_text(json.dumps({"machine": mach, "mode": mode, "rows": [asdict(r) for r in rows], "notes": notes},
-                               indent=2) + "\n")
+    path.write_text(
+        json.dumps({"machine": mach, "mode": mode, "rows": [asdict(r) for r in rows], "notes": notes}, indent=2) + "\n"
+    )

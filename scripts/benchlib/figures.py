@@ -19,8 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from benchlib.core import (PY, Ctx, Row, med, mib, ms, num, pct, ratio, rss_mib, secs, spread,
-                           verdict)
+from benchlib.core import PY, Ctx, Row, med, mib, ms, num, pct, ratio, rss_mib, secs, spread, verdict
 from benchlib.relay import RelayClient
 from mind.client.aio import MindClient, RunHandle, load_credential
 from protocol.messages import RunEnd, RunUpdate
@@ -208,9 +207,12 @@ def sshd(ctx: Ctx):
             ctx.on_close(s.stop)
             s.start()
             ctx.shared["sshd"] = s
-            ctx.note("ssh", f"our own {s.version()} on 127.0.0.1:{s.port} (temp ed25519 host key, root by temp key "
-                            "only, -f /dev/null); SHLVL=1 is sent so the remote bash skips root's ~/.bashrc (ssh's "
-                            "cost, not this machine's dotfiles)")
+            ctx.note(
+                "ssh",
+                f"our own {s.version()} on 127.0.0.1:{s.port} (temp ed25519 host key, root by temp key "
+                "only, -f /dev/null); SHLVL=1 is sent so the remote bash skips root's ~/.bashrc (ssh's "
+                "cost, not this machine's dotfiles)",
+            )
         except (SshUnavailable, OSError, subprocess.SubprocessError) as exc:
             ctx.shared["sshd"] = str(exc) or type(exc).__name__
     return ctx.shared["sshd"]
@@ -231,13 +233,34 @@ def fig_latency(ctx: Ctx) -> list[Row]:
     ours, ref = flat(ours_r), flat(ref_r)
     ctx.shared["relay_samples"] = ref
     o50, o99, r50, r99 = med(ours), pct(ours, 99), med(ref), pct(ref, 99)
-    ctx.note("latency", f"{len(ours)} calls per side ({n} a round after 50 warm-up); reference = raw websockets "
-                        f"relay client->relay->peer->relay->client with msgpack, 3 processes")
+    ctx.note(
+        "latency",
+        f"{len(ours)} calls per side ({n} a round after 50 warm-up); reference = raw websockets "
+        f"relay client->relay->peer->relay->client with msgpack, 3 processes",
+    )
     return [
-        Row("latency", "read_file p50 ms", ms(o50), ms(o99), spread([med(r) for r in ours_r], ms),
-            f"{ms(r50)} (relay p50)", ratio(o50, r50), "<= 2.0x relay", verdict(o50 <= 2.0 * r50)),
-        Row("latency", "read_file p99 ms", ms(o99), "", spread([pct(r, 99) for r in ours_r], ms),
-            f"{ms(r99)} (relay p99)", ratio(o99, r99), "<= 2.5x relay", verdict(o99 <= 2.5 * r99)),
+        Row(
+            "latency",
+            "read_file p50 ms",
+            ms(o50),
+            ms(o99),
+            spread([med(r) for r in ours_r], ms),
+            f"{ms(r50)} (relay p50)",
+            ratio(o50, r50),
+            "<= 2.0x relay",
+            verdict(o50 <= 2.0 * r50),
+        ),
+        Row(
+            "latency",
+            "read_file p99 ms",
+            ms(o99),
+            "",
+            spread([pct(r, 99) for r in ours_r], ms),
+            f"{ms(r99)} (relay p99)",
+            ratio(o99, r99),
+            "<= 2.5x relay",
+            verdict(o99 <= 2.5 * r99),
+        ),
     ]
 
 
@@ -255,10 +278,24 @@ def fig_pipelined(ctx: Ctx) -> list[Row]:
         lat += l
         ref_r.append(run(relay_pipelined(url, seconds), 120))
     o, r = med(ours_r), med(ref_r)
-    ctx.note("pipelined", f"{INFLIGHT} callers on one client connection, {seconds:.0f} s a round; per-call latency "
-                          f"under that load p50 {ms(med(lat))} ms, p99 {ms(pct(lat, 99))} ms")
-    return [Row("pipelined", f"read_file calls/s ({INFLIGHT} in flight)", num(o), "", spread(ours_r, num),
-                f"{num(r)} msgs/s (relay)", ratio(o, r), ">= 0.5x relay", verdict(o >= 0.5 * r))]
+    ctx.note(
+        "pipelined",
+        f"{INFLIGHT} callers on one client connection, {seconds:.0f} s a round; per-call latency "
+        f"under that load p50 {ms(med(lat))} ms, p99 {ms(pct(lat, 99))} ms",
+    )
+    return [
+        Row(
+            "pipelined",
+            f"read_file calls/s ({INFLIGHT} in flight)",
+            num(o),
+            "",
+            spread(ours_r, num),
+            f"{num(r)} msgs/s (relay)",
+            ratio(o, r),
+            ">= 0.5x relay",
+            verdict(o >= 0.5 * r),
+        )
+    ]
 
 
 # --- 3. exec -------------------------------------------------------------------------------
@@ -297,20 +334,53 @@ def fig_exec(ctx: Ctx) -> list[Row]:
     ours, local = flat(ours_r), flat(local_r)
     o50, l50, rel = med(ours), med(local), relay_p50(ctx)
     budget = l50 + rel + 0.5
-    rows = [Row("exec", "exec -- true p50 ms", ms(o50), ms(pct(ours, 99)), spread([med(r) for r in ours_r], ms),
-                f"{ms(budget)} = spawn {ms(l50)} + relay {ms(rel)} + 0.5", ratio(o50, budget),
-                "<= local spawn + relay p50 + 0.5 ms", verdict(o50 <= budget))]
+    rows = [
+        Row(
+            "exec",
+            "exec -- true p50 ms",
+            ms(o50),
+            ms(pct(ours, 99)),
+            spread([med(r) for r in ours_r], ms),
+            f"{ms(budget)} = spawn {ms(l50)} + relay {ms(rel)} + 0.5",
+            ratio(o50, budget),
+            "<= local spawn + relay p50 + 0.5 ms",
+            verdict(o50 <= budget),
+        )
+    ]
     if isinstance(s, str):
-        rows.append(Row("exec", "vs ssh ControlMaster p50", ms(o50), "", "", "n/a (no sshd: see notes)", "", ">= 3x faster",
-                        "n/a"))
+        rows.append(
+            Row(
+                "exec",
+                "vs ssh ControlMaster p50",
+                ms(o50),
+                "",
+                "",
+                "n/a (no sshd: see notes)",
+                "",
+                ">= 3x faster",
+                "n/a",
+            )
+        )
         ctx.note("exec", f"ssh reference n/a: {s}")
     else:
         s50 = med(flat(ssh_r))
-        rows.append(Row("exec", "vs ssh ControlMaster p50", ms(o50), "", spread([med(r) for r in ssh_r], ms),
-                        f"{ms(s50)} (ssh -o ControlMaster=auto ... true)", ratio(o50, s50), ">= 3x faster (<= 0.33x)",
-                        verdict(o50 * 3 <= s50)))
-    ctx.note("exec", f"local spawn = asyncio.create_subprocess_exec('true') + wait, p50 {ms(l50)} ms, "
-                     f"p99 {ms(pct(local, 99))} ms")
+        rows.append(
+            Row(
+                "exec",
+                "vs ssh ControlMaster p50",
+                ms(o50),
+                "",
+                spread([med(r) for r in ssh_r], ms),
+                f"{ms(s50)} (ssh -o ControlMaster=auto ... true)",
+                ratio(o50, s50),
+                ">= 3x faster (<= 0.33x)",
+                verdict(o50 * 3 <= s50),
+            )
+        )
+    ctx.note(
+        "exec",
+        f"local spawn = asyncio.create_subprocess_exec('true') + wait, p50 {ms(l50)} ms, p99 {ms(pct(local, 99))} ms",
+    )
     return rows
 
 
@@ -350,28 +420,89 @@ def fig_cli(ctx: Ctx) -> list[Row]:
     o = med(ours)
     rows = []
     if fresh is None:
-        rows.append(Row("cli", "mind exec -- true wall ms", ms(o), ms(max(ours)), spread([med(r) for r in ours_r], ms),
-                        "n/a (no sshd: see notes)", "", "< fresh ssh", "n/a"))
+        rows.append(
+            Row(
+                "cli",
+                "mind exec -- true wall ms",
+                ms(o),
+                ms(max(ours)),
+                spread([med(r) for r in ours_r], ms),
+                "n/a (no sshd: see notes)",
+                "",
+                "< fresh ssh",
+                "n/a",
+            )
+        )
         ctx.note("cli", f"ssh reference n/a: {s}")
     else:
         r = med(flat(ssh_r))
-        rows.append(Row("cli", "mind exec -- true wall ms", ms(o), ms(max(ours)), spread([med(x) for x in ours_r], ms),
-                        f"{ms(r)} (fresh ssh, curve25519)", ratio(o, r), "< fresh ssh", verdict(o < r)))
+        rows.append(
+            Row(
+                "cli",
+                "mind exec -- true wall ms",
+                ms(o),
+                ms(max(ours)),
+                spread([med(x) for x in ours_r], ms),
+                f"{ms(r)} (fresh ssh, curve25519)",
+                ratio(o, r),
+                "< fresh ssh",
+                verdict(o < r),
+            )
+        )
     b, i = med(flat(bare_r)), med(flat(imp_r))
-    rows.append(Row("cli", "context: python -c pass ms", ms(b), "", spread([med(x) for x in bare_r], ms),
-                    "", ratio(o, b), "", "info"))
-    rows.append(Row("cli", "context: python -c 'import deps' ms", ms(i), "",
-                    spread([med(x) for x in imp_r], ms), "", ratio(o, i), "", "info"))
+    rows.append(
+        Row(
+            "cli",
+            "context: python -c pass ms",
+            ms(b),
+            "",
+            spread([med(x) for x in bare_r], ms),
+            "",
+            ratio(o, b),
+            "",
+            "info",
+        )
+    )
+    rows.append(
+        Row(
+            "cli",
+            "context: python -c 'import deps' ms",
+            ms(i),
+            "",
+            spread([med(x) for x in imp_r], ms),
+            "",
+            ratio(o, i),
+            "",
+            "info",
+        )
+    )
     if uncached:
         u = med(flat(unc_r))
-        rows.append(Row("cli", "context: mind exec, bytecode not cached ms", ms(u), ms(max(flat(unc_r))),
-                        spread([med(x) for x in unc_r], ms), "", ratio(o, u), "", "info"))
-        ctx.note("cli", "PYTHONDONTWRITEBYTECODE is set here: the 'bytecode not cached' row is mind exec as this "
-                        "environment runs it (our modules compiled from source on every run)")
-    ctx.note("cli", f"{n} runs a round per command; p99 column = slowest run; python runs with bytecode cached "
-                    f"(PYTHONPYCACHEPREFIX in the bench directory); deps = websockets, msgpack, pydantic, structlog "
-                    f"(what `mind exec` imported before its fast path; it now imports msgpack only); ratio of "
-                    f"context rows = mind exec / it")
+        rows.append(
+            Row(
+                "cli",
+                "context: mind exec, bytecode not cached ms",
+                ms(u),
+                ms(max(flat(unc_r))),
+                spread([med(x) for x in unc_r], ms),
+                "",
+                ratio(o, u),
+                "",
+                "info",
+            )
+        )
+        ctx.note(
+            "cli",
+            "PYTHONDONTWRITEBYTECODE is set here: the 'bytecode not cached' row is mind exec as this "
+            "environment runs it (our modules compiled from source on every run)",
+        )
+    ctx.note(
+        "cli",
+        f"{n} runs a round per command; p99 column = slowest run; python runs with bytecode cached "
+        f"(PYTHONPYCACHEPREFIX in the bench directory); deps = websockets, msgpack, pydantic, structlog "
+        f"(what `mind exec` imported before its fast path; it now imports msgpack only); ratio of "
+        f"context rows = mind exec / it",
+    )
     return rows
 
 
@@ -393,7 +524,7 @@ def procs_with(tag: str) -> int:
                 stat = f.read()
         except OSError:
             continue
-        if stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X"):
+        if stat[stat.rfind(b")") + 2 :][:1] not in (b"Z", b"X"):
             count += 1
     return count
 
@@ -457,14 +588,35 @@ def fig_cancel(ctx: Ctx) -> list[Row]:
         ref_r.append(run(local_cancels(n), 120))
     ours, ref = flat(ours_r), flat(ref_r)
     o50, o99, r50, r99 = med(ours), pct(ours, 99), med(ref), pct(ref, 99)
-    ctx.note("cancel", f"tree = sh -c '{tree('T')}' (obeys SIGTERM); timed from the client's cancel to run_end "
-                       f"(cancelled) at the client; processes of the tree left alive afterwards: {left}; "
-                       f"reference = os.killpg(SIGTERM) + waitpid + the group seen empty, locally")
+    ctx.note(
+        "cancel",
+        f"tree = sh -c '{tree('T')}' (obeys SIGTERM); timed from the client's cancel to run_end "
+        f"(cancelled) at the client; processes of the tree left alive afterwards: {left}; "
+        f"reference = os.killpg(SIGTERM) + waitpid + the group seen empty, locally",
+    )
     return [
-        Row("cancel", "cancel -> cancelled p50 ms", ms(o50), ms(o99), spread([med(r) for r in ours_r], ms),
-            f"{ms(r50)} (local killpg + reap)", ratio(o50, r50), "<= 5 ms", verdict(o50 <= 5.0)),
-        Row("cancel", "cancel -> cancelled p99 ms", ms(o99), "", spread([pct(r, 99) for r in ours_r], ms),
-            f"{ms(r99)} (local p99)", ratio(o99, r99), "<= 20 ms", verdict(o99 <= 20.0)),
+        Row(
+            "cancel",
+            "cancel -> cancelled p50 ms",
+            ms(o50),
+            ms(o99),
+            spread([med(r) for r in ours_r], ms),
+            f"{ms(r50)} (local killpg + reap)",
+            ratio(o50, r50),
+            "<= 5 ms",
+            verdict(o50 <= 5.0),
+        ),
+        Row(
+            "cancel",
+            "cancel -> cancelled p99 ms",
+            ms(o99),
+            "",
+            spread([pct(r, 99) for r in ours_r], ms),
+            f"{ms(r99)} (local p99)",
+            ratio(o99, r99),
+            "<= 20 ms",
+            verdict(o99 <= 20.0),
+        ),
     ]
 
 
@@ -513,14 +665,27 @@ def fig_lost(ctx: Ctx) -> list[Row]:
     for ping in (1.0,) if ctx.quick else (1.0, 10.0):
         xs = [lost_once(ctx, ping, (k + 0.5) / ctx.rounds) for k in range(ctx.rounds)]
         o = med(xs)
-        rows.append(Row("lost", f"blackhole -> lost s (ping {ping:g} s)", secs(o), secs(max(xs)), spread(xs, secs),
-                        f"ping interval {ping:g} s", f"{o / ping:.2f} intervals", f"<= 2 intervals ({2 * ping:g} s)",
-                        verdict(max(xs) <= 2 * ping)))
-    ctx.note("lost", "Mind and Hand both --ping-interval P (pong timeout 0.75 P, close timeout 0.2 P); a fresh Mind+Hand+fault proxy each "
-                     "round; timed from the proxy's blackhole (both ways) to run_end(lost) at a client connected "
-                     "directly to the Mind; round k of n blackholes at phase (k+0.5)/n of the Mind's ping cycle (from the "
-                     "Hand's welcome time), so the rounds span the cycle; p99 column = worst round, verdict on the worst"
-                     + ("; quick mode: 1 s only" if ctx.quick else ""))
+        rows.append(
+            Row(
+                "lost",
+                f"blackhole -> lost s (ping {ping:g} s)",
+                secs(o),
+                secs(max(xs)),
+                spread(xs, secs),
+                f"ping interval {ping:g} s",
+                f"{o / ping:.2f} intervals",
+                f"<= 2 intervals ({2 * ping:g} s)",
+                verdict(max(xs) <= 2 * ping),
+            )
+        )
+    ctx.note(
+        "lost",
+        "Mind and Hand both --ping-interval P (pong timeout 0.75 P, close timeout 0.2 P); a fresh Mind+Hand+fault proxy each "
+        "round; timed from the proxy's blackhole (both ways) to run_end(lost) at a client connected "
+        "directly to the Mind; round k of n blackholes at phase (k+0.5)/n of the Mind's ping cycle (from the "
+        "Hand's welcome time), so the rounds span the cycle; p99 column = worst round, verdict on the worst"
+        + ("; quick mode: 1 s only" if ctx.quick else ""),
+    )
     return rows
 
 
@@ -528,8 +693,10 @@ def fig_lost(ctx: Ctx) -> list[Row]:
 
 
 def _sims(ctx: Ctx, cl_url: str, args: list[list[str]], d: Path) -> tuple[list, float, dict]:
-    sims = [ctx.child(f"handsim{k}", [PY, HANDSIM_PY, "--url", cl_url, *a], stdin=True, log=d / f"handsim{k}.log")
-            for k, a in enumerate(args)]
+    sims = [
+        ctx.child(f"handsim{k}", [PY, HANDSIM_PY, "--url", cl_url, *a], stdin=True, log=d / f"handsim{k}.log")
+        for k, a in enumerate(args)
+    ]
     for s in sims:
         s.read_json(30)
     t0 = time.perf_counter()
@@ -572,8 +739,9 @@ def fig_hands(ctx: Ctx) -> list[Row]:
             cl.start_mind("--ping-interval", "10")
             time.sleep(0.5)
             rss0_r.append(rss_mib(cl.mind.pid))
-            sims, dt, tot = _sims(ctx, cl.url, [["--creds", str(f), "--concurrency", str(conc)] for f in cred_files],
-                                  cl.tmp)
+            sims, dt, tot = _sims(
+                ctx, cl.url, [["--creds", str(f), "--concurrency", str(conc)] for f in cred_files], cl.tmp
+            )
             if tot["connected"] != n:
                 raise RuntimeError(f"only {tot['connected']} of {n} simulated hands connected")
 
@@ -627,19 +795,51 @@ def fig_hands(ctx: Ctx) -> list[Row]:
     t, rss, c50, rel = med(t_r), med(rss_r), med(calls_all), relay_p50(ctx)
     ref_t, ref_rss = med(ref_t_r), med(ref_rss_r)
     label = f"{n:,} hands" + (" (quick)" if ctx.quick else "")
-    ctx.note("hands", f"{nprocs} simulator process(es) (benchlib/handsim.py), at most {conc} handshakes in progress "
-                      f"each, real ClientHandshake + answers; Mind --ping-interval 10 (the default); timed from 'go' "
-                      f"to every simulated Hand welcomed; busy refusals {busy}, other failed attempts {failed} (all rounds)")
-    ctx.note("hands", f"RSS before any Hand: Mind {mib(med(rss0_r))} MiB, bare server {mib(med(ref_rss0_r))} MiB; "
-                      f"RSS read {idle:g} s after the last connection; calls: {calls} a round to random Hands")
+    ctx.note(
+        "hands",
+        f"{nprocs} simulator process(es) (benchlib/handsim.py), at most {conc} handshakes in progress "
+        f"each, real ClientHandshake + answers; Mind --ping-interval 10 (the default); timed from 'go' "
+        f"to every simulated Hand welcomed; busy refusals {busy}, other failed attempts {failed} (all rounds)",
+    )
+    ctx.note(
+        "hands",
+        f"RSS before any Hand: Mind {mib(med(rss0_r))} MiB, bare server {mib(med(ref_rss0_r))} MiB; "
+        f"RSS read {idle:g} s after the last connection; calls: {calls} a round to random Hands",
+    )
     return [
-        Row("hands", f"{label}: all connected s", secs(t), "", spread(t_r, secs),
-            f"{secs(ref_t)} (raw ws connects, bare server)", ratio(t, ref_t), "<= 3 s", verdict(t <= 3.0)),
-        Row("hands", f"{label}: Mind RSS idle MiB", mib(rss), "", spread(rss_r, mib),
-            f"{mib(ref_rss)} (bare websockets server)", ratio(rss, ref_rss), "<= 150 MiB", verdict(rss <= 150)),
-        Row("hands", f"{label}: read_file p50 ms, random hand", ms(c50), ms(pct(calls_all, 99)),
-            spread([med(r) for r in call_r], ms), f"{ms(rel)} (relay p50)", ratio(c50, rel), "<= 2.0x relay",
-            verdict(c50 <= 2.0 * rel)),
+        Row(
+            "hands",
+            f"{label}: all connected s",
+            secs(t),
+            "",
+            spread(t_r, secs),
+            f"{secs(ref_t)} (raw ws connects, bare server)",
+            ratio(t, ref_t),
+            "<= 3 s",
+            verdict(t <= 3.0),
+        ),
+        Row(
+            "hands",
+            f"{label}: Mind RSS idle MiB",
+            mib(rss),
+            "",
+            spread(rss_r, mib),
+            f"{mib(ref_rss)} (bare websockets server)",
+            ratio(rss, ref_rss),
+            "<= 150 MiB",
+            verdict(rss <= 150),
+        ),
+        Row(
+            "hands",
+            f"{label}: read_file p50 ms, random hand",
+            ms(c50),
+            ms(pct(calls_all, 99)),
+            spread([med(r) for r in call_r], ms),
+            f"{ms(rel)} (relay p50)",
+            ratio(c50, rel),
+            "<= 2.0x relay",
+            verdict(c50 <= 2.0 * rel),
+        ),
     ]
 
 
@@ -685,11 +885,25 @@ def fig_starts(ctx: Ctx) -> list[Row]:
     finally:
         cl.stop_all()
     r = med(rates)
-    ctx.note("starts", f"MindClient.task_start('exec', argv=['true']) x {INFLIGHT} in flight, {seconds:g} s a round, "
-                       f"Hand --max-running-tasks 4 (default: the rest queue), --max-retained-tasks 1000000; "
-                       f"outcomes {outcomes}; reply latency p50 {ms(med(lat))} ms, p99 {ms(pct(lat, 99))} ms")
-    return [Row("starts", f"task starts/s accepted ({INFLIGHT} in flight)", num(r), "", spread(rates, num),
-                "none", "", ">= 500/s", verdict(r >= 500))]
+    ctx.note(
+        "starts",
+        f"MindClient.task_start('exec', argv=['true']) x {INFLIGHT} in flight, {seconds:g} s a round, "
+        f"Hand --max-running-tasks 4 (default: the rest queue), --max-retained-tasks 1000000; "
+        f"outcomes {outcomes}; reply latency p50 {ms(med(lat))} ms, p99 {ms(pct(lat, 99))} ms",
+    )
+    return [
+        Row(
+            "starts",
+            f"task starts/s accepted ({INFLIGHT} in flight)",
+            num(r),
+            "",
+            spread(rates, num),
+            "none",
+            "",
+            ">= 500/s",
+            verdict(r >= 500),
+        )
+    ]
 
 
 # --- 9. reconcile --------------------------------------------------------------------------
@@ -724,22 +938,61 @@ def fig_reconcile(ctx: Ctx) -> list[Row]:
         busy += b1 + b2
         quiet += q1 + q2
     a, g, w = med(adopt_r), med(again_r), med(worst_r)
-    ctx.note("reconcile", f"{n:,} finished tasks seeded in the Hand's database; duration = the Mind's reconcile_done "
-                          f"duration_ms (first pass adopts them all, second finds them unchanged); RTT = a client "
-                          f"asking hands() every 5 ms from just before the Hand starts until reconcile_done, "
-                          f"{len(busy)} probes: p50 {ms(med(busy))} ms, p99 {ms(pct(busy, 99))} ms; ours = the worst of a round "
-                          f"(median over rounds); idle probes {len(quiet)}: p50 {ms(med(quiet))} ms; loop-lag max = the Mind's "
-                          f"mindhand_event_loop_lag_max_seconds after both passes (since its start; sampled by its "
-                          f"250 ms ticker, so a stall that ends between two ticks is not seen)")
+    ctx.note(
+        "reconcile",
+        f"{n:,} finished tasks seeded in the Hand's database; duration = the Mind's reconcile_done "
+        f"duration_ms (first pass adopts them all, second finds them unchanged); RTT = a client "
+        f"asking hands() every 5 ms from just before the Hand starts until reconcile_done, "
+        f"{len(busy)} probes: p50 {ms(med(busy))} ms, p99 {ms(pct(busy, 99))} ms; ours = the worst of a round "
+        f"(median over rounds); idle probes {len(quiet)}: p50 {ms(med(quiet))} ms; loop-lag max = the Mind's "
+        f"mindhand_event_loop_lag_max_seconds after both passes (since its start; sampled by its "
+        f"250 ms ticker, so a stall that ends between two ticks is not seen)",
+    )
     return [
-        Row("reconcile", f"{n:,} tasks, first pass (adopt) ms", ms(a), "", spread(adopt_r, ms), "none", "",
-            "<= 1000 ms", verdict(a <= 1000)),
-        Row("reconcile", f"{n:,} tasks, after reconnect (unchanged) ms", ms(g), "", spread(again_r, ms), "none", "",
-            "<= 1000 ms", verdict(g <= 1000)),
-        Row("reconcile", "worst client RTT meanwhile ms", ms(w), "", spread(worst_r, ms),
-            f"{ms(max(quiet))} (worst RTT, idle Mind)", ratio(w, max(quiet)), "<= 50 ms", verdict(w <= 50)),
-        Row("reconcile", "Mind's own loop-lag max (/metrics) ms", ms(med(lag_r)) if lag_r else "n/a", "",
-            spread(lag_r, ms), "", "", "cross-check of the row above", "info"),
+        Row(
+            "reconcile",
+            f"{n:,} tasks, first pass (adopt) ms",
+            ms(a),
+            "",
+            spread(adopt_r, ms),
+            "none",
+            "",
+            "<= 1000 ms",
+            verdict(a <= 1000),
+        ),
+        Row(
+            "reconcile",
+            f"{n:,} tasks, after reconnect (unchanged) ms",
+            ms(g),
+            "",
+            spread(again_r, ms),
+            "none",
+            "",
+            "<= 1000 ms",
+            verdict(g <= 1000),
+        ),
+        Row(
+            "reconcile",
+            "worst client RTT meanwhile ms",
+            ms(w),
+            "",
+            spread(worst_r, ms),
+            f"{ms(max(quiet))} (worst RTT, idle Mind)",
+            ratio(w, max(quiet)),
+            "<= 50 ms",
+            verdict(w <= 50),
+        ),
+        Row(
+            "reconcile",
+            "Mind's own loop-lag max (/metrics) ms",
+            ms(med(lag_r)) if lag_r else "n/a",
+            "",
+            spread(lag_r, ms),
+            "",
+            "",
+            "cross-check of the row above",
+            "info",
+        ),
     ]
 
 
@@ -785,13 +1038,37 @@ def fig_memory(ctx: Ctx) -> list[Row]:
         cl.stop_all()
     at = dict(curve)
     first, last = at[marks[0]], at[marks[-1]]
-    ctx.note("memory", "RSS curve (runs: MiB) " + ", ".join(f"{k:,}: {mib(v)}" for k, v in curve)
-             + f"; {mib(settled)} MiB 1 s after the last; {num(rate)} runs/s ({INFLIGHT} in flight); one round")
+    ctx.note(
+        "memory",
+        "RSS curve (runs: MiB) "
+        + ", ".join(f"{k:,}: {mib(v)}" for k, v in curve)
+        + f"; {mib(settled)} MiB 1 s after the last; {num(rate)} runs/s ({INFLIGHT} in flight); one round",
+    )
     if ctx.quick:
-        return [Row("memory", f"Mind RSS MiB after {marks[-1]:,} runs (quick)", mib(last), "", "",
-                    f"{mib(first)} after {marks[0]:,}", ratio(last, first),
-                    "plateau past retain_finished=10,000 (full mode)", "info")]
+        return [
+            Row(
+                "memory",
+                f"Mind RSS MiB after {marks[-1]:,} runs (quick)",
+                mib(last),
+                "",
+                "",
+                f"{mib(first)} after {marks[0]:,}",
+                ratio(last, first),
+                "plateau past retain_finished=10,000 (full mode)",
+                "info",
+            )
+        ]
     base = at[20_000]
-    return [Row("memory", f"Mind RSS MiB after {marks[-1]:,} runs", mib(last), "", "",
-                f"{mib(first)} after {marks[0]:,}", ratio(last, first),
-                f"plateau: <= RSS@20k ({mib(base)}) +10%", verdict(last <= base * 1.10))]
+    return [
+        Row(
+            "memory",
+            f"Mind RSS MiB after {marks[-1]:,} runs",
+            mib(last),
+            "",
+            "",
+            f"{mib(first)} after {marks[0]:,}",
+            ratio(last, first),
+            f"plateau: <= RSS@20k ({mib(base)}) +10%",
+            verdict(last <= base * 1.10),
+        )
+    ]

@@ -75,8 +75,13 @@ class Sim:
 
     async def _dial(self) -> ClientConnection:
         return await connect(
-            self.url, compression=None, max_size=limits.MAX_FRAME_BYTES, ping_interval=self.ping,
-            ping_timeout=self.ping, open_timeout=30, close_timeout=1,
+            self.url,
+            compression=None,
+            max_size=limits.MAX_FRAME_BYTES,
+            ping_interval=self.ping,
+            ping_timeout=self.ping,
+            open_timeout=30,
+            close_timeout=1,
         )
 
     def _up(self) -> None:
@@ -153,8 +158,15 @@ class Sim:
             msg = env.msg
             if isinstance(msg, Rpc):
                 if msg.background is not None:
-                    await ws.send(ch.stamp(Rejected(run_id=msg.run_id, code=RejectCode.INVALID_REQUEST,
-                                                    message="a simulated hand keeps no tasks")))
+                    await ws.send(
+                        ch.stamp(
+                            Rejected(
+                                run_id=msg.run_id,
+                                code=RejectCode.INVALID_REQUEST,
+                                message="a simulated hand keeps no tasks",
+                            )
+                        )
+                    )
                     continue
                 await ws.send(ch.stamp(Accepted(run_id=msg.run_id)))
                 await ws.send(ch.stamp(Started(run_id=msg.run_id)))
@@ -167,8 +179,9 @@ class Sim:
             elif isinstance(msg, Error):
                 return
             elif env.id is not None:
-                await ws.send(ch.stamp(Error(code=ErrorCode.UNKNOWN_TASK, message="a simulated hand keeps no tasks"),
-                                       env.id))
+                await ws.send(
+                    ch.stamp(Error(code=ErrorCode.UNKNOWN_TASK, message="a simulated hand keeps no tasks"), env.id)
+                )
 
 
 async def amain(args: argparse.Namespace) -> None:
@@ -193,8 +206,12 @@ async def amain(args: argparse.Namespace) -> None:
             await sim.all.wait()
     except TimeoutError:
         pass
-    print(json.dumps({"connected": sim.connected, "seconds": time.perf_counter() - t0, "busy": sim.busy,
-                      "errors": sim.errors}), flush=True)
+    print(
+        json.dumps(
+            {"connected": sim.connected, "seconds": time.perf_counter() - t0, "busy": sim.busy, "errors": sim.errors}
+        ),
+        flush=True,
+    )
     eof = asyncio.ensure_future(stdin.read())
     waiter = asyncio.ensure_future(stop.wait())
     await asyncio.wait({eof, waiter}, return_when=asyncio.FIRST_COMPLETED)

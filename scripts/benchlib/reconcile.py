@@ -21,9 +21,20 @@ def seed(state_dir: Path, n: int) -> None:
     store = TaskStore(state_dir)
     now = time.time()
     rows = [
-        TaskRow(task_id=f"t{i:06}", tool="exec", args_digest=DIGEST, binding_digest=DIGEST,
-                state=TaskState.SUCCEEDED, version=3, max_runtime_ms=60_000, created_at=now - 100 + i / n,
-                started_at=now - 99, finished_at=now - 98, exit_code=0, log_bytes=10)
+        TaskRow(
+            task_id=f"t{i:06}",
+            tool="exec",
+            args_digest=DIGEST,
+            binding_digest=DIGEST,
+            state=TaskState.SUCCEEDED,
+            version=3,
+            max_runtime_ms=60_000,
+            created_at=now - 100 + i / n,
+            started_at=now - 99,
+            finished_at=now - 98,
+            exit_code=0,
+            log_bytes=10,
+        )
         for i in range(n)
     ]
     with store._lock:
@@ -53,7 +64,9 @@ async def probe(url: str, cred_path: Path, stop: asyncio.Event, rtts: list[float
             await asyncio.sleep(every)
 
 
-def measure(cl, expect_lines: int, start_hand, idle: float = 0.2, timeout: float = 120.0) -> tuple[dict, list[float], list[float]]:
+def measure(
+    cl, expect_lines: int, start_hand, idle: float = 0.2, timeout: float = 120.0
+) -> tuple[dict, list[float], list[float]]:
     """Probe the Mind, start the Hand, wait for the `expect_lines`-th reconcile_done line.
     Returns (that line, RTTs while the Hand connected and reconciled, RTTs in `idle` s before)."""
     busy: list[float] = []

@@ -98,8 +98,9 @@ async def run_bare() -> None:
     async def handler(ws) -> None:
         await ws.wait_closed()
 
-    async with serve(handler, "127.0.0.1", 0, compression=None, max_size=MAX_SIZE, ping_interval=10,
-                     ping_timeout=10, backlog=1024) as server:
+    async with serve(
+        handler, "127.0.0.1", 0, compression=None, max_size=MAX_SIZE, ping_interval=10, ping_timeout=10, backlog=1024
+    ) as server:
         print(json.dumps({"port": next(iter(server.sockets)).getsockname()[1]}), flush=True)
         await until_stdin_closes()
 

@@ -62,8 +62,12 @@ class OwnSshd:
         self.tmp.mkdir(parents=True, exist_ok=True)
         os.chmod(self.tmp, 0o700)
         for name in ("host_key", "client_key"):
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.tmp / name)],
-                           check=True, capture_output=True, timeout=30)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.tmp / name)],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
         (self.tmp / "authorized_keys").write_text((self.tmp / "client_key.pub").read_text())
         os.chmod(self.tmp / "authorized_keys", 0o600)
         # sshd insists on its privilege separation directory (normally made by the package's service).
@@ -71,15 +75,45 @@ class OwnSshd:
         self.port = _free_port()
         self._log = open(self.tmp / "sshd.log", "ab")
         argv = [
-            str(SSHD), "-D", "-e", "-f", "/dev/null", "-p", str(self.port), "-h", str(self.tmp / "host_key"),
-            "-o", "ListenAddress=127.0.0.1", "-o", f"AuthorizedKeysFile={self.tmp / 'authorized_keys'}",
-            "-o", "PermitRootLogin=prohibit-password", "-o", "PasswordAuthentication=no",
-            "-o", "KbdInteractiveAuthentication=no", "-o", "UsePAM=no", "-o", "StrictModes=no",
-            "-o", "PidFile=none", "-o", "LogLevel=ERROR", "-o", "UseDNS=no", "-o", "PrintMotd=no",
-            "-o", "PermitUserRC=no", "-o", "AcceptEnv=SHLVL",
+            str(SSHD),
+            "-D",
+            "-e",
+            "-f",
+            "/dev/null",
+            "-p",
+            str(self.port),
+            "-h",
+            str(self.tmp / "host_key"),
+            "-o",
+            "ListenAddress=127.0.0.1",
+            "-o",
+            f"AuthorizedKeysFile={self.tmp / 'authorized_keys'}",
+            "-o",
+            "PermitRootLogin=prohibit-password",
+            "-o",
+            "PasswordAuthentication=no",
+            "-o",
+            "KbdInteractiveAuthentication=no",
+            "-o",
+            "UsePAM=no",
+            "-o",
+            "StrictModes=no",
+            "-o",
+            "PidFile=none",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "UseDNS=no",
+            "-o",
+            "PrintMotd=no",
+            "-o",
+            "PermitUserRC=no",
+            "-o",
+            "AcceptEnv=SHLVL",
         ]
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -108,9 +142,25 @@ class OwnSshd:
 
     def argv(self, *cmd: str, mux: bool = False, kex: str | None = None) -> list[str]:
         opts = [
-            "ssh", "-F", "/dev/null", "-p", str(self.port), "-i", str(self.key), "-o", "IdentitiesOnly=yes",
-            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
-            "-o", "LogLevel=ERROR", "-o", "SendEnv=SHLVL",
+            "ssh",
+            "-F",
+            "/dev/null",
+            "-p",
+            str(self.port),
+            "-i",
+            str(self.key),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "SendEnv=SHLVL",
         ]
         if kex:
             opts += ["-o", f"KexAlgorithms={kex}"]

@@ -85,8 +85,9 @@ class ScriptedMind:
             env = decode(await asyncio.wait_for(ws.recv(), 10))
             self.hand_errors.append(env.msg)
             return
-        challenge = Challenge(mind_id="mind1", handshake_id=f"hs{self.handshakes}", nonce=os.urandom(32),
-                              expires_in_ms=10_000)
+        challenge = Challenge(
+            mind_id="mind1", handshake_id=f"hs{self.handshakes}", nonce=os.urandom(32), expires_in_ms=10_000
+        )
         await ws.send(ch.stamp(challenge))
         proof = ch.receive(await ws.recv()).msg
         assert isinstance(proof, Proof)

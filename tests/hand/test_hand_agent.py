@@ -48,8 +48,9 @@ async def world(tmp_path):
     async with serve(mind.handler, "127.0.0.1", 0, compression=None, max_size=limits.MAX_FRAME_BYTES) as server:
         port = server.sockets[0].getsockname()[1]
         mind.url = f"ws://127.0.0.1:{port}"
-        cfg = AgentConfig(url=mind.url, credential=cred, root=root, ping_interval=1.0, kill_grace=0.5,
-                          state_dir=tmp_path / "state")
+        cfg = AgentConfig(
+            url=mind.url, credential=cred, root=root, ping_interval=1.0, kill_grace=0.5, state_dir=tmp_path / "state"
+        )
         agent = Agent(cfg, backoff=Backoff(base=0.01, cap=0.05))
         task = asyncio.create_task(agent.run())
         try:
@@ -74,8 +75,9 @@ async def test_a_dropped_connection_cancels_its_runs_and_the_hand_reconnects(wor
     mind, agent, _, tmp = world
     conn = await mind.next_conn()
     pidfile = tmp / "child.pid"
-    await conn.send(Rpc(run_id="r1", tool="shell", args={"command": f"sleep 100 & echo $! > {pidfile}; wait"},
-                        timeout_ms=60_000))
+    await conn.send(
+        Rpc(run_id="r1", tool="shell", args={"command": f"sleep 100 & echo $! > {pidfile}; wait"}, timeout_ms=60_000)
+    )
     child = await until(lambda: read_pid(pidfile), what="the command to start")
     conn.ws.transport.abort()  # the Mind vanishes without a close frame
     await until(lambda: not pid_alive(child), timeout=10, what="the command to be killed")
@@ -147,8 +149,9 @@ async def test_shutdown_cancels_runs_reports_them_and_exits_zero(world):
     mind, agent, task, tmp = world
     conn = await mind.next_conn()
     pidfile = tmp / "child.pid"
-    await conn.send(Rpc(run_id="r1", tool="shell", args={"command": f"sleep 100 & echo $! > {pidfile}; wait"},
-                        timeout_ms=60_000))
+    await conn.send(
+        Rpc(run_id="r1", tool="shell", args={"command": f"sleep 100 & echo $! > {pidfile}; wait"}, timeout_ms=60_000)
+    )
     child = await until(lambda: read_pid(pidfile), what="the command to start")
     agent.request_stop()
     msgs = await conn.until_result("r1")
@@ -186,8 +189,15 @@ async def test_a_task_outlives_a_dropped_connection_and_is_read_back_on_the_next
     conn = await mind.next_conn()
     gate = tmp / "gate"
     command = f"while [ ! -e {gate} ]; do sleep 0.01; done; seq 1 30000"
-    await conn.send(Rpc(run_id="t1", tool="shell", args={"command": command}, timeout_ms=5_000,
-                        background=Background(max_runtime_ms=60_000)))
+    await conn.send(
+        Rpc(
+            run_id="t1",
+            tool="shell",
+            args={"command": command},
+            timeout_ms=5_000,
+            background=Background(max_runtime_ms=60_000),
+        )
+    )
     # On the ordered stream, a status right behind the start sees the committed row.
     await conn.send(TaskStatus(task_id="t1"), id="q1")
     accepted = await conn.until(lambda e: isinstance(e.msg, Accepted))
@@ -203,8 +213,11 @@ async def test_a_task_outlives_a_dropped_connection_and_is_read_back_on_the_next
     await until(lambda: mind.handshakes >= 2, what="the Hand to try again")
     gate.touch()
     state = tmp / "state"
-    await until(lambda: [r for r in read_rows(state) or [] if r.state is TaskState.SUCCEEDED], timeout=15,
-                what="the task to finish while the Hand is offline")
+    await until(
+        lambda: [r for r in read_rows(state) or [] if r.state is TaskState.SUCCEEDED],
+        timeout=15,
+        what="the task to finish while the Hand is offline",
+    )
     mind.release.set()
     conn2 = await mind.next_conn()
     assert conn2.gen == conn.gen + 1
@@ -233,8 +246,15 @@ async def test_shutdown_ends_running_tasks_cancelled_and_says_so_before_closing(
     mind, agent, task, tmp = world
     conn = await mind.next_conn()
     pidfile = tmp / "bg.pid"
-    await conn.send(Rpc(run_id="t1", tool="shell", args={"command": f"sleep 100 & echo $! > {pidfile}; wait"},
-                        timeout_ms=5_000, background=Background(max_runtime_ms=60_000)))
+    await conn.send(
+        Rpc(
+            run_id="t1",
+            tool="shell",
+            args={"command": f"sleep 100 & echo $! > {pidfile}; wait"},
+            timeout_ms=5_000,
+            background=Background(max_runtime_ms=60_000),
+        )
+    )
     child = await until(lambda: read_pid(pidfile), what="the task to start")
     agent.request_stop()
     env = await conn.until(lambda e: isinstance(e.msg, TaskUpdate) and e.msg.task.state is TaskState.CANCELLED)

@@ -18,8 +18,13 @@ SECRET = "ab" * 32
 
 def hand(*args: str, env: dict | None = None, timeout: float = 20) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("MINDHAND_")}
-    return subprocess.run([sys.executable, "-m", "hand", *args], capture_output=True, text=True,
-                          env={**base, **(env or {})}, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hand", *args],
+        capture_output=True,
+        text=True,
+        env={**base, **(env or {})},
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
@@ -55,10 +60,15 @@ def test_configuration_errors_exit_2_with_one_line(setup, change, expected):
     if "cred_text" in change:
         cred.write_text(change["cred_text"])
     r = hand(
-        "run", "--mind", change.get("mind", "ws://127.0.0.1:9"),
-        "--credential", str(tmp / change["credential"]) if "credential" in change else str(cred),
-        "--root", str(tmp / change["root"]) if "root" in change else str(root),
-        "--state-dir", str(tmp / "state"),
+        "run",
+        "--mind",
+        change.get("mind", "ws://127.0.0.1:9"),
+        "--credential",
+        str(tmp / change["credential"]) if "credential" in change else str(cred),
+        "--root",
+        str(tmp / change["root"]) if "root" in change else str(root),
+        "--state-dir",
+        str(tmp / "state"),
         *change.get("extra", []),
     )
     assert r.returncode == 2, r.stderr
@@ -73,9 +83,25 @@ def test_env_fallbacks_state_dir_and_sigterm_exit_0(setup):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINDHAND_")}
     env.update(MINDHAND_URL="ws://127.0.0.1:9", MINDHAND_CREDENTIAL=str(cred))
     p = subprocess.Popen(
-        [sys.executable, "-m", "hand", "run", "--root", str(root), "--state-dir", str(state),
-         "--log-format", "json", "--max-backoff", "0.5"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "hand",
+            "run",
+            "--root",
+            str(root),
+            "--state-dir",
+            str(state),
+            "--log-format",
+            "json",
+            "--max-backoff",
+            "0.5",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 15
@@ -94,4 +120,3 @@ def test_env_fallbacks_state_dir_and_sigterm_exit_0(setup):
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
-

@@ -78,8 +78,14 @@ async def test_shell_times_out_a_silent_peer_and_bounds_connections(tmp_path, mo
     monkeypatch.setattr(health, "MAX_CONNECTIONS", 2)
     metrics = HandMetrics()
     addr_file = tmp_path / "metrics.addr"
-    server = HealthServer("127.0.0.1", 0, health=lambda: {"status": "ok"}, metrics=metrics.render,
-                          log=structlog.get_logger(), addr_file=addr_file)
+    server = HealthServer(
+        "127.0.0.1",
+        0,
+        health=lambda: {"status": "ok"},
+        metrics=metrics.render,
+        log=structlog.get_logger(),
+        addr_file=addr_file,
+    )
     address = await server.start()
     port = int(address.rsplit(":", 1)[1])
     serving = asyncio.create_task(server.serve())

@@ -26,8 +26,10 @@ def pidfds(request, monkeypatch):
     elif request.param == "no-pidfd":
         monkeypatch.setattr(process, "_pidfd_open", None)
     elif request.param == "pidfd-refused":
+
         def refused(pid: int) -> int:
             raise OSError(errno.ENOSYS, "pidfd_open")
+
         monkeypatch.setattr(process, "_pidfd_open", refused)
     return request.param
 
@@ -177,7 +179,7 @@ async def test_a_member_forked_after_sigterm_is_found_and_killed(tmp_path, pidfd
     # group is not empty although every process seen at the signal is gone. Only SIGKILL ends it.
     pidfile, late = tmp_path / "gc.pid", tmp_path / "late.pid"
     script = (
-        f"sh -c 'trap \"sleep 100 & echo \\$! > {late}; exit 0\" TERM; echo $$ > {pidfile}; "
+        f'sh -c \'trap "sleep 100 & echo \\$! > {late}; exit 0" TERM; echo $$ > {pidfile}; '
         f"while :; do sleep 0.05; done' & wait"
     )
     p = sh(script, grace=0.5)

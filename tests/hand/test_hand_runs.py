@@ -93,8 +93,10 @@ async def test_accepted_started_progress_result_in_order(hand):
 
 async def test_failed_exit_and_exec_with_env_stdin_cwd(hand):
     (hand.root / "sub").mkdir()
-    rid = hand.rpc("exec", {"argv": ["sh", "-c", "pwd; echo $FOO; cat; exit 4"], "env": {"FOO": "bar"},
-                            "stdin": b"in", "cwd": "sub"})
+    rid = hand.rpc(
+        "exec",
+        {"argv": ["sh", "-c", "pwd; echo $FOO; cat; exit 4"], "env": {"FOO": "bar"}, "stdin": b"in", "cwd": "sub"},
+    )
     result = await hand.wait(rid)
     assert result.state is RunState.FAILED and result.exit_code == 4 and result.reason == "exit status 4"
     assert result.stdout.data == f"{os.path.realpath(hand.root)}/sub\nbar\nin".encode()
@@ -136,7 +138,12 @@ async def test_denied_tool_is_rejected_and_nothing_runs(tmp_path):
 async def test_unknown_tool_and_bad_arguments_are_rejected_before_accepted(hand):
     rid = hand.rpc("format_disk", {})
     assert hand.of(rid)[0].code is RejectCode.UNKNOWN_TOOL
-    for args in ({"argv": []}, {"argv": ["true"], "bogus": 1}, {"argv": "true"}, {"argv": ["true"], "env": {"A=B": "x"}}):
+    for args in (
+        {"argv": []},
+        {"argv": ["true"], "bogus": 1},
+        {"argv": "true"},
+        {"argv": ["true"], "env": {"A=B": "x"}},
+    ):
         rid = hand.rpc("exec", args)
         [msg] = hand.of(rid)
         assert isinstance(msg, Rejected) and msg.code is RejectCode.INVALID_REQUEST, args
@@ -240,7 +247,7 @@ async def test_on_cancel_signals_the_tree_before_it_returns(hand, tmp_path):
         "import os,signal,time; signal.pthread_sigmask(signal.SIG_BLOCK,{signal.SIGTERM}); "
         f"open({str(pidfile)!r},'w').write(str(os.getpid())); time.sleep(100)"
     )
-    rid = hand.rpc("shell", {"command": f"exec {sys.executable} -c \"{code}\""})
+    rid = hand.rpc("shell", {"command": f'exec {sys.executable} -c "{code}"'})
     pid = await until(lambda: read_pid(pidfile), what="the command to block SIGTERM")
     hand.table.on_cancel(Cancel(run_id=rid, reason=CancelReason.USER_REQUESTED))
     with open(f"/proc/{pid}/status") as f:
@@ -300,7 +307,9 @@ async def test_write_file_modes(hand):
     assert r.state is RunState.FAILED and "already exists" in r.error
     r = await hand.wait(hand.rpc("write_file", {"path": "a/b/c.txt", "data": b"x"}))
     assert r.state is RunState.FAILED and "make_dirs" in r.error
-    r = await hand.wait(hand.rpc("write_file", {"path": "a/b/c.txt", "data": b"deep", "make_dirs": True, "mode": "create"}))
+    r = await hand.wait(
+        hand.rpc("write_file", {"path": "a/b/c.txt", "data": b"deep", "make_dirs": True, "mode": "create"})
+    )
     assert r.state is RunState.SUCCEEDED and (hand.root / "a/b/c.txt").read_bytes() == b"deep"
     r = await hand.wait(hand.rpc("write_file", {"path": "a", "data": b"x"}))
     assert r.state is RunState.FAILED and "directory" in r.error
@@ -315,7 +324,10 @@ async def test_list_dir(hand):
     assert r.state is RunState.SUCCEEDED and r.value["truncated"] is False
     entries = r.value["entries"]
     assert [(e["name"], e["type"]) for e in entries] == [
-        ("a-dir", "dir"), ("b.txt", "file"), ("c-link", "symlink"), ("d-fifo", "other")
+        ("a-dir", "dir"),
+        ("b.txt", "file"),
+        ("c-link", "symlink"),
+        ("d-fifo", "other"),
     ]
     assert entries[1]["size"] == 5
     r = await hand.wait(hand.rpc("list_dir", {"path": "b.txt"}))

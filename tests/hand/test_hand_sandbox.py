@@ -92,18 +92,33 @@ def test_parse_env_allow_names_prefixes_and_errors():
 
 def test_child_env_allowlist_secrets_run_as_and_per_run_env():
     parent = {
-        "PATH": "/bin", "HOME": "/root", "LC_ALL": "C", "LC_TIME": "C", "TERM": "xterm",
-        "SECRET_TOKEN": "s3", "AWS_KEY": "k", "MINDHAND_CREDENTIAL": "/x.cred", "MINDHAND_URL": "ws://m",
-        "HIDDEN_COPY": "prefix-deadbeef-suffix", "CI_JOB": "7",
+        "PATH": "/bin",
+        "HOME": "/root",
+        "LC_ALL": "C",
+        "LC_TIME": "C",
+        "TERM": "xterm",
+        "SECRET_TOKEN": "s3",
+        "AWS_KEY": "k",
+        "MINDHAND_CREDENTIAL": "/x.cred",
+        "MINDHAND_URL": "ws://m",
+        "HIDDEN_COPY": "prefix-deadbeef-suffix",
+        "CI_JOB": "7",
     }
     base = Sandbox(secrets=("deadbeef",))
-    assert base.child_env(None, parent) == {"PATH": "/bin", "HOME": "/root", "LC_ALL": "C", "LC_TIME": "C",
-                                            "TERM": "xterm"}
+    assert base.child_env(None, parent) == {
+        "PATH": "/bin",
+        "HOME": "/root",
+        "LC_ALL": "C",
+        "LC_TIME": "C",
+        "TERM": "xterm",
+    }
     assert base.child_env({"SECRET_TOKEN": "mine", "MINDHAND_X": "caller's"}, parent)["SECRET_TOKEN"] == "mine"
     ci = Sandbox(env_allow=DEFAULT_ALLOW.extended(parse_env_allow(["CI_*"]))).child_env(None, parent)
     assert ci["CI_JOB"] == "7" and "SECRET_TOKEN" not in ci
-    for everything in (Sandbox(env_allow=parse_env_allow(["*"]), secrets=("deadbeef",)),
-                       Sandbox(env_inherit=True, secrets=("deadbeef",))):
+    for everything in (
+        Sandbox(env_allow=parse_env_allow(["*"]), secrets=("deadbeef",)),
+        Sandbox(env_inherit=True, secrets=("deadbeef",)),
+    ):
         env = everything.child_env(None, parent)
         assert env["SECRET_TOKEN"] == "s3" and env["AWS_KEY"] == "k"
         assert not any(k.startswith("MINDHAND_") for k in env) and "HIDDEN_COPY" not in env
@@ -164,10 +179,20 @@ def _args(tmp_path: Path, *extra: str):
     cred.write_text("mh1:hand:h1:" + "ab" * 32 + "\n")
     root = tmp_path / "root"
     root.mkdir(exist_ok=True)
-    return cli._parser().parse_args([
-        "run", "--mind", "ws://127.0.0.1:9", "--credential", str(cred), "--root", str(root),
-        "--state-dir", str(tmp_path / "state"), *extra,
-    ])
+    return cli._parser().parse_args(
+        [
+            "run",
+            "--mind",
+            "ws://127.0.0.1:9",
+            "--credential",
+            str(cred),
+            "--root",
+            str(root),
+            "--state-dir",
+            str(tmp_path / "state"),
+            *extra,
+        ]
+    )
 
 
 def _config(tmp_path: Path, *extra: str):
@@ -179,17 +204,31 @@ def test_hand_run_flags_build_the_sandbox(tmp_path, monkeypatch):
     cfg = _config(tmp_path)
     assert cfg.sandbox == Sandbox()  # scrubbed, no caps, no user by default
     cfg = _config(
-        tmp_path, "--env-allow", "SECRET_TOKEN,CI_*", "--env-allow", "OTHER", "--max-cpu-seconds", "30",
-        "--max-address-space", "1G", "--max-open-files", "256", "--max-processes", "64",
+        tmp_path,
+        "--env-allow",
+        "SECRET_TOKEN,CI_*",
+        "--env-allow",
+        "OTHER",
+        "--max-cpu-seconds",
+        "30",
+        "--max-address-space",
+        "1G",
+        "--max-open-files",
+        "256",
+        "--max-processes",
+        "64",
     )
     box = cfg.sandbox
     assert box.env_allow.allows("SECRET_TOKEN") and box.env_allow.allows("CI_X") and box.env_allow.allows("OTHER")
     assert box.env_allow.allows("LC_ALL") and not box.env_allow.allows("AWS_KEY") and not box.env_inherit
     assert box.caps == ResourceLimits(cpu_seconds=30, address_space=1 << 30, open_files=256, processes=64)
     assert _config(tmp_path, "--env-inherit").sandbox.env_inherit
-    for bad, words in ((["--env-allow", "A*B"], "--env-allow"), (["--max-cpu-seconds", "0"], "--max-cpu-seconds"),
-                       (["--max-address-space", "lots"], "--max-address-space"),
-                       (["--run-as", f"no-such-user-{uuid.uuid4().hex[:8]}"], "unknown user")):
+    for bad, words in (
+        (["--env-allow", "A*B"], "--env-allow"),
+        (["--max-cpu-seconds", "0"], "--max-cpu-seconds"),
+        (["--max-address-space", "lots"], "--max-address-space"),
+        (["--run-as", f"no-such-user-{uuid.uuid4().hex[:8]}"], "unknown user"),
+    ):
         with pytest.raises(cli.ConfigError, match=words):
             _config(tmp_path, *bad)
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
@@ -200,11 +239,31 @@ def test_hand_run_flags_build_the_sandbox(tmp_path, monkeypatch):
 def test_hand_run_with_bad_sandbox_flags_exits_2(tmp_path):
     args = _args(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINDHAND_")}
-    for bad, words in ((["--run-as", f"no-such-user-{uuid.uuid4().hex[:8]}"], "unknown user"),
-                       (["--env-allow", "*FOO"], "--env-allow")):
-        r = subprocess.run([PY, "-m", "hand", "run", "--mind", args.mind, "--credential", args.credential,
-                            "--root", args.root, "--state-dir", args.state_dir, *bad],
-                           capture_output=True, text=True, env=env, timeout=30)
+    for bad, words in (
+        (["--run-as", f"no-such-user-{uuid.uuid4().hex[:8]}"], "unknown user"),
+        (["--env-allow", "*FOO"], "--env-allow"),
+    ):
+        r = subprocess.run(
+            [
+                PY,
+                "-m",
+                "hand",
+                "run",
+                "--mind",
+                args.mind,
+                "--credential",
+                args.credential,
+                "--root",
+                args.root,
+                "--state-dir",
+                args.state_dir,
+                *bad,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=30,
+        )
         assert r.returncode == 2 and r.stderr.startswith("hand: ") and words in r.stderr, r.stderr
 
 
@@ -240,7 +299,9 @@ def test_effective_limits_caps_and_defaults():
     assert effective_limits(ResourceLimits(), ResourceLimits()) is None
     assert effective_limits(ResourceLimits(cpu_seconds=3), caps) == ResourceLimits(cpu_seconds=3, open_files=64)
     assert effective_limits(None, caps) == caps  # a cap cannot be dodged by asking for nothing
-    with pytest.raises(OverCap, match=r"limits.cpu_seconds of 11 s is over this hand's cap of 10 s \(--max-cpu-seconds\)"):
+    with pytest.raises(
+        OverCap, match=r"limits.cpu_seconds of 11 s is over this hand's cap of 10 s \(--max-cpu-seconds\)"
+    ):
         effective_limits(ResourceLimits(cpu_seconds=11), caps)
 
 
@@ -295,8 +356,10 @@ async def test_cpu_budget_ends_the_run_budget_exhausted_and_kills_the_tree(boxed
 async def test_cpu_budget_counts_the_whole_tree(boxed, tmp_path):
     hand = boxed()
     pids = [tmp_path / "p1", tmp_path / "p2"]
-    cmd = (f"sh -c 'echo $$ > {pids[0]}; exec sh -c \"{BURN}\"' & "
-           f"sh -c 'echo $$ > {pids[1]}; exec sh -c \"{BURN}\"' & wait")
+    cmd = (
+        f"sh -c 'echo $$ > {pids[0]}; exec sh -c \"{BURN}\"' & "
+        f"sh -c 'echo $$ > {pids[1]}; exec sh -c \"{BURN}\"' & wait"
+    )
     r = await hand.wait(hand.rpc("shell", {"command": cmd, "limits": {"cpu_seconds": 2}}), timeout=30)
     assert r.state is RunState.BUDGET_EXHAUSTED and "cpu budget of 2 s" in r.reason, r
     for p in pids:
@@ -332,8 +395,9 @@ async def test_open_files_limit_makes_opening_64_files_fail(boxed):
 
 async def test_address_space_limit_makes_a_big_allocation_fail(boxed):
     hand = boxed()
-    r = await hand.wait(hand.rpc("exec", {"argv": [PY, "-c", "x = bytearray(512 << 20)"],
-                                          "limits": {"address_space": 64 << 20}}))
+    r = await hand.wait(
+        hand.rpc("exec", {"argv": [PY, "-c", "x = bytearray(512 << 20)"], "limits": {"address_space": 64 << 20}})
+    )
     assert r.state is RunState.FAILED and r.exit_code == 1 and b"MemoryError" in r.stderr.data, r
 
 
@@ -346,8 +410,16 @@ async def test_limits_over_a_cap_or_malformed_are_rejected_before_anything_runs(
         rej = rejected(hand, rid)
         assert rej.code is RejectCode.INVALID_REQUEST and f"limits.{name} of {value}" in rej.message
         assert "cap of" in rej.message, rej.message
-    for bad in ({"cpu_seconds": 0}, {"cpu_seconds": -1}, {"cpu_seconds": True}, {"cpu_seconds": "1"},
-                {"cpu_seconds": 1.5}, {"open_files": 0}, {"nice": 5}, "lots"):
+    for bad in (
+        {"cpu_seconds": 0},
+        {"cpu_seconds": -1},
+        {"cpu_seconds": True},
+        {"cpu_seconds": "1"},
+        {"cpu_seconds": 1.5},
+        {"open_files": 0},
+        {"nice": 5},
+        "lots",
+    ):
         rid = hand.rpc("exec", {"argv": ["touch", str(marker)], "limits": bad})
         rej = rejected(hand, rid)
         assert rej.code is RejectCode.INVALID_REQUEST and "limits" in rej.message, rej.message
@@ -404,8 +476,10 @@ async def test_run_as_runs_children_as_that_user(boxed, throwaway_user, tmp_path
     # RLIMIT_NPROC counts the user's processes: with a dedicated user it bounds the tree.
     r = await hand.wait(hand.rpc("shell", {"command": "sleep 0.1 & wait; echo ok", "limits": {"processes": 2}}))
     assert r.state is RunState.SUCCEEDED and r.stdout.data == b"ok\n", r
-    r = await hand.wait(hand.rpc("shell", {"command": "sleep 5 & sleep 5 & sleep 5 & sleep 5 & wait",
-                                           "limits": {"processes": 2}}), timeout=20)
+    r = await hand.wait(
+        hand.rpc("shell", {"command": "sleep 5 & sleep 5 & sleep 5 & sleep 5 & wait", "limits": {"processes": 2}}),
+        timeout=20,
+    )
     assert r.state is RunState.FAILED and b"fork" in r.stderr.data, r
     # The Hand's own files stay the Hand's: a background task's log is owned by the Hand.
     (tmp_path / "tasks").mkdir()
@@ -450,8 +524,11 @@ async def test_sockets_and_devices_are_refused(boxed):
         sock.close()
     # /dev/null through a symlink inside the root: refused by the path check.
     (hand.root / "null").symlink_to("/dev/null")
-    for tool, args in (("read_file", {"path": "null"}), ("write_file", {"path": "null", "data": b"x"}),
-                       ("list_dir", {"path": "null"})):
+    for tool, args in (
+        ("read_file", {"path": "null"}),
+        ("write_file", {"path": "null", "data": b"x"}),
+        ("list_dir", {"path": "null"}),
+    ):
         rej = rejected(hand, hand.rpc(tool, args))
         assert rej.code is RejectCode.PATH_OUTSIDE_ROOT
     # A device node inside the root: refused by the special-file check.

@@ -41,8 +41,14 @@ PAGE = 64 << 10
 class Hand:
     """One Hand's task manager plus everything it sent."""
 
-    def __init__(self, tmp: Path, limits: TaskLimits = TaskLimits(), policy: Policy = Policy(),
-                 grace: float = 0.5, clock=time.time) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        limits: TaskLimits = TaskLimits(),
+        policy: Policy = Policy(),
+        grace: float = 0.5,
+        clock=time.time,
+    ) -> None:
         self.state = tmp / "state"
         self.root = tmp / "root"
         self.root.mkdir(exist_ok=True)
@@ -51,8 +57,15 @@ class Hand:
         self.updates: list[TaskInfo] = []
         self.jobs: list[asyncio.Task] = []
         self.on_send = None
-        self.m = TaskManager(state_dir=self.state, root=self.root, spawn=self._spawn, policy=policy, limits=limits,
-                             kill_grace=grace, clock=clock)
+        self.m = TaskManager(
+            state_dir=self.state,
+            root=self.root,
+            spawn=self._spawn,
+            policy=policy,
+            limits=limits,
+            kill_grace=grace,
+            clock=clock,
+        )
         self.m.attach(self._push)
 
     def _wire(self, msg):
@@ -72,12 +85,28 @@ class Hand:
         assert isinstance(msg, TaskUpdate)
         self.updates.append(self._wire(msg).task)
 
-    async def start(self, task_id: str, command: str | None = None, *, tool: str = "shell", args: dict | None = None,
-                    max_runtime_ms: int = 60_000, timeout_ms: int = 10_000) -> list:
+    async def start(
+        self,
+        task_id: str,
+        command: str | None = None,
+        *,
+        tool: str = "shell",
+        args: dict | None = None,
+        max_runtime_ms: int = 60_000,
+        timeout_ms: int = 10_000,
+    ) -> list:
         args = args if args is not None else {"command": command}
         before = len(self.sent)
-        await self.m.on_start(Rpc(run_id=task_id, tool=tool, args=args, timeout_ms=timeout_ms,
-                                  background=Background(max_runtime_ms=max_runtime_ms)), self._send)
+        await self.m.on_start(
+            Rpc(
+                run_id=task_id,
+                tool=tool,
+                args=args,
+                timeout_ms=timeout_ms,
+                background=Background(max_runtime_ms=max_runtime_ms),
+            ),
+            self._send,
+        )
         await self.m.settle()  # on_start hands the start to the group commit; this waits for its answer
         return self.sent[before:]
 
@@ -93,7 +122,8 @@ class Hand:
                 return False
             # ... and pushed: the push follows the commit (a status read may see the row first)
             return info[0].state is TaskState.QUEUED or any(
-                u.task_id == task_id and u.version >= info[0].version for u in self.updates)
+                u.task_id == task_id and u.version >= info[0].version for u in self.updates
+            )
 
         deadline = time.monotonic() + timeout
         while not await reached():

@@ -59,8 +59,12 @@ class Hand:
         self.sent: list = []
         self.channel = Channel()
         self.on_accepted = None
-        self.m = TaskManager(state_dir=self.state, root=tmp / "root", spawn=self._spawn,
-                             limits=TaskLimits(max_running=0, max_retained=max_retained))
+        self.m = TaskManager(
+            state_dir=self.state,
+            root=tmp / "root",
+            spawn=self._spawn,
+            limits=TaskLimits(max_running=0, max_retained=max_retained),
+        )
         self.insert_batches: list[int] = []
 
     def _spawn(self, coro):
@@ -86,8 +90,16 @@ class Hand:
 
     async def start(self, task_id: str, command: str = "true", max_runtime_ms: int = 60_000) -> None:
         """Hand one start over, as the reader does: returns before it is decided."""
-        await self.m.on_start(Rpc(run_id=task_id, tool="shell", args={"command": command}, timeout_ms=10_000,
-                                  background=Background(max_runtime_ms=max_runtime_ms)), self._send)
+        await self.m.on_start(
+            Rpc(
+                run_id=task_id,
+                tool="shell",
+                args={"command": command},
+                timeout_ms=10_000,
+                background=Background(max_runtime_ms=max_runtime_ms),
+            ),
+            self._send,
+        )
 
     def answers(self, task_id: str) -> list:
         return [m for m in self.sent if m.run_id == task_id]
@@ -139,8 +151,9 @@ async def test_many_concurrent_starts_are_all_accepted_once_each_and_durable(mak
     committed_at_accept: dict[str, bool] = {}
     # `accepted` only after ITS row is committed: a separate connection sees it at that moment.
     probe = sqlite3.connect(f"file:{tmp_path / 'state' / DB_NAME}?mode=ro", uri=True)
-    h.on_accepted = lambda msg: committed_at_accept.setdefault(msg.run_id, probe.execute(
-        "SELECT COUNT(*) FROM tasks WHERE task_id = ?", (msg.run_id,)).fetchone()[0] == 1)
+    h.on_accepted = lambda msg: committed_at_accept.setdefault(
+        msg.run_id, probe.execute("SELECT COUNT(*) FROM tasks WHERE task_id = ?", (msg.run_id,)).fetchone()[0] == 1
+    )
     ids = [f"t{i:04}" for i in range(n)]
     for task_id in ids:
         await h.start(task_id)
@@ -347,21 +360,31 @@ async def test_starts_taken_in_before_shutdown_are_refused_and_store_nothing(mak
 
 
 def _row(task_id: str) -> TaskRow:
-    return TaskRow(task_id=task_id, tool="shell", args_digest="a", binding_digest="b", state=TaskState.QUEUED,
-                   version=1, max_runtime_ms=1000, created_at=time.time())
+    return TaskRow(
+        task_id=task_id,
+        tool="shell",
+        args_digest="a",
+        binding_digest="b",
+        state=TaskState.QUEUED,
+        version=1,
+        max_runtime_ms=1000,
+        created_at=time.time(),
+    )
 
 
 def test_write_many_undoes_a_failed_write_alone(tmp_path):
     store = TaskStore(tmp_path)
     try:
         store.insert(_row("x"))
-        results = store.write_many([
-            Insert((_row("y"), _row("x"))),  # "x" exists: the whole Insert is undone, "y" too
-            Change("x", {"state": TaskState.RUNNING}),
-            Change("x", {"state": TaskState.QUEUED}),  # running -> queued is illegal
-            Change("nope", {"reason": "?"}),
-            Insert((_row("z"),)),
-        ])
+        results = store.write_many(
+            [
+                Insert((_row("y"), _row("x"))),  # "x" exists: the whole Insert is undone, "y" too
+                Change("x", {"state": TaskState.RUNNING}),
+                Change("x", {"state": TaskState.QUEUED}),  # running -> queued is illegal
+                Change("nope", {"reason": "?"}),
+                Insert((_row("z"),)),
+            ]
+        )
         assert isinstance(results[0], sqlite3.IntegrityError)
         assert results[1].state is TaskState.RUNNING and results[1].version == 2
         assert isinstance(results[2], Exception) and isinstance(results[3], KeyError)
@@ -381,11 +404,21 @@ def _req(task_id: str, binding: str = "b") -> StartRequest:
 
 def test_admit_batch_is_admit_applied_in_order():
     existing = {"old": _row("old")}
-    verdicts = admit_batch([_req("old"), _req("old", "other"), _req("n1"), _req("n1"), _req("n1", "x"),
-                            _req("n2"), _req("n3")], existing, retained=1, max_retained=3, now=5.0)
+    verdicts = admit_batch(
+        [_req("old"), _req("old", "other"), _req("n1"), _req("n1"), _req("n1", "x"), _req("n2"), _req("n3")],
+        existing,
+        retained=1,
+        max_retained=3,
+        now=5.0,
+    )
     assert [v.admission for v in verdicts] == [
-        Admission.DUPLICATE, Admission.CONFLICT, Admission.INSERT, Admission.DUPLICATE, Admission.CONFLICT,
-        Admission.INSERT, Admission.OVER_QUOTA,
+        Admission.DUPLICATE,
+        Admission.CONFLICT,
+        Admission.INSERT,
+        Admission.DUPLICATE,
+        Admission.CONFLICT,
+        Admission.INSERT,
+        Admission.OVER_QUOTA,
     ]
     assert verdicts[0].row is existing["old"]
     assert verdicts[2].row is not None and verdicts[2].row.created_at == 5.0 and verdicts[2].row.version == 1

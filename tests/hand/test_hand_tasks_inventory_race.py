@@ -38,8 +38,18 @@ async def test_a_start_still_in_admission_is_in_the_next_inventory(tmp_path):
 
     m.store.write_many = slow_commit  # type: ignore[method-assign]
     sent: list = []
-    start = asyncio.create_task(m.on_start(Rpc(run_id="t1", tool="shell", args={"command": "true"}, timeout_ms=10_000,
-                                                background=Background(max_runtime_ms=60_000)), sent.append))
+    start = asyncio.create_task(
+        m.on_start(
+            Rpc(
+                run_id="t1",
+                tool="shell",
+                args={"command": "true"},
+                timeout_ms=10_000,
+                background=Background(max_runtime_ms=60_000),
+            ),
+            sent.append,
+        )
+    )
     assert await asyncio.to_thread(entered.wait, 10)  # admission is under way; its connection drops here
     inventory = asyncio.create_task(m.inventory(TaskInventory()))  # the next connection's reconciliation
     await asyncio.wait({inventory}, timeout=0.5)  # bounded: with the fix it waits for the admission

@@ -68,16 +68,44 @@ async def test_a_crashed_hand_leaves_lost_tasks_and_no_orphans(tmp_path):
         env = {k: v for k, v in os.environ.items() if not k.startswith("MINDHAND_")}
         with open(tmp_path / "hand.log", "wb") as log:
             hand = subprocess.Popen(
-                [str(BIN / "hand"), "run", "--mind", f"ws://127.0.0.1:{port}", "--credential", str(cred_file),
-                 "--root", str(root), "--state-dir", str(state), "--kill-grace", "0.5", "--log-format", "json",
-                 "--ping-interval", "1", "--max-backoff", "0.5"],
-                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                [
+                    str(BIN / "hand"),
+                    "run",
+                    "--mind",
+                    f"ws://127.0.0.1:{port}",
+                    "--credential",
+                    str(cred_file),
+                    "--root",
+                    str(root),
+                    "--state-dir",
+                    str(state),
+                    "--kill-grace",
+                    "0.5",
+                    "--log-format",
+                    "json",
+                    "--ping-interval",
+                    "1",
+                    "--max-backoff",
+                    "0.5",
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         try:
             conn = await mind.next_conn(timeout=30)
             command = "echo ran >> side.txt; echo started; sleep 100 & echo $! > child.pid; wait"
-            await conn.send(Rpc(run_id="t1", tool="shell", args={"command": command}, timeout_ms=5_000,
-                                background=Background(max_runtime_ms=3_600_000)))
+            await conn.send(
+                Rpc(
+                    run_id="t1",
+                    tool="shell",
+                    args={"command": command},
+                    timeout_ms=5_000,
+                    background=Background(max_runtime_ms=3_600_000),
+                )
+            )
             await conn.until(lambda e: isinstance(e.msg, Result))
             await conn.until(lambda e: isinstance(e.msg, TaskUpdate) and e.msg.task.state is TaskState.RUNNING)
             child = await until(lambda: read_pid(root / "child.pid"), what="the task's child")
@@ -117,8 +145,18 @@ async def test_a_crashed_hand_leaves_lost_tasks_and_no_orphans(tmp_path):
     assert line.split()[:3] == ["t1", "lost", "shell"] and "hand restarted before completion" in line
     r = hand_tasks("--state-dir", str(state), "--state", "lost", "--json")
     [listed] = json.loads(r.stdout)
-    for key in ("task_id", "state", "tool", "created_at", "started_at", "finished_at", "exit_code", "log_bytes",
-                "truncated", "reason"):
+    for key in (
+        "task_id",
+        "state",
+        "tool",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "exit_code",
+        "log_bytes",
+        "truncated",
+        "reason",
+    ):
         assert key in listed
     assert listed["state"] == "lost" and listed["log_bytes"] == 8 and listed["finished_at"] >= listed["started_at"]
     assert json.loads(hand_tasks("--state-dir", str(state), "--state", "running", "--json").stdout) == []
@@ -129,8 +167,9 @@ async def test_restart_without_leftovers_marks_rows_lost_and_kills_nothing_else(
     root.mkdir()
     store = TaskStore(state)
     now = time.time()
-    common = dict(tool="shell", args_digest="0" * 64, binding_digest="1" * 64, version=1, max_runtime_ms=1000,
-                  created_at=now)
+    common = dict(
+        tool="shell", args_digest="0" * 64, binding_digest="1" * 64, version=1, max_runtime_ms=1000, created_at=now
+    )
     store.insert(TaskRow(task_id="q", state=TaskState.QUEUED, **common))
     store.insert(TaskRow(task_id="r", state=TaskState.RUNNING, **common))
     # A live process of ours whose start time does not match the row: a reused pid, left alone.
@@ -172,9 +211,26 @@ def test_bad_task_flags_exit_2(tmp_path, flag, value, expected):
     cred = tmp_path / "hand.cred"
     cred.write_text(f"mh1:hand:h1:{'ab' * 32}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINDHAND_")}
-    r = subprocess.run([str(BIN / "hand"), "run", "--mind", "ws://127.0.0.1:9", "--credential", str(cred),
-                        "--root", str(tmp_path), "--state-dir", str(tmp_path / "state"), flag, value],
-                       capture_output=True, text=True, env=env, timeout=30)
+    r = subprocess.run(
+        [
+            str(BIN / "hand"),
+            "run",
+            "--mind",
+            "ws://127.0.0.1:9",
+            "--credential",
+            str(cred),
+            "--root",
+            str(tmp_path),
+            "--state-dir",
+            str(tmp_path / "state"),
+            flag,
+            value,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
     assert r.returncode == 2 and r.stderr.startswith("hand: ") and expected in r.stderr, r.stderr
 
 

@@ -27,8 +27,17 @@ from protocol.states import IllegalTransition, TaskState
 
 
 def row(task_id: str = "t", state: TaskState = TaskState.QUEUED, binding: str = "b" * 64, **kw) -> TaskRow:
-    return TaskRow(task_id=task_id, tool="shell", args_digest="a" * 64, binding_digest=binding, state=state,
-                   version=1, max_runtime_ms=1000, created_at=1.0, **kw)
+    return TaskRow(
+        task_id=task_id,
+        tool="shell",
+        args_digest="a" * 64,
+        binding_digest=binding,
+        state=state,
+        version=1,
+        max_runtime_ms=1000,
+        created_at=1.0,
+        **kw,
+    )
 
 
 def outcome(exit_code=None, signal=None, killed=False, stage=None) -> ProcessOutcome:

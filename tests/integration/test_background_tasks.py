@@ -178,7 +178,8 @@ def test_network_cut_does_not_touch_a_task_and_reconciliation_refreshes_it(pc):
     # reconciliation alone (no client query) makes the snapshot fresh and right
     wait_until(
         lambda: (s := c.task_snapshots()["survivor"])["state"] == "succeeded" and not s["stale"],
-        20, "reconciliation to refresh the snapshot",
+        20,
+        "reconciliation to refresh the snapshot",
     )
     assert c.cli("task", "logs", "survivor").stdout == b"before\nafter\n"
 
@@ -227,7 +228,8 @@ def test_mind_restart_marks_snapshots_stale_until_the_hand_reconnects(pc):
     heal_path(c, gen + 1)
     wait_until(
         lambda: (s := c.task_snapshots()["across"])["state"] == "succeeded" and not s["stale"],
-        20, "fresh and correct after reconnect",
+        20,
+        "fresh and correct after reconnect",
     )
 
 

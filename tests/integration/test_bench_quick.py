@@ -16,7 +16,10 @@ def test_bench_quick_prints_a_row_per_figure(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINDHAND_")}
     env["TMPDIR"] = str(tmp_path)
     r = subprocess.run(
-        [str(ROOT / "scripts" / "bench"), "--quick"], env=env, capture_output=True, timeout=600,
+        [str(ROOT / "scripts" / "bench"), "--quick"],
+        env=env,
+        capture_output=True,
+        timeout=600,
         stdin=subprocess.DEVNULL,
     )
     out = r.stdout.decode(errors="replace")

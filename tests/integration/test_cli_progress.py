@@ -58,14 +58,20 @@ def drain(fd: int, timeout: float = 10.0) -> bytes:
 
 def on_a_terminal(c, *args: str) -> tuple[subprocess.Popen, int]:
     master, slave = pty.openpty()
-    p = subprocess.Popen([str(BIN / "mind"), *args], env=c.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=slave, start_new_session=True)
+    p = subprocess.Popen(
+        [str(BIN / "mind"), *args],
+        env=c.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        start_new_session=True,
+    )
     os.close(slave)
     return p, master
 
 
 def erased_after_last_update(tty: bytes, text: bytes) -> bool:
-    return b"\r\x1b[K" in tty[tty.rfind(text):]
+    return b"\r\x1b[K" in tty[tty.rfind(text) :]
 
 
 def frozen_hand_run(c, launch):
@@ -107,8 +113,11 @@ def test_exec_piped_prints_no_status_at_all(c):
     def launch():
         p = c.cli_popen("exec", "--hand", "box", "--", "echo", "done")
         try:  # wait until the run has waited well past the point where a terminal would see a status
-            run = wait_until(lambda: next((r for r in json.loads(c.cli("runs", "--json").stdout)
-                                           if r["state"] == "sent"), None), 20, "the run to be sent")
+            run = wait_until(
+                lambda: next((r for r in json.loads(c.cli("runs", "--json").stdout) if r["state"] == "sent"), None),
+                20,
+                "the run to be sent",
+            )
             wait_until(lambda: time.time() - run["created_at"] > 2.5, 10, "the run to wait a while")
             return p
         except BaseException:

@@ -77,13 +77,22 @@ def test_daemons_start_from_toml_and_config_show_names_sources(tmp_path):
         assert len(runs) == 3  # retain_runs = 3 from the file
         started = cl.cli("task", "start", "--hand", "filed", "--id", "filed-task", "--", "true")
         assert started.returncode == 0, started.stderr
-        listed = subprocess.run([str(BIN / "hand"), "tasks", "--config", str(conf), "--json"], env=cl.env,
-                                capture_output=True, text=True, timeout=30)  # state_dir from the file
+        listed = subprocess.run(
+            [str(BIN / "hand"), "tasks", "--config", str(conf), "--json"],
+            env=cl.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )  # state_dir from the file
         assert listed.returncode == 0 and [t["task_id"] for t in json.loads(listed.stdout)] == ["filed-task"]
 
-        shown = subprocess.run([str(BIN / "hand"), "config", "show", "--config", str(conf), "--json",
-                                "--max-running-tasks", "9"], env={**cl.env, "MINDHAND_KILL_GRACE": "2"},
-                               capture_output=True, text=True, timeout=30)
+        shown = subprocess.run(
+            [str(BIN / "hand"), "config", "show", "--config", str(conf), "--json", "--max-running-tasks", "9"],
+            env={**cl.env, "MINDHAND_KILL_GRACE": "2"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert shown.returncode == 0, shown.stderr
         rows = {r["key"]: r for r in json.loads(shown.stdout)["settings"]}
         assert rows["deny_tools"]["value"] == ["shell"] and rows["deny_tools"]["source"] == f"{conf} line 9"
@@ -91,8 +100,9 @@ def test_daemons_start_from_toml_and_config_show_names_sources(tmp_path):
         assert (rows["kill_grace"]["value"], rows["kill_grace"]["source"]) == (2.0, "MINDHAND_KILL_GRACE")
         assert rows["task_log_max"]["source"] == "default"
 
-        shown = subprocess.run([str(BIN / "mind"), "config", "show"], env=cl.env, capture_output=True, text=True,
-                               timeout=30)
+        shown = subprocess.run(
+            [str(BIN / "mind"), "config", "show"], env=cl.env, capture_output=True, text=True, timeout=30
+        )
         assert shown.returncode == 0, shown.stderr
         assert f"# config file: {cl.home / 'mind.toml'}" in shown.stdout
         line = next(ln for ln in shown.stdout.splitlines() if ln.startswith("retain_runs"))
@@ -105,19 +115,27 @@ def test_bad_files_stop_the_daemons_with_one_line_naming_key_file_and_line(tmp_p
     cl = Cluster(tmp_path)
     conf = tmp_path / "hand.toml"
     conf.write_text('mind = "ws://127.0.0.1:9"\nroot = "/"\nmax_runing_tasks = 3\n')
-    r = subprocess.run([str(BIN / "hand"), "run", "--config", str(conf)], env=cl.env, capture_output=True,
-                       text=True, timeout=30)
+    r = subprocess.run(
+        [str(BIN / "hand"), "run", "--config", str(conf)], env=cl.env, capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 2
-    assert r.stderr.strip() == (f"hand: {conf} line 3: unknown key 'max_runing_tasks' "
-                                "(did you mean 'max_running_tasks'?)")
+    assert r.stderr.strip() == (
+        f"hand: {conf} line 3: unknown key 'max_runing_tasks' (did you mean 'max_running_tasks'?)"
+    )
     cl.home.mkdir(parents=True)
     (cl.home / "mind.toml").write_text('listen = "127.0.0.1:0"\n\nping_interval = -1\n')
     r = subprocess.run([str(BIN / "mind"), "serve"], env=cl.env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
-    assert r.stderr.strip() == (f"mind: {cl.home / 'mind.toml'} line 3: ping_interval: must be between 0.1 and "
-                                "3600 seconds (got -1)")
-    r = subprocess.run([str(BIN / "hand"), "run", "--config", str(tmp_path / "nope.toml")], env=cl.env,
-                       capture_output=True, text=True, timeout=30)
+    assert r.stderr.strip() == (
+        f"mind: {cl.home / 'mind.toml'} line 3: ping_interval: must be between 0.1 and 3600 seconds (got -1)"
+    )
+    r = subprocess.run(
+        [str(BIN / "hand"), "run", "--config", str(tmp_path / "nope.toml")],
+        env=cl.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2 and "does not exist" in r.stderr
 
 
@@ -138,8 +156,9 @@ def test_sighup_reloads_policy_and_log_level_without_dropping_the_connection(tmp
             return sum(e.get("event") == "run_accepted" for e in events(hand))
 
         # Deny exec and quieten the logs to warnings; a key that needs a restart is reported as such.
-        conf.write_text(base.replace("max_backoff = 1", "max_backoff = 2")
-                        + 'deny_tools = ["exec"]\nlog_level = "warning"\n')
+        conf.write_text(
+            base.replace("max_backoff = 1", "max_backoff = 2") + 'deny_tools = ["exec"]\nlog_level = "warning"\n'
+        )
         hand.signal(signal.SIGHUP)
         wait_until(lambda: any(e.get("event") == "config_reloaded" for e in events(hand)), 15, "the reload")
         reloaded = next(e for e in events(hand) if e.get("event") == "config_reloaded")
@@ -188,8 +207,13 @@ def test_the_shipped_example_files_are_valid(tmp_path):
     env = Cluster(tmp_path).env
     for daemon in ("mind", "hand"):
         example = contrib / f"{daemon}.toml"
-        r = subprocess.run([str(BIN / daemon), "config", "show", "--config", str(example), "--json"], env=env,
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [str(BIN / daemon), "config", "show", "--config", str(example), "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert r.returncode == 0, r.stderr
         shown = json.loads(r.stdout)
         assert shown["file"] == str(example)

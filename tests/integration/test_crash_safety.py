@@ -78,10 +78,11 @@ async def test_kill_9_during_a_burst_of_task_starts(tmp_path, victim):
             await asyncio.to_thread(
                 wait_until,
                 lambda: set(rows) <= set(task_ids(cl.home / "mind.db", "task_snapshots")),
-                30, "reconciliation to adopt every stored task",
+                30,
+                "reconciliation to adopt every stored task",
             )
             for f in root.glob(f"ran-r{rnd}-*"):
                 assert f.read_text() == "x\n", f"seed {seed}: {f.name} ran more than once"
             # a task that ran is a task the Hand stored
-            ran = {f.name[len("ran-"):] for f in root.glob(f"ran-r{rnd}-*")}
+            ran = {f.name[len("ran-") :] for f in root.glob(f"ran-r{rnd}-*")}
             assert ran <= set(rows), f"seed {seed}: ran without a row: {ran - set(rows)}"

@@ -16,9 +16,19 @@ def test_demo_runs_end_to_end(tmp_path):
     out = r.stdout.decode(errors="replace")
     err = r.stderr.decode(errors="replace")
     assert r.returncode == 0, out + err
-    for line in ("step 1", "step 2", "step 3", "exit code: 3 (the remote exit code)", "exit code: 124",
-                 "exit code: 125", "hello from the demo hand", "building 3\nbuilt", "demo-build",
-                 "state     succeeded", "demo finished"):
+    for line in (
+        "step 1",
+        "step 2",
+        "step 3",
+        "exit code: 3 (the remote exit code)",
+        "exit code: 124",
+        "exit code: 125",
+        "hello from the demo hand",
+        "building 3\nbuilt",
+        "demo-build",
+        "state     succeeded",
+        "demo finished",
+    ):
         assert line in out, f"{line!r} missing from demo output:\n{out}\n{err}"
     assert "to stderr" in err
     # a hands table showing the demo Hand connected

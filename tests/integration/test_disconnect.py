@@ -125,8 +125,17 @@ def test_second_ctrl_c_detaches_and_the_cancel_still_proceeds(c):
     root = c.tmp / "root-box"
     (root / "stubborn.pid").unlink(missing_ok=True)
     # ignores SIGTERM, so the cancel takes the whole 5 s grace: time enough to detach
-    p = c.cli_popen("exec", "--hand", "box", "--grace", "5", "--", "sh", "-c",
-                    "trap '' TERM; echo $$ > stubborn.pid; while :; do sleep 0.1; done")
+    p = c.cli_popen(
+        "exec",
+        "--hand",
+        "box",
+        "--grace",
+        "5",
+        "--",
+        "sh",
+        "-c",
+        "trap '' TERM; echo $$ > stubborn.pid; while :; do sleep 0.1; done",
+    )
     wait_until(lambda: (root / "stubborn.pid").exists() and (root / "stubborn.pid").read_text().strip(), 15, "start")
     pid = int((root / "stubborn.pid").read_text())
     os.kill(p.pid, signal.SIGINT)

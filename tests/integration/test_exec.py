@@ -82,7 +82,19 @@ def test_events_are_ndjson_ending_with_end(c):
 
 def test_timeout_kills_the_tree_and_exits_124(c, root):
     pidfile = root / "timeout.pid"
-    r = c.cli("exec", "--hand", "box", "--timeout", "1", "--grace", "1", "--", "sh", "-c", f"echo $$ > {pidfile.name}; sleep 60; echo never")
+    r = c.cli(
+        "exec",
+        "--hand",
+        "box",
+        "--timeout",
+        "1",
+        "--grace",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        f"echo $$ > {pidfile.name}; sleep 60; echo never",
+    )
     assert r.returncode == 124
     assert b"never" not in r.stdout and b"timed_out" in r.stderr
     pid = int(pidfile.read_text())
@@ -102,7 +114,9 @@ def test_ctrl_c_cancels_the_whole_tree_including_a_term_ignoring_grandchild(c, r
     (root / "gc.sh").write_text(GRANDCHILD)
     p = c.cli_popen("exec", "--hand", "box", "--grace", "1", "--", "sh", "gc.sh")
     try:
-        wait_until(lambda: (root / "gc.pid").exists() and (root / "gc.pid").read_text().strip(), 15, "grandchild to start")
+        wait_until(
+            lambda: (root / "gc.pid").exists() and (root / "gc.pid").read_text().strip(), 15, "grandchild to start"
+        )
         parent, gc = int((root / "parent.pid").read_text()), int((root / "gc.pid").read_text())
         assert pid_alive(parent) and pid_alive(gc)
         os.kill(p.pid, signal.SIGINT)

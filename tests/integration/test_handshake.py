@@ -80,8 +80,14 @@ async def test_revoked_credential_is_refused(mind):
 
 async def test_other_protocol_version_is_refused_naming_both(mind):
     hello = msgpack.packb(
-        {"v": PROTOCOL_VERSION + 1, "t": "hello", "id": None, "seq": 1, "gen": None,
-         "p": {"role": "client", "label": "admin", "nonce": os.urandom(32), "claims": None}},
+        {
+            "v": PROTOCOL_VERSION + 1,
+            "t": "hello",
+            "id": None,
+            "seq": 1,
+            "gen": None,
+            "p": {"role": "client", "label": "admin", "nonce": os.urandom(32), "claims": None},
+        },
         use_bin_type=True,
     )
     err = await raw_error(mind.url, [hello])

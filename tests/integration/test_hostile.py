@@ -90,8 +90,17 @@ async def test_a_hand_cannot_answer_or_claim_another_hands_runs_and_tasks(c):
             if getattr(ev, "state", None) is RunState.RUNNING:
                 break
         ws, ch = await as_hand(c.url, evil)
-        fake = TaskInfo(task_id="boxes-task", tool="exec", state=TaskState.FAILED, version=99, args_digest="0" * 64,
-                        binding_digest="0" * 64, max_runtime_ms=1000, created_at=1.0, exit_code=7)
+        fake = TaskInfo(
+            task_id="boxes-task",
+            tool="exec",
+            state=TaskState.FAILED,
+            version=99,
+            args_digest="0" * 64,
+            binding_digest="0" * 64,
+            max_runtime_ms=1000,
+            created_at=1.0,
+            exit_code=7,
+        )
         await ws.send(ch.stamp(Result(run_id=h.run_id, state=RunState.FAILED, exit_code=66)))
         await ws.send(ch.stamp(Result(run_id="r-no-such-run", state=RunState.SUCCEEDED)))
         await ws.send(ch.stamp(TaskUpdate(task=fake)))
@@ -122,8 +131,19 @@ async def test_inventory_naming_foreign_tasks_adopts_nothing(c):
         env = ch.receive(await asyncio.wait_for(ws.recv(), 10))
         if env.msg.TYPE == "task_inventory":
             break
-    rows = [TaskInfo(task_id=t, tool="exec", state=TaskState.RUNNING, version=5, args_digest="0" * 64,
-                     binding_digest="0" * 64, max_runtime_ms=1000, created_at=1.0) for t in ("mine", "evil-own")]
+    rows = [
+        TaskInfo(
+            task_id=t,
+            tool="exec",
+            state=TaskState.RUNNING,
+            version=5,
+            args_digest="0" * 64,
+            binding_digest="0" * 64,
+            max_runtime_ms=1000,
+            created_at=1.0,
+        )
+        for t in ("mine", "evil-own")
+    ]
     await ws.send(ch.stamp(TaskInventoryPage(tasks=rows, next_after=None), id=env.id))
     await asyncio.to_thread(wait_until, lambda: "reconcile_foreign_task" in c.mind.output(), 10, "foreign logged")
     snaps = c.task_snapshots()
@@ -148,8 +168,11 @@ async def test_bad_frames_from_an_authenticated_hand_close_it_and_the_mind_keeps
         "seq_gap": [raw(seq=5)],
         "seq_repeat": [good, raw(seq=1)],
         "wrong_types": [raw(seq=1, t="result", p={"run_id": "r1", "state": "succeeded", "exit_code": "zero"})],
-        "deep_nesting": [raw(seq=1, t="result", p={"run_id": "r1", "state": "succeeded", "value": {}} | {})[:-1]
-                         + b"\x91" * 200_000 + b"\xc0"],
+        "deep_nesting": [
+            raw(seq=1, t="result", p={"run_id": "r1", "state": "succeeded", "value": {}} | {})[:-1]
+            + b"\x91" * 200_000
+            + b"\xc0"
+        ],
         "oversize": [b"\x00" * (limits.MAX_FRAME_BYTES + 1)],
         "unknown_type": [raw(seq=1, t="take_over_the_world")],
         "wrong_gen": [raw(seq=1, gen=ch.gen + 7)],
@@ -195,11 +218,35 @@ async def test_a_progress_flood_is_capped_and_the_result_still_counts(c):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-@given(payload=st.dictionaries(st.text(max_size=8), st.one_of(st.none(), st.integers(-(2**63), 2**64 - 1), st.text(max_size=20),
-                                                              st.binary(max_size=20), st.lists(st.integers(-5, 5), max_size=3)),
-                               max_size=5),
-       t=st.sampled_from(["exec", "cancel_run", "get_run", "task_start", "task_get", "task_logs", "task_list",
-                          "task_cancel_request", "list_hands", "result", "welcome", "hello"]))
+@given(
+    payload=st.dictionaries(
+        st.text(max_size=8),
+        st.one_of(
+            st.none(),
+            st.integers(-(2**63), 2**64 - 1),
+            st.text(max_size=20),
+            st.binary(max_size=20),
+            st.lists(st.integers(-5, 5), max_size=3),
+        ),
+        max_size=5,
+    ),
+    t=st.sampled_from(
+        [
+            "exec",
+            "cancel_run",
+            "get_run",
+            "task_start",
+            "task_get",
+            "task_logs",
+            "task_list",
+            "task_cancel_request",
+            "list_hands",
+            "result",
+            "welcome",
+            "hello",
+        ]
+    ),
+)
 def test_random_requests_from_a_client_never_take_the_mind_down(shared_mind, payload, t):
     async def go():
         cred = load_credential(shared_mind.home / "admin.cred")
@@ -209,8 +256,9 @@ def test_random_requests_from_a_client_never_take_the_mind_down(shared_mind, pay
         await ws.send(ch.stamp(hs.hello()))
         await ws.send(ch.stamp(hs.on_challenge(ch.receive(await ws.recv()).msg)))
         ch.gen = hs.on_welcome(ch.receive(await ws.recv()).msg)
-        frame = msgpack.packb({"v": PROTOCOL_VERSION, "t": t, "id": "q1", "seq": 1, "gen": ch.gen, "p": payload},
-                              use_bin_type=True)
+        frame = msgpack.packb(
+            {"v": PROTOCOL_VERSION, "t": t, "id": "q1", "seq": 1, "gen": ch.gen, "p": payload}, use_bin_type=True
+        )
         await ws.send(frame)
         try:  # an answer or an error; never silence forever
             async with asyncio.timeout(10):
@@ -237,8 +285,12 @@ async def test_a_hostile_mind_never_stops_a_real_hand(tmp_path):
     (tmp_path / "victim.cred").write_text(cred.token() + "\n")
     os.chmod(tmp_path / "victim.cred", 0o600)
     connections = 0
-    garbage = [os.urandom(64), b"\xc1", msgpack.packb({"v": 1, "t": "rpc", "id": None, "seq": 4, "gen": 1, "p": {}}),
-               msgpack.packb({"v": 99, "t": "rpc", "id": None, "seq": 4, "gen": 1, "p": {}})]
+    garbage = [
+        os.urandom(64),
+        b"\xc1",
+        msgpack.packb({"v": 1, "t": "rpc", "id": None, "seq": 4, "gen": 1, "p": {}}),
+        msgpack.packb({"v": 99, "t": "rpc", "id": None, "seq": 4, "gen": 1, "p": {}}),
+    ]
 
     async def handler(ws):
         nonlocal connections
@@ -261,10 +313,27 @@ async def test_a_hostile_mind_never_stops_a_real_hand(tmp_path):
         port = server.sockets[0].getsockname()[1]
         root = tmp_path / "root"
         root.mkdir()
-        p = subprocess.Popen([str(BIN / "hand"), "run", "--mind", f"ws://127.0.0.1:{port}", "--credential",
-                              str(tmp_path / "victim.cred"), "--root", str(root), "--state-dir", str(tmp_path / "st"),
-                              "--max-backoff", "0.5", "--log-format", "json"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(
+            [
+                str(BIN / "hand"),
+                "run",
+                "--mind",
+                f"ws://127.0.0.1:{port}",
+                "--credential",
+                str(tmp_path / "victim.cred"),
+                "--root",
+                str(root),
+                "--state-dir",
+                str(tmp_path / "st"),
+                "--max-backoff",
+                "0.5",
+                "--log-format",
+                "json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             async with asyncio.timeout(30):
                 while connections < 6:
@@ -283,14 +352,18 @@ def test_secrets_and_the_hand_root_never_leak(tmp_path):
         bot_file = tmp_path / "bot.cred"
         cl.cli("client", "add", "bot", "--out", str(bot_file), "--hands", "box")
         outputs = []
-        for args in (["exec", "--hand", "box", "--", "ls"], ["exec", "--hand", "box", "--", "cat", "/nonexistent"],
-                     ["call", "--hand", "box", "read_file", "path=../../etc/passwd"],
-                     ["call", "--hand", "box", "read_file", "path=missing.txt"],
-                     ["call", "--hand", "box", "list_dir", "path=/"],
-                     ["exec", "--hand", "box", "--cwd", "nope", "--", "true"],
-                     ["task", "start", "--hand", "box", "--id", "lk", "--", "sh", "-c", "exit 4"],
-                     ["exec", "--hand", "box", "--", "definitely-not-a-command"],
-                     ["hands", "--json"], ["task", "list", "--json"]):
+        for args in (
+            ["exec", "--hand", "box", "--", "ls"],
+            ["exec", "--hand", "box", "--", "cat", "/nonexistent"],
+            ["call", "--hand", "box", "read_file", "path=../../etc/passwd"],
+            ["call", "--hand", "box", "read_file", "path=missing.txt"],
+            ["call", "--hand", "box", "list_dir", "path=/"],
+            ["exec", "--hand", "box", "--cwd", "nope", "--", "true"],
+            ["task", "start", "--hand", "box", "--id", "lk", "--", "sh", "-c", "exit 4"],
+            ["exec", "--hand", "box", "--", "definitely-not-a-command"],
+            ["hands", "--json"],
+            ["task", "list", "--json"],
+        ):
             r = cl.cli(*args)
             outputs.append(r.stdout + r.stderr)
         wait_until(lambda: cl.task("lk")["state"] == "failed", 20, "task end")
@@ -305,8 +378,11 @@ def test_secrets_and_the_hand_root_never_leak(tmp_path):
         con.close()
         cl.stop_all()
         texts = {
-            "mind log": cl.mind.log.read_bytes(), "hand log": cl.hands["box"].log.read_bytes(),
-            "mind audit": (cl.home / "audit.jsonl").read_bytes(), "snapshots": snapshot_rows, "hand tasks": task_rows,
+            "mind log": cl.mind.log.read_bytes(),
+            "hand log": cl.hands["box"].log.read_bytes(),
+            "mind audit": (cl.home / "audit.jsonl").read_bytes(),
+            "snapshots": snapshot_rows,
+            "hand tasks": task_rows,
             "client output": b"\n".join(outputs),
         }
         hand_audit = tmp_path / "state-box" / "audit.jsonl"

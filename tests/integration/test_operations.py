@@ -147,10 +147,15 @@ def test_hand_healthz_and_metrics_over_http_during_a_run(tmp_path):
             assert m[("mindhand_hand_reconnect_backoff_seconds", ())] == 0
             assert m[("mindhand_hand_tasks", (("state", "running"),))] == 0
             assert m[("mindhand_hand_build_info", (("version", h["version"]),))] == 1
-            for name in ("mindhand_hand_event_loop_lag_seconds", "mindhand_hand_event_loop_lag_max_seconds",
-                         "mindhand_hand_uptime_seconds", "mindhand_hand_disconnects_total",
-                         "mindhand_hand_connect_failures_total", "mindhand_hand_progress_dropped_frames_total",
-                         "mindhand_hand_progress_dropped_bytes_total"):
+            for name in (
+                "mindhand_hand_event_loop_lag_seconds",
+                "mindhand_hand_event_loop_lag_max_seconds",
+                "mindhand_hand_uptime_seconds",
+                "mindhand_hand_disconnects_total",
+                "mindhand_hand_connect_failures_total",
+                "mindhand_hand_progress_dropped_frames_total",
+                "mindhand_hand_progress_dropped_bytes_total",
+            ):
                 assert (name, ()) in m, name
             os.kill(pid, signal.SIGTERM)  # the command dies by a signal that is not mindhand's: `failed`
             out, err = p.communicate(timeout=30)
@@ -217,9 +222,25 @@ def test_metrics_listen_warns_off_loopback_refuses_a_busy_port_and_cleans_up(tmp
         assert busy.p.wait(timeout=30) == 2
         assert "cannot serve --metrics-listen" in busy.output()
         # a syntax error is caught with the other settings
-        bad = subprocess.run([str(BIN / "hand"), "run", "--mind", cl.url, "--credential", str(tmp_path / "box.cred"),
-                              "--root", str(tmp_path), "--state-dir", str(tmp_path / "state-bad"),
-                              "--metrics-listen", "::1:9"], env=cl.env, capture_output=True, timeout=30)
+        bad = subprocess.run(
+            [
+                str(BIN / "hand"),
+                "run",
+                "--mind",
+                cl.url,
+                "--credential",
+                str(tmp_path / "box.cred"),
+                "--root",
+                str(tmp_path),
+                "--state-dir",
+                str(tmp_path / "state-bad"),
+                "--metrics-listen",
+                "::1:9",
+            ],
+            env=cl.env,
+            capture_output=True,
+            timeout=30,
+        )
         assert bad.returncode == 2 and b"--metrics-listen" in bad.stderr and b"brackets" in bad.stderr
         # any address that is not loopback: served, with a warning on stderr (it is unauthenticated)
         wide = cl.start_hand("wide", "--metrics-listen", "0.0.0.0:0")
@@ -348,12 +369,32 @@ def test_every_json_listing_parses_with_the_expected_shape_and_order(tmp_path):
         assert [t["task_id"] for t in tasks] == ["t2", "t1"]  # newest first
         for t in tasks:
             assert t["hand"] == "box" and t["state"] == "succeeded" and t["stale"] is False
-            assert set(t) >= {"task_id", "hand", "state", "stale", "last_synced_at", "created_at", "finished_at",
-                              "exit_code", "log_bytes", "reason", "args_digest"}
+            assert set(t) >= {
+                "task_id",
+                "hand",
+                "state",
+                "stale",
+                "last_synced_at",
+                "created_at",
+                "finished_at",
+                "exit_code",
+                "log_bytes",
+                "reason",
+                "args_digest",
+            }
 
         status = cli_json(cl, "status")
-        assert set(status) >= {"version", "mind_id", "uptime_s", "hands", "active_runs", "recent_failures",
-                               "task_counts", "stale_snapshots", "retained_runs"}
+        assert set(status) >= {
+            "version",
+            "mind_id",
+            "uptime_s",
+            "hands",
+            "active_runs",
+            "recent_failures",
+            "task_counts",
+            "stale_snapshots",
+            "retained_runs",
+        }
         assert [h["name"] for h in status["hands"]] == ["alpha", "box"]
         assert status["active_runs"] == [] and status["task_counts"] == {"succeeded": 2}
         assert [r["run_id"] for r in status["recent_failures"]] == [run_ids[3]]
@@ -367,8 +408,12 @@ def test_every_json_listing_parses_with_the_expected_shape_and_order(tmp_path):
         assert all(c["role"] == "client" and isinstance(c["scope"], str) for c in clients)
         assert "box" in clients[1]["scope"] and "exec" in clients[1]["scope"]
 
-        r = subprocess.run([str(BIN / "hand"), "tasks", "--state-dir", str(tmp_path / "state-box"), "--json"],
-                           env=cl.env, capture_output=True, timeout=30)
+        r = subprocess.run(
+            [str(BIN / "hand"), "tasks", "--state-dir", str(tmp_path / "state-box"), "--json"],
+            env=cl.env,
+            capture_output=True,
+            timeout=30,
+        )
         assert r.returncode == 0, r.stderr
         rows = json.loads(r.stdout)
         assert [t["task_id"] for t in rows] == ["t1", "t2"]  # oldest first

@@ -104,7 +104,9 @@ async def test_accepting_connection_dropping_before_the_result_is_lost(slow):
 async def scripted_hand(url, cred):
     ws = await connect(url, compression=None)
     ch = Channel()
-    hs = ClientHandshake(cred, os.urandom(32), HandClaims(hostname="s", platform="p", machine="m", python="3", version="0"))
+    hs = ClientHandshake(
+        cred, os.urandom(32), HandClaims(hostname="s", platform="p", machine="m", python="3", version="0")
+    )
     await ws.send(ch.stamp(hs.hello()))
     await ws.send(ch.stamp(hs.on_challenge(ch.receive(await ws.recv()).msg)))
     ch.gen = hs.on_welcome(ch.receive(await ws.recv()).msg)

@@ -34,7 +34,9 @@ def certs(tmp_path_factory):
 
 def test_tls_with_ca_pin_and_the_local_cli(tmp_path, certs):
     d, pin = certs
-    with running(tmp_path, hand=None, mind_args=("--tls-cert", str(d / "mind.crt"), "--tls-key", str(d / "mind.key"))) as cl:
+    with running(
+        tmp_path, hand=None, mind_args=("--tls-cert", str(d / "mind.crt"), "--tls-key", str(d / "mind.key"))
+    ) as cl:
         assert cl.url.startswith("wss://")
         assert cl.cli("hands").returncode == 0  # the local CLI pins the daemon's certificate by itself
         assert cl.cli("hands", "--mind", cl.url, "--ca", str(d / "ca.crt")).returncode == 0
@@ -61,8 +63,13 @@ def test_tls_with_ca_pin_and_the_local_cli(tmp_path, certs):
 
 def test_serving_a_non_loopback_address_without_tls_warns(tmp_path):
     cl = Cluster(tmp_path)
-    p = subprocess.Popen([str(BIN / "mind"), "serve", "--listen", "0.0.0.0:0"], env=cl.env,
-                         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+    p = subprocess.Popen(
+        [str(BIN / "mind"), "serve", "--listen", "0.0.0.0:0"],
+        env=cl.env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_until(lambda: (cl.home / "mind.url").exists(), 20, "the Mind to listen")
     finally:
@@ -106,8 +113,13 @@ async def test_scope_limits_hands_tools_and_whose_runs(tmp_path):
             theirs = await admin.exec("box", "exec", {"argv": ["true"]})
             await admin.task_start("box", "exec", {"argv": ["true"]}, task_id="admin-task")
         async with await MindClient.connect(cl.url, limited) as mc:
-            for call in (mc.get_run(theirs.run_id), mc.cancel(theirs.run_id), mc.task_get("admin-task"),
-                         mc.task_cancel("admin-task"), mc.task_logs("admin-task")):
+            for call in (
+                mc.get_run(theirs.run_id),
+                mc.cancel(theirs.run_id),
+                mc.task_get("admin-task"),
+                mc.task_cancel("admin-task"),
+                mc.task_logs("admin-task"),
+            ):
                 with pytest.raises(ClientError) as ei:
                     await call
                 assert ei.value.code == ErrorCode.DENIED_BY_SCOPE.value

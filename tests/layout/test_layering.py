@@ -117,7 +117,7 @@ def test_no_import_cycles() -> None:
         stack.append(n)
         for d in sorted(graph[n]):
             if state.get(d) == 1:
-                cycles.append(stack[stack.index(d):] + [d])
+                cycles.append(stack[stack.index(d) :] + [d])
             elif d not in state:
                 visit(d)
         stack.pop()

@@ -56,7 +56,9 @@ def test_cancel_then_result_that_raced_it_is_still_succeeded():
     reg = setup_run()
     status, acts = reg.on_cancel("r1", CancelReason.USER_REQUESTED, 1.0, 1001.0)
     assert status is CancelStatus.CANCEL_REQUESTED
-    assert [a.msg for a in acts if isinstance(a, SendToHand)] == [Cancel(run_id="r1", reason=CancelReason.USER_REQUESTED)]
+    assert [a.msg for a in acts if isinstance(a, SendToHand)] == [
+        Cancel(run_id="r1", reason=CancelReason.USER_REQUESTED)
+    ]
     assert reg.get("r1").state is RunState.CANCEL_REQUESTED  # a request, not an outcome
     acts = reg.on_result(ok(), HAND, 1, 1.1, 1001.1)
     assert ends(acts)[0].state is RunState.SUCCEEDED  # the command did run
@@ -114,14 +116,18 @@ def test_mind_deadline_with_no_answer_times_out_and_tells_the_hand():
     assert not reg.on_tick(limit - 0.01, 0)
     acts = reg.on_tick(limit, 0)
     assert ends(acts)[0].state is RunState.TIMED_OUT
-    assert [a.msg for a in acts if isinstance(a, SendToHand)] == [Cancel(run_id="r1", reason=CancelReason.DEADLINE_EXCEEDED)]
+    assert [a.msg for a in acts if isinstance(a, SendToHand)] == [
+        Cancel(run_id="r1", reason=CancelReason.DEADLINE_EXCEEDED)
+    ]
     assert not ends(reg.on_result(ok(), HAND, 1, limit + 1, 0))  # too late: first terminal won
 
 
 def test_client_disconnect_cancels_unless_result_won():
     reg = setup_run()
     acts = reg.on_client_gone("c1", 1.0, 1001.0)
-    assert [a.msg for a in acts if isinstance(a, SendToHand)] == [Cancel(run_id="r1", reason=CancelReason.CLIENT_DISCONNECTED)]
+    assert [a.msg for a in acts if isinstance(a, SendToHand)] == [
+        Cancel(run_id="r1", reason=CancelReason.CLIENT_DISCONNECTED)
+    ]
     reg.on_result(Result(run_id="r1", state="cancelled", stage="term"), HAND, 1, 1.1, 1001.1)
     assert reg.get("r1").state is RunState.CANCELLED
     # and when the result won first, disconnect changes nothing

@@ -13,13 +13,32 @@ D = "0" * 64
 
 
 def info(task_id="t1", state=TaskState.RUNNING, version=2, **kw):
-    return TaskInfo(task_id=task_id, tool="exec", state=state, version=version, args_digest=D, binding_digest=D,
-                    max_runtime_ms=1000, created_at=1.0, **kw)
+    return TaskInfo(
+        task_id=task_id,
+        tool="exec",
+        state=state,
+        version=version,
+        args_digest=D,
+        binding_digest=D,
+        max_runtime_ms=1000,
+        created_at=1.0,
+        **kw,
+    )
 
 
 def snap(task_id="t1", state=TaskState.QUEUED, version=1, stale=False, **kw):
-    return Snapshot(task_id=task_id, hand="h", tool="exec", args_digest=D, binding_digest=D, state=state,
-                    stale=stale, created_at=1.0, version=version, **kw)
+    return Snapshot(
+        task_id=task_id,
+        hand="h",
+        tool="exec",
+        args_digest=D,
+        binding_digest=D,
+        state=state,
+        stale=stale,
+        created_at=1.0,
+        version=version,
+        **kw,
+    )
 
 
 def test_newer_report_applies_and_is_fresh():

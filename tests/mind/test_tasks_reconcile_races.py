@@ -19,13 +19,31 @@ D = "0" * 64
 
 
 def info(task_id: str, state: TaskState, version: int) -> TaskInfo:
-    return TaskInfo(task_id=task_id, tool="exec", state=state, version=version, args_digest=D, binding_digest=D,
-                    max_runtime_ms=1000, created_at=1.0)
+    return TaskInfo(
+        task_id=task_id,
+        tool="exec",
+        state=state,
+        version=version,
+        args_digest=D,
+        binding_digest=D,
+        max_runtime_ms=1000,
+        created_at=1.0,
+    )
 
 
 def snap(task_id: str, state: TaskState, version: int, stale: bool, synced: float | None) -> Snapshot:
-    return Snapshot(task_id=task_id, hand="h", tool="exec", args_digest=D, binding_digest=D, state=state,
-                    stale=stale, created_at=1.0, version=version, last_synced_at=synced)
+    return Snapshot(
+        task_id=task_id,
+        hand="h",
+        tool="exec",
+        args_digest=D,
+        binding_digest=D,
+        state=state,
+        stale=stale,
+        created_at=1.0,
+        version=version,
+        last_synced_at=synced,
+    )
 
 
 def test_a_task_reported_during_the_pass_is_not_declared_lost() -> None:

@@ -52,13 +52,30 @@ def mind(tmp_path):
 
 
 def snap(task_id: str) -> Snapshot:
-    return Snapshot(task_id=task_id, hand="h", tool="exec", args_digest=D, binding_digest=D, state=TaskState.QUEUED,
-                    stale=True, created_at=1.0, start_pending=True)
+    return Snapshot(
+        task_id=task_id,
+        hand="h",
+        tool="exec",
+        args_digest=D,
+        binding_digest=D,
+        state=TaskState.QUEUED,
+        stale=True,
+        created_at=1.0,
+        start_pending=True,
+    )
 
 
 def info(task_id: str, version: int = 2) -> TaskInfo:
-    return TaskInfo(task_id=task_id, tool="exec", state=TaskState.RUNNING, version=version, args_digest=D,
-                    binding_digest=D, max_runtime_ms=1000, created_at=1.0)
+    return TaskInfo(
+        task_id=task_id,
+        tool="exec",
+        state=TaskState.RUNNING,
+        version=version,
+        args_digest=D,
+        binding_digest=D,
+        max_runtime_ms=1000,
+        created_at=1.0,
+    )
 
 
 async def test_calls_made_during_a_hop_share_the_next_one_in_order(mind):

@@ -56,28 +56,108 @@ OUTCOME = {
     "duration_ms": NONNEG,
 }
 VALID = {  # field -> strategy of values the model accepts; `required` as in the model
-    "challenge": ({"mind_id": ID, "handshake_id": ID, "nonce": st.binary(min_size=32, max_size=32),
-                   "expires_in_ms": st.integers(1, 60_000)}, {}),
-    "welcome": ({"gen": st.integers(1, 2**63), "mac": st.binary(min_size=32, max_size=32),
-                 "ping_interval_s": st.floats(0, 3600, exclude_min=True) | st.integers(1, 3600)}, {}),
+    "challenge": (
+        {
+            "mind_id": ID,
+            "handshake_id": ID,
+            "nonce": st.binary(min_size=32, max_size=32),
+            "expires_in_ms": st.integers(1, 60_000),
+        },
+        {},
+    ),
+    "welcome": (
+        {
+            "gen": st.integers(1, 2**63),
+            "mac": st.binary(min_size=32, max_size=32),
+            "ping_interval_s": st.floats(0, 3600, exclude_min=True) | st.integers(1, 3600),
+        },
+        {},
+    ),
     "error": ({"code": values(ErrorCode), "message": st.text(max_size=50)}, {}),
-    "run_update": ({"run_id": ID, "hand": ID.filter(lambda s: len(s) <= 64), "state": values(RunState)},
-                   {"gen": st.none() | INT64}),
-    "run_output": ({"run_id": ID, "stream": st.sampled_from(["stdout", "stderr"]), "offset": NONNEG,
-                    "data": st.binary(min_size=1, max_size=200)}, {}),
-    "run_end": ({"run_id": ID, "state": st.sampled_from([s.value for s in RunState if s.value not in
-                                                          ("admitted", "sent", "accepted", "running", "cancel_requested")]),
-                 "hand": ID.filter(lambda s: len(s) <= 64), "tool": ID.filter(lambda s: len(s) <= 64)},
-                {**{k: v for k, v in OUTCOME.items() if k not in ("run_id", "state")},
-                 "reject_code": st.none() | values(RejectCode)}),
+    "run_update": (
+        {"run_id": ID, "hand": ID.filter(lambda s: len(s) <= 64), "state": values(RunState)},
+        {"gen": st.none() | INT64},
+    ),
+    "run_output": (
+        {
+            "run_id": ID,
+            "stream": st.sampled_from(["stdout", "stderr"]),
+            "offset": NONNEG,
+            "data": st.binary(min_size=1, max_size=200),
+        },
+        {},
+    ),
+    "run_end": (
+        {
+            "run_id": ID,
+            "state": st.sampled_from(
+                [
+                    s.value
+                    for s in RunState
+                    if s.value not in ("admitted", "sent", "accepted", "running", "cancel_requested")
+                ]
+            ),
+            "hand": ID.filter(lambda s: len(s) <= 64),
+            "tool": ID.filter(lambda s: len(s) <= 64),
+        },
+        {
+            **{k: v for k, v in OUTCOME.items() if k not in ("run_id", "state")},
+            "reject_code": st.none() | values(RejectCode),
+        },
+    ),
     "cancel_run_result": ({"run_id": ID, "status": values(CancelStatus), "state": values(RunState)}, {}),
 }
-NASTY = st.sampled_from([
-    None, True, False, 0, 1, -1, 2**63, 2**64 - 1, 1.0, 0.5, -0.0, math.inf, math.nan, "", "a", "a\n", "\na",
-    "x" * 4097, "x" * 16385, "A" * 65, "-ab", "ab cd", "r1", "running", "succeeded", "admitted", "stdout",
-    "term", "42", b"", b"x", b"x" * 32, b"x" * 33, b"x" * 4097, [], {}, {"data": b"x"}, {"total": -1},
-    {"data": "x"}, {"extra": 1}, [1, 2], 3600.5, 3600, 60_001,
-]) | MSGPACK
+NASTY = (
+    st.sampled_from(
+        [
+            None,
+            True,
+            False,
+            0,
+            1,
+            -1,
+            2**63,
+            2**64 - 1,
+            1.0,
+            0.5,
+            -0.0,
+            math.inf,
+            math.nan,
+            "",
+            "a",
+            "a\n",
+            "\na",
+            "x" * 4097,
+            "x" * 16385,
+            "A" * 65,
+            "-ab",
+            "ab cd",
+            "r1",
+            "running",
+            "succeeded",
+            "admitted",
+            "stdout",
+            "term",
+            "42",
+            b"",
+            b"x",
+            b"x" * 32,
+            b"x" * 33,
+            b"x" * 4097,
+            [],
+            {},
+            {"data": b"x"},
+            {"total": -1},
+            {"data": "x"},
+            {"extra": 1},
+            [1, 2],
+            3600.5,
+            3600,
+            60_001,
+        ]
+    )
+    | MSGPACK
+)
 
 
 def payloads(t):
@@ -182,8 +262,16 @@ def frame(t, p, **over):
 
 
 def test_frames_encoded_from_models_decode_to_the_same_fields():
-    end = RunEnd(run_id="r1", state=RunState.FAILED, hand="h", tool="exec", exit_code=3,
-                 stdout=OutputTail(data=b"out", total=3), value={"k": [1, b"b"]}, reject_code=None)
+    end = RunEnd(
+        run_id="r1",
+        state=RunState.FAILED,
+        hand="h",
+        tool="exec",
+        exit_code=3,
+        stdout=OutputTail(data=b"out", total=3),
+        value={"k": [1, b"b"]},
+        reject_code=None,
+    )
     env = wire.decode(encode(Envelope(msg=end, seq=4, id="x1", gen=2)))
     assert (env.seq, env.id, env.gen, env.msg.TYPE) == (4, "x1", 2, "run_end")
     assert typed(env.msg.model_dump()) == typed(end.model_dump(mode="python"))
@@ -192,8 +280,17 @@ def test_frames_encoded_from_models_decode_to_the_same_fields():
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"\xc1", msgpack.packb([1]), frame("run_update", {}, v=PROTOCOL_VERSION + 1), frame("run_update", {}, seq=0),
-     frame("run_update", {}, id="bad id"), frame("nope", {}), frame("run_update", {"run_id": 1}), "text"],
+    [
+        b"",
+        b"\xc1",
+        msgpack.packb([1]),
+        frame("run_update", {}, v=PROTOCOL_VERSION + 1),
+        frame("run_update", {}, seq=0),
+        frame("run_update", {}, id="bad id"),
+        frame("nope", {}),
+        frame("run_update", {"run_id": 1}),
+        "text",
+    ],
 )
 def test_bad_frames_are_protocol_errors_with_the_envelopes_codes(data):
     with pytest.raises(ProtocolError) as lite:
@@ -226,10 +323,14 @@ def test_outgoing_frames_are_byte_identical_to_the_models():
     pairs = [
         (wire.hello("client", "admin", b"n" * 32), Hello(role="client", label="admin", nonce=b"n" * 32)),
         (wire.proof("hs1", b"m" * 32), Proof(handshake_id="hs1", mac=b"m" * 32)),
-        (wire.exec_("box", "exec", {"argv": ["ls", "-l"], "env": {"A": "1"}}, 5000, None, False),
-         Exec(hand="box", tool="exec", args={"argv": ["ls", "-l"], "env": {"A": "1"}}, timeout_ms=5000, watch=False)),
-        (wire.exec_("box", "shell", {"command": "true"}, 1, 250, True),
-         Exec(hand="box", tool="shell", args={"command": "true"}, timeout_ms=1, grace_ms=250, watch=True)),
+        (
+            wire.exec_("box", "exec", {"argv": ["ls", "-l"], "env": {"A": "1"}}, 5000, None, False),
+            Exec(hand="box", tool="exec", args={"argv": ["ls", "-l"], "env": {"A": "1"}}, timeout_ms=5000, watch=False),
+        ),
+        (
+            wire.exec_("box", "shell", {"command": "true"}, 1, 250, True),
+            Exec(hand="box", tool="shell", args={"command": "true"}, timeout_ms=1, grace_ms=250, watch=True),
+        ),
         (wire.cancel_run("r1"), CancelRun(run_id="r1")),
     ]
     for lite, model in pairs:

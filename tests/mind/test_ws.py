@@ -104,7 +104,10 @@ def test_eof_without_close_is_abnormal():
     "head,why",
     [
         (b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n", "HTTP 403"),
-        (b"HTTP/1.1 101 OK\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: bad\r\n\r\n", "Accept"),
+        (
+            b"HTTP/1.1 101 OK\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: bad\r\n\r\n",
+            "Accept",
+        ),
         (b"HTTP/1.1 101 OK\r\nConnection: Upgrade\r\n\r\n", "did not upgrade"),
         (b"SSH-2.0-OpenSSH\r\n\r\n", "valid HTTP"),
     ],
@@ -119,8 +122,10 @@ def test_bad_upgrade_answers_are_refused(head, why):
 
 def test_an_extension_we_did_not_offer_is_refused():
     client = WsClient("h", "/")
-    head = (f"HTTP/1.1 101 OK\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: "
-            f"{accept_key(client.key)}\r\nSec-WebSocket-Extensions: permessage-deflate\r\n\r\n").encode()
+    head = (
+        f"HTTP/1.1 101 OK\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: "
+        f"{accept_key(client.key)}\r\nSec-WebSocket-Extensions: permessage-deflate\r\n\r\n"
+    ).encode()
     with pytest.raises(WsError):
         client.receive_data(head)
 

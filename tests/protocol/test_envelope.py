@@ -135,7 +135,12 @@ def test_any_bytes_give_a_message_or_protocol_error(data):
 
 
 msgpack_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=20) | st.binary(max_size=20),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=20)
+    | st.binary(max_size=20),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=20,
 )
@@ -146,7 +151,9 @@ msgpack_values = st.recursive(
     st.fixed_dictionaries(
         {
             "v": st.one_of(st.just(PROTOCOL_VERSION), msgpack_values),
-            "t": st.one_of(st.sampled_from(sorted(__import__("protocol.messages", fromlist=["x"]).MESSAGE_TYPES)), msgpack_values),
+            "t": st.one_of(
+                st.sampled_from(sorted(__import__("protocol.messages", fromlist=["x"]).MESSAGE_TYPES)), msgpack_values
+            ),
             "id": st.one_of(st.none(), st.text(max_size=10), msgpack_values),
             "seq": st.one_of(st.integers(-3, 5), msgpack_values),
             "gen": st.one_of(st.none(), st.integers(-3, 5), msgpack_values),

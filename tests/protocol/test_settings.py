@@ -21,8 +21,13 @@ BASE_FLAGS = {"url": "ws://m:1"}
 
 
 def res(flags=None, env=None, text=None, path="/etc/mh/hand.toml"):
-    return resolve(KEYS, flags={**BASE_FLAGS, **(flags or {})}, env=env or {}, file_text=text,
-                   file_path=path if text is not None else None)
+    return resolve(
+        KEYS,
+        flags={**BASE_FLAGS, **(flags or {})},
+        env=env or {},
+        file_text=text,
+        file_path=path if text is not None else None,
+    )
 
 
 @given(
@@ -47,9 +52,11 @@ def test_the_highest_layer_present_wins_and_is_named(flag, env, file):
 
 
 def test_kinds_from_text_and_from_toml():
-    s = res(flags={"deny_tools": ["exec,shell", "list_dir"]},
-            env={"MINDHAND_INHERIT": "yes", "MINDHAND_PING_INTERVAL": "2.5"},
-            text='name = "lab-1"\nlog_level = "info,hand=debug"\n')
+    s = res(
+        flags={"deny_tools": ["exec,shell", "list_dir"]},
+        env={"MINDHAND_INHERIT": "yes", "MINDHAND_PING_INTERVAL": "2.5"},
+        text='name = "lab-1"\nlog_level = "info,hand=debug"\n',
+    )
     assert s["deny_tools"] == ["exec", "shell", "list_dir"]
     assert s["inherit"] is True and s["ping_interval"] == 2.5
     assert s["name"] == "lab-1" and s["log_level"] == "info,hand=debug"
@@ -62,7 +69,7 @@ def test_kinds_from_text_and_from_toml():
     [
         ("workers = 4\nwrokers = 5\n", "/etc/mh/hand.toml line 2: unknown key 'wrokers' (did you mean 'workers'?)"),
         ("zzz = 1\n", "/etc/mh/hand.toml line 1: unknown key 'zzz' (known keys: deny_tools, inherit,"),
-        ("\n\nworkers = \"many\"\n", "/etc/mh/hand.toml line 3: workers: wants an integer, got str 'many'"),
+        ('\n\nworkers = "many"\n', "/etc/mh/hand.toml line 3: workers: wants an integer, got str 'many'"),
         ("workers = 0\n", "/etc/mh/hand.toml line 1: workers: must be between 1 and 100 (got 0)"),
         ("inherit = 1\n", "/etc/mh/hand.toml line 1: inherit: wants true or false, got int 1"),
         ("ping_interval = true\n", "/etc/mh/hand.toml line 1: ping_interval: wants a number, got bool True"),
@@ -104,11 +111,16 @@ def test_required_keys_say_every_way_to_set_them():
 def test_show_masks_credential_tokens_and_names_sources():
     token = "mh1:hand:lab-1:" + "ab" * 32
     keys = KEYS + (Key("credential", str, None),)
-    s = resolve(keys, flags=BASE_FLAGS, env={"MINDHAND_CREDENTIAL": token}, file_text="workers = 9\n",
-                file_path="/f.toml")
+    s = resolve(
+        keys, flags=BASE_FLAGS, env={"MINDHAND_CREDENTIAL": token}, file_text="workers = 9\n", file_path="/f.toml"
+    )
     rows = {r["key"]: r for r in s.show()}
-    assert rows["credential"] == {"key": "credential", "value": "mh1:hand:lab-1:****",
-                                  "source": "MINDHAND_CREDENTIAL", "reloadable": False}
+    assert rows["credential"] == {
+        "key": "credential",
+        "value": "mh1:hand:lab-1:****",
+        "source": "MINDHAND_CREDENTIAL",
+        "reloadable": False,
+    }
     assert "ab" * 32 not in repr(s.show())
     assert rows["workers"]["source"] == "/f.toml line 1"
     assert rows["url"]["source"] == "--url" and rows["name"]["source"] == "default"
@@ -119,8 +131,9 @@ def test_show_masks_credential_tokens_and_names_sources():
 
 def test_source_rereads_the_file_and_reports_what_changed():
     texts = {"/f.toml": "workers = 2\n"}
-    src = Source(keys=KEYS, flags={**BASE_FLAGS, "name": "flagged"}, env={}, path="/f.toml", explicit=True,
-                 read=texts.get)
+    src = Source(
+        keys=KEYS, flags={**BASE_FLAGS, "name": "flagged"}, env={}, path="/f.toml", explicit=True, read=texts.get
+    )
     first = src.load()
     texts["/f.toml"] = 'workers = 3\nname = "from-file"\nlog_level = "debug"\n'
     second = src.load()
@@ -150,7 +163,9 @@ def test_reloader_reports_reloadable_changes_once_and_keeps_going_on_a_bad_file(
         assert reread(log) == {}  # already applied: nothing new
         texts["/f.toml"] = "workers = [\n"
         assert reread(log) == {}
-    kinds = [(e["event"], e.get("applied"), e.get("needs_restart")) for e in events if e["event"] != "config_needs_restart"]
+    kinds = [
+        (e["event"], e.get("applied"), e.get("needs_restart")) for e in events if e["event"] != "config_needs_restart"
+    ]
     assert kinds[0] == ("config_reloaded", ["log_level"], ["workers"])
     assert kinds[1] == ("config_reloaded", [], ["workers"])
     assert kinds[2][0] == "config_reload_failed"

@@ -127,7 +127,9 @@ class Checker:
             return
         key = (life, log.fields["run_id"])
         if key in self.mind_ends:
-            self.fail("one terminal per run", f"registry ended {key[1]} twice: {self.mind_ends[key]}, {log.fields['state']}")
+            self.fail(
+                "one terminal per run", f"registry ended {key[1]} twice: {self.mind_ends[key]}, {log.fields['state']}"
+            )
         self.mind_ends[key] = RunState(log.fields["state"])
         self.notes[f"run:{log.fields['state']}"] += 1
 
@@ -136,14 +138,17 @@ class Checker:
         run = registry.get(run_id)
         return run.state if run is not None else None
 
-    def on_hand_input(self, life: int, registry: RunRegistry, msg: Message, hand: str, gen: int,
-                      before: RunState | None) -> None:
+    def on_hand_input(
+        self, life: int, registry: RunRegistry, msg: Message, hand: str, gen: int, before: RunState | None
+    ) -> None:
         run_id = msg.run_id  # type: ignore[attr-defined]
         after = self.run_state(registry, run_id)
         sent = self.sent_gen.get((life, run_id))
         if after != before and sent != gen:
-            self.fail("results only from the accepting generation",
-                      f"{msg.TYPE} on {hand} gen{gen} moved {run_id} {before} -> {after} (sent on gen{sent})")
+            self.fail(
+                "results only from the accepting generation",
+                f"{msg.TYPE} on {hand} gen{gen} moved {run_id} {before} -> {after} (sent on gen{sent})",
+            )
         if before in RUN_TERMINAL and after != before:
             self.fail("terminals never change", f"{run_id}: {before} -> {after}")
 
@@ -160,7 +165,9 @@ class Checker:
         if isinstance(msg, TaskCancelResult) and msg.status is TaskCancelStatus.ALREADY_DONE:
             if msg.task is None or msg.task.state not in TASK_TERMINAL:
                 state = msg.task.state if msg.task else None
-                self.fail("already_done only for an ended task", f"{hand} answered already_done for {msg.task_id} in {state}")
+                self.fail(
+                    "already_done only for an ended task", f"{hand} answered already_done for {msg.task_id} in {state}"
+                )
 
     def on_reconciled(self, hand: str, gen: int, plan: Plan) -> None:
         self.notes["reconcile"] += 1
@@ -180,10 +187,14 @@ class Checker:
         if req.kind == "exec":
             if isinstance(msg, RunEnd):
                 if req.ends > 1:
-                    self.fail("exactly one run_end per run per client", f"{client.name} got {req.ends} for {msg.run_id}")
+                    self.fail(
+                        "exactly one run_end per run per client", f"{client.name} got {req.ends} for {msg.run_id}"
+                    )
             elif isinstance(msg, (RunUpdate, RunOutput)):
                 if req.ends:
-                    self.fail("terminals never change", f"{client.name} got {msg.TYPE} for {msg.run_id} after its run_end")
+                    self.fail(
+                        "terminals never change", f"{client.name} got {msg.TYPE} for {msg.run_id} after its run_end"
+                    )
                 if isinstance(msg, RunUpdate) and msg.state in RUN_TERMINAL:
                     self.fail("one terminal per run", f"run_update with terminal {msg.state}")
         elif len(req.replies) > 1:
@@ -209,15 +220,19 @@ class Checker:
                 if now is None:
                     self.fail("terminals never change", f"terminal snapshot {task_id} ({old.state}) disappeared")
                 if (now.state, now.version, now.info, now.reason) != (old.state, old.version, old.info, old.reason):
-                    self.fail("terminals never change",
-                              f"snapshot {task_id}: {old.state} v{old.version} -> {now.state} v{now.version}")
+                    self.fail(
+                        "terminals never change",
+                        f"snapshot {task_id}: {old.state} v{old.version} -> {now.state} v{now.version}",
+                    )
             if now is not None:
                 if now.terminal and old is None:
                     self.terminal_snaps[task_id] = now
                 self._claims(now)
                 if not now.terminal and not now.stale and now.hand not in online:
-                    self.fail("an offline hand's tasks are shown stale",
-                              f"{task_id} {now.state} on {now.hand}, which has no connection")
+                    self.fail(
+                        "an offline hand's tasks are shown stale",
+                        f"{task_id} {now.state} on {now.hand}, which has no connection",
+                    )
         table.dirty.clear()
 
     def _claims(self, snap: Snapshot) -> None:
@@ -233,7 +248,9 @@ class Checker:
         row = self.rows.get((snap.hand, snap.task_id), {}).get(snap.version)
         if row is None or row.state != snap.state:
             had = row.state if row else "nothing"
-            self.fail("snapshot claims", f"{snap.task_id} {snap.state} v{snap.version}: the hand had {had} at that version")
+            self.fail(
+                "snapshot claims", f"{snap.task_id} {snap.state} v{snap.version}: the hand had {had} at that version"
+            )
 
     # --- once reconciled ------------------------------------------------------------------------
 
@@ -256,7 +273,9 @@ class Checker:
                 continue
             for req in client.live_requests():
                 if req.answered != 1:
-                    self.fail("one answer per request", f"[{phase}] {client.name} {req.kind} {req.target}: {req.answered}")
+                    self.fail(
+                        "one answer per request", f"[{phase}] {client.name} {req.kind} {req.target}: {req.answered}"
+                    )
                 if req.kind == "exec" and req.run_id is not None:
                     end = next(m for m in req.replies if isinstance(m, RunEnd))
                     if end.state != w.mind.registry.get(req.run_id).state:  # type: ignore[union-attr]
@@ -265,15 +284,19 @@ class Checker:
     def _reconciled_snapshot(self, snap: Snapshot, phase: str) -> None:
         tid = snap.task_id
         if snap.stale or snap.cancel_pending or snap.start_pending:
-            self.fail("every non-terminal snapshot is fresh",
-                      f"[{phase}] {tid} {snap.state} stale={snap.stale} cancel_pending={snap.cancel_pending} "
-                      f"start_pending={snap.start_pending}")
+            self.fail(
+                "every non-terminal snapshot is fresh",
+                f"[{phase}] {tid} {snap.state} stale={snap.stale} cancel_pending={snap.cancel_pending} "
+                f"start_pending={snap.start_pending}",
+            )
         slot = self.world.hands.get(snap.hand)
         row = slot.store.get(tid) if slot is not None else None
         if row is not None:
             if snap.reason == UNKNOWN_TO_HAND:
-                self.fail("mind snapshot equals the hand's row",
-                          f"[{phase}] {tid}: mind says lost (unknown to hand), the hand has it {row.state} v{row.version}")
+                self.fail(
+                    "mind snapshot equals the hand's row",
+                    f"[{phase}] {tid}: mind says lost (unknown to hand), the hand has it {row.state} v{row.version}",
+                )
             self._same(snap, to_info(row), phase, "the hand's row")
             return
         if snap.reason == UNKNOWN_TO_HAND:
@@ -288,7 +311,8 @@ class Checker:
         mine = snap.info
         diffs = [f for f in EXIT_FIELDS if mine is None or getattr(mine, f) != getattr(info, f)]
         if snap.state != info.state or snap.version != info.version or diffs:
-            self.fail("mind snapshot equals the hand's row",
-                      f"[{phase}] {snap.task_id}: mind {snap.state} v{snap.version}, {what} {info.state} v{info.version} "
-                      f"(differs in {diffs})")
-
+            self.fail(
+                "mind snapshot equals the hand's row",
+                f"[{phase}] {snap.task_id}: mind {snap.state} v{snap.version}, {what} {info.state} v{info.version} "
+                f"(differs in {diffs})",
+            )

@@ -68,8 +68,13 @@ def pick(rng: random.Random, weighted: tuple[tuple[str, int], ...]) -> str:
 
 
 def job(rng: random.Random) -> dict[str, Any]:
-    return JobSpec(duration=rng.choice(DURATIONS), rc=rng.choice((0, 0, 0, 1)), chunks=rng.randint(0, 3),
-                   term=rng.random() < 0.8, nostart=rng.random() < 0.04).args()
+    return JobSpec(
+        duration=rng.choice(DURATIONS),
+        rc=rng.choice((0, 0, 0, 1)),
+        chunks=rng.randint(0, 3),
+        term=rng.random() < 0.8,
+        nostart=rng.random() < 0.04,
+    ).args()
 
 
 class ClientActions:
@@ -92,8 +97,18 @@ class ClientActions:
             client.conn = w.next_id("c")
             w.conn_clients[client.conn] = client
             return "client:connect"
-        kind = pick(rng, (("exec", 30), ("task_start", 23), ("task_burst", 3), ("task_get", 10), ("task_cancel", 10),
-                          ("cancel_run", 12), ("disconnect", 3)))
+        kind = pick(
+            rng,
+            (
+                ("exec", 30),
+                ("task_start", 23),
+                ("task_burst", 3),
+                ("task_get", 10),
+                ("task_cancel", 10),
+                ("cancel_run", 12),
+                ("disconnect", 3),
+            ),
+        )
         if kind == "disconnect":
             conn, client.conn = client.conn, None
             w.mind.client_gone(conn)  # type: ignore[union-attr]
@@ -104,8 +119,9 @@ class ClientActions:
         if kind == "exec":
             hand = rng.choice(w.config.hands) if rng.random() > 0.03 else "ghost"
             grace = rng.choice((None, 200, 1000))
-            msg = Exec(hand=hand, tool=pick(rng, EXEC_TOOLS), args=job(rng), timeout_ms=rng.choice(TIMEOUTS_MS),
-                       grace_ms=grace)
+            msg = Exec(
+                hand=hand, tool=pick(rng, EXEC_TOOLS), args=job(rng), timeout_ms=rng.choice(TIMEOUTS_MS), grace_ms=grace
+            )
             req = Request(req_id, "exec", client.conn, hand)
             client.requests[req_id] = req
             req.run_id = mind.on_exec(client.conn, req_id, msg)
@@ -113,8 +129,13 @@ class ClientActions:
         elif kind == "cancel_run":
             active = [run.run_id for run in mind.registry.active()]
             r = rng.random()
-            run_id = (rng.choice(active) if active and r < 0.7 else rng.choice(self.run_ids) if self.run_ids and r < 0.95
-                      else "rx")
+            run_id = (
+                rng.choice(active)
+                if active and r < 0.7
+                else rng.choice(self.run_ids)
+                if self.run_ids and r < 0.95
+                else "rx"
+            )
             client.requests[req_id] = Request(req_id, "cancel_run", client.conn, run_id)
             mind.on_cancel_run(client.conn, req_id, run_id)
         elif kind == "task_start":

@@ -37,8 +37,19 @@ class Faults:
         """One random fault; returns what it did (its first word is its kind)."""
         w = self.world
         rng, now = w.rng, w.clock.now
-        kind = pick(rng, (("delay", 25), ("cut", 25), ("blackhole", 15), ("partition", 10), ("hand_crash", 12),
-                          ("mind_crash", 8), ("start_twice", 10), ("disk_fail", 5)))
+        kind = pick(
+            rng,
+            (
+                ("delay", 25),
+                ("cut", 25),
+                ("blackhole", 15),
+                ("partition", 10),
+                ("hand_crash", 12),
+                ("mind_crash", 8),
+                ("start_twice", 10),
+                ("disk_fail", 5),
+            ),
+        )
         links = [lk for lk in w.links if lk.open]
         if kind in ("delay", "cut", "blackhole", "start_twice") and not links:
             return "fault:none"
@@ -160,4 +171,3 @@ class Faults:
             w.start_hand(slot)
         w.start_mind()
         w.drain()
-

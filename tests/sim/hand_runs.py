@@ -122,8 +122,9 @@ class HandRuns:
 
     def _execute(self, run: _Run) -> Generator[Any, Any, None]:
         assert run.ctl.deadline is not None
-        timer = self.hand.loop.call_at(run.ctl.deadline, lambda: self._cancel(run, CancelReason.DEADLINE_EXCEEDED),
-                                       label="run_deadline")
+        timer = self.hand.loop.call_at(
+            run.ctl.deadline, lambda: self._cancel(run, CancelReason.DEADLINE_EXCEEDED), label="run_deadline"
+        )
         try:
             result = yield from self._outcome(run)
         except Cancelled:  # our owner stopped waiting: report what we know, then end
@@ -139,8 +140,13 @@ class HandRuns:
         except RunAborted:
             return self._stopped(run)
         self._send(Started(run_id=run.rpc.run_id))
-        proc = VProcess(self.hand.machine, run.spec, (self.hand.label, "run", run.rpc.run_id), grace=run.grace,
-                        on_output=lambda stream, data: self._progress(run, stream, data))
+        proc = VProcess(
+            self.hand.machine,
+            run.spec,
+            (self.hand.label, "run", run.rpc.run_id),
+            grace=run.grace,
+            on_output=lambda stream, data: self._progress(run, stream, data),
+        )
         unregister = run.ctl.cancellation.on_cancel(lambda _reason: proc.kill())
         try:
             out = yield from proc.run()
@@ -171,8 +177,14 @@ class HandRuns:
         else:
             state = RunState.FAILED
             why = f"exit status {out.exit_code}" if out.exit_code is not None else f"killed by signal {out.signal}"
-        return Result(run_id=run.rpc.run_id, state=state, reason=why, exit_code=out.exit_code, signal=out.signal,
-                      stage=out.stage if out.killed else None)
+        return Result(
+            run_id=run.rpc.run_id,
+            state=state,
+            reason=why,
+            exit_code=out.exit_code,
+            signal=out.signal,
+            stage=out.stage if out.killed else None,
+        )
 
     def _failed(self, run: _Run, error: str) -> Result:
         return Result(run_id=run.rpc.run_id, state=RunState.FAILED, reason="tool failed", error=error)

@@ -99,7 +99,8 @@ class HandTaskStore:
 
     def purge(self, finished_before: float) -> list[str]:
         ids = [
-            t for t, r in self.rows.items()
+            t
+            for t, r in self.rows.items()
             if r.state in TASK_TERMINAL and r.finished_at is not None and r.finished_at < finished_before
         ]
         for t in ids:

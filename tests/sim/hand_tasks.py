@@ -229,8 +229,9 @@ class HandTasks:
                 orphan.orphan_kill()
                 killed = True
             size = self.store.log_sizes.get(row.task_id, row.log_bytes)
-            self.store.update(row.task_id, state=TaskState.LOST, reason=lost_reason(killed), finished_at=self.now,
-                              log_bytes=size)
+            self.store.update(
+                row.task_id, state=TaskState.LOST, reason=lost_reason(killed), finished_at=self.now, log_bytes=size
+            )
 
     def _purge(self) -> None:
         self.store.purge(purge_cutoff(self.now, self.limits.retention_s))
@@ -244,9 +245,13 @@ class HandTasks:
             assert rpc.background is not None
             spec = self._prepare(rpc)
             max_runtime_ms = rpc.background.max_runtime_ms
-            req = StartRequest(task_id=task_id, tool=rpc.tool, args_digest=args_digest(rpc.tool, rpc.args),
-                               binding_digest=binding_digest(rpc.tool, rpc.args, max_runtime_ms),
-                               max_runtime_ms=max_runtime_ms)
+            req = StartRequest(
+                task_id=task_id,
+                tool=rpc.tool,
+                args_digest=args_digest(rpc.tool, rpc.args),
+                binding_digest=binding_digest(rpc.tool, rpc.args, max_runtime_ms),
+                max_runtime_ms=max_runtime_ms,
+            )
         except Refusal as refusal:
             send(Rejected(run_id=task_id, code=refusal.code, message=refusal.message))
             return
@@ -316,8 +321,9 @@ class HandTasks:
         notes = self.batches
         notes[f"admit_batch:size{min(len(batch), 4)}{'+' if len(batch) >= 4 else ''}"] += 1
         try:
-            existing, retained = yield self.loop.io(self._look, {r.task_id for r in reqs},
-                                                    purge_cutoff(now, self.limits.retention_s))
+            existing, retained = yield self.loop.io(
+                self._look, {r.task_id for r in reqs}, purge_cutoff(now, self.limits.retention_s)
+            )
             verdicts = admit_batch(reqs, existing, retained, self.limits.max_retained, now)
             rows = [v.row for v in verdicts if v.admission is Admission.INSERT and v.row is not None]
             if rows:  # committed before any `accepted`; one write: all of the batch's rows or none
@@ -337,8 +343,10 @@ class HandTasks:
             for v in verdicts[1:]:
                 notes[f"admit_batch:later_{v.admission.value}"] += 1
         if self.hand.world.tracer is not None:
-            self._trace(f"{self.hand.label} batch decided: "
-                        + " ".join(f"{r.task_id}:{v.admission.value}" for r, v in zip(reqs, verdicts)))
+            self._trace(
+                f"{self.hand.label} batch decided: "
+                + " ".join(f"{r.task_id}:{v.admission.value}" for r, v in zip(reqs, verdicts))
+            )
         for start, verdict in zip(batch, verdicts):
             self._answer_start(start, verdict)
         self._pump()
@@ -385,8 +393,11 @@ class HandTasks:
 
     def _execute(self, live: _Live) -> Generator[Any, Any, None]:
         row = live.row
-        timer = self.loop.call_at(self.now + row.max_runtime_ms / 1000,
-                                  lambda: self._kill(live, CancelReason.DEADLINE_EXCEEDED), label="task_deadline")
+        timer = self.loop.call_at(
+            self.now + row.max_runtime_ms / 1000,
+            lambda: self._kill(live, CancelReason.DEADLINE_EXCEEDED),
+            label="task_deadline",
+        )
         try:
             end = yield from self._run(live)
             yield from self._conclude(live, end)
@@ -401,9 +412,14 @@ class HandTasks:
     def _run(self, live: _Live) -> Generator[Any, Any, Ending]:
         task_id, max_ms = live.row.task_id, live.row.max_runtime_ms
         live.sink = yield self.loop.io(LogSink, self.store.log_sizes, task_id, self.limits.log_max)
-        proc = VProcess(self.hand.machine, live.spec, (self.hand.label, "task", task_id), grace=self.hand.kill_grace,
-                        on_output=lambda _stream, data: self._output(live, data),
-                        on_spawn=lambda pid: self._on_spawn(live, pid))
+        proc = VProcess(
+            self.hand.machine,
+            live.spec,
+            (self.hand.label, "task", task_id),
+            grace=self.hand.kill_grace,
+            on_output=lambda _stream, data: self._output(live, data),
+            on_spawn=lambda pid: self._on_spawn(live, pid),
+        )
         live.proc = proc
         if live.cancel is not None:
             proc.kill()
@@ -428,10 +444,17 @@ class HandTasks:
 
     def _final(self, live: _Live, end: Ending) -> dict[str, Any]:
         sink = live.sink
-        return dict(state=end.state, finished_at=self.now, reason=end.reason, exit_code=end.exit_code,
-                    signal=end.signal, stage=end.stage, error=end.error,
-                    log_bytes=sink.size if sink is not None else live.row.log_bytes,
-                    truncated=sink.truncated if sink is not None else live.row.truncated)
+        return dict(
+            state=end.state,
+            finished_at=self.now,
+            reason=end.reason,
+            exit_code=end.exit_code,
+            signal=end.signal,
+            stage=end.stage,
+            error=end.error,
+            log_bytes=sink.size if sink is not None else live.row.log_bytes,
+            truncated=sink.truncated if sink is not None else live.row.truncated,
+        )
 
     def _conclude(self, live: _Live, end: Ending) -> Generator[Any, Any, None]:
         if live.row.state is TaskState.QUEUED and end.state not in TASK_TRANSITIONS[TaskState.QUEUED]:
@@ -491,14 +514,16 @@ class HandTasks:
         if action is CancelAction.DEQUEUE:
             assert queued is not None
             del self._queued[task_id]
-            row = yield from self._commit(queued, state=TaskState.CANCELLED, finished_at=self.now,
-                                          reason=msg.reason.value)
+            row = yield from self._commit(
+                queued, state=TaskState.CANCELLED, finished_at=self.now, reason=msg.reason.value
+            )
             return TaskCancelResult(task_id=task_id, status=TaskCancelStatus.CANCEL_REQUESTED, task=self._info(row))
         if action is CancelAction.KILL:
             assert running is not None
             self._kill(running, msg.reason)
-            return TaskCancelResult(task_id=task_id, status=TaskCancelStatus.CANCEL_REQUESTED,
-                                    task=self._info(running.row))
+            return TaskCancelResult(
+                task_id=task_id, status=TaskCancelStatus.CANCEL_REQUESTED, task=self._info(running.row)
+            )
         if action is CancelAction.UNKNOWN:
             return TaskCancelResult(task_id=task_id, status=TaskCancelStatus.UNKNOWN_TASK)
         assert row is not None
@@ -519,7 +544,6 @@ class HandTasks:
             rows = yield self.loop.io(self.store.page, msg.after, msg.limit + 1)
         more = len(rows) > msg.limit
         rows = rows[: msg.limit]
-        return TaskInventoryPage(tasks=[self._info(r) for r in rows],
-                                 next_after=rows[-1].task_id if more and rows else None)
-
-
+        return TaskInventoryPage(
+            tasks=[self._info(r) for r in rows], next_after=rows[-1].task_id if more and rows else None
+        )

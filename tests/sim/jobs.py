@@ -77,8 +77,16 @@ OnSpawn = Callable[[int], Generator[Any, Any, Any]]
 class VProcess:
     """One command as `hand.process.ProcessRun` runs it: `kill()` only records the request."""
 
-    def __init__(self, machine: Machine, spec: JobSpec, key: tuple[str, str, str], *, grace: float,
-                 on_output: OnOutput | None = None, on_spawn: OnSpawn | None = None) -> None:
+    def __init__(
+        self,
+        machine: Machine,
+        spec: JobSpec,
+        key: tuple[str, str, str],
+        *,
+        grace: float,
+        on_output: OnOutput | None = None,
+        on_spawn: OnSpawn | None = None,
+    ) -> None:
         self.machine = machine
         self.spec = spec
         self.key = key

@@ -137,8 +137,16 @@ class SimMind:
             elif isinstance(a, Log):
                 check.on_mind_log(self.life, a)
 
-    def _admit(self, run_id: str, req: Exec, client: str | None, req_id: str, gen: int | None, known: bool,
-               background: Background | None = None) -> None:
+    def _admit(
+        self,
+        run_id: str,
+        req: Exec,
+        client: str | None,
+        req_id: str,
+        gen: int | None,
+        known: bool,
+        background: Background | None = None,
+    ) -> None:
         self.perform(self.registry.admit(run_id, req, client, req_id, gen, known, self.now, self.now, background))
         run = self.registry.get(run_id)
         if run is not None and not run.terminal:  # the ticker would notice the Mind's deadline then
@@ -251,8 +259,18 @@ class SimMind:
         binding = binding_digest(req.tool, req.args, req.max_runtime_ms)
 
         def reply(outcome: str, code: RejectCode | None = None, message: str = "", view: Any = None) -> None:
-            self.world.to_client(conn, req_id, TaskStartResult(task_id=task_id, hand=req.hand, outcome=outcome,  # type: ignore[arg-type]
-                                                               reject_code=code, message=message, view=view))
+            self.world.to_client(
+                conn,
+                req_id,
+                TaskStartResult(
+                    task_id=task_id,
+                    hand=req.hand,
+                    outcome=outcome,  # type: ignore[arg-type]
+                    reject_code=code,
+                    message=message,
+                    view=view,
+                ),
+            )
 
         def settle(existing: Snapshot) -> None:
             if existing.hand == req.hand and existing.binding_digest == binding:
@@ -270,9 +288,17 @@ class SimMind:
             if not known:
                 return reply("rejected", RejectCode.UNKNOWN_HAND, f"no hand named {req.hand!r}")
             return reply("rejected", RejectCode.HAND_OFFLINE, "hand is not connected; nothing was stored")
-        snap = Snapshot(task_id=task_id, hand=req.hand, tool=req.tool, args_digest=args_digest(req.tool, req.args),
-                        binding_digest=binding, state=TaskState.QUEUED, stale=True, created_at=self.now,
-                        start_pending=True)
+        snap = Snapshot(
+            task_id=task_id,
+            hand=req.hand,
+            tool=req.tool,
+            args_digest=args_digest(req.tool, req.args),
+            binding_digest=binding,
+            state=TaskState.QUEUED,
+            stale=True,
+            created_at=self.now,
+            start_pending=True,
+        )
         existing = yield self.db(self.snapshots.insert_new, snap)  # written stale before the start is sent
         if existing is not None:
             return settle(existing)
@@ -309,8 +335,18 @@ class SimMind:
             message = f"the start was sent but its answer never came ({end.state.value})"
         if waiter is not None:
             conn, req_id = waiter
-            self.world.to_client(conn, req_id, TaskStartResult(task_id=a.run_id, hand=a.hand, outcome=outcome,  # type: ignore[arg-type]
-                                                               reject_code=code, message=message, view=view))
+            self.world.to_client(
+                conn,
+                req_id,
+                TaskStartResult(
+                    task_id=a.run_id,
+                    hand=a.hand,
+                    outcome=outcome,  # type: ignore[arg-type]
+                    reject_code=code,
+                    message=message,
+                    view=view,
+                ),
+            )
 
     def _refresh(self, snap: Snapshot) -> Generator[Any, Any, Snapshot]:
         live = self.hands.get(snap.hand)
@@ -339,24 +375,30 @@ class SimMind:
             self.world.to_client(conn, req_id, TaskCancelReply(task_id=task_id, status=TaskCancelStatus.UNKNOWN_TASK))
             return
         if snap.terminal:
-            self.world.to_client(conn, req_id, TaskCancelReply(task_id=task_id, status=TaskCancelStatus.ALREADY_DONE,
-                                                               view=snap.view()))
+            self.world.to_client(
+                conn, req_id, TaskCancelReply(task_id=task_id, status=TaskCancelStatus.ALREADY_DONE, view=snap.view())
+            )
             return
         live = self.hands.get(snap.hand)
         if live is not None and not snap.start_pending:
             try:
-                reply = yield self.ask(live, TaskCancel(task_id=task_id, reason=CancelReason.USER_REQUESTED), ASK_TIMEOUT_S)
+                reply = yield self.ask(
+                    live, TaskCancel(task_id=task_id, reason=CancelReason.USER_REQUESTED), ASK_TIMEOUT_S
+                )
             except (TimeoutError, ConnectionError):
                 reply = None
             if isinstance(reply, TaskCancelResult):
                 if reply.task is not None:
                     new, _ = yield self.db(self.snapshots.report, snap.hand, reply.task, self.now)
                     snap = new or snap
-                self.world.to_client(conn, req_id, TaskCancelReply(task_id=task_id, status=reply.status, view=snap.view()))
+                self.world.to_client(
+                    conn, req_id, TaskCancelReply(task_id=task_id, status=reply.status, view=snap.view())
+                )
                 return
         snap = (yield self.db(self.snapshots.set_cancel_pending, task_id, CancelReason.USER_REQUESTED.value)) or snap
-        self.world.to_client(conn, req_id, TaskCancelReply(task_id=task_id, status=TaskCancelStatus.PENDING_DELIVERY,
-                                                           view=snap.view()))
+        self.world.to_client(
+            conn, req_id, TaskCancelReply(task_id=task_id, status=TaskCancelStatus.PENDING_DELIVERY, view=snap.view())
+        )
 
     def on_update(self, peer: HandPeer, info: TaskInfo) -> Generator[Any, Any, None]:
         yield self.db(self.snapshots.report, peer.label, info, self.now)
@@ -383,7 +425,9 @@ class SimMind:
         self.world.checker.on_reconciled(hand, peer.gen, plan)
         for task_id, _reason in plan.cancels:
             try:
-                reply = yield self.ask(peer, TaskCancel(task_id=task_id, reason=CancelReason.USER_REQUESTED), ASK_TIMEOUT_S)
+                reply = yield self.ask(
+                    peer, TaskCancel(task_id=task_id, reason=CancelReason.USER_REQUESTED), ASK_TIMEOUT_S
+                )
             except (TimeoutError, ConnectionError):
                 break
             if isinstance(reply, TaskCancelResult):

@@ -59,8 +59,9 @@ class Config:
     keepalive_s: float = 20.0
     """ping_interval + ping_timeout: a blackholed side declares the connection dead after this."""
     max_latency_s: float = 1.0
-    task_limits: TaskLimits = field(default_factory=lambda: TaskLimits(max_running=2, max_retained=6,
-                                                                       retention_s=300.0, log_max=200))
+    task_limits: TaskLimits = field(
+        default_factory=lambda: TaskLimits(max_running=2, max_retained=6, retention_s=300.0, log_max=200)
+    )
     quiesce_events: int = 20_000
     slow_io: float = 0.05
     """The share of I/O calls (database writes and reads) that stall for up to a second."""
@@ -94,8 +95,14 @@ class HandSlot:
 
 
 class World:
-    def __init__(self, seed: int, steps: int = 300, config: Config | None = None, rules: Rules | None = None,
-                 trace: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        seed: int,
+        steps: int = 300,
+        config: Config | None = None,
+        rules: Rules | None = None,
+        trace: Callable[[str], None] | None = None,
+    ) -> None:
         self.seed = seed
         self.steps = steps
         self.config = config or Config()
@@ -114,8 +121,11 @@ class World:
         self.hand_labels = frozenset(self.config.hands)
         self.links: list[Link] = []
         self.hands = {
-            h: HandSlot(h, HandTaskStore(h, partial(self.checker.on_row_change, h)),
-                        Machine(h, self.clock, self.checker.on_exec))
+            h: HandSlot(
+                h,
+                HandTaskStore(h, partial(self.checker.on_row_change, h)),
+                Machine(h, self.clock, self.checker.on_exec),
+            )
             for h in self.config.hands
         }
         self.clients = [SimClient(f"c{i}") for i in range(self.config.clients)]
@@ -174,8 +184,13 @@ class World:
             frames = traceback.extract_tb(exc.__traceback__)[-3:]
             where = "; ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in frames)
             cause = exc.__cause__ or exc
-            violation = InvariantViolation("no unhandled exception", f"{type(cause).__name__}: {cause} (at {where})",
-                                           self.seed, self.step_no, self.replay_command())
+            violation = InvariantViolation(
+                "no unhandled exception",
+                f"{type(cause).__name__}: {cause} (at {where})",
+                self.seed,
+                self.step_no,
+                self.replay_command(),
+            )
             self._trace_failure(violation)
             raise violation from exc
 
@@ -354,8 +369,11 @@ class World:
         """Deliver every frame that can be delivered now (of one Hand / one direction if given)."""
         n = 0
         while n < limit:
-            ready = [(lk, d) for lk, d in self._deliverable()
-                     if (hand is None or lk.hand == hand) and (direction is None or d.name == direction)]
+            ready = [
+                (lk, d)
+                for lk, d in self._deliverable()
+                if (hand is None or lk.hand == hand) and (direction is None or d.name == direction)
+            ]
             if not ready:
                 return n
             self._guard(lambda: self._deliver(*ready[0]))
@@ -493,7 +511,14 @@ class World:
     def quiet(self) -> bool:
         return not self.busy()
 
-def run_seed(seed: int, steps: int = 300, *, trace: Callable[[str], None] | None = None,
-             config: Config | None = None, rules: Rules | None = None) -> World:
+
+def run_seed(
+    seed: int,
+    steps: int = 300,
+    *,
+    trace: Callable[[str], None] | None = None,
+    config: Config | None = None,
+    rules: Rules | None = None,
+) -> World:
     """Run one seed to the end; raises `InvariantViolation` (with its replay command) on failure."""
     return World(seed, steps, config=config, rules=rules, trace=trace).run()

@@ -19,8 +19,11 @@ from protocol.messages import TaskInfo
 
 
 class SnapshotTable:
-    def __init__(self, reconcile: Callable[..., Plan] = rules.reconcile,
-                 apply_report: Callable[..., Snapshot | None] = rules.apply_report) -> None:
+    def __init__(
+        self,
+        reconcile: Callable[..., Plan] = rules.reconcile,
+        apply_report: Callable[..., Snapshot | None] = rules.apply_report,
+    ) -> None:
         self.rows: dict[str, Snapshot] = {}
         self.dirty: dict[str, None] = {}
         """Task ids written since the checker last looked (it checks only those)."""
@@ -106,8 +109,9 @@ class SnapshotTable:
                 self._put(snap)
         return n
 
-    def reconcile(self, hand: str, hand_rows: dict[str, TaskInfo], now: float,
-                  synced_since: float | None = None) -> Plan:
+    def reconcile(
+        self, hand: str, hand_rows: dict[str, TaskInfo], now: float, synced_since: float | None = None
+    ) -> Plan:
         mine = [s for s in self.rows.values() if s.hand == hand]
         settled = [s for s in mine if not s.start_pending]
         held_elsewhere = {s.task_id: hand for s in mine if s.start_pending}
@@ -132,8 +136,14 @@ def _norm(value: Any) -> Any:
     """Plans list snapshots in table order, which SQLite does not promise: compare them sorted."""
     if isinstance(value, Plan):
         key = lambda s: s.task_id  # noqa: E731
-        return (sorted(value.updated, key=key), sorted(value.adopted, key=key), sorted(value.lost, key=key),
-                sorted(value.cancels), sorted(value.foreign), value.unchanged)
+        return (
+            sorted(value.updated, key=key),
+            sorted(value.adopted, key=key),
+            sorted(value.lost, key=key),
+            sorted(value.cancels),
+            sorted(value.foreign),
+            value.unchanged,
+        )
     return value
 
 

@@ -54,8 +54,14 @@ def test_a_seed_replays_exactly_in_another_process() -> None:
     outs = []
     for hash_seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "sim.py"), "--seed", "11", "--digest"],
-                              capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "sim.py"), "--seed", "11", "--digest"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            cwd=ROOT,
+        )
         assert proc.returncode == 0, proc.stderr
         outs.append(proc.stdout)
     assert outs[0] == outs[1] and "digest" in outs[0]
@@ -121,8 +127,10 @@ class ResendingHand(HandProcess):
 
 
 def test_a_result_from_another_generation_is_caught() -> None:
-    violation = first_violation(Rules(registry_cls=GenerationBlindRegistry, hand_cls=ResendingHand),
-                                "results only from the accepting generation")
+    violation = first_violation(
+        Rules(registry_cls=GenerationBlindRegistry, hand_cls=ResendingHand),
+        "results only from the accepting generation",
+    )
     assert "scripts/sim --seed" in str(violation)
 
 
@@ -191,8 +199,10 @@ def world(rules: Rules, **config: Any) -> World:
 
 
 def start(w: World, task_id: str, seconds: float) -> None:
-    w.actions.start_task(w.clients[0], TaskStart(hand="h1", task_id=task_id, tool="exec",
-                                                 args=JobSpec(seconds).args(), max_runtime_ms=60_000))
+    w.actions.start_task(
+        w.clients[0],
+        TaskStart(hand="h1", task_id=task_id, tool="exec", args=JobSpec(seconds).args(), max_runtime_ms=60_000),
+    )
 
 
 def reconnect(w: World) -> None:
@@ -286,8 +296,13 @@ def answers(w: World, hand: str = "h1") -> list[tuple[str, ...]]:
 
 
 def outcome(w: World, task_id: str) -> str:
-    results = [m for req in w.clients[0].requests.values() if req.kind == "task_start" and req.target == task_id
-               for m in req.replies if isinstance(m, TaskStartResult)]
+    results = [
+        m
+        for req in w.clients[0].requests.values()
+        if req.kind == "task_start" and req.target == task_id
+        for m in req.replies
+        if isinstance(m, TaskStartResult)
+    ]
     assert len(results) == 1, results
     code = results[0].reject_code
     return results[0].outcome + (f":{code.value}" if code else "")
@@ -320,8 +335,15 @@ def test_the_seeds_exercise_batched_admission() -> None:
     notes: Counter[str] = Counter()
     for seed in range(40):
         notes.update(run_seed(seed, 300).checker.notes)
-    for what in ("size2", "same_id_twice", "later_insert", "later_duplicate", "later_conflict", "refused_by_commit",
-                 "crash_undecided"):
+    for what in (
+        "size2",
+        "same_id_twice",
+        "later_insert",
+        "later_duplicate",
+        "later_conflict",
+        "refused_by_commit",
+        "crash_undecided",
+    ):
         assert notes[f"admit_batch:{what}"] > 0, what
 
 
@@ -364,8 +386,13 @@ def test_starts_read_together_are_one_batch_committed_once_and_answered_after_th
     assert sorted(w.hands["h1"].store.rows) == ["t1", "t2"] and len(commits) == 1
     assert answers(w) == []  # ... but nothing is answered before the commit completes
     w.advance(1.0)
-    assert answers(w)[:5] == [("accepted", "t1"), ("result", "t1", "new"), ("accepted", "t2"), ("result", "t2", "new"),
-                              ("rejected", "t3", "quota_exceeded")]
+    assert answers(w)[:5] == [
+        ("accepted", "t1"),
+        ("result", "t1", "new"),
+        ("accepted", "t2"),
+        ("result", "t2", "new"),
+        ("rejected", "t3", "quota_exceeded"),
+    ]
     hand.loop._latency = lambda: 0.0
     settle(w)
     assert [outcome(w, t) for t in ("t1", "t2", "t3")] == ["accepted", "accepted", "rejected:quota_exceeded"]

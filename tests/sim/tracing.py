@@ -50,8 +50,15 @@ def summary(w: "World") -> dict[str, str]:
         if mind is not None and life == mind.life:
             s[f"run {run_id}"] = f"{state.value} (final)"
     for snap in w.snapshots.all():
-        flags = "".join(f" {f}" for f, on in (("stale", snap.stale), ("start_pending", snap.start_pending),
-                                              ("cancel_pending", snap.cancel_pending)) if on)
+        flags = "".join(
+            f" {f}"
+            for f, on in (
+                ("stale", snap.stale),
+                ("start_pending", snap.start_pending),
+                ("cancel_pending", snap.cancel_pending),
+            )
+            if on
+        )
         why = f" ({snap.reason})" if snap.reason else ""
         s[f"snap {snap.task_id}"] = f"{snap.hand} {snap.state.value} v{snap.version}{flags}{why}"
     for slot in w.hands.values():
@@ -66,8 +73,18 @@ def summary(w: "World") -> dict[str, str]:
 
 def describe(msg: Message) -> str:
     parts = [msg.TYPE]
-    for name in ("run_id", "task_id", "state", "status", "outcome", "reject_code", "code", "after", "next_after",
-                 "reason"):
+    for name in (
+        "run_id",
+        "task_id",
+        "state",
+        "status",
+        "outcome",
+        "reject_code",
+        "code",
+        "after",
+        "next_after",
+        "reason",
+    ):
         value = getattr(msg, name, None)
         if value not in (None, ""):
             parts.append(f"{name}={getattr(value, 'value', value)}")

@@ -36,8 +36,17 @@ def apply_report_before_fix(snap: Snapshot, info: TaskInfo, now: float) -> Snaps
     if snap.terminal and snap.version == 0:
         return None
     cancel_pending = None if info.state in TASK_TERMINAL else snap.cancel_pending
-    return replace(snap, state=info.state, stale=False, last_synced_at=now, version=info.version, info=info,
-                   cancel_pending=cancel_pending, start_pending=False, tool=info.tool)
+    return replace(
+        snap,
+        state=info.state,
+        stale=False,
+        last_synced_at=now,
+        version=info.version,
+        info=info,
+        cancel_pending=cancel_pending,
+        start_pending=False,
+        tool=info.tool,
+    )
 
 
 def reconcile_before_fix(hand, snapshots, hand_rows, held_elsewhere, now, synced_since=None):  # type: ignore[no-untyped-def]
@@ -60,9 +69,11 @@ class HandCancelAtOnce(HandProcess):
 
 VARIANTS: dict[str, Rules] = {
     "fixed": Rules(),
-    "mind-before-fix": Rules(reconcile=reconcile_before_fix, apply_report=apply_report_before_fix,
-                             variant="mind-before-fix"),
+    "mind-before-fix": Rules(
+        reconcile=reconcile_before_fix, apply_report=apply_report_before_fix, variant="mind-before-fix"
+    ),
     "hand-before-fix": Rules(hand_tasks_cls=HandBeforeFix, variant="hand-before-fix"),
-    "hand-batch-before-fix": Rules(hand_tasks_cls=HandTasksAdmittingInCaller, hand_cls=HandCancelAtOnce,
-                                   variant="hand-batch-before-fix"),
+    "hand-batch-before-fix": Rules(
+        hand_tasks_cls=HandTasksAdmittingInCaller, hand_cls=HandCancelAtOnce, variant="hand-batch-before-fix"
+    ),
 }

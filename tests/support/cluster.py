@@ -95,7 +95,9 @@ class Proc:
 
 
 @contextmanager
-def running(tmp: Path, hand: str | None = "box", *hand_args: str, via_proxy: bool = False, mind_args: tuple[str, ...] = ()):
+def running(
+    tmp: Path, hand: str | None = "box", *hand_args: str, via_proxy: bool = False, mind_args: tuple[str, ...] = ()
+):
     """A Mind, and a Hand named `hand` connected to it (through a fault proxy if asked); all stopped
     and killed by PID on the way out."""
     cl = Cluster(tmp)
@@ -137,7 +139,12 @@ class Cluster:
             url_file.unlink()
         listen = f"127.0.0.1:{self.port if port is None else port}"
         self.mind_args = extra
-        p = Proc("mind", [str(BIN / "mind"), "serve", "--listen", listen, "--log-format", "json", "--ping-interval", "1", *extra], self.env, self.tmp / "mind.log")
+        p = Proc(
+            "mind",
+            [str(BIN / "mind"), "serve", "--listen", listen, "--log-format", "json", "--ping-interval", "1", *extra],
+            self.env,
+            self.tmp / "mind.log",
+        )
         self.procs.append(p)
         self.mind = p
         wait_until(lambda: url_file.exists() or not p.alive(), 20, "the Mind to listen")
@@ -153,16 +160,32 @@ class Cluster:
         assert r.returncode == 0, r.stderr
         return cred
 
-    def start_hand(self, name: str, *extra: str, root: Path | None = None, cred: Path | None = None, url: str | None = None) -> Proc:
+    def start_hand(
+        self, name: str, *extra: str, root: Path | None = None, cred: Path | None = None, url: str | None = None
+    ) -> Proc:
         cred = cred or (self.tmp / f"{name}.cred")
         if not cred.exists():
             self.add_hand(name)
         root = root or (self.tmp / f"root-{name}")
         root.mkdir(parents=True, exist_ok=True)
         argv = [
-            str(BIN / "hand"), "run", "--mind", url or self.url, "--credential", str(cred), "--root", str(root),
-            "--state-dir", str(self.tmp / f"state-{name}"), "--log-format", "json", "--ping-interval", "1",
-            "--max-backoff", "1", *extra,
+            str(BIN / "hand"),
+            "run",
+            "--mind",
+            url or self.url,
+            "--credential",
+            str(cred),
+            "--root",
+            str(root),
+            "--state-dir",
+            str(self.tmp / f"state-{name}"),
+            "--log-format",
+            "json",
+            "--ping-interval",
+            "1",
+            "--max-backoff",
+            "1",
+            *extra,
         ]
         p = Proc(f"hand-{name}", argv, self.env, self.tmp / f"hand-{name}.log")
         self.procs.append(p)
@@ -182,8 +205,12 @@ class Cluster:
 
     def cli_popen(self, *args: str) -> subprocess.Popen:
         return subprocess.Popen(
-            [str(BIN / "mind"), *args], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            [str(BIN / "mind"), *args],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
 
     def task(self, task_id: str) -> dict:
@@ -202,7 +229,9 @@ class Cluster:
         """The Hand's own database, read by `hand tasks` on its machine (no Mind involved)."""
         r = subprocess.run(
             [str(BIN / "hand"), "tasks", "--state-dir", str(self.tmp / f"state-{name}"), "--json"],
-            env=self.env, capture_output=True, timeout=30,
+            env=self.env,
+            capture_output=True,
+            timeout=30,
         )
         assert r.returncode == 0, r.stderr
         return {t["task_id"]: t for t in json.loads(r.stdout)}

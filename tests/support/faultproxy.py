@@ -190,15 +190,24 @@ class Proxy:
         try:
             if cmd == "status":
                 conns = [
-                    {"id": p.id, "up_bytes": p.up.bytes, "down_bytes": p.down.bytes,
-                     "up_held": p.up.held, "down_held": p.down.held,
-                     "up": vars(p.up.faults), "down": vars(p.down.faults)}
+                    {
+                        "id": p.id,
+                        "up_bytes": p.up.bytes,
+                        "down_bytes": p.down.bytes,
+                        "up_held": p.up.held,
+                        "down_held": p.down.held,
+                        "up": vars(p.up.faults),
+                        "down": vars(p.down.faults),
+                    }
                     for p in self.pairs.values()
                 ]
-                return "ok " + json.dumps({
-                    "connections": conns, "refusing": self.refusing,
-                    "defaults": {k: vars(v) for k, v in self.defaults.items()},
-                })
+                return "ok " + json.dumps(
+                    {
+                        "connections": conns,
+                        "refusing": self.refusing,
+                        "defaults": {k: vars(v) for k, v in self.defaults.items()},
+                    }
+                )
             if cmd == "cut":
                 mode = rest[0] if rest and rest[0] in ("fin", "rst") else "fin"
                 _, pairs, _ = self._targets([a for a in rest if a not in ("fin", "rst")])
@@ -298,7 +307,9 @@ class FaultProxy:
     def start(cls, target_port: int) -> "FaultProxy":
         proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--target", f"127.0.0.1:{target_port}"],
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         assert proc.stdout is not None
         line = proc.stdout.readline()
