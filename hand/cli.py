@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hand.config import DEFAULT_STATE_DIR, GROUPS, KEYS, parse_duration, parse_size  # noqa: F401 (re-exported)
+from hand import __version__
+from hand.config import DEFAULT_STATE_DIR, GROUPS, KEYS, parse_duration, parse_size  # re-exported
 from protocol.io.settings import ConfigError, Settings
 
 
@@ -48,6 +49,7 @@ _GROUP_HELP = {
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hand", description="The mindhand Hand agent.")
+    parser.add_argument("--version", action="version", version=f"hand {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser(
         "run",
@@ -160,7 +162,7 @@ def build_config(settings: Settings) -> Any:
         client_context(s["mind"], s["ca"], s["pin"])
     except TLSConfigError as exc:
         raise ConfigError(str(exc)) from None
-    from hand.aio.health import parse_listen
+    from hand.core.http import parse_listen
 
     try:
         metrics_listen = parse_listen(s["metrics_listen"]) if s["metrics_listen"] else None
@@ -229,7 +231,7 @@ def _check_task_db(state: Path) -> None:
 
 
 def _task_limits(s: Settings) -> Any:
-    from hand.aio.tasks import TaskLimits
+    from hand.core.tasks import TaskLimits
 
     return TaskLimits(
         max_running=s["max_running_tasks"],
@@ -306,7 +308,8 @@ def tasks_main(args: argparse.Namespace) -> int:
     ]
     widths = [max(len(line[i]) for line in table) for i in range(len(_COLUMNS) - 1)]
     for line in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)) + "  " + line[-1])
+        # no width for the last column (printed as it is): zip stops before it
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=False)) + "  " + line[-1])
     return 0
 
 
@@ -371,12 +374,16 @@ def main(argv: list[str] | None = None) -> int:
         source = settings_source(args)
         settings = source.load()
         config = build_config(settings)
+        from hand.core.sanitize import Sanitizer
         from protocol.io import logs
 
         try:
             audit = logs.AuditLog(config.state_dir / "audit.jsonl") if config.state_dir else None
             stream = logs.ReopeningFile(settings["log_file"]) if settings["log_file"] else None
-            logs.configure(settings["log_format"], settings["log_level"], stream=stream, audit=audit)
+            # A logged traceback is local, but the same rule holds as for error text on the wire: never
+            # the root (the machine's layout) or the credential.
+            redact = Sanitizer(config.root, secrets=[config.credential.secret.hex()], limit=1 << 20, other_paths=False)
+            logs.configure(settings["log_format"], settings["log_level"], stream=stream, audit=audit, redact=redact)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         except OSError as exc:

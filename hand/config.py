@@ -11,45 +11,22 @@ be read) happen when the agent is built, and still name where the value came fro
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from protocol.io.settings import Key, between, listen_address, log_levels, one_of, positive
+from protocol.units import parse_duration, parse_size, positive_duration, positive_size  # noqa: F401 - re-exported for hand.cli
 
 DEFAULT_STATE_DIR = "~/.local/state/mindhand-hand"
 CONFIG_NAME = "hand.toml"
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
-_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-_BYTES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-
-def parse_duration(text: str) -> float:
-    """`90s`, `30m`, `2h`, `7d`, or plain seconds -> seconds."""
-    m = _DURATION.match(text)
-    if not m:
-        raise ValueError(f"{text!r} is not a duration (use e.g. 90s, 30m, 2h, 7d)")
-    return float(m.group(1)) * _SECONDS[m.group(2)]
-
-
-def parse_size(text: str) -> int:
-    """`64M`, `512K`, `1G` (binary multiples), or plain bytes -> bytes."""
-    m = _SIZE.match(text)
-    if not m:
-        raise ValueError(f"{text!r} is not a size (use e.g. 65536, 512K, 64M, 1G)")
-    return int(m.group(1)) * _BYTES[m.group(2).lower()]
-
 
 def _duration(value: str) -> str:
-    if parse_duration(value) <= 0:
-        raise ValueError("must be more than 0")
+    positive_duration(value)
     return value
 
 
 def _size(value: str) -> str:
-    if parse_size(value) <= 0:
-        raise ValueError("must be more than 0")
+    positive_size(value)
     return value
 
 

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+from protocol.errors import MindhandError
 
-class ClientError(Exception):
+
+class ClientError(MindhandError):
     """The call could not be made or answered (connection, auth, a refused request)."""
 
     def __init__(self, code: str, message: str) -> None:

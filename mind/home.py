@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from protocol.io.files import write_private  # noqa: F401 - the Mind's files are written with it
+
 DEFAULT_LISTEN = "127.0.0.1:7470"
 
 
@@ -32,17 +34,3 @@ def pin_file(h: Path) -> Path:
 
 def admin_cred_file(h: Path) -> Path:
     return h / "admin.cred"
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write `text` to `path` with mode 0600 from the first byte (never world-readable, even briefly)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)

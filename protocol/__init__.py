@@ -4,5 +4,9 @@ No sockets, no files, no clocks of its own: everything here is a value, a codec 
 machine, so the Mind, the Hand and the client agree by construction and tests can drive it directly.
 """
 
+__version__ = "0.1.0"
+"""The one version of mindhand: pyproject.toml reads it (`[tool.setuptools.dynamic]`), `mind --version`
+and `hand --version` print it. The wire has its own number, below, because releases and wire changes differ."""
+
 PROTOCOL_VERSION = 1
 """Bumped on any incompatible wire change. Peers never downgrade: a mismatch is refused at `hello`."""

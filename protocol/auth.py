@@ -48,7 +48,7 @@ class Credential(Frozen):
         return f"Credential(role={self.role!r}, label={self.label!r}, secret=<redacted>)"
 
     @classmethod
-    def parse(cls, text: str) -> "Credential":
+    def parse(cls, text: str) -> Credential:
         """Parse a token (or a credential file's content: blank lines and `#` comments ignored)."""
         lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
         if len(lines) != 1:
@@ -103,7 +103,7 @@ class ClientHandshake:
     """The connecting side's state machine. Pure: nonces come in, messages go out.
 
     The two messages it builds come from `_hello_msg` and `_proof_msg` (the pydantic models). The
-    CLI's pydantic-free fast path (`mind/client/blocking.py`) overrides only those two, so the transcript and
+    CLI's pydantic-free fast path (`mind/client/wire.py`: `Handshake`) overrides only those two, so the transcript and
     both MAC checks stay this one implementation."""
 
     def __init__(self, cred: Credential, nonce: bytes, claims: HandClaims | None = None) -> None:

@@ -16,14 +16,15 @@ the simulation share one implementation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from protocol.codes import CancelReason
+from protocol.errors import MindhandError
 from protocol.states import RUN_TERMINAL, RunState
 
 
-class RunAborted(Exception):
+class RunAborted(MindhandError):
     """Raised at a checkpoint when the run must not go on. Not an error: the outcome is recorded."""
 
     def __init__(self, why: str) -> None:
@@ -105,7 +106,7 @@ class Cancellation:
         for cb in callbacks:
             try:
                 cb(reason)
-            except Exception as exc:  # noqa: BLE001 - collected and re-raised below
+            except Exception as exc:  # collected and re-raised below
                 errors.append(exc)
         if errors:
             raise ExceptionGroup("cancel callbacks failed", errors)

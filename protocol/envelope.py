@@ -105,10 +105,10 @@ def unpack(data: object) -> dict[str, Any]:
     return raw
 
 
-_registry: tuple[dict[str, Any], type[Exception]] | None = None
+_registry: tuple[dict[str, Any], type[pydantic.ValidationError]] | None = None
 
 
-def _models() -> tuple[dict[str, Any], type[Exception]]:
+def _models() -> tuple[dict[str, Any], type[pydantic.ValidationError]]:
     """MESSAGE_TYPES and pydantic's ValidationError, imported once, on the first decode."""
     global _registry
     if _registry is None:
@@ -161,7 +161,7 @@ def decode(data: object, expected_version: int = PROTOCOL_VERSION) -> Envelope[M
     try:
         msg = model.model_validate(p)
     except validation_error as exc:
-        raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"invalid {t} payload: {_describe(exc)}") from None  # type: ignore[arg-type]
+        raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"invalid {t} payload: {_describe(exc)}") from None
     except RecursionError:
         raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"invalid {t} payload: nested too deeply") from None
     return Envelope(msg=msg, seq=seq, id=id_, gen=gen)

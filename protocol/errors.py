@@ -1,9 +1,43 @@
-"""The one exception decoding untrusted input may raise."""
+"""The exceptions mindhand raises on purpose, and the one decoding untrusted input may raise.
+
+Every exception class defined in `protocol`, `mind` and `hand` derives from `MindhandError`, so an
+embedder (or a shell's last-resort guard) tells a refusal or a known failure of ours, which carries
+a sentence a user can act on, from a bug, which carries a traceback. A test imports every module
+and checks (`tests/protocol/test_error_hierarchy.py`). Some keep a second base because callers catch
+them by it (`ValueError`).
+
+    MindhandError
+    ├── ProtocolError(code, message)   protocol/errors.py          a peer sent something we refuse
+    ├── IllegalTransition              protocol/states.py          a state rule broken: a bug, not a peer's doing
+    ├── RunAborted                     protocol/control.py         not an error: a run must stop at a checkpoint
+    │   └── BudgetExceeded
+    ├── ConfigError (ValueError)       protocol/io/settings.py     a setting the operator must fix
+    ├── TLSConfigError (ValueError)    protocol/io/tls.py          a certificate, key, CA or pin unusable
+    ├── ClientError(code, message)     mind/errors.py              a client call could not be made or answered
+    │   └── RunFailed                  mind/client/aio.py          a run that did not succeed, for `call`
+    ├── WsError, Invalid               mind/client/                the fast path: transport, reply checks
+    ├── StoreError                     mind/store/credentials.py   a credential change the store refuses
+    ├── MindRefused(code, message)     hand/aio/agent.py           the Mind sent an `error` frame
+    ├── Refusal(code, message)         hand/system/tools.py        a run refused before anything ran
+    ├── ToolFailed                     hand/system/tools.py        a tool ran and failed
+    ├── PathRefused                    hand/system/paths.py        a path the Hand will not touch
+    ├── OverCap (ValueError)           hand/system/sandbox.py      a limit above the Hand's cap
+    └── TaskStoreError                 hand/system/taskdb.py       the Hand's task database cannot be used
+
+What the shells do with them (DESIGN §4): a `ProtocolError` on a connection is answered with an
+`error` frame and, for connection-level codes, a close. Anything else raised while serving one
+request ends that request with `internal_error`, is logged with its type, message and traceback,
+and never stops a daemon or drops an unrelated peer.
+"""
 
 from protocol.codes import ErrorCode
 
 
-class ProtocolError(Exception):
+class MindhandError(Exception):
+    """The base of every exception mindhand defines."""
+
+
+class ProtocolError(MindhandError):
     """A peer sent something we refuse. Carries a code and a sentence a user can act on.
 
     The connection layer turns it into an `error` frame and, for connection-level codes, a close.

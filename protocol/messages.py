@@ -28,6 +28,7 @@ Mac = Annotated[bytes, Strict(), Field(min_length=limits.MAC_BYTES, max_length=l
 TimeoutMs = Annotated[int, Strict(), Field(gt=0, le=limits.RUN_TIMEOUT_MAX_MS)]
 Stream = Literal["stdout", "stderr"]
 Role = Literal["hand", "client"]
+StartOutcome = Literal["accepted", "duplicate", "rejected", "unknown"]
 
 
 class Message(BaseModel):
@@ -104,7 +105,7 @@ class Rpc(Message):
     args: dict[Str, Any]
     timeout_ms: TimeoutMs
     grace_ms: Annotated[int, Strict(), Field(ge=0, le=600_000)] | None = None
-    background: "Background | None" = None
+    background: Background | None = None
     """Set for the start run of a background task: `task_id == run_id`. The run succeeds once the
     Hand has durably accepted the task (row committed); `timeout_ms` bounds only that admission,
     never the task, whose own limit is `background.max_runtime_ms`."""
@@ -181,7 +182,7 @@ class Result(Outcome):
     TYPE = "result"
 
     @model_validator(mode="after")
-    def _hand_reportable(self) -> "Result":
+    def _hand_reportable(self) -> Result:
         if self.state not in HAND_REPORTABLE:
             raise ValueError(f"a result cannot carry state {self.state.value}")
         return self
@@ -268,7 +269,7 @@ class TaskLogPage(Message):
     """No byte past `next_offset` exists now and the task is terminal: nothing more will come."""
 
     @model_validator(mode="after")
-    def _offsets(self) -> "TaskLogPage":
+    def _offsets(self) -> TaskLogPage:
         if self.next_offset != self.offset + len(self.data):
             raise ValueError("next_offset must be offset + len(data)")
         return self
@@ -355,7 +356,7 @@ class RunEnd(Outcome):
     reject_code: RejectCode | None = None
 
     @model_validator(mode="after")
-    def _terminal(self) -> "RunEnd":
+    def _terminal(self) -> RunEnd:
         if self.state not in RUN_TERMINAL:
             raise ValueError(f"run_end needs a terminal state, not {self.state.value}")
         return self
@@ -444,7 +445,7 @@ class TaskStartResult(Message):
     TYPE = "task_start_result"
     task_id: Id
     hand: Label
-    outcome: Literal["accepted", "duplicate", "rejected", "unknown"]
+    outcome: StartOutcome
     """`unknown`: the start was sent but no answer came (connection lost, deadline): the task may or
     may not exist; `task get` after the Hand reconnects tells."""
     reject_code: RejectCode | None = None

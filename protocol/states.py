@@ -6,8 +6,11 @@ anything the table does not list, so an illegal transition is an error at the ca
 silently rewritten history.
 """
 
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import Mapping, TypeVar
+from typing import TypeVar
+
+from protocol.errors import MindhandError
 
 
 class RunState(StrEnum):
@@ -98,7 +101,7 @@ TASK_TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
 }
 
 
-class IllegalTransition(Exception):
+class IllegalTransition(MindhandError):
     def __init__(self, current: StrEnum, new: StrEnum) -> None:
         super().__init__(f"illegal transition {current} -> {new}")
         self.current = current

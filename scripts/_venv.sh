@@ -1,4 +1,4 @@
-# Sourced by scripts/test and scripts/demo: make .venv with the package and its test extras, from
+# Sourced by scripts/test, scripts/check and scripts/demo: make .venv with the package and its test extras, from
 # nothing but a Python 3.11+ on PATH. Re-installs only when pyproject.toml changed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

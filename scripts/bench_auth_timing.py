@@ -14,11 +14,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 
-from websockets.asyncio.client import connect  # noqa: E402
+from support.cluster import Cluster
+from websockets.asyncio.client import connect
 
-from protocol.auth import ClientHandshake, Credential  # noqa: E402
-from protocol.envelope import Channel  # noqa: E402
-from support.cluster import Cluster  # noqa: E402
+from protocol.auth import ClientHandshake, Credential
+from protocol.envelope import Channel
 
 
 async def attempt(url: str, cred: Credential) -> tuple[float, float]:

@@ -14,9 +14,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 
-from benchlib.core import pct  # noqa: E402  (scripts/bench covers this and more, against a reference)
-from mind.client.aio import MindClient, load_credential  # noqa: E402
-from support.cluster import Cluster  # noqa: E402
+from benchlib.core import pct  # scripts/bench covers this and more, against a reference
+from support.cluster import Cluster
+
+from mind.client.aio import MindClient, load_credential
 
 
 async def measure(url: str, cred_path: Path, n: int) -> list[tuple[str, list[float]]]:

@@ -10,8 +10,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 
-from benchlib.reconcile import measure, seed  # noqa: E402  (shared with scripts/bench reconcile)
-from support.cluster import Cluster  # noqa: E402
+from benchlib.reconcile import measure, seed  # shared with scripts/bench reconcile
+from support.cluster import Cluster
 
 
 def main() -> None:

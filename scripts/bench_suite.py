@@ -80,7 +80,7 @@ def main() -> int:
             print(f"bench: {name} ...", file=sys.stderr, flush=True)
             try:
                 rows += FIGURES[name](ctx)
-            except Exception as exc:  # noqa: BLE001 - one figure failing must not hide the others
+            except Exception as exc:  # one figure failing must not hide the others
                 errors += 1
                 traceback.print_exc(file=sys.stderr)
                 rows.append(core.Row(name, "could not be measured (see notes)", verdict="ERROR"))

@@ -56,7 +56,7 @@ def show(line: str) -> None:
         print(line)
     except BrokenPipeError:  # `scripts/sim --seed N --trace | head`
         sys.stdout = open(os.devnull, "w")
-        raise SystemExit(0)
+        raise SystemExit(0) from None
 
 
 def replay(args: argparse.Namespace) -> int:

@@ -1,11 +1,45 @@
+import os
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from support.cluster import Cluster  # noqa: E402
+from support.cluster import Cluster
+from support.spawnguard import install
+
+# Property tests take their example counts from a profile, not from each test: `dev` keeps the edit loop
+# (`scripts/test --fast`, a bare pytest) quick; `ci` tries at least as many examples as any test fixed for
+# itself before, and is what the full `scripts/test` (so CI) and any run with $CI set use. HYPOTHESIS_PROFILE
+# chooses explicitly. No deadline in either: the machine is shared and small, so a slow example is noise.
+settings.register_profile("dev", max_examples=50, deadline=None)
+settings.register_profile("ci", max_examples=600, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+
+GUARD = install()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Arm the process guard for tests not marked slow (support/spawnguard.py says why)."""
+    GUARD.current = None if item.get_closest_marker("slow") else item.nodeid
+    GUARD.spawned.clear()
+    try:
+        return (yield)
+    finally:
+        GUARD.current = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Fail a fast test that tried to start a process, even if the code it drives caught the refusal."""
+    result = yield
+    if why := GUARD.verdict():
+        GUARD.spawned.clear()
+        pytest.fail(why, pytrace=False)
+    return result
 
 
 @pytest.fixture

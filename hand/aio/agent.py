@@ -33,35 +33,38 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.uri import parse_uri
 
-from hand.core.backoff import Backoff
-from hand.aio.health import ADDR_FILE, HealthServer, shown_url
+from hand.aio.health import ADDR_FILE, HealthServer
 from hand.aio.metrics import HandMetrics
-from hand.core.policy import LivePolicy, Policy
-from hand.system.process import DEFAULT_GRACE_S
 from hand.aio.runs import RecentRuns, RunTable
-from hand.system.sandbox import Sandbox
+from hand.aio.tasks import TaskManager
+from hand.core.backoff import Backoff
+from hand.core.http import shown_url
+from hand.core.policy import LivePolicy, Policy
 from hand.core.sanitize import Sanitizer
-from hand.aio.tasks import TaskLimits, TaskManager
+from hand.core.tasks import TaskLimits
+from hand.system.process import DEFAULT_GRACE_S
+from hand.system.sandbox import Sandbox
 from protocol import limits
-from protocol.io import logs
+from protocol.audit import AuditEvent
 from protocol.auth import ClientHandshake, Credential
 from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
 from protocol.envelope import Channel, Envelope
-from protocol.errors import ProtocolError
-from protocol.io.tls import TLSConfigError, check_pin, client_context
+from protocol.errors import MindhandError, ProtocolError
+from protocol.io import logs
 from protocol.io.batching import BatchedWrites
+from protocol.io.loop import probe_lag
+from protocol.io.tls import TLSConfigError, check_pin, client_context
 from protocol.messages import (
-    build_all,
     Cancel,
     Challenge,
     Error,
@@ -76,6 +79,7 @@ from protocol.messages import (
     TaskLogs,
     TaskStatus,
     Welcome,
+    build_all,
 )
 
 T = TypeVar("T")
@@ -111,7 +115,7 @@ class AgentConfig:
     """(host, port) of the local `/healthz` and `/metrics` (`hand.health`); None: not served."""
 
 
-class MindRefused(Exception):
+class MindRefused(MindhandError):
     """The Mind sent an `error` frame."""
 
     def __init__(self, code: ErrorCode, message: str) -> None:
@@ -120,7 +124,7 @@ class MindRefused(Exception):
         self.message = message
 
 
-class _Stopped(Exception):
+class _Stopped(MindhandError):
     """A stop was requested while connecting or handshaking."""
 
 
@@ -129,7 +133,7 @@ def claims() -> HandClaims:
         from importlib.metadata import version
 
         ours = version("mindhand")
-    except Exception:  # noqa: BLE001 - running from a tree that is not installed
+    except Exception:  # running from a tree that is not installed
         ours = "unknown"
     return HandClaims(
         hostname=socket.gethostname()[:255] or "unknown",
@@ -214,13 +218,13 @@ class Agent:
         """SIGHUP: never fatal (a bad file is the reload's to report); connections stay up."""
         try:
             policy = reload()
-        except Exception:  # noqa: BLE001 - a reload must not stop the Hand
+        except Exception:  # a reload must not stop the Hand
             self._log.exception("config_reload_crashed")
             return
         if policy is not None and policy != self.policy.current:
             self.policy.current = policy
             self._log.info(
-                "policy_reloaded",
+                AuditEvent.POLICY_RELOADED,
                 allow=sorted(policy.allow) if policy.allow is not None else "all",
                 deny=sorted(policy.deny),
             )
@@ -273,14 +277,8 @@ class Agent:
             "tasks": self.tasks.live() if self.tasks is not None else {"queued": 0, "running": 0},
         }
 
-    async def _lag_probe(self, period: float = 0.01) -> None:
-        """Event-loop lag sampled every 10 ms, like the Mind's: a stalled loop delays every run's
-        output and every keepalive, and this is how an operator sees it."""
-        loop = asyncio.get_running_loop()
-        while True:
-            t0 = loop.time()
-            await asyncio.sleep(period)
-            self.metrics.observe_lag(max(0.0, loop.time() - t0 - period))
+    async def _lag_probe(self) -> None:
+        await probe_lag(self.metrics.observe_lag)
 
     async def _run(self) -> int:
         """Open the task manager (restart recovery happens here, before any connection), then
@@ -292,7 +290,7 @@ class Agent:
                 state_dir=self.cfg.state_dir,
                 root=self.cfg.root,
                 spawn=owner.create_task,
-                policy=self.policy,  # type: ignore[arg-type] - a LivePolicy: SIGHUP swaps it
+                policy=self.policy,  # a LivePolicy: a SIGHUP reload swaps what it holds
                 limits=self.cfg.tasks,
                 kill_grace=self.cfg.kill_grace,
                 sanitize=self._sanitize,
@@ -326,14 +324,14 @@ class Agent:
                 self._log.warning("mind_refused", code=exc.code.value, reason=exc.message[:300])
             except ProtocolError as exc:
                 self.metrics.handshake_failures.labels(exc.code.value).inc()
-                self._log.warning("handshake_failed", code=exc.code.value, reason=exc.message)
+                self._log.warning(AuditEvent.HANDSHAKE_FAILED, code=exc.code.value, reason=exc.message)
             except TimeoutError:
                 self.metrics.connect_failures.inc()
                 self._log.warning("connect_timeout", host=uri.host, port=uri.port)
             except (OSError, InvalidHandshake, ConnectionClosed) as exc:
                 self.metrics.connect_failures.inc()
                 self._log.warning("connect_failed", host=uri.host, port=uri.port, error=_short(exc))
-            except Exception:  # noqa: BLE001 - never let one bad connection end the agent
+            except Exception:  # never let one bad connection end the agent
                 self._log.exception("connection_crashed")
             self.gen = None
             self.metrics.session_ended()
@@ -432,7 +430,7 @@ class Agent:
         async with asyncio.TaskGroup() as tg:
             table = RunTable(
                 root=self.cfg.root,
-                policy=self.policy,  # type: ignore[arg-type] - a LivePolicy: SIGHUP swaps it
+                policy=self.policy,  # a LivePolicy: a SIGHUP reload swaps what it holds
                 send=wire.send,
                 spawn=tg.create_task,
                 sanitize=self._sanitize,
@@ -456,7 +454,7 @@ class Agent:
                     reason, why = CancelReason.SHUTDOWN, "shutdown"
                 table.cancel_all(reason)  # foreground runs only: tasks outlive the connection
                 if reason is CancelReason.SHUTDOWN:  # the results and task updates can still go out
-                    ending = [table.wait_idle(self.cfg.kill_grace + 1)]
+                    ending: list[Awaitable[object]] = [table.wait_idle(self.cfg.kill_grace + 1)]
                     if self.tasks is not None:
                         ending.append(self.tasks.shutdown())
                     await asyncio.gather(*ending)
@@ -475,6 +473,7 @@ class Agent:
         try:
             while True:
                 data = await wire.ws.recv()
+                env = None
                 try:
                     env = wire.channel.receive(data)
                     msg = env.msg
@@ -499,12 +498,48 @@ class Agent:
                     log.warning("protocol_error", code=exc.code.value, reason=exc.message)
                     wire.send(Error(code=exc.code, message=exc.message))
                     return f"protocol error {exc.code.value}"
+                except Exception:
+                    self._request_failed(wire, table, env, log)
         except ConnectionClosed as exc:
             code = exc.rcvd.code if exc.rcvd is not None else None
             return f"closed by peer ({code})" if code is not None else "connection dropped"
-        except Exception:  # noqa: BLE001 - a dispatch bug ends this connection, not the agent
+        except Exception:  # the reader itself broke (not one request): this connection ends, not the agent
             log.exception("reader_crashed")
             return "internal error"
+
+    def _request_failed(self, wire: _Wire, table: RunTable, env: Envelope[Message] | None, log: Any) -> None:
+        """A bug while handling one frame ends that request only: the connection and its other runs
+        go on (a dropped connection would end every run on it `lost`). A foreground `rpc` the run
+        table had not taken yet is `rejected` with `internal_error`: nothing ran. A request with an
+        envelope id gets an `error` for that id. A background start is left to the Mind's bound on
+        its answer: whether its row was committed is not known here, and `unknown` is the truth."""
+        msg = env.msg if env is not None else None
+        run_id = getattr(msg, "run_id", None)
+        log.exception(
+            "request_failed", type=msg.TYPE if msg is not None else None, req=env.id if env else None, run_id=run_id
+        )
+        if env is None or msg is None:
+            return  # the frame did not decode: nothing names what to answer
+        try:
+            if isinstance(msg, Rpc):
+                if msg.background is None and not table.knows(msg.run_id):
+                    wire.send(
+                        Rejected(
+                            run_id=msg.run_id,
+                            code=RejectCode.INTERNAL_ERROR,
+                            message="the hand failed while admitting this run (its log has the traceback); nothing ran",
+                        )
+                    )
+            elif env.id is not None:
+                wire.send(
+                    Error(
+                        code=ErrorCode.INTERNAL_ERROR,
+                        message="the hand failed while serving this request (its log has the traceback)",
+                    ),
+                    id=env.id,
+                )
+        except Exception:
+            log.exception("request_failure_unanswered", type=msg.TYPE)
 
     async def _task_start(self, rpc: Rpc, wire: _Wire) -> None:
         if self.tasks is None:
@@ -522,7 +557,7 @@ class Agent:
         if self.tasks is not None:
             try:
                 return await self.tasks.answer(msg)
-            except Exception as exc:  # noqa: BLE001 - one failed request, not the connection
+            except Exception as exc:  # one failed request, not the connection
                 self._log.exception("task_request_failed", type=msg.TYPE)
                 return Error(code=ErrorCode.INTERNAL_ERROR, message=self._sanitize(f"internal error: {exc}"))
         if isinstance(msg, TaskInventory):
@@ -569,7 +604,7 @@ async def run_agent(
     agent = Agent(config)
     loop = asyncio.get_running_loop()
     use_pidfd_child_watcher()
-    signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
+    signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
     for sig in signals:
         loop.add_signal_handler(sig, agent.request_stop)
     if handle_signals and reload is not None:

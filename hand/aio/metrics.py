@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600)
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LIVE_TASK_STATES = ("queued", "running")
 """The task states held in memory, shown as a gauge. Finished tasks live in the database (`hand
 tasks`); reading it on a scrape would put SQLite on the scrape path, so they are counted as they
 end instead (`tasks_finished`)."""
+
+
+def _live_count(live: Callable[[], dict[str, int]], state: str) -> int:
+    return live().get(state, 0)
 
 
 class HandMetrics:
@@ -115,12 +119,12 @@ class HandMetrics:
             self.run_seconds.observe(time.monotonic() - began)
 
     def runs_running(self) -> int:
-        return int(self.runs_active._value.get())  # noqa: SLF001 - prometheus_client has no getter
+        return int(self.runs_active._value.get())  # a private attribute: prometheus_client has no getter
 
     def watch_tasks(self, live: Callable[[], dict[str, int]]) -> None:
         """Read the live task counts (`TaskManager.live`, memory only) at each scrape."""
         for state in LIVE_TASK_STATES:
-            self.tasks.labels(state).set_function(lambda state=state: live().get(state, 0))
+            self.tasks.labels(state).set_function(partial(_live_count, live, state))
 
     def progress_dropped(self, nbytes: int) -> None:
         self.progress_dropped_frames.inc()
@@ -133,13 +137,13 @@ class HandMetrics:
 
     def session_ended(self) -> None:
         """After every connection attempt; counts a disconnect only if the attempt was welcomed."""
-        if self.connected._value.get():  # noqa: SLF001 - prometheus_client has no getter
+        if self.connected._value.get():  # prometheus_client has no getter
             self.connected.set(0)
             self.disconnects.inc()
 
     def observe_lag(self, lag: float) -> None:
         self.loop_lag.set(lag)
-        if lag > self.loop_lag_max._value.get():  # noqa: SLF001
+        if lag > self.loop_lag_max._value.get():
             self.loop_lag_max.set(lag)
 
     def render(self) -> bytes:

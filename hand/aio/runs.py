@@ -30,26 +30,28 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 import structlog
 
-from hand.system.cputime import CPU_SECONDS, cpu_exhausted, kernel_cpu_kill, stop_watching, watch_cpu
 from hand.aio.metrics import HandMetrics
-from hand.core.policy import KNOWN_TOOLS, Policy
+from hand.core.cpu import cpu_exhausted, kernel_cpu_kill
+from hand.core.policy import KNOWN_TOOLS, ToolPolicy
+from hand.core.sanitize import Sanitizer
+from hand.system.cputime import CPU_SECONDS, stop_watching, watch_cpu
 from hand.system.process import DEFAULT_GRACE_S, ProcessOutcome, ProcessRun, Stream
 from hand.system.sandbox import Sandbox
-from hand.core.sanitize import Sanitizer
 from hand.system.tools import DEFAULT_SANDBOX, FileCall, Prepared, ProcessSpec, Refusal, ToolFailed, prepare
 from protocol import limits
+from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, CancelStatus, RejectCode
-from protocol.digest import args_digest
 from protocol.control import REASON_TO_STATE, Budget, RunAborted, RunControl, check_active
+from protocol.digest import args_digest
 from protocol.errors import ProtocolError
 from protocol.messages import (
     Accepted,
@@ -121,7 +123,7 @@ class RunTable:
         self,
         *,
         root: Path,
-        policy: Policy,
+        policy: ToolPolicy,
         send: Send,
         spawn: Spawn,
         sanitize: Sanitizer | None = None,
@@ -157,7 +159,7 @@ class RunTable:
         except Refusal as refusal:
             self._reject(rpc, refusal.code, refusal.message, log)
             return
-        except Exception as exc:  # noqa: BLE001 - a bug must refuse one run, not kill the agent
+        except Exception as exc:  # a bug must refuse one run, not kill the agent
             log.exception("run_admission_failed")
             self._reject(rpc, RejectCode.INTERNAL_ERROR, f"internal error: {exc}", log)
             return
@@ -177,10 +179,10 @@ class RunTable:
         self._metrics.run_started(rpc.run_id)
         self._idle.clear()
         self._send(Accepted(run_id=rpc.run_id))
-        log.info("run_accepted", args_digest=digest, timeout_ms=rpc.timeout_ms)
+        log.info(AuditEvent.RUN_ACCEPTED, args_digest=digest, timeout_ms=rpc.timeout_ms)
         try:
             run.task = self._spawn(self._execute(run))
-        except Exception as exc:  # noqa: BLE001 - e.g. the connection's task group is closing
+        except Exception as exc:  # e.g. the connection's task group is closing
             log.exception("run_spawn_failed")
             self._conclude(run, self._failed(run, f"internal error: {exc}"))
 
@@ -198,8 +200,9 @@ class RunTable:
         return prepare(rpc.tool, rpc.args, self._root, self._sandbox)  # arguments, paths, limits
 
     def _reject(self, rpc: Rpc, code: RejectCode, message: str, log: Any) -> None:
-        self._send(Rejected(run_id=rpc.run_id, code=code, message=self._sanitize(message)))
-        log.info("run_rejected", code=code.value)
+        shown = self._sanitize(message)
+        self._send(Rejected(run_id=rpc.run_id, code=code, message=shown))
+        log.info(AuditEvent.RUN_REJECTED, code=code.value, reason=shown)
         self._metrics.runs_rejected.labels(code.value).inc()
 
     # --- cancellation ---------------------------------------------------------------------------
@@ -215,6 +218,10 @@ class RunTable:
         else:
             self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.UNKNOWN_RUN))
 
+    def knows(self, run_id: str) -> bool:
+        """This table has taken the run in (it is active, or recently finished)."""
+        return run_id in self._active or run_id in self._recent
+
     def cancel_all(self, reason: CancelReason) -> None:
         """Cancel every run and refuse new ones (`shutdown`, `connection_lost`)."""
         self._closing = self._closing or reason
@@ -224,7 +231,7 @@ class RunTable:
     def _cancel(self, run: _Run, reason: CancelReason) -> None:
         try:
             run.ctl.cancel(reason, asyncio.get_running_loop().time())
-        except Exception:  # noqa: BLE001 - a failing kill callback must not stop the others
+        except Exception:  # a failing kill callback must not stop the others
             run.log.exception("run_cancel_callback_failed")
 
     async def wait_idle(self, timeout: float) -> bool:
@@ -282,7 +289,7 @@ class RunTable:
         except OSError as exc:  # the command could not start
             program = run.prepared.argv[0] if isinstance(run.prepared, ProcessSpec) else run.rpc.tool
             return self._failed(run, f"cannot start {program}: {exc.strerror or exc}", loop.time() - started)
-        except Exception as exc:  # noqa: BLE001 - one run's bug must not kill the agent
+        except Exception as exc:  # one run's bug must not kill the agent
             run.log.exception("run_crashed")
             return self._failed(run, f"internal error: {type(exc).__name__}: {exc}", loop.time() - started)
 
@@ -404,10 +411,10 @@ class RunTable:
                     update={"duration_ms": result.duration_ms, "progress_dropped": run.dropped}
                 )
             )
-        except Exception:  # noqa: BLE001
+        except Exception:
             run.log.exception("run_result_send_failed")
         run.log.info(
-            "run_terminal",
+            AuditEvent.RUN_TERMINAL,
             state=result.state.value,
             exit_code=result.exit_code,
             signal=result.signal,

@@ -55,27 +55,51 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 import os
 import time
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 import structlog
 
-from hand.system.cputime import CPU_SECONDS, cpu_exhausted, kernel_cpu_kill, stop_watching, watch_cpu
 from hand.aio.metrics import HandMetrics
-from hand.core.policy import Policy
-from hand.system.process import DEFAULT_GRACE_S, ProcessOutcome, ProcessRun, Stream, kill_group, start_time
-from hand.system.sandbox import Sandbox
+from hand.core.policy import Policy, ToolPolicy
+from hand.core.rows import Change, Insert, TaskRow, Write, to_info
 from hand.core.sanitize import Sanitizer
-from hand.system.taskdb import Change, Insert, TaskRow, TaskStore, Write, to_info
+from hand.core.tasks import (
+    ADMIT_BACKLOG,
+    SHUTTING_DOWN,
+    Admission,
+    Admissions,
+    Answer,
+    CancelAction,
+    Duplicate,
+    Ending,
+    Refused,
+    StartRequest,
+    TaskLimits,
+    admit_batch,
+    answer_for,
+    at_eof,
+    background_refusal,
+    cancel_action,
+    ending,
+    lost_reason,
+    next_to_start,
+    page_length,
+    purge_cutoff,
+    store_failed,
+)
+from hand.system.cputime import CPU_SECONDS, stop_watching, watch_cpu
+from hand.system.process import DEFAULT_GRACE_S, ProcessRun, Stream, kill_group, start_time
+from hand.system.sandbox import Sandbox
+from hand.system.taskdb import TaskStore
 from hand.system.tools import DEFAULT_SANDBOX, ProcessSpec, Refusal, prepare
-from protocol import limits
+from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, ErrorCode, KillStage, RejectCode, TaskCancelStatus
 from protocol.control import Budget
 from protocol.digest import args_digest, binding_digest
@@ -102,188 +126,8 @@ from protocol.states import TASK_TRANSITIONS, RunState, TaskState
 Send = Callable[[Message], None]
 Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
-BACKGROUND_TOOLS = frozenset({"exec", "shell"})
 PURGE_EVERY_S = 60.0
-LOST_REASON = "hand restarted before completion"
 SHUTDOWN_REASON = CancelReason.SHUTDOWN.value
-ADMIT_BACKLOG = 1024
-"""Starts taken in but not yet decided, past which `on_start` waits for them (backpressure on the
-connection's reader instead of an unbounded queue)."""
-
-
-# --- decisions (pure: no I/O, no clock) -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TaskLimits:
-    max_running: int = 4
-    max_retained: int = 1000
-    retention_s: float = 7 * 86400.0
-    log_max: int = 64 << 20
-
-
-class Admission(enum.Enum):
-    INSERT = "insert"
-    DUPLICATE = "duplicate"
-    CONFLICT = "conflict"
-    OVER_QUOTA = "over_quota"
-
-
-def admit(existing: TaskRow | None, binding: str, retained: int, max_retained: int) -> Admission:
-    """What to do with a start whose arguments passed policy, given the row already stored under its
-    id (if any) and the number of rows kept after the retention purge."""
-    if existing is not None:
-        return Admission.DUPLICATE if existing.binding_digest == binding else Admission.CONFLICT
-    if retained >= max_retained:
-        return Admission.OVER_QUOTA
-    return Admission.INSERT
-
-
-@dataclass(frozen=True)
-class StartRequest:
-    """A start that passed policy, waiting for the next group commit."""
-
-    task_id: str
-    tool: str
-    args_digest: str
-    binding_digest: str
-    max_runtime_ms: int
-
-
-@dataclass(frozen=True)
-class Verdict:
-    admission: Admission
-    row: TaskRow | None
-    """INSERT: the new row (to commit); DUPLICATE: the row it duplicates; else None."""
-    retained: int
-    """Rows kept when this start was decided (for the quota message)."""
-
-
-def admit_batch(
-    starts: Sequence[StartRequest], existing: Mapping[str, TaskRow], retained: int, max_retained: int, now: float
-) -> list[Verdict]:
-    """Decide the starts of one group commit, in arrival order, exactly as if they came one at a
-    time: each sees the rows admitted before it in the same batch (a second start with the same id
-    is its duplicate or its conflict) and counts them against the quota. `existing` holds the
-    stored rows under the batch's ids, `retained` the stored row count (after the purge)."""
-    known = dict(existing)
-    verdicts: list[Verdict] = []
-    for s in starts:
-        row = known.get(s.task_id)
-        decision = admit(row, s.binding_digest, retained, max_retained)
-        if decision is Admission.INSERT:
-            row = TaskRow(
-                task_id=s.task_id,
-                tool=s.tool,
-                args_digest=s.args_digest,
-                binding_digest=s.binding_digest,
-                state=TaskState.QUEUED,
-                version=1,
-                max_runtime_ms=s.max_runtime_ms,
-                created_at=now,
-            )
-            known[s.task_id] = row
-            retained += 1
-        verdicts.append(
-            Verdict(decision, row if decision in (Admission.INSERT, Admission.DUPLICATE) else None, retained)
-        )
-    return verdicts
-
-
-def purge_cutoff(now: float, retention_s: float) -> float:
-    """Terminal rows that finished before this time are forgotten (rows and logs)."""
-    return now - retention_s
-
-
-def next_to_start(queued: Sequence[str], running: int, max_running: int) -> list[str]:
-    """The queued ids to start now, oldest first, so that at most `max_running` run at once."""
-    return list(queued[: max(0, max_running - running)])
-
-
-@dataclass(frozen=True)
-class Ending:
-    state: TaskState
-    reason: str = ""
-    exit_code: int | None = None
-    signal: int | None = None
-    stage: KillStage | None = None
-    error: str | None = None
-
-
-def ending(
-    out: ProcessOutcome | None,
-    cancel: CancelReason | None,
-    max_runtime_ms: int,
-    error: str | None = None,
-    cpu_seconds: int | None = None,
-    cpu_used: float = 0.0,
-) -> Ending:
-    """How a task ended. The truth wins: only a kill we performed makes it `cancelled`,
-    `timed_out` or (its CPU budget spent) `failed`; a command that exited on its own reports its
-    real exit even if a cancel raced."""
-    if out is None:
-        return Ending(TaskState.FAILED, "tool failed", error=error)
-    if out.killed:
-        stage = out.stage
-        if cancel is CancelReason.BUDGET_EXHAUSTED and cpu_seconds is not None:
-            return Ending(TaskState.FAILED, cpu_exhausted(cpu_seconds), out.exit_code, out.signal, stage, error)
-        if cancel is CancelReason.DEADLINE_EXCEEDED:
-            return Ending(
-                TaskState.TIMED_OUT,
-                f"max runtime of {max_runtime_ms} ms exceeded",
-                out.exit_code,
-                out.signal,
-                stage,
-                error,
-            )
-        return Ending(
-            TaskState.CANCELLED, (cancel or CancelReason.SHUTDOWN).value, out.exit_code, out.signal, stage, error
-        )
-    if out.exit_code == 0:
-        return Ending(TaskState.SUCCEEDED, "", 0, None, None, error)
-    if kernel_cpu_kill(out.killed, out.signal, cpu_seconds, cpu_used):
-        assert cpu_seconds is not None
-        return Ending(
-            TaskState.FAILED,
-            f"{cpu_exhausted(cpu_seconds)} (the kernel's per-process CPU limit)",
-            out.exit_code,
-            out.signal,
-            None,
-            error,
-        )
-    reason = f"exit status {out.exit_code}" if out.exit_code is not None else f"killed by signal {out.signal}"
-    return Ending(TaskState.FAILED, reason, out.exit_code, out.signal, None, error)
-
-
-class CancelAction(enum.Enum):
-    DEQUEUE = "dequeue"
-    KILL = "kill"
-    ALREADY_DONE = "already_done"
-    UNKNOWN = "unknown"
-
-
-def cancel_action(queued: bool, running: bool, row: TaskRow | None) -> CancelAction:
-    """A queued task is cancelled at once (nothing ran); a running one is killed and its terminal
-    comes later as a `task_update`; anything else already ended or never existed."""
-    if queued:
-        return CancelAction.DEQUEUE
-    if running:
-        return CancelAction.KILL
-    return CancelAction.UNKNOWN if row is None else CancelAction.ALREADY_DONE
-
-
-def lost_reason(orphan_killed: bool) -> str:
-    return f"{LOST_REASON}; its leftover processes were killed" if orphan_killed else LOST_REASON
-
-
-def page_length(offset: int, limit: int, log_bytes: int) -> int:
-    """How many bytes a log page holds: never past the known end, so a page never shows bytes the
-    `log_bytes` beside it does not count."""
-    return max(0, min(limit, log_bytes - offset))
-
-
-def at_eof(next_offset: int, log_bytes: int, terminal: bool) -> bool:
-    return terminal and next_offset >= log_bytes
 
 
 # --- the task log -------------------------------------------------------------------------------
@@ -419,9 +263,9 @@ class GroupCommit:
                 batch, self._waiting = self._waiting, []
                 try:
                     results = await asyncio.to_thread(self._store.write_many, [w for w, _ in batch])
-                except Exception as exc:  # noqa: BLE001 - the commit failed: no write of the batch is done
+                except Exception as exc:  # the commit failed: no write of the batch is done
                     results = [exc] * len(batch)
-                for (_, fut), result in zip(batch, results):
+                for (_, fut), result in zip(batch, results, strict=True):
                     if fut.done():  # its writer was cancelled
                         continue
                     if isinstance(result, BaseException):
@@ -461,7 +305,7 @@ class TaskManager:
         state_dir: Path,
         root: Path,
         spawn: Spawn,
-        policy: Policy | None = None,
+        policy: ToolPolicy | None = None,
         limits: TaskLimits | None = None,
         kill_grace: float = DEFAULT_GRACE_S,
         sanitize: Sanitizer | None = None,
@@ -491,8 +335,8 @@ class TaskManager:
         self._admit_lock = asyncio.Lock()
         """Held while a batch of starts is decided and committed (and by readers that must see
         every start taken in before them: `settle`)."""
-        self._pending: list[_Start] = []
-        """Starts taken in, in arrival order, not yet in a batch."""
+        self._admissions: Admissions[_Start] = Admissions()
+        """Starts taken in, in arrival order, and whether a drainer is deciding them."""
         self._drainer: asyncio.Task[None] | None = None
         self._closing = False
         self._closed = asyncio.Event()
@@ -579,11 +423,12 @@ class TaskManager:
                 max_runtime_ms=max_runtime_ms,
             )
         except Refusal as refusal:
-            send(Rejected(run_id=task_id, code=refusal.code, message=self._sanitize(refusal.message)))
-            log.info("task_start_rejected", code=refusal.code.value)
+            shown = self._sanitize(refusal.message)
+            send(Rejected(run_id=task_id, code=refusal.code, message=shown))
+            log.info(AuditEvent.TASK_START_REJECTED, code=refusal.code.value, reason=shown)
             self._metrics.task_starts.labels("rejected").inc()
             return
-        except Exception as exc:  # noqa: BLE001 - a bug refuses one start, never the agent
+        except Exception as exc:  # a bug refuses one start, never the agent
             log.exception("task_start_failed")
             self._metrics.task_starts.labels("rejected").inc()
             send(
@@ -594,27 +439,27 @@ class TaskManager:
                 )
             )
             return
-        self._pending.append(_Start(req, spec, send, log))
+        self._admissions.take(_Start(req, spec, send, log))
         if not self._ensure_drainer():
             return
-        if len(self._pending) >= ADMIT_BACKLOG:
+        if self._admissions.backlog() >= ADMIT_BACKLOG:
             await self.settle()
 
     def _ensure_drainer(self) -> bool:
         """A drainer owned by the task group is deciding the waiting starts; False if the owner is
         closing (then the waiting starts are refused: nothing was stored)."""
-        if self._drainer is None:
+        if self._admissions.needs_drainer():
             try:
                 self._drainer = self._spawn(self._drain())
             except RuntimeError:
-                batch, self._pending = self._pending, []
-                self._refuse(batch, RejectCode.SHUTTING_DOWN, "this hand is shutting down")
+                self._refuse(self._admissions.abandon(), SHUTTING_DOWN)
                 return False
+            self._admissions.drainer_started()
         return True
 
     def deciding(self) -> bool:
         """Some start taken in is not answered yet."""
-        return bool(self._pending) or self._drainer is not None
+        return self._admissions.deciding()
 
     async def settle(self) -> None:
         """Wait until every start taken in so far is decided (committed and answered, or refused).
@@ -630,36 +475,29 @@ class TaskManager:
             await asyncio.wait({self._drainer})  # cancelling the caller does not cancel the drainer
 
     def _prepare(self, rpc: Rpc) -> ProcessSpec:
-        if self._closing:
-            raise Refusal(RejectCode.SHUTTING_DOWN, "this hand is shutting down")
-        if rpc.tool not in BACKGROUND_TOOLS:
-            raise Refusal(RejectCode.INVALID_REQUEST, "only exec and shell can run as background tasks")
         size = len(msgpack.packb(rpc.args, use_bin_type=True))
-        if size > limits.ARGS_MAX_BYTES:
-            raise Refusal(RejectCode.INVALID_REQUEST, f"arguments of {size} bytes exceed {limits.ARGS_MAX_BYTES}")
-        if not self._policy.allowed(rpc.tool):
-            raise Refusal(RejectCode.DENIED_BY_POLICY, f"tool {rpc.tool!r} is denied by this hand's policy")
+        refused = background_refusal(
+            rpc.tool, allowed=self._policy.allowed(rpc.tool), closing=self._closing, args_size=size
+        )
+        if refused is not None:
+            raise Refusal(refused.code, refused.message)
         spec = prepare(rpc.tool, rpc.args, self._root, self._sandbox)
         assert isinstance(spec, ProcessSpec)
         return spec
 
     async def _drain(self) -> None:
-        """The group commit's owner task: admit batches until no start is waiting."""
+        """The group commit's owner task: admit batches until no start is waiting. One batch is
+        what arrived while the previous commit was in progress (`Admissions`)."""
         try:
             async with self._admit_lock:
-                await self._admit_pending()
+                while (batch := self._admissions.next_batch()) is not None:
+                    try:
+                        await self._admit_batch(batch)
+                    except Exception:  # a bug loses one batch's answers, never the agent
+                        self._log.exception("task_batch_crashed", starts=len(batch))
         finally:
-            self._drainer = None  # no await since the last look at `_pending`: nothing is stranded
-
-    async def _admit_pending(self) -> None:
-        """(under the admission lock) Every start waiting now, and those arriving meanwhile, in
-        batches: one batch is what arrived while the previous commit was in progress."""
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                await self._admit_batch(batch)
-            except Exception:  # noqa: BLE001 - a bug loses one batch's answers, never the agent
-                self._log.exception("task_batch_crashed", starts=len(batch))
+            self._drainer = None  # no await since the last look at the waiting starts: nothing is stranded
+            self._admissions.drainer_ended()
 
     def _look(self, task_ids: Iterable[str], cutoff: float) -> tuple[dict[str, TaskRow], int]:
         """(in a thread) Purge expired rows, then read the rows under these ids and the row count."""
@@ -673,7 +511,7 @@ class TaskManager:
         answer. A failed look or commit refuses every start of the batch: no `accepted` goes out
         for a row that may not be stored."""
         if self._closing:
-            self._refuse(batch, RejectCode.SHUTTING_DOWN, "this hand is shutting down")
+            self._refuse(batch, SHUTTING_DOWN)
             return
         now = self._clock()
         reqs = [s.req for s in batch]
@@ -685,56 +523,39 @@ class TaskManager:
             rows = [v.row for v in verdicts if v.admission is Admission.INSERT and v.row is not None]
             if rows:  # committed before any `accepted`; one write: all of the batch's rows or none
                 await self._writes.write(Insert(tuple(rows)))
-        except Exception as exc:  # noqa: BLE001 - the database failed: refuse the batch, keep the agent
+        except Exception as exc:  # the database failed: refuse the batch, keep the agent
             self._log.exception("task_batch_failed", starts=len(batch))
-            self._refuse(
-                batch,
-                RejectCode.INTERNAL_ERROR,
-                f"the task database could not store the start: {type(exc).__name__}: {exc}",
-            )
+            self._refuse(batch, store_failed(exc))
             return
-        for start, verdict in zip(batch, verdicts):
-            self._answer_start(start, verdict)
+        for start, verdict in zip(batch, verdicts, strict=True):
+            try:
+                self._answer_start(start, answer_for(verdict, start.req.task_id, self.limits.max_retained))
+            except Exception:  # a bug in one answer must not strand the rest of the batch
+                start.log.exception("task_start_failed")
         self._pump()
 
-    def _answer_start(self, start: _Start, verdict: Verdict) -> None:
+    def _answer_start(self, start: _Start, answer: Answer) -> None:
         req, log = start.req, start.log
-        try:
-            if verdict.admission is Admission.CONFLICT:
-                raise Refusal(
-                    RejectCode.CONFLICTING_DUPLICATE,
-                    f"task {req.task_id} already exists with another tool, arguments or max runtime",
-                )
-            if verdict.admission is Admission.OVER_QUOTA:
-                raise Refusal(
-                    RejectCode.QUOTA_EXCEEDED,
-                    f"this hand already keeps {verdict.retained} tasks (max {self.limits.max_retained}); "
-                    "finished tasks are forgotten after the retention time",
-                )
-            row = verdict.row
-            assert row is not None
-            if verdict.admission is Admission.DUPLICATE:
-                self._started(start.send, req.task_id, self._info(row), duplicate=True)
-                log.info("task_duplicate", state=row.state.value, args_digest=req.args_digest)
-                self._metrics.task_starts.labels("duplicate").inc()
-                return
-            self._queued[req.task_id] = _Live(row, start.spec, log)  # committed: it will run
-            self._started(start.send, req.task_id, to_info(row), duplicate=False)
-            log.info("task_queued", args_digest=req.args_digest, max_runtime_ms=req.max_runtime_ms)
+        if isinstance(answer, Refused):
+            self._refuse([start], answer)
+        elif isinstance(answer, Duplicate):
+            self._started(start.send, req.task_id, self._info(answer.row), duplicate=True)
+            log.info(AuditEvent.TASK_DUPLICATE, state=answer.row.state.value, args_digest=req.args_digest)
+            self._metrics.task_starts.labels("duplicate").inc()
+        else:
+            self._queued[req.task_id] = _Live(answer.row, start.spec, log)  # committed: it will run
+            self._started(start.send, req.task_id, to_info(answer.row), duplicate=False)
+            log.info(AuditEvent.TASK_QUEUED, args_digest=req.args_digest, max_runtime_ms=req.max_runtime_ms)
             self._metrics.task_starts.labels("accepted").inc()
-        except Refusal as refusal:
-            self._refuse([start], refusal.code, refusal.message)
-        except Exception:  # noqa: BLE001 - a bug in one answer must not strand the rest of the batch
-            log.exception("task_start_failed")
 
-    def _refuse(self, starts: Iterable[_Start], code: RejectCode, message: str) -> None:
-        message = self._sanitize(message)
+    def _refuse(self, starts: Iterable[_Start], refused: Refused) -> None:
+        message = self._sanitize(refused.message)
         for start in starts:
             try:
-                start.send(Rejected(run_id=start.req.task_id, code=code, message=message))
-            except Exception:  # noqa: BLE001 - best effort, like every send to a connection that may be gone
+                start.send(Rejected(run_id=start.req.task_id, code=refused.code, message=message))
+            except Exception:  # best effort, like every send to a connection that may be gone
                 start.log.warning("task_start_unsendable")
-            start.log.info("task_start_rejected", code=code.value)
+            start.log.info(AuditEvent.TASK_START_REJECTED, code=refused.code.value, reason=message)
             self._metrics.task_starts.labels("rejected").inc()
 
     @staticmethod
@@ -774,7 +595,7 @@ class TaskManager:
                     Ending(TaskState.CANCELLED, (live.cancel or CancelReason.SHUTDOWN).value, stage=KillStage.KILL),
                 )
                 raise
-            except Exception:  # noqa: BLE001 - e.g. the database failed; the row ends `lost` at restart
+            except Exception:  # e.g. the database failed; the row ends `lost` at restart
                 live.log.exception("task_conclude_failed")
         finally:
             timer.cancel()
@@ -815,7 +636,7 @@ class TaskManager:
             out = await proc.run()
         except OSError as exc:  # the command could not start
             return ending(None, None, max_ms, self._sanitize(f"cannot start {spec.argv[0]}: {exc.strerror or exc}"))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             live.log.exception("task_crashed")
             return ending(None, None, max_ms, self._sanitize(f"internal error: {type(exc).__name__}: {exc}"))
         finally:
@@ -887,7 +708,7 @@ class TaskManager:
                 live.row = self.store.update(live.row.task_id, **self._final(live, end))
                 self._send_update(live.row)
                 self._log_terminal(live)
-        except Exception:  # noqa: BLE001
+        except Exception:
             live.log.exception("task_conclude_failed")
 
     def _log_terminal(self, live: _Live) -> None:
@@ -897,7 +718,7 @@ class TaskManager:
         if row.started_at is not None and row.finished_at is not None:
             duration = round(row.finished_at - row.started_at, 3)
         live.log.info(
-            "task_terminal",
+            AuditEvent.TASK_TERMINAL,
             state=row.state.value,
             reason=row.reason,
             exit_code=row.exit_code,
@@ -923,7 +744,7 @@ class TaskManager:
             return  # offline: the Mind reconciles from the database after reconnecting
         try:
             push(TaskUpdate(task=self._info(row)))
-        except Exception:  # noqa: BLE001 - best effort
+        except Exception:  # best effort
             self._log.warning("task_update_unsendable", task_id=row.task_id)
 
     def _info(self, row: TaskRow) -> TaskInfo:
@@ -996,7 +817,7 @@ class TaskManager:
         if action is CancelAction.KILL:
             assert running is not None
             self._kill(running, msg.reason)
-            running.log.info("task_cancel_requested", reason=msg.reason.value)
+            running.log.info(AuditEvent.TASK_CANCEL_REQUESTED, reason=msg.reason.value)
             return TaskCancelResult(
                 task_id=task_id, status=TaskCancelStatus.CANCEL_REQUESTED, task=self._info(running.row)
             )
@@ -1052,7 +873,7 @@ class TaskManager:
             )
         )
         self._log.bind(task_id=row.task_id).info(
-            "task_terminal",
+            AuditEvent.TASK_TERMINAL,
             state=new.state.value,
             reason=new.reason,
             log_bytes=new.log_bytes,
@@ -1072,5 +893,5 @@ class TaskManager:
             await asyncio.sleep(PURGE_EVERY_S)
             try:
                 await self._purge()
-            except Exception:  # noqa: BLE001 - try again next time
+            except Exception:  # try again next time
                 self._log.exception("tasks_purge_failed")

@@ -8,8 +8,16 @@ flag; no allow list means every known tool.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 KNOWN_TOOLS: frozenset[str] = frozenset({"exec", "shell", "read_file", "write_file", "list_dir"})
+
+
+class ToolPolicy(Protocol):
+    """The one question the run table and the task manager ask. A fixed `Policy` answers it, and so
+    does the agent's `LivePolicy`, whose answer changes when a SIGHUP reload swaps the policy."""
+
+    def allowed(self, tool: str) -> bool: ...
 
 
 @dataclass(frozen=True)

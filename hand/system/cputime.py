@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable
 
 CPU_POLL_S = 0.2
 CPU_SECONDS = "cpu_seconds"
@@ -129,18 +127,3 @@ async def stop_watching(watcher: asyncio.Task[None]) -> BaseException | None:
     watcher.cancel()
     await asyncio.wait({watcher})
     return None if watcher.cancelled() else watcher.exception()
-
-
-def cpu_exhausted(limit: int) -> str:
-    """The reason of a run or task whose tree spent its CPU budget."""
-    return f"cpu budget of {limit} s exhausted"
-
-
-def kernel_cpu_kill(killed: bool, sig: int | None, cpu_limit: int | None, used: float) -> bool:
-    """Did the kernel end the main process for its RLIMIT_CPU, rather than us or anyone else?
-    SIGXCPU (the soft limit) is unambiguous. A SIGKILL is the hard limit only if the tree had spent
-    about its budget (the backstop sits above it, and the poll lags by at most one interval): an
-    OOM kill or someone's `kill -9` of a run that was far from its budget is not a budget."""
-    if cpu_limit is None or killed or sig is None:
-        return False
-    return sig == signal.SIGXCPU or (sig == signal.SIGKILL and used >= cpu_limit - 1)

@@ -22,10 +22,12 @@ import functools
 import os
 from pathlib import Path
 
+from protocol.errors import MindhandError
+
 _SHOWN_MAX = 80
 
 
-class PathRefused(Exception):
+class PathRefused(MindhandError):
     """The path is not one the Hand will touch. `message` is safe to send to the Mind."""
 
     def __init__(self, message: str) -> None:

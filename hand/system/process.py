@@ -34,9 +34,10 @@ import asyncio
 import os
 import signal
 import subprocess
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Awaitable, Callable, Literal
+from typing import Any, Literal
 
 from hand.system.sandbox import ResourceLimits, RunAs, preexec_for, rlimit_plan
 from protocol import limits
@@ -364,7 +365,8 @@ class ProcessRun:
         self._drain = drain
         self._straggler_grace = straggler_grace
         self._on_spawn = on_spawn
-        self._sandbox: dict[str, object] = {}
+        self._sandbox: dict[str, Any] = {}
+        """Extra `subprocess.Popen` keywords (`preexec_fn`, `user`, ...), passed through `subprocess_exec`."""
         preexec = preexec_for(rlimit_plan(limits))
         if preexec is not None:
             self._sandbox["preexec_fn"] = preexec
@@ -437,13 +439,15 @@ class ProcessRun:
             if self._stdin is not None:
                 pipe = transport.get_pipe_transport(0)
                 if pipe is not None:
+                    assert isinstance(pipe, asyncio.WriteTransport)  # fd 0 is the child's stdin: a write pipe
                     pipe.write(self._stdin)
                     pipe.close()  # flushes, then EOF; a child that never reads gets EPIPE-closed
             killed, stage, gone = False, None, False
             if not proto.exited.done():
                 kill_wait = loop.create_task(self._kill.wait())
+                either: set[asyncio.Future[Any]] = {proto.exited, kill_wait}
                 try:
-                    await asyncio.wait({proto.exited, kill_wait}, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     kill_wait.cancel()
             if not proto.exited.done():  # the kill request came first: the truth is "we killed it"

@@ -42,12 +42,13 @@ from __future__ import annotations
 import os
 import pwd
 import resource
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from protocol.errors import MindhandError
 
 DEFAULT_ENV_ALLOW: tuple[str, ...] = (
     "PATH",
@@ -79,7 +80,7 @@ class EnvAllow:
     def allows(self, name: str) -> bool:
         return name in self.names or any(name.startswith(p) for p in self.prefixes)
 
-    def extended(self, other: "EnvAllow") -> "EnvAllow":
+    def extended(self, other: EnvAllow) -> EnvAllow:
         return EnvAllow(self.names | other.names, tuple(dict.fromkeys(self.prefixes + other.prefixes)))
 
 
@@ -121,10 +122,10 @@ class ResourceLimits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    cpu_seconds: int | None = Field(None, gt=0, le=366 * 86400)
-    address_space: int | None = Field(None, gt=0, le=1 << 62)
-    open_files: int | None = Field(None, gt=0, le=1 << 30)
-    processes: int | None = Field(None, gt=0, le=1 << 30)
+    cpu_seconds: int | None = Field(default=None, gt=0, le=366 * 86400)
+    address_space: int | None = Field(default=None, gt=0, le=1 << 62)
+    open_files: int | None = Field(default=None, gt=0, le=1 << 30)
+    processes: int | None = Field(default=None, gt=0, le=1 << 30)
 
     @property
     def empty(self) -> bool:
@@ -140,7 +141,7 @@ LIMIT_FLAGS: dict[str, str] = {
 _UNITS = {"cpu_seconds": " s", "address_space": " bytes", "open_files": "", "processes": ""}
 
 
-class OverCap(ValueError):
+class OverCap(MindhandError, ValueError):
     """A requested limit is above the Hand's cap. The message is safe to send."""
 
 

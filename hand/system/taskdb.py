@@ -21,13 +21,15 @@ import dataclasses
 import os
 import sqlite3
 import threading
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 from urllib.parse import quote
 
+from hand.core.rows import Change, Insert, TaskRow, Write
 from protocol.codes import KillStage
-from protocol.messages import TaskInfo
+from protocol.errors import MindhandError
+from protocol.io.files import private_dir, private_file
 from protocol.states import TASK_TERMINAL, TASK_TRANSITIONS, TaskState, advance
 
 DB_NAME = "tasks.db"
@@ -59,7 +61,7 @@ CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (state, finished_at);
 """
 
 
-class TaskStoreError(Exception):
+class TaskStoreError(MindhandError):
     """The database cannot be opened or used (a local problem: permissions, a corrupt file)."""
 
 
@@ -69,50 +71,6 @@ def _raise(result: Any) -> Any:
     return result
 
 
-@dataclass(frozen=True)
-class TaskRow:
-    task_id: str
-    tool: str
-    args_digest: str
-    binding_digest: str
-    state: TaskState
-    version: int
-    max_runtime_ms: int
-    created_at: float
-    started_at: float | None = None
-    finished_at: float | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    stage: KillStage | None = None
-    reason: str = ""
-    error: str | None = None
-    log_bytes: int = 0
-    truncated: bool = False
-    pid: int | None = None
-    pid_start_time: int | None = None
-
-    @property
-    def terminal(self) -> bool:
-        return self.state in TASK_TERMINAL
-
-
-@dataclass(frozen=True)
-class Insert:
-    """A write: new rows (all or none)."""
-
-    rows: tuple[TaskRow, ...]
-
-
-@dataclass(frozen=True)
-class Change:
-    """A write: `changes` to one row, `version` + 1 (see `TaskStore.update`)."""
-
-    task_id: str
-    changes: Mapping[str, Any]
-
-
-Write = Insert | Change
-
 _FIELDS = tuple(f.name for f in dataclasses.fields(TaskRow))
 _IN_CHUNK = 500
 """Ids per `IN (...)` query: well under SQLite's limit on bound parameters."""
@@ -120,7 +78,7 @@ _COLUMNS = ", ".join(_FIELDS)
 
 
 def _to_row(values: tuple[Any, ...]) -> TaskRow:
-    d = dict(zip(_FIELDS, values))
+    d = dict(zip(_FIELDS, values, strict=True))
     d["state"] = TaskState(d["state"])
     d["stage"] = KillStage(d["stage"]) if d["stage"] is not None else None
     d["truncated"] = bool(d["truncated"])
@@ -135,43 +93,6 @@ def _to_values(row: TaskRow) -> tuple[Any, ...]:
     return tuple(d[f] for f in _FIELDS)
 
 
-def to_info(row: TaskRow) -> TaskInfo:
-    return TaskInfo(
-        task_id=row.task_id,
-        tool=row.tool,
-        state=row.state,
-        version=row.version,
-        args_digest=row.args_digest,
-        binding_digest=row.binding_digest,
-        max_runtime_ms=row.max_runtime_ms,
-        created_at=row.created_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        exit_code=row.exit_code,
-        signal=row.signal,
-        stage=row.stage,
-        reason=row.reason[:4096],
-        error=row.error[:16384] if row.error is not None else None,
-        log_bytes=row.log_bytes,
-        truncated=row.truncated,
-    )
-
-
-def _private_file(path: Path) -> None:
-    """Create `path` 0600 if missing, and make it 0600 if it exists (SQLite gives -wal and -shm the
-    mode of the database file, so the database must be private before SQLite opens it)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-
-
-def private_dir(path: Path) -> None:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
-
-
 class TaskStore:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)
@@ -181,7 +102,7 @@ class TaskStore:
         try:
             private_dir(self.state_dir)
             private_dir(self.logs_dir)
-            _private_file(self.path)
+            private_file(self.path)
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
             mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
@@ -276,10 +197,11 @@ class TaskStore:
                     self._db.execute("SAVEPOINT one")
                     try:
                         if isinstance(write, Insert):
-                            results.append(self._insert(write.rows))
+                            self._insert(write.rows)
+                            results.append(None)
                         else:
                             results.append(self._change(write.task_id, write.changes))
-                    except Exception as exc:  # noqa: BLE001 - this write's own result
+                    except Exception as exc:  # this write's own result
                         self._db.execute("ROLLBACK TO one")
                         results.append(exc)
                     self._db.execute("RELEASE one")

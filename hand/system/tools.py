@@ -20,23 +20,25 @@ import heapq
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from hand.system.paths import PathRefused, resolve, resolve_entry, show
 from hand.core.policy import KNOWN_TOOLS
+from hand.system.paths import PathRefused, resolve, resolve_entry, show
 from hand.system.sandbox import OverCap, ResourceLimits, RunAs, Sandbox
 from protocol import limits
 from protocol.codes import RejectCode
+from protocol.errors import MindhandError
 
 READ_FILE_DEFAULT = 1 << 20
 
 
-class Refusal(Exception):
+class Refusal(MindhandError):
     """The run is refused before anything ran. `message` is safe to send."""
 
     def __init__(self, code: RejectCode, message: str) -> None:
@@ -45,7 +47,7 @@ class Refusal(Exception):
         self.message = message
 
 
-class ToolFailed(Exception):
+class ToolFailed(MindhandError):
     """A tool ran and failed. `message` is meant for the caller (no absolute Hand paths)."""
 
 

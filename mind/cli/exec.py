@@ -22,7 +22,6 @@ import sys
 import time
 from typing import Any
 
-from mind.client import wire
 from mind.cli.connection import connection_params
 from mind.cli.output import (
     EXIT_CANCELLED,
@@ -36,12 +35,13 @@ from mind.cli.output import (
     exit_code_for,
     tool_args_from,
 )
-from mind.client.credentials import load_credential
-from mind.errors import ClientError
-from mind.client.blocking import Link
 from mind.cli.progress import Status, elapsed
+from mind.client import wire
+from mind.client.blocking import Link
+from mind.client.credentials import load_credential
+from mind.client.session import Failed, Routed, RunEnded
+from mind.errors import ClientError
 from protocol import limits
-from protocol.ids import new_id
 from protocol.states import RunState
 
 STATUS_AFTER_S = 1.0
@@ -131,23 +131,25 @@ class ExecSession:
         # Per-state updates only when someone reads them: the status line needs to know when the
         # Hand accepted; without it the Mind sends just `admitted`, the output and the end.
         watch = bool(self.args.events or self.status.enabled)
-        xid = new_id("x")
+        msg = wire.exec_(
+            hand=self.args.hand, tool=tool, args=tool_args, timeout_ms=timeout_ms, grace_ms=grace_ms, watch=watch
+        )
         interrupts = _Interrupts(self.link)
         try:
             try:
-                self.link.send(wire.exec_(self.args.hand, tool, tool_args, timeout_ms, grace_ms, watch), xid)
+                xid = self.link.start_run(msg)
             except ClientError as exc:
                 die(exc.message)
             self.t0 = time.monotonic()
             while True:
                 try:
-                    frames = self.link.poll(STATUS_TICK_S if self.status.enabled else None)
+                    events = self.link.poll(STATUS_TICK_S if self.status.enabled else None)
                 except ClientError as exc:
                     return self._lost(exc)
-                for env in frames:
-                    end = self._on_frame(env.id, env.msg, xid)
-                    if end is not None:
-                        return self._finish(end)
+                for ev in events:
+                    code = self._on_event(ev, xid)
+                    if code is not None:
+                        return code
                 n = interrupts.take()
                 if n and self._on_interrupts(n):
                     return EXIT_CANCELLED
@@ -157,24 +159,25 @@ class ExecSession:
 
     # --- events ---
 
-    def _on_frame(self, id_: str | None, msg: Any, xid: str) -> Any:
-        if id_ is not None and id_ == self.cancel_id:
-            if msg.TYPE == "error":
-                self._say(f"mind: cancel request failed: {msg.message}")
+    def _on_event(self, ev: Routed, xid: str) -> int | None:
+        """The exit code once the run is over (its end, a refusal, the connection lost), else None.
+        The session core (mind/client/session.py) has already routed `ev` and checked that every
+        event of the run names the same run."""
+        if ev.id == self.cancel_id:
+            if isinstance(ev, Failed) and not ev.lost:  # lost: the run's own event says so
+                self._say(f"mind: cancel request failed: {ev.error.message}")
             return None
-        if id_ != xid:
-            return None  # validated, but nobody here asked for it
-        if msg.TYPE == "error":
+        if ev.id != xid:
+            return None
+        if isinstance(ev, Failed):
+            if ev.lost:
+                return self._lost(ev.error)
             self.status.clear()
-            die(msg.message)
-        if msg.TYPE not in ("run_update", "run_output", "run_end"):
-            return None
+            die(ev.error.message)
+        msg = ev.msg
         if self.run_id is None:
             self.run_id = msg.run_id
             self._send_cancel()
-        elif msg.run_id != self.run_id:
-            self.status.clear()
-            die(f"the Mind sent events of run {msg.run_id} for run {self.run_id}")
         if self.args.events:
             print(json.dumps(_event_line(msg)), flush=True)
         if msg.TYPE == "run_update":
@@ -183,8 +186,8 @@ class ExecSession:
             if not self.args.json and not self.args.events:
                 self.status.clear()
                 self.printer.chunk(msg.stream, msg.offset, msg.data)
-        else:
-            return msg
+        elif isinstance(ev, RunEnded):
+            return self._finish(msg)
         return None
 
     def _finish(self, end: Any) -> int:
@@ -229,9 +232,8 @@ class ExecSession:
         """Once the run id is known (a Ctrl-C may come before `admitted` arrives)."""
         if not self.cancel_wanted or self.cancel_id is not None or self.run_id is None:
             return
-        self.cancel_id = new_id("q")
         try:
-            self.link.send(wire.cancel_run(self.run_id), self.cancel_id)
+            self.cancel_id = self.link.request(wire.cancel_run(run_id=self.run_id), "cancel_run_result")
         except ClientError as exc:
             self._say(f"mind: cancel request failed: {exc.message}")
 

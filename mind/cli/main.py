@@ -22,6 +22,7 @@ import os
 import sys
 from typing import Any
 
+from mind import __version__
 from mind.cli.connection import connection_params
 from mind.cli.output import (
     EXIT_USAGE,
@@ -32,7 +33,6 @@ from mind.cli.output import (
     die,
     exit_code_for,
 )
-
 
 # --- argument parsing ----------------------------------------------------------------------
 
@@ -64,7 +64,7 @@ class _Help(argparse.HelpFormatter):
                 width = int(os.environ["COLUMNS"])
             except (KeyError, ValueError):
                 try:
-                    width = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+                    width = os.get_terminal_size(sys.__stdout__.fileno()).columns if sys.__stdout__ else 0
                 except (AttributeError, ValueError, OSError):
                     width = 0
             width = (width or 80) - 2
@@ -76,6 +76,7 @@ def _top_parser() -> tuple[argparse.ArgumentParser, Any]:
         prog="mind", description="mindhand: run commands and tools on remote machines.", formatter_class=_Help
     )
     p.add_argument("--home", help="state directory (default $MINDHAND_HOME or ~/.local/state/mindhand)")
+    p.add_argument("--version", action="version", version=f"mind {__version__}")
     return p, p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
 
@@ -277,9 +278,8 @@ def run(args: argparse.Namespace) -> None:
 
 
 def cmd_config_show(args: argparse.Namespace) -> None:
-    from protocol.io.settings import ConfigError, format_table
-
     from mind.config import settings_source
+    from protocol.io.settings import ConfigError, format_table
 
     source = settings_source(args)
     try:
@@ -425,8 +425,8 @@ RUN_HEADERS = ["RUN", "HAND", "TOOL", "STATE", "CREATED", "DURATION", "EXIT"]
 async def cmd_runs(client: Any, args: argparse.Namespace) -> int:
     import time as _time
 
-    from mind.cli.task import parse_duration
     from protocol.states import RunState
+    from protocol.units import positive_duration as parse_duration
 
     since = None
     if args.since:

@@ -156,16 +156,12 @@ def tool_args_from(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
 
 
 def _size(text: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().removesuffix("b").removesuffix("i")
-    mult = units.get(t[-1:], 1)
+    from protocol.units import positive_size
+
     try:
-        value = int(float(t[:-1] if t[-1:] in units else t) * mult)
-    except ValueError:
-        die(f"{text!r} is not a size (use e.g. 512M)", EXIT_USAGE)
-    if value <= 0:
-        die(f"size {text!r} must be positive", EXIT_USAGE)
-    return value
+        return positive_size(text)
+    except ValueError as exc:
+        die(str(exc), EXIT_USAGE)
 
 
 def _ts(t: float | None) -> str:
@@ -178,6 +174,6 @@ def _ts(t: float | None) -> str:
 
 def _table(headers: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 SPINNER = "|/-\\"
 
@@ -71,7 +72,7 @@ class Status:
             self._write("\r\x1b[K")
             self._last = float("-inf")
 
-    def __enter__(self) -> "Status":
+    def __enter__(self) -> Status:
         return self
 
     def __exit__(self, *exc: object) -> None:

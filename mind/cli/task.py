@@ -15,33 +15,17 @@ import time
 from typing import Any
 
 from mind.cli.output import EXIT_LOST, EXIT_REFUSED, EXIT_USAGE, _table, _ts, die, tool_args_from
-from mind.client.aio import ClientError, MindClient
 from mind.cli.progress import Status, elapsed
+from mind.client.aio import ClientError, MindClient
 from protocol import limits
 from protocol.codes import TaskCancelStatus
 from protocol.messages import TaskView
 from protocol.states import TASK_TERMINAL, TaskState
+from protocol.units import positive_duration as parse_duration
 
-UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 LOGS_QUIET_S = 2.0
 """`logs --follow` shows its status line once the log has been silent this long (on a terminal)."""
 CANCEL_STATUS_AFTER_S = 1.0
-
-
-def parse_duration(text: str) -> float:
-    """`90`, `90s`, `30m`, `2h`, `1d` -> seconds."""
-    t = text.strip().lower()
-    mult = 1
-    if t and t[-1] in UNITS:
-        mult = UNITS[t[-1]]
-        t = t[:-1]
-    try:
-        value = float(t) * mult
-    except ValueError:
-        raise ValueError(f"{text!r} is not a duration (use e.g. 90s, 30m, 2h)") from None
-    if value <= 0:
-        raise ValueError(f"duration {text!r} must be positive")
-    return value
 
 
 def view_json(v: TaskView) -> dict[str, Any]:

@@ -6,7 +6,10 @@ async with await MindClient.connect(url, credential) as mc:
     print(end.state, end.exit_code, end.stdout.data)
 ```
 Requests are pipelined on one connection: each gets its own envelope id, and a reader task (owned by
-the client, cancelled by `close`) routes every reply to the request that asked for it.
+the client, cancelled by `close`) hands every frame to the session core (mind/client/session.py),
+which routes it to the request or run it belongs to. This module is the asyncio shell around that
+core: the `websockets` connection, futures and queues; the blocking fast path of `mind exec`
+(mind/client/blocking.py) is the other shell around the same core.
 """
 
 from __future__ import annotations
@@ -14,38 +17,36 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
-from typing import Any, AsyncIterator, Callable, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from mind.client import session as core
 from mind.client.credentials import load_credential
+from mind.client.endpoint import check_pin, parse_url, tls_context, unreachable, verification_failed
 from mind.errors import ClientError
 from protocol import limits
-from protocol.auth import ClientHandshake, Credential
+from protocol.auth import Credential
 from protocol.codes import ErrorCode
-from protocol.envelope import Channel
-from protocol.errors import ProtocolError
-from protocol.ids import new_id
 from protocol.messages import (
     CancelRun,
     CancelRunResult,
-    Challenge,
-    Error,
     Exec,
     GetRun,
     GetStatus,
     HandInfo,
-    ListRuns,
-    RunList,
-    StatusReply,
     HandsList,
     ListHands,
+    ListRuns,
     Message,
     RunEnd,
     RunInfo,
+    RunList,
     RunOutput,
     RunUpdate,
+    StatusReply,
     TaskCancelReply,
     TaskCancelRequest,
     TaskGet,
@@ -56,11 +57,8 @@ from protocol.messages import (
     TaskStart,
     TaskStartResult,
     TaskView,
-    Welcome,
 )
-from protocol.states import TaskState
-from protocol.states import RunState
-from protocol.io.tls import TLSConfigError, check_pin, client_context
+from protocol.states import RunState, TaskState
 
 
 class RunFailed(ClientError):
@@ -77,16 +75,20 @@ R = TypeVar("R", bound=Message)
 class RunHandle:
     """One run in flight: iterate its events, await its end, or request a cancel."""
 
-    def __init__(self, client: "MindClient", req_id: str) -> None:
+    def __init__(self, client: MindClient, req_id: str) -> None:
         self._client = client
         self.req_id = req_id
         self.run_id: str | None = None
         self._events: asyncio.Queue[RunEvent | ClientError] = asyncio.Queue()
         self._id_known = asyncio.Event()
+        self._failed: ClientError | None = None
         self.end: RunEnd | None = None
 
     def _feed(self, item: RunEvent | ClientError) -> None:
-        if isinstance(item, (RunUpdate, RunOutput, RunEnd)) and self.run_id is None:
+        if isinstance(item, ClientError):
+            self._failed = item
+            self._id_known.set()  # a `cancel` waiting for the id learns there is nothing to cancel
+        elif self.run_id is None:
             self.run_id = item.run_id
             self._id_known.set()
         if isinstance(item, RunEnd):
@@ -112,20 +114,21 @@ class RunHandle:
 
     async def cancel(self) -> CancelRunResult:
         await self._id_known.wait()
-        assert self.run_id is not None
+        if self.run_id is None:
+            assert self._failed is not None
+            raise self._failed
         return await self._client.cancel(self.run_id)
 
 
 class MindClient:
-    def __init__(self, ws: ClientConnection, channel: Channel, label: str) -> None:
+    def __init__(self, ws: ClientConnection, session: core.ClientSession) -> None:
         self._ws = ws
-        self._channel = channel
-        self.label = label
+        self._session = session
+        self.label = session.label
         self._waiters: dict[str, asyncio.Future[Message]] = {}
         self._runs: dict[str, RunHandle] = {}
         self._reader: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
-        self._closed: ClientError | None = None
 
     # --- connecting ---
 
@@ -138,15 +141,12 @@ class MindClient:
         open_timeout: float = 10.0,
         ca: str | os.PathLike[str] | None = None,
         pin: str | None = None,
-    ) -> "MindClient":
+    ) -> MindClient:
         """Connect and authenticate. `wss://` URLs are verified (system trust or `ca`), and the
         certificate must match `pin` if given, before the credential is used at all."""
-        if credential.role != "client":
-            raise ClientError("auth_failed", f"a {credential.role} credential cannot be used by a client")
-        try:
-            ssl_ctx = client_context(url, ca, pin)
-        except TLSConfigError as exc:
-            raise ClientError("config", str(exc)) from None
+        session = core.ClientSession(credential, os.urandom(limits.NONCE_BYTES))
+        parse_url(url)  # refused as the fast path refuses it, before websockets reads it
+        ssl_ctx = tls_context(url, None if ca is None else os.fspath(ca), pin)
         try:
             ws = await connect(
                 url,
@@ -159,59 +159,54 @@ class MindClient:
                 ssl=ssl_ctx,
             )
         except ssl.SSLCertVerificationError as exc:
-            raise ClientError(
-                "tls", f"the Mind at {url} failed certificate verification: {exc.verify_message}"
-            ) from None
+            raise verification_failed(url, exc) from None
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ValueError) as exc:  # ValueError: a bad port
-            raise ClientError("unreachable", f"cannot reach the Mind at {url}: {exc}") from None
+            raise unreachable(url, exc) from None
         try:
             check_pin(ws.transport.get_extra_info("ssl_object"), pin)
-        except TLSConfigError as exc:
-            await ws.close()
-            raise ClientError("tls", str(exc)) from None
-        channel = Channel()
-        hs = ClientHandshake(credential, os.urandom(limits.NONCE_BYTES))
-        try:
-            async with asyncio.timeout(limits.HANDSHAKE_TIMEOUT_S):
-                try:
-                    await ws.send(channel.stamp(hs.hello()))
-                except ConnectionClosed:
-                    pass  # refused before it read our hello (busy, rate limited): its reason is queued
-                msg = channel.receive(await ws.recv()).msg
-                _raise_if_error(msg)
-                if not isinstance(msg, Challenge):
-                    raise ClientError("protocol", f"expected challenge, got {msg.TYPE}")
-                await ws.send(channel.stamp(hs.on_challenge(msg)))
-                msg = channel.receive(await ws.recv()).msg
-                _raise_if_error(msg)
-                if not isinstance(msg, Welcome):
-                    raise ClientError("protocol", f"expected welcome, got {msg.TYPE}")
-                channel.gen = hs.on_welcome(msg)
-        except ProtocolError as exc:
-            await ws.close()
-            raise ClientError(exc.code.value, exc.message) from None
-        except TimeoutError:
-            await ws.close()
-            raise ClientError("handshake_timeout", "the Mind did not complete the handshake in time") from None
-        except ConnectionClosed as exc:
-            raise ClientError("closed", f"the Mind closed the connection during the handshake ({exc})") from None
-        except ClientError:
+            await cls._handshake(ws, session)
+        except BaseException:
             await ws.close()
             raise
-        self = cls(ws, channel, credential.label)
+        self = cls(ws, session)
         self._reader = asyncio.get_running_loop().create_task(self._read())
         return self
+
+    @staticmethod
+    async def _handshake(ws: ClientConnection, session: core.ClientSession) -> None:
+        """Feed the session until it is open (or raise why not), within the handshake deadline."""
+        try:
+            async with asyncio.timeout(limits.HANDSHAKE_TIMEOUT_S):
+                while True:
+                    try:
+                        for frame in session.data_to_send():
+                            await ws.send(frame)
+                    except ConnectionClosed:
+                        pass  # refused before it read ours (busy, rate limited): its reason is queued
+                    try:
+                        events = session.receive_data(await ws.recv())
+                    except ConnectionClosed as exc:
+                        events = session.connection_lost(ClientError("closed", str(exc)))
+                    for ev in events:
+                        if isinstance(ev, core.Closed):
+                            raise ev.error
+                        if isinstance(ev, core.Opened):
+                            return
+        except TimeoutError:
+            session.handshake_timed_out()
+            assert session.error is not None
+            raise session.error from None
 
     async def close(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
             try:
                 await self._reader
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - closing anyway
+            except (asyncio.CancelledError, Exception):  # closing anyway
                 pass
         await self._ws.close()
 
-    async def __aenter__(self) -> "MindClient":
+    async def __aenter__(self) -> MindClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -219,66 +214,61 @@ class MindClient:
 
     # --- plumbing ---
 
-    async def _send(self, msg: Message, id_: str) -> None:
-        if self._closed is not None:
-            raise self._closed
+    async def _flush(self) -> None:
+        """Write what the session queued, in its order (the lock keeps two writers from reordering
+        frames the session numbered)."""
         async with self._send_lock:
-            try:
-                await self._ws.send(self._channel.stamp(msg, id_))
-            except ConnectionClosed:
-                raise ClientError("closed", "connection to the Mind closed") from None
+            for frame in self._session.data_to_send():
+                try:
+                    await self._ws.send(frame)
+                except ConnectionClosed:
+                    raise ClientError("closed", "connection to the Mind closed") from None
 
     async def _read(self) -> None:
-        err = ClientError("closed", "connection to the Mind closed")
         try:
             async for data in self._ws:
-                env = self._channel.receive(data)
-                msg = env.msg
-                if env.id is None:
-                    if isinstance(msg, Error):
-                        err = ClientError(msg.code.value, msg.message)
-                    continue
-                run = self._runs.get(env.id)
-                if run is not None:
-                    if isinstance(msg, Error):
-                        run._feed(ClientError(msg.code.value, msg.message))
-                        self._runs.pop(env.id, None)
-                    elif isinstance(msg, (RunUpdate, RunOutput, RunEnd)):
-                        run._feed(msg)
-                        if isinstance(msg, RunEnd):
-                            self._runs.pop(env.id, None)
-                    continue
-                fut = self._waiters.pop(env.id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(msg)
-        except ProtocolError as exc:
-            err = ClientError(exc.code.value, f"the Mind sent a bad frame: {exc.message}")
+                events = self._session.receive_data(data)
+                self._dispatch(events)
+                if self._session.error is not None:
+                    for ev in events:
+                        if isinstance(ev, core.Closed) and ev.close_code is not None:
+                            await self._ws.close(ev.close_code, ev.close_reason)
+                    return
         except ConnectionClosed:
             pass
         finally:
-            self._closed = err
-            for fut in self._waiters.values():
-                if not fut.done():
-                    fut.set_exception(err)
-            for run in self._runs.values():
-                run._feed(err)
-            self._waiters.clear()
-            self._runs.clear()
+            self._dispatch(self._session.connection_lost())
 
-    async def _request(self, msg: Message) -> Message:
-        id_ = new_id("q")
-        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self._waiters[id_] = fut
-        await self._send(msg, id_)
-        reply = await fut
-        _raise_if_error(reply)
-        return reply
+    def _dispatch(self, events: list[core.Event]) -> None:
+        for ev in events:
+            if isinstance(ev, core.Reply):
+                fut = self._waiters.pop(ev.id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(ev.msg)
+            elif isinstance(ev, core.Failed):
+                fut = self._waiters.pop(ev.id, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(ev.error)
+                run = self._runs.pop(ev.id, None)
+                if run is not None:
+                    run._feed(ev.error)
+            elif isinstance(ev, (core.RunEvent, core.RunEnded)):
+                run = self._runs.get(ev.id) if isinstance(ev, core.RunEvent) else self._runs.pop(ev.id, None)
+                if run is not None:
+                    run._feed(ev.msg)
 
     async def _ask(self, msg: Message, kind: type[R]) -> R:
         """A request whose one reply must be a `kind` (an `error` reply raises `ClientError`)."""
-        reply = await self._request(msg)
-        if not isinstance(reply, kind):
-            raise ClientError("protocol", f"expected {kind.TYPE} in reply to {msg.TYPE}, got {reply.TYPE}")
+        id_ = self._session.request(msg, kind.TYPE)
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._waiters[id_] = fut
+        try:
+            await self._flush()
+            reply = await fut
+        finally:
+            if self._waiters.pop(id_, None) is not None:  # given up on (cancelled) or not sent
+                self._session.forget(id_)
+        assert isinstance(reply, kind)  # the session checked its type
         return reply
 
     # --- API ---
@@ -302,13 +292,14 @@ class MindClient:
             grace_ms=None if grace is None else int(grace * 1000),
             watch=watch,
         )
-        id_ = new_id("x")
+        id_ = self._session.start_run(req)
         handle = RunHandle(self, id_)
         self._runs[id_] = handle
         try:
-            await self._send(req, id_)
+            await self._flush()
         except ClientError:
             self._runs.pop(id_, None)
+            self._session.forget(id_)
             raise
         return handle
 
@@ -378,11 +369,6 @@ class MindClient:
         self, hand: str | None = None, state: TaskState | None = None, limit: int = 1000
     ) -> list[TaskView]:
         return (await self._ask(TaskList(hand=hand, state=state, limit=limit), TaskListResult)).tasks
-
-
-def _raise_if_error(msg: Message) -> None:
-    if isinstance(msg, Error):
-        raise ClientError(msg.code.value, msg.message)
 
 
 __all__ = ["MindClient", "RunHandle", "ClientError", "RunFailed", "load_credential", "ErrorCode"]

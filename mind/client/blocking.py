@@ -1,15 +1,15 @@
 """One authenticated connection to the Mind for one CLI command: blocking, no asyncio, no pydantic.
 
 Why it exists: a `mind exec` used to spend four fifths of its wall time importing asyncio,
-websockets, pydantic and building every message model, to exchange a dozen small frames. This thin
-shell around `mind/client/ws.py` (framing) and `mind/client/wire.py` (payload checks) keeps every check the full
-client (`mind/client/aio.py`) makes:
-- TLS: the same `protocol.tls.client_context` (system trust or `--ca`, TLS >= 1.2, hostname) and
-  `check_pin`, done right after the TLS handshake, before a byte of ours is sent;
-- the handshake: `protocol.auth.ClientHandshake` itself (the same transcript, our MAC, and the
-  check of the Mind's MAC); only its two outgoing messages are built by `wire` instead of pydantic;
-- every frame received: `protocol.envelope`'s checks (version, keys, seq, gen) and `wire`'s payload
-  checks (types, bounds, states) before anything reads it; a bad frame ends the connection;
+websockets, pydantic and building every message model, to exchange a dozen small frames. This is
+a thin shell: the rules are shared with the full client (`mind/client/aio.py`), only the I/O is its
+own.
+- URL, TLS and pin: `mind/client/endpoint.py`, as the full client (the pin is checked right after
+  the TLS handshake, before a byte of ours is sent);
+- the handshake, request ids, the routing of replies and run events, and what an `error` frame or
+  a lost connection means: `mind/client/session.py`, the same session core as the full client's;
+- framing: `mind/client/ws.py` (sans-I/O RFC 6455); payloads: `mind/client/wire.py` (checks
+  generated from protocol/messages.py), so every frame is checked before anything reads it;
 - keepalive like the full client's: a ping every 20 s, the connection is dead if no pong in 20 s.
 
 The shell waits in one `select` on the socket and, optionally, a wakeup fd (a signal arrived), so a
@@ -23,15 +23,14 @@ import selectors
 import socket
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 from mind.client import wire
-from mind.errors import ClientError
+from mind.client.endpoint import Endpoint, check_pin, parse_url, tls_context, unreachable, verification_failed
+from mind.client.session import ClientSession, Closed, Event, Failed, Reply, Routed, RunEnded, RunEvent
 from mind.client.ws import CLOSED, MESSAGE, PONG, WsClient, WsError
+from mind.errors import ClientError
 from protocol import limits
-from protocol.auth import ClientHandshake, Credential
-from protocol.envelope import Channel, Envelope
-from protocol.errors import ProtocolError
+from protocol.auth import Credential
 
 PING_INTERVAL_S = 20.0
 PING_TIMEOUT_S = 20.0
@@ -39,45 +38,14 @@ WRITE_TIMEOUT_S = 20.0
 CLOSE_TIMEOUT_S = 2.0
 
 
-class _Handshake(ClientHandshake):
-    """`ClientHandshake` with its two messages built without pydantic (see protocol/auth.py)."""
-
-    _hello_msg = staticmethod(wire.hello)  # type: ignore[assignment]
-    _proof_msg = staticmethod(wire.proof)  # type: ignore[assignment]
-
-
-def _raise_if_error(msg: Any) -> None:
-    if msg.TYPE == "error":
-        raise ClientError(msg.code.value, msg.message)
-
-
-def _parse_url(url: str) -> tuple[bool, str, int, str, str]:
-    """`(tls, host, port, host header, path)`; ValueError with the reason for a bad URL."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("ws", "wss"):
-        raise ValueError("scheme isn't ws or wss")
-    if not parts.hostname:
-        raise ValueError("hostname isn't provided")
-    if parts.fragment:
-        raise ValueError("fragment identifier is meaningless")
-    if parts.username is not None or parts.password is not None:
-        raise ValueError("user information is not supported")
-    tls = parts.scheme == "wss"
-    port = parts.port or (443 if tls else 80)  # .port raises ValueError for a bad one
-    host = parts.hostname
-    shown = f"[{host}]" if ":" in host else host
-    header = shown if port == (443 if tls else 80) else f"{shown}:{port}"
-    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return tls, host, port, header, path
-
-
 class Link:
-    """`connect` (TCP, TLS and pin, upgrade, handshake), then `send` and `poll`, then `close`."""
+    """`connect` (TCP, TLS and pin, upgrade, handshake), then `start_run` / `request` and `poll`,
+    then `close`."""
 
-    def __init__(self, sock: socket.socket, ws: WsClient, tls: bool) -> None:
+    def __init__(self, sock: socket.socket, ws: WsClient, tls: bool, session: ClientSession) -> None:
         self._sock = sock
         self._ws = ws
-        self._channel = Channel()
+        self._session = session
         self._sel = selectors.DefaultSelector()
         self._sel.register(sock, selectors.EVENT_READ)
         self._wakeups: list[int] = []
@@ -87,15 +55,14 @@ class Link:
 
             self._would_block += (ssl.SSLWantReadError, ssl.SSLWantWriteError)
         self._tls = tls
-        self._inbox: list[Envelope[Any]] = []
+        self._events: list[Routed] = []  # what the session said, for `poll`
         self._error: ClientError | None = None  # the connection is over: raised by poll and send
         self._write_error: ClientError | None = None  # writing failed; what the Mind sent may still be read
         self._aborted = False
-        self._reason: ClientError | None = None  # an id-less `error` from the Mind: why it closes
         now = time.monotonic()
         self._ping_due = now + PING_INTERVAL_S
         self._ping: tuple[bytes, float] | None = None
-        self.label = ""
+        self.label = session.label
 
     # --- connecting ---
 
@@ -108,59 +75,40 @@ class Link:
         ca: str | None = None,
         pin: str | None = None,
         open_timeout: float = 10.0,
-    ) -> "Link":
+    ) -> Link:
         """Connect and authenticate, as `MindClient.connect` does (same checks, same errors)."""
-        if credential.role != "client":
-            raise ClientError("auth_failed", f"a {credential.role} credential cannot be used by a client")
+        session = ClientSession(
+            credential, os.urandom(limits.NONCE_BYTES), decode=wire.decode, handshake=wire.Handshake
+        )
+        where = parse_url(url)
+        link = cls._open(where, tls_context(url, ca, pin), pin, open_timeout, session)
         try:
-            tls, host, port, header, path = _parse_url(url)
-        except ValueError as exc:
-            raise ClientError(
-                "unreachable", f"cannot reach the Mind at {url}: {url} isn't a valid URI: {exc}"
-            ) from None
-        ctx = None
-        if tls or ca or pin:
-            from protocol.io.tls import TLSConfigError, client_context
-
-            try:
-                ctx = client_context(url, ca, pin)
-            except TLSConfigError as exc:
-                raise ClientError("config", str(exc)) from None
-        link = cls._open(url, host, port, header, path, ctx, pin, open_timeout)
-        try:
-            link._handshake(credential)
+            link._handshake()
         except BaseException:
             link.abort()
             raise
         return link
 
     @classmethod
-    def _open(
-        cls, url: str, host: str, port: int, header: str, path: str, ctx: Any, pin: str | None, timeout: float
-    ) -> "Link":
+    def _open(cls, where: Endpoint, ctx: Any, pin: str | None, timeout: float, session: ClientSession) -> Link:
         deadline = time.monotonic() + timeout
         sock: socket.socket | None = None
         try:
-            # an ASCII host as bytes: a str would load the idna codec just to encode it
-            sock = socket.create_connection((host.encode() if host.isascii() else host, port), timeout=timeout)
+            # an ASCII host as bytes: a str would load the idna codec just to encode it (getaddrinfo takes
+            # bytes; typeshed's address type says str only)
+            address = (where.host.encode() if where.host.isascii() else where.host, where.port)
+            sock = socket.create_connection(address, timeout=timeout)  # type: ignore[arg-type]
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if ctx is not None:
                 import ssl
 
-                from protocol.io.tls import TLSConfigError, check_pin
-
                 sock.settimeout(max(0.001, deadline - time.monotonic()))
                 try:
-                    sock = ctx.wrap_socket(sock, server_hostname=host)
+                    sock = ctx.wrap_socket(sock, server_hostname=where.host)
                 except ssl.SSLCertVerificationError as exc:
-                    raise ClientError(
-                        "tls", f"the Mind at {url} failed certificate verification: {exc.verify_message}"
-                    ) from None
-                try:
-                    check_pin(sock, pin)  # type: ignore[arg-type]
-                except TLSConfigError as exc:
-                    raise ClientError("tls", str(exc)) from None
-            ws = WsClient(header, path, limits.MAX_FRAME_BYTES)
+                    raise verification_failed(where.url, exc) from None
+                check_pin(sock, pin)
+            ws = WsClient(where.header, where.path, limits.MAX_FRAME_BYTES)
             sock.settimeout(max(0.001, deadline - time.monotonic()))
             sock.sendall(ws.data_to_send())
             while ws.state == "connecting":
@@ -171,7 +119,7 @@ class Link:
                 else:
                     ws.receive_eof()
             sock.setblocking(False)
-            link = cls(sock, ws, ctx is not None)
+            link = cls(sock, ws, ctx is not None, session)
             leftover = ws.events()
             if leftover:
                 link._on_events(leftover)
@@ -188,41 +136,22 @@ class Link:
                 if isinstance(exc, TimeoutError)
                 else (exc.message if isinstance(exc, WsError) else str(exc))
             )
-            raise ClientError("unreachable", f"cannot reach the Mind at {url}: {why}") from None
+            raise unreachable(where.url, why) from None
 
-    def _handshake(self, credential: Credential) -> None:
-        hs = _Handshake(credential, os.urandom(limits.NONCE_BYTES))
+    def _handshake(self) -> None:
         deadline = time.monotonic() + limits.HANDSHAKE_TIMEOUT_S
         try:
-            try:
-                self.send(hs.hello())
-            except ClientError:
-                pass  # refused before it read our hello (busy, rate limited): its reason is queued
-            msg = self._next(deadline)
-            _raise_if_error(msg)
-            if msg.TYPE != "challenge":
-                raise ClientError("protocol", f"expected challenge, got {msg.TYPE}")
-            self.send(hs.on_challenge(msg))
-            msg = self._next(deadline)
-            _raise_if_error(msg)
-            if msg.TYPE != "welcome":
-                raise ClientError("protocol", f"expected welcome, got {msg.TYPE}")
-            self._channel.gen = hs.on_welcome(msg)
-        except ProtocolError as exc:
-            raise ClientError(exc.code.value, exc.message) from None
-        self.label = credential.label
-
-    def _next(self, deadline: float) -> Any:
-        """The next frame of the handshake (all of them have no id), within the deadline."""
-        while not self._inbox:
+            self._write()  # our hello
+        except ClientError:
+            pass  # refused before it read our hello (busy, rate limited): its reason is queued
+        while not self._session.is_open:
             if self._error is not None:
-                why = self._error.message
-                raise ClientError("closed", f"the Mind closed the connection during the handshake ({why})")
+                raise self._error
             left = deadline - time.monotonic()
             if left <= 0:
-                raise ClientError("handshake_timeout", "the Mind did not complete the handshake in time")
+                self._dispatch(self._session.handshake_timed_out())
+                continue
             self._wait(left)
-        return self._inbox.pop(0).msg
 
     # --- after the handshake ---
 
@@ -237,25 +166,43 @@ class Link:
             if not self._aborted:
                 self._sel.unregister(fd)
 
+    def start_run(self, msg: Any) -> str:
+        """Send an `exec`; its events come from `poll` under the id returned."""
+        id_ = self._session.expect_run()
+        try:
+            self.send(msg, id_)
+        except ClientError:
+            self._session.forget(id_)
+            raise
+        return id_
+
+    def request(self, msg: Any, reply: str) -> str:
+        """Send a request; its `reply` (or why it failed) comes from `poll` under the id returned."""
+        id_ = self._session.expect_reply(msg.TYPE, reply)
+        try:
+            self.send(msg, id_)
+        except ClientError:
+            self._session.forget(id_)
+            raise
+        return id_
+
     def send(self, msg: Any, id_: str | None = None) -> None:
+        """Write one frame now (`start_run` and `request` send through here)."""
         if self._error is not None:
             raise self._error
-        try:
-            self._ws.send_binary(self._channel.stamp(msg, id_))
-        except WsError:
-            raise ClientError("closed", "connection to the Mind closed") from None
-        self._flush()
+        self._session.send(msg, id_)
+        self._write()
         if self._write_error is not None:
             raise self._write_error
 
-    def poll(self, timeout: float | None) -> list[Envelope[Any]]:
-        """Frames with an id that arrived, validated and in order. `[]` when `timeout` passed or a
-        wakeup fd fired. Raises `ClientError` once the connection is gone (after the frames that
-        came before the end were returned)."""
+    def poll(self, timeout: float | None) -> list[Routed]:
+        """What the session made of the frames that arrived (`Reply`, `RunEvent`, `RunEnded`,
+        `Failed`), in order. `[]` when `timeout` passed or a wakeup fd fired. Raises `ClientError`
+        once the connection is gone (after the events that came before the end were returned)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if self._inbox:
-                out, self._inbox = self._inbox, []
+            if self._events:
+                out, self._events = self._events, []
                 return out
             if self._error is not None:
                 raise self._error
@@ -282,7 +229,7 @@ class Link:
             self._sel.close()
             self._sock.close()
         if self._error is None:
-            self._error = ClientError("closed", "connection to the Mind closed")
+            self._lost()
 
     # --- the loop ---
 
@@ -311,7 +258,7 @@ class Link:
     def _keepalive(self, timeout: float | None) -> float | None:
         now = time.monotonic()
         if self._ping is not None and now >= self._ping[1]:
-            self._fail(ClientError("closed", "the Mind stopped answering (keepalive ping timed out)"))
+            self._lost(ClientError("closed", "the Mind stopped answering (keepalive ping timed out)"))
             return 0
         if self._ping is None and now >= self._ping_due and self._error is None and self._ws.state == "open":
             payload = os.urandom(4)
@@ -330,7 +277,7 @@ class Link:
             except self._would_block:
                 return
             except OSError as exc:
-                self._fail(ClientError("closed", f"connection to the Mind failed: {exc}"))
+                self._lost(ClientError("closed", f"connection to the Mind failed: {exc}"))
                 return
             try:
                 if data:
@@ -339,7 +286,7 @@ class Link:
                     self._ws.receive_eof()
             except WsError as exc:
                 self._ws.send_close(exc.code, exc.message)
-                self._fail(ClientError("closed", f"the Mind broke the WebSocket protocol: {exc.message}"))
+                self._lost(ClientError("closed", f"the Mind broke the WebSocket protocol: {exc.message}"))
                 return
             self._on_events(self._ws.events())
             if not data:
@@ -350,27 +297,42 @@ class Link:
             if self._error is not None:
                 return
             if ev[0] == MESSAGE:
-                self._on_frame(ev[1])
+                self._dispatch(self._session.receive_data(ev[1]))
             elif ev[0] == PONG:
                 if self._ping is not None and ev[1] == self._ping[0]:
                     self._ping = None
                     self._ping_due = time.monotonic() + PING_INTERVAL_S
             elif ev[0] == CLOSED:
-                self._fail(self._reason or ClientError("closed", "connection to the Mind closed"))
+                self._lost()
 
-    def _on_frame(self, data: bytes | str) -> None:
-        try:
-            env = wire.decode(data)
-            self._channel.accept(env)
-        except ProtocolError as exc:
-            self._ws.send_close(1002, exc.code.value)
-            self._fail(ClientError(exc.code.value, f"the Mind sent a bad frame: {exc.message}"))
-            return
-        if env.id is None and self._channel.gen is not None:
-            if env.msg.TYPE == "error":  # about the connection: the reason it is about to close
-                self._reason = ClientError(env.msg.code.value, env.msg.message)
-            return
-        self._inbox.append(env)
+    def _dispatch(self, events: list[Event]) -> None:
+        """Keep the session's events for `poll`; act on its end; write what it has to send."""
+        for ev in events:
+            if isinstance(ev, Closed):
+                if ev.close_code is not None:
+                    self._ws.send_close(ev.close_code, ev.close_reason)
+                if self._error is None:
+                    self._error = ev.error
+            elif isinstance(ev, (Reply, RunEvent, RunEnded, Failed)):
+                self._events.append(ev)
+        if self._error is None:
+            try:
+                self._write()
+            except ClientError:
+                pass  # the connection is closing: reading tells how it ended
+
+    def _lost(self, error: ClientError | None = None) -> None:
+        """The transport ended: the session fails what was in flight and says why."""
+        self._dispatch(self._session.connection_lost(error))
+
+    def _write(self) -> None:
+        """Hand the session's frames to the WebSocket and write them."""
+        for frame in self._session.data_to_send():
+            try:
+                self._ws.send_binary(frame)
+            except WsError:
+                raise ClientError("closed", "connection to the Mind closed") from None
+        self._flush()
 
     def _flush(self) -> None:
         data = self._ws.data_to_send()
@@ -384,7 +346,3 @@ class Link:
                 self._sock.setblocking(False)
         except OSError as exc:
             self._write_error = ClientError("closed", f"connection to the Mind failed: {exc}")
-
-    def _fail(self, err: ClientError) -> None:
-        if self._error is None:
-            self._error = err

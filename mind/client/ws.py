@@ -18,6 +18,8 @@ import base64
 import hashlib
 import os
 
+from protocol.errors import MindhandError
+
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 OP_CONT, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0, 1, 2, 8, 9, 10
 MAX_HEAD = 16 << 10
@@ -33,7 +35,7 @@ CLOSE_NO_STATUS = 1005
 MESSAGE, PONG, CLOSED = "message", "pong", "closed"
 
 
-class WsError(Exception):
+class WsError(MindhandError):
     """The server broke the protocol (or refused the upgrade); `code` is the close code to send."""
 
     def __init__(self, code: int, message: str) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol import limits
+from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, CancelStatus, RejectCode
 from protocol.control import Budget
 from protocol.digest import args_digest
@@ -196,7 +197,7 @@ class RunRegistry:
         self._finished[run.run_id] = None
         acts.append(
             self._log(
-                "run_terminal",
+                AuditEvent.RUN_TERMINAL,
                 run,
                 state=end.state.value,
                 reason=end.reason,
@@ -238,10 +239,11 @@ class RunRegistry:
         run = self._runs.get(run_id)
         if run is None or run.hand != hand:
             self.foreign_inputs += 1
-            return None, [Log("hand_input_unknown_run", {"run_id": run_id, "hand": hand, "gen": gen, "what": what})]
+            fields = {"run_id": run_id, "hand": hand, "gen": gen, "what": what}
+            return None, [Log(AuditEvent.HAND_INPUT_UNKNOWN_RUN, fields)]
         if run.gen != gen:
             self.foreign_inputs += 1
-            return None, [self._log("hand_input_wrong_generation", run, what=what, from_gen=gen)]
+            return None, [self._log(AuditEvent.HAND_INPUT_WRONG_GENERATION, run, what=what, from_gen=gen)]
         if run.terminal:
             self.late_inputs += 1
             return None, [self._log("late_input", run, what=what, state=run.state.value)]
@@ -288,9 +290,11 @@ class RunRegistry:
         )
         self._runs[run_id] = run
         self._active[run_id] = run
-        acts: list[Action] = [self._log("run_admitted", run, tool=req.tool, args_digest=run.args_digest, client=owner)]
+        acts: list[Action] = [
+            self._log(AuditEvent.RUN_ADMITTED, run, tool=req.tool, args_digest=run.args_digest, client=owner)
+        ]
         if run.client is not None:
-            acts.append(SendToClient(client, req_id, RunUpdate(run_id=run_id, hand=run.hand, state=run.state)))  # type: ignore[arg-type]
+            acts.append(SendToClient(run.client, req_id, RunUpdate(run_id=run_id, hand=run.hand, state=run.state)))
         if refusal is not None:
             code, why = refusal
             acts += self._terminate(run, self._end(run, RunState.REJECTED, why, now, reject_code=code), now, wall)
@@ -402,8 +406,9 @@ class RunRegistry:
             return CancelStatus.CANCEL_REQUESTED, self._terminate(
                 run, self._end(run, RunState.CANCELLED, reason.value, now), now, wall
             )
+        assert run.gen is not None  # past `admitted` a run was sent, to the Hand of this generation
         acts = self._move(run, RunState.CANCEL_REQUESTED)
-        acts.append(SendToHand(run.hand, run.gen, Cancel(run_id=run.run_id, reason=reason)))  # type: ignore[arg-type]
+        acts.append(SendToHand(run.hand, run.gen, Cancel(run_id=run.run_id, reason=reason)))
         return CancelStatus.CANCEL_REQUESTED, acts
 
     def on_hand_gone(self, hand: str, gen: int, now: float, wall: float) -> list[Action]:
@@ -414,6 +419,21 @@ class RunRegistry:
                 acts += self._terminate(
                     run, self._end(run, RunState.LOST, "hand connection lost before a result", now), now, wall
                 )
+        return acts
+
+    def on_internal_failure(self, run_id: str, hand: str, gen: int, what: str, now: float, wall: float) -> list[Action]:
+        """The shell failed (a bug; its log has the traceback) while taking in the Hand's `what` about
+        this run. Nobody can know how the run goes from here: it ends `lost` at once rather than at
+        its deadline, and the Hand is told to stop it. Only the Hand and generation the run was sent
+        on can end it this way; anything else changes nothing."""
+        run = self._runs.get(run_id)
+        if run is None or run.hand != hand or run.gen != gen or run.terminal:
+            return []
+        if not can_advance(RUN_TRANSITIONS, run.state, RunState.LOST):
+            return []
+        why = f"the mind failed while handling the hand's {what} (its log has the traceback)"
+        acts = self._terminate(run, self._end(run, RunState.LOST, why, now), now, wall)
+        acts.append(SendToHand(hand, gen, Cancel(run_id=run_id, reason=CancelReason.INTERNAL_FAILURE)))
         return acts
 
     def on_client_gone(self, client: str, now: float, wall: float) -> list[Action]:

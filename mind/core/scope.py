@@ -31,7 +31,7 @@ class Scope:
         return json.dumps({"hands": list(self.hands), "tools": list(self.tools), "read_others": self.read_others})
 
     @classmethod
-    def from_json(cls, text: str | None) -> "Scope":
+    def from_json(cls, text: str | None) -> Scope:
         if not text:
             return FULL
         d = json.loads(text)

@@ -82,7 +82,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     )
     try:
         mind = Mind(cfg)
-    except Exception as exc:  # noqa: BLE001 - one clear line for a bad state dir or database
+    except Exception as exc:  # one clear line for a bad state dir or database
         die(f"cannot open state in {home}: {exc}", 1)
     try:
         asyncio.run(mind.run(reload=_reloader(source, s)))
@@ -92,9 +92,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 def cmd_credentials(args: argparse.Namespace) -> None:
     from mind import home as paths
-    from mind.store.credentials import Store, StoreError
-
     from mind.core.scope import FULL, Scope, parse_patterns
+    from mind.store.credentials import Store, StoreError
 
     home = paths.home(args.home)
     store = Store(paths.db_path(home))
@@ -102,17 +101,18 @@ def cmd_credentials(args: argparse.Namespace) -> None:
     def audit(action: str) -> None:
         import datetime
 
+        from protocol.audit import AuditEvent
         from protocol.io.logs import AuditLog
 
         a = AuditLog(home / "audit.jsonl")
         a.write(
             {
-                "event": "credential_changed",
+                "event": AuditEvent.CREDENTIAL_CHANGED,
                 "role": args.cmd,
                 "label": args.name,
                 "action": action,
                 "by": "local admin (mind CLI)",
-                "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                "timestamp": datetime.datetime.now(datetime.UTC).isoformat(),
             }
         )
         a.close()
@@ -149,16 +149,16 @@ def cmd_credentials(args: argparse.Namespace) -> None:
             audit("add")
             show(cred, "created")
         elif args.action == "rotate":
-            cred = store.rotate(args.cmd, args.name)
-            if cred is None:
+            rotated = store.rotate(args.cmd, args.name)
+            if rotated is None:
                 die(f"no active {args.cmd} named {args.name!r}", 1)
             audit("rotate")
             if args.cmd == "client" and args.name == "admin":
                 paths.write_private(
                     paths.admin_cred_file(home),
-                    "# mindhand admin client credential (full scope); keep private\n" + cred.token() + "\n",
+                    "# mindhand admin client credential (full scope); keep private\n" + rotated.token() + "\n",
                 )
-            show(cred, "rotated (the old secret no longer works; live connections are closed)")
+            show(rotated, "rotated (the old secret no longer works; live connections are closed)")
         elif args.action == "list":
             rows = store.list(args.cmd)
             if args.json:

@@ -49,7 +49,7 @@ class MindMetrics:
 
     def observe_lag(self, lag: float) -> None:
         self.loop_lag.set(lag)
-        if lag > self.loop_lag_max._value.get():  # noqa: SLF001 - prometheus_client has no getter
+        if lag > self.loop_lag_max._value.get():  # prometheus_client has no getter
             self.loop_lag_max.set(lag)
 
     def render(self) -> bytes:

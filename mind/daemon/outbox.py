@@ -10,16 +10,15 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+import structlog
 from websockets.asyncio.connection import Connection
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from protocol.io.batching import BatchedWrites
 from protocol.envelope import Channel
 from protocol.errors import ProtocolError
+from protocol.io.batching import BatchedWrites
 from protocol.messages import Message
-
-import structlog
 
 log = structlog.get_logger(component="mind.outbox")
 
@@ -62,7 +61,7 @@ class Outbox:
         try:
             while True:
                 while self._q:
-                    frames = []
+                    frames: list[bytes] = []
                     while self._q and len(frames) < MAX_BATCH:
                         msg, id_ = self._q.popleft()
                         try:

@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
 from websockets.asyncio.connection import Connection
 
 from mind.core.handshake import Identity
 from mind.core.scope import FULL, Scope
 from mind.daemon.outbox import Outbox
+from protocol.codes import ErrorCode
 from protocol.ids import new_id
-from protocol.messages import Message
+from protocol.messages import Error, Message
+
+log = structlog.get_logger(component="mind")
+
+INTERNAL_ERROR = Error(
+    code=ErrorCode.INTERNAL_ERROR,
+    message="the mind failed while serving this request (its log has the traceback); the connection goes on",
+)
+"""The answer to a request whose handling raised: that request ends, nothing else does."""
 
 
 @dataclass
@@ -31,9 +42,28 @@ class Peer:
     pending: dict[str, asyncio.Future[Message]] = field(default_factory=dict)
     """Requests this Mind sent to the peer (a Hand), by envelope id, waiting for their reply."""
 
-    def spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None], reply_to: str | None = None) -> None:
+        """Run `coro` on this connection's task group, guarded: its failure can take down neither
+        this connection nor its other requests. It is logged with its traceback and, if the work
+        answers a request (`reply_to`, the request's envelope id), that request gets `internal_error`."""
         assert self.tg is not None
-        self.tg.create_task(coro)
+        self.tg.create_task(self._guarded(coro, reply_to))
+
+    async def _guarded(self, coro: Coroutine[Any, Any, None], reply_to: str | None) -> None:
+        try:
+            await coro
+        except Exception:
+            log.exception(
+                "request_failed" if reply_to is not None else "connection_work_failed",
+                role=self.ident.role,
+                label=self.ident.label,
+                gen=self.gen,
+                conn=self.conn_id,
+                req=reply_to,
+                work=getattr(coro, "__qualname__", None),
+            )
+            if reply_to is not None:
+                self.outbox.put(INTERNAL_ERROR, reply_to)
 
     def fail_pending(self, why: str) -> None:
         for fut in self.pending.values():

@@ -14,11 +14,12 @@ import os
 import signal
 import ssl
 import time
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import structlog
 from websockets.asyncio.connection import Connection
@@ -26,24 +27,25 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from mind import home as paths
+from mind.core.admission import AuthFailures, Denial, denial_message, touch_denial, use_denial
 from mind.core.handshake import Identity, ServerHandshake
+from mind.core.registry import Action, Log, RunRegistry, SendToClient, SendToHand, StartEnded
+from mind.core.scope import FULL, Scope
 from mind.daemon.metrics import MindMetrics
 from mind.daemon.outbox import BatchingConnection, Outbox
-from mind.core.scope import FULL, Scope
-from mind.core.registry import Action, Log, RunRegistry, SendToClient, SendToHand, StartEnded
-from mind.store.snapshots import SnapshotStore
-from mind.store.credentials import Store
-from mind.daemon.peer import Peer
+from mind.daemon.peer import INTERNAL_ERROR, Peer
 from mind.daemon.taskservice import TaskService
+from mind.store.credentials import Store
+from mind.store.snapshots import SnapshotStore
 from protocol import limits
+from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, ErrorCode, RejectCode
-from protocol.states import RunState
-from protocol.envelope import Channel
+from protocol.envelope import Channel, Envelope
 from protocol.errors import ProtocolError
 from protocol.ids import new_id
+from protocol.io.loop import probe_lag
 from protocol.io.tls import fingerprint, server_context
 from protocol.messages import (
-    build_all,
     Accepted,
     CancelResult,
     CancelRun,
@@ -52,44 +54,46 @@ from protocol.messages import (
     Exec,
     GetRun,
     GetStatus,
-    ListRuns,
-    RunList,
-    StatusReply,
     HandClaims,
     HandInfo,
     HandsList,
     Hello,
     ListHands,
+    ListRuns,
     Message,
     Progress,
     Proof,
     Rejected,
     Result,
+    RunList,
     Started,
+    StatusReply,
     TaskCancelRequest,
     TaskCancelResult,
     TaskGet,
     TaskInfo,
     TaskInventoryPage,
-    TaskLogPage,
     TaskList,
+    TaskLogPage,
     TaskLogs,
     TaskStart,
     TaskUpdate,
+    build_all,
 )
+from protocol.states import RunState
 
 log = structlog.get_logger(component="mind")
 try:
     from importlib.metadata import version as _v
 
     VERSION = _v("mindhand")
-except Exception:  # noqa: BLE001 - running from a source tree that is not installed
+except Exception:  # running from a source tree that is not installed
     VERSION = "unknown"
 T = TypeVar("T")
 REPLY_TYPES = (TaskInfo, TaskLogPage, TaskCancelResult, TaskInventoryPage)
 LOG_LEVELS = {
-    "hand_input_wrong_generation": "warning",
-    "hand_input_unknown_run": "warning",
+    AuditEvent.HAND_INPUT_WRONG_GENERATION: "warning",
+    AuditEvent.HAND_INPUT_UNKNOWN_RUN: "warning",
     "hand_input_illegal": "warning",
     # Every transition is logged, at debug: admission and the terminal (info, and audited) carry what
     # operators need; the steps between cost a tenth of the Mind's CPU per call at info.
@@ -101,6 +105,7 @@ CLOSE_POLICY = 1008
 CLOSE_REPLACED = 4001
 CLOSE_REVOKED = 4003
 CLOSE_TRY_LATER = 1013
+CLOSE_INTERNAL = 1011
 
 
 def keepalive_timeout(ping_interval: float) -> float:
@@ -155,6 +160,10 @@ class Mind:
         self.store = Store(paths.db_path(cfg.home))
         self.snapshots = SnapshotStore(paths.db_path(cfg.home))
         self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mind-db")
+        self._creds_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mind-creds")
+        """The credential store's own thread: handshakes and `hands` must not queue behind a
+        reconciliation's snapshot batches on the database thread (measured: a client's round trip
+        went from ~40 ms to ~200 ms during a reconcile when both shared one thread)."""
         self.mind_id = self.store.mind_id()
         self.registry = RunRegistry(retain_finished=cfg.retain_runs)
         self.hands: dict[str, Peer] = {}
@@ -165,7 +174,7 @@ class Mind:
         self._tg: asyncio.TaskGroup | None = None
         self.tasks = TaskService(self)
         self._pending_handshakes = 0
-        self._failures: dict[str, list[float]] = {}
+        self._failures = AuthFailures()
         self._epoch = -1
         self.denials: dict[str, int] = {}
         self.metrics = MindMetrics()
@@ -173,20 +182,34 @@ class Mind:
 
     # --- scopes ---
 
-    def deny(self, peer: "Peer", what: str, **fields: Any) -> str:
+    def deny(self, peer: Peer, what: str, **fields: Any) -> str:
         """Count and log a request outside the client's scope; return the sentence for the client."""
         self.denials[what] = self.denials.get(what, 0) + 1
         self.metrics.denied.inc()
-        log.warning("denied_by_scope", client=peer.ident.label, what=what, **fields)
-        return f"denied_by_scope: credential {peer.ident.label!r} may not {what}"
+        log.warning(AuditEvent.DENIED_BY_SCOPE, client=peer.ident.label, what=what, **fields)
+        return denial_message(peer.ident.label, Denial(what))
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a store call on the one database thread: never blocks the loop, and serialises writes."""
         return await asyncio.get_running_loop().run_in_executor(self._db_thread, partial(fn, *args))
 
-    def spawn(self, coro: Any) -> None:
+    async def creds(self, fn: Callable[..., T], *args: Any) -> T:
+        """A call on the credential store (`mind.store.credentials`), off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._creds_thread, partial(fn, *args))
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run `coro` on the server's task group, guarded: a failing coroutine there would otherwise
+        stop `mind serve` (a TaskGroup cancels everything when one child raises). Logged with its
+        traceback; the daemon goes on."""
         assert self._tg is not None
-        self._tg.create_task(coro)
+        self._tg.create_task(self._guarded(coro))
+
+    @staticmethod
+    async def _guarded(coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coro
+        except Exception:
+            log.exception("background_failed", work=getattr(coro, "__qualname__", None))
 
     async def ask(self, peer: Peer, msg: Message, timeout: float = 10.0) -> Message:
         """Send a request to a Hand and wait for the reply with the same envelope id."""
@@ -211,7 +234,7 @@ class Mind:
         reconciliation passes are untouched. Never fatal."""
         try:
             changes = reload()
-        except Exception:  # noqa: BLE001 - a reload must not stop the Mind
+        except Exception:  # a reload must not stop the Mind
             log.exception("config_reload_crashed")
             return
         for name, value in changes.items():
@@ -222,8 +245,8 @@ class Mind:
         self, on_ready: Callable[[str], None] | None = None, reload: Callable[[], dict[str, Any]] | None = None
     ) -> None:
         build_all()  # every validator built before the first connection, not on its first frame
-        ensure_admin(self.store, self.cfg.home)
-        staled = self.snapshots.mark_all_stale()
+        await self.creds(ensure_admin, self.store, self.cfg.home)
+        staled = await self.db(self.snapshots.mark_all_stale)
         if staled:
             log.info("snapshots_marked_stale", count=staled, why="mind restart")
         loop = asyncio.get_running_loop()
@@ -241,7 +264,7 @@ class Mind:
         ssl_ctx = None
         if self.cfg.tls_cert is not None and self.cfg.tls_key is not None:
             ssl_ctx = server_context(self.cfg.tls_cert, self.cfg.tls_key)
-            der = ssl.PEM_cert_to_DER_cert(Path(self.cfg.tls_cert).read_text())
+            der = ssl.PEM_cert_to_DER_cert(Path(self.cfg.tls_cert).read_text())  # noqa: ASYNC240 - before serving
             # The local CLI pins the daemon's own certificate by itself (like admin.cred).
             paths.write_private(paths.pin_file(self.cfg.home), fingerprint(der) + "\n")
         else:
@@ -282,6 +305,7 @@ class Mind:
         self.store.close()
         self.snapshots.close()
         self._db_thread.shutdown(wait=True)
+        self._creds_thread.shutdown(wait=True)
         log.info("mind_stopped")
 
     async def _flush_all(self, timeout: float) -> None:
@@ -293,41 +317,43 @@ class Mind:
         except TimeoutError:
             pass
 
-    async def _lag_probe(self, period: float = 0.01) -> None:
-        """Event-loop lag sampled every 10 ms (the ticker's 250 ms would miss short stalls)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            t0 = loop.time()
-            await asyncio.sleep(period)
-            self.metrics.observe_lag(max(0.0, loop.time() - t0 - period))
+    async def _lag_probe(self) -> None:
+        await probe_lag(self.metrics.observe_lag)
 
     async def _ticker(self) -> None:
+        """Deadlines, credential changes and gauges. A failing tick is logged and the next one comes:
+        the ticker is on the server's task group, where an exception would stop `mind serve`."""
         last_epoch_check = last_gauges = 0.0
         while True:
             await asyncio.sleep(self.cfg.tick_interval)
             now = time.monotonic()
-            self.perform(self.registry.on_tick(now, time.time()))
-            if now - last_epoch_check >= 0.5:
-                last_epoch_check = now
-                await self._check_credentials()
-            if now - last_gauges >= 2.0:
-                last_gauges = now
-                self.metrics.runs_active.set(len(self.registry.active()))
-                self.metrics.runs_retained.set(len(self.registry._runs))
-                self.metrics.snapshots_stale.set(await self.db(self.snapshots.count_stale))
+            try:
+                self.perform(self.registry.on_tick(now, time.time()))
+                if now - last_epoch_check >= 0.5:
+                    last_epoch_check = now
+                    await self._check_credentials()
+                if now - last_gauges >= 2.0:
+                    last_gauges = now
+                    self.metrics.runs_active.set(len(self.registry.active()))
+                    self.metrics.runs_retained.set(len(self.registry._runs))
+                    self.metrics.snapshots_stale.set(await self.db(self.snapshots.count_stale))
+            except Exception:
+                log.exception("tick_failed")
 
     async def _check_credentials(self) -> None:
         """Close, at once, every connection whose credential was revoked or rotated (by `mind hand
         revoke`, `mind client rotate`, ... which change the database this daemon shares)."""
-        epoch = await self.db(self.store.epoch)
+        epoch = await self.creds(self.store.epoch)
         if epoch == self._epoch:
             return
         self._epoch = epoch
         for peer in list(self.hands.values()) + list(self.clients.values()):
-            current = await self.db(self.store.secret, peer.ident.role, peer.ident.label)
+            current = await self.creds(self.store.secret, peer.ident.role, peer.ident.label)
             if current is None or hashlib.sha256(current).digest() != peer.secret_digest:
                 why = "revoked" if current is None else "rotated"
-                log.warning("credential_closed", role=peer.ident.role, label=peer.ident.label, gen=peer.gen, why=why)
+                log.warning(
+                    AuditEvent.CREDENTIAL_CLOSED, role=peer.ident.role, label=peer.ident.label, gen=peer.gen, why=why
+                )
                 peer.outbox.put(Error(code=ErrorCode.REVOKED, message=f"this credential was {why}"))
                 peer.outbox.close()
                 self.spawn(self._close_quietly(peer.ws, CLOSE_REVOKED, f"credential {why}"))
@@ -348,36 +374,29 @@ class Mind:
                 self.spawn(self.tasks.start_ended(a))
             elif isinstance(a, Log):
                 getattr(log, LOG_LEVELS.get(a.event, "info"))(a.event, **a.fields)
-                if a.event == "run_terminal":
+                if a.event == AuditEvent.RUN_TERMINAL:
                     f = a.fields
                     self.metrics.runs.labels(f["state"]).inc()
                     self.metrics.run_seconds.observe(f["duration_ms"] / 1000)
                     if f["progress_dropped"]:
                         self.metrics.progress_dropped.inc(f["progress_dropped"])
-                elif a.event in ("hand_input_wrong_generation", "hand_input_unknown_run"):
+                elif a.event in (AuditEvent.HAND_INPUT_WRONG_GENERATION, AuditEvent.HAND_INPUT_UNKNOWN_RUN):
                     self.metrics.foreign.inc()
 
     # --- connections ---
 
     def _rate_limited(self, addr: str, now: float) -> bool:
-        recent = [t for t in self._failures.get(addr, ()) if now - t < self.cfg.auth_fail_window]
-        if recent:
-            self._failures[addr] = recent
-        else:
-            self._failures.pop(addr, None)
-        return len(recent) >= self.cfg.auth_fail_limit
+        return self._failures.limited(addr, now, self.cfg.auth_fail_limit, self.cfg.auth_fail_window)
 
     def _failed(self, addr: str, now: float) -> None:
-        self._failures.setdefault(addr, []).append(now)
-        if len(self._failures) > 10_000:  # bounded memory under a spray of addresses
-            self._failures.pop(next(iter(self._failures)))
+        self._failures.failed(addr, now)
 
     async def _handler(self, ws: ServerConnection) -> None:
         channel = Channel()
         peer_addr = ws.remote_address[0] if ws.remote_address else "?"
         now = time.monotonic()
         if self._rate_limited(peer_addr, now):
-            log.warning("handshake_refused", peer=peer_addr, why="rate_limited")
+            log.warning(AuditEvent.HANDSHAKE_REFUSED, peer=peer_addr, why="rate_limited")
             await self._refuse(
                 ws,
                 channel,
@@ -385,7 +404,7 @@ class Mind:
             )
             return
         if self._pending_handshakes >= self.cfg.max_pending_handshakes:
-            log.warning("handshake_refused", peer=peer_addr, why="busy", pending=self._pending_handshakes)
+            log.warning(AuditEvent.HANDSHAKE_REFUSED, peer=peer_addr, why="busy", pending=self._pending_handshakes)
             await self._refuse(ws, channel, ProtocolError(ErrorCode.BUSY, "too many handshakes in progress; try later"))
             return
         self._pending_handshakes += 1
@@ -395,16 +414,23 @@ class Mind:
         except TimeoutError:
             self.metrics.handshakes.labels("failed").inc()
             self._failed(peer_addr, now)
-            log.info("handshake_failed", peer=peer_addr, code=ErrorCode.HANDSHAKE_TIMEOUT.value)
+            log.info(AuditEvent.HANDSHAKE_FAILED, peer=peer_addr, code=ErrorCode.HANDSHAKE_TIMEOUT.value)
             await self._refuse(ws, channel, ProtocolError(ErrorCode.HANDSHAKE_TIMEOUT, "handshake took too long"))
             return
         except ProtocolError as exc:
             self.metrics.handshakes.labels("failed").inc()
             self._failed(peer_addr, now)
-            log.info("handshake_failed", peer=peer_addr, code=exc.code.value, reason=exc.message)
+            log.info(AuditEvent.HANDSHAKE_FAILED, peer=peer_addr, code=exc.code.value, reason=exc.message)
             await self._refuse(ws, channel, exc)
             return
         except ConnectionClosed:
+            return
+        except Exception:  # our failure, not the peer's: not counted against its address
+            self.metrics.handshakes.labels("failed").inc()
+            log.exception("handshake_crashed", peer=peer_addr)
+            await self._refuse(
+                ws, channel, ProtocolError(ErrorCode.INTERNAL_ERROR, "the mind failed during the handshake; try again")
+            )
             return
         finally:
             self._pending_handshakes -= 1
@@ -416,25 +442,29 @@ class Mind:
             peer.scope = (
                 FULL
                 if ident.label == "admin"
-                else Scope.from_json(await self.db(self.store.scope, "client", ident.label))
+                else Scope.from_json(await self.creds(self.store.scope, "client", ident.label))
             )
-        log.info("handshake_ok", peer=peer_addr, role=ident.role, label=ident.label, gen=gen)
+        log.info(AuditEvent.HANDSHAKE_OK, peer=peer_addr, role=ident.role, label=ident.label, gen=gen)
         self.metrics.handshakes.labels("ok").inc()
-        async with asyncio.TaskGroup() as tg:
-            peer.tg = tg
-            writer = tg.create_task(outbox.run())
-            try:
-                if ident.role == "hand":
-                    await self._serve_hand(peer)
-                else:
-                    await self._serve_client(peer)
-            finally:
-                outbox.close()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                peer.tg = tg
+                writer = tg.create_task(outbox.run())
                 try:
-                    async with asyncio.timeout(2):
-                        await asyncio.shield(writer)
-                except (TimeoutError, ConnectionClosed):
-                    writer.cancel()
+                    if ident.role == "hand":
+                        await self._serve_hand(peer)
+                    else:
+                        await self._serve_client(peer)
+                finally:
+                    outbox.close()
+                    try:
+                        async with asyncio.timeout(2):
+                            await asyncio.shield(writer)
+                    except (TimeoutError, ConnectionClosed):
+                        writer.cancel()
+        except Exception:  # every request is guarded; this is the last resort, logged where we look
+            log.exception("connection_failed", role=ident.role, label=ident.label, gen=gen, conn=peer.conn_id)
+            await self._close_quietly(ws, CLOSE_INTERNAL, "internal error")
 
     def _http(self, connection: ServerConnection, request: Any) -> Any:
         """Plain HTTP on the same port: `GET /healthz` and `GET /metrics`; anything else goes on to
@@ -465,6 +495,7 @@ class Mind:
             ErrorCode.HANDSHAKE_TIMEOUT: CLOSE_POLICY,
             ErrorCode.RATE_LIMITED: CLOSE_TRY_LATER,
             ErrorCode.BUSY: CLOSE_TRY_LATER,
+            ErrorCode.INTERNAL_ERROR: CLOSE_INTERNAL,
         }.get(exc.code, CLOSE_PROTOCOL)
         try:
             await ws.send(channel.stamp(Error(code=exc.code, message=exc.message)))
@@ -483,7 +514,7 @@ class Mind:
             raise ProtocolError(
                 ErrorCode.UNEXPECTED_MESSAGE, f"expected hello, got {msg.TYPE}: nothing is acted on before welcome"
             )
-        secret = await asyncio.to_thread(self.store.secret, msg.role, msg.label)
+        secret = await self.creds(self.store.secret, msg.role, msg.label)
         hs = ServerHandshake(self.mind_id, new_id("hs"), os.urandom(limits.NONCE_BYTES), loop.time())
         challenge = hs.on_hello(msg, secret, os.urandom(limits.SECRET_BYTES), loop.time())
         await ws.send(channel.stamp(challenge))
@@ -493,7 +524,7 @@ class Mind:
                 ErrorCode.UNEXPECTED_MESSAGE, f"expected proof, got {proof.TYPE}: nothing is acted on before welcome"
             )
         ident = hs.on_proof(proof, loop.time())
-        gen = await asyncio.to_thread(self.store.next_generation, ident.role, ident.label)
+        gen = await self.creds(self.store.next_generation, ident.role, ident.label)
         channel.gen = gen
         await ws.send(channel.stamp(hs.welcome(gen, self.cfg.ping_interval)))
         assert secret is not None  # a verified proof implies a known secret
@@ -512,8 +543,7 @@ class Mind:
             self.last_seen[label] = time.time()
             self.perform(self.registry.on_hand_gone(label, old.gen, time.monotonic(), time.time()))
             old.outbox.close()
-            assert self._tg is not None
-            self._tg.create_task(self._close_quietly(old.ws, CLOSE_REPLACED, "replaced by a newer connection"))
+            self.spawn(self._close_quietly(old.ws, CLOSE_REPLACED, "replaced by a newer connection"))
         hlog.info("hand_connected", claims=peer.ident.claims.model_dump() if peer.ident.claims else None)
         self.metrics.hands_connected.set(len(self.hands))
         peer.spawn(self.tasks.reconcile(peer))
@@ -534,13 +564,14 @@ class Mind:
     async def _close_quietly(self, ws: Connection, code: int, reason: str) -> None:
         try:
             await ws.close(code, reason)
-        except Exception:  # noqa: BLE001 - the socket may already be gone; nothing to do
+        except Exception:  # the socket may already be gone; nothing to do
             pass
 
     async def _read_loop(self, peer: Peer, on_message: Callable[[Peer, str | None, Message], None]) -> None:
         channel = peer.outbox._channel
         try:
             async for data in peer.ws:
+                env = None
                 try:
                     env = channel.receive(data)
                     on_message(peer, env.id, env.msg)
@@ -558,8 +589,39 @@ class Mind:
                     await peer.outbox.drained.wait()
                     await self._close_quietly(peer.ws, CLOSE_PROTOCOL, exc.code.value)
                     return
+                except Exception:
+                    self._message_failed(peer, env)
         except ConnectionClosed:
             return
+
+    def _message_failed(self, peer: Peer, env: Envelope[Message] | None) -> None:
+        """A bug while serving one frame ends that request only; the connection and the daemon go
+        on. A client's request gets `internal_error`. A Hand's report on a run ends that run `lost`
+        (the Mind could not take in how it went: nobody can know) and the Hand is told to stop it;
+        a Hand can only end its own runs this way, on its own generation."""
+        msg = env.msg if env is not None else None
+        log.exception(
+            "request_failed",
+            role=peer.ident.role,
+            label=peer.ident.label,
+            gen=peer.gen,
+            conn=peer.conn_id,
+            type=msg.TYPE if msg is not None else None,
+            req=env.id if env is not None else None,
+        )
+        if env is None or msg is None:
+            return  # the frame did not decode: nothing names what to answer
+        try:
+            if peer.ident.role == "client":
+                if env.id is not None:
+                    peer.outbox.put(INTERNAL_ERROR, env.id)
+                return
+            run_id = getattr(msg, "run_id", None)
+            if isinstance(run_id, str):
+                now, wall = time.monotonic(), time.time()
+                self.perform(self.registry.on_internal_failure(run_id, peer.ident.label, peer.gen, msg.TYPE, now, wall))
+        except Exception:
+            log.exception("request_failure_unanswered", role=peer.ident.role, label=peer.ident.label, gen=peer.gen)
 
     def _on_hand_message(self, peer: Peer, id_: str | None, msg: Message) -> None:
         label, gen = peer.ident.label, peer.gen
@@ -618,35 +680,24 @@ class Mind:
         me, scope = peer.ident.label, peer.scope
         if isinstance(msg, Exec):
             refusal = None
-            if not scope.allows_hand(msg.hand):
-                refusal = (RejectCode.DENIED_BY_SCOPE, self.deny(peer, f"use hand {msg.hand!r}", hand=msg.hand))
-            elif not scope.allows_tool(msg.tool):
-                refusal = (RejectCode.DENIED_BY_SCOPE, self.deny(peer, f"use tool {msg.tool!r}", tool=msg.tool))
+            denial = use_denial(scope, msg.hand, msg.tool)
+            if denial is not None:
+                refusal = (RejectCode.DENIED_BY_SCOPE, self.deny(peer, denial.what, **denial.fields))
             live = self.hands.get(msg.hand)
-            known = live is not None or self.store.secret("hand", msg.hand) is not None
-            run_id = new_id("r")
-            self.perform(
-                self.registry.admit(
-                    run_id,
-                    msg,
-                    peer.conn_id,
-                    id_,
-                    live.gen if live else None,
-                    known,
-                    now,
-                    wall,
-                    owner=me,
-                    refusal=refusal,
-                )
-            )
+            if live is None and refusal is None:
+                # Offline or unknown: the credentials table says which, read on the database thread.
+                peer.spawn(self._admit_offline(peer, id_, msg), reply_to=id_)
+                return
+            self._admit(peer, id_, msg, live, True, refusal)
         elif isinstance(msg, (CancelRun, GetRun)):
             run = self.registry.get(msg.run_id)
             if run is None:
                 peer.outbox.put(Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {msg.run_id}"), id_)
                 return
-            if not (scope.allows_hand(run.hand) and scope.may_touch(run.owner, me)):
-                verb = "cancel" if isinstance(msg, CancelRun) else "read"
-                why = self.deny(peer, f"{verb} run {msg.run_id}", run_id=msg.run_id)
+            verb = "cancel" if isinstance(msg, CancelRun) else "read"
+            denial = touch_denial(scope, me, run.hand, run.owner, f"{verb} run {msg.run_id}", run_id=msg.run_id)
+            if denial is not None:
+                why = self.deny(peer, denial.what, **denial.fields)
                 peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
                 return
             if isinstance(msg, GetRun):
@@ -656,7 +707,7 @@ class Mind:
             self.perform(acts)  # the Hand's `cancel` is queued (and written) before the acknowledgement
             peer.outbox.put(CancelRunResult(run_id=msg.run_id, status=status, state=run.state), id_)
         elif isinstance(msg, ListHands):
-            peer.outbox.put(HandsList(hands=[h for h in self.hand_infos() if scope.allows_hand(h.name)]), id_)
+            peer.spawn(self._list_hands(peer, id_), reply_to=id_)
         elif isinstance(msg, ListRuns):
             runs = [
                 r
@@ -665,23 +716,54 @@ class Mind:
             ][: msg.limit]
             peer.outbox.put(RunList(runs=[r.info() for r in runs]), id_)
         elif isinstance(msg, GetStatus):
-            peer.spawn(self._status(peer, id_))
+            peer.spawn(self._status(peer, id_), reply_to=id_)
         elif isinstance(msg, TaskStart):
-            peer.spawn(self.tasks.start(peer, id_, msg))
+            peer.spawn(self.tasks.start(peer, id_, msg), reply_to=id_)
         elif isinstance(msg, TaskGet):
-            peer.spawn(self.tasks.get(peer, id_, msg))
+            peer.spawn(self.tasks.get(peer, id_, msg), reply_to=id_)
         elif isinstance(msg, TaskLogs):
-            peer.spawn(self.tasks.logs(peer, id_, msg))
+            peer.spawn(self.tasks.logs(peer, id_, msg), reply_to=id_)
         elif isinstance(msg, TaskCancelRequest):
-            peer.spawn(self.tasks.cancel(peer, id_, msg))
+            peer.spawn(self.tasks.cancel(peer, id_, msg), reply_to=id_)
         elif isinstance(msg, TaskList):
-            peer.spawn(self.tasks.list(peer, id_, msg))
+            peer.spawn(self.tasks.list(peer, id_, msg), reply_to=id_)
         else:
             raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, f"a client may not send {msg.TYPE}")
 
+    def _admit(
+        self, peer: Peer, id_: str, msg: Exec, live: Peer | None, known: bool, refusal: tuple[RejectCode, str] | None
+    ) -> None:
+        self.perform(
+            self.registry.admit(
+                new_id("r"),
+                msg,
+                peer.conn_id,
+                id_,
+                live.gen if live else None,
+                known,
+                time.monotonic(),
+                time.time(),
+                owner=peer.ident.label,
+                refusal=refusal,
+            )
+        )
+
+    async def _admit_offline(self, peer: Peer, id_: str, msg: Exec) -> None:
+        """An exec for a Hand with no connection: `unknown_hand` or `hand_offline` by the store. If
+        the Hand connected meanwhile, the run goes to it; if the client left, nothing is admitted."""
+        known = await self.creds(self.store.secret, "hand", msg.hand) is not None
+        if self.clients.get(peer.conn_id) is not peer:
+            return
+        live = self.hands.get(msg.hand)
+        self._admit(peer, id_, msg, live, known or live is not None, None)
+
+    async def _list_hands(self, peer: Peer, id_: str) -> None:
+        hands = await self.hand_infos()
+        peer.outbox.put(HandsList(hands=[h for h in hands if peer.scope.allows_hand(h.name)]), id_)
+
     async def _status(self, peer: Peer, id_: str) -> None:
         scope, me = peer.scope, peer.ident.label
-        visible = lambda r: scope.allows_hand(r.hand) and scope.may_touch(r.owner, me)  # noqa: E731
+        visible = lambda r: scope.allows_hand(r.hand) and scope.may_touch(r.owner, me)
         failures = [
             r.info()
             for r in self.registry.history(None, None, None, 100_000)
@@ -693,7 +775,7 @@ class Mind:
                 version=VERSION,
                 mind_id=self.mind_id,
                 uptime_s=round(time.time() - self.started, 3),
-                hands=[h for h in self.hand_infos() if scope.allows_hand(h.name)],
+                hands=[h for h in await self.hand_infos() if scope.allows_hand(h.name)],
                 active_runs=[r.info() for r in self.registry.active() if visible(r)],
                 recent_failures=failures,
                 task_counts=counts,
@@ -703,9 +785,9 @@ class Mind:
             id_,
         )
 
-    def hand_infos(self) -> list[HandInfo]:
+    async def hand_infos(self) -> list[HandInfo]:
         out = []
-        for row in self.store.list("hand"):
+        for row in await self.creds(self.store.list, "hand"):
             if row.revoked_at is not None and row.label not in self.hands:
                 continue
             live = self.hands.get(row.label)

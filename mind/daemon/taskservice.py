@@ -17,16 +17,27 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import structlog
 from pydantic import ValidationError
 
+from mind.core.admission import (
+    StartReply,
+    existing_start,
+    hand_offline,
+    start_without_snapshot,
+    touch_denial,
+    use_denial,
+)
 from mind.core.registry import Action, RunRegistry, StartEnded
 from mind.core.snapshots import Snapshot
+from mind.daemon.peer import INTERNAL_ERROR
+from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
 from protocol.digest import args_digest, binding_digest
 from protocol.ids import new_id
 from protocol.messages import (
-    Message,
     Background,
     Error,
     Exec,
+    Message,
+    StartOutcome,
     TaskCancel,
     TaskCancelReply,
     TaskCancelRequest,
@@ -43,6 +54,7 @@ from protocol.messages import (
     TaskStartResult,
     TaskStartValue,
     TaskStatus,
+    TaskView,
 )
 from protocol.states import RunState, TaskState
 
@@ -69,7 +81,7 @@ def _run_all(calls: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:
     for call in calls:
         try:
             out.append((True, call()))
-        except Exception as exc:  # noqa: BLE001 - handed to that call's waiter
+        except Exception as exc:  # handed to that call's waiter
             out.append((False, exc))
     return out
 
@@ -86,6 +98,7 @@ class Host(Protocol):
     metrics: MindMetrics
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T: ...
+    async def creds(self, fn: Callable[..., T], *args: Any) -> T: ...
     async def ask(self, peer: Peer, msg: Message, timeout: float = ...) -> Message: ...
     def deny(self, peer: Peer, what: str, **fields: Any) -> str: ...
     def spawn(self, coro: Any) -> None: ...
@@ -95,7 +108,7 @@ class Host(Protocol):
 class TaskService:
     def __init__(self, mind: Host) -> None:
         self.mind = mind
-        self._starts: dict[str, tuple["Peer", str]] = {}
+        self._starts: dict[str, tuple[Peer, str]] = {}
         self._calls: list[tuple[Callable[[], Any], str | None, asyncio.Future[Any]]] = []
         self._flushing = False
 
@@ -146,7 +159,7 @@ class TaskService:
                 batch, self._calls = self._calls, []
                 calls = [self._then_stale(call, hand) for call, hand, _ in batch]
                 results = await self.mind.db(_run_all, calls)
-                for (_, _, fut), (ok, value) in zip(batch, results):
+                for (_, _, fut), (ok, value) in zip(batch, results, strict=True):
                     if fut.done():  # its waiter was cancelled
                         continue
                     if ok:
@@ -154,7 +167,7 @@ class TaskService:
                     else:
                         fut.set_exception(value)
                 batch = []
-        except Exception as exc:  # noqa: BLE001 - the database thread is gone: every waiter hears it
+        except Exception as exc:  # the database thread is gone: every waiter hears it
             for _, _, fut in batch + self._calls:
                 if not fut.done():
                     fut.set_exception(exc)
@@ -169,59 +182,61 @@ class TaskService:
 
     # --- start ---
 
-    async def start(self, peer: "Peer", id_: str, req: TaskStart) -> None:
+    async def start(self, peer: Peer, id_: str, req: TaskStart) -> None:
         m = self.mind
         task_id = req.task_id or new_id("t")
         binding = binding_digest(req.tool, req.args, req.max_runtime_ms)
 
-        def reply(outcome: str, code: RejectCode | None = None, message: str = "", view=None) -> None:
+        def reply(outcome: StartOutcome, code: RejectCode | None = None, message: str = "", view=None) -> None:
+            if outcome == "rejected":  # the Mind's own refusals; the Hand's are audited by it (`start_ended`)
+                log.info(
+                    AuditEvent.TASK_START_REJECTED,
+                    task_id=task_id,
+                    hand=req.hand,
+                    client=peer.ident.label,
+                    tool=req.tool,
+                    args_digest=args_digest(req.tool, req.args),
+                    code=code.value if code is not None else None,
+                    reason=message,
+                )
             peer.outbox.put(
                 TaskStartResult(
                     task_id=task_id, hand=req.hand, outcome=outcome, reject_code=code, message=message, view=view
-                ),  # type: ignore[arg-type]
+                ),
                 id_,
             )
 
-        def settle(existing: Snapshot) -> None:
-            if existing.hand == req.hand and existing.binding_digest == binding:
-                log.info("task_start_duplicate", task_id=task_id, hand=req.hand)
-                reply(
-                    "duplicate",
-                    message="a task with this id and binding exists; nothing new was run",
-                    view=existing.view(),
-                )
-            else:
-                reply(
-                    "rejected",
-                    RejectCode.CONFLICTING_DUPLICATE,
-                    f"task {task_id} already exists with another hand, tool, arguments or options",
-                )
+        def answer(r: StartReply) -> None:
+            if r.outcome == "duplicate":
+                log.info(AuditEvent.TASK_START_DUPLICATE, task_id=task_id, hand=req.hand, client=peer.ident.label)
+            reply(r.outcome, r.code, r.message, r.view)
 
         def settle_existing(existing: Snapshot) -> None:
-            if not self._may(peer, existing):
-                return reply(
-                    "rejected", RejectCode.DENIED_BY_SCOPE, m.deny(peer, f"reuse task id {task_id}", task_id=task_id)
-                )
-            return settle(existing)
+            denial = touch_denial(
+                peer.scope, peer.ident.label, existing.hand, existing.owner, f"reuse task id {task_id}", task_id=task_id
+            )
+            if denial is not None:
+                return reply("rejected", RejectCode.DENIED_BY_SCOPE, m.deny(peer, denial.what, **denial.fields))
+            return answer(existing_start(existing, task_id, req.hand, binding))
 
-        if not peer.scope.allows_hand(req.hand):
-            return reply("rejected", RejectCode.DENIED_BY_SCOPE, m.deny(peer, f"use hand {req.hand!r}", hand=req.hand))
-        if not peer.scope.allows_tool(req.tool):
-            return reply("rejected", RejectCode.DENIED_BY_SCOPE, m.deny(peer, f"use tool {req.tool!r}", tool=req.tool))
-        if m.registry.get(task_id) is not None or m.hands.get(req.hand) is None:
+        denial = use_denial(peer.scope, req.hand, req.tool)
+        if denial is not None:
+            return reply("rejected", RejectCode.DENIED_BY_SCOPE, m.deny(peer, denial.what, **denial.fields))
+        used_by_run, connected = m.registry.get(task_id) is not None, m.hands.get(req.hand) is not None
+        if used_by_run or not connected:
             # The rare paths look first; the common one (hand connected, fresh id) goes straight to
             # `insert_new`, which answers the same existing snapshot, in one database call.
             existing = await m.db(m.snapshots.get, task_id)
             if existing is not None:
                 return settle_existing(existing)
-            if m.registry.get(task_id) is not None:
-                return reply("rejected", RejectCode.CONFLICTING_DUPLICATE, f"id {task_id} is already used by a run")
-            if m.hands.get(req.hand) is None:
-                if await m.db(m.store.secret, "hand", req.hand) is None:
-                    return reply("rejected", RejectCode.UNKNOWN_HAND, f"no hand named {req.hand!r}")
-                return reply(
-                    "rejected", RejectCode.HAND_OFFLINE, f"hand {req.hand!r} is not connected; nothing was stored"
-                )
+            # looked at again: the registry and the connections may have changed while we waited
+            used_by_run, connected = m.registry.get(task_id) is not None, m.hands.get(req.hand) is not None
+            known = connected or used_by_run or await m.creds(m.store.secret, "hand", req.hand) is not None
+            refused = start_without_snapshot(
+                task_id, req.hand, used_by_run=used_by_run, hand_connected=connected, hand_known=known
+            )
+            if refused is not None:
+                return answer(refused)
         snap = Snapshot(
             task_id=task_id,
             hand=req.hand,
@@ -240,7 +255,7 @@ class TaskService:
         live = m.hands.get(req.hand)  # the Hand may have gone while we waited on the database
         if live is None:
             await self._db(m.snapshots.delete, task_id)
-            return reply("rejected", RejectCode.HAND_OFFLINE, f"hand {req.hand!r} is not connected; nothing was stored")
+            return answer(hand_offline(req.hand))
         self._starts[task_id] = (peer, id_)
         exec_req = Exec(hand=req.hand, tool=req.tool, args=req.args, timeout_ms=START_TIMEOUT_MS)
         m.perform(
@@ -259,9 +274,38 @@ class TaskService:
         )
 
     async def start_ended(self, a: StartEnded) -> None:
+        """Settle the snapshot and answer the waiting client. If settling fails, the client hears
+        `internal_error` rather than silence; the failure goes on to the Mind's spawn guard (logged
+        with its traceback)."""
+        waiter = self._starts.pop(a.run_id, None)
+        try:
+            outcome, code, message, view = await self._settle_start(a)
+        except Exception:
+            if waiter is not None:
+                waiter[0].outbox.put(INTERNAL_ERROR, waiter[1])
+            raise
+        log.info(
+            AuditEvent.TASK_START_ENDED,
+            task_id=a.run_id,
+            hand=a.hand,
+            outcome=outcome,
+            reject_code=code.value if code is not None else None,
+            reason=message,
+            start_run=a.end.state.value,
+        )
+        if waiter is not None:
+            peer, id_ = waiter
+            peer.outbox.put(
+                TaskStartResult(
+                    task_id=a.run_id, hand=a.hand, outcome=outcome, reject_code=code, message=message, view=view
+                ),
+                id_,
+            )
+
+    async def _settle_start(self, a: StartEnded) -> tuple[StartOutcome, RejectCode | None, str, TaskView | None]:
         m = self.mind
         end = a.end
-        waiter = self._starts.pop(a.run_id, None)
+        outcome: StartOutcome
         outcome, code, message, view = "unknown", None, "", None
         if end.state is RunState.SUCCEEDED:
             try:
@@ -286,22 +330,14 @@ class TaskService:
                 f"the start was sent but its answer never came ({end.state.value}: {end.reason}); "
                 "the task may exist: `mind task get` tells once the hand is connected"
             )
-        log.info("task_start_ended", task_id=a.run_id, hand=a.hand, outcome=outcome, start_run=end.state.value)
-        if waiter is not None:
-            peer, id_ = waiter
-            peer.outbox.put(
-                TaskStartResult(
-                    task_id=a.run_id, hand=a.hand, outcome=outcome, reject_code=code, message=message, view=view
-                ),  # type: ignore[arg-type]
-                id_,
-            )
+        return outcome, code, message, view
 
     # --- queries ---
 
-    def _may(self, peer: "Peer", snap: Snapshot) -> bool:
+    def _may(self, peer: Peer, snap: Snapshot) -> bool:
         return peer.scope.allows_hand(snap.hand) and peer.scope.may_touch(snap.owner, peer.ident.label)
 
-    async def _visible(self, peer: "Peer", id_: str, task_id: str, verb: str) -> Snapshot | None:
+    async def _visible(self, peer: Peer, id_: str, task_id: str, verb: str) -> Snapshot | None:
         """The snapshot if it exists and this client may `verb` it; otherwise answer and return None."""
         m = self.mind
         snap = await m.db(m.snapshots.get, task_id)
@@ -329,19 +365,19 @@ class TaskService:
             return new or snap
         return snap
 
-    async def get(self, peer: "Peer", id_: str, req: TaskGet) -> None:
+    async def get(self, peer: Peer, id_: str, req: TaskGet) -> None:
         snap = await self._visible(peer, id_, req.task_id, "read")
         if snap is None:
             return
         snap = await self._refresh(snap)
         peer.outbox.put(snap.view(), id_)
 
-    async def list(self, peer: "Peer", id_: str, req: TaskList) -> None:
+    async def list(self, peer: Peer, id_: str, req: TaskList) -> None:
         m = self.mind
         snaps = await m.db(m.snapshots.list, req.hand, req.state, req.limit)
         peer.outbox.put(TaskListResult(tasks=[s.view() for s in snaps if self._may(peer, s)]), id_)
 
-    async def logs(self, peer: "Peer", id_: str, req: TaskLogs) -> None:
+    async def logs(self, peer: Peer, id_: str, req: TaskLogs) -> None:
         m = self.mind
         snap = await self._visible(peer, id_, req.task_id, "read the log of")
         if snap is None:
@@ -369,7 +405,7 @@ class TaskService:
 
     # --- cancel ---
 
-    async def cancel(self, peer: "Peer", id_: str, req: TaskCancelRequest) -> None:
+    async def cancel(self, peer: Peer, id_: str, req: TaskCancelRequest) -> None:
         m = self.mind
         snap = await m.db(m.snapshots.get, req.task_id)
         if snap is None:
@@ -396,27 +432,29 @@ class TaskService:
                 if reply.task is not None:
                     new, _ = await m.db(m.snapshots.report, snap.hand, reply.task, time.time())
                     snap = new or snap
-                log.info("task_cancel_delivered", task_id=req.task_id, hand=snap.hand, status=reply.status.value)
+                log.info(
+                    AuditEvent.TASK_CANCEL_DELIVERED, task_id=req.task_id, hand=snap.hand, status=reply.status.value
+                )
                 peer.outbox.put(TaskCancelReply(task_id=req.task_id, status=reply.status, view=snap.view()), id_)
                 return
         # Offline (or no answer): record it; the reconciliation pass delivers it after reconnect.
         snap = await m.db(m.snapshots.set_cancel_pending, req.task_id, CancelReason.USER_REQUESTED.value) or snap
-        log.info("task_cancel_recorded", task_id=req.task_id, hand=snap.hand)
+        log.info(AuditEvent.TASK_CANCEL_RECORDED, task_id=req.task_id, hand=snap.hand)
         peer.outbox.put(
             TaskCancelReply(task_id=req.task_id, status=TaskCancelStatus.PENDING_DELIVERY, view=snap.view()), id_
         )
 
     # --- pushes and reconciliation ---
 
-    async def on_update(self, peer: "Peer", info: TaskInfo) -> None:
+    async def on_update(self, peer: Peer, info: TaskInfo) -> None:
         m = self.mind
         snap, what = await self._db(m.snapshots.report, peer.ident.label, info, time.time(), hand=peer.ident.label)
         if what == "foreign":
-            log.warning("task_update_foreign", hand=peer.ident.label, gen=peer.gen, task_id=info.task_id)
+            log.warning(AuditEvent.TASK_UPDATE_FOREIGN, hand=peer.ident.label, gen=peer.gen, task_id=info.task_id)
         else:
             log.debug("task_update", hand=peer.ident.label, task_id=info.task_id, state=info.state.value, applied=what)
 
-    async def reconcile(self, peer: "Peer") -> None:
+    async def reconcile(self, peer: Peer) -> None:
         """After each `welcome`: realign every snapshot of this Hand with its database (DESIGN §8)."""
         m = self.mind
         hand, gen = peer.ident.label, peer.gen
@@ -458,7 +496,7 @@ class TaskService:
                     await m.db(m.snapshots.report, hand, reply.task, time.time())
                 await m.db(m.snapshots.clear_cancel_pending, task_id)
         for tid in plan.foreign:
-            log.warning("reconcile_foreign_task", hand=hand, gen=gen, task_id=tid)
+            log.warning(AuditEvent.RECONCILE_FOREIGN_TASK, hand=hand, gen=gen, task_id=tid)
         m.metrics.reconcile_seconds.observe(time.monotonic() - t0)
         log.info(
             "reconcile_done",

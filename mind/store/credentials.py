@@ -19,6 +19,8 @@ from pathlib import Path
 
 from protocol import limits
 from protocol.auth import Credential
+from protocol.errors import MindhandError
+from protocol.io.files import private_file
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -36,7 +38,7 @@ CREATE TABLE IF NOT EXISTS credentials (
 """
 
 
-class StoreError(Exception):
+class StoreError(MindhandError):
     pass
 
 
@@ -51,17 +53,10 @@ class CredentialRow:
     scope: str | None = None
 
 
-def _private_file(path: Path) -> None:
-    if not path.exists():
-        fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
-        os.close(fd)
-    os.chmod(path, 0o600)
-
-
 class Store:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _private_file(path)
+        private_file(path)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
         self._db.execute("PRAGMA journal_mode=WAL")

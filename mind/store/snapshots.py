@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable
 
 import msgpack
 
@@ -161,11 +161,11 @@ class SnapshotStore:
                 return new, "adopted"
             if snap.hand != hand:
                 return snap, "foreign"
-            new = apply_report(snap, info, now)
-            if new is None:
+            updated = apply_report(snap, info, now)
+            if updated is None:
                 return snap, "unchanged"
-            self._put_many([new])
-            return new, "updated"
+            self._put_many([updated])
+            return updated, "updated"
 
     def finish_start(self, task_id: str) -> Snapshot | None:
         """The start run ended without a report: keep the snapshot stale for reconciliation."""

@@ -34,7 +34,7 @@ class BatchedWrites:
             elif self.transport.can_write_eof():
                 try:
                     self.transport.write_eof()
-                except Exception:  # noqa: BLE001 - as websockets: write_eof() documents no exceptions
+                except Exception:  # as websockets: write_eof() documents no exceptions
                     pass
             else:
                 self.transport.close()

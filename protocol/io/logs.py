@@ -1,7 +1,10 @@
 """structlog setup shared by the daemons and the CLI: console on a TTY, JSON lines otherwise.
 
 Bind `hand`, `gen`, `run_id`, `task_id`; never log raw tool arguments, secrets or output (digests,
-sizes and counts only).
+sizes and counts only). A logged exception (`log.exception(...)`, or `exc_info=`) becomes three fields,
+`exc_type`, `exc_message` and `traceback`: frames and messages, never local variables, with a
+pydantic error's input values left out and the daemon's own redaction applied (the Hand removes its
+root and its secret). The events written to the audit file are `protocol.audit.AuditEvent`.
 """
 
 from __future__ import annotations
@@ -10,45 +13,21 @@ import json
 import logging
 import os
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+import pydantic
 import structlog
 
-LogFormat = Literal["auto", "console", "json"]
+from protocol.audit import AUDITED
 
-AUDIT_EVENTS = frozenset(
-    {
-        # admission decisions and terminal states, both sides
-        "run_admitted",
-        "run_terminal",
-        "run_accepted",
-        "run_rejected",
-        "task_queued",
-        "task_rejected",
-        "task_duplicate",
-        "task_terminal",
-        "task_start_ended",
-        "task_cancel_requested",
-        "task_cancel_recorded",
-        "task_cancel_delivered",
-        # who got in, who did not, and who tried to act outside what they may do
-        "handshake_ok",
-        "handshake_failed",
-        "handshake_refused",
-        "credential_changed",
-        "credential_closed",
-        "denied_by_scope",
-        "hand_input_wrong_generation",
-        "hand_input_unknown_run",
-        "task_update_foreign",
-        "reconcile_foreign_task",
-        # what the operator changed while it ran
-        "config_reloaded",
-        "config_reload_failed",
-        "policy_reloaded",
-    }
-)
+LogFormat = Literal["auto", "console", "json"]
+Redact = Callable[[str], str]
+
+EXC_MESSAGE_MAX = 1000
+"""Characters of an exception's message kept in a log line: one error cannot flood the log."""
 
 
 class AuditLog:
@@ -143,14 +122,82 @@ class LevelledLogger(structlog.BoundLoggerBase):
     exception = _exception
 
 
+def exception_fields(exc: BaseException, redact: Redact | None = None) -> dict[str, str]:
+    """`exc_type`, `exc_message` and `traceback` of a logged exception (its causes and contexts
+    included, like Python prints them). Frames show code, never values; a pydantic error is
+    described without its input (a raw argument, or a secret); `redact` applies to the text."""
+    chain: list[BaseException] = []
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        chain.append(e)
+        e = e.__cause__ if e.__cause__ is not None else (None if e.__suppress_context__ else e.__context__)
+    parts = []
+    for i, e in enumerate(reversed(chain)):
+        if i:
+            cause = e.__cause__ is chain[len(chain) - i]
+            parts.append(
+                "\nThe above exception was the direct cause of the following exception:\n\n"
+                if cause
+                else "\nDuring handling of the above exception, another exception occurred:\n\n"
+            )
+        frames = "".join(traceback.format_tb(e.__traceback__))
+        parts.append(f"Traceback (most recent call last):\n{frames}{_exc_type(e)}: {_exc_message(e)}\n")
+    fields = {"exc_type": _exc_type(exc), "exc_message": _exc_message(exc), "traceback": "".join(parts)}
+    if redact is not None:
+        fields = {k: redact(v) for k, v in fields.items()}
+    return fields
+
+
+def _exc_type(exc: BaseException) -> str:
+    t = type(exc)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _exc_message(exc: BaseException) -> str:
+    if isinstance(exc, pydantic.ValidationError):
+        errs = exc.errors(include_input=False, include_url=False, include_context=False)
+        text = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or '(value)'}: {err['msg']}" for err in errs)
+        text = f"{exc.error_count()} validation error(s) for {exc.title}: {text}"
+    else:
+        try:
+            text = str(exc)
+        except Exception:  # a broken __str__ must not lose the log line
+            text = "(unprintable)"
+    return text if len(text) <= EXC_MESSAGE_MAX else text[: EXC_MESSAGE_MAX - 3] + "..."
+
+
+def _exceptions(redact: Redact | None):
+    """`exc_info` (set by `log.exception`, or passed) -> `exception_fields`, on the logging thread
+    while the exception is being handled. Replaces structlog's own formatters: its console one can
+    show local variables, and the JSON line had only `"exc_info": true`."""
+
+    def processor(logger: object, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+        exc_info = event_dict.pop("exc_info", None)
+        if not exc_info:
+            return event_dict
+        if isinstance(exc_info, BaseException):
+            exc: BaseException | None = exc_info
+        elif isinstance(exc_info, tuple):
+            exc = exc_info[1]
+        else:
+            exc = sys.exc_info()[1]
+        if exc is not None:
+            event_dict.update(exception_fields(exc, redact))
+        return event_dict
+
+    return processor
+
+
 def _tee_and_render(audit: AuditLog | None, json_console: bool, console_renderer):
     """The last processor: writes audit events whatever the console level (the bound logger lets
     INFO through for that reason), drops what the console's level filters out, and renders. With a
     JSON console an audited event is encoded once for both."""
 
-    def processor(logger, method, event_dict):
+    def processor(logger: object, method: str, event_dict: dict[str, Any]) -> str:
         line: str | None = None
-        if audit is not None and event_dict.get("event") in AUDIT_EVENTS:
+        if audit is not None and event_dict.get("event") in AUDITED:
             line = _json(event_dict)
             os.write(audit._fd, (line + "\n").encode())  # one write per line: O_APPEND keeps it whole
         level_no = _LEVELS.get(method)
@@ -160,6 +207,8 @@ def _tee_and_render(audit: AuditLog | None, json_console: bool, console_renderer
             raise structlog.DropEvent
         if json_console:
             return line if line is not None else _json(event_dict)
+        if "traceback" in event_dict:  # printed below the line, as Python prints it
+            event_dict["exception"] = event_dict.pop("traceback")
         return console_renderer(logger, method, event_dict)
 
     return processor
@@ -212,9 +261,16 @@ class ReopeningFile:
         return False
 
 
-def configure(fmt: LogFormat = "auto", level: str = "info", stream=None, audit: AuditLog | None = None) -> None:
+def configure(
+    fmt: LogFormat = "auto",
+    level: str = "info",
+    stream=None,
+    audit: AuditLog | None = None,
+    redact: Redact | None = None,
+) -> None:
     """Logs go to stdout by default (systemd/journald collect it), or to `stream` (a `ReopeningFile`
-    for `--log-file`). `level` is `info` or `info,component=debug,...`."""
+    for `--log-file`). `level` is `info` or `info,component=debug,...`. `redact` applies to the text
+    of logged exceptions (the Hand passes one that removes its root and its secret)."""
     stream = stream or sys.stdout
     if fmt == "auto":
         fmt = "console" if stream.isatty() else "json"
@@ -225,6 +281,7 @@ def configure(fmt: LogFormat = "auto", level: str = "info", stream=None, audit: 
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _exceptions(redact),
             _tee_and_render(audit, console is None, console),
         ],
         wrapper_class=LevelledLogger,

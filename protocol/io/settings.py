@@ -15,15 +15,19 @@ never import each other); the daemons' key tables live with each daemon.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
+
+from protocol.audit import AuditEvent
+from protocol.errors import MindhandError
 
 ENV_PREFIX = "MINDHAND_"
 _TOKEN = re.compile(r"mh1:([a-z]+):([^:\s]+):[0-9a-fA-F]+")
 """A credential token anywhere in a value: masked by `show` (a path to a credential file is not)."""
 
 
-class ConfigError(ValueError):
+class ConfigError(MindhandError, ValueError):
     """One line an operator can act on: which key, from where, and what is wrong."""
 
 
@@ -101,7 +105,7 @@ class Settings:
             for k in self.keys
         ]
 
-    def changed(self, other: "Settings") -> list[str]:
+    def changed(self, other: Settings) -> list[str]:
         return [k.name for k in self.keys if self.values[k.name] != other.values[k.name]]
 
 
@@ -378,12 +382,12 @@ class Reloader:
         try:
             new = self.source.load()
         except ConfigError as exc:
-            log.error("config_reload_failed", error=str(exc), file=self.source.path)
+            log.error(AuditEvent.CONFIG_RELOAD_FAILED, error=str(exc), file=self.source.path)
             return {}
         keys = self.source.keys
         now = {k.name: new[k.name] for k in keys if k.reloadable and new[k.name] != self.applied[k.name]}
         restart = [k.name for k in keys if not k.reloadable and new[k.name] != self.started[k.name]]
-        log.info("config_reloaded", file=self.source.path, applied=sorted(now), needs_restart=restart)
+        log.info(AuditEvent.CONFIG_RELOADED, file=self.source.path, applied=sorted(now), needs_restart=restart)
         if restart:
             log.warning("config_needs_restart", keys=restart)
         self.applied.update(now)

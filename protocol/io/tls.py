@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import ssl
 from pathlib import Path
 
+from protocol.errors import MindhandError
 
-class TLSConfigError(ValueError):
+
+class TLSConfigError(MindhandError, ValueError):
     pass
 
 
@@ -36,7 +39,7 @@ def fingerprint(der: bytes) -> str:
     return "sha256:" + hashlib.sha256(der).hexdigest()
 
 
-def client_context(url: str, ca: str | Path | None = None, pin: str | None = None) -> ssl.SSLContext | None:
+def client_context(url: str, ca: str | os.PathLike[str] | None = None, pin: str | None = None) -> ssl.SSLContext | None:
     """The SSL context for connecting to `url` (None for ws://). Raises TLSConfigError."""
     if not url.startswith("wss://"):
         if ca or pin:
@@ -48,7 +51,7 @@ def client_context(url: str, ca: str | Path | None = None, pin: str | None = Non
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     if ca is not None:
         try:
-            ctx.load_verify_locations(cafile=str(ca))
+            ctx.load_verify_locations(cafile=os.fspath(ca))
         except (OSError, ssl.SSLError) as exc:
             raise TLSConfigError(f"cannot load CA file {ca}: {exc}") from None
     elif pin is not None:

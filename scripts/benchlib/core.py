@@ -6,14 +6,14 @@ import json
 import os
 import platform
 import select
-import signal
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -99,7 +99,7 @@ def format_table(rows: list[Row]) -> str:
     widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
     lines = []
     for n, c in enumerate(cells):
-        lines.append("  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip())
+        lines.append("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -265,7 +265,7 @@ class Ctx:
             fn = self._cleanups.pop()
             try:
                 fn()
-            except Exception as exc:  # noqa: BLE001 - keep cleaning up the rest
+            except Exception as exc:  # keep cleaning up the rest
                 print(f"bench: cleanup failed: {exc}", file=sys.stderr)
 
 

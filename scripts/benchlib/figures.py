@@ -16,8 +16,10 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from benchlib.core import PY, Ctx, Row, med, mib, ms, num, pct, ratio, rss_mib, secs, spread, verdict
 from benchlib.relay import RelayClient
@@ -273,9 +275,9 @@ def fig_pipelined(ctx: Ctx) -> list[Row]:
     seconds = 1.0 if ctx.quick else 3.0
     ours_r, ref_r, lat = [], [], []
     for _ in range(ctx.rounds):
-        rate, l = run(pipelined_calls(cl, "bench", seconds), 120)
+        rate, lats = run(pipelined_calls(cl, "bench", seconds), 120)
         ours_r.append(rate)
-        lat += l
+        lat += lats
         ref_r.append(run(relay_pipelined(url, seconds), 120))
     o, r = med(ours_r), med(ref_r)
     ctx.note(
@@ -570,7 +572,10 @@ async def local_cancels(n: int) -> list[float]:
         t0 = time.perf_counter()
         os.killpg(p.pid, signal.SIGTERM)
         await p.wait()
+        deadline = time.monotonic() + 10
         while group_alive(p.pid):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the tree for {tag} outlived SIGTERM to its group")
             await asyncio.sleep(0.0005)
         out.append((time.perf_counter() - t0) * 1000)
     return out
@@ -745,7 +750,7 @@ def fig_hands(ctx: Ctx) -> list[Row]:
             if tot["connected"] != n:
                 raise RuntimeError(f"only {tot['connected']} of {n} simulated hands connected")
 
-            async def check_and_call() -> list[float]:
+            async def check_and_call(cl) -> list[float]:
                 async with await client(cl) as mc:
                     live = sum(1 for h in await mc.hands() if h.connected)
                     if live != n:
@@ -764,7 +769,7 @@ def fig_hands(ctx: Ctx) -> list[Row]:
                             raise RuntimeError(f"call to {name} ended {end.state.value}")
                     return out
 
-            call_r.append(run(check_and_call(), 120))
+            call_r.append(run(check_and_call(cl), 120))
             t_r.append(dt)
             busy += tot["busy"]
             failed += tot["errors"]
@@ -877,9 +882,9 @@ def fig_starts(ctx: Ctx) -> list[Row]:
         cl.wait_connected("tasks")
         rates, lat, outcomes = [], [], {}
         for _ in range(ctx.rounds):
-            rate, l, o = run(task_starts(cl, "tasks", seconds), 180)
+            rate, lats, o = run(task_starts(cl, "tasks", seconds), 180)
             rates.append(rate)
-            lat += l
+            lat += lats
             for k, v in o.items():
                 outcomes[k] = outcomes.get(k, 0) + v
     finally:
@@ -921,9 +926,9 @@ def fig_reconcile(ctx: Ctx) -> list[Row]:
             cl.start_mind()
             cl.add_hand("bench")
             seed(cl.tmp / "state-bench", n)
-            first, b1, q1 = measure(cl, 1, lambda: cl.start_hand("bench"))
+            first, b1, q1 = measure(cl, 1, partial(cl.start_hand, "bench"))
             cl.hands["bench"].stop()
-            second, b2, q2 = measure(cl, 2, lambda: cl.start_hand("bench"))
+            second, b2, q2 = measure(cl, 2, partial(cl.start_hand, "bench"))
             lag = mind_metrics(cl).get("mindhand_event_loop_lag_max_seconds")
             if lag is not None:
                 lag_r.append(lag * 1000)

@@ -184,16 +184,13 @@ class Sim:
                 )
 
 
-async def amain(args: argparse.Namespace) -> None:
+async def amain(args: argparse.Namespace, creds: list[Credential]) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     stdin = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
-    creds = []
-    if not args.raw:
-        creds = [Credential.parse(ln) for ln in Path(args.creds).read_text().splitlines() if ln.strip()]
     n = args.count if args.raw else len(creds)
     sim = Sim(args.url, n, args.concurrency, args.ping_interval or None)
     print(json.dumps({"ready": True}), flush=True)
@@ -231,7 +228,10 @@ def main() -> None:
     ap.add_argument("--ping-interval", type=float, default=10.0, help="keepalive ping of each connection (0: none)")
     ap.add_argument("--deadline", type=float, default=60.0, help="give up waiting for all connections after this")
     args = ap.parse_args()
-    asyncio.run(amain(args))
+    creds = []  # read before the loop starts: nothing else runs yet, and nothing then blocks it
+    if not args.raw:
+        creds = [Credential.parse(ln) for ln in Path(args.creds).read_text().splitlines() if ln.strip()]
+    asyncio.run(amain(args, creds))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ import json
 import time
 from pathlib import Path
 
-from hand.system.taskdb import TaskRow, TaskStore, _COLUMNS, _FIELDS, _to_values
+from hand.core.rows import TaskRow
+from hand.system.taskdb import _COLUMNS, _FIELDS, TaskStore, _to_values
 from mind.client.aio import MindClient, load_credential
 from protocol.states import TaskState
 

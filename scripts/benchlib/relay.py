@@ -115,7 +115,7 @@ class RelayClient:
         self._reader: asyncio.Task | None = None
 
     @classmethod
-    async def connect(cls, url: str) -> "RelayClient":
+    async def connect(cls, url: str) -> RelayClient:
         ws = await connect(url, compression=None, max_size=MAX_SIZE, open_timeout=10)
         await ws.send(b"client")
         assert await ws.recv() == b"ok"

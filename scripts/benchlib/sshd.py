@@ -119,10 +119,11 @@ class OwnSshd:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 break
-            except OSError:
+            except OSError as exc:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise SshUnavailable("our sshd did not start: " + (self.tmp / "sshd.log").read_text()[-300:])
+                    log = (self.tmp / "sshd.log").read_text()[-300:]
+                    raise SshUnavailable("our sshd did not start: " + log) from exc
                 time.sleep(0.05)
         r = subprocess.run(self.argv("true"), capture_output=True, timeout=20, env=self.env)
         if r.returncode != 0:

@@ -60,6 +60,7 @@ async def world(tmp_path):
             assert await asyncio.wait_for(task, 10) == 0
 
 
+@pytest.mark.slow
 async def test_handshake_and_a_run_round_trip(world):
     mind, agent, _, _ = world
     conn = await mind.next_conn()
@@ -71,6 +72,7 @@ async def test_handshake_and_a_run_round_trip(world):
     assert msgs[-1].state is RunState.SUCCEEDED and msgs[-1].stdout.data == b"hi\n"
 
 
+@pytest.mark.slow
 async def test_a_dropped_connection_cancels_its_runs_and_the_hand_reconnects(world):
     mind, agent, _, tmp = world
     conn = await mind.next_conn()
@@ -109,7 +111,7 @@ async def test_refusals_and_a_forged_welcome_never_stop_the_hand(world):
         ("text frame", ErrorCode.MALFORMED_FRAME),
         (Challenge(mind_id="m", handshake_id="h", nonce=b"n" * 32, expires_in_ms=10), ErrorCode.UNEXPECTED_MESSAGE),
         ("wrong-gen", ErrorCode.GEN_MISMATCH),
-        ("repeat-seq", ErrorCode.SEQ_VIOLATION),
+        pytest.param("repeat-seq", ErrorCode.SEQ_VIOLATION, marks=pytest.mark.slow),  # runs `true` first
     ],
 )
 async def test_a_bad_frame_gets_an_error_frame_and_a_close(world, frame, code):
@@ -145,6 +147,7 @@ async def test_an_error_frame_from_the_mind_makes_the_hand_reconnect(world):
     assert (await mind.next_conn()).gen == conn.gen + 1
 
 
+@pytest.mark.slow
 async def test_shutdown_cancels_runs_reports_them_and_exits_zero(world):
     mind, agent, task, tmp = world
     conn = await mind.next_conn()
@@ -184,6 +187,7 @@ async def test_a_mind_that_never_answers_the_hello_times_the_handshake_out(world
     assert err.code is ErrorCode.HANDSHAKE_TIMEOUT
 
 
+@pytest.mark.slow
 async def test_a_task_outlives_a_dropped_connection_and_is_read_back_on_the_next(world):
     mind, agent, _, tmp = world
     conn = await mind.next_conn()
@@ -230,7 +234,7 @@ async def test_a_task_outlives_a_dropped_connection_and_is_read_back_on_the_next
     while True:
         n += 1
         await conn2.send(TaskLogs(task_id="t1", offset=offset), id=f"l{n}")
-        page = (await conn2.until(lambda e: e.id == f"l{n}")).msg
+        page = (await conn2.until(lambda e, want=f"l{n}": e.id == want)).msg
         assert isinstance(page, TaskLogPage)
         got += page.data
         offset = page.next_offset
@@ -242,6 +246,7 @@ async def test_a_task_outlives_a_dropped_connection_and_is_read_back_on_the_next
     assert isinstance(env.msg, Error) and env.msg.code is ErrorCode.UNKNOWN_TASK
 
 
+@pytest.mark.slow
 async def test_shutdown_ends_running_tasks_cancelled_and_says_so_before_closing(world):
     mind, agent, task, tmp = world
     conn = await mind.next_conn()
@@ -265,6 +270,7 @@ async def test_shutdown_ends_running_tasks_cancelled_and_says_so_before_closing(
     assert row.state is TaskState.CANCELLED and row.reason == "shutdown"
 
 
+@pytest.mark.slow
 async def test_pidfd_child_watcher_reaps_without_a_thread_per_child():
     """Python 3.11's default watcher starts a thread per child; the Hand swaps in pidfds."""
     import sys

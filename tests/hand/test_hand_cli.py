@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs the `hand` program
+
 SECRET = "ab" * 32
 
 

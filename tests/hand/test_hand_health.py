@@ -6,10 +6,12 @@ import json
 
 import pytest
 import structlog
+from hand_support import until
 
 from hand.aio import health
-from hand.aio.health import HealthServer, Request, Response, examine, parse_listen, route, shown_url
+from hand.aio.health import HealthServer
 from hand.aio.metrics import HandMetrics
+from hand.core.http import Request, Response, examine, parse_listen, route, shown_url
 
 
 @pytest.mark.parametrize(
@@ -42,8 +44,8 @@ def test_examine(raw, want):
 
 
 def test_route_answers_only_get_of_the_two_paths():
-    h = lambda: {"status": "ok"}  # noqa: E731
-    m = lambda: b"# metrics\n"  # noqa: E731
+    h = lambda: {"status": "ok"}
+    m = lambda: b"# metrics\n"
     assert route(Request("GET", "/healthz"), h, m) == Response(200, b'{"status": "ok"}', "application/json")
     assert route(Request("GET", "/metrics"), h, m).body == b"# metrics\n"
     assert route(Request("GET", "/"), h, m).status == 404
@@ -90,9 +92,7 @@ async def test_shell_times_out_a_silent_peer_and_bounds_connections(tmp_path, mo
     port = int(address.rsplit(":", 1)[1])
     serving = asyncio.create_task(server.serve())
     try:
-        async with asyncio.timeout(10):
-            while not addr_file.exists():  # written once it listens
-                await asyncio.sleep(0.01)
+        await until(addr_file.exists, 10, "the address file (written once it listens)")
         assert addr_file.read_text() == address + "\n" and (addr_file.stat().st_mode & 0o777) == 0o600
         assert (await _ask(port, b"")).startswith(b"HTTP/1.1 408 ")  # connected, said nothing
         monkeypatch.setattr(health, "READ_TIMEOUT_S", 30.0)  # the held ones below must stay held

@@ -43,6 +43,7 @@ async def run_bounded(p: ProcessRun, timeout: float = 15.0):
         return await p.run()
 
 
+@pytest.mark.slow
 async def test_exit_codes_and_separate_streams():
     out = await run_bounded(sh("echo out; echo err >&2; exit 0"))
     assert (out.exit_code, out.signal, out.killed, out.stage) == (0, None, False, None)
@@ -51,11 +52,13 @@ async def test_exit_codes_and_separate_streams():
     assert out.exit_code == 3 and out.stdout.data == b"x" and out.stdout.total == 1
 
 
+@pytest.mark.slow
 async def test_killed_by_a_signal_we_did_not_send():
     out = await run_bounded(sh("kill -9 $$"))
     assert out.exit_code is None and out.signal == signal.SIGKILL and not out.killed
 
 
+@pytest.mark.slow
 async def test_stdin_bytes_and_dev_null_by_default():
     out = await run_bounded(ProcessRun(["cat"], stdin=b"hello\x00world"))
     assert out.stdout.data == b"hello\x00world"
@@ -63,6 +66,7 @@ async def test_stdin_bytes_and_dev_null_by_default():
     assert out.exit_code == 0 and out.stdout.data == b""
 
 
+@pytest.mark.slow
 async def test_large_output_keeps_a_bounded_tail_and_right_totals():
     seen = {"stdout": 0, "stderr": 0}
     script = "head -c 5000000 /dev/zero | tr '\\0' a; printf END; head -c 70000 /dev/zero >&2"
@@ -85,6 +89,7 @@ def test_tail_keeps_the_last_bytes():
     assert t2.data == b"abc" and not t2.truncated
 
 
+@pytest.mark.slow
 async def test_cancel_terminates_a_normal_tree_at_the_term_stage(tmp_path, pidfds):
     pidfile = tmp_path / "child.pid"
     p = sh(f"sleep 100 & echo $! > {pidfile}; wait", grace=5)
@@ -96,6 +101,7 @@ async def test_cancel_terminates_a_normal_tree_at_the_term_stage(tmp_path, pidfd
     assert not pid_alive(child)
 
 
+@pytest.mark.slow
 async def test_cancel_kills_a_grandchild_that_ignores_sigterm(tmp_path, pidfds):
     pidfile = tmp_path / "grandchild.pid"
     # The grandchild ignores SIGTERM and execs sleep (which inherits the ignored disposition).
@@ -117,6 +123,7 @@ async def test_kill_before_start_starts_nothing():
     assert out.killed and out.exit_code is None and out.stdout.total == 0 and p.pid is None
 
 
+@pytest.mark.slow
 async def test_background_child_holding_stdout_does_not_hang_the_run(tmp_path):
     pidfile = tmp_path / "bg.pid"
     p = sh(f"sleep 100 & echo $! > {pidfile}; echo done", drain=0.2)
@@ -126,6 +133,7 @@ async def test_background_child_holding_stdout_does_not_hang_the_run(tmp_path):
     assert not pid_alive(read_pid(pidfile))
 
 
+@pytest.mark.slow
 async def test_straggler_not_holding_pipes_is_killed_too(tmp_path):
     pidfile = tmp_path / "bg.pid"
     p = sh(f"(trap '' TERM; exec sleep 100) >/dev/null 2>&1 & echo $! > {pidfile}", straggler_grace=0.2)
@@ -134,6 +142,7 @@ async def test_straggler_not_holding_pipes_is_killed_too(tmp_path):
     assert not pid_alive(read_pid(pidfile))
 
 
+@pytest.mark.slow
 async def test_a_kill_after_the_process_exited_on_its_own_reports_the_real_exit(tmp_path):
     pidfile = tmp_path / "bg.pid"
     # The leftover ignores SIGTERM and holds stdout, so the run is still draining after the exit.
@@ -147,6 +156,7 @@ async def test_a_kill_after_the_process_exited_on_its_own_reports_the_real_exit(
     assert not pid_alive(read_pid(pidfile))
 
 
+@pytest.mark.slow
 async def test_cancelling_the_runner_task_kills_the_tree(tmp_path):
     pidfile = tmp_path / "child.pid"
     p = sh(f"sleep 100 & echo $! > {pidfile}; wait")
@@ -160,6 +170,7 @@ async def test_cancelling_the_runner_task_kills_the_tree(tmp_path):
     await until(lambda: not pid_alive(child), timeout=5, what="the child to die")
 
 
+@pytest.mark.slow
 async def test_a_member_outliving_the_main_process_is_waited_for_within_the_grace(tmp_path, pidfds):
     # The main shell dies at SIGTERM; the grandchild traps it, and its handler forks a new member
     # (`sleep 0.3`, never signalled) before exiting: the tree ends on its own, so stage TERM.
@@ -174,6 +185,7 @@ async def test_a_member_outliving_the_main_process_is_waited_for_within_the_grac
     assert not pid_alive(grandchild) and not group_alive(p.pid)
 
 
+@pytest.mark.slow
 async def test_a_member_forked_after_sigterm_is_found_and_killed(tmp_path, pidfds):
     # The grandchild's SIGTERM handler starts `sleep 100` (which never got SIGTERM) and exits: the
     # group is not empty although every process seen at the signal is gone. Only SIGKILL ends it.
@@ -192,6 +204,7 @@ async def test_a_member_forked_after_sigterm_is_found_and_killed(tmp_path, pidfd
     assert not group_alive(p.pid)
 
 
+@pytest.mark.slow
 async def test_kill_sends_sigterm_before_returning(tmp_path):
     # The child blocks SIGTERM, so a SIGTERM sent stays pending where /proc shows it: it must be
     # there as soon as kill() returns, before the event loop runs anything (no await in between).
@@ -208,6 +221,7 @@ async def test_kill_sends_sigterm_before_returning(tmp_path):
     assert out.killed and out.stage is KillStage.KILL and out.signal == signal.SIGKILL
 
 
+@pytest.mark.slow
 async def test_a_detached_grandchild_holding_stdout_does_not_hang_a_cancelled_run(tmp_path, pidfds):
     # `setsid` takes the grandchild out of the group (nothing but cgroups could follow it): the kill
     # cannot reach it and it keeps stdout open; the run still ends after the drain period.
@@ -223,6 +237,7 @@ async def test_a_detached_grandchild_holding_stdout_does_not_hang_a_cancelled_ru
         process._signal_group(escapee, signal.SIGKILL)
 
 
+@pytest.mark.slow
 async def test_group_liveness_counts_zombies_as_gone():
     child = subprocess.Popen(["sleep", "100"], start_new_session=True)
     try:
@@ -236,6 +251,7 @@ async def test_group_liveness_counts_zombies_as_gone():
     assert await live_members(child.pid) == [] and not group_alive(child.pid)  # no member at all
 
 
+@pytest.mark.slow
 def test_a_scan_relists_proc_until_nothing_new_shows_up():
     # The race: /proc is listed while a member forks and exits, so the listing holds the creator
     # (gone by the time its stat is read) and not the child. Here: a listing of one process that
@@ -248,6 +264,7 @@ def test_a_scan_relists_proc_until_nothing_new_shows_up():
         child.wait()
 
 
+@pytest.mark.slow
 async def test_a_scan_rereads_only_new_processes_and_the_groups_session(tmp_path):
     pidfile = tmp_path / "child.pid"
     leader = subprocess.Popen(["sh", "-c", f"sleep 100 & echo $! > {pidfile}; wait"], start_new_session=True)
@@ -268,6 +285,7 @@ async def test_a_scan_rereads_only_new_processes_and_the_groups_session(tmp_path
         leader.wait()
 
 
+@pytest.mark.slow
 async def test_a_long_grace_does_not_poll_hot(tmp_path, monkeypatch):
     # While a SIGTERM-ignoring member is watched by a pidfd, the group is rescanned only as a
     # backstop: a handful of scans in a second of grace, where a busy loop would make thousands.

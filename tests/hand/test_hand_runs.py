@@ -13,12 +13,12 @@ import pytest
 import structlog
 from hand_support import pid_alive, read_pid, until
 
-from hand.system import tools as hand_tools
-from hand.core.policy import Policy
 from hand.aio.runs import RunTable
-from protocol.digest import args_digest
+from hand.core.policy import Policy
+from hand.system import tools as hand_tools
 from protocol import limits
 from protocol.codes import CancelReason, CancelStatus, KillStage, RejectCode
+from protocol.digest import args_digest
 from protocol.envelope import Channel
 from protocol.messages import Accepted, Cancel, CancelResult, Progress, Rejected, Result, Rpc, Started
 from protocol.states import RunState
@@ -76,6 +76,7 @@ async def hand(tmp_path):
     await h.close()
 
 
+@pytest.mark.slow
 async def test_accepted_started_progress_result_in_order(hand):
     rid = hand.rpc("shell", {"command": "echo hello; echo oops >&2"})
     assert [type(m) for m in hand.of(rid)] == [Accepted]  # accepted synchronously
@@ -91,6 +92,7 @@ async def test_accepted_started_progress_result_in_order(hand):
     assert result.progress_dropped == 0 and not result.truncated
 
 
+@pytest.mark.slow
 async def test_failed_exit_and_exec_with_env_stdin_cwd(hand):
     (hand.root / "sub").mkdir()
     rid = hand.rpc(
@@ -102,6 +104,7 @@ async def test_failed_exit_and_exec_with_env_stdin_cwd(hand):
     assert result.stdout.data == f"{os.path.realpath(hand.root)}/sub\nbar\nin".encode()
 
 
+@pytest.mark.slow
 async def test_a_program_that_cannot_start_fails_cleanly(hand):
     rid = hand.rpc("exec", {"argv": ["/nonexistent/program-xyz"]})
     result = await hand.wait(rid)
@@ -109,6 +112,7 @@ async def test_a_program_that_cannot_start_fails_cleanly(hand):
     assert [type(m) for m in hand.of(rid)] == [Accepted, Started, Result]
 
 
+@pytest.mark.slow
 async def test_duplicate_run_id_is_rejected_and_the_first_runs_once(hand):
     rid = hand.rpc("shell", {"command": "echo once"})
     hand.rpc("shell", {"command": "echo twice"}, run_id=rid)
@@ -174,6 +178,7 @@ async def test_path_escapes_are_rejected(hand, tmp_path):
     assert not (tmp_path / "new.txt").exists() and not hand.tasks
 
 
+@pytest.mark.slow
 async def test_progress_past_the_caps_is_dropped_and_the_run_goes_on(hand):
     rid = hand.rpc("shell", {"command": "head -c 5000000 /dev/zero; echo tail-end"})
     result = await hand.wait(rid)
@@ -190,6 +195,7 @@ async def test_progress_past_the_caps_is_dropped_and_the_run_goes_on(hand):
     assert hand.sent.index(result) == len(hand.sent) - 1  # nothing after the result
 
 
+@pytest.mark.slow
 async def test_cancel_requested_then_cancelled_then_already_done(hand, tmp_path):
     pidfile = tmp_path / "child.pid"
     rid = hand.rpc("shell", {"command": f"sleep 100 & echo $! > {pidfile}; wait"})
@@ -219,6 +225,7 @@ async def test_a_cancel_right_behind_the_rpc_finds_the_run_and_nothing_starts(ha
     assert not marker.exists()
 
 
+@pytest.mark.slow
 async def test_deadline_on_the_hands_clock_kills_the_tree(hand, tmp_path):
     pidfile = tmp_path / "child.pid"
     rid = hand.rpc("shell", {"command": f"sleep 100 & echo $! > {pidfile}; wait"}, timeout_ms=300)
@@ -228,6 +235,7 @@ async def test_deadline_on_the_hands_clock_kills_the_tree(hand, tmp_path):
     assert not pid_alive(read_pid(pidfile))
 
 
+@pytest.mark.slow
 async def test_sigterm_ignoring_tree_ends_at_the_kill_stage(hand, tmp_path):
     pidfile = tmp_path / "gc.pid"
     rid = hand.rpc("shell", {"command": f"sh -c 'trap \"\" TERM; echo $$ > {pidfile}; exec sleep 100' & wait"})
@@ -238,6 +246,7 @@ async def test_sigterm_ignoring_tree_ends_at_the_kill_stage(hand, tmp_path):
     assert not pid_alive(grandchild)
 
 
+@pytest.mark.slow
 async def test_on_cancel_signals_the_tree_before_it_returns(hand, tmp_path):
     # The command blocks SIGTERM, so the signal stays pending where /proc shows it: on_cancel has
     # sent it by the time it returns (no loop turn, frame or log line first), and the tree still
@@ -258,6 +267,7 @@ async def test_on_cancel_signals_the_tree_before_it_returns(hand, tmp_path):
     assert not pid_alive(pid)
 
 
+@pytest.mark.slow
 async def test_cancel_all_for_a_lost_connection(hand, tmp_path):
     pids = [tmp_path / f"p{i}" for i in range(3)]
     rids = [hand.rpc("shell", {"command": f"sleep 100 & echo $! > {p}; wait"}) for p in pids]
@@ -355,6 +365,7 @@ async def test_an_exception_in_one_run_fails_that_run_only(hand, monkeypatch):
     assert r.state is RunState.SUCCEEDED
 
 
+@pytest.mark.slow
 async def test_logs_carry_an_args_digest_never_the_args(hand):
     args = {"command": "echo top-secret-token"}
     with structlog.testing.capture_logs() as logs:

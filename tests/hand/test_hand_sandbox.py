@@ -23,7 +23,9 @@ from test_hand_runs import Hand
 from test_hand_tasks import Hand as TaskHand
 
 from hand import cli
-from hand.system.cputime import CpuMeter, kernel_cpu_kill, parse_stat, read_tree_seconds, tree_ticks
+from hand.core.cpu import kernel_cpu_kill
+from hand.core.tasks import TaskLimits
+from hand.system.cputime import CpuMeter, parse_stat, read_tree_seconds, tree_ticks
 from hand.system.sandbox import (
     DEFAULT_ALLOW,
     OverCap,
@@ -35,7 +37,6 @@ from hand.system.sandbox import (
     parse_env_allow,
     rlimit_plan,
 )
-from hand.aio.tasks import TaskLimits
 from protocol.codes import KillStage, RejectCode
 from protocol.messages import Rejected
 from protocol.states import TASK_TERMINAL, RunState, TaskState
@@ -130,6 +131,7 @@ def test_child_env_allowlist_secrets_run_as_and_per_run_env():
 # --- environment: real children ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_child_sees_only_the_allowlist_plus_its_env(boxed, monkeypatch):
     monkeypatch.setenv("SECRET_TOKEN", "hunter2")
     monkeypatch.setenv("MINDHAND_CREDENTIAL", "/somewhere/hand.cred")
@@ -155,6 +157,7 @@ async def test_a_child_sees_only_the_allowlist_plus_its_env(boxed, monkeypatch):
     assert env["SECRET_TOKEN"] == "hunter2" and not any(k.startswith("MINDHAND_") for k in env)
 
 
+@pytest.mark.slow
 async def test_background_tasks_get_the_scrubbed_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("SECRET_TOKEN", "hunter2")
     monkeypatch.setenv("MINDHAND_HOME", "/somewhere")
@@ -236,6 +239,7 @@ def test_hand_run_flags_build_the_sandbox(tmp_path, monkeypatch):
         _config(tmp_path, "--run-as", "root")
 
 
+@pytest.mark.slow
 def test_hand_run_with_bad_sandbox_flags_exits_2(tmp_path):
     args = _args(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINDHAND_")}
@@ -267,6 +271,7 @@ def test_hand_run_with_bad_sandbox_flags_exits_2(tmp_path):
         assert r.returncode == 2 and r.stderr.startswith("hand: ") and words in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 async def test_env_and_cpu_budget_through_a_real_hand_and_mind(tmp_path):
     """`hand run --env-allow ... --max-cpu-seconds ...` between a real Mind and its CLI."""
     from support.cluster import Cluster
@@ -340,6 +345,7 @@ def test_kernel_cpu_kill_is_only_the_kernels_own_limit():
 # --- resource limits: real processes -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_cpu_budget_ends_the_run_budget_exhausted_and_kills_the_tree(boxed, tmp_path):
     hand = boxed()
     pidfile = tmp_path / "pid"
@@ -353,6 +359,7 @@ async def test_cpu_budget_ends_the_run_budget_exhausted_and_kills_the_tree(boxed
     assert pid is not None and not pid_alive(pid)
 
 
+@pytest.mark.slow
 async def test_cpu_budget_counts_the_whole_tree(boxed, tmp_path):
     hand = boxed()
     pids = [tmp_path / "p1", tmp_path / "p2"]
@@ -367,6 +374,7 @@ async def test_cpu_budget_counts_the_whole_tree(boxed, tmp_path):
         assert pid is not None and not pid_alive(pid)
 
 
+@pytest.mark.slow
 async def test_the_kernels_cpu_limit_is_a_backstop_that_also_means_budget_exhausted(boxed, monkeypatch):
     async def blind(*_args, **_kwargs):  # a Hand too starved to poll: only RLIMIT_CPU is left
         await asyncio.Event().wait()
@@ -378,12 +386,14 @@ async def test_the_kernels_cpu_limit_is_a_backstop_that_also_means_budget_exhaus
     assert r.reason.startswith("cpu budget of 1 s exhausted") and "kernel" in r.reason
 
 
+@pytest.mark.slow
 async def test_a_fast_command_under_a_cpu_budget_succeeds(boxed):
     hand = boxed()
     r = await hand.wait(hand.rpc("exec", {"argv": ["echo", "quick"], "limits": {"cpu_seconds": 5}}))
     assert r.state is RunState.SUCCEEDED and r.stdout.data == b"quick\n"
 
 
+@pytest.mark.slow
 async def test_open_files_limit_makes_opening_64_files_fail(boxed):
     hand = boxed()
     code = "fs = [open('/dev/null') for _ in range(64)]; print('opened', len(fs))"
@@ -393,6 +403,7 @@ async def test_open_files_limit_makes_opening_64_files_fail(boxed):
     assert r.state is RunState.SUCCEEDED and r.stdout.data == b"opened 64\n"
 
 
+@pytest.mark.slow
 async def test_address_space_limit_makes_a_big_allocation_fail(boxed):
     hand = boxed()
     r = await hand.wait(
@@ -428,12 +439,14 @@ async def test_limits_over_a_cap_or_malformed_are_rejected_before_anything_runs(
     assert not marker.exists()
 
 
+@pytest.mark.slow
 async def test_a_cap_applies_to_a_run_that_asks_for_nothing(boxed, tmp_path):
     hand = boxed(Sandbox(caps=ResourceLimits(cpu_seconds=1)))
     r = await hand.wait(hand.rpc("shell", {"command": BURN}), timeout=20)
     assert r.state is RunState.BUDGET_EXHAUSTED and r.reason == "cpu budget of 1 s exhausted"
 
 
+@pytest.mark.slow
 async def test_a_background_task_over_its_cpu_budget_fails_and_its_tree_is_gone(tmp_path):
     h = TaskHand(tmp_path, limits=TaskLimits())
     await h.m.open()
@@ -464,6 +477,7 @@ def throwaway_user():
         subprocess.run(["userdel", name], capture_output=True, timeout=30)
 
 
+@pytest.mark.slow
 async def test_run_as_runs_children_as_that_user(boxed, throwaway_user, tmp_path):
     who = throwaway_user
     hand = boxed(Sandbox(run_as=who))

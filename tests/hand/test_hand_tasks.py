@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from hand_support import pid_alive, read_pid, stop_manager, until
 
+from hand.aio.tasks import TaskManager
 from hand.core.policy import Policy
+from hand.core.tasks import TaskLimits
 from hand.system.process import start_time
-from hand.aio.tasks import TaskLimits, TaskManager
 from hand.system.taskdb import read_rows
 from protocol.codes import CancelReason, ErrorCode, KillStage, RejectCode, TaskCancelStatus
 from protocol.envelope import Channel, decode
@@ -174,6 +175,7 @@ def started(msgs: list) -> TaskStartValue:
     return TaskStartValue.model_validate(msgs[1].value)
 
 
+@pytest.mark.slow
 async def test_start_commits_before_accepted_then_runs_to_success(make, tmp_path):
     h = await make()
     seen_at_accept = []
@@ -204,6 +206,7 @@ async def test_start_commits_before_accepted_then_runs_to_success(make, tmp_path
             assert b"echo hello" not in (h.state / name).read_bytes()
 
 
+@pytest.mark.slow
 async def test_logs_read_back_byte_exact_by_pages_while_and_after_running(make):
     h = await make()
     started(await h.start("big", "head -c 3000000 /dev/urandom | base64 | tee out.txt"))
@@ -220,6 +223,7 @@ async def test_logs_read_back_byte_exact_by_pages_while_and_after_running(make):
     assert isinstance(err, Error) and err.code is ErrorCode.UNKNOWN_TASK
 
 
+@pytest.mark.slow
 async def test_a_bounded_log_keeps_the_head_and_says_truncated(make):
     h = await make(limits=TaskLimits(log_max=1000))
     started(await h.start("t", "seq 1 100000"))
@@ -230,6 +234,7 @@ async def test_a_bounded_log_keeps_the_head_and_says_truncated(make):
     assert (h.state / "logs" / "t.log").stat().st_size == 1000
 
 
+@pytest.mark.slow
 async def test_a_duplicate_start_returns_the_task_and_runs_nothing(make):
     h = await make()
     cmd = "echo ran >> side.txt; echo done"
@@ -246,6 +251,7 @@ async def test_a_duplicate_start_returns_the_task_and_runs_nothing(make):
     assert len(h.rows()) == 1 and h.rows()["t"].version == 3
 
 
+@pytest.mark.slow
 async def test_over_quota_is_refused_and_nothing_is_stored_until_retention_frees_room(make):
     now = [time.time()]
     h = await make(limits=TaskLimits(max_retained=2, retention_s=3600), clock=lambda: now[0])
@@ -263,6 +269,7 @@ async def test_over_quota_is_refused_and_nothing_is_stored_until_retention_frees
     await h.until_state("c", TaskState.SUCCEEDED)
 
 
+@pytest.mark.slow
 async def test_max_running_makes_the_next_task_wait_queued(make):
     h = await make(limits=TaskLimits(max_running=1))
     gate = h.root / "gate"
@@ -276,6 +283,7 @@ async def test_max_running_makes_the_next_task_wait_queued(make):
     assert second.started_at >= first.finished_at and await h.read_log("second") == b"second\n"
 
 
+@pytest.mark.slow
 async def test_max_runtime_times_out_and_kills_the_tree(make, tmp_path):
     h = await make()
     pidfile = tmp_path / "child.pid"
@@ -286,6 +294,7 @@ async def test_max_runtime_times_out_and_kills_the_tree(make, tmp_path):
     assert not pid_alive(child)
 
 
+@pytest.mark.slow
 async def test_the_start_runs_timeout_does_not_limit_the_task(make):
     h = await make()
     started(await h.start("t", "sleep 0.4; echo finished", timeout_ms=50, max_runtime_ms=30_000))
@@ -293,6 +302,7 @@ async def test_the_start_runs_timeout_does_not_limit_the_task(make):
     assert info.state is TaskState.SUCCEEDED and await h.read_log("t") == b"finished\n"
 
 
+@pytest.mark.slow
 async def test_cancel_queued_running_terminal_and_unknown(make, tmp_path):
     h = await make(limits=TaskLimits(max_running=1))
     pidfile = tmp_path / "stubborn.pid"
@@ -334,6 +344,7 @@ async def test_rejections_store_nothing(make):
     assert h.rows() == {}
 
 
+@pytest.mark.slow
 async def test_a_program_that_cannot_start_fails_through_running(make):
     h = await make()
     started(await h.start("t", tool="exec", args={"argv": ["/nonexistent/program-xyz"]}))
@@ -342,6 +353,7 @@ async def test_a_program_that_cannot_start_fails_through_running(make):
     assert [u.state for u in h.updates] == [TaskState.RUNNING, TaskState.FAILED]
 
 
+@pytest.mark.slow
 async def test_failed_exit_and_inventory_pages(make):
     h = await make()
     for i in range(5):
@@ -360,6 +372,7 @@ async def test_failed_exit_and_inventory_pages(make):
     assert ids == [f"t{i}" for i in range(5)]
 
 
+@pytest.mark.slow
 async def test_shutdown_cancels_running_and_queued_tasks(make, tmp_path):
     h = await make(limits=TaskLimits(max_running=1))
     pidfile = tmp_path / "child.pid"

@@ -24,14 +24,10 @@ from pathlib import Path
 import pytest
 from hand_support import stop_manager
 
-from hand.aio.tasks import (
-    Admission,
-    StartRequest,
-    TaskLimits,
-    TaskManager,
-    admit_batch,
-)
-from hand.system.taskdb import DB_NAME, Change, Insert, TaskRow, TaskStore
+from hand.aio.tasks import TaskManager
+from hand.core.rows import Change, Insert, TaskRow
+from hand.core.tasks import Admission, StartRequest, TaskLimits, admit_batch
+from hand.system.taskdb import DB_NAME, TaskStore
 from protocol.codes import RejectCode
 from protocol.envelope import Channel, decode
 from protocol.messages import (
@@ -40,10 +36,10 @@ from protocol.messages import (
     Rejected,
     Result,
     Rpc,
+    TaskInfo,
     TaskInventory,
     TaskStartValue,
     TaskStatus,
-    TaskInfo,
 )
 from protocol.states import TaskState
 

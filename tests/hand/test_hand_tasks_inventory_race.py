@@ -17,6 +17,8 @@ import pytest
 from hand.aio.tasks import TaskManager
 from protocol.messages import Background, Rpc, TaskInventory
 
+pytestmark = pytest.mark.slow  # the admitted task may start as a real process before the shutdown ends it
+
 
 async def test_a_start_still_in_admission_is_in_the_next_inventory(tmp_path):
     jobs: list[asyncio.Task] = []

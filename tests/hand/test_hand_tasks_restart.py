@@ -18,8 +18,10 @@ from hand_support import pid_alive, read_pid, until
 from scripted_mind import ScriptedMind
 from websockets.asyncio.server import serve
 
-from hand.aio.tasks import LOST_REASON, TaskManager
-from hand.system.taskdb import TaskRow, TaskStore, read_rows
+from hand.aio.tasks import TaskManager
+from hand.core.rows import TaskRow
+from hand.core.tasks import LOST_REASON
+from hand.system.taskdb import TaskStore, read_rows
 from protocol import limits
 from protocol.auth import Credential
 from protocol.messages import Background, Result, Rpc, TaskLogs, TaskUpdate
@@ -55,6 +57,7 @@ class Restarted:
         await asyncio.gather(*self.jobs, return_exceptions=True)
 
 
+@pytest.mark.slow
 async def test_a_crashed_hand_leaves_lost_tasks_and_no_orphans(tmp_path):
     cred = Credential(role="hand", label="h1", secret=os.urandom(limits.SECRET_BYTES))
     cred_file = tmp_path / "hand.cred"
@@ -162,6 +165,7 @@ async def test_a_crashed_hand_leaves_lost_tasks_and_no_orphans(tmp_path):
     assert json.loads(hand_tasks("--state-dir", str(state), "--state", "running", "--json").stdout) == []
 
 
+@pytest.mark.slow
 async def test_restart_without_leftovers_marks_rows_lost_and_kills_nothing_else(tmp_path):
     root, state = tmp_path / "root", tmp_path / "state"
     root.mkdir()
@@ -190,6 +194,7 @@ async def test_restart_without_leftovers_marks_rows_lost_and_kills_nothing_else(
         bystander.wait()
 
 
+@pytest.mark.slow
 def test_hand_tasks_without_a_database_or_a_state_dir(tmp_path):
     r = hand_tasks("--state-dir", str(tmp_path))
     assert r.returncode == 0 and r.stdout.strip() == "no tasks"
@@ -199,6 +204,7 @@ def test_hand_tasks_without_a_database_or_a_state_dir(tmp_path):
     assert r.returncode == 2 and "does not exist" in r.stderr and r.stdout == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flag, value, expected",
     [

@@ -7,11 +7,11 @@ import stat
 
 import pytest
 
-from hand.system.process import ProcessOutcome, Tail
-from hand.aio.tasks import (
+from hand.aio.tasks import LogSink
+from hand.core.rows import TaskRow, to_info
+from hand.core.tasks import (
     Admission,
     CancelAction,
-    LogSink,
     admit,
     at_eof,
     cancel_action,
@@ -21,7 +21,8 @@ from hand.aio.tasks import (
     page_length,
     purge_cutoff,
 )
-from hand.system.taskdb import TaskRow, TaskStore, to_info
+from hand.system.process import ProcessOutcome, Tail
+from hand.system.taskdb import TaskStore
 from protocol.codes import CancelReason, KillStage
 from protocol.states import IllegalTransition, TaskState
 

@@ -2,13 +2,12 @@
 fault proxy on the Hand's network path."""
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
-
 from support.cluster import pid_alive, running, wait_until
+
+pytestmark = pytest.mark.slow  # a real Mind and Hand (support/cluster.py), some behind the fault proxy
 
 WAIT_GATE = "while [ ! -e {gate} ]; do sleep 0.05; done"
 

@@ -8,6 +8,10 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # runs scripts/bench
+
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ["latency", "pipelined", "exec", "cli", "cancel", "lost", "hands", "starts", "reconcile", "memory"]
 

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support.cluster import running
+
+pytestmark = pytest.mark.slow  # a real Mind and Hand, and `mind exec` in its own interpreter
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,9 +91,9 @@ def test_a_mind_that_vanishes_mid_run_leaves_the_outcome_unknown(tmp_path):
 def test_a_frozen_mind_is_noticed_by_the_keepalive(tmp_path, monkeypatch, capsys):
     """In-process, with the keepalive shortened: the Mind freezes right after the run is sent (its
     TCP connection stays open, nothing answers); the ping timeout ends the wait with 255."""
+    from mind.cli import exec as exec_cli
     from mind.cli import main as cli
     from mind.cli.connection import connection_params
-    from mind.cli import exec as exec_cli
     from mind.client import blocking as link
     from mind.client.credentials import load_credential
 

@@ -14,8 +14,9 @@ import subprocess
 import time
 
 import pytest
-
 from support.cluster import BIN, running, wait_until
+
+pytestmark = pytest.mark.slow  # a real Mind and Hand, and the CLI on a terminal
 
 STATUS_BYTES = (b"\x1b[K", b"\r", b"waiting")
 

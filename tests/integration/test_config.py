@@ -8,7 +8,10 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
 from support.cluster import BIN, Cluster, Proc, wait_until
+
+pytestmark = pytest.mark.slow  # the daemons started from TOML files, and their CLIs
 
 SECRET_HEX = "cd" * 32
 

@@ -7,9 +7,11 @@ import random
 import sqlite3
 
 import pytest
+from support.cluster import running, wait_until
 
 from mind.client.aio import ClientError, MindClient, load_credential
-from support.cluster import running, wait_until
+
+pytestmark = pytest.mark.slow  # a real Mind and Hand, killed with -9
 
 BURST = 40
 
@@ -77,7 +79,7 @@ async def test_kill_9_during_a_burst_of_task_starts(tmp_path, victim):
             # after reconciliation the Mind holds every task the Hand has, and nothing ran twice
             await asyncio.to_thread(
                 wait_until,
-                lambda: set(rows) <= set(task_ids(cl.home / "mind.db", "task_snapshots")),
+                lambda stored=set(rows): stored <= set(task_ids(cl.home / "mind.db", "task_snapshots")),
                 30,
                 "reconciliation to adopt every stored task",
             )

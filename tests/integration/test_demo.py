@@ -4,6 +4,10 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # runs scripts/demo
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -6,8 +6,9 @@ import signal
 import time
 
 import pytest
-
 from support.cluster import pid_alive, running, wait_until
+
+pytestmark = pytest.mark.slow  # a real Mind and Hand (support/cluster.py)
 
 
 @pytest.fixture

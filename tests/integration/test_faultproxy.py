@@ -5,8 +5,9 @@ import asyncio
 import time
 
 import pytest
-
 from support.faultproxy import FaultProxy
+
+pytestmark = pytest.mark.slow  # the fault proxy runs as its own process
 
 
 @pytest.fixture

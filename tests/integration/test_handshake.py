@@ -15,6 +15,8 @@ from protocol.codes import ErrorCode
 from protocol.envelope import Channel, decode
 from protocol.messages import Error, Exec, HandClaims, ListHands
 
+pytestmark = pytest.mark.slow  # a real Mind (the `cluster` fixture)
+
 CLAIMS = HandClaims(hostname="test", platform="linux", machine="x", python="3.11", version="0")
 
 

@@ -3,9 +3,11 @@
 import json
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
 from support.cluster import running
+
+pytestmark = pytest.mark.slow  # a real Mind and Hand (support/cluster.py)
 
 
 def get(url: str) -> tuple[int, str, str]:

@@ -16,9 +16,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
 from support.cluster import BIN, pid_alive, running, wait_until
+
+pytestmark = pytest.mark.slow  # a real Mind and Hand, signalled and scraped
 
 METRICS = ("--metrics-listen", "127.0.0.1:0")
 SIGTERM_EXIT = 128 + signal.SIGTERM
@@ -345,7 +347,7 @@ def test_every_json_listing_parses_with_the_expected_shape_and_order(tmp_path):
         assert cl.cli("client", "add", "ci", "--hands", "box", "--tools", "exec").returncode == 0
         for tid in ("t1", "t2"):  # a task's start is a run too (it succeeds once the row is committed)
             assert cl.cli("task", "start", "--hand", "box", "--id", tid, "--", "true").returncode == 0
-            wait_until(lambda: cl.task(tid)["state"] == "succeeded", 20, f"task {tid} to succeed")
+            wait_until(lambda tid=tid: cl.task(tid)["state"] == "succeeded", 20, f"task {tid} to succeed")
         run_ids = ["t1", "t2"]
         for argv in (["--", "true"], ["--", "sh", "-c", "exit 3"], ["--", "echo", "hi"]):
             r = cl.cli("exec", "--hand", "box", "--json", *argv)

@@ -5,6 +5,8 @@ import asyncio
 import os
 
 import pytest
+from support.cluster import pid_alive, running, wait_until
+from websockets.asyncio.client import connect
 
 from mind.client.aio import MindClient, load_credential
 from protocol.auth import ClientHandshake
@@ -12,8 +14,8 @@ from protocol.codes import CancelStatus
 from protocol.envelope import Channel
 from protocol.messages import Accepted, HandClaims, Result, Rpc
 from protocol.states import RunState
-from support.cluster import pid_alive, running, wait_until
-from websockets.asyncio.client import connect
+
+pytestmark = pytest.mark.slow  # a real Mind and Hand, some behind the fault proxy
 
 GATE = "while [ ! -e {0} ]; do sleep 0.02; done"
 SLOW_PINGS = ("--ping-interval", "30")  # keepalive must not decide these races
@@ -169,7 +171,7 @@ async def test_waiting_client_disconnect_cancels_the_run(tmp_path):
         await until(lambda: not pid_alive(pid), 15, "the run to be killed after its client left")
         async with await client(cl) as mc2:
             async with asyncio.timeout(15):  # the tree is gone; its result is on its way
-                while (info := await mc2.get_run(run_id)).state is RunState.CANCEL_REQUESTED:
+                while (info := await mc2.get_run(run_id)).state is RunState.CANCEL_REQUESTED:  # noqa: ASYNC110 - polls the Mind
                     await asyncio.sleep(0.05)
             assert info.state is RunState.CANCELLED and info.end.reason == "client_disconnected"
 

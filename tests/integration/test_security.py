@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support.cluster import BIN, Cluster, running, wait_until
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -15,8 +16,8 @@ from mind.client.aio import ClientError, MindClient, load_credential
 from protocol.auth import ClientHandshake, Credential
 from protocol.codes import ErrorCode
 from protocol.envelope import Channel, decode
-from protocol.messages import ListHands
-from support.cluster import BIN, Cluster, running, wait_until
+
+pytestmark = pytest.mark.slow  # a real Mind and Hand over TLS, and scripts/mkcerts
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,8 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from mind.store.snapshots import SnapshotStore
 from mind.core.snapshots import UNKNOWN_TO_HAND, Snapshot, apply_report, mark_stale, reconcile
+from mind.store.snapshots import SnapshotStore
 from protocol.messages import TaskInfo
 from protocol.states import TaskState
 

@@ -10,8 +10,8 @@
 
 from dataclasses import replace
 
-from mind.store.snapshots import SnapshotStore
 from mind.core.snapshots import UNKNOWN_TO_HAND, Snapshot, apply_report, reconcile
+from mind.store.snapshots import SnapshotStore
 from protocol.messages import TaskInfo
 from protocol.states import TaskState
 

@@ -11,9 +11,9 @@ from functools import partial
 
 import pytest
 
-from mind.store.snapshots import SnapshotStore
 from mind.core.snapshots import Snapshot
 from mind.daemon.taskservice import TaskService
+from mind.store.snapshots import SnapshotStore
 from protocol.messages import TaskInfo
 from protocol.states import TaskState
 

@@ -3,7 +3,7 @@ server (the code the Mind runs), bytes passed by hand: upgrade, frames both ways
 ping/pong, the closing handshake, and each way a server can break the protocol."""
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from websockets.frames import Opcode
 from websockets.server import ServerProtocol
@@ -173,7 +173,6 @@ def test_fragments_count_towards_max_size():
     assert ei.value.code == 1009
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=300), st.binary(min_size=4, max_size=4))
 def test_mask_is_its_own_inverse_and_matches_the_rfc(data, mask):
     masked = apply_mask(data, mask)
@@ -181,7 +180,6 @@ def test_mask_is_its_own_inverse_and_matches_the_rfc(data, mask):
     assert apply_mask(masked, mask) == data
 
 
-@settings(max_examples=100, deadline=None)
 @given(st.lists(st.binary(max_size=2000), max_size=5), st.integers(min_value=1, max_value=500))
 def test_any_split_of_the_stream_gives_the_same_messages(messages, step):
     client, server = pair()

@@ -2,14 +2,14 @@
 
 import msgpack
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol import PROTOCOL_VERSION, limits
 from protocol.codes import ErrorCode
 from protocol.envelope import Channel, Envelope, decode, encode
 from protocol.errors import ProtocolError
-from protocol.messages import Hello, OutputTail, Progress, Result, Rpc
+from protocol.messages import Hello, Progress, Result, Rpc
 
 
 def frame(**over):
@@ -123,7 +123,6 @@ def test_oversize_outbound_frame_leaves_no_seq_gap():
     rx.receive(tx.stamp(Result(run_id="r", state="succeeded")))  # seq 1, not 2
 
 
-@settings(max_examples=600, deadline=None)
 @given(st.binary(max_size=512))
 def test_any_bytes_give_a_message_or_protocol_error(data):
     try:
@@ -146,7 +145,6 @@ msgpack_values = st.recursive(
 )
 
 
-@settings(max_examples=600, deadline=None)
 @given(
     st.fixed_dictionaries(
         {

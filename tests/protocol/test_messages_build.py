@@ -4,8 +4,10 @@ bad annotation fails here and not at the first frame of that type in a daemon.""
 import subprocess
 import sys
 
+import pytest
+
 from protocol import messages
-from protocol.messages import OutputTail, Outcome, Rpc
+from protocol.messages import Outcome, OutputTail, Rpc
 
 
 def test_every_model_builds_and_the_lazy_defaults_are_the_eager_ones():
@@ -20,6 +22,7 @@ def test_every_model_builds_and_the_lazy_defaults_are_the_eager_ones():
     assert rpc.background.max_runtime_ms == 9  # the forward reference resolved
 
 
+@pytest.mark.slow
 def test_importing_the_models_builds_none_of_them():
     code = "import protocol.messages as m; print(sum(c.__pydantic_complete__ for c in m.MESSAGE_TYPES.values()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -26,7 +26,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from hand.system.taskdb import TaskRow, to_info
+from sim.clients import Request, SimClient
+
+from hand.core.rows import TaskRow, to_info
 from mind.core.registry import Log, RunRegistry, SendToClient, StartEnded
 from mind.core.snapshots import UNKNOWN_TO_HAND, Plan, Snapshot
 from protocol.codes import TaskCancelStatus
@@ -42,7 +44,6 @@ from protocol.messages import (
     TaskStartResult,
 )
 from protocol.states import RUN_TERMINAL, TASK_TERMINAL, RunState, TaskState
-from sim.clients import Request, SimClient
 
 if TYPE_CHECKING:
     from sim.simulation import World
@@ -63,7 +64,7 @@ class InvariantViolation(BaseException):
 
 
 class Checker:
-    def __init__(self, world: "World") -> None:
+    def __init__(self, world: World) -> None:
         self.world = world
         self.rows: dict[tuple[str, str], dict[int, TaskRow]] = {}
         """Every version of every row each Hand ever had (the Hand's history)."""

@@ -14,9 +14,10 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sim.jobs import JobSpec
+
 from protocol.digest import args_digest
 from protocol.messages import Exec, Message, RunEnd, RunOutput, RunUpdate, TaskGet, TaskStart
-from sim.jobs import JobSpec
 
 if TYPE_CHECKING:
     from sim.simulation import World
@@ -80,7 +81,7 @@ def job(rng: random.Random) -> dict[str, Any]:
 class ClientActions:
     """The client half of the scheduler: one random action per call."""
 
-    def __init__(self, world: "World") -> None:
+    def __init__(self, world: World) -> None:
         self.world = world
         self.rng = world.rng
         self.task_pool = [f"t{i}" for i in range(world.config.task_ids)]

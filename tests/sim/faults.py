@@ -21,16 +21,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from protocol.messages import Background, Rpc
 from sim.clients import pick
 from sim.network import Link
+
+from protocol.messages import Background, Rpc
 
 if TYPE_CHECKING:
     from sim.simulation import HandSlot, World
 
 
 class Faults:
-    def __init__(self, world: "World") -> None:
+    def __init__(self, world: World) -> None:
         self.world = world
 
     def inject(self) -> str:

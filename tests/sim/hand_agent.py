@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from typing import TYPE_CHECKING, Any, Generator
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
 
-from hand.core.backoff import Backoff
-from hand.core.policy import Policy
-from hand.aio.runs import RecentRuns
-from protocol.codes import CancelReason
-from protocol.messages import Cancel, Message, Rpc, TaskCancel, TaskInventory, TaskStatus
 from sim.hand_runs import HandRuns
 from sim.network import Frame, Link
 from sim.runtime import Fut
+
+from hand.aio.runs import RecentRuns
+from hand.core.backoff import Backoff
+from hand.core.policy import Policy
+from protocol.codes import CancelReason
+from protocol.messages import Cancel, Message, Rpc, TaskCancel, TaskInventory, TaskStatus
 
 if TYPE_CHECKING:
     from sim.simulation import HandSlot, World
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
 class HandConn:
     """The Hand's side of one connection: its one writer path and its reader's mailbox."""
 
-    def __init__(self, hand: "HandProcess", link: Link) -> None:
+    def __init__(self, hand: HandProcess, link: Link) -> None:
         self.hand = hand
         self.link = link
         self.wire_open = True
@@ -72,7 +74,7 @@ class HandProcess:
     shipped (`sim.variants`, "hand-batch-before-fix"): the cancel of a task's start run was answered
     `unknown_run` before the start's `accepted`/`rejected`, and the Mind ended the start run `lost`."""
 
-    def __init__(self, world: "World", slot: "HandSlot") -> None:
+    def __init__(self, world: World, slot: HandSlot) -> None:
         self.world = world
         self.clock = world.clock
         self.label = slot.label

@@ -11,20 +11,22 @@ and reports `timed_out`; progress is dropped past the caps and never sent after 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Generator
+from typing import TYPE_CHECKING, Any
 
+from sim.jobs import JobSpec, VProcess
+from sim.runtime import Cancelled, Fut, Proc, first_of
+
+from hand.aio.runs import PROGRESS_BYTES, PROGRESS_EVENTS, _fits
 from hand.core.policy import KNOWN_TOOLS
 from hand.system.process import ProcessOutcome
-from hand.aio.runs import PROGRESS_BYTES, PROGRESS_EVENTS, _fits
 from hand.system.tools import Refusal
 from protocol import limits
 from protocol.codes import CancelReason, CancelStatus, RejectCode
 from protocol.control import REASON_TO_STATE, Budget, RunAborted, RunControl, check_active
 from protocol.messages import Accepted, Cancel, CancelResult, Message, Progress, Rejected, Result, Rpc, Started
 from protocol.states import RunState
-from sim.jobs import JobSpec, VProcess
-from sim.runtime import Cancelled, Fut, Proc, first_of
 
 if TYPE_CHECKING:
     from sim.hand_agent import HandProcess
@@ -42,7 +44,7 @@ class _Run:
 
 
 class HandRuns:
-    def __init__(self, hand: "HandProcess", send: Callable[[Message], None]) -> None:
+    def __init__(self, hand: HandProcess, send: Callable[[Message], None]) -> None:
         self.hand = hand
         self._send = send
         self._active: dict[str, _Run] = {}

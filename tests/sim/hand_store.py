@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
-from hand.system.taskdb import Insert, TaskRow, Write
+from hand.core.rows import Insert, TaskRow, Write
 from protocol.states import TASK_TERMINAL, TASK_TRANSITIONS, TaskState, advance
 
 OnChange = Callable[[str, TaskRow | None, str], None]
@@ -80,7 +81,7 @@ class HandTaskStore:
                     results.append(self.insert_many(w.rows))
                 else:
                     results.append(self.update(w.task_id, **w.changes))
-            except Exception as exc:  # noqa: BLE001 - this write's own result (a savepoint rolled back)
+            except Exception as exc:  # this write's own result (a savepoint rolled back)
                 results.append(exc)
         return results
 

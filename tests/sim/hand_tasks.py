@@ -1,9 +1,12 @@
-"""The Hand's background tasks: `hand.tasks.TaskManager`, as generators on the Hand's loop.
+"""The Hand's background tasks: `hand.aio.tasks.TaskManager`, as generators on the Hand's loop.
 
-The decisions are the REAL plain functions of `hand/aio/tasks.py` (`admit_batch`, `next_to_start`,
-`ending`, `cancel_action`, `lost_reason`, `purge_cutoff`), rows are real `TaskRow`s reported with the
-real `to_info`, and writes are the real `Insert`/`Change`. The shell around them is mirrored from
-`TaskManager` and `GroupCommit` (keep in step), with a `yield` at every `await`:
+The rules are the REAL ones of `hand/core/tasks.py`: the decisions (`admit_batch`, `answer_for`,
+`background_refusal`, `store_failed`, `next_to_start`, `ending`, `cancel_action`, `lost_reason`,
+`purge_cutoff`) and the ORDER of admission (`Admissions`: one drainer, one batch at a time, a batch
+is what arrived meanwhile). Rows are real `TaskRow`s reported with the real `to_info`, writes are
+the real `Insert`/`Change`. What is still modelled by hand is the asyncio glue between them (a
+`yield` at every `await`), and `tests/sim/test_mirrors.py` fails when `TaskManager`, `GroupCommit`
+or `LogSink` change without this model being checked again (`tests/sim/mirrors.py`):
 - starts are taken in on arrival (`on_start` never waits): a policy/argument refusal is answered at
   once with nothing stored, the others are queued; one drainer in the Hand's owner takes every
   queued start as ONE batch under the admission lock, decides it with `admit_batch` (arrival order;
@@ -28,25 +31,34 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Generator
+from typing import TYPE_CHECKING, Any
 
-from hand.aio.tasks import (
+from sim.jobs import JobSpec, VProcess
+from sim.runtime import Fut, Loop, Proc, SimLock
+
+from hand.core.rows import Change, Insert, TaskRow, Write, to_info
+from hand.core.tasks import (
     ADMIT_BACKLOG,
-    BACKGROUND_TOOLS,
     Admission,
+    Admissions,
+    Answer,
     CancelAction,
+    Duplicate,
     Ending,
+    Refused,
     StartRequest,
-    Verdict,
     admit_batch,
+    answer_for,
+    background_refusal,
     cancel_action,
     ending,
     lost_reason,
     next_to_start,
     purge_cutoff,
+    store_failed,
 )
-from hand.system.taskdb import Change, Insert, TaskRow, Write, to_info
 from hand.system.tools import Refusal
 from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
 from protocol.digest import args_digest, binding_digest
@@ -67,8 +79,6 @@ from protocol.messages import (
     TaskUpdate,
 )
 from protocol.states import TASK_TRANSITIONS, RunState, TaskState
-from sim.jobs import JobSpec, VProcess
-from sim.runtime import Fut, Loop, Proc, SimLock
 
 if TYPE_CHECKING:
     from sim.hand_agent import HandProcess
@@ -147,9 +157,9 @@ class GroupCommit:
                 batch, self._waiting = self._waiting, []
                 try:
                     results = yield self._loop.io(self._store.write_many, [w for w, _ in batch])
-                except Exception as exc:  # noqa: BLE001 - the commit failed: no write of the batch is done
+                except Exception as exc:  # the commit failed: no write of the batch is done
                     results = [exc] * len(batch)
-                for (_, fut), result in zip(batch, results):
+                for (_, fut), result in zip(batch, results, strict=True):
                     if isinstance(result, BaseException):
                         fut.fail(result)
                     else:
@@ -174,7 +184,7 @@ class HandTasks:
     cancels it when the connection ends) left the committed rows `queued` in the database and in no
     queue: never run, never answered, until a restart called them `lost`."""
 
-    def __init__(self, hand: "HandProcess") -> None:
+    def __init__(self, hand: HandProcess) -> None:
         self.hand = hand
         self.loop = hand.loop
         self.store = hand.store
@@ -183,8 +193,8 @@ class HandTasks:
         self._running: dict[str, _Live] = {}
         self._push: Send | None = None
         self._admit_lock = SimLock()
-        self._pending: list[_Start] = []
-        """Starts taken in, in arrival order, not yet in a batch."""
+        self._admissions: Admissions[_Start] = Admissions()
+        """The REAL bookkeeping of `hand.core.tasks`: starts taken in, and whether a drainer runs."""
         self._drainer: Proc | None = None
         self._deciding = 0
         """Batches between their look and their answers (for the fault counters only)."""
@@ -197,11 +207,11 @@ class HandTasks:
         return self.hand.clock.now
 
     def busy(self) -> bool:
-        return bool(self._queued or self._running or self._pending)
+        return bool(self._queued or self._running or self._admissions.backlog())
 
     def undecided(self) -> bool:
         """Starts taken in whose batch is not answered yet (waiting, or being looked up/committed)."""
-        return bool(self._pending or self._deciding)
+        return bool(self._admissions.backlog() or self._deciding)
 
     # --- lifecycle ---
 
@@ -255,11 +265,15 @@ class HandTasks:
         except Refusal as refusal:
             send(Rejected(run_id=task_id, code=refusal.code, message=refusal.message))
             return
-        self._pending.append(_Start(req, spec, send))
-        if self._drainer is None:
-            self._drainer = self.loop.spawn(self._drain(), "admit drainer")
-        if len(self._pending) >= ADMIT_BACKLOG:
+        self._admissions.take(_Start(req, spec, send))
+        self._ensure_drainer()
+        if self._admissions.backlog() >= ADMIT_BACKLOG:
             yield from self.settle()
+
+    def _ensure_drainer(self) -> None:
+        if self._admissions.needs_drainer():
+            self._drainer = self.loop.spawn(self._drain(), "admit drainer")
+            self._admissions.drainer_started()
 
     def settle(self) -> Generator[Any, Any, None]:
         """Every start taken in so far is decided (in the CALLER's proc, as the real `settle`)."""
@@ -274,16 +288,15 @@ class HandTasks:
 
     def _wait_drainer(self) -> Generator[Any, Any, None]:
         """Wait, shielded, for the owner's drainer to decide every start taken in (`TaskManager.settle`)."""
-        while self._pending or self._drainer is not None:
-            if self._drainer is None:
-                self._drainer = self.loop.spawn(self._drain(), "admit drainer")
+        while self._admissions.deciding():
+            self._ensure_drainer()
+            assert self._drainer is not None
             yield self._drainer.done
 
     def _prepare(self, rpc: Rpc) -> JobSpec:
-        if rpc.tool not in BACKGROUND_TOOLS:
-            raise Refusal(RejectCode.INVALID_REQUEST, "only exec and shell can run as background tasks")
-        if not self.hand.policy.allowed(rpc.tool):
-            raise Refusal(RejectCode.DENIED_BY_POLICY, f"tool {rpc.tool!r} is denied by this hand's policy")
+        refused = background_refusal(rpc.tool, allowed=self.hand.policy.allowed(rpc.tool), closing=False, args_size=0)
+        if refused is not None:
+            raise Refusal(refused.code, refused.message)
         spec = JobSpec.from_args(rpc.args)
         if spec is None:
             raise Refusal(RejectCode.INVALID_REQUEST, "bad arguments")
@@ -299,10 +312,10 @@ class HandTasks:
                 self._admit_lock.release()
         finally:
             self._drainer = None
+            self._admissions.drainer_ended()
 
     def _admit_pending(self) -> Generator[Any, Any, None]:
-        while self._pending:
-            batch, self._pending = self._pending, []
+        while (batch := self._admissions.next_batch()) is not None:
             self._deciding += 1
             try:
                 yield from self._admit_batch(batch)
@@ -328,13 +341,13 @@ class HandTasks:
             rows = [v.row for v in verdicts if v.admission is Admission.INSERT and v.row is not None]
             if rows:  # committed before any `accepted`; one write: all of the batch's rows or none
                 yield from self._writes.write(Insert(tuple(rows)))
-        except Exception as exc:  # noqa: BLE001 - the database failed: refuse the batch
+        except Exception as exc:  # the database failed: refuse the batch
             if not isinstance(exc, sqlite3.Error):  # anything else is a bug of the model or the decision
                 self.hand.world.checker.fail("hand_task_batch", f"{type(exc).__name__}: {exc}")
             notes["admit_batch:refused_by_commit"] += 1
             if self.hand.world.tracer is not None:
                 self._trace(f"{self.hand.label} batch {[r.task_id for r in reqs]} refused: {type(exc).__name__}: {exc}")
-            self._refuse(batch, RejectCode.INTERNAL_ERROR, f"the task database could not store the start: {exc}")
+            self._refuse(batch, store_failed(exc))
             return
         if len(batch) > 1:
             ids = [r.task_id for r in reqs]
@@ -345,10 +358,10 @@ class HandTasks:
         if self.hand.world.tracer is not None:
             self._trace(
                 f"{self.hand.label} batch decided: "
-                + " ".join(f"{r.task_id}:{v.admission.value}" for r, v in zip(reqs, verdicts))
+                + " ".join(f"{r.task_id}:{v.admission.value}" for r, v in zip(reqs, verdicts, strict=True))
             )
-        for start, verdict in zip(batch, verdicts):
-            self._answer_start(start, verdict)
+        for start, verdict in zip(batch, verdicts, strict=True):
+            self._answer_start(start, answer_for(verdict, start.req.task_id, self.limits.max_retained))
         self._pump()
 
     def _trace(self, what: str) -> None:
@@ -356,26 +369,20 @@ class HandTasks:
         if tracer is not None:
             tracer.note(what)
 
-    def _answer_start(self, start: _Start, verdict: Verdict) -> None:
+    def _answer_start(self, start: _Start, answer: Answer) -> None:
         req = start.req
-        if verdict.admission is Admission.CONFLICT:
-            self._refuse([start], RejectCode.CONFLICTING_DUPLICATE, f"task {req.task_id} already exists")
-            return
-        if verdict.admission is Admission.OVER_QUOTA:
-            self._refuse([start], RejectCode.QUOTA_EXCEEDED, f"this hand already keeps {verdict.retained} tasks")
-            return
-        row = verdict.row
-        assert row is not None
-        if verdict.admission is Admission.DUPLICATE:
-            self._started(start.send, req.task_id, self._info(row), duplicate=True)
-            return
-        self._queued[req.task_id] = _Live(row, start.spec)  # committed: it will run
-        self._started(start.send, req.task_id, to_info(row), duplicate=False)
+        if isinstance(answer, Refused):
+            self._refuse([start], answer)
+        elif isinstance(answer, Duplicate):
+            self._started(start.send, req.task_id, self._info(answer.row), duplicate=True)
+        else:
+            self._queued[req.task_id] = _Live(answer.row, start.spec)  # committed: it will run
+            self._started(start.send, req.task_id, to_info(answer.row), duplicate=False)
 
     @staticmethod
-    def _refuse(starts: list[_Start], code: RejectCode, message: str) -> None:
+    def _refuse(starts: list[_Start], refused: Refused) -> None:
         for start in starts:
-            start.send(Rejected(run_id=start.req.task_id, code=code, message=message))
+            start.send(Rejected(run_id=start.req.task_id, code=refused.code, message=refused.message))
 
     @staticmethod
     def _started(send: Send, task_id: str, info: TaskInfo, *, duplicate: bool) -> None:

@@ -14,12 +14,14 @@ a cooperative job after a short delay, otherwise SIGKILL after the grace.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Callable, Generator
+from typing import Any
+
+from sim.runtime import Clock, Fut
 
 from hand.system.process import ProcessOutcome, Tail
 from protocol.codes import KillStage
-from sim.runtime import Clock, Fut
 
 TERM_DELAY_S = 0.05
 SIGTERM, SIGKILL = 15, 9
@@ -39,7 +41,7 @@ class JobSpec:
         return {"d": self.duration, "rc": self.rc, "out": self.chunks, "term": self.term, "ns": self.nostart}
 
     @classmethod
-    def from_args(cls, args: dict[str, Any]) -> "JobSpec | None":
+    def from_args(cls, args: dict[str, Any]) -> JobSpec | None:
         try:
             return cls(float(args["d"]), int(args["rc"]), int(args["out"]), bool(args["term"]), bool(args["ns"]))
         except (KeyError, TypeError, ValueError):
@@ -53,20 +55,20 @@ class Machine:
         self.label = label
         self.clock = clock
         self.on_exec = on_exec
-        self.table: dict[int, "VProcess"] = {}
+        self.table: dict[int, VProcess] = {}
         self._next_pid = 100
 
-    def spawn(self, proc: "VProcess") -> int:
+    def spawn(self, proc: VProcess) -> int:
         self._next_pid += 1
         self.table[self._next_pid] = proc
         self.on_exec(proc.key)
         return self._next_pid
 
-    def alive(self, pid: int | None) -> "VProcess | None":
+    def alive(self, pid: int | None) -> VProcess | None:
         proc = self.table.get(pid) if pid is not None else None
         return proc if proc is not None and proc.alive else None
 
-    def running(self) -> list["VProcess"]:
+    def running(self) -> list[VProcess]:
         return [p for p in self.table.values() if p.alive]
 
 

@@ -1,5 +1,8 @@
-"""The Mind, simulated: the REAL `mind.registry.RunRegistry` and the REAL `mind.tasks` rules (through
-`SnapshotTable`) inside a synchronous copy of the asyncio shell around them.
+"""The Mind, simulated: the REAL `mind.core.registry.RunRegistry`, the REAL `mind.core.snapshots`
+rules (through `SnapshotTable`) and the REAL task-start and scope verdicts of `mind.core.admission`,
+inside a synchronous copy of the asyncio shell around them. `tests/sim/test_mirrors.py` fails when
+`mind.daemon.server.Mind` or `mind.daemon.taskservice.TaskService` change without this copy being
+checked again.
 
 What is mirrored, and from where (keep in step with the real files):
 - `mind/daemon/server.py`: `perform` (SendToHand only onto the live connection of that generation),
@@ -16,14 +19,26 @@ What survives is outside it: the snapshot table and the generation counter (both
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generator
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
+from sim.network import Link
+from sim.runtime import Fut
 
+from mind.core.admission import (
+    StartReply,
+    existing_start,
+    hand_offline,
+    start_without_snapshot,
+    touch_denial,
+    use_denial,
+)
 from mind.core.registry import Action, Log, SendToClient, SendToHand, StartEnded
-from mind.daemon.taskservice import ASK_TIMEOUT_S, START_TIMEOUT_MS
+from mind.core.scope import FULL
 from mind.core.snapshots import Snapshot
+from mind.daemon.taskservice import ASK_TIMEOUT_S, START_TIMEOUT_MS
 from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
 from protocol.digest import args_digest, binding_digest
 from protocol.messages import (
@@ -53,8 +68,6 @@ from protocol.messages import (
     TaskUpdate,
 )
 from protocol.states import RunState, TaskState
-from sim.network import Link
-from sim.runtime import Fut
 
 if TYPE_CHECKING:
     from sim.simulation import World
@@ -78,8 +91,10 @@ class HandPeer:
 
 
 class SimMind:
-    def __init__(self, world: "World") -> None:
+    def __init__(self, world: World) -> None:
         self.world = world
+        self._gone_clients: set[str] = set()
+        """Client connections that ended (a request answered after a database hop checks it)."""
         self.clock = world.clock
         self.life = world.events["mind_start"]
         """Which life of the Mind this is: run ids are only unique within one registry."""
@@ -225,14 +240,24 @@ class SimMind:
     # --- clients (server._serve_client, _on_client_message) -----------------------------------
 
     def client_gone(self, conn: str) -> None:
+        self._gone_clients.add(conn)
         self.perform(self.registry.on_client_gone(conn, self.now, self.now))
 
     def on_exec(self, conn: str, req_id: str, msg: Exec) -> str:
-        live = self.hands.get(msg.hand)
-        known = live is not None or msg.hand in self.world.hand_labels
         run_id = self.world.next_id("r")
-        self._admit(run_id, msg, conn, req_id, live.gen if live else None, known)
+        live = self.hands.get(msg.hand)
+        if live is None:  # `_admit_offline`: the credentials table says which, after a database hop
+            self.loop.spawn(self._admit_offline(conn, req_id, msg, run_id), "admit offline")
+        else:
+            self._admit(run_id, msg, conn, req_id, live.gen, True)
         return run_id
+
+    def _admit_offline(self, conn: str, req_id: str, msg: Exec, run_id: str) -> Generator[Any, Any, None]:
+        known = yield self.db(lambda: msg.hand in self.world.hand_labels)
+        if conn in self._gone_clients:  # the client left meanwhile: nothing is admitted
+            return
+        live = self.hands.get(msg.hand)  # it may have connected meanwhile: then the run goes to it
+        self._admit(run_id, msg, conn, req_id, live.gen if live else None, known or live is not None)
 
     def on_cancel_run(self, conn: str, req_id: str, run_id: str) -> None:
         status, acts = self.registry.on_cancel(run_id, CancelReason.USER_REQUESTED, self.now, self.now)
@@ -272,22 +297,27 @@ class SimMind:
                 ),
             )
 
-        def settle(existing: Snapshot) -> None:
-            if existing.hand == req.hand and existing.binding_digest == binding:
-                reply("duplicate", message="a task with this id and binding exists", view=existing.view())
-            else:
-                reply("rejected", RejectCode.CONFLICTING_DUPLICATE, f"task {task_id} already exists")
+        def answer(r: StartReply) -> None:
+            reply(r.outcome, r.code, r.message, r.view)
 
-        existing = yield self.db(self.snapshots.get, task_id)
-        if existing is not None:
-            return settle(existing)
-        if self.registry.get(task_id) is not None:
-            return reply("rejected", RejectCode.CONFLICTING_DUPLICATE, f"id {task_id} is already used by a run")
-        if self.hands.get(req.hand) is None:
-            known = yield self.db(lambda: req.hand in self.world.hand_labels)
-            if not known:
-                return reply("rejected", RejectCode.UNKNOWN_HAND, f"no hand named {req.hand!r}")
-            return reply("rejected", RejectCode.HAND_OFFLINE, "hand is not connected; nothing was stored")
+        def settle_existing(existing: Snapshot) -> None:
+            # the simulated clients hold the full scope: the REAL check, which always passes here
+            assert touch_denial(FULL, conn, existing.hand, existing.owner, f"reuse task id {task_id}") is None
+            return answer(existing_start(existing, task_id, req.hand, binding))
+
+        assert use_denial(FULL, req.hand, req.tool) is None
+        used_by_run, connected = self.registry.get(task_id) is not None, self.hands.get(req.hand) is not None
+        if used_by_run or not connected:
+            existing = yield self.db(self.snapshots.get, task_id)
+            if existing is not None:
+                return settle_existing(existing)
+            used_by_run, connected = self.registry.get(task_id) is not None, self.hands.get(req.hand) is not None
+            known = connected or used_by_run or (yield self.db(lambda: req.hand in self.world.hand_labels))
+            refused = start_without_snapshot(
+                task_id, req.hand, used_by_run=used_by_run, hand_connected=connected, hand_known=known
+            )
+            if refused is not None:
+                return answer(refused)
         snap = Snapshot(
             task_id=task_id,
             hand=req.hand,
@@ -301,11 +331,11 @@ class SimMind:
         )
         existing = yield self.db(self.snapshots.insert_new, snap)  # written stale before the start is sent
         if existing is not None:
-            return settle(existing)
+            return settle_existing(existing)
         live = self.hands.get(req.hand)
         if live is None:
             yield self.db(self.snapshots.delete, task_id)
-            return reply("rejected", RejectCode.HAND_OFFLINE, "hand is not connected; nothing was stored")
+            return answer(hand_offline(req.hand))
         self.starts[task_id] = (conn, req_id)
         exec_req = Exec(hand=req.hand, tool=req.tool, args=req.args, timeout_ms=START_TIMEOUT_MS)
         self._admit(task_id, exec_req, None, req_id, live.gen, True, Background(max_runtime_ms=req.max_runtime_ms))

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Any, Callable, Generator
+from collections.abc import Callable, Generator
+from typing import Any
 
 Coro = Generator[Any, Any, Any]
 
@@ -30,8 +31,8 @@ class Fut:
         self.done = False
         self.value: Any = None
         self.exc: BaseException | None = None
-        self._callbacks: list[Callable[["Fut"], None]] = []
-        self._procs: list["Proc"] = []
+        self._callbacks: list[Callable[[Fut], None]] = []
+        self._procs: list[Proc] = []
 
     def resolve(self, value: Any = None) -> bool:
         if self.done:
@@ -47,7 +48,7 @@ class Fut:
         self._fire()
         return True
 
-    def then(self, callback: Callable[["Fut"], None]) -> None:
+    def then(self, callback: Callable[[Fut], None]) -> None:
         if self.done:
             callback(self)
         else:
@@ -65,7 +66,7 @@ class Fut:
 class Timer:
     __slots__ = ("at", "fn", "owner", "cancelled", "label")
 
-    def __init__(self, at: float, fn: Callable[[], None], owner: "Loop | None", label: str) -> None:
+    def __init__(self, at: float, fn: Callable[[], None], owner: Loop | None, label: str) -> None:
         self.at = at
         self.fn = fn
         self.owner = owner
@@ -88,7 +89,7 @@ class Clock:
         self._heap: list[tuple[float, int, Timer]] = []
         self._seq = 0
 
-    def at(self, when: float, fn: Callable[[], None], owner: "Loop | None" = None, label: str = "") -> Timer:
+    def at(self, when: float, fn: Callable[[], None], owner: Loop | None = None, label: str = "") -> Timer:
         timer = Timer(max(when, self.now), fn, owner, label)
         self._seq += 1
         heapq.heappush(self._heap, (timer.at, self._seq, timer))
@@ -129,7 +130,7 @@ class Proc:
 
     __slots__ = ("gen", "loop", "name", "done", "cancelled", "transient", "waiting_on")
 
-    def __init__(self, gen: Coro, loop: "Loop", name: str, transient: bool) -> None:
+    def __init__(self, gen: Coro, loop: Loop, name: str, transient: bool) -> None:
         self.gen = gen
         self.loop = loop
         self.name = name
@@ -239,7 +240,7 @@ class Loop:
         fut = Fut()
         try:
             value, exc = fn(*args, **kwargs), None
-        except Exception as e:  # noqa: BLE001 - delivered to the waiter, as to_thread would
+        except Exception as e:  # delivered to the waiter, as to_thread would
             value, exc = None, e
         latency = self._latency()
         if latency <= 0 and not self.io_pending:  # nothing ahead of it: done before anything else happens

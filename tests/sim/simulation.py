@@ -26,17 +26,14 @@ from __future__ import annotations
 import random
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
-from hand.aio.tasks import TaskLimits
-from mind.core import snapshots as mind_tasks
-from mind.core.registry import RunRegistry
-from protocol.messages import Message, RunOutput, RunUpdate
 from sim.checker import Checker, InvariantViolation
-from sim.faults import Faults
 from sim.clients import ClientActions, SimClient, pick, record
+from sim.faults import Faults
 from sim.hand_agent import HandProcess
 from sim.hand_store import HandTaskStore
 from sim.hand_tasks import HandTasks
@@ -44,8 +41,13 @@ from sim.jobs import Machine
 from sim.mind_shell import SimMind
 from sim.network import Direction, Link
 from sim.runtime import Clock, Loop
-from sim.tracing import Tracer, describe
 from sim.snapshot_table import CheckedSnapshots, SnapshotTable
+from sim.tracing import Tracer, describe
+
+from hand.core.tasks import TaskLimits
+from mind.core import snapshots as mind_tasks
+from mind.core.registry import RunRegistry
+from protocol.messages import Message, RunOutput, RunUpdate
 
 
 @dataclass(frozen=True)
@@ -376,7 +378,7 @@ class World:
             ]
             if not ready:
                 return n
-            self._guard(lambda: self._deliver(*ready[0]))
+            self._guard(partial(self._deliver, *ready[0]))
             self._guard(self.drain)
             self.checker.after_event()
             n += 1
@@ -405,7 +407,7 @@ class World:
 
     # --- the scheduler --------------------------------------------------------------------------
 
-    def run(self) -> "World":
+    def run(self) -> World:
         for _ in range(self.steps):
             self.step_no += 1
             self._guard(self._step)

@@ -9,9 +9,10 @@ known to be the store, not a guess about it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mind.core import snapshots as rules
 from mind.core.snapshots import Plan, Snapshot
@@ -135,7 +136,7 @@ class ModelMismatch(AssertionError):
 def _norm(value: Any) -> Any:
     """Plans list snapshots in table order, which SQLite does not promise: compare them sorted."""
     if isinstance(value, Plan):
-        key = lambda s: s.task_id  # noqa: E731
+        key = lambda s: s.task_id
         return (
             sorted(value.updated, key=key),
             sorted(value.adopted, key=key),

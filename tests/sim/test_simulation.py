@@ -14,13 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from hand.aio.tasks import TaskLimits
-from mind.core.registry import RunRegistry
-from mind.core.snapshots import UNKNOWN_TO_HAND, reconcile
-from protocol.codes import RejectCode
-from protocol.messages import Accepted, Rejected, Result, TaskGet, TaskInfo, TaskStart, TaskStartResult, TaskStatus
-from protocol.states import TaskState
 from sim.checker import InvariantViolation
 from sim.clients import Request
 from sim.faults import Faults
@@ -30,6 +23,12 @@ from sim.jobs import JobSpec
 from sim.mind_shell import SimMind
 from sim.simulation import Config, Rules, World, run_seed
 from sim.variants import VARIANTS
+
+from hand.core.tasks import TaskLimits
+from mind.core.registry import RunRegistry
+from mind.core.snapshots import UNKNOWN_TO_HAND, reconcile
+from protocol.messages import Accepted, Rejected, Result, TaskGet, TaskInfo, TaskStart, TaskStartResult, TaskStatus
+from protocol.states import TaskState
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS_PER_CHUNK = 50
@@ -49,6 +48,7 @@ def test_a_seed_replays_exactly() -> None:
     assert first == second and len(first) > 200
 
 
+@pytest.mark.slow
 def test_a_seed_replays_exactly_in_another_process() -> None:
     """Nothing depends on string hashing (set order) or the wall clock: other hash seeds, same run."""
     outs = []

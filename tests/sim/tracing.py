@@ -7,7 +7,8 @@ snapshots, Hand rows, connections) whose value changed: enough to read a failing
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from protocol.messages import Message, TaskCancelResult, TaskInfo, TaskInventoryPage, TaskUpdate
 
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class Tracer:
-    def __init__(self, world: "World", out: Callable[[str], None]) -> None:
+    def __init__(self, world: World, out: Callable[[str], None]) -> None:
         self.world = world
         self.line = out
         self._last: dict[str, str] = {}
@@ -39,7 +40,7 @@ class Tracer:
         self._last = now
 
 
-def summary(w: "World") -> dict[str, str]:
+def summary(w: World) -> dict[str, str]:
     s: dict[str, str] = {}
     mind = w.mind
     s["mind"] = "down" if mind is None else "up " + " ".join(f"{h}:gen{p.gen}" for h, p in mind.hands.items())

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mind.core.snapshots import Snapshot, reconcile
-from protocol.messages import TaskInfo
-from protocol.states import TASK_TERMINAL
 from sim.hand_agent import HandProcess
 from sim.hand_tasks import HandTasks
 from sim.simulation import Rules
+
+from mind.core.snapshots import Snapshot, reconcile
+from protocol.messages import TaskInfo
+from protocol.states import TASK_TERMINAL
 
 
 def apply_report_before_fix(snap: Snapshot, info: TaskInfo, now: float) -> Snapshot | None:

@@ -12,9 +12,9 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Callable
+from pathlib import Path
 
 BIN = Path(sys.executable).parent
 

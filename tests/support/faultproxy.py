@@ -29,7 +29,6 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +41,7 @@ class Faults:
     delay: float = 0.0
     rate: float = 0.0  # bytes per second; 0 = unlimited
 
-    def copy(self) -> "Faults":
+    def copy(self) -> Faults:
         return Faults(self.flowing, self.delay, self.rate)
 
 
@@ -304,7 +303,7 @@ class FaultProxy:
         self.control_port = control
 
     @classmethod
-    def start(cls, target_port: int) -> "FaultProxy":
+    def start(cls, target_port: int) -> FaultProxy:
         proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--target", f"127.0.0.1:{target_port}"],
             stdout=subprocess.PIPE,

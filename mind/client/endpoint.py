@@ -1,0 +1,99 @@
+"""Where the Mind is and whether to trust it: the steps both client shells take before the handshake.
+
+`MindClient` (mind/client/aio.py, over `websockets`) and `Link` (mind/client/blocking.py, over one
+blocking socket) open their connections differently, but they must accept the same URLs, verify the
+Mind the same way and say the same thing when they refuse. So each step is here once:
+- `parse_url`: a `ws://` or `wss://` URL, its host, port, `Host` header and path;
+- `tls_context`: the policy of `protocol.io.tls.client_context` (system trust or a CA file, TLS >=
+  1.2, hostname; a pin alone trusts the pinned certificate), its refusals as `ClientError("config")`;
+- `check_pin`: right after the TLS handshake, before the credential is used at all;
+- `unreachable` and `verification_failed`: the sentences for a Mind that cannot be reached or
+  failed certificate verification.
+
+`protocol.io.tls` (and `ssl` with it) is imported only when a URL is `wss://` or a CA or pin is
+given: a `mind exec` over `ws://` never pays for it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from mind.errors import ClientError
+from protocol.record import Frozen
+
+if TYPE_CHECKING:
+    import ssl
+
+
+class Endpoint(Frozen):
+    """A parsed Mind URL (immutable; see protocol/record.py)."""
+
+    __slots__ = ("url", "tls", "host", "port", "header", "path")
+    url: str
+    tls: bool
+    host: str
+    port: int
+    header: str  # the HTTP `Host` header: the port only when it is not the scheme's default
+    path: str  # path and query, as the upgrade request names them
+
+    def __init__(self, url: str, tls: bool, host: str, port: int, header: str, path: str) -> None:
+        for name, value in zip(self.__slots__, (url, tls, host, port, header, path), strict=True):
+            object.__setattr__(self, name, value)
+
+
+def parse_url(url: str) -> Endpoint:
+    """The Mind's URL, or `ClientError("unreachable")` naming what is wrong with it."""
+    try:
+        parts = urlsplit(url)
+        if parts.scheme not in ("ws", "wss"):
+            raise ValueError("scheme isn't ws or wss")
+        if not parts.hostname:
+            raise ValueError("hostname isn't provided")
+        if parts.fragment:
+            raise ValueError("fragment identifier is meaningless")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("user information is not supported")
+        tls = parts.scheme == "wss"
+        default = 443 if tls else 80
+        port = parts.port or default  # .port raises ValueError for a bad one
+    except ValueError as exc:
+        raise unreachable(url, f"{url} isn't a valid URI: {exc}") from None
+    host = parts.hostname
+    shown = f"[{host}]" if ":" in host else host
+    header = shown if port == default else f"{shown}:{port}"
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return Endpoint(url, tls, host, port, header, path)
+
+
+def tls_context(url: str, ca: str | None, pin: str | None) -> ssl.SSLContext | None:
+    """The SSL context for the Mind at `url` (None for `ws://` without a CA or pin)."""
+    if not url.startswith("wss://") and not ca and not pin:
+        return None
+    from protocol.io.tls import TLSConfigError, client_context
+
+    try:
+        return client_context(url, ca, pin)
+    except TLSConfigError as exc:
+        raise ClientError("config", str(exc)) from None
+
+
+def check_pin(ssl_object: Any, pin: str | None) -> None:
+    """`ClientError("tls")` unless the Mind's certificate matches `pin` (nothing to do without one)."""
+    if pin is None:
+        return
+    from protocol.io.tls import TLSConfigError
+    from protocol.io.tls import check_pin as check
+
+    try:
+        check(ssl_object, pin)
+    except TLSConfigError as exc:
+        raise ClientError("tls", str(exc)) from None
+
+
+def verification_failed(url: str, exc: ssl.SSLCertVerificationError) -> ClientError:
+    return ClientError("tls", f"the Mind at {url} failed certificate verification: {exc.verify_message}")
+
+
+def unreachable(url: str, why: object) -> ClientError:
+    return ClientError("unreachable", f"cannot reach the Mind at {url}: {why}")

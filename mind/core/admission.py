@@ -1,0 +1,128 @@
+"""The Mind's verdicts on what a client asks, before anything reaches a Hand (DESIGN §7, §9), pure:
+scope (which Hands, which tools, whose runs and tasks), the handshake rate limit, and what a task
+start is told when the Mind's own records already answer it.
+
+`mind.daemon.server` and `mind.daemon.taskservice` perform these verdicts (log, count, answer,
+send); the deterministic simulation (`tests/sim/mind_shell.py`) calls the same functions, so the
+rules it checks are the rules the Mind ships.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from mind.core.scope import Scope
+from mind.core.snapshots import Snapshot
+from protocol.codes import RejectCode
+from protocol.messages import TaskView
+
+# --- scope -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Denial:
+    """A request outside the client's scope: `what` it may not do (for the sentence the client
+    reads, "credential 'ci' may not use hand 'db1'"), and the fields to log (never arguments)."""
+
+    what: str
+    fields: Mapping[str, str] = field(default_factory=dict)
+
+
+def denial_message(label: str, denial: Denial) -> str:
+    return f"denied_by_scope: credential {label!r} may not {denial.what}"
+
+
+def use_denial(scope: Scope, hand: str, tool: str) -> Denial | None:
+    """May this client run `tool` on `hand` (a foreground run or a task start)? The Hand is checked
+    first, so a client learns nothing about tools on a Hand it may not use."""
+    if not scope.allows_hand(hand):
+        return Denial(f"use hand {hand!r}", {"hand": hand})
+    if not scope.allows_tool(tool):
+        return Denial(f"use tool {tool!r}", {"tool": tool})
+    return None
+
+
+def touch_denial(scope: Scope, me: str, hand: str, owner: str | None, what: str, **fields: str) -> Denial | None:
+    """May this client read or cancel a run or task of `owner` on `hand` (`what`: "cancel run r1")?"""
+    if scope.allows_hand(hand) and scope.may_touch(owner, me):
+        return None
+    return Denial(what, fields)
+
+
+# --- the handshake rate limit -----------------------------------------------------------------------
+
+MAX_TRACKED_ADDRESSES = 10_000
+
+
+class AuthFailures:
+    """Failed handshakes per peer address in a sliding window: an address with `limit` failures in
+    `window` seconds is refused before its handshake starts, until the oldest ages out. Memory is
+    bounded under a spray of addresses (the oldest address is forgotten first)."""
+
+    def __init__(self, max_addresses: int = MAX_TRACKED_ADDRESSES) -> None:
+        self._failures: dict[str, list[float]] = {}
+        self._max = max_addresses
+
+    def limited(self, addr: str, now: float, limit: int, window: float) -> bool:
+        recent = [t for t in self._failures.get(addr, ()) if now - t < window]
+        if recent:
+            self._failures[addr] = recent
+        else:
+            self._failures.pop(addr, None)
+        return len(recent) >= limit
+
+    def failed(self, addr: str, now: float) -> None:
+        self._failures.setdefault(addr, []).append(now)
+        if len(self._failures) > self._max:
+            self._failures.pop(next(iter(self._failures)))
+
+    def recent(self) -> int:
+        """Failures remembered now, over every address (for `mind status`)."""
+        return sum(len(v) for v in self._failures.values())
+
+
+# --- task starts the Mind answers itself --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartReply:
+    """The answer to a task start that does not need the Hand."""
+
+    outcome: Literal["rejected", "duplicate"]
+    code: RejectCode | None = None
+    message: str = ""
+    view: TaskView | None = None
+
+
+def hand_offline(hand: str) -> StartReply:
+    return StartReply("rejected", RejectCode.HAND_OFFLINE, f"hand {hand!r} is not connected; nothing was stored")
+
+
+def existing_start(existing: Snapshot, task_id: str, hand: str, binding: str) -> StartReply:
+    """A start whose id the Mind already holds a snapshot for (the client may touch it): the same
+    Hand and binding is a duplicate (nothing new runs); anything else is a conflict."""
+    if existing.hand == hand and existing.binding_digest == binding:
+        return StartReply(
+            "duplicate", message="a task with this id and binding exists; nothing new was run", view=existing.view()
+        )
+    return StartReply(
+        "rejected",
+        RejectCode.CONFLICTING_DUPLICATE,
+        f"task {task_id} already exists with another hand, tool, arguments or options",
+    )
+
+
+def start_without_snapshot(
+    task_id: str, hand: str, *, used_by_run: bool, hand_connected: bool, hand_known: bool
+) -> StartReply | None:
+    """A start with no snapshot under its id: refused if a foreground run holds the id or the Hand
+    cannot take it now; None when it goes on to the Hand."""
+    if used_by_run:
+        return StartReply("rejected", RejectCode.CONFLICTING_DUPLICATE, f"id {task_id} is already used by a run")
+    if not hand_connected:
+        if not hand_known:
+            return StartReply("rejected", RejectCode.UNKNOWN_HAND, f"no hand named {hand!r}")
+        return hand_offline(hand)
+    return None
