@@ -189,7 +189,9 @@ def policy_of(s: Settings | dict[str, Any]) -> Any:
     from hand.core.policy import Policy
 
     allow = s["allow_tools"]
-    return Policy(allow=None if allow is None else frozenset(allow), deny=frozenset(s["deny_tools"]))
+    return Policy(
+        allow=None if allow is None else frozenset(allow), deny=frozenset(s["deny_tools"]), pty=not s["deny_pty"]
+    )
 
 
 def _sandbox(s: Settings) -> Any:
@@ -351,7 +353,7 @@ def reloader(source: Any, started: Settings) -> Any:
         changes = reread(log)
         if "log_level" in changes:
             logs.set_levels(changes["log_level"])
-        if not {"allow_tools", "deny_tools"} & set(changes):
+        if not {"allow_tools", "deny_tools", "deny_pty"} & set(changes):
             return None
         return policy_of(reread.applied)  # the reloadable values now in force
 

@@ -98,6 +98,13 @@ KEYS: tuple[Key, ...] = (
         metavar="LIST",
     ),
     Key(
+        "deny_pty",
+        bool,
+        False,
+        "refuse terminal runs (mind exec -t, mind shell); without it they follow the policy of their tool",
+        reloadable=True,
+    ),
+    Key(
         "max_backoff",
         float,
         30.0,

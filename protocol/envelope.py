@@ -71,6 +71,12 @@ def encode(env: Envelope[Any]) -> bytes:
     return data
 
 
+def payload_size(msg: Message) -> int:
+    """The encoded bytes `msg` adds to a frame as one item of a list: what a sender measures to
+    keep a reply under the frame limit before building it (`mind/core/paging.py`)."""
+    return len(msgpack.packb(msg.model_dump(mode="python"), use_bin_type=True, datetime=False))
+
+
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 

@@ -13,6 +13,14 @@ PROGRESS_EVENTS_MAX = 256
 OUTPUT_TAIL_MAX = 64 << 10
 """Final output kept per stream in the result (the tail), so memory stays bounded for any command."""
 
+STREAM_CHUNK_MAX = 256 << 10
+"""Largest chunk of one stream in one frame."""
+STREAM_WINDOW = 1 << 20
+"""Bytes a stream's sender may have unacknowledged (the Mind holds at most this per stream)."""
+OUTPUT_LIMIT_DEFAULT = 1 << 30
+"""Bytes per output stream a Hand delivers to a client by default; past it the command keeps
+running, the rest is counted, and the stream says where it was cut."""
+
 READ_FILE_MAX = 4 << 20
 LIST_DIR_MAX_ENTRIES = 10_000
 ARGS_MAX_BYTES = 1 << 20

@@ -27,6 +27,9 @@ Nonce = Annotated[bytes, Strict(), Field(min_length=limits.NONCE_BYTES, max_leng
 Mac = Annotated[bytes, Strict(), Field(min_length=limits.MAC_BYTES, max_length=limits.MAC_BYTES)]
 TimeoutMs = Annotated[int, Strict(), Field(gt=0, le=limits.RUN_TIMEOUT_MAX_MS)]
 Stream = Literal["stdout", "stderr"]
+DataStream = Literal["stdin", "stdout", "stderr", "pty"]
+"""A run's byte streams (DESIGN §11): `stdin` goes to the Hand; `stdout`, `stderr`, or for a
+terminal run the one `pty` stream, come back."""
 Role = Literal["hand", "client"]
 StartOutcome = Literal["accepted", "duplicate", "rejected", "unknown"]
 
@@ -95,6 +98,65 @@ class Error(Message):
 # --- Mind <-> Hand: foreground runs ---------------------------------------------------------
 
 
+class Pty(Message):
+    """A terminal for the run: the child gets a pseudo-terminal as its controlling terminal."""
+
+    TYPE = "pty"
+    term: Annotated[str, Strict(), StringConstraints(max_length=64, pattern=r"^[A-Za-z0-9._+-]*$")] = "xterm"
+    rows: Annotated[int, Strict(), Field(ge=1, le=10_000)] = 24
+    cols: Annotated[int, Strict(), Field(ge=1, le=10_000)] = 80
+    login: Bool = False
+    """The command is the run's user's login shell, as `ssh host` starts it (`argv` is not sent)."""
+
+
+class Streams(Message):
+    """The run's bytes go as streams (`stream_data`, flow-controlled, never dropped) instead of
+    progress. `stdin`: the client sends standard input as the `stdin` stream (without it the child
+    reads /dev/null). `output_limit`: bytes per output stream delivered; the rest is cut."""
+
+    TYPE = "streams"
+    stdin: Bool = False
+    pty: Pty | None = None
+    output_limit: Annotated[int, Strict(), Field(ge=0, le=1 << 50)] = limits.OUTPUT_LIMIT_DEFAULT
+
+
+class StreamData(Message):
+    """`data` at byte `offset` of one stream of run `run_id`; `eof` closes that direction."""
+
+    TYPE = "stream_data"
+    run_id: Id
+    stream: DataStream
+    offset: NonNeg
+    data: Annotated[bytes, Strict(), Field(max_length=limits.STREAM_CHUNK_MAX)] = b""
+    eof: Bool = False
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> StreamData:
+        if not self.data and not self.eof:
+            raise ValueError("a stream chunk carries data or the end of the stream")
+        return self
+
+
+class StreamAck(Message):
+    """The receiver consumed everything of the stream before `offset` (the sender's credit).
+    `closed`: the receiver will take nothing more (its reader went away: a closed pipe)."""
+
+    TYPE = "stream_ack"
+    run_id: Id
+    stream: DataStream
+    offset: NonNeg
+    closed: Bool = False
+
+
+class Resize(Message):
+    """The client's terminal changed size: the pty run's window follows."""
+
+    TYPE = "resize"
+    run_id: Id
+    rows: Annotated[int, Strict(), Field(ge=1, le=10_000)]
+    cols: Annotated[int, Strict(), Field(ge=1, le=10_000)]
+
+
 class Rpc(Message):
     """Run `tool` with `args`. `timeout_ms` is relative: the Hand enforces it on its own clock, so
     clock skew between machines can neither shorten nor stretch a deadline."""
@@ -105,6 +167,8 @@ class Rpc(Message):
     args: dict[Str, Any]
     timeout_ms: TimeoutMs
     grace_ms: Annotated[int, Strict(), Field(ge=0, le=600_000)] | None = None
+    streams: Streams | None = None
+    """Set when the run's bytes travel as streams (the client is attached and reads them)."""
     background: Background | None = None
     """Set for the start run of a background task: `task_id == run_id`. The run succeeds once the
     Hand has durably accepted the task (row committed); `timeout_ms` bounds only that admission,
@@ -154,6 +218,10 @@ class OutputTail(Message):
     TYPE = "output_tail"
     data: Annotated[bytes, Strict(), Field(max_length=limits.OUTPUT_TAIL_MAX)] = b""
     total: NonNeg = 0
+    sent: NonNeg | None = None
+    """For a streamed run: bytes sent as the stream (less than `total` when the output limit cut it)."""
+    sha256: Annotated[str, Strict(), StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
+    """For a streamed run: the sha256 of those `sent` bytes, to check what arrived end to end."""
 
 
 class Outcome(Message):
@@ -324,6 +392,8 @@ class Exec(Message):
     args: dict[Str, Any]
     timeout_ms: TimeoutMs
     grace_ms: Annotated[int, Strict(), Field(ge=0, le=600_000)] | None = None
+    streams: Streams | None = None
+    """Stream the run's bytes (stdin, complete output, or a terminal) instead of progress."""
     watch: Bool = True
     """Send every state change as a `run_update`. Without it the client gets only the first one
     (`admitted`, which names the run id), the output and the end: three frames fewer per call."""
@@ -374,8 +444,18 @@ class CancelRunResult(Message):
     state: RunState
 
 
+Cursor = Annotated[str, Strict(), StringConstraints(min_length=1, max_length=256)]
+"""Where the next page of a list starts: the `next_after` of the previous page, passed back as given."""
+
+PAGE_LIMIT_MAX = 10_000
+
+
 class ListHands(Message):
+    """The Hands the Mind knows, by name, one page at a time (the Mind also bounds a page in bytes)."""
+
     TYPE = "list_hands"
+    after: Cursor | None = None
+    limit: Annotated[int, Strict(), Field(gt=0, le=PAGE_LIMIT_MAX)] = 1000
 
 
 class HandInfo(Message):
@@ -392,6 +472,8 @@ class HandInfo(Message):
 class HandsList(Message):
     TYPE = "hands_list"
     hands: list[HandInfo]
+    next_after: Cursor | None = None
+    """More Hands follow: ask again with this as `after`. None: this was the last page."""
 
 
 class GetRun(Message):
@@ -410,6 +492,10 @@ class RunInfo(Message):
     ended_at: float | None = None
     args_digest: Str
     end: RunEnd | None = None
+    value_not_retained: Bool = False
+    """The run's value (a tool's result: `read_file` data, a listing) went to the waiting client in
+    its `run_end` and was not kept: the Mind retains run metadata, never payloads (`end.value` is
+    None here even though the run had one)."""
 
 
 class TaskStart(Message):
@@ -474,12 +560,16 @@ class TaskList(Message):
     TYPE = "task_list"
     hand: Label | None = None
     state: TaskState | None = None
-    limit: Annotated[int, Strict(), Field(gt=0, le=10_000)] = 1000
+    limit: Annotated[int, Strict(), Field(gt=0, le=PAGE_LIMIT_MAX)] = 1000
+    after: Cursor | None = None
+    """Newest first, one page at a time: the `next_after` of the previous page."""
 
 
 class TaskListResult(Message):
     TYPE = "task_list_result"
     tasks: list[TaskView]
+    next_after: Cursor | None = None
+    """More tasks may match: ask again with this as `after`. None: this was the last page."""
 
 
 class ListRuns(Message):
@@ -490,12 +580,17 @@ class ListRuns(Message):
     state: RunState | None = None
     since: float | None = None
     """Wall-clock time: only runs created at or after it."""
-    limit: Annotated[int, Strict(), Field(gt=0, le=10_000)] = 100
+    limit: Annotated[int, Strict(), Field(gt=0, le=PAGE_LIMIT_MAX)] = 100
+    """At most this many runs in this page (the Mind may send fewer: it also bounds a page in bytes)."""
+    after: Cursor | None = None
+    """The `next_after` of the previous page: the runs admitted before those already listed."""
 
 
 class RunList(Message):
     TYPE = "run_list"
     runs: list[RunInfo]
+    next_after: Cursor | None = None
+    """More runs may match: ask again with this as `after`. None: this was the last page."""
 
 
 class GetStatus(Message):
@@ -503,7 +598,8 @@ class GetStatus(Message):
 
 
 class StatusReply(Message):
-    """One screen of what the Mind is doing."""
+    """One screen of what the Mind is doing: its lists are bounded (the totals say how much more
+    there is; `mind hands` and `mind runs` page through all of it)."""
 
     TYPE = "status_reply"
     version: Str
@@ -515,6 +611,12 @@ class StatusReply(Message):
     task_counts: dict[Str, NonNeg]
     stale_snapshots: NonNeg
     retained_runs: NonNeg
+    hands_total: NonNeg | None = None
+    """How many Hands there are (`hands` may show fewer: the connected ones first); None from a Mind
+    that sent them all."""
+    hands_connected: NonNeg | None = None
+    active_runs_total: NonNeg | None = None
+    """How many runs are active (`active_runs` shows the newest); None from a Mind that sent them all."""
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
@@ -530,6 +632,9 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Rejected,
         Started,
         Progress,
+        StreamData,
+        StreamAck,
+        Resize,
         Result,
         Cancel,
         CancelResult,

@@ -27,6 +27,7 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 
 from benchlib import core  # noqa: E402
+from benchlib import streams as _streams  # noqa: E402, F401 - registers the data-plane figures
 from benchlib.figures import ABOUT, FIGURES, release_unused  # noqa: E402
 
 

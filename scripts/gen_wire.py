@@ -35,8 +35,18 @@ if str(ROOT) not in sys.path:
 OUT = ROOT / "mind" / "client" / "wire_gen.py"
 
 # What the fast path (mind/client/blocking.py, mind/cli/exec.py) receives, and what it sends.
-INBOUND = ("challenge", "welcome", "error", "run_update", "run_output", "run_end", "cancel_run_result")
-OUTBOUND = ("hello", "proof", "exec", "cancel_run")
+INBOUND = (
+    "challenge",
+    "welcome",
+    "error",
+    "run_update",
+    "run_output",
+    "stream_data",
+    "stream_ack",
+    "run_end",
+    "cancel_run_result",
+)
+OUTBOUND = ("hello", "proof", "exec", "cancel_run", "stream_data", "stream_ack", "resize")
 
 
 class Unsupported(Exception):

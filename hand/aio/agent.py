@@ -71,7 +71,10 @@ from protocol.messages import (
     HandClaims,
     Message,
     Rejected,
+    Resize,
     Rpc,
+    StreamAck,
+    StreamData,
     TaskCancel,
     TaskCancelResult,
     TaskInventory,
@@ -227,6 +230,7 @@ class Agent:
                 AuditEvent.POLICY_RELOADED,
                 allow=sorted(policy.allow) if policy.allow is not None else "all",
                 deny=sorted(policy.deny),
+                pty=policy.pty,
             )
 
     async def run(self) -> int:
@@ -481,6 +485,10 @@ class Agent:
                         await self._task_start(msg, wire)
                     elif isinstance(msg, Rpc):
                         table.on_rpc(msg)
+                    elif isinstance(msg, (StreamData, StreamAck)):
+                        table.on_stream(msg)
+                    elif isinstance(msg, Resize):
+                        table.on_resize(msg)
                     elif isinstance(msg, (TaskStatus, TaskLogs, TaskCancel, TaskInventory)):
                         wire.send(await self._task_answer(msg), id=env.id)
                     elif isinstance(msg, Cancel):

@@ -29,6 +29,7 @@ Rules this module keeps, each from DESIGN §3-§6:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -40,11 +41,14 @@ import msgpack
 import structlog
 
 from hand.aio.metrics import HandMetrics
+from hand.aio.streams import RunStreams
 from hand.core.cpu import cpu_exhausted, kernel_cpu_kill
 from hand.core.policy import KNOWN_TOOLS, ToolPolicy
 from hand.core.sanitize import Sanitizer
+from hand.core.spawn import spawn_failure
 from hand.system.cputime import CPU_SECONDS, stop_watching, watch_cpu
 from hand.system.process import DEFAULT_GRACE_S, ProcessOutcome, ProcessRun, Stream
+from hand.system.pty import PtyOutcome, PtyRun, login_shell
 from hand.system.sandbox import Sandbox
 from hand.system.tools import DEFAULT_SANDBOX, FileCall, Prepared, ProcessSpec, Refusal, ToolFailed, prepare
 from protocol import limits
@@ -61,9 +65,12 @@ from protocol.messages import (
     OutputTail,
     Progress,
     Rejected,
+    Resize,
     Result,
     Rpc,
     Started,
+    StreamAck,
+    StreamData,
 )
 from protocol.states import RunState
 
@@ -107,6 +114,8 @@ class _Run:
     offsets: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
     dropped: int = 0
     task: asyncio.Task[None] | None = None
+    streams: RunStreams | None = None
+    """Set when the run's bytes are streams (the client is attached): output is never dropped."""
 
 
 def _fits(budget: Budget, n: int) -> bool:
@@ -175,6 +184,8 @@ class RunTable:
         ctl = RunControl(budget, deadline=loop.time() + rpc.timeout_ms / 1000, finish_on_cancel=False)
         grace = self._kill_grace if rpc.grace_ms is None else min(rpc.grace_ms / 1000, self._kill_grace)
         run = _Run(rpc, ctl, prepared, grace, digest, log)
+        if rpc.streams is not None and isinstance(prepared, ProcessSpec):
+            run.streams = RunStreams(rpc.run_id, rpc.streams, self._send, log)
         self._active[rpc.run_id] = run  # before any await: a following cancel finds it
         self._metrics.run_started(rpc.run_id)
         self._idle.clear()
@@ -187,6 +198,18 @@ class RunTable:
             self._conclude(run, self._failed(run, f"internal error: {exc}"))
 
     def _admit(self, rpc: Rpc, args_size: int) -> Prepared:
+        pty = rpc.streams.pty if rpc.streams is not None else None
+        if pty is not None:
+            why = self._policy.why_no_pty(rpc.tool)
+            if why is not None:
+                raise Refusal(RejectCode.DENIED_BY_POLICY, why)
+        prepared = self._admit_tool(rpc, args_size, pty is not None and pty.login)
+        if pty is not None and pty.login and isinstance(prepared, ProcessSpec):
+            program, argv = login_shell(prepared.run_as)
+            prepared = dataclasses.replace(prepared, argv=tuple(argv), executable=program)
+        return prepared
+
+    def _admit_tool(self, rpc: Rpc, args_size: int, login: bool) -> Prepared:
         if rpc.run_id in self._active or rpc.run_id in self._recent:
             raise Refusal(RejectCode.DUPLICATE_RUN, f"run {rpc.run_id} is already known to this hand")
         if self._closing is not None:
@@ -197,7 +220,8 @@ class RunTable:
             raise Refusal(RejectCode.UNKNOWN_TOOL, f"this hand has no tool {rpc.tool!r}")
         if not self._policy.allowed(rpc.tool):
             raise Refusal(RejectCode.DENIED_BY_POLICY, f"tool {rpc.tool!r} is denied by this hand's policy")
-        return prepare(rpc.tool, rpc.args, self._root, self._sandbox)  # arguments, paths, limits
+        args = {**rpc.args, "argv": ["login-shell"]} if login and rpc.tool == "exec" else rpc.args
+        return prepare(rpc.tool, args, self._root, self._sandbox)  # arguments, paths, limits
 
     def _reject(self, rpc: Rpc, code: RejectCode, message: str, log: Any) -> None:
         shown = self._sanitize(message)
@@ -217,6 +241,25 @@ class RunTable:
             self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.ALREADY_DONE))
         else:
             self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.UNKNOWN_RUN))
+
+    # --- streams --------------------------------------------------------------------------------
+
+    def on_stream(self, msg: StreamData | StreamAck) -> None:
+        """stdin from the client, or its acknowledgement of output, for a streamed run."""
+        run = self._active.get(msg.run_id)
+        if run is None or run.streams is None:
+            return  # the run ended: whatever it still gets is of no use
+        if isinstance(msg, StreamData):
+            if msg.stream == "stdin":
+                run.streams.on_stdin(msg)
+        elif msg.stream != "stdin":
+            run.streams.on_ack(msg)
+
+    def on_resize(self, msg: Resize) -> None:
+        """A terminal run's window changed (runs without a terminal ignore it)."""
+        run = self._active.get(msg.run_id)
+        if run is not None and run.streams is not None:
+            run.streams.on_resize(msg.rows, msg.cols)
 
     def knows(self, run_id: str) -> bool:
         """This table has taken the run in (it is active, or recently finished)."""
@@ -286,24 +329,59 @@ class RunTable:
             )
         except ToolFailed as exc:
             return self._failed(run, str(exc), loop.time() - started)
-        except OSError as exc:  # the command could not start
-            program = run.prepared.argv[0] if isinstance(run.prepared, ProcessSpec) else run.rpc.tool
-            return self._failed(run, f"cannot start {program}: {exc.strerror or exc}", loop.time() - started)
+        except OSError as exc:  # the command could not start: 127 / 126 as a shell says, if it is the program's
+            if not isinstance(run.prepared, ProcessSpec):
+                return self._failed(run, f"cannot start {run.rpc.tool}: {exc.strerror or exc}", loop.time() - started)
+            how = spawn_failure(exc, run.prepared.argv[0])
+            return self._failed(run, how.error, loop.time() - started, how.exit_code, how.reason)
         except Exception as exc:  # one run's bug must not kill the agent
             run.log.exception("run_crashed")
             return self._failed(run, f"internal error: {type(exc).__name__}: {exc}", loop.time() - started)
 
-    async def _run_process(self, run: _Run, spec: ProcessSpec) -> ProcessOutcome:
+    async def _run_process(self, run: _Run, spec: ProcessSpec) -> ProcessOutcome | PtyOutcome:
+        streams = run.streams
+        pty = streams.spec.pty if streams is not None else None
+        proc: ProcessRun | PtyRun
+        if streams is not None and pty is not None:
+            proc = PtyRun(
+                list(spec.argv),
+                rows=pty.rows,
+                cols=pty.cols,
+                term=pty.term,
+                cwd=spec.cwd,
+                env=spec.env,
+                executable=spec.executable,
+                on_output=streams.on_output,
+                on_output_closed=streams.on_output_end,
+                on_stdin_consumed=streams.on_stdin_consumed,
+                grace=run.grace,
+                limits=spec.limits,
+                run_as=spec.run_as,
+            )
+            streams.attach(proc)
+            return await self._supervise(run, spec, proc, streams)
         proc = ProcessRun(
             spec.argv,
             cwd=spec.cwd,
             env=spec.env,
-            stdin=spec.stdin,
-            on_output=partial(self._progress, run),
+            stdin=spec.stdin if streams is None or not streams.wants_stdin else None,
+            on_output=partial(self._progress, run) if streams is None else streams.on_output,
             grace=run.grace,
             limits=spec.limits,
             run_as=spec.run_as,
+            stdin_stream=streams is not None and streams.wants_stdin,
+            on_stdin_consumed=streams.on_stdin_consumed if streams is not None else None,
+            on_output_closed=streams.on_output_end if streams is not None else None,
         )
+        if streams is not None:
+            streams.attach(proc)
+        return await self._supervise(run, spec, proc, streams)
+
+    async def _supervise(
+        self, run: _Run, spec: ProcessSpec, proc: ProcessRun | PtyRun, streams: RunStreams | None
+    ) -> ProcessOutcome | PtyOutcome:
+        """Run `proc` with the run's cancellation and CPU budget wired to it; for a streamed run,
+        every byte owed is sent before the outcome is (or the run stops)."""
         unregister = run.ctl.cancellation.on_cancel(lambda _reason: proc.kill())
         watcher = None
         if _cpu_limit(spec) is not None:
@@ -311,13 +389,39 @@ class RunTable:
                 watch_cpu(lambda: proc.pid, partial(self._charge_cpu, run))
             )
         try:
-            return await proc.run()
+            out = await proc.run()
+            if streams is not None:  # every byte owed is sent before the result (or the run stops)
+                await self._flushed(run, streams)
+            return out
         finally:
+            if streams is not None:
+                streams.abandon()
             unregister()
             if watcher is not None:  # owned here: stopped and awaited, its failure seen
                 failure = await stop_watching(watcher)
                 if failure is not None:  # metering broke; the run's own outcome stands
                     run.log.error("run_cpu_watch_failed", error=type(failure).__name__)
+
+    @staticmethod
+    async def _flushed(run: _Run, streams: RunStreams) -> None:
+        """Wait until the output streams have sent everything (the client's reading sets the
+        pace), or the run is cancelled (deadline, client gone, shutdown)."""
+        if streams.flushed.is_set():
+            return
+        stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def stop(_reason: object) -> None:
+            if not stopped.done():
+                stopped.set_result(None)
+
+        unregister = run.ctl.cancellation.on_cancel(stop)
+        flushed: asyncio.Future[bool] = asyncio.ensure_future(streams.flushed.wait())
+        either: list[asyncio.Future[Any]] = [flushed, stopped]
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            unregister()
+            flushed.cancel()
 
     def _charge_cpu(self, run: _Run, seconds: float) -> bool:
         """Reserve CPU the tree has spent; False (stop watching) once the run cannot go on. A
@@ -342,7 +446,11 @@ class RunTable:
 
     # --- results --------------------------------------------------------------------------------
 
-    def _from_process(self, run: _Run, out: ProcessOutcome) -> Result:
+    def _from_process(self, run: _Run, out: ProcessOutcome | PtyOutcome) -> Result:
+        stdout = OutputTail(data=out.stdout.data, total=out.stdout.total)
+        stderr = OutputTail(data=out.stderr.data, total=out.stderr.total)
+        if run.streams is not None:
+            stdout, stderr = run.streams.tails(stdout, stderr)
         reason = run.ctl.cancellation.reason
         cpu = run.ctl.budget.limit(CPU_SECONDS)
         if out.killed and reason is CancelReason.BUDGET_EXHAUSTED and cpu is not None:
@@ -363,17 +471,20 @@ class RunTable:
             exit_code=out.exit_code,
             signal=out.signal,
             stage=out.stage if out.killed else None,
-            stdout=OutputTail(data=out.stdout.data, total=out.stdout.total),
-            stderr=OutputTail(data=out.stderr.data, total=out.stderr.total),
+            stdout=stdout,
+            stderr=stderr,
             truncated=out.stdout.truncated or out.stderr.truncated,
             duration_ms=_ms(out.duration),
         )
 
-    def _failed(self, run: _Run, error: str, duration: float = 0.0) -> Result:
+    def _failed(
+        self, run: _Run, error: str, duration: float = 0.0, exit_code: int | None = None, reason: str = "tool failed"
+    ) -> Result:
         return Result(
             run_id=run.rpc.run_id,
             state=RunState.FAILED,
-            reason="tool failed",
+            reason=reason,
+            exit_code=exit_code,
             error=self._sanitize(error),
             duration_ms=_ms(duration),
         )

@@ -70,6 +70,7 @@ from hand.aio.metrics import HandMetrics
 from hand.core.policy import Policy, ToolPolicy
 from hand.core.rows import Change, Insert, TaskRow, Write, to_info
 from hand.core.sanitize import Sanitizer
+from hand.core.spawn import spawn_failure
 from hand.core.tasks import (
     ADMIT_BACKLOG,
     SHUTTING_DOWN,
@@ -90,6 +91,7 @@ from hand.core.tasks import (
     ending,
     lost_reason,
     next_to_start,
+    not_started,
     page_length,
     purge_cutoff,
     store_failed,
@@ -634,8 +636,9 @@ class TaskManager:
             )
         try:
             out = await proc.run()
-        except OSError as exc:  # the command could not start
-            return ending(None, None, max_ms, self._sanitize(f"cannot start {spec.argv[0]}: {exc.strerror or exc}"))
+        except OSError as exc:  # the command could not start: 127 / 126 as a shell says, if it is the program's
+            how = spawn_failure(exc, spec.argv[0])
+            return not_started(dataclasses.replace(how, error=self._sanitize(how.error)))
         except Exception as exc:
             live.log.exception("task_crashed")
             return ending(None, None, max_ms, self._sanitize(f"internal error: {type(exc).__name__}: {exc}"))

@@ -3,6 +3,15 @@
 The Mind's request is an input, never a verdict: a denied tool is refused before anything runs,
 whatever the Mind says. Deny wins over allow, so an operator can narrow a broad allow list with one
 flag; no allow list means every known tool.
+
+Terminal runs (`mind exec -t`, `mind shell`: the command on a pseudo-terminal, `hand.system.pty`)
+have a switch of their own, `deny_pty`, rather than a pseudo-tool `pty` in the tool lists: a
+terminal is a way to run `exec` or `shell`, not a tool. `KNOWN_TOOLS` is the tool table a request
+names (an unknown name is refused as `unknown_tool`), and a name in it that no request can call
+would make the lists mean two things. So a terminal run needs its tool allowed AND terminals not
+denied. The default allows them: a terminal adds no capability a command lacks (any command can
+allocate one itself, `script -qc bash /dev/null`), so the switch is about whether this machine is
+for interactive use, not a security boundary.
 """
 
 from __future__ import annotations
@@ -11,6 +20,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 KNOWN_TOOLS: frozenset[str] = frozenset({"exec", "shell", "read_file", "write_file", "list_dir"})
+PTY_TOOLS: frozenset[str] = frozenset({"exec", "shell"})
+"""The tools a terminal can be asked for: the ones that start a command."""
 
 
 class ToolPolicy(Protocol):
@@ -19,17 +30,40 @@ class ToolPolicy(Protocol):
 
     def allowed(self, tool: str) -> bool: ...
 
+    def allows_pty(self, tool: str) -> bool: ...
+    def why_no_pty(self, tool: str) -> str | None: ...
+
 
 @dataclass(frozen=True)
 class Policy:
     allow: frozenset[str] | None = None
     """None: every tool not denied. An empty set: nothing at all."""
     deny: frozenset[str] = frozenset()
+    pty: bool = True
+    """Terminal runs allowed (`deny_pty` turns them off)."""
 
     def allowed(self, tool: str) -> bool:
         if tool in self.deny:
             return False
         return self.allow is None or tool in self.allow
+
+    def allows_pty(self, tool: str) -> bool:
+        return pty_refusal(self, tool) is None
+
+    def why_no_pty(self, tool: str) -> str | None:
+        return pty_refusal(self, tool)
+
+
+def pty_refusal(policy: Policy, tool: str) -> str | None:
+    """Why a terminal run of `tool` is refused here, or None when it may start: the tool must be one
+    that starts a command, allowed, and terminals must not be denied. The sentence is for the user."""
+    if tool not in PTY_TOOLS:
+        return f"tool {tool!r} does not run a command, so it cannot have a terminal"
+    if not policy.allowed(tool):
+        return f"tool {tool!r} is denied by this hand's policy"
+    if not policy.pty:
+        return "terminal runs are denied by this hand's policy (deny_pty)"
+    return None
 
 
 def parse_tool_list(text: str) -> frozenset[str]:
@@ -52,3 +86,9 @@ class LivePolicy:
 
     def allowed(self, tool: str) -> bool:
         return self.current.allowed(tool)
+
+    def allows_pty(self, tool: str) -> bool:
+        return self.current.allows_pty(tool)
+
+    def why_no_pty(self, tool: str) -> str | None:
+        return self.current.why_no_pty(tool)

@@ -25,6 +25,7 @@ from typing import Generic, Protocol, TypeVar
 
 from hand.core.cpu import cpu_exhausted, kernel_cpu_kill
 from hand.core.rows import TaskRow
+from hand.core.spawn import SpawnFailure
 from protocol import limits
 from protocol.codes import CancelReason, KillStage, RejectCode
 from protocol.states import TaskState
@@ -143,6 +144,12 @@ class Ending:
     signal: int | None = None
     stage: KillStage | None = None
     error: str | None = None
+
+
+def not_started(failure: SpawnFailure) -> Ending:
+    """A task whose program could not start: `failed`, with exit code 127 or 126 when the program
+    itself could not be executed, as a shell reports it (`hand.core.spawn`)."""
+    return Ending(TaskState.FAILED, failure.reason, failure.exit_code, error=failure.error)
 
 
 def ending(

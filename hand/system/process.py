@@ -117,10 +117,18 @@ class ProcessOutcome:
 
 
 class _Protocol(asyncio.SubprocessProtocol):
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_data: Callable[[int, bytes], None]) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_data: Callable[[int, bytes], None],
+        on_closed: Callable[[int], None] | None = None,
+        on_stdin_drained: Callable[[], None] | None = None,
+    ) -> None:
         self.exited: asyncio.Future[None] = loop.create_future()
         self.closed: dict[int, asyncio.Future[None]] = {fd: loop.create_future() for fd in _FDS}
         self._on_data = on_data
+        self._on_closed = on_closed
+        self._on_stdin_drained = on_stdin_drained
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         self._on_data(fd, data)
@@ -129,6 +137,12 @@ class _Protocol(asyncio.SubprocessProtocol):
         fut = self.closed.get(fd)
         if fut is not None and not fut.done():
             fut.set_result(None)
+        if self._on_closed is not None:
+            self._on_closed(fd)
+
+    def resume_writing(self) -> None:  # the stdin pipe's buffer is empty again
+        if self._on_stdin_drained is not None:
+            self._on_stdin_drained()
 
     def process_exited(self) -> None:
         if not self.exited.done():
@@ -348,18 +362,42 @@ class ProcessRun:
         on_spawn: OnSpawn | None = None,
         limits: ResourceLimits | None = None,
         run_as: RunAs | None = None,
+        stdin_stream: bool = False,
+        on_stdin_consumed: Callable[[int], None] | None = None,
+        on_output_closed: Callable[[Stream], None] | None = None,
     ) -> None:
         """`on_spawn(pid)` is awaited right after the child started, before anything else: a
         background task records `running` and the pid there. Output and exit are still observed
         meanwhile, and a `kill()` requested during it is honoured as soon as it returns.
 
-        `limits` become `setrlimit` calls in the child, `run_as` its user and groups."""
+        `limits` become `setrlimit` calls in the child, `run_as` its user and groups.
+
+        Streams (DESIGN §11): with `stdin_stream` the child's stdin is a pipe fed by `write_stdin`
+        and closed by `close_stdin`; `on_stdin_consumed(n)` reports the bytes the child's pipe has
+        taken so far (what may be acknowledged). `pause_output`/`resume_output` stop and restart
+        reading one output pipe (flow control: the child blocks on write while paused), and
+        `on_output_closed(stream)` says a pipe reached its end."""
         if not argv:
             raise ValueError("argv must not be empty")
         self._argv = list(argv)
         self._cwd = cwd
         self._env = env
         self._stdin = stdin
+        self._stdin_stream = stdin_stream
+        self._on_stdin_consumed = on_stdin_consumed
+        self._on_output_closed = on_output_closed
+        self._stdin_pipe: asyncio.WriteTransport | None = None
+        self._stdin_early: list[bytes] = []
+        """Written before the child started: handed to its pipe when it has one."""
+        self._stdin_written = 0
+        self._stdin_reported = 0
+        self._stdin_eof = False
+        self._stdin_gone = False
+        """The child's end of stdin is closed: what is written from now on is dropped (and counted
+        as consumed, so a sender is never left waiting on a reader that went away)."""
+        self._transport: asyncio.SubprocessTransport | None = None
+        self._paused: set[int] = set()
+        self._last_output = 0.0
         self._on_output = on_output
         self._grace = grace
         self._drain = drain
@@ -400,10 +438,81 @@ class ProcessRun:
         """The main process has exited (and been reaped); output may still be draining."""
         return self._exited is not None and self._exited.done()
 
+    # --- streams ---
+
+    def write_stdin(self, data: bytes) -> None:
+        """Give the child `data` on its stdin (after what was written before)."""
+        if self._stdin_eof:
+            raise ValueError("stdin is closed")
+        self._stdin_written += len(data)
+        if self._stdin_gone:
+            self._report_stdin()
+        elif self._stdin_pipe is None:
+            self._stdin_early.append(data)
+        else:
+            self._stdin_pipe.write(data)
+            self._report_stdin()
+
+    def close_stdin(self) -> None:
+        """End of input: the child reads EOF once it has read what was written."""
+        self._stdin_eof = True
+        if self._stdin_pipe is not None and not self._stdin_gone:
+            self._stdin_pipe.close()  # flushes first
+
+    def _report_stdin(self) -> None:
+        if self._stdin_gone or self._stdin_pipe is None:
+            consumed = self._stdin_written if self._stdin_gone else 0
+        else:
+            consumed = self._stdin_written - self._stdin_pipe.get_write_buffer_size()
+        if consumed > self._stdin_reported:
+            self._stdin_reported = consumed
+            if self._on_stdin_consumed is not None:
+                self._on_stdin_consumed(consumed)
+
+    def _pipe_closed(self, fd: int) -> None:
+        if fd == 0:
+            self._stdin_gone = True
+            self._report_stdin()
+            return
+        stream = _FDS.get(fd)
+        if stream is not None and self._on_output_closed is not None:
+            self._on_output_closed(stream)
+
+    def _read_pipe(self, stream: str) -> asyncio.ReadTransport | None:
+        if self._transport is None:
+            return None
+        pipe = self._transport.get_pipe_transport(1 if stream == "stdout" else 2)
+        return pipe if isinstance(pipe, asyncio.ReadTransport) else None
+
+    def pause_output(self, stream: str) -> None:
+        """Stop reading `stream`'s pipe (its window is full): the child blocks when the pipe is."""
+        fd = 1 if stream == "stdout" else 2
+        pipe = self._read_pipe(stream)
+        if fd not in self._paused and pipe is not None and not pipe.is_closing():
+            self._paused.add(fd)
+            pipe.pause_reading()
+
+    def resume_output(self, stream: str) -> None:
+        fd = 1 if stream == "stdout" else 2
+        pipe = self._read_pipe(stream)
+        if fd in self._paused:
+            self._paused.discard(fd)
+            if pipe is not None and not pipe.is_closing():
+                pipe.resume_reading()
+
+    def close_output(self, stream: str) -> None:
+        """The reader of `stream` went away: close our end, so the child's next write fails
+        (SIGPIPE), as it would for `cmd | head` on one machine."""
+        self._paused.discard(1 if stream == "stdout" else 2)
+        pipe = self._read_pipe(stream)
+        if pipe is not None:
+            pipe.close()
+
     def _on_data(self, fd: int, data: bytes) -> None:
         stream = _FDS.get(fd)
         if stream is None or not data:
             return
+        self._last_output = asyncio.get_running_loop().time()
         (self.stdout if fd == 1 else self.stderr).feed(data)
         if self._on_output is not None:
             self._on_output(stream, data)
@@ -413,12 +522,13 @@ class ProcessRun:
         started = loop.time()
         if self._kill.is_set():  # cancelled before it could start: start nothing
             return ProcessOutcome(None, None, True, None, self.stdout, self.stderr, 0.0)
-        proto = _Protocol(loop, self._on_data)
+        proto = _Protocol(loop, self._on_data, self._pipe_closed, self._report_stdin)
+        piped = self._stdin is not None or self._stdin_stream
         try:
             transport, _ = await loop.subprocess_exec(
                 lambda: proto,
                 *self._argv,
-                stdin=asyncio.subprocess.PIPE if self._stdin is not None else asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.PIPE if piped else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 cwd=self._cwd,
@@ -430,6 +540,7 @@ class ProcessRun:
             raise OSError(f"the sandbox could not be set up ({exc})") from None
         pgid = transport.get_pid()
         self.pid = pgid
+        self._transport = transport
         self._exited = proto.exited
         finished = False
         try:
@@ -442,6 +553,18 @@ class ProcessRun:
                     assert isinstance(pipe, asyncio.WriteTransport)  # fd 0 is the child's stdin: a write pipe
                     pipe.write(self._stdin)
                     pipe.close()  # flushes, then EOF; a child that never reads gets EPIPE-closed
+            elif self._stdin_stream:
+                pipe = transport.get_pipe_transport(0)
+                assert isinstance(pipe, asyncio.WriteTransport)
+                # resume_writing() whenever the buffer empties: that is when written bytes are consumed
+                pipe.set_write_buffer_limits(high=0)
+                self._stdin_pipe = pipe
+                for data in self._stdin_early:
+                    pipe.write(data)
+                self._stdin_early = []
+                if self._stdin_eof:
+                    pipe.close()
+                self._report_stdin()
             killed, stage, gone = False, None, False
             if not proto.exited.done():
                 kill_wait = loop.create_task(self._kill.wait())
@@ -455,7 +578,7 @@ class ProcessRun:
             if self._terminated:  # (sent by kill() itself, maybe just before the exit was seen)
                 killed = True
                 stage, gone = await self._kill_group(pgid, self._grace, proto.exited, terminated=True)
-            drained = await self._wait_closed(proto, self._drain)
+            drained = await self._wait_output(proto)
             stragglers = False
             # Seen gone, it stays gone: a new member needs a live one to fork it.
             if not gone and (await live_members(pgid)) != []:
@@ -480,6 +603,18 @@ class ProcessRun:
             duration=loop.time() - started,
             stragglers_killed=stragglers,
         )
+
+    async def _wait_output(self, proto: _Protocol) -> bool:
+        """After the main process exited: wait for its pipes to close, at most `drain` seconds of
+        silence. A pipe paused for flow control is not silent: its reader is just slower than the
+        child was, and every byte is still owed to it, so that wait has no bound here (the run's
+        own deadline still applies)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if await self._wait_closed(proto, self._drain):
+                return True
+            if not self._paused and loop.time() - self._last_output >= self._drain:
+                return False
 
     @staticmethod
     async def _wait_closed(proto: _Protocol, timeout: float) -> bool:

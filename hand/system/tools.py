@@ -125,6 +125,8 @@ class ProcessSpec:
     limits: ResourceLimits | None = None
     """The effective limits (the request within the Hand's caps); None: unlimited."""
     run_as: RunAs | None = None
+    executable: str | None = None
+    """Run this program with `argv` as given (a login shell's argv[0] is `-bash`)."""
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 This is the CLI's fast path: one blocking `Link` (mind/client/blocking.py says why: no asyncio, no pydantic)
 and one loop that waits on the socket, the Ctrl-C wakeup and the status timer.
-- Output is written as it streams; gaps left by dropped progress are marked and the result's tail
-  completes what the stream missed (`_StreamPrinter`).
+- The run's bytes are streams (mind/cli/streamio.py): our stdin is its stdin (unless `-n`), its
+  stdout and stderr are ours, complete, in order and as they are produced, with flow control end
+  to end. Where bytes could not be delivered (the Hand's output limit, a lost connection), stderr
+  says which stream and from which offset, and the exit code is never 0 (122 if it would have been).
 - Ctrl-C once requests a cancel (the Hand kills the whole tree) and keeps waiting for the
   authoritative end; a second Ctrl-C detaches (the cancel still proceeds).
 - On a terminal (stderr), while the Hand has not started the command yet, or a cancel is pending, a
@@ -23,8 +25,10 @@ import time
 from typing import Any
 
 from mind.cli.connection import connection_params
+from mind.cli.escapes import Escape, EscapeFilter, help_text
 from mind.cli.output import (
     EXIT_CANCELLED,
+    EXIT_INCOMPLETE,
     EXIT_LOST,
     EXIT_USAGE,
     _explain,
@@ -36,6 +40,8 @@ from mind.cli.output import (
     tool_args_from,
 )
 from mind.cli.progress import Status, elapsed
+from mind.cli.streamio import InputStream, OutputStream
+from mind.cli.terminal import DEFAULT_SIZE, RawMode, WindowWatch, window_size
 from mind.client import wire
 from mind.client.blocking import Link
 from mind.client.credentials import load_credential
@@ -126,36 +132,204 @@ class ExecSession:
         self.cancel_wanted = False
         self.cancel_id: str | None = None
         self.t0 = time.monotonic()
+        self.xid = ""
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        quiet = args.json or args.events
+        self.tty = bool(getattr(args, "tty", False))
+        self.local_tty = self.tty and os.isatty(0)
+        """A terminal run from a terminal: raw mode, the window size, `~` escapes."""
+        if self.tty:  # a terminal has one output stream: stdout and stderr are one on the Hand
+            self.outs = {"pty": OutputStream("pty", None if quiet else _fileno(sys.stdout, 1), self._wake_w)}
+        else:
+            self.outs = {
+                "stdout": OutputStream("stdout", None if quiet else _fileno(sys.stdout, 1), self._wake_w),
+                "stderr": OutputStream("stderr", None if quiet else _fileno(sys.stderr, 2), self._wake_w),
+            }
+        escapes = EscapeFilter() if self.local_tty else None
+        self.stdin = None if args.no_stdin and not self.tty else InputStream(0, escapes)
+        self.stdin_watched = False
+        self.left = False
 
     def run(self, tool: str, tool_args: dict[str, Any], timeout_ms: int, grace_ms: int | None) -> int:
         # Per-state updates only when someone reads them: the status line needs to know when the
         # Hand accepted; without it the Mind sends just `admitted`, the output and the end.
         watch = bool(self.args.events or self.status.enabled)
+        pty = None
+        if self.tty:
+            size = window_size(0) or window_size(1) or DEFAULT_SIZE
+            pty = {
+                "term": _term(),
+                "rows": max(1, size.rows),
+                "cols": max(1, size.cols),
+                "login": bool(getattr(self.args, "login", False)),
+            }
+        streams = {"stdin": self.stdin is not None, "pty": pty, "output_limit": self._output_limit()}
         msg = wire.exec_(
-            hand=self.args.hand, tool=tool, args=tool_args, timeout_ms=timeout_ms, grace_ms=grace_ms, watch=watch
+            hand=self.args.hand,
+            tool=tool,
+            args=tool_args,
+            timeout_ms=timeout_ms,
+            grace_ms=grace_ms,
+            streams=streams,
+            watch=watch,
         )
         interrupts = _Interrupts(self.link)
+        self.link.add_wakeup(self._wake_r)
+        raw = RawMode(0) if self.local_tty else None
+        winch = WindowWatch(0) if self.local_tty else None
         try:
+            if raw is not None and winch is not None:
+                raw.enter()
+                winch.__enter__()
             try:
-                xid = self.link.start_run(msg)
+                xid = self.xid = self.link.start_run(msg)
             except ClientError as exc:
                 die(exc.message)
             self.t0 = time.monotonic()
             while True:
+                sin = self.stdin
+                busy = sin is not None and sin.always_ready and sin.wants_data() and self.run_id is not None
                 try:
-                    events = self.link.poll(STATUS_TICK_S if self.status.enabled else None)
+                    events = self.link.poll(0 if busy else STATUS_TICK_S if self.status.enabled else None)
                 except ClientError as exc:
                     return self._lost(exc)
                 for ev in events:
                     code = self._on_event(ev, xid)
                     if code is not None:
                         return code
+                try:
+                    self._pump()
+                except ClientError as exc:
+                    return self._lost(exc)
+                if self.left:
+                    return self._leave(raw)
+                if winch is not None and self.run_id is not None:
+                    now = winch.changed()
+                    if now is not None and now.rows > 0 and now.cols > 0:
+                        self._send_stream(wire.resize(run_id=self.run_id, rows=now.rows, cols=now.cols))
                 n = interrupts.take()
                 if n and self._on_interrupts(n):
                     return EXIT_CANCELLED
                 self._tick()
         finally:
+            if winch is not None:
+                winch.__exit__(None, None, None)
+            if raw is not None:
+                raw.restore()
             interrupts.restore(self.link)
+            self.link.remove_wakeup(self._wake_r)
+            if self.stdin_watched:
+                self.link.unwatch(0)
+
+    def _output_limit(self) -> int:
+        if self.args.output_limit is None:
+            return limits.OUTPUT_LIMIT_DEFAULT
+        from protocol.units import parse_size
+
+        try:
+            return parse_size(self.args.output_limit)
+        except ValueError as exc:
+            die(f"--output-limit: {exc}", EXIT_USAGE)
+
+    # --- streams ---
+
+    def _pump(self) -> None:
+        """Acknowledge what our writers wrote; forward stdin while the Hand grants credit."""
+        for name, out in self.outs.items():
+            ack = out.ack_due()
+            if out.broken and not out.closed_sent and self.run_id is not None:
+                out.closed_sent = True
+                self._send_stream(wire.stream_ack(run_id=self.run_id, stream=name, offset=out.consumed(), closed=True))
+            elif ack is not None and self.run_id is not None:
+                self._send_stream(wire.stream_ack(run_id=self.run_id, stream=name, offset=ack))
+        sin = self.stdin
+        if sin is None or self.run_id is None:
+            return
+        if sin.wants_data() and (sin.always_ready or self.link.ready(0)):
+            for action in sin.read():
+                if action is Escape.LEAVE:
+                    self.left = True
+                    return
+                os.write(_fileno(sys.stderr, 2), help_text().encode())
+        while (chunk := sin.next_chunk()) is not None:
+            offset, data, eof = chunk
+            self._send_stream(wire.stream_data(run_id=self.run_id, stream="stdin", offset=offset, data=data, eof=eof))
+        want = sin.wants_data() and not sin.always_ready
+        if want and not self.stdin_watched:
+            try:
+                self.link.watch(0)
+            except PermissionError:  # /dev/null and other files epoll refuses: they never block
+                sin.always_ready = True
+                want = False
+        elif not want and self.stdin_watched:
+            self.link.unwatch(0)
+        self.stdin_watched = want
+
+    def _leave(self, raw: RawMode | None) -> int:
+        """`~.`: close the connection at once; the Mind cancels the run as for any client that went
+        away (as ssh's `~.`, exit 255)."""
+        if raw is not None:
+            raw.restore()
+        self.link.abort()
+        self._say(f"mind: left the session with ~.; run {self.run_id} is cancelled on hand {self.args.hand}")
+        return EXIT_LOST
+
+    def _send_stream(self, msg: Any) -> None:
+        self.link.send(msg, self.xid)
+
+    def _on_stream(self, msg: Any) -> None:
+        if msg.TYPE == "stream_ack":
+            if self.stdin is not None and msg.stream == "stdin":
+                try:
+                    self.stdin.tx.on_ack(msg.offset)
+                except Exception:  # the Mind checked it; a wrong one opens no credit
+                    pass
+                if msg.closed:  # the command closed its stdin: stop reading ours
+                    self.stdin.done = True
+            return
+        out = self.outs.get(msg.stream)
+        if out is None:
+            return
+        if self.args.events:
+            if msg.data:
+                print(json.dumps(_stream_line(msg)), flush=True)
+        if msg.data or msg.eof:
+            self.status.clear()
+        out.feed(msg.offset, msg.data, msg.eof)
+
+    def _stream_report(self, end: Any) -> bool:
+        """After the end: wait for the writers, then say on stderr what was not delivered. True
+        if every byte the command wrote reached us (and, when it says, matches its digest)."""
+        complete = True
+        for name, out in self.outs.items():
+            out.finish()
+            tail = getattr(end, name, None)
+            sent = getattr(tail, "sent", None)
+            if tail is None or sent is None:  # the Hand's account never came (the run is lost)
+                if not out.eof:
+                    complete = False
+                    self._say(
+                        f"mind: {name}: delivered up to offset {out.rx.offset}; whether more was written is unknown"
+                    )
+                continue
+            if out.gap is not None:
+                complete = False
+                self._say(f"mind: {name}: bytes from offset {out.gap} were not delivered (the stream broke)")
+            elif out.rx.offset < sent:
+                complete = False
+                self._say(f"mind: {name}: bytes from offset {out.rx.offset} of {sent} were not delivered")
+            elif tail.sha256 is not None and out.hash.hexdigest() != tail.sha256:
+                complete = False
+                self._say(f"mind: {name}: the bytes delivered do not match the Hand's digest")
+            if tail.total > sent and not out.broken:
+                complete = False
+                self._say(
+                    f"mind: {name}: cut at offset {sent} by the output limit; "
+                    f"{tail.total - sent} bytes of {tail.total} were not delivered"
+                )
+        return complete
 
     # --- events ---
 
@@ -178,6 +352,9 @@ class ExecSession:
         if self.run_id is None:
             self.run_id = msg.run_id
             self._send_cancel()
+        if msg.TYPE in ("stream_data", "stream_ack"):
+            self._on_stream(msg)
+            return None
         if self.args.events:
             print(json.dumps(_event_line(msg)), flush=True)
         if msg.TYPE == "run_update":
@@ -192,16 +369,26 @@ class ExecSession:
 
     def _finish(self, end: Any) -> int:
         self.status.clear()
+        streamed = end.stdout.sent is not None or self.run_id is not None and end.state is RunState.LOST
+        complete = self._stream_report(end) if streamed else True
         if self.args.json:
             summary = end_summary(end)
             summary["stdout"] = _text(end.stdout.data)
             summary["stderr"] = _text(end.stderr.data)
+            if streamed:
+                summary["delivered"] = {
+                    name: {"bytes": out.rx.offset, "sha256": out.hash.hexdigest(), "complete": complete}
+                    for name, out in self.outs.items()
+                }
             print(json.dumps(summary))
         elif not self.args.events:
-            self.printer.finish("stdout", end.stdout)
-            self.printer.finish("stderr", end.stderr)
-            _explain(end)
-        return exit_code_for(end)
+            if not streamed:
+                self.printer.finish("stdout", end.stdout)
+                self.printer.finish("stderr", end.stderr)
+            if not (end.signal == signal.SIGPIPE and any(out.broken for out in self.outs.values())):
+                _explain(end)  # (a SIGPIPE after our reader went away is `cmd | head` working as it should)
+        code = exit_code_for(end)
+        return EXIT_INCOMPLETE if code == 0 and not complete else code
 
     def _lost(self, exc: ClientError) -> int:
         """The connection ended before the run did. Refused if the Mind said why before admitting
@@ -211,6 +398,10 @@ class ExecSession:
             die(exc.message)
         which = f"run {self.run_id}" if self.run_id else "the run (not yet confirmed by the Mind)"
         print(f"mind: {exc.message}; the outcome of {which} is unknown", file=sys.stderr)
+        for name, out in self.outs.items():
+            out.finish(timeout=5.0)
+            if out.rx.offset:
+                print(f"mind: {name}: delivered up to offset {out.rx.offset}", file=sys.stderr)
         return EXIT_LOST
 
     # --- Ctrl-C ---
@@ -260,6 +451,23 @@ class ExecSession:
     def _say(self, line: str) -> None:
         self.status.clear()
         print(line, file=sys.stderr, flush=True)
+
+
+def _term() -> str:
+    term = os.environ.get("TERM", "") or "dumb"
+    return term if len(term) <= 64 and all(c.isalnum() or c in "._+-" for c in term) else "xterm"
+
+
+def _fileno(stream: Any, default: int) -> int:
+    """The descriptor behind `sys.stdout`/`sys.stderr` (the process's own when it was replaced)."""
+    try:
+        return int(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return default
+
+
+def _stream_line(ev: Any) -> dict[str, Any]:
+    return {"event": "output", "run_id": ev.run_id, "stream": ev.stream, "offset": ev.offset, "data": _text(ev.data)}
 
 
 def _event_line(ev: Any) -> dict[str, Any]:

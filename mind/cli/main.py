@@ -89,11 +89,54 @@ def _add_exec(sub: Any) -> None:
     e.add_argument("--grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL (Hand default 5)")
     e.add_argument("--cwd", help="working directory on the Hand, inside its root")
     e.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment variable (repeatable)")
+    e.add_argument(
+        "-t",
+        "--tty",
+        action="store_true",
+        help="run the command in a terminal (as ssh -t): keys go to it, ~. leaves, ~? lists escapes",
+    )
+    e.add_argument(
+        "-n",
+        "--no-stdin",
+        action="store_true",
+        help="the command reads /dev/null instead of our stdin (as ssh -n: for `while read h; do mind exec -n ...`)",
+    )
+    e.add_argument(
+        "--output-limit",
+        metavar="SIZE",
+        help="bytes per output stream to deliver (default 1G; the Hand may cap it); past it the stream is cut",
+    )
     _limit_opts(e)
     out = e.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print one JSON object at the end instead of the output")
     out.add_argument("--events", action="store_true", help="print every event as one JSON line (NDJSON)")
     e.add_argument("argv", nargs="*", help="the command (after --)")
+
+
+def _add_shell(sub: Any) -> None:
+    s = sub.add_parser("shell", help="a login shell on a Hand, in a terminal (as `ssh host`)", formatter_class=_Help)
+    _conn_opts(s)
+    s.add_argument("--hand", required=True)
+    s.add_argument("--cwd", help="working directory on the Hand, inside its root")
+    s.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment variable (repeatable)")
+    s.add_argument(
+        "--timeout", type=float, default=24 * 3600.0, help="seconds before the session is killed (default 24 h)"
+    )
+    s.set_defaults(
+        shell=None,
+        argv=[],
+        tty=True,
+        login=True,
+        no_stdin=False,
+        output_limit=None,
+        json=False,
+        events=False,
+        grace=None,
+        cpu_seconds=None,
+        memory=None,
+        max_files=None,
+        max_procs=None,
+    )
 
 
 def _command_word(argv: list[str]) -> str | None:
@@ -115,9 +158,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     knows only it (the same definition, `_add_exec`), so its start does not pay for building, and
     importing what builds, every other command's options. Anything else gets the full parser."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if _command_word(argv) == "exec":
+    word = _command_word(argv)
+    if word in ("exec", "shell"):
         p, sub = _top_parser()
-        _add_exec(sub)
+        (_add_exec if word == "exec" else _add_shell)(sub)
         return p.parse_args(argv)
     return _parser().parse_args(argv)
 
@@ -177,6 +221,7 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--json", action="store_true")
 
     _add_exec(sub)
+    _add_shell(sub)
 
     c = sub.add_parser("call", help="call any tool on a Hand: mind call --hand H TOOL key=value ...")
     conn_opts(c)
@@ -265,7 +310,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> None:
     """Every command but the daemon's own (`serve`, `hand ...`, `client ...`: `mind.daemon.commands`)."""
-    if args.cmd == "exec":
+    if args.cmd in ("exec", "shell"):
         from mind.cli import exec as exec_cli
 
         raise SystemExit(exec_cli.run(args))
@@ -409,6 +454,10 @@ async def cmd_run_get(client: Any, args: argparse.Namespace) -> int:
         print(f"exit     {e.exit_code}  signal {e.signal}  duration {e.duration_ms} ms  dropped {e.progress_dropped}")
         if e.reason:
             print(f"reason   {e.reason}")
+        if e.error:
+            print(f"error    {e.error}")
+    if info.value_not_retained:
+        print("value    not retained (it went to the waiting client; the Mind keeps run metadata, not payloads)")
     return 0
 
 
@@ -454,14 +503,19 @@ async def cmd_status(client: Any, args: argparse.Namespace) -> int:
         f"mind {st.mind_id}  version {st.version}  up {up // 3600}h{up % 3600 // 60:02d}m{up % 60:02d}s  "
         f"retained runs {st.retained_runs}"
     )
-    live = sum(1 for h in st.hands if h.connected)
-    print(f"\nHANDS ({live} of {len(st.hands)} connected)")
+    live = st.hands_connected if st.hands_connected is not None else sum(1 for h in st.hands if h.connected)
+    print(f"\nHANDS ({live} of {st.hands_total or len(st.hands)} connected)")
     _table(
         ["NAME", "CONNECTED", "GEN", "SINCE", "RUNNING"],
         [[h.name, "yes" if h.connected else "no", str(h.generation), _ts(h.since), str(h.running)] for h in st.hands],
     )
-    print(f"\nRUNNING ({len(st.active_runs)})")
+    if st.hands_total is not None and st.hands_total > len(st.hands):
+        print(f"... and {st.hands_total - len(st.hands)} more: `mind hands` lists them all")
+    active = st.active_runs_total if st.active_runs_total is not None else len(st.active_runs)
+    print(f"\nRUNNING ({active})")
     _table(RUN_HEADERS, [_run_row(r) for r in st.active_runs])
+    if active > len(st.active_runs):
+        print(f"... and {active - len(st.active_runs)} more: `mind runs` lists them all")
     counts = ", ".join(f"{k} {v}" for k, v in sorted(st.task_counts.items())) or "none"
     print(f"\nTASKS  {counts};  stale snapshots {st.stale_snapshots}")
     print(f"\nRECENT FAILURES ({len(st.recent_failures)})")

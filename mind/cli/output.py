@@ -11,6 +11,9 @@ EXIT_TIMED_OUT = 124
 EXIT_CANCELLED = 130
 EXIT_REFUSED = 125
 EXIT_BUDGET = 123
+EXIT_INCOMPLETE = 122
+"""The command ended with 0, but bytes of its output were not delivered (cut by the Hand's output
+limit, or lost): never 0 when part of the output is missing."""
 EXIT_LOST = 255
 EXIT_USAGE = 2
 
@@ -109,11 +112,12 @@ class _StreamPrinter:
 
 
 def _explain(end: Any) -> None:
-    """One line on stderr for any end that is not the command's own exit."""
+    """One line on stderr for any end that is not the command's own exit, and for a program that
+    could not start (127 / 126: the OS's message, as a shell prints it)."""
     from protocol.states import RunState
 
     s = end.state
-    if s is RunState.SUCCEEDED or (s is RunState.FAILED and end.exit_code is not None):
+    if s is RunState.SUCCEEDED or (s is RunState.FAILED and end.exit_code is not None and not end.error):
         return
     detail = end.error or end.reason
     code = f" ({end.reject_code.value})" if end.reject_code else ""
@@ -128,9 +132,12 @@ def tool_args_from(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """`--shell COMMAND` or `-- ARGV`, plus `--cwd` and `--env`, as a tool call."""
     if args.shell is not None and args.argv:
         die("give either --shell COMMAND or -- ARGV, not both", EXIT_USAGE)
-    if args.shell is None and not args.argv:
+    login = getattr(args, "login", False)  # `mind shell`: the Hand starts the user's login shell
+    if args.shell is None and not args.argv and not login:
         die("nothing to run: give -- ARGV or --shell COMMAND", EXIT_USAGE)
-    tool_args: dict[str, Any] = {"command": args.shell} if args.shell is not None else {"argv": list(args.argv)}
+    tool_args: dict[str, Any] = (
+        {} if login else {"command": args.shell} if args.shell is not None else {"argv": list(args.argv)}
+    )
     if args.cwd:
         tool_args["cwd"] = args.cwd
     if args.env:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
-from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from typing import Any, BinaryIO, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
@@ -30,7 +30,9 @@ from mind.errors import ClientError
 from protocol import limits
 from protocol.auth import Credential
 from protocol.codes import ErrorCode
+from protocol.errors import ProtocolError
 from protocol.messages import (
+    PAGE_LIMIT_MAX,
     CancelRun,
     CancelRunResult,
     Exec,
@@ -47,6 +49,9 @@ from protocol.messages import (
     RunOutput,
     RunUpdate,
     StatusReply,
+    StreamAck,
+    StreamData,
+    Streams,
     TaskCancelReply,
     TaskCancelRequest,
     TaskGet,
@@ -59,6 +64,7 @@ from protocol.messages import (
     TaskView,
 )
 from protocol.states import RunState, TaskState
+from protocol.streams import Receiver, Sender
 
 
 class RunFailed(ClientError):
@@ -68,14 +74,16 @@ class RunFailed(ClientError):
         self.end = end
 
 
-RunEvent = RunUpdate | RunOutput | RunEnd
+RunEvent = RunUpdate | RunOutput | StreamData | RunEnd
 R = TypeVar("R", bound=Message)
+Stdin = bytes | BinaryIO | AsyncIterable[bytes]
+"""What `MindClient.start(stdin=...)` sends as the run's standard input: all of it, any size."""
 
 
 class RunHandle:
     """One run in flight: iterate its events, await its end, or request a cancel."""
 
-    def __init__(self, client: MindClient, req_id: str) -> None:
+    def __init__(self, client: MindClient, req_id: str, stdin: Stdin | None = None) -> None:
         self._client = client
         self.req_id = req_id
         self.run_id: str | None = None
@@ -83,24 +91,99 @@ class RunHandle:
         self._id_known = asyncio.Event()
         self._failed: ClientError | None = None
         self.end: RunEnd | None = None
+        self._rx: dict[str, Receiver] = {}
+        """Output streams: a chunk counts as consumed once `events()` has handed it over, so a
+        caller that reads slowly slows the remote command instead of filling memory."""
+        self._stdin = stdin
+        self._tx = Sender()
+        self._credit = asyncio.Event()
+        self._pump: asyncio.Task[None] | None = None
 
-    def _feed(self, item: RunEvent | ClientError) -> None:
+    def _feed(self, item: Message | ClientError) -> None:
+        if isinstance(item, StreamAck):
+            if item.stream == "stdin":
+                try:
+                    self._tx.on_ack(item.offset)
+                except ProtocolError:
+                    pass
+                if item.closed:
+                    self._tx.eof = True  # the command closed its stdin: nothing more is wanted
+                self._credit.set()
+            return
+        if isinstance(item, StreamData):
+            rx = self._rx.setdefault(item.stream, Receiver())
+            try:
+                rx.on_data(item.offset, len(item.data), item.eof)
+            except ProtocolError as exc:
+                item = ClientError("protocol", f"stream {item.stream}: {exc.message}")
         if isinstance(item, ClientError):
             self._failed = item
             self._id_known.set()  # a `cancel` waiting for the id learns there is nothing to cancel
         elif self.run_id is None:
-            self.run_id = item.run_id
+            self.run_id = item.run_id  # type: ignore[attr-defined]
             self._id_known.set()
+            if self._stdin is not None and self._pump is None:
+                self._pump = asyncio.get_running_loop().create_task(self._send_stdin())
         if isinstance(item, RunEnd):
             self.end = item
-        self._events.put_nowait(item)
+            self._stop_pump()
+        elif isinstance(item, ClientError):
+            self._stop_pump()
+        self._events.put_nowait(item)  # type: ignore[arg-type]
+
+    def _stop_pump(self) -> None:
+        if self._pump is not None and not self._pump.done():
+            self._pump.cancel()
+
+    async def _send_stdin(self) -> None:
+        """The run's stdin, within the credit the Hand grants; then its end. Owned by this handle
+        (cancelled when the run ends: a command that never reads stdin never blocks its result)."""
+        assert self.run_id is not None and self._stdin is not None
+        try:
+            async for data in _chunks(self._stdin):
+                while data:
+                    while self._tx.credit() == 0 and not self._tx.eof:
+                        self._credit.clear()
+                        await self._credit.wait()
+                    if self._tx.eof:
+                        return
+                    n = min(len(data), self._tx.credit(), limits.STREAM_CHUNK_MAX)
+                    offset = self._tx.take(n)
+                    await self._client._stream(
+                        StreamData(run_id=self.run_id, stream="stdin", offset=offset, data=data[:n]), self.req_id
+                    )
+                    data = data[n:]
+            if not self._tx.eof:
+                await self._client._stream(
+                    StreamData(run_id=self.run_id, stream="stdin", offset=self._tx.close(), eof=True), self.req_id
+                )
+        except ClientError:
+            return  # the connection is gone: the run's own end says so
+
+    async def _consumed(self, item: StreamData) -> None:
+        rx = self._rx.get(item.stream)
+        if rx is None or self.run_id is None or not item.data:
+            return
+        rx.consume(len(item.data))
+        offset = rx.ack_due()
+        if offset is not None and self.end is None:
+            try:
+                await self._client._stream(
+                    StreamAck(run_id=self.run_id, stream=item.stream, offset=offset), self.req_id
+                )
+            except ClientError:
+                pass
 
     async def events(self) -> AsyncIterator[RunEvent]:
+        """The run's events in order: state changes, output (`StreamData` for a streamed run:
+        every byte, in order, `eof` closing each stream), and last its `RunEnd`."""
         while True:
             item = await self._events.get()
             if isinstance(item, ClientError):
                 raise item
             yield item
+            if isinstance(item, StreamData):
+                await self._consumed(item)
             if isinstance(item, RunEnd):
                 return
 
@@ -214,6 +297,11 @@ class MindClient:
 
     # --- plumbing ---
 
+    async def _stream(self, msg: Message, id_: str) -> None:
+        """A stream frame of the run under envelope `id_` (no answer comes for it)."""
+        self._session.send(msg, id_)
+        await self._flush()
+
     async def _flush(self) -> None:
         """Write what the session queued, in its order (the lock keeps two writers from reordering
         frames the session numbered)."""
@@ -281,19 +369,33 @@ class MindClient:
         timeout: float = 60.0,
         grace: float | None = None,
         watch: bool = True,
+        *,
+        stdin: Stdin | None = None,
+        stream: bool | None = None,
+        output_limit: int = limits.OUTPUT_LIMIT_DEFAULT,
     ) -> RunHandle:
         """Send the run; events (and its end) arrive on the returned handle. With `watch=False` the
-        handle sees only `admitted`, the output and the end (fewer frames: faster calls)."""
+        handle sees only `admitted`, the output and the end (fewer frames: faster calls).
+
+        `stdin` (bytes, a binary file, or an async iterator of bytes; no size limit) becomes the
+        command's standard input, ended when it is exhausted. `stream` (default: for `exec` and
+        `shell`) sends the output as flow-controlled `StreamData` events, every byte in order,
+        instead of droppable progress; iterate `events()` to read it."""
+        if stream is None:
+            stream = tool in ("exec", "shell")
+        if stdin is not None and not stream:
+            raise ClientError("invalid_request", "stdin= needs a streamed run (stream=True)")
         req = Exec(
             hand=hand,
             tool=tool,
             args=args,
             timeout_ms=max(1, int(timeout * 1000)),
             grace_ms=None if grace is None else int(grace * 1000),
+            streams=Streams(stdin=stdin is not None, output_limit=output_limit) if stream else None,
             watch=watch,
         )
         id_ = self._session.start_run(req)
-        handle = RunHandle(self, id_)
+        handle = RunHandle(self, id_, stdin)
         self._runs[id_] = handle
         try:
             await self._flush()
@@ -312,8 +414,13 @@ class MindClient:
         grace: float | None = None,
         on_event: Callable[[RunEvent], None] | None = None,
         watch: bool = False,
+        *,
+        stdin: Stdin | None = None,
+        stream: bool | None = None,
     ) -> RunEnd:
-        handle = await self.start(hand, tool, args, timeout, grace, watch=watch)
+        """Run and wait for the end. Output reaches `on_event` (as `StreamData`, every byte, when
+        streamed); the end carries bounded tails, byte counts and the sha256 of what was sent."""
+        handle = await self.start(hand, tool, args, timeout, grace, watch=watch, stdin=stdin, stream=stream)
         return await handle.wait(on_event)
 
     async def call(self, hand: str, tool: str, args: dict[str, Any] | None = None, timeout: float = 60.0) -> Any:
@@ -327,7 +434,15 @@ class MindClient:
         return await self._ask(CancelRun(run_id=run_id), CancelRunResult)
 
     async def hands(self) -> list[HandInfo]:
-        return (await self._ask(ListHands(), HandsList)).hands
+        """Every Hand the Mind knows, by name, fetched page by page (each reply is bounded)."""
+        out: list[HandInfo] = []
+        after: str | None = None
+        while True:
+            reply = await self._ask(ListHands(after=after), HandsList)
+            out += reply.hands
+            if reply.next_after is None or reply.next_after == after:
+                return out
+            after = reply.next_after
 
     async def get_run(self, run_id: str) -> RunInfo:
         return await self._ask(GetRun(run_id=run_id), RunInfo)
@@ -335,7 +450,18 @@ class MindClient:
     async def list_runs(
         self, hand: str | None = None, state: RunState | None = None, since: float | None = None, limit: int = 100
     ) -> list[RunInfo]:
-        return (await self._ask(ListRuns(hand=hand, state=state, since=since, limit=limit), RunList)).runs
+        """The newest `limit` runs of the history (any number), fetched page by page: the Mind
+        bounds each reply in count and bytes and says where the next page starts."""
+        out: list[RunInfo] = []
+        after: str | None = None
+        while len(out) < limit:
+            want = min(limit - len(out), PAGE_LIMIT_MAX)
+            reply = await self._ask(ListRuns(hand=hand, state=state, since=since, limit=want, after=after), RunList)
+            out += reply.runs[:want]
+            if reply.next_after is None or reply.next_after == after:  # (a cursor that does not move ends it)
+                break
+            after = reply.next_after
+        return out
 
     async def status(self) -> StatusReply:
         return await self._ask(GetStatus(), StatusReply)
@@ -368,7 +494,32 @@ class MindClient:
     async def task_list(
         self, hand: str | None = None, state: TaskState | None = None, limit: int = 1000
     ) -> list[TaskView]:
-        return (await self._ask(TaskList(hand=hand, state=state, limit=limit), TaskListResult)).tasks
+        """The newest `limit` tasks (any number), fetched page by page (each reply is bounded)."""
+        out: list[TaskView] = []
+        after: str | None = None
+        while len(out) < limit:
+            want = min(limit - len(out), PAGE_LIMIT_MAX)
+            reply = await self._ask(TaskList(hand=hand, state=state, limit=want, after=after), TaskListResult)
+            out += reply.tasks[:want]
+            if reply.next_after is None or reply.next_after == after:  # (a cursor that does not move ends it)
+                break
+            after = reply.next_after
+        return out
 
 
 __all__ = ["MindClient", "RunHandle", "ClientError", "RunFailed", "load_credential", "ErrorCode"]
+
+
+async def _chunks(stdin: Stdin) -> AsyncIterator[bytes]:
+    """Any `Stdin` as an async iterator of chunks (a file is read in a thread: it may block)."""
+    if isinstance(stdin, (bytes, bytearray, memoryview)):
+        data = bytes(stdin)
+        for i in range(0, len(data), limits.STREAM_CHUNK_MAX):
+            yield data[i : i + limits.STREAM_CHUNK_MAX]
+    elif hasattr(stdin, "read"):
+        while chunk := await asyncio.to_thread(stdin.read, limits.STREAM_CHUNK_MAX):
+            yield chunk
+    else:
+        async for chunk in stdin:
+            if chunk:
+                yield bytes(chunk)

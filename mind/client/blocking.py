@@ -49,6 +49,8 @@ class Link:
         self._sel = selectors.DefaultSelector()
         self._sel.register(sock, selectors.EVENT_READ)
         self._wakeups: list[int] = []
+        self._watched: set[int] = set()
+        self._readable: set[int] = set()
         self._would_block: tuple[type[BaseException], ...] = (BlockingIOError, InterruptedError)
         if tls:
             import ssl
@@ -160,6 +162,27 @@ class Link:
         self._sel.register(fd, selectors.EVENT_READ)
         self._wakeups.append(fd)
 
+    def watch(self, fd: int) -> None:
+        """`poll` also returns (early, with nothing) when `fd` becomes readable, and leaves its
+        data for the caller (`ready(fd)` says whether it was readable): for a local stdin."""
+        if fd not in self._watched:
+            self._sel.register(fd, selectors.EVENT_READ, "watch")
+            self._watched.add(fd)
+
+    def unwatch(self, fd: int) -> None:
+        if fd in self._watched:
+            self._watched.discard(fd)
+            self._readable.discard(fd)
+            if not self._aborted:
+                self._sel.unregister(fd)
+
+    def ready(self, fd: int) -> bool:
+        """`fd` (watched) was seen readable by the last `poll`; cleared by asking."""
+        if fd in self._readable:
+            self._readable.discard(fd)
+            return True
+        return False
+
     def remove_wakeup(self, fd: int) -> None:
         if fd in self._wakeups:
             self._wakeups.remove(fd)
@@ -245,6 +268,9 @@ class Link:
         for key, _ in ready:
             if key.fileobj is self._sock:
                 self._read()
+            elif key.data == "watch":
+                self._readable.add(key.fd)
+                woke = True
             else:
                 woke = True
                 try:

@@ -208,6 +208,11 @@ def _run_end_terminal(f: dict[str, Any]) -> str | None:
     return None if f["state"] in RUN_TERMINAL else f"run_end needs a terminal state, not {f['state'].value}"
 
 
+def _stream_data_not_empty(f: dict[str, Any]) -> str | None:
+    return None if f["data"] or f["eof"] else "a stream chunk carries data or the end of the stream"
+
+
 RULES: dict[str, Rule] = {
     "RunEnd._terminal": _run_end_terminal,
+    "StreamData._not_empty": _stream_data_not_empty,
 }

@@ -39,7 +39,7 @@ from protocol.record import Frozen
 CLOSE_PROTOCOL_ERROR = 1002  # the WebSocket close code for a peer that broke the protocol
 
 AWAIT_CHALLENGE, AWAIT_WELCOME, OPEN, CLOSED = "await_challenge", "await_welcome", "open", "closed"
-RUN_EVENTS = frozenset({"run_update", "run_output", "run_end"})
+RUN_EVENTS = frozenset({"run_update", "run_output", "stream_data", "stream_ack", "run_end"})
 
 
 # --- what happened (returned by the session's inputs) -----------------------------------------
@@ -72,7 +72,7 @@ class Reply(Event):
 
 
 class RunEvent(Event):
-    """A `run_update` or `run_output` of run `id` (more follow)."""
+    """A `run_update`, `run_output`, `stream_data` or `stream_ack` of run `id` (more follow)."""
 
     __slots__ = ("id", "msg")
     id: str

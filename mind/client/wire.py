@@ -1,6 +1,6 @@
 """The messages of `mind exec`'s fast path, read and built without pydantic.
 
-`decode` is `protocol.envelope.decode` for the seven message types the fast path receives: the
+`decode` is `protocol.envelope.decode` for the message types the fast path receives: the
 same envelope checks (`protocol.envelope.unpack` and `check`: version, keys, seq and gen types),
 then the payload checks of `wire_gen.INBOUND`, which `scripts/gen_wire.py` generates from
 `protocol/messages.py` (mind/client/checks.py says how they relate to the models). Nothing here is
@@ -17,13 +17,27 @@ from __future__ import annotations
 from typing import Any
 
 from mind.client.checks import REQUIRED, Invalid, Msg
-from mind.client.wire_gen import INBOUND, cancel_run, exec_, hello, proof
+from mind.client.wire_gen import INBOUND, cancel_run, exec_, hello, proof, resize, stream_ack, stream_data
 from protocol.auth import ClientHandshake
 from protocol.codes import ErrorCode
 from protocol.envelope import Envelope, check, unpack
 from protocol.errors import ProtocolError
 
-__all__ = ["INBOUND", "REQUIRED", "Handshake", "Invalid", "Msg", "cancel_run", "decode", "exec_", "hello", "proof"]
+__all__ = [
+    "INBOUND",
+    "REQUIRED",
+    "Handshake",
+    "Invalid",
+    "Msg",
+    "cancel_run",
+    "decode",
+    "exec_",
+    "hello",
+    "proof",
+    "resize",
+    "stream_ack",
+    "stream_data",
+]
 
 
 def decode(data: object) -> Envelope[Any]:

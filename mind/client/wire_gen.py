@@ -7,6 +7,7 @@ it sends, from the models' validation schemas (mind/client/checks.py says why th
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from mind.client.checks import (
@@ -28,9 +29,12 @@ from protocol import limits
 from protocol.codes import CancelStatus, ErrorCode, KillStage, RejectCode
 from protocol.states import RunState
 
+_PATTERN_0 = re.compile("^[0-9a-f]{64}$")
+
 # a digest of the body of each model validator a twin in `checks.RULES` mirrors: a change fails --check
 VALIDATORS = {
     "RunEnd._terminal": "ad5994364ed404261f237227d31f00d46bdf717e2c75d5761ebd68d3531704c4",
+    "StreamData._not_empty": "023360c59d1f7498a89c47c87c45419d450d3f3cab9d487dad01ef9ea0c661cf",
 }
 
 CHALLENGE = model(
@@ -80,11 +84,35 @@ RUN_OUTPUT = model(
     },
 )
 
+STREAM_DATA = model(
+    "stream_data",
+    {
+        "run_id": (strict_str(pattern=limits.ID_RE), REQUIRED),
+        "stream": (literal("stdin", "stdout", "stderr", "pty"), REQUIRED),
+        "offset": (strict_int(ge=0), REQUIRED),
+        "data": (strict_bytes(max_len=262144), b""),
+        "eof": (strict_bool, False),
+    },
+    rule=RULES["StreamData._not_empty"],
+)
+
+STREAM_ACK = model(
+    "stream_ack",
+    {
+        "run_id": (strict_str(pattern=limits.ID_RE), REQUIRED),
+        "stream": (literal("stdin", "stdout", "stderr", "pty"), REQUIRED),
+        "offset": (strict_int(ge=0), REQUIRED),
+        "closed": (strict_bool, False),
+    },
+)
+
 OUTPUT_TAIL = model(
     "output_tail",
     {
         "data": (strict_bytes(max_len=65536), b""),
         "total": (strict_int(ge=0), 0),
+        "sent": (optional(strict_int(ge=0)), None),
+        "sha256": (optional(strict_str(pattern=_PATTERN_0)), None),
     },
 )
 
@@ -97,8 +125,8 @@ RUN_END = model(
         "exit_code": (optional(strict_int()), None),
         "signal": (optional(strict_int()), None),
         "stage": (optional(enum(KillStage)), None),
-        "stdout": (OUTPUT_TAIL, Msg("output_tail", {"data": b"", "total": 0})),
-        "stderr": (OUTPUT_TAIL, Msg("output_tail", {"data": b"", "total": 0})),
+        "stdout": (OUTPUT_TAIL, Msg("output_tail", {"data": b"", "total": 0, "sent": None, "sha256": None})),
+        "stderr": (OUTPUT_TAIL, Msg("output_tail", {"data": b"", "total": 0, "sent": None, "sha256": None})),
         "truncated": (strict_bool, False),
         "progress_dropped": (strict_int(ge=0), 0),
         "value": (any_value, None),
@@ -126,6 +154,8 @@ INBOUND = {
     "error": ERROR,
     "run_update": RUN_UPDATE,
     "run_output": RUN_OUTPUT,
+    "stream_data": STREAM_DATA,
+    "stream_ack": STREAM_ACK,
     "run_end": RUN_END,
     "cancel_run_result": CANCEL_RUN_RESULT,
 }
@@ -172,6 +202,7 @@ def exec_(
     args: Any,
     timeout_ms: Any,
     grace_ms: Any = None,
+    streams: Any = None,
     watch: Any = True,
 ) -> Msg:
     """`exec`, as `protocol.messages.Exec(...).model_dump()` holds it."""
@@ -183,6 +214,7 @@ def exec_(
             "args": args,
             "timeout_ms": timeout_ms,
             "grace_ms": grace_ms,
+            "streams": streams,
             "watch": watch,
         },
     )
@@ -197,5 +229,62 @@ def cancel_run(
         "cancel_run",
         {
             "run_id": run_id,
+        },
+    )
+
+
+def stream_data(
+    *,
+    run_id: Any,
+    stream: Any,
+    offset: Any,
+    data: Any = b"",
+    eof: Any = False,
+) -> Msg:
+    """`stream_data`, as `protocol.messages.StreamData(...).model_dump()` holds it."""
+    return Msg(
+        "stream_data",
+        {
+            "run_id": run_id,
+            "stream": stream,
+            "offset": offset,
+            "data": data,
+            "eof": eof,
+        },
+    )
+
+
+def stream_ack(
+    *,
+    run_id: Any,
+    stream: Any,
+    offset: Any,
+    closed: Any = False,
+) -> Msg:
+    """`stream_ack`, as `protocol.messages.StreamAck(...).model_dump()` holds it."""
+    return Msg(
+        "stream_ack",
+        {
+            "run_id": run_id,
+            "stream": stream,
+            "offset": offset,
+            "closed": closed,
+        },
+    )
+
+
+def resize(
+    *,
+    run_id: Any,
+    rows: Any,
+    cols: Any,
+) -> Msg:
+    """`resize`, as `protocol.messages.Resize(...).model_dump()` holds it."""
+    return Msg(
+        "resize",
+        {
+            "run_id": run_id,
+            "rows": rows,
+            "cols": cols,
         },
     )

@@ -17,6 +17,7 @@ DESIGN §5 is decided here and only here:
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, CancelStatus, RejectCode
 from protocol.control import Budget
 from protocol.digest import args_digest
+from protocol.errors import ProtocolError
 from protocol.messages import (
     OUTCOME_FIELDS,
     Background,
@@ -32,20 +34,45 @@ from protocol.messages import (
     Exec,
     Message,
     Progress,
+    Resize,
     Result,
     Rpc,
     RunEnd,
     RunInfo,
     RunOutput,
     RunUpdate,
+    StreamAck,
+    StreamData,
 )
 from protocol.states import RUN_TERMINAL, RUN_TRANSITIONS, RunState, advance, can_advance
+from protocol.streams import Relay
 
 MIND_DEADLINE_SLACK_S = 2.0
 """Extra time the Mind waits past the Hand's deadline and kill grace before deciding `timed_out`
 itself: the Hand's own `timed_out` result normally arrives first and carries the real details."""
 
 DEFAULT_GRACE_MS = 5000
+
+HISTORY_TAIL_MAX = 4 << 10
+"""Bytes of each output tail a finished run keeps in history (the client got the whole tail, up to
+`limits.OUTPUT_TAIL_MAX`, in its `run_end`)."""
+HISTORY_ERROR_MAX = 1 << 10
+"""Characters of a finished run's error text kept in history."""
+
+
+def retained(end: RunEnd) -> RunEnd:
+    """What history keeps of a run's end: its metadata (state, times, exit code, signal, stage,
+    reason, byte counts and digests) and bounded tails, never its payload. The tool value (a
+    `read_file` result is up to 4 MiB) went to the waiting client and is not kept: 10,000 retained
+    runs must cost the same whatever their tools returned (DESIGN §11)."""
+    update: dict[str, Any] = {"value": None}
+    if end.error is not None and len(end.error) > HISTORY_ERROR_MAX:
+        update["error"] = end.error[: HISTORY_ERROR_MAX - 1] + "\u2026"
+    for name in ("stdout", "stderr"):
+        tail = getattr(end, name)
+        if len(tail.data) > HISTORY_TAIL_MAX:
+            update[name] = tail.model_copy(update={"data": tail.data[-HISTORY_TAIL_MAX:]})
+    return end.model_copy(update=update)
 
 
 # --- actions -------------------------------------------------------------------------------
@@ -86,6 +113,17 @@ class StartEnded:
 Action = SendToHand | SendToClient | Log | StartEnded
 
 
+def _relays(req: Exec) -> dict[str, Relay]:
+    """The streams a run carries: output (`stdout`+`stderr`, or one `pty`), and `stdin` if asked."""
+    spec = req.streams
+    if spec is None:
+        return {}
+    names = ["pty"] if spec.pty is not None else ["stdout", "stderr"]
+    if spec.stdin or spec.pty is not None:
+        names.append("stdin")
+    return {name: Relay() for name in names}
+
+
 @dataclass
 class Run:
     run_id: str
@@ -111,9 +149,16 @@ class Run:
     )
     dropped: int = 0
     background: Background | None = None
+    relays: dict[str, Relay] = field(default_factory=dict)
+    """A streamed run's byte streams as the Mind relays them, by name (DESIGN §11): the Mind
+    forwards each chunk at once and checks that no sender exceeds the window its receiver granted,
+    so it never holds more than one window per stream, whatever the reader's speed."""
     end: RunEnd | None = None
     ended_at: float | None = None
     ended_wall: float | None = None
+    seq: int = 0
+    """Admission order (1, 2, ...): where a page of history starts (`ListRuns.after`)."""
+    value_not_retained: bool = False
 
     @property
     def terminal(self) -> bool:
@@ -130,6 +175,7 @@ class Run:
             ended_at=self.ended_wall,
             args_digest=self.args_digest,
             end=self.end,
+            value_not_retained=self.value_not_retained,
         )
 
 
@@ -141,6 +187,7 @@ class RunRegistry:
         (much larger) retained history."""
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._retain = retain_finished
+        self._seq = 0
         self.late_inputs = 0
         self.foreign_inputs = 0
 
@@ -152,20 +199,26 @@ class RunRegistry:
     def active(self) -> list[Run]:
         return list(self._active.values())
 
-    def history(self, hand: str | None, state: RunState | None, since: float | None, limit: int) -> list[Run]:
-        """Newest first: the active runs and the retained finished ones."""
-        out: list[Run] = []
-        for run in reversed(list(self._runs.values())):  # insertion order is admission order
+    def history(
+        self,
+        hand: str | None = None,
+        state: RunState | None = None,
+        since: float | None = None,
+        before: int | None = None,
+    ) -> Iterator[Run]:
+        """Newest first: the active runs and the retained finished ones, only those admitted before
+        run number `before` (a `Run.seq`) if given. Lazy, so a page reads only what it sends; take
+        what is needed before the registry changes again."""
+        for run in reversed(self._runs.values()):  # insertion order is admission order
+            if before is not None and run.seq >= before:
+                continue
             if hand is not None and run.hand != hand:
                 continue
             if state is not None and run.state is not state:
                 continue
             if since is not None and run.created_wall < since:
                 continue
-            out.append(run)
-            if len(out) >= limit:
-                break
-        return out
+            yield run
 
     def running_on(self, hand: str) -> int:
         return sum(1 for r in self._active.values() if r.hand == hand)
@@ -190,7 +243,9 @@ class RunRegistry:
     def _terminate(self, run: Run, end: RunEnd, now: float, wall: float) -> list[Action]:
         """Set the one terminal state of `run`. Callers have checked the transition is legal."""
         acts = self._move(run, end.state)
-        run.end = end
+        run.end = retained(end)
+        run.value_not_retained = end.value is not None
+        run.relays = {}  # nothing flows after the end: history keeps no stream state
         run.ended_at = now
         run.ended_wall = wall
         self._active.pop(run.run_id, None)
@@ -287,7 +342,10 @@ class RunRegistry:
             created_wall=wall,
             mind_deadline=now + (req.timeout_ms + grace) / 1000 + MIND_DEADLINE_SLACK_S,
             background=background,
+            relays=_relays(req) if background is None else {},
         )
+        self._seq += 1
+        run.seq = self._seq
         self._runs[run_id] = run
         self._active[run_id] = run
         acts: list[Action] = [
@@ -316,6 +374,7 @@ class RunRegistry:
                     args=req.args,
                     timeout_ms=req.timeout_ms,
                     grace_ms=grace,
+                    streams=req.streams if background is None else None,
                     background=background,
                 ),
             )
@@ -347,6 +406,55 @@ class RunRegistry:
         if not can_advance(RUN_TRANSITIONS, run.state, RunState.REJECTED):
             return [self._log("hand_input_illegal", run, what="rejected", state=run.state.value)]
         return self._terminate(run, self._end(run, RunState.REJECTED, message, now, reject_code=code), now, wall)
+
+    # --- streams (DESIGN §11): data, not state; never droppable; never move a state ---------------
+
+    def on_hand_stream(self, msg: StreamData | StreamAck, hand: str, gen: int) -> list[Action]:
+        """Output chunks and stdin acknowledgements from the Hand the run was sent to, on that
+        generation, to the attached client. A chunk beyond its window or out of order is refused
+        (logged, not forwarded): the client then sees the gap and says which bytes are missing."""
+        run = self._runs.get(msg.run_id)
+        if run is None or run.hand != hand or run.gen != gen or run.terminal or run.client is None:
+            return []
+        if (
+            isinstance(msg, StreamData)
+            and msg.stream == "stdin"
+            or isinstance(msg, StreamAck)
+            and msg.stream != "stdin"
+        ):
+            return [self._log("stream_wrong_direction", run, stream=msg.stream, what=msg.TYPE)]
+        return self._relay(run, msg, SendToClient(run.client, run.req_id, msg))
+
+    def on_client_stream(self, msg: StreamData | StreamAck | Resize, client: str) -> list[Action]:
+        """stdin chunks, output acknowledgements and terminal resizes from the attached client, to
+        the Hand the run was sent to (a client may only feed its own run)."""
+        run = self._runs.get(msg.run_id)
+        if run is None or run.client != client or run.terminal or run.gen is None:
+            return []
+        forward = SendToHand(run.hand, run.gen, msg)
+        if isinstance(msg, Resize):
+            return [forward] if "pty" in run.relays else []
+        if (
+            isinstance(msg, StreamData)
+            and msg.stream != "stdin"
+            or isinstance(msg, StreamAck)
+            and msg.stream == "stdin"
+        ):
+            return [self._log("stream_wrong_direction", run, stream=msg.stream, what=msg.TYPE)]
+        return self._relay(run, msg, forward)
+
+    def _relay(self, run: Run, msg: StreamData | StreamAck, forward: Action) -> list[Action]:
+        relay = run.relays.get(msg.stream)
+        if relay is None:
+            return [self._log("stream_unknown", run, stream=msg.stream)]
+        try:
+            if isinstance(msg, StreamData):
+                relay.on_data(msg.offset, len(msg.data), msg.eof)
+            elif not relay.on_ack(msg.offset) and not msg.closed:
+                return []  # nothing new for the sender
+        except ProtocolError as exc:
+            return [self._log("stream_refused", run, stream=msg.stream, why=exc.message)]
+        return [forward]
 
     def on_progress(self, msg: Progress, hand: str, gen: int) -> list[Action]:
         """Observation only: forwarded within the caps, never a state change."""

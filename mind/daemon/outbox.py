@@ -3,22 +3,28 @@
 The registry's actions are performed without awaiting the network: a slow reader must never stall the
 Mind. State messages queue without limit (they are few and must not be lost); progress is `droppable`
 and is dropped, counted, when the queue is already long.
+
+A frame that cannot be sent (over the frame limit, or failing to encode) is never silence for the
+peer waiting on it: a reply to a client's request becomes an `error` reply for that request id, so
+no request of a client can hang (DESIGN §11).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 
 import structlog
 from websockets.asyncio.connection import Connection
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
+from protocol.codes import ErrorCode
 from protocol.envelope import Channel
 from protocol.errors import ProtocolError
 from protocol.io.batching import BatchedWrites
-from protocol.messages import Message
+from protocol.messages import Error, Message
 
 log = structlog.get_logger(component="mind.outbox")
 
@@ -31,14 +37,26 @@ class BatchingConnection(BatchedWrites, ServerConnection):
 
 
 class Outbox:
-    def __init__(self, ws: Connection, channel: Channel, droppable_limit: int = 1024) -> None:
+    def __init__(
+        self,
+        ws: Connection,
+        channel: Channel,
+        droppable_limit: int = 1024,
+        on_refused: Callable[[str, ProtocolError], None] | None = None,
+    ) -> None:
+        """`on_refused(id, why)` is told of a refused frame that carried an envelope id. Without it
+        (a client's connection, where ids name the client's requests) the request is answered with
+        an `error` instead; a Hand's connection passes one, since there the ids name the Mind's own
+        requests and a Hand ends the connection on an `error`."""
         self._ws = ws
         self._channel = channel
         self._q: deque[tuple[Message, str | None]] = deque()
         self._wake = asyncio.Event()
         self._closed = False
         self._limit = droppable_limit
+        self.on_refused = on_refused
         self.dropped = 0
+        self.refused = 0
         self.drained = asyncio.Event()
         self.drained.set()
 
@@ -57,6 +75,26 @@ class Outbox:
         self._closed = True
         self._wake.set()
 
+    def _stamp(self, msg: Message, id_: str | None) -> bytes | None:
+        """The frame for `msg`, or None if it cannot be sent; then whoever waits on `id_` is told."""
+        try:
+            return self._channel.stamp(msg, id_)
+        except ProtocolError as exc:
+            why = exc
+            log.error("outbound_frame_refused", type=msg.TYPE, id=id_, code=exc.code.value, error=exc.message)
+        except Exception as exc:  # a value msgpack cannot encode: a bug, but one reply's, not the connection's
+            why = ProtocolError(ErrorCode.INTERNAL_ERROR, f"it could not be encoded ({type(exc).__name__})")
+            log.exception("outbound_frame_unencodable", type=msg.TYPE, id=id_)
+        self.refused += 1
+        if id_ is None or isinstance(msg, Error):
+            return None  # nobody to answer (a push), or the answer itself failed: nothing smaller to say
+        if self.on_refused is not None:
+            self.on_refused(id_, why)
+            return None
+        answer = Error(code=why.code, message=f"the mind could not send its {msg.TYPE} reply: {why.message}")
+        self._q.appendleft((answer, id_))  # next, in this very batch: nothing queued later overtakes it
+        return None
+
     async def run(self) -> None:
         try:
             while True:
@@ -64,10 +102,9 @@ class Outbox:
                     frames: list[bytes] = []
                     while self._q and len(frames) < MAX_BATCH:
                         msg, id_ = self._q.popleft()
-                        try:
-                            frames.append(self._channel.stamp(msg, id_))
-                        except ProtocolError as exc:
-                            log.error("outbound_frame_refused", type=msg.TYPE, error=exc.message)
+                        frame = self._stamp(msg, id_)
+                        if frame is not None:
+                            frames.append(frame)
                     if len(frames) == 1 or not isinstance(self._ws, BatchingConnection):
                         for data in frames:
                             await self._ws.send(data)

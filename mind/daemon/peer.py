@@ -14,6 +14,7 @@ from mind.core.handshake import Identity
 from mind.core.scope import FULL, Scope
 from mind.daemon.outbox import Outbox
 from protocol.codes import ErrorCode
+from protocol.errors import ProtocolError
 from protocol.ids import new_id
 from protocol.messages import Error, Message
 
@@ -64,6 +65,13 @@ class Peer:
             )
             if reply_to is not None:
                 self.outbox.put(INTERNAL_ERROR, reply_to)
+
+    def fail_request(self, id_: str, why: ProtocolError) -> None:
+        """Our request `id_` to this peer (a Hand) could not be sent: its waiter learns it now,
+        not at its timeout (the outbox's `on_refused`)."""
+        fut = self.pending.pop(id_, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(ConnectionError(f"the request could not be sent: {why.message}"))
 
     def fail_pending(self, why: str) -> None:
         for fut in self.pending.values():

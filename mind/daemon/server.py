@@ -29,8 +29,10 @@ from websockets.exceptions import ConnectionClosed
 from mind import home as paths
 from mind.core.admission import AuthFailures, Denial, denial_message, touch_denial, use_denial
 from mind.core.handshake import Identity, ServerHandshake
+from mind.core.paging import page
 from mind.core.registry import Action, Log, RunRegistry, SendToClient, SendToHand, StartEnded
 from mind.core.scope import FULL, Scope
+from mind.daemon import heap
 from mind.daemon.metrics import MindMetrics
 from mind.daemon.outbox import BatchingConnection, Outbox
 from mind.daemon.peer import INTERNAL_ERROR, Peer
@@ -40,7 +42,7 @@ from mind.store.snapshots import SnapshotStore
 from protocol import limits
 from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, ErrorCode, RejectCode
-from protocol.envelope import Channel, Envelope
+from protocol.envelope import Channel, Envelope, payload_size
 from protocol.errors import ProtocolError
 from protocol.ids import new_id
 from protocol.io.loop import probe_lag
@@ -64,10 +66,13 @@ from protocol.messages import (
     Progress,
     Proof,
     Rejected,
+    Resize,
     Result,
     RunList,
     Started,
     StatusReply,
+    StreamAck,
+    StreamData,
     TaskCancelRequest,
     TaskCancelResult,
     TaskGet,
@@ -80,7 +85,7 @@ from protocol.messages import (
     TaskUpdate,
     build_all,
 )
-from protocol.states import RunState
+from protocol.states import RUN_TERMINAL, RunState
 
 log = structlog.get_logger(component="mind")
 try:
@@ -99,6 +104,12 @@ LOG_LEVELS = {
     # operators need; the steps between cost a tenth of the Mind's CPU per call at info.
     "run_state": "debug",
 }
+
+STATUS_LIST_MAX = 50
+STATUS_FAILURES = 10
+STATUS_LIST_BYTES = 256 << 10
+"""Each list of `status` is cut at these (count, bytes), so the reply stays one bounded frame."""
+FAILURE_STATES = RUN_TERMINAL - {RunState.SUCCEEDED}
 
 CLOSE_PROTOCOL = 1002
 CLOSE_POLICY = 1008
@@ -179,6 +190,8 @@ class Mind:
         self.denials: dict[str, int] = {}
         self.metrics = MindMetrics()
         self.started = time.time()
+        self._large_frames = False
+        """A large frame came in since the last tick: the ticker gives its freed memory back (`heap`)."""
 
     # --- scopes ---
 
@@ -323,7 +336,7 @@ class Mind:
     async def _ticker(self) -> None:
         """Deadlines, credential changes and gauges. A failing tick is logged and the next one comes:
         the ticker is on the server's task group, where an exception would stop `mind serve`."""
-        last_epoch_check = last_gauges = 0.0
+        last_epoch_check = last_gauges = last_trim = 0.0
         while True:
             await asyncio.sleep(self.cfg.tick_interval)
             now = time.monotonic()
@@ -332,6 +345,9 @@ class Mind:
                 if now - last_epoch_check >= 0.5:
                     last_epoch_check = now
                     await self._check_credentials()
+                if self._large_frames and now - last_trim >= heap.TRIM_INTERVAL_S:
+                    self._large_frames, last_trim = False, now
+                    heap.trim()
                 if now - last_gauges >= 2.0:
                     last_gauges = now
                     self.metrics.runs_active.set(len(self.registry.active()))
@@ -438,6 +454,8 @@ class Mind:
         peer = Peer(
             ident=ident, gen=gen, ws=ws, outbox=outbox, since=time.time(), secret_digest=hashlib.sha256(secret).digest()
         )
+        if ident.role == "hand":
+            outbox.on_refused = peer.fail_request
         if ident.role == "client":
             peer.scope = (
                 FULL
@@ -571,6 +589,8 @@ class Mind:
         channel = peer.outbox._channel
         try:
             async for data in peer.ws:
+                if len(data) >= heap.LARGE_FRAME:
+                    self._large_frames = True
                 env = None
                 try:
                     env = channel.receive(data)
@@ -591,6 +611,7 @@ class Mind:
                     return
                 except Exception:
                     self._message_failed(peer, env)
+                del data, env  # hold no frame while waiting for the next: a 4 MiB result would stay alive
         except ConnectionClosed:
             return
 
@@ -629,6 +650,8 @@ class Mind:
         r = self.registry
         if isinstance(msg, Progress):
             acts = r.on_progress(msg, label, gen)
+        elif isinstance(msg, (StreamData, StreamAck)):
+            acts = r.on_hand_stream(msg, label, gen)
         elif isinstance(msg, Accepted):
             acts = r.on_accepted(msg.run_id, label, gen, now)
         elif isinstance(msg, Started):
@@ -674,6 +697,9 @@ class Mind:
             clog.debug("client_disconnected")
 
     def _on_client_message(self, peer: Peer, id_: str | None, msg: Message) -> None:
+        if isinstance(msg, (StreamData, StreamAck, Resize)):  # a run's bytes, not a request: no answer
+            self.perform(self.registry.on_client_stream(msg, peer.conn_id))
+            return
         if id_ is None:
             raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"a {msg.TYPE} request needs an envelope id")
         now, wall = time.monotonic(), time.time()
@@ -707,14 +733,9 @@ class Mind:
             self.perform(acts)  # the Hand's `cancel` is queued (and written) before the acknowledgement
             peer.outbox.put(CancelRunResult(run_id=msg.run_id, status=status, state=run.state), id_)
         elif isinstance(msg, ListHands):
-            peer.spawn(self._list_hands(peer, id_), reply_to=id_)
+            peer.spawn(self._list_hands(peer, id_, msg), reply_to=id_)
         elif isinstance(msg, ListRuns):
-            runs = [
-                r
-                for r in self.registry.history(msg.hand, msg.state, msg.since, 100_000)
-                if scope.allows_hand(r.hand) and scope.may_touch(r.owner, me)
-            ][: msg.limit]
-            peer.outbox.put(RunList(runs=[r.info() for r in runs]), id_)
+            self._list_runs(peer, id_, msg)
         elif isinstance(msg, GetStatus):
             peer.spawn(self._status(peer, id_), reply_to=id_)
         elif isinstance(msg, TaskStart):
@@ -757,30 +778,57 @@ class Mind:
         live = self.hands.get(msg.hand)
         self._admit(peer, id_, msg, live, known or live is not None, None)
 
-    async def _list_hands(self, peer: Peer, id_: str) -> None:
-        hands = await self.hand_infos()
-        peer.outbox.put(HandsList(hands=[h for h in hands if peer.scope.allows_hand(h.name)]), id_)
+    def _list_runs(self, peer: Peer, id_: str, msg: ListRuns) -> None:
+        """One page of run history, newest first, bounded in count and bytes (`mind.core.paging`);
+        the cursor is the admission number of the last run sent, so pages never repeat a run."""
+        if msg.after is not None and not (msg.after.isascii() and msg.after.isdigit()):
+            peer.outbox.put(Error(code=ErrorCode.INVALID_PAYLOAD, message="after: not a cursor of run_list"), id_)
+            return
+        scope, me = peer.scope, peer.ident.label
+        before = None if msg.after is None else int(msg.after)
+        runs = (
+            (r, r.info())
+            for r in self.registry.history(msg.hand, msg.state, msg.since, before)
+            if scope.allows_hand(r.hand) and scope.may_touch(r.owner, me)
+        )
+        taken, more = page(runs, msg.limit, lambda item: payload_size(item[1]))
+        cursor = str(taken[-1][0].seq) if more and taken else None
+        peer.outbox.put(RunList(runs=[info for _, info in taken], next_after=cursor), id_)
+
+    async def _list_hands(self, peer: Peer, id_: str, msg: ListHands) -> None:
+        """One page of the Hands, by name (the cursor is the last name sent)."""
+        after, scope = msg.after, peer.scope
+        hands = (h for h in await self.hand_infos() if scope.allows_hand(h.name) and (after is None or h.name > after))
+        taken, more = page(hands, msg.limit, payload_size)
+        peer.outbox.put(HandsList(hands=taken, next_after=taken[-1].name if more and taken else None), id_)
 
     async def _status(self, peer: Peer, id_: str) -> None:
+        """One screen, bounded whatever the fleet: the first Hands and the longest-running runs, with
+        their totals; `mind hands` and `mind runs` page through the rest."""
         scope, me = peer.scope, peer.ident.label
         visible = lambda r: scope.allows_hand(r.hand) and scope.may_touch(r.owner, me)
-        failures = [
-            r.info()
-            for r in self.registry.history(None, None, None, 100_000)
-            if r.terminal and r.state not in (RunState.SUCCEEDED,) and visible(r)
-        ][:10]
+        failed = (r.info() for r in self.registry.history() if r.state in FAILURE_STATES and visible(r))
+        failures, _ = page(failed, STATUS_FAILURES, payload_size, STATUS_LIST_BYTES)
+        active = [r for r in self.registry.active() if visible(r)]
+        active_infos, _ = page((r.info() for r in active), STATUS_LIST_MAX, payload_size, STATUS_LIST_BYTES)
+        all_hands = [h for h in await self.hand_infos() if scope.allows_hand(h.name)]
+        first = sorted(all_hands, key=lambda h: not h.connected)  # (stable: by name within each)
+        hands = sorted(page(first, STATUS_LIST_MAX, payload_size, STATUS_LIST_BYTES)[0], key=lambda h: h.name)
         counts = await self.db(self.snapshots.counts_by_state)
         peer.outbox.put(
             StatusReply(
                 version=VERSION,
                 mind_id=self.mind_id,
                 uptime_s=round(time.time() - self.started, 3),
-                hands=[h for h in await self.hand_infos() if scope.allows_hand(h.name)],
-                active_runs=[r.info() for r in self.registry.active() if visible(r)],
+                hands=hands,
+                active_runs=active_infos,
                 recent_failures=failures,
                 task_counts=counts,
                 stale_snapshots=await self.db(self.snapshots.count_stale),
                 retained_runs=len(self.registry._runs),
+                hands_total=len(all_hands),
+                hands_connected=sum(1 for h in all_hands if h.connected),
+                active_runs_total=len(active),
             ),
             id_,
         )

@@ -25,12 +25,14 @@ from mind.core.admission import (
     touch_denial,
     use_denial,
 )
+from mind.core.paging import PAGE_ITEMS, page, parse_task_cursor, task_cursor
 from mind.core.registry import Action, RunRegistry, StartEnded
 from mind.core.snapshots import Snapshot
 from mind.daemon.peer import INTERNAL_ERROR
 from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
 from protocol.digest import args_digest, binding_digest
+from protocol.envelope import payload_size
 from protocol.ids import new_id
 from protocol.messages import (
     Background,
@@ -373,9 +375,22 @@ class TaskService:
         peer.outbox.put(snap.view(), id_)
 
     async def list(self, peer: Peer, id_: str, req: TaskList) -> None:
+        """One page, newest first, bounded in count and bytes (`mind.core.paging`). A page may hold
+        fewer tasks than asked (some not this client's to see, or the byte bound) and still name a
+        next one: only `next_after` None says the listing is complete."""
         m = self.mind
-        snaps = await m.db(m.snapshots.list, req.hand, req.state, req.limit)
-        peer.outbox.put(TaskListResult(tasks=[s.view() for s in snaps if self._may(peer, s)]), id_)
+        after = None
+        if req.after is not None:
+            after = parse_task_cursor(req.after)
+            if after is None:
+                peer.outbox.put(Error(code=ErrorCode.INVALID_PAYLOAD, message="after: not a cursor of task_list"), id_)
+                return
+        fetch = min(req.limit, PAGE_ITEMS)
+        snaps = await m.db(m.snapshots.list, req.hand, req.state, fetch, after)
+        taken, cut = page(((s, s.view()) for s in snaps if self._may(peer, s)), fetch, lambda sv: payload_size(sv[1]))
+        last = taken[-1][0] if cut else snaps[-1] if len(snaps) == fetch else None
+        cursor = task_cursor(last.created_at, last.task_id) if last is not None else None
+        peer.outbox.put(TaskListResult(tasks=[v for _, v in taken], next_after=cursor), id_)
 
     async def logs(self, peer: Peer, id_: str, req: TaskLogs) -> None:
         m = self.mind

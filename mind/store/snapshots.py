@@ -210,8 +210,20 @@ class SnapshotStore:
             self._db.execute("UPDATE task_snapshots SET start_pending=0 WHERE start_pending=1")
             return cur.rowcount
 
-    def list(self, hand: str | None = None, state: TaskState | None = None, limit: int = 1000) -> list[Snapshot]:
-        where, params = [], []
+    def list(
+        self,
+        hand: str | None = None,
+        state: TaskState | None = None,
+        limit: int = 1000,
+        after: tuple[float, str] | None = None,
+    ) -> list[Snapshot]:
+        """Newest first (`created_at`, then `task_id`); with `after`, only the rows that come after
+        that (created_at, task_id) in this order: one page of a listing (keyset paging)."""
+        where: list[str] = []
+        params: list[object] = []
+        if after is not None:
+            where.append("(created_at < ? OR (created_at = ? AND task_id > ?))")
+            params += [after[0], after[0], after[1]]
         if hand is not None:
             where.append("hand=?")
             params.append(hand)

@@ -1077,3 +1077,76 @@ def fig_memory(ctx: Ctx) -> list[Row]:
             verdict(last <= base * 1.10),
         )
     ]
+
+
+# --- 11. payloads --------------------------------------------------------------------------
+
+PAYLOAD_BYTES = 4 << 20
+PAYLOAD_INFLIGHT = 4
+
+
+def _rss_after_runs(ctx: Ctx, name: str, tool: str, args: dict, n: int) -> tuple[float, float, float, float]:
+    """A fresh Mind and Hand; `n` runs of `tool` (PAYLOAD_INFLIGHT at a time, each checked). Returns
+    the Mind's VmRSS (MiB) idle before, right after the last run, and settled 1 s later, and runs/s."""
+    cl = ctx.cluster(name)
+    try:
+        cl.start_mind()
+        cl.start_hand("mem")
+        cl.wait_connected("mem")
+        (cl.tmp / "root-mem" / "payload.bin").write_bytes(os.urandom(PAYLOAD_BYTES))
+        time.sleep(0.5)
+        idle = rss_mib(cl.mind.pid)
+
+        async def go() -> float:
+            async with await client(cl) as mc:
+
+                async def worker(k: int) -> None:
+                    for _ in range(k):
+                        end = await mc.exec("mem", tool, args)
+                        if end.state is not RunState.SUCCEEDED:
+                            raise RuntimeError(f"{tool} ended {end.state.value}: {end.error or end.reason}")
+                        if tool == "read_file" and len(end.value["data"]) != PAYLOAD_BYTES:
+                            raise RuntimeError("read_file returned a short value")
+
+                t0 = time.perf_counter()
+                each, extra = divmod(n, PAYLOAD_INFLIGHT)
+                share = [each + (1 if i < extra else 0) for i in range(PAYLOAD_INFLIGHT)]
+                await asyncio.gather(*(worker(k) for k in share))
+                return n / (time.perf_counter() - t0)
+
+        rate = run(go(), 3600)
+        right_after = rss_mib(cl.mind.pid)
+        time.sleep(1.0)
+        return idle, right_after, rss_mib(cl.mind.pid), rate
+    finally:
+        cl.stop_all()
+
+
+@figure("payloads", "Mind RSS after N runs of 4 MiB read_file vs N runs of `true` (metadata kept, not payloads)")
+def fig_payloads(ctx: Ctx) -> list[Row]:
+    n = 200 if ctx.quick else 10_000
+    read = ("read_file", {"path": "payload.bin", "limit": PAYLOAD_BYTES})
+    true = ("exec", {"argv": ["true"]})
+    r_idle, r_now, r_rss, r_rate = _rss_after_runs(ctx, "payloads-read", *read, n)
+    t_idle, t_now, t_rss, t_rate = _rss_after_runs(ctx, "payloads-true", *true, n)
+    ctx.note(
+        "payloads",
+        f"a fresh Mind+Hand per side, {n:,} runs each ({PAYLOAD_INFLIGHT} in flight, one client), one round; "
+        f"RSS = the Mind's VmRSS 1 s after the last run (idle before: read_file {mib(r_idle)}, true "
+        f"{mib(t_idle)} MiB; right after the last run: read_file {mib(r_now)}, true {mib(t_now)} MiB); "
+        f"read_file {num(r_rate)} runs/s ({num(r_rate * PAYLOAD_BYTES / 2**20)} MiB/s of values), "
+        f"true {num(t_rate)} runs/s; --retain-runs 10,000 (the default) holds every run of the full mode",
+    )
+    return [
+        Row(
+            "payloads",
+            f"Mind RSS MiB after {n:,} read_file of 4 MiB" + (" (quick)" if ctx.quick else ""),
+            mib(r_rss),
+            "",
+            "",
+            f"{mib(t_rss)} after {n:,} exec true",
+            ratio(r_rss, t_rss),
+            "<= 1.20x",
+            verdict(r_rss <= 1.20 * t_rss),
+        )
+    ]

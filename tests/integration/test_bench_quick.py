@@ -13,7 +13,19 @@ import pytest
 pytestmark = pytest.mark.slow  # runs scripts/bench
 
 ROOT = Path(__file__).resolve().parents[2]
-FIGURES = ["latency", "pipelined", "exec", "cli", "cancel", "lost", "hands", "starts", "reconcile", "memory"]
+FIGURES = [
+    "latency",
+    "pipelined",
+    "exec",
+    "cli",
+    "cancel",
+    "lost",
+    "hands",
+    "starts",
+    "reconcile",
+    "memory",
+    "payloads",
+]
 
 
 def test_bench_quick_prints_a_row_per_figure(tmp_path):

@@ -24,6 +24,8 @@ def test_demo_runs_end_to_end(tmp_path):
         "step 1",
         "step 2",
         "step 3",
+        "python files unpacked on the hand: ",
+        "HELLO FROM THE DEMO HAND",
         "exit code: 3 (the remote exit code)",
         "exit code: 124",
         "exit code: 125",
@@ -35,6 +37,9 @@ def test_demo_runs_end_to_end(tmp_path):
     ):
         assert line in out, f"{line!r} missing from demo output:\n{out}\n{err}"
     assert "to stderr" in err
+    local = out.split("local : ", 1)[1].split()[0]
+    remote = out.split("remote: ", 1)[1].split()[0]
+    assert local == remote, "the stdin piped through mind exec reached sha256sum whole"
     # a hands table showing the demo Hand connected
     assert any(ln.split()[:2] == ["demo", "yes"] for ln in out.splitlines())
     # it cleaned up after itself: no state dir left behind, no daemon left running

@@ -1,5 +1,6 @@
 """`mind exec` / `mind call` end to end: real Mind, real Hand, real processes, what a user sees."""
 
+import hashlib
 import json
 import os
 import signal
@@ -49,19 +50,22 @@ def test_binary_output_is_byte_exact(c):
     assert r.returncode == 0 and r.stdout == b"\x00\x01\xffabc"
 
 
-def test_five_megabytes_of_output_caps_progress_but_succeeds(c):
+def test_five_megabytes_of_output_arrive_whole(c):
+    """Output is a stream, not progress: every byte arrives, in order, and nothing is dropped
+    (before streams, the stdout file held the first ~1 MiB spliced onto the 64 KiB tail)."""
     cmd = "head -c 5000000 /dev/zero | tr '\\000' a; echo; echo END"
     r = c.cli("exec", "--hand", "box", "--json", "--shell", cmd, timeout=120)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["state"] == "succeeded" and out["exit_code"] == 0
-    assert out["progress_dropped"] > 0 and out["truncated"] is True
-    assert out["stdout"].endswith("a\nEND\n")
-    # without --json the user sees the streamed part, a marker for the gap, and the real end
+    assert out["progress_dropped"] == 0
+    assert out["delivered"]["stdout"]["bytes"] == 5_000_000 + 5
+    want = hashlib.sha256(b"a" * 5_000_000 + b"\nEND\n").hexdigest()
+    assert out["delivered"]["stdout"]["sha256"] == want and out["delivered"]["stdout"]["complete"]
+    assert out["stdout"].endswith("a\nEND\n")  # the bounded tail is still there
     r = c.cli("exec", "--hand", "box", "--shell", cmd, timeout=120)
-    assert r.returncode == 0
-    assert r.stdout.endswith(b"a\nEND\n") and b"not shown" in r.stderr
-    assert len(r.stdout) < 5_000_000
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"a" * 5_000_000 + b"\nEND\n" and r.stderr == b""
 
 
 def test_json_summary_has_the_documented_keys(c):

@@ -1,10 +1,10 @@
 """The house's arrows (docs/design.md §2), read from the source with `ast`, so a wrong import fails
 here before a reviewer has to notice it.
 
-- The pure rooms (`protocol/` itself, `mind/core/`, `hand/core/`, and the client's session core
-  `mind/client/session.py`) import no asyncio, sqlite3, socket, subprocess, threading, time or
-  select, and hold no `async def`: their rules take the time as an argument, which is what lets the
-  simulation and the race tests drive them.
+- The pure rooms (`protocol/` itself, `mind/core/`, `hand/core/`, the client's session core
+  `mind/client/session.py` and the CLI's escape state machine `mind/cli/escapes.py`) import no
+  asyncio, sqlite3, socket, subprocess, threading, time or select, and hold no `async def`: their
+  rules take the time as an argument, which is what lets the simulation and the race tests drive them.
 - `mind` and `hand` never import each other; `protocol` imports neither.
 - `protocol/` (pure) never imports `protocol/io/` (plumbing).
 - The client library and the CLI import no daemon module.
@@ -69,7 +69,7 @@ def in_room(name: str, room: str) -> bool:
     return name == room or name.startswith(room + ".")
 
 
-PURE_ROOMS = ("mind.core", "hand.core", "mind.client.session")
+PURE_ROOMS = ("mind.core", "hand.core", "mind.client.session", "mind.cli.escapes")
 
 
 def is_pure(name: str) -> bool:

@@ -39,7 +39,16 @@ def values(e):
     return st.sampled_from([m.value for m in e])
 
 
-TAIL = st.fixed_dictionaries({}, optional={"data": st.binary(max_size=100), "total": NONNEG})
+TAIL = st.fixed_dictionaries(
+    {},
+    optional={
+        "data": st.binary(max_size=100),
+        "total": NONNEG,
+        "sent": st.none() | NONNEG,
+        "sha256": st.none() | st.text("0123456789abcdef", min_size=64, max_size=64),
+    },
+)
+STREAMS = st.sampled_from(["stdin", "stdout", "stderr", "pty"])
 OUTCOME = {
     "run_id": ID,
     "state": values(RunState),
@@ -106,6 +115,11 @@ VALID = {  # field -> strategy of values the model accepts; `required` as in the
         },
     ),
     "cancel_run_result": ({"run_id": ID, "status": values(CancelStatus), "state": values(RunState)}, {}),
+    "stream_data": (
+        {"run_id": ID, "stream": STREAMS, "offset": NONNEG},
+        {"data": st.binary(min_size=1, max_size=200), "eof": st.booleans()},
+    ),
+    "stream_ack": ({"run_id": ID, "stream": STREAMS, "offset": NONNEG}, {"closed": st.booleans()}),
 }
 NASTY = (
     st.sampled_from(
@@ -160,9 +174,14 @@ NASTY = (
 )
 
 
+VALID_WHEN = {  # the models' own validators, for payloads that must be valid
+    "stream_data": lambda p: bool(p.get("data")) or p.get("eof") is True,
+}
+
+
 def payloads(t):
     required, optional = VALID[t]
-    return st.fixed_dictionaries(required, optional=optional)
+    return st.fixed_dictionaries(required, optional=optional).filter(VALID_WHEN.get(t, lambda p: True))
 
 
 @st.composite

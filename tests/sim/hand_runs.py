@@ -7,6 +7,11 @@ exited on its own reports its exit even if a cancel raced it); the Hand's deadli
 and reports `timed_out`; progress is dropped past the caps and never sent after the result;
 `cancel_all(connection_lost)` when the connection ends. Called for real: `RecentRuns`,
 `RunControl`, `check_active`, `REASON_TO_STATE`, `_fits`.
+
+Not modelled: streamed runs (`rpc.streams`: stdin, complete output, terminals). The simulated
+clients ask for none; streams never move a state, their arithmetic is `protocol.streams`' (unit
+and property tested) and the Mind's relay is the real registry's; tests/integration/test_streams.py
+and test_terminals.py check them with real processes.
 """
 
 from __future__ import annotations
@@ -15,11 +20,12 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sim.jobs import JobSpec, VProcess
+from sim.jobs import PROGRAM, JobSpec, VProcess
 from sim.runtime import Cancelled, Fut, Proc, first_of
 
 from hand.aio.runs import PROGRESS_BYTES, PROGRESS_EVENTS, _fits
 from hand.core.policy import KNOWN_TOOLS
+from hand.core.spawn import spawn_failure
 from hand.system.process import ProcessOutcome
 from hand.system.tools import Refusal
 from protocol import limits
@@ -154,7 +160,8 @@ class HandRuns:
             out = yield from proc.run()
         except OSError as exc:
             unregister()
-            return self._failed(run, f"cannot start: {exc.strerror or exc}")
+            how = spawn_failure(exc, PROGRAM)
+            return self._failed(run, how.error, how.exit_code, how.reason)
         unregister()
         return self._from_process(run, out)
 
@@ -188,8 +195,8 @@ class HandRuns:
             stage=out.stage if out.killed else None,
         )
 
-    def _failed(self, run: _Run, error: str) -> Result:
-        return Result(run_id=run.rpc.run_id, state=RunState.FAILED, reason="tool failed", error=error)
+    def _failed(self, run: _Run, error: str, exit_code: int | None = None, reason: str = "tool failed") -> Result:
+        return Result(run_id=run.rpc.run_id, state=RunState.FAILED, reason=reason, exit_code=exit_code, error=error)
 
     def _stopped(self, run: _Run) -> Result:
         term = run.ctl.lifecycle.termination

@@ -35,10 +35,11 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sim.jobs import JobSpec, VProcess
+from sim.jobs import PROGRAM, JobSpec, VProcess
 from sim.runtime import Fut, Loop, Proc, SimLock
 
 from hand.core.rows import Change, Insert, TaskRow, Write, to_info
+from hand.core.spawn import spawn_failure
 from hand.core.tasks import (
     ADMIT_BACKLOG,
     Admission,
@@ -56,6 +57,7 @@ from hand.core.tasks import (
     ending,
     lost_reason,
     next_to_start,
+    not_started,
     purge_cutoff,
     store_failed,
 )
@@ -433,7 +435,7 @@ class HandTasks:
         try:
             out = yield from proc.run()
         except OSError as exc:
-            return ending(None, None, max_ms, f"cannot start: {exc.strerror or exc}")
+            return not_started(spawn_failure(exc, PROGRAM))
         return ending(out, live.cancel, max_ms, live.sink.error)
 
     def _output(self, live: _Live, data: bytes) -> None:

@@ -24,6 +24,8 @@ from hand.system.process import ProcessOutcome, Tail
 from protocol.codes import KillStage
 
 TERM_DELAY_S = 0.05
+PROGRAM = "job"
+"""argv[0] of every simulated job."""
 SIGTERM, SIGKILL = 15, 9
 
 
@@ -35,7 +37,7 @@ class JobSpec:
     term: bool = True
     """Dies on SIGTERM; False: ignores it and needs the SIGKILL after the grace."""
     nostart: bool = False
-    """The program cannot be started (`cannot start ...`): nothing runs."""
+    """The program does not exist (`cannot start job: No such file or directory`, exit 127): nothing runs."""
 
     def args(self) -> dict[str, Any]:
         return {"d": self.duration, "rc": self.rc, "out": self.chunks, "term": self.term, "ns": self.nostart}
@@ -116,7 +118,7 @@ class VProcess:
         if self.kill_requested:  # cancelled before it could start: start nothing
             return ProcessOutcome(None, None, True, None, Tail(), Tail(), 0.0)
         if self.spec.nostart:
-            raise OSError(2, "No such file or directory")
+            raise OSError(2, "No such file or directory", PROGRAM)  # as subprocess names it: argv[0]
         self.pid = self.machine.spawn(self)
         self.alive = True
         clock.at(started + self.spec.duration, lambda: self._die(self.spec.rc, None), label="job")

@@ -199,8 +199,10 @@ class Cluster:
     # --- CLI ---
 
     def cli(self, *args: str, timeout: float = 60.0, input: bytes | None = None) -> subprocess.CompletedProcess:
+        """`mind ARGS`, its stdin `input` (or /dev/null: `mind exec` forwards its stdin, as ssh does)."""
+        stdin = subprocess.DEVNULL if input is None else None
         return subprocess.run(
-            [str(BIN / "mind"), *args], env=self.env, capture_output=True, timeout=timeout, input=input
+            [str(BIN / "mind"), *args], env=self.env, capture_output=True, timeout=timeout, input=input, stdin=stdin
         )
 
     def cli_popen(self, *args: str) -> subprocess.Popen:

@@ -1,0 +1,195 @@
+"""A streamed run's bytes on the Hand (DESIGN §11): its output as flow-controlled `stream_data`, its
+stdin from the client's `stream_data`, acknowledgements both ways.
+
+The arithmetic is `protocol.streams`' (`Sender`, `Receiver`); this module connects it to one
+process: output read from a pipe is sent while the client has credit, and once the credit is spent
+the pipe is paused (the child blocks on write, as over ssh) until an acknowledgement opens it again.
+Nothing is dropped to keep up. What the Hand will not deliver is only what passes the run's
+`output_limit`: the command keeps running, its pipe keeps being read, and those bytes are counted
+(the result's `total` exceeds `sent`), so the client can say where the stream was cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable
+from typing import Protocol
+
+from protocol import limits
+from protocol.errors import ProtocolError
+from protocol.messages import Message, OutputTail, StreamAck, StreamData, Streams
+from protocol.streams import Receiver, Sender
+
+Send = Callable[[Message], None]
+
+
+class Pipes(Protocol):
+    """What `RunStreams` needs of the process (`hand.system.process.ProcessRun`)."""
+
+    def pause_output(self, stream: str) -> None: ...
+    def resume_output(self, stream: str) -> None: ...
+    def close_output(self, stream: str) -> None: ...
+    def write_stdin(self, data: bytes) -> None: ...
+    def close_stdin(self) -> None: ...
+
+
+class _Out:
+    __slots__ = ("closed", "cut", "eof", "hash", "pending", "reader_gone", "sender")
+
+    def __init__(self) -> None:
+        self.sender = Sender()
+        self.pending = bytearray()
+        """Read from the pipe but not yet sent (the credit ran out mid-read): at most one read."""
+        self.hash = hashlib.sha256()
+        self.cut = 0
+        """Bytes past the output limit: read and counted, never sent."""
+        self.eof = False
+        """The pipe reached its end."""
+        self.closed = False
+        """The end of the stream has been sent."""
+        self.reader_gone = False
+
+
+class RunStreams:
+    def __init__(self, run_id: str, spec: Streams, send: Send, log: object) -> None:
+        self.run_id = run_id
+        self.spec = spec
+        self._send = send
+        self._log = log
+        names = ("pty",) if spec.pty is not None else ("stdout", "stderr")
+        self._out = {name: _Out() for name in names}
+        self._stdin = Receiver() if spec.stdin or spec.pty is not None else None
+        self._pipes: Pipes | None = None
+        self._early: list[StreamData] = []
+        """stdin that came before the process existed (at most a window: `Receiver` checks)."""
+        self.flushed = asyncio.Event()
+        """Every output stream has sent its end: the result may follow."""
+
+    @property
+    def wants_stdin(self) -> bool:
+        return self._stdin is not None
+
+    def on_resize(self, rows: int, cols: int) -> None:
+        resize = getattr(self._pipes, "resize", None)
+        if resize is not None:
+            resize(rows, cols)
+
+    def attach(self, pipes: Pipes) -> None:
+        self._pipes = pipes
+        early, self._early = self._early, []
+        for msg in early:
+            self._feed(msg)
+
+    # --- output (Hand -> client) ---
+
+    def on_output(self, stream: str, data: bytes) -> None:
+        out = self._out.get(stream)
+        if out is None or out.closed:
+            return
+        room = self.spec.output_limit - out.sender.offset - len(out.pending)
+        if out.reader_gone:
+            room = 0
+        if room < len(data):
+            out.cut += len(data) - max(room, 0)
+            data = data[: max(room, 0)]
+        if data:
+            out.pending += data
+        self._flush(stream, out)
+
+    def on_output_end(self, stream: str) -> None:
+        out = self._out.get(stream)
+        if out is not None:
+            out.eof = True
+            self._flush(stream, out)
+
+    def on_ack(self, ack: StreamAck) -> None:
+        out = self._out.get(ack.stream)
+        if out is None:
+            return
+        try:
+            out.sender.on_ack(ack.offset)
+        except ProtocolError:
+            return  # the Mind checked it already; a wrong one changes nothing here
+        if ack.closed and not out.reader_gone:  # `mind exec ... | head`: the local reader is gone
+            out.reader_gone = True
+            out.cut += len(out.pending)
+            out.pending.clear()
+            if self._pipes is not None:
+                self._pipes.close_output(ack.stream)
+        self._flush(ack.stream, out)
+
+    def _flush(self, stream: str, out: _Out) -> None:
+        sender = out.sender
+        while out.pending and sender.credit() > 0:
+            n = min(len(out.pending), sender.credit(), limits.STREAM_CHUNK_MAX)
+            piece = bytes(out.pending[:n])
+            del out.pending[:n]
+            offset = sender.take(n)
+            out.hash.update(piece)
+            self._send(StreamData(run_id=self.run_id, stream=stream, offset=offset, data=piece))  # type: ignore[arg-type]
+        if self._pipes is not None and not out.eof and not out.reader_gone:
+            if out.pending or sender.credit() == 0:
+                self._pipes.pause_output(stream)
+            else:
+                self._pipes.resume_output(stream)
+        if out.eof and not out.pending and not out.closed:
+            out.closed = True
+            offset = sender.close()
+            self._send(StreamData(run_id=self.run_id, stream=stream, offset=offset, eof=True))  # type: ignore[arg-type]
+            if all(o.closed for o in self._out.values()):
+                self.flushed.set()
+
+    def abandon(self) -> None:
+        """The run is ending without its output delivered (cancelled, failed to start): whatever
+        is still waiting for credit is counted as not sent, and the streams end here."""
+        for stream, out in self._out.items():
+            out.cut += len(out.pending)
+            out.pending.clear()
+            out.eof = True
+            self._flush(stream, out)
+
+    def tails(self, stdout: OutputTail, stderr: OutputTail) -> tuple[OutputTail, OutputTail]:
+        """The result's tails with what was sent of each stream, and its digest."""
+        if "pty" in self._out:
+            out = self._out["pty"]
+            pty = OutputTail(data=stdout.data, total=stdout.total, sent=out.sender.offset, sha256=out.hash.hexdigest())
+            return pty, stderr
+        o, e = self._out["stdout"], self._out["stderr"]
+        return (
+            OutputTail(data=stdout.data, total=stdout.total, sent=o.sender.offset, sha256=o.hash.hexdigest()),
+            OutputTail(data=stderr.data, total=stderr.total, sent=e.sender.offset, sha256=e.hash.hexdigest()),
+        )
+
+    # --- stdin (client -> Hand) ---
+
+    def on_stdin(self, msg: StreamData) -> None:
+        rx = self._stdin
+        if rx is None:
+            return
+        try:
+            rx.on_data(msg.offset, len(msg.data), msg.eof)
+        except ProtocolError as exc:
+            self._log.warning("stream_refused", stream="stdin", why=exc.message)  # type: ignore[attr-defined]
+            return
+        if self._pipes is None:
+            self._early.append(msg)
+        else:
+            self._feed(msg)
+
+    def _feed(self, msg: StreamData) -> None:
+        assert self._pipes is not None
+        if msg.data:
+            self._pipes.write_stdin(msg.data)
+        if msg.eof and self.spec.pty is None:  # a terminal has no end of input to give (as sshd):
+            self._pipes.close_stdin()  # typing Ctrl-D for the user would be a keystroke they never typed
+
+    def on_stdin_consumed(self, total: int) -> None:
+        """The child's pipe has taken `total` bytes of stdin: acknowledge them."""
+        rx = self._stdin
+        if rx is None:
+            return
+        rx.consume(min(total, rx.offset) - rx.consumed)
+        offset = rx.ack_due()
+        if offset is not None:
+            self._send(StreamAck(run_id=self.run_id, stream="stdin", offset=offset))

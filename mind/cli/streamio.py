@@ -1,0 +1,169 @@
+"""The local ends of a streamed run for `mind exec` (DESIGN §11): our stdin becomes the run's `stdin`
+stream, its `stdout`/`stderr` (or `pty`) streams become our stdout/stderr, byte for byte.
+
+- Output is written by one thread per stream with plain blocking writes, so a slow reader of our
+  stdout (a pipe into a slow command) blocks that thread only: the connection's loop keeps its
+  keepalive and the other stream flowing. What is written is acknowledged, and only then may the
+  Hand send more (credit): a slow reader slows the remote producer and nothing piles up here
+  beyond one window per stream.
+- A reader that went away (EPIPE: `mind exec ... | head`) stops that stream: the Hand is told
+  (`closed`), closes the pipe, and the remote command gets SIGPIPE on its next write, as it would
+  on one machine.
+- stdin is read only while the Hand has granted credit; end of input closes the run's stdin.
+- Nothing of mindhand's own is ever written into stdout: every notice goes to stderr.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import queue
+import stat
+import threading
+
+from mind.cli.escapes import Escape, EscapeFilter
+from protocol import limits
+from protocol.errors import ProtocolError
+from protocol.streams import Receiver, Sender
+
+
+class OutputStream:
+    """One remote output stream written to a local file descriptor by its own thread."""
+
+    def __init__(self, name: str, fd: int | None, wake_fd: int) -> None:
+        """`fd` None: the bytes are counted and hashed, not written (`--json`)."""
+        self.name = name
+        self.fd = fd
+        self.rx = Receiver()
+        self.hash = hashlib.sha256()
+        self.delivered = 0
+        """Bytes written to `fd` (what the run's sha256 covers, when nothing was lost)."""
+        self.gap: int | None = None
+        """The offset from which bytes did not arrive (a broken stream), if any."""
+        self.broken = False
+        self.error: str | None = None
+        self.closed_sent = False
+        self.eof = False
+        self._q: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._written = 0
+        self._lock = threading.Lock()
+        self._wake = wake_fd
+        self._thread = threading.Thread(target=self._write_loop, name=f"mind-{name}", daemon=True)
+        self._thread.start()
+
+    def feed(self, offset: int, data: bytes, eof: bool) -> None:
+        """A chunk from the Mind, in order (checked): queued for the writer thread."""
+        if self.gap is not None:
+            return
+        try:
+            self.rx.on_data(offset, len(data), eof)
+        except ProtocolError:
+            self.gap = self.rx.offset  # nothing from here on can be placed: say so at the end
+            return
+        if data:
+            self.hash.update(data)
+            self._q.put(data)
+        if eof:
+            self.eof = True
+
+    def consumed(self) -> int:
+        with self._lock:
+            return self._written
+
+    def ack_due(self) -> int | None:
+        """The offset to acknowledge now (what the writer has written), if one is due."""
+        written = self.consumed()
+        if written > self.rx.consumed:
+            self.rx.consume(written - self.rx.consumed)
+        return self.rx.ack_due()
+
+    def finish(self, timeout: float | None = None) -> None:
+        """Wait until everything queued is written (or the reader went away)."""
+        self._q.put(None)
+        self._thread.join(timeout)
+
+    def _write_loop(self) -> None:
+        while True:
+            data = self._q.get()
+            if data is None:
+                return
+            if self.fd is None:
+                self.delivered += len(data)
+            elif not self.broken:
+                view = memoryview(data)
+                try:
+                    while view:
+                        view = view[os.write(self.fd, view) :]
+                except OSError as exc:
+                    self.broken = True  # EPIPE, or the descriptor is gone: the rest is discarded
+                    if exc.errno not in (errno.EPIPE, errno.EBADF, errno.EINVAL):
+                        self.error = exc.strerror
+                else:
+                    self.delivered += len(data)
+            with self._lock:
+                self._written += len(data)  # consumed, written or discarded: the Hand may go on
+            try:
+                os.write(self._wake, b"w")
+            except OSError:
+                pass
+
+
+class InputStream:
+    """Our stdin as the run's `stdin` stream, read only while the Hand has granted credit. For a
+    terminal run the keys pass through the `~` escape filter (mind/cli/escapes.py) first."""
+
+    def __init__(self, fd: int = 0, escapes: EscapeFilter | None = None) -> None:
+        self.fd = fd
+        self.tx = Sender()
+        self.escapes = escapes
+        self.pending = bytearray()
+        """Read and filtered, not yet sent (the filter may give back a held `~`)."""
+        self.eof_read = False
+        self.done = False
+        """End of input was sent (or stdin is not forwarded any more)."""
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            mode = 0
+        self.always_ready = stat.S_ISREG(mode) or stat.S_ISBLK(mode)
+        """A regular file cannot be waited on (epoll refuses it) and never blocks: read it whenever
+        there is credit."""
+
+    def wants_data(self) -> bool:
+        """Worth reading now: not at the end, and the Hand has room beyond what is pending."""
+        return not self.done and not self.eof_read and self.tx.credit() > len(self.pending)
+
+    def read(self) -> list[Escape]:
+        """Read what `fd` has (call when it is readable and `wants_data()`); the escapes typed."""
+        n = min(self.tx.credit() - len(self.pending), limits.STREAM_CHUNK_MAX)
+        try:
+            data = os.read(self.fd, max(1, n))
+        except OSError:
+            data = b""  # a stdin that cannot be read is an empty one
+        if not data:
+            self.eof_read = True
+            if self.escapes is not None:
+                self.pending += self.escapes.flush()
+            return []
+        if self.escapes is None:
+            self.pending += data
+            return []
+        out, actions = self.escapes.feed(data)
+        self.pending += out
+        return actions
+
+    def next_chunk(self) -> tuple[int, bytes, bool] | None:
+        """(offset, data, eof) to send now, if any."""
+        if self.done:
+            return None
+        credit = self.tx.credit()
+        if self.pending and credit > 0:
+            n = min(len(self.pending), credit, limits.STREAM_CHUNK_MAX)
+            data = bytes(self.pending[:n])
+            del self.pending[:n]
+            return self.tx.take(n), data, False
+        if self.eof_read and not self.pending:
+            self.done = True
+            return self.tx.close(), b"", True
+        return None

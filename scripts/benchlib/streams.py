@@ -1,0 +1,212 @@
+"""The data plane's figures (issue 12): stream throughput both ways against ssh, the Mind's memory
+under a slow reader, and a terminal's keystroke echo against the raw relay's round trip.
+
+Registered into `benchlib.figures.FIGURES` on import (bench_suite imports this module).
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from benchlib.core import PY, Ctx, Row, med, ms, ratio, rss_mib, spread, verdict
+from benchlib.figures import basic, figure, flat, relay_p50, sshd
+
+MIND = str(Path(PY).parent / "mind")
+
+
+def _data_file(ctx: Ctx, size: int) -> Path:
+    """A file of `size` random bytes in the bench Hand's root (made once per run)."""
+    root = basic(ctx).tmp / "root-bench"
+    path = root / f"stream-{size}.bin"
+    if not path.exists():
+        with open(path, "wb") as f:
+            left = size
+            while left:
+                n = min(left, 16 << 20)
+                f.write(os.urandom(n))
+                left -= n
+    return path
+
+
+def _shell_time(cmd: str, env: dict[str, str], timeout: float = 600) -> float:
+    """Wall seconds of one `bash -c CMD` (it must exit 0)."""
+    t0 = time.perf_counter()
+    r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], env=env, capture_output=True, timeout=timeout)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise RuntimeError(f"{cmd[:60]}... exited {r.returncode}: {r.stderr.decode(errors='replace')[-300:]}")
+    return dt
+
+
+@figure("streams", "stdout and stdin throughput of `mind exec` against ssh, 1 GiB (quick: 64 MiB)")
+def fig_streams(ctx: Ctx) -> list[Row]:
+    cl = basic(ctx)
+    size = (64 << 20) if ctx.quick else (1 << 30)
+    path = _data_file(ctx, size)
+    env = dict(cl.env)
+    q = shlex.quote
+    mind_out = f"{q(MIND)} exec --hand bench -- cat {q(path.name)} > /dev/null"
+    mind_in = f"cat {q(str(path))} | {q(MIND)} exec --hand bench -- sha256sum > /dev/null"
+    s = sshd(ctx)
+    ssh = None if isinstance(s, str) else s
+    ssh_out = ssh_in = None
+    if ssh is not None:
+        argv = " ".join(q(a) for a in ssh.argv("cat", str(path)))
+        ssh_out = f"{argv} > /dev/null"
+        ssh_in = f"cat {q(str(path))} | {' '.join(q(a) for a in ssh.argv('sha256sum'))} > /dev/null"
+    rows: list[Row] = []
+    for label, ours_cmd, ref_cmd in (("stdout", mind_out, ssh_out), ("stdin", mind_in, ssh_in)):
+        ours_r: list[float] = []
+        ref_r: list[float] = []
+        for _ in range(ctx.rounds):
+            ours_r.append(size / _shell_time(ours_cmd, env) / 2**20)
+            if ref_cmd is not None and ssh is not None:
+                ref_r.append(size / _shell_time(ref_cmd, ssh.env) / 2**20)
+        o = med(ours_r)
+        if ref_r:
+            r = med(ref_r)
+            rows.append(
+                Row(
+                    "streams",
+                    f"{label} MiB/s, {size >> 20} MiB through mind exec",
+                    f"{o:.0f}",
+                    "",
+                    spread(ours_r, lambda v: f"{v:.0f}"),
+                    f"{r:.0f} (ssh localhost, same file)",
+                    ratio(o, r),
+                    ">= ssh",
+                    verdict(o >= r),
+                )
+            )
+        else:
+            rows.append(
+                Row(
+                    "streams",
+                    f"{label} MiB/s, {size >> 20} MiB through mind exec",
+                    f"{o:.0f}",
+                    "",
+                    spread(ours_r, lambda v: f"{v:.0f}"),
+                    "n/a (no sshd: see notes)",
+                    "",
+                    ">= ssh",
+                    "n/a",
+                )
+            )
+    if ssh is None:
+        ctx.note("streams", f"ssh reference n/a: {s}")
+    return rows
+
+
+@figure("slowreader", "Mind RSS while a 1 GiB stream goes to a client reading 1 MB/s")
+def fig_slow_reader(ctx: Ctx) -> list[Row]:
+    cl = basic(ctx)
+    path = _data_file(ctx, (64 << 20) if ctx.quick else (1 << 30))
+    seconds = 3.0 if ctx.quick else 10.0
+    assert cl.mind is not None
+    idle = rss_mib(cl.mind.pid)
+    p = subprocess.Popen(
+        [MIND, "exec", "--hand", "bench", "--", "cat", path.name],
+        env=cl.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    peak = idle
+    read = 0
+    try:
+        assert p.stdout is not None
+        t0 = time.monotonic()
+        while (now := time.monotonic() - t0) < seconds:
+            want = int(now * 1_000_000) - read  # 1 MB/s
+            if want > 0:
+                read += len(p.stdout.read(want))
+            peak = max(peak, rss_mib(cl.mind.pid))
+            time.sleep(0.05)
+    finally:
+        p.kill()
+        p.wait()
+    ctx.note(
+        "slowreader",
+        f"the client read {read / 1e6:.1f} MB in {seconds:.0f} s; the remote cat blocks on its pipe once the "
+        f"window (1 MiB per stream) is in flight; Mind idle RSS {idle:.1f} MiB, sampled every 50 ms",
+    )
+    return [
+        Row(
+            "slowreader",
+            f"Mind RSS growth MiB over {seconds:.0f} s of a 1 MB/s reader",
+            f"{peak - idle:.1f}",
+            "",
+            "",
+            f"{idle:.1f} MiB idle",
+            "",
+            "<= +16 MiB",
+            verdict(peak - idle <= 16),
+        )
+    ]
+
+
+def _echo_times(env: dict[str, str], n: int) -> list[float]:
+    """Keystroke -> echo round trips (ms) of `mind exec -t -- cat` on a real pty."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        try:
+            os.execve(MIND, [MIND, "exec", "-t", "--hand", "bench", "--", "cat"], env)
+        finally:
+            os._exit(127)
+    out: list[float] = []
+    try:
+        buf = b""
+        deadline = time.monotonic() + 20
+        os.write(fd, b"ready\r")
+        while b"ready" not in buf.split(b"\n", 1)[-1] and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.5)[0]:
+                buf += os.read(fd, 4096)
+        time.sleep(0.2)
+        while select.select([fd], [], [], 0.1)[0]:
+            os.read(fd, 4096)
+        for i in range(n):
+            key = b"abcdefghij"[i % 10 : i % 10 + 1]
+            t0 = time.perf_counter()
+            os.write(fd, key)
+            got = b""
+            while key not in got:
+                if not select.select([fd], [], [], 5)[0]:
+                    raise RuntimeError("no echo within 5 s")
+                got += os.read(fd, 4096)
+            out.append((time.perf_counter() - t0) * 1000)
+            time.sleep(0.005)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(fd)
+    return out
+
+
+@figure("echo", "terminal keystroke echo of `mind exec -t -- cat` against the raw relay round trip")
+def fig_echo(ctx: Ctx) -> list[Row]:
+    cl = basic(ctx)
+    n = 50 if ctx.quick else 200
+    env = {**cl.env, "TERM": "xterm"}
+    rounds = [_echo_times(env, n) for _ in range(ctx.rounds)]
+    o = med(flat(rounds))
+    relay = relay_p50(ctx)
+    return [
+        Row(
+            "echo",
+            "pty keystroke echo p50 ms",
+            ms(o),
+            ms(sorted(flat(rounds))[int(0.99 * (len(flat(rounds)) - 1))]),
+            spread([med(r) for r in rounds], ms),
+            f"{ms(relay)} (relay RTT)",
+            ratio(o, relay),
+            "<= relay + 2 ms",
+            verdict(o <= relay + 2.0),
+        )
+    ]

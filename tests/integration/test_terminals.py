@@ -1,0 +1,214 @@
+"""Terminal runs (`mind exec -t`, `mind shell`) under real pseudo-terminals, end to end: the size,
+resize, keys (Ctrl-C) reaching the remote program, the exit code, `~.`, and the local terminal
+restored however the CLI ends (DESIGN §11)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import select
+import signal
+import struct
+import termios
+import time
+
+import pytest
+from support.cluster import BIN, running, wait_until
+
+pytestmark = pytest.mark.slow  # a real Mind, a real Hand, the CLI on a pty
+
+MIND = str(BIN / "mind")
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory):
+    with running(tmp_path_factory.mktemp("terminals")) as cl:
+        yield cl
+
+
+class Term:
+    """The CLI running on the slave side of a fresh pty; the test types on the master side."""
+
+    def __init__(self, env: dict[str, str], argv: list[str], rows: int = 24, cols: int = 80) -> None:
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: the CLI, on the pty as its controlling terminal
+            try:
+                os.execve(argv[0], argv, env)
+            finally:
+                os._exit(127)
+        self.set_size(rows, cols, signal_cli=False)
+        self.out = b""
+        self.status: int | None = None
+
+    def set_size(self, rows: int, cols: int, signal_cli: bool = True) -> None:
+        fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))  # the kernel sends SIGWINCH
+
+    def type(self, data: bytes) -> None:
+        os.write(self.fd, data)
+
+    def expect(self, what: bytes, timeout: float = 20.0) -> bytes:
+        deadline = time.monotonic() + timeout
+        while what not in self.out:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{what!r} not seen; output so far: {self.out[-800:]!r}")
+            r, _, _ = select.select([self.fd], [], [], min(left, 0.5))
+            if r:
+                try:
+                    data = os.read(self.fd, 65536)
+                except OSError:  # EIO: the CLI is gone
+                    data = b""
+                if not data:
+                    raise AssertionError(f"{what!r} not seen before the end; output: {self.out[-800:]!r}")
+                self.out += data
+        return self.out
+
+    def wait(self, timeout: float = 30.0) -> int:
+        deadline = time.monotonic() + timeout
+        while self.status is None:
+            r, _, _ = select.select([self.fd], [], [], 0.2)
+            if r:
+                try:
+                    self.out += os.read(self.fd, 65536)
+                except OSError:
+                    pass
+            pid, st = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = os.waitstatus_to_exitcode(st)
+            elif time.monotonic() > deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                raise AssertionError(f"the CLI did not end; output: {self.out[-800:]!r}")
+        return self.status
+
+    def attrs(self) -> list:
+        return termios.tcgetattr(self.fd)
+
+    def close(self) -> None:
+        if self.status is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        os.close(self.fd)
+
+
+@pytest.fixture
+def term(c):
+    opened: list[Term] = []
+
+    def open_(*args: str, rows: int = 24, cols: int = 80) -> Term:
+        t = Term({**c.env, "TERM": "xterm-256color"}, [MIND, *args], rows, cols)
+        opened.append(t)
+        return t
+
+    yield open_
+    for t in opened:
+        t.close()
+
+
+def cooked() -> list:
+    """A new pty's attributes: what the user's terminal was before the CLI touched it."""
+    m, s = os.openpty()
+    try:
+        return termios.tcgetattr(s)
+    finally:
+        os.close(m)
+        os.close(s)
+
+
+def test_the_remote_terminal_has_our_size_type_and_is_controlling(term):
+    t = term(
+        "exec", "-t", "--hand", "box", "--", "sh", "-c", "stty size; echo TERM=$TERM; tty; exit 7", rows=33, cols=101
+    )
+    assert t.wait() == 7
+    assert b"33 101" in t.out and b"TERM=xterm-256color" in t.out and b"/dev/pts/" in t.out
+    assert t.attrs() == cooked(), "the local terminal is restored exactly"
+
+
+def test_a_resize_reaches_the_remote_program(term):
+    prog = (
+        "import signal, shutil, sys, time\n"
+        "signal.signal(signal.SIGWINCH, lambda *a: print('SIZE', *shutil.get_terminal_size(), flush=True))\n"
+        "print('READY', flush=True)\n"
+        "time.sleep(20)\n"
+    )
+    t = term("exec", "-t", "--hand", "box", "--", "python3", "-c", prog, rows=24, cols=80)
+    t.expect(b"READY")
+    t.set_size(40, 120)
+    t.expect(b"SIZE 120 40")
+    t.type(b"\x03")  # Ctrl-C is a key for the remote program: it ends it (KeyboardInterrupt)
+    assert t.wait() != 0
+
+
+def test_ctrl_c_goes_to_a_remote_repl_which_keeps_running(term):
+    t = term("exec", "-t", "--hand", "box", "--", "python3", "-i", "-q")
+    t.expect(b">>> ")
+    t.type(b"import time; time.sleep(60)\r")
+    time.sleep(0.5)
+    t.type(b"\x03")
+    t.expect(b"KeyboardInterrupt")
+    t.type(b"print(6 * 7)\r")
+    t.expect(b"42")
+    t.type(b"raise SystemExit(3)\r")
+    assert t.wait() == 3
+    assert t.attrs() == cooked()
+
+
+def test_a_login_shell_and_its_exit_code(term):
+    t = term("shell", "--hand", "box")
+    t.type(b"echo $((6*7))-$0\r")
+    t.expect(b"42--")  # argv[0] of a login shell starts with '-'
+    t.type(b"exit 5\r")
+    assert t.wait() == 5
+    assert t.attrs() == cooked()
+
+
+def test_tilde_dot_leaves_restores_the_terminal_and_cancels_the_run(c, term, tmp_path):
+    marker = f"sleep-{os.getpid()}-{time.monotonic_ns()}"
+    t = term("exec", "-t", "--hand", "box", "--", "python3", "-c", "import time; time.sleep(60)", marker)
+    wait_until(lambda: _running(marker), 20, "the remote command to start")
+    t.type(b"\r~?")
+    t.expect(b"~.")  # the list of escapes
+    t.type(b"\r~.")
+    assert t.wait() == 255
+    assert b"left the session" in t.out
+    assert t.attrs() == cooked()
+    wait_until(lambda: not _running(marker), 20, "the run to be cancelled on the Hand")
+
+
+def test_the_terminal_is_restored_when_the_mind_is_killed(c, term):
+    t = term("exec", "-t", "--hand", "box", "--", "sleep", "60")
+    time.sleep(1.0)
+    assert t.attrs() != cooked(), "raw mode is on while the run goes"
+    c.mind.kill9()
+    try:
+        assert t.wait() == 255
+        assert t.attrs() == cooked()
+    finally:
+        c.start_mind(*c.mind_args, port=c.port)
+        c.wait_connected("box", min_gen=2)
+
+
+def test_a_hand_that_denies_terminals_refuses_them(c, term, tmp_path):
+    c.start_hand("closed", "--deny-pty")
+    c.wait_connected("closed")
+    t = term("exec", "-t", "--hand", "closed", "--", "true")
+    assert t.wait() == 125
+    assert b"denied" in t.out
+    r = c.cli("exec", "--hand", "closed", "--", "echo", "no terminal, no problem")
+    assert r.returncode == 0 and r.stdout == b"no terminal, no problem\n"
+
+
+def _running(name: str) -> bool:
+    """The remote command (a `python3` with `name` in its argv; the local CLI's argv holds it too)."""
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+                if cmd.startswith(b"python3\x00") and name.encode() in cmd:
+                    return True
+            except OSError:
+                pass
+    return False
