@@ -111,6 +111,12 @@ def _read_credential(value: str, s: Settings) -> Any:
 
     inline = value.strip().startswith("mh1:")
     where = s.origin("credential") if inline else f"credential file {value}"
+    if inline and s.origins["credential"].kind == "flag":
+        # A token on argv is readable by every local user in `ps` and /proc/PID/cmdline (issue 13).
+        raise ConfigError(
+            "--credential takes a file, not the token itself (argv is visible to every user in `ps`): "
+            "write the token to a 0600 file, or pass it in MINDHAND_CREDENTIAL"
+        )
     if inline:
         text = value
     else:
@@ -360,6 +366,21 @@ def reloader(source: Any, started: Settings) -> Any:
     return reload
 
 
+SHARED_IDENTITY_WARNING = (
+    "commands run as this Hand's own user (uid {uid}): a client allowed `exec` or `shell` can read the "
+    "Hand's credential, state dir, task logs and environment and act as this Hand; run the Hand as root "
+    "with --run-as USER (a user of its own) so commands cannot"
+)
+
+
+def _warn_shared_identity(log: Any) -> None:
+    """Without `--run-as` the children share the Hand's uid, so nothing the Hand holds is out of
+    their reach (issue 13): say so at every start, on stderr and in the log, in plain words."""
+    text = SHARED_IDENTITY_WARNING.format(uid=os.geteuid())
+    print(f"hand: WARNING: {text}", file=sys.stderr, flush=True)
+    log.warning("commands_share_hand_identity", uid=os.geteuid(), detail=text)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "tasks":
@@ -376,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
         source = settings_source(args)
         settings = source.load()
         config = build_config(settings)
+        # The token may have come from the environment: commands (and anything that inherits ours
+        # later) must not find it there, so drop it once it is read.
+        os.environ.pop("MINDHAND_CREDENTIAL", None)
         from hand.core.sanitize import Sanitizer
         from protocol.io import logs
 
@@ -393,9 +417,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"hand: {exc}", file=sys.stderr)
         return 2
+    if config.sandbox.run_as is None:
+        _warn_shared_identity(logs.get("hand"))
 
     import asyncio
 
     from hand.aio.agent import run_agent
 
-    return asyncio.run(run_agent(config, stop_requested=lambda: bool(early), reload=reloader(source, settings)))
+    try:
+        return asyncio.run(run_agent(config, stop_requested=lambda: bool(early), reload=reloader(source, settings)))
+    finally:
+        if audit is not None:
+            audit.close()  # writes the counts of repeated refusals not yet written

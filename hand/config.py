@@ -57,7 +57,8 @@ KEYS: tuple[Key, ...] = (
         "credential",
         str,
         None,
-        "file holding this Hand's credential mh1:hand:LABEL:HEX (or the token itself; `config show` masks it)",
+        "file holding this Hand's credential mh1:hand:LABEL:HEX (the token itself only in MINDHAND_CREDENTIAL, "
+        "never on argv; `config show` masks it)",
         env="MINDHAND_CREDENTIAL",
         required=True,
         metavar="FILE",

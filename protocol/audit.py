@@ -55,6 +55,8 @@ class AuditEvent(StrEnum):
     HAND_INPUT_WRONG_GENERATION = "hand_input_wrong_generation"
     HAND_INPUT_UNKNOWN_RUN = "hand_input_unknown_run"
     TASK_UPDATE_FOREIGN = "task_update_foreign"
+    TASK_UPDATE_UNSOLICITED = "task_update_unsolicited"
+    """Mind: a Hand reported a task the Mind never asked it about (not adopted; issue 13)."""
     RECONCILE_FOREIGN_TASK = "reconcile_foreign_task"
     # --- what the operator changed while it ran ---
     CONFIG_RELOADED = "config_reloaded"

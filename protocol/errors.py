@@ -22,7 +22,8 @@ them by it (`ValueError`).
     ├── ToolFailed                     hand/system/tools.py        a tool ran and failed
     ├── PathRefused                    hand/system/paths.py        a path the Hand will not touch
     ├── OverCap (ValueError)           hand/system/sandbox.py      a limit above the Hand's cap
-    └── TaskStoreError                 hand/system/taskdb.py       the Hand's task database cannot be used
+    ├── TaskStoreError                 hand/system/taskdb.py       the Hand's task database cannot be used
+    └── NotThisUser (OSError)          hand/system/fsuser.py       a file call on a thread not acting as the run's user
 
 What the shells do with them (DESIGN §4): a `ProtocolError` on a connection is answered with an
 `error` frame and, for connection-level codes, a close. Anything else raised while serving one

@@ -29,6 +29,19 @@ TASK_LOG_PAGE_MAX = 64 << 10
 MAX_RUNTIME_MAX_MS = 24 * 3600 * 1000
 RUN_TIMEOUT_MAX_MS = 24 * 3600 * 1000
 
+MAX_CONTAINER_ITEMS = 1 << 17
+"""Items in one msgpack array or map of any frame (a listing has at most LIST_DIR_MAX_ENTRIES):
+the decoder refuses a longer one before building it."""
+ARGS_MAX_ITEMS = 100_000
+"""Values (containers and scalars) in one request's arguments: the Mind refuses more before any
+work, so no frame's decode, digest and re-encode stalls its loop (issue 13, item 5)."""
+CLIENT_MAX_FRAME_BYTES = ARGS_MAX_BYTES + (64 << 10)
+"""Largest frame the Mind reads from a client: its biggest request is an `exec` or `task_start`
+with arguments of at most ARGS_MAX_BYTES (Hands' results may use the whole MAX_FRAME_BYTES)."""
+PREAUTH_MAX_FRAME_BYTES = 16 << 10
+"""Largest frame before `welcome`: a hello or a proof is a few hundred bytes; an unauthenticated
+peer must not make the Mind buffer or decode megabytes (issue 13, item 4)."""
+
 HANDSHAKE_TIMEOUT_S = 10.0
 NONCE_BYTES = 32
 MAC_BYTES = 32

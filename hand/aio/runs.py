@@ -320,7 +320,11 @@ class RunTable:
             if isinstance(run.prepared, ProcessSpec):
                 return self._from_process(run, await self._run_process(run, run.prepared))
             assert isinstance(run.prepared, FileCall)
-            value = run.prepared.call() if run.prepared.quick else await asyncio.to_thread(run.prepared.call)
+            call = run.prepared
+            if call.executor is not None:  # the run's user's threads (`--run-as`)
+                value = await loop.run_in_executor(call.executor, call.call)
+            else:
+                value = call.call() if call.quick else await asyncio.to_thread(call.call)
             return Result(
                 run_id=run.rpc.run_id,
                 state=RunState.SUCCEEDED,

@@ -10,6 +10,13 @@ resource `limits` within the Hand's caps (a request over a cap is refused here, 
 runs), and the `--run-as` user. File tools refuse special files (devices, FIFOs, sockets): a read
 must never block on a FIFO or stream a device forever, and a write never goes through a symlink.
 
+File tools act on what `paths.locate` finds by walking from a handle on the root (never on a path
+string checked earlier: issue 13, item 2), and, on a Hand with `--run-as`, on threads whose
+filesystem identity is that user (`hand.system.fsuser`): the kernel checks access as the user, and
+what they create is the user's. Nothing they write carries setuid, setgid or sticky bits (item 1):
+an overwrite keeps only the old file's permission bits, and an append to a file that has them clears
+them.
+
 A tool that ran and failed raises `ToolFailed` (or an `OSError`) whose message names the caller's
 own path, never the Hand's absolute one; the run table sanitises it once more on the way out.
 """
@@ -21,6 +28,7 @@ import os
 import secrets
 import stat
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -29,7 +37,8 @@ import pydantic
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from hand.core.policy import KNOWN_TOOLS
-from hand.system.paths import PathRefused, resolve, resolve_entry, show
+from hand.system.fsuser import as_user
+from hand.system.paths import Located, PathRefused, locate, resolve, resolve_entry, show
 from hand.system.sandbox import OverCap, ResourceLimits, RunAs, Sandbox
 from protocol import limits
 from protocol.codes import RejectCode
@@ -63,6 +72,9 @@ def _no_nul(value: str) -> str:
 def _env_key(value: str) -> str:
     if not value or "=" in value or "\x00" in value:
         raise ValueError("environment names must be non-empty, without '=' or NUL")
+    if value.startswith("MINDHAND_"):
+        # The README promises MINDHAND_* never reaches a child; a request may not set one either.
+        raise ValueError("MINDHAND_* variables are the Hand's own and never reach a command")
     return value
 
 
@@ -136,6 +148,9 @@ class FileCall:
     quick: bool = False
     """...unless it is known to be small (a read of at most QUICK_READ_BYTES): then inline, since a
     thread hop costs more than the read, and the loop is not blocked for longer than ~0.1 ms."""
+    executor: Executor | None = None
+    """Where to run it instead of the default pool: the run's user's threads (`hand.system.fsuser`);
+    then never inline, since the loop's thread is the Hand's (root's) identity."""
 
 
 Prepared = ProcessSpec | FileCall
@@ -208,10 +223,21 @@ def _entry(root: Path, user_path: str) -> Path:
         raise Refusal(RejectCode.PATH_OUTSIDE_ROOT, exc.message) from None
 
 
-def _prepare_read_file(args: dict[str, Any], root: Path, _sandbox: Sandbox) -> Prepared:
+def _file_call(call: Callable[[], dict[str, Any]], sandbox: Sandbox, quick: Callable[[], bool]) -> FileCall:
+    """Where a file call runs: on the run's user's threads with `--run-as`, else inline if `quick`,
+    else on the default pool."""
+    if sandbox.run_as is not None:
+        pool = as_user(sandbox.run_as)
+        return FileCall(pool.wrap(call), executor=pool.executor)
+    return FileCall(call, quick=quick())
+
+
+def _prepare_read_file(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Prepared:
     a: ReadFileArgs = _validate(ReadFileArgs, "read_file", args)
-    path = _path(root, a.path)
-    return FileCall(lambda: read_file(path, a.offset, a.limit, show(a.path)), quick=_small(path, a.limit))
+    path = _path(root, a.path)  # the admission check; the read walks again from the root's handle
+    return _file_call(
+        lambda: read_file(root, a.path, a.offset, a.limit, show(a.path)), sandbox, lambda: _small(path, a.limit)
+    )
 
 
 QUICK_READ_BYTES = 64 << 10
@@ -227,17 +253,21 @@ def _small(path: Path, limit: int) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_size <= QUICK_READ_BYTES
 
 
-def _prepare_write_file(args: dict[str, Any], root: Path, _sandbox: Sandbox) -> Prepared:
+def _prepare_write_file(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Prepared:
     a: WriteFileArgs = _validate(WriteFileArgs, "write_file", args)
-    path = _entry(root, a.path)  # the last component as named: a symlink there is refused
+    _entry(root, a.path)  # the last component as named: a symlink there is refused
     data = a.data.encode("utf-8") if isinstance(a.data, str) else a.data
-    return FileCall(lambda: write_file(path, data, a.mode, a.make_dirs, show(a.path)))
+    return _file_call(lambda: write_file(root, a.path, data, a.mode, a.make_dirs, show(a.path)), sandbox, _never)
 
 
-def _prepare_list_dir(args: dict[str, Any], root: Path, _sandbox: Sandbox) -> Prepared:
+def _prepare_list_dir(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Prepared:
     a: ListDirArgs = _validate(ListDirArgs, "list_dir", args)
-    path = _path(root, a.path)
-    return FileCall(lambda: list_dir(path, show(a.path)))
+    _path(root, a.path)
+    return _file_call(lambda: list_dir(root, a.path, show(a.path)), sandbox, _never)
+
+
+def _never() -> bool:
+    return False
 
 
 _PREPARE: dict[str, Callable[[dict[str, Any], Path, Sandbox], Prepared]] = {
@@ -280,15 +310,26 @@ def _failed(what: str, shown: str, exc: OSError) -> ToolFailed:
     return ToolFailed(f"cannot {what} {shown}: {exc.strerror or type(exc).__name__}")
 
 
-def read_file(path: Path, offset: int, limit: int, shown: str) -> dict[str, Any]:
+def _locate(
+    what: str, root: Path, user_path: str, shown: str, *, follow_last: bool, make_dirs: bool = False
+) -> Located:
+    """`paths.locate`, with a refusal (a link swapped in since admission) as this tool's failure."""
+    try:
+        return locate(root, user_path, follow_last=follow_last, make_dirs=make_dirs)
+    except PathRefused as exc:
+        raise ToolFailed(f"cannot {what}: {exc.message}") from None
+
+
+def read_file(root: Path, user_path: str, offset: int, limit: int, shown: str) -> dict[str, Any]:
     """Read up to `limit` bytes at `offset`. Special files are refused before opening: opening a
     FIFO for reading would block until a writer appears, and a device may never end."""
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            hint = "; use list_dir" if stat.S_ISDIR(st.st_mode) else ""
-            raise ToolFailed(f"cannot read {shown}: it is {_kind(st.st_mode)}{hint}")
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with _locate("read", root, user_path, shown, follow_last=True) as at:
+            st = os.stat(at.name, dir_fd=at.parent, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                hint = "; use list_dir" if stat.S_ISDIR(st.st_mode) else ""
+                raise ToolFailed(f"cannot read {shown}: it is {_kind(st.st_mode)}{hint}")
+            fd = os.open(at.name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at.parent)
     except OSError as exc:
         raise _failed("read", shown, exc) from None
     try:
@@ -319,36 +360,41 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def write_file(path: Path, data: bytes, mode: str, make_dirs: bool, shown: str) -> dict[str, Any]:
+_SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
+
+
+def write_file(root: Path, user_path: str, data: bytes, mode: str, make_dirs: bool, shown: str) -> dict[str, Any]:
     """`overwrite` is atomic (a temp file in the same directory, then `rename`): a reader sees the
     old content or the new one, never half of it, and a crash leaves the old file intact."""
-    parent = path.parent
     try:
-        if make_dirs:
-            os.makedirs(parent, exist_ok=True)
-        elif not parent.is_dir():
-            raise ToolFailed(f"cannot write {shown}: its directory does not exist (set make_dirs)")
         try:
-            existing: os.stat_result | None = os.lstat(path)
+            at = _locate("write", root, user_path, shown, follow_last=False, make_dirs=make_dirs)
         except FileNotFoundError:
-            existing = None
-        if existing is not None and mode == "create":
-            raise ToolFailed(f"cannot create {shown}: it already exists")
-        if existing is not None and not stat.S_ISREG(existing.st_mode):
-            raise ToolFailed(f"cannot write {shown}: it is {_kind(existing.st_mode)}")
-        if mode == "overwrite":
-            _replace_atomically(path, data, existing)
-        else:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-            flags |= os.O_APPEND if mode == "append" else os.O_EXCL
-            fd = os.open(path, flags, 0o666)
+            raise ToolFailed(f"cannot write {shown}: its directory does not exist (set make_dirs)") from None
+        with at:
             try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise ToolFailed(f"cannot write {shown}: it is {_kind(st.st_mode)}")
-                _write_all(fd, data)
-            finally:
-                os.close(fd)
+                existing: os.stat_result | None = os.stat(at.name, dir_fd=at.parent, follow_symlinks=False)
+            except FileNotFoundError:
+                existing = None
+            if existing is not None and mode == "create":
+                raise ToolFailed(f"cannot create {shown}: it already exists")
+            if existing is not None and not stat.S_ISREG(existing.st_mode):
+                raise ToolFailed(f"cannot write {shown}: it is {_kind(existing.st_mode)}")
+            if mode == "overwrite":
+                _replace_atomically(at, data, existing)
+            else:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+                flags |= os.O_APPEND if mode == "append" else os.O_EXCL
+                fd = os.open(at.name, flags, 0o666, dir_fd=at.parent)
+                try:
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode):
+                        raise ToolFailed(f"cannot write {shown}: it is {_kind(st.st_mode)}")
+                    if st.st_mode & _SPECIAL_BITS:  # never leave a setuid file behind a write
+                        os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o777)
+                    _write_all(fd, data)
+                finally:
+                    os.close(fd)
     except FileExistsError:
         raise ToolFailed(f"cannot create {shown}: it already exists") from None
     except OSError as exc:
@@ -356,22 +402,25 @@ def write_file(path: Path, data: bytes, mode: str, make_dirs: bool, shown: str) 
     return {"bytes_written": len(data)}
 
 
-def _replace_atomically(path: Path, data: bytes, existing: os.stat_result | None) -> None:
-    tmp = path.parent / f".{path.name[:200]}.{secrets.token_hex(6)}.tmp"
-    # 0o666 through the umask, like any new file; an existing file keeps its permission bits.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+def _replace_atomically(at: Located, data: bytes, existing: os.stat_result | None) -> None:
+    """A new inode (the writer's: the run's user with `--run-as`), renamed over the name. 0o666
+    through the umask, like any new file; an existing file's permission bits are kept, its setuid,
+    setgid and sticky bits never (issue 13, item 1: root once kept a setuid bit on its own file)."""
+    tmp = f".{at.name[:200]}.{secrets.token_hex(6)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o666, dir_fd=at.parent)
     try:
         try:
             _write_all(fd, data)
             if existing is not None:
-                os.fchmod(fd, stat.S_IMODE(existing.st_mode))
+                os.fchmod(fd, stat.S_IMODE(existing.st_mode) & 0o777)
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        os.replace(tmp, at.name, src_dir_fd=at.parent, dst_dir_fd=at.parent)
     except BaseException:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=at.parent)
         except OSError:
             pass
         raise
@@ -396,24 +445,30 @@ def _entry_type(mode: int) -> str:
     return "other"
 
 
-def list_dir(path: Path, shown: str) -> dict[str, Any]:
+def list_dir(root: Path, user_path: str, shown: str) -> dict[str, Any]:
     """Entries sorted by name, at most `LIST_DIR_MAX_ENTRIES` (the smallest names, kept in a heap, so
     memory stays bounded by the cap however large the directory is). Symlinks are reported as
-    symlinks, never followed."""
+    symlinks, never followed. The directory is read through its own handle, opened `O_NOFOLLOW`
+    relative to its parent's."""
     cap = limits.LIST_DIR_MAX_ENTRIES
     try:
-        st = os.stat(path)
-        if not stat.S_ISDIR(st.st_mode):
-            raise ToolFailed(f"cannot list {shown}: it is {_kind(st.st_mode)}, not a directory")
-        with os.scandir(path) as it:
-            kept = heapq.nsmallest(cap + 1, it, key=lambda e: e.name)
+        with _locate("list", root, user_path, shown, follow_last=True) as at:
+            st = os.stat(at.name, dir_fd=at.parent, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                raise ToolFailed(f"cannot list {shown}: it is {_kind(st.st_mode)}, not a directory")
+            fd = os.open(at.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at.parent)
+        try:
+            with os.scandir(fd) as it:
+                kept = heapq.nsmallest(cap + 1, it, key=lambda e: e.name)
+            entries = []
+            for entry in kept[:cap]:  # stat relative to `fd`: before it is closed
+                try:
+                    est = entry.stat(follow_symlinks=False)
+                except OSError:  # vanished while listing
+                    continue
+                entries.append({"name": _wire_name(entry.name), "type": _entry_type(est.st_mode), "size": est.st_size})
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise _failed("list", shown, exc) from None
-    entries = []
-    for entry in kept[:cap]:
-        try:
-            est = entry.stat(follow_symlinks=False)
-        except OSError:  # vanished while listing
-            continue
-        entries.append({"name": _wire_name(entry.name), "type": _entry_type(est.st_mode), "size": est.st_size})
     return {"entries": entries, "truncated": len(kept) > cap}

@@ -37,6 +37,7 @@ from mind.cli.output import (
     die,
     end_summary,
     exit_code_for,
+    printable,
     tool_args_from,
 )
 from mind.cli.progress import Status, elapsed
@@ -339,7 +340,7 @@ class ExecSession:
         event of the run names the same run."""
         if ev.id == self.cancel_id:
             if isinstance(ev, Failed) and not ev.lost:  # lost: the run's own event says so
-                self._say(f"mind: cancel request failed: {ev.error.message}")
+                self._say(f"mind: cancel request failed: {printable(ev.error.message)}")
             return None
         if ev.id != xid:
             return None
@@ -397,7 +398,7 @@ class ExecSession:
         if self.run_id is None and exc.code != "closed":
             die(exc.message)
         which = f"run {self.run_id}" if self.run_id else "the run (not yet confirmed by the Mind)"
-        print(f"mind: {exc.message}; the outcome of {which} is unknown", file=sys.stderr)
+        print(f"mind: {printable(exc.message)}; the outcome of {which} is unknown", file=sys.stderr)
         for name, out in self.outs.items():
             out.finish(timeout=5.0)
             if out.rx.offset:

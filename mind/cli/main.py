@@ -32,6 +32,7 @@ from mind.cli.output import (
     _ts,
     die,
     exit_code_for,
+    printable,
 )
 
 # --- argument parsing ----------------------------------------------------------------------
@@ -446,16 +447,17 @@ async def cmd_run_get(client: Any, args: argparse.Namespace) -> int:
         print(json.dumps(_jsonable(d), indent=2, default=str))
         return 0
     print(
-        f"run      {info.run_id}\nhand     {info.hand} (gen {info.gen})\ntool     {info.tool}\nstate    {info.state.value}"
+        f"run      {info.run_id}\nhand     {info.hand} (gen {info.gen})\ntool     {printable(info.tool)}\n"
+        f"state    {info.state.value}"
     )
     print(f"created  {_ts(info.created_at)}\nended    {_ts(info.ended_at)}")
     if info.end is not None:
         e = info.end
         print(f"exit     {e.exit_code}  signal {e.signal}  duration {e.duration_ms} ms  dropped {e.progress_dropped}")
         if e.reason:
-            print(f"reason   {e.reason}")
+            print(f"reason   {printable(e.reason)}")
         if e.error:
-            print(f"error    {e.error}")
+            print(f"error    {printable(e.error)}")
     if info.value_not_retained:
         print("value    not retained (it went to the waiting client; the Mind keeps run metadata, not payloads)")
     return 0

@@ -18,8 +18,18 @@ EXIT_LOST = 255
 EXIT_USAGE = 2
 
 
+def printable(text: object) -> str:
+    """`text` safe for a terminal: every control character (C0, DEL, C1) becomes a visible escape
+    (`\\x1b`, `\\n`), so a Hand's claim or reason cannot move the cursor, retitle the window or hide
+    itself (issue 13). Only for human output: JSON output is escaped by `json.dumps` already."""
+    s = str(text)
+    if all(" " <= c < "\x7f" or c > "\x9f" for c in s):
+        return s
+    return "".join(c if " " <= c < "\x7f" or c > "\x9f" else repr(c)[1:-1] for c in s)
+
+
 def die(msg: str, code: int = EXIT_REFUSED) -> NoReturn:
-    print(f"mind: {msg}", file=sys.stderr)
+    print(f"mind: {printable(msg)}", file=sys.stderr)
     raise SystemExit(code)
 
 
@@ -122,7 +132,7 @@ def _explain(end: Any) -> None:
     detail = end.error or end.reason
     code = f" ({end.reject_code.value})" if end.reject_code else ""
     stage = f", stopped by SIG{end.stage.value.upper()}" if end.stage else ""
-    print(f"mind: run {end.run_id} {s.value}{code}{stage}: {detail}", file=sys.stderr)
+    print(f"mind: run {end.run_id} {s.value}{code}{stage}: {printable(detail)}", file=sys.stderr)
 
 
 # --- formatting ----------------------------------------------------------------------------
@@ -180,6 +190,7 @@ def _ts(t: float | None) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> None:
+    rows = [[printable(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
     for r in rows:

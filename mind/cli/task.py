@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from mind.cli.output import EXIT_LOST, EXIT_REFUSED, EXIT_USAGE, _table, _ts, die, tool_args_from
+from mind.cli.output import EXIT_LOST, EXIT_REFUSED, EXIT_USAGE, _table, _ts, die, printable, tool_args_from
 from mind.cli.progress import Status, elapsed
 from mind.client.aio import ClientError, MindClient
 from protocol import limits
@@ -102,7 +102,7 @@ async def start(client: MindClient, args: argparse.Namespace) -> int:
         print(f"mind: task {res.task_id} accepted by {res.hand}{note}", file=sys.stderr)
     else:
         code = f" ({res.reject_code.value})" if res.reject_code else ""
-        print(f"mind: task {res.task_id} {res.outcome}{code}: {res.message}", file=sys.stderr)
+        print(f"mind: task {res.task_id} {res.outcome}{code}: {printable(res.message)}", file=sys.stderr)
     if res.outcome in ("accepted", "duplicate"):
         return 0
     return EXIT_LOST if res.outcome == "unknown" else EXIT_REFUSED
@@ -125,9 +125,9 @@ async def get(client: MindClient, args: argparse.Namespace) -> int:
     print(f"exit      {exit_line}")
     print(f"log       {d['log_bytes']} bytes{' (truncated at its bound)' if d['truncated'] else ''}")
     if d["reason"]:
-        print(f"reason    {d['reason']}")
+        print(f"reason    {printable(d['reason'])}")
     if d["error"]:
-        print(f"error     {d['error']}")
+        print(f"error     {printable(d['error'])}")
     return 0
 
 
@@ -188,7 +188,7 @@ async def cancel(client: MindClient, args: argparse.Namespace) -> int:
             v = await client.task_get(args.task_id)
             if v.state in TASK_TERMINAL:
                 status.clear()
-                why = f" ({v.task.reason})" if v.task and v.task.reason else ""
+                why = f" ({printable(v.task.reason)})" if v.task and v.task.reason else ""
                 print(f"task {args.task_id} {v.state.value}{why}")
                 return 0
             waited = time.monotonic() - t0

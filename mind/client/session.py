@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mind.errors import ClientError
+from protocol import limits
 from protocol.auth import ClientHandshake, Credential
 from protocol.envelope import Channel, Envelope
 from protocol.envelope import decode as decode_envelope
@@ -162,7 +163,7 @@ class ClientSession:
         self.error: ClientError | None = None  # set once the session is over
         self._decode = decode
         self._hs = handshake(credential, nonce)
-        self._channel = Channel()
+        self._channel = Channel(max_out=limits.CLIENT_MAX_FRAME_BYTES)
         self._out: list[bytes] = [self._channel.stamp(self._hs.hello())]
         self._waiting: dict[str, _Waiting] = {}
         self._reason: ClientError | None = None  # an id-less `error`: why the Mind is about to close

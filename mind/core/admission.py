@@ -9,12 +9,13 @@ rules it checks are the rules the Mind ships.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from mind.core.scope import Scope
 from mind.core.snapshots import Snapshot
+from protocol import limits
 from protocol.codes import RejectCode
 from protocol.messages import TaskView
 
@@ -51,15 +52,41 @@ def touch_denial(scope: Scope, me: str, hand: str, owner: str | None, what: str,
     return Denial(what, fields)
 
 
+def args_problem(args: object, max_items: int = limits.ARGS_MAX_ITEMS) -> str | None:
+    """Why a request's arguments are refused before any work, or None (issue 13, item 5): more
+    than `max_items` values in all (a million empty lists cost the Mind seconds to digest and
+    re-encode, in a frame well under the size limit). The walk stops at the bound, so its own cost
+    is bounded too. Hands still check the encoded size (`limits.ARGS_MAX_BYTES`)."""
+    seen = 1
+    todo: list[object] = [args]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, dict):
+            seen += 2 * len(value)  # keys and values, counted before any is looked at
+            children: Iterable[object] = value.values()
+        elif isinstance(value, (list, tuple)):
+            seen += len(value)
+            children = value
+        else:
+            continue
+        if seen > max_items:
+            return f"arguments hold more than {max_items} values"
+        todo.extend(children)
+    return None
+
+
 # --- the handshake rate limit -----------------------------------------------------------------------
 
 MAX_TRACKED_ADDRESSES = 10_000
 
 
 class AuthFailures:
-    """Failed handshakes per peer address in a sliding window: an address with `limit` failures in
-    `window` seconds is refused before its handshake starts, until the oldest ages out. Memory is
-    bounded under a spray of addresses (the oldest address is forgotten first)."""
+    """Failed (and abandoned) handshakes per peer address in a sliding window: an address with
+    `limit` failures in `window` seconds is *limited* until the oldest ages out. A limited address
+    is not locked out (a stranger behind the same NAT must not lock out a peer that proves its
+    credential, issue 13 item 9): its handshakes are slowed and a failure is answered
+    `rate_limited`, but a correct proof is still welcomed. Memory is bounded under a spray of
+    addresses (the oldest address is forgotten first)."""
 
     def __init__(self, max_addresses: int = MAX_TRACKED_ADDRESSES) -> None:
         self._failures: dict[str, list[float]] = {}
@@ -81,6 +108,43 @@ class AuthFailures:
     def recent(self) -> int:
         """Failures remembered now, over every address (for `mind status`)."""
         return sum(len(v) for v in self._failures.values())
+
+
+class PendingHandshakes:
+    """Handshakes in progress, per peer address, in arrival order (issue 13, item 8).
+
+    One address may hold at most `per_address` of them, so strangers on a few addresses cannot fill
+    the table; when the table is full anyway (many addresses), the newcomer still gets a slot and the
+    oldest handshake of the address holding the most is evicted: a handshake that would succeed
+    takes milliseconds, so it is never the oldest, and silent strangers are. The caller closes the
+    evicted connection."""
+
+    def __init__(self) -> None:
+        self._slots: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def held(self, addr: str) -> int:
+        return sum(1 for a in self._slots.values() if a == addr)
+
+    def admit(self, key: int, addr: str, total: int, per_address: int) -> tuple[bool, int | None]:
+        """`(admitted, evicted key or None)`: refused only when `addr` itself holds `per_address`."""
+        if self.held(addr) >= min(per_address, total):
+            return False, None
+        evicted = None
+        if len(self._slots) >= total:
+            counts: dict[str, int] = {}
+            for a in self._slots.values():
+                counts[a] = counts.get(a, 0) + 1
+            busiest = max(counts, key=lambda a: counts[a])
+            evicted = next(k for k, a in self._slots.items() if a == busiest)
+            del self._slots[evicted]
+        self._slots[key] = addr
+        return True, evicted
+
+    def done(self, key: int) -> None:
+        self._slots.pop(key, None)
 
 
 # --- task starts the Mind answers itself --------------------------------------------------------------
@@ -107,6 +171,12 @@ def existing_start(existing: Snapshot, task_id: str, hand: str, binding: str) ->
         return StartReply(
             "duplicate", message="a task with this id and binding exists; nothing new was run", view=existing.view()
         )
+    return id_taken(task_id)
+
+
+def id_taken(task_id: str) -> StartReply:
+    """The one answer for an id that cannot be used: a conflicting start in the client's scope and
+    any start of an id held outside it read the same (issue 13), so ids do not leak across scopes."""
     return StartReply(
         "rejected",
         RejectCode.CONFLICTING_DUPLICATE,

@@ -124,6 +124,8 @@ class Plan:
     foreign: list[str]
     """Task ids the Hand reported that belong to another Hand in the Mind's records."""
     unchanged: int
+    over_quota: int = 0
+    """Task ids the Hand reported that the Mind did not adopt: the Hand's quota was full (issue 13)."""
 
     @property
     def writes(self) -> list[Snapshot]:

@@ -88,11 +88,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
         asyncio.run(mind.run(reload=_reloader(source, s)))
     except OSError as exc:
         die(f"cannot listen on {host}:{port}: {exc.strerror or exc}", 1)
+    finally:
+        audit.close()  # writes the counts of repeated refusals not yet written
 
 
 def cmd_credentials(args: argparse.Namespace) -> None:
     from mind import home as paths
-    from mind.core.scope import FULL, Scope, parse_patterns
+    from mind.core.scope import Scope, parse_patterns
     from mind.store.credentials import Store, StoreError
 
     home = paths.home(args.home)
@@ -128,7 +130,7 @@ def cmd_credentials(args: argparse.Namespace) -> None:
     def scope_of(row) -> str:
         if row.role != "client":
             return "-"
-        return (FULL if row.label == "admin" else Scope.from_json(row.scope)).describe()
+        return Scope.from_json(row.scope).describe()
 
     try:
         if args.action == "add":

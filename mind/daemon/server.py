@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import json
 import os
+import resource
 import signal
 import ssl
 import time
@@ -19,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import structlog
 from websockets.asyncio.connection import Connection
@@ -27,11 +28,19 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from mind import home as paths
-from mind.core.admission import AuthFailures, Denial, denial_message, touch_denial, use_denial
-from mind.core.handshake import Identity, ServerHandshake
+from mind.core.admission import (
+    AuthFailures,
+    Denial,
+    PendingHandshakes,
+    args_problem,
+    denial_message,
+    touch_denial,
+    use_denial,
+)
+from mind.core.handshake import AUTH_FAILED_MESSAGE, Identity, ServerHandshake
 from mind.core.paging import page
 from mind.core.registry import Action, Log, RunRegistry, SendToClient, SendToHand, StartEnded
-from mind.core.scope import FULL, Scope
+from mind.core.scope import Scope
 from mind.daemon import heap
 from mind.daemon.metrics import MindMetrics
 from mind.daemon.outbox import BatchingConnection, Outbox
@@ -117,6 +126,16 @@ CLOSE_REPLACED = 4001
 CLOSE_REVOKED = 4003
 CLOSE_TRY_LATER = 1013
 CLOSE_INTERNAL = 1011
+OPEN_TIMEOUT_S = 5.0
+"""A connection that has not finished its HTTP upgrade by then is closed (issue 13, item 10)."""
+MAX_PENDING_PER_ADDRESS = 8
+"""Handshakes one address may have in progress (issue 13, item 8)."""
+LIMITED_DELAY_S = 1.0
+"""A rate-limited address waits this long for its challenge: a legitimate peer still gets in, a
+prober gets a handful of tries a second (issue 13, items 9 and 13)."""
+LOOKUP_PAD_S = 0.005
+"""The challenge leaves no sooner than this after the hello, whatever the credential lookup cost:
+the answer's timing does not tell a known label from an unknown one (issue 13, item 13)."""
 
 
 def keepalive_timeout(ping_interval: float) -> float:
@@ -153,6 +172,70 @@ class MindConfig:
     auth_fail_window: float = 60.0
 
 
+class Unwelcomed:
+    """Open connections not yet welcomed, per peer address (issue 13, item 10): counted from the TCP
+    accept, before the HTTP upgrade, so sockets that never upgrade cannot use up the Mind's files.
+    The same rule as pending handshakes (`PendingHandshakes`): one address holds at most
+    `per_address` (a new socket over it is dropped at once), and a full table drops the oldest socket
+    of the busiest address to make room; the rest end at the upgrade or handshake deadline."""
+
+    def __init__(self, per_address: int = 64, total: int = 1024) -> None:
+        self._slots = PendingHandshakes()
+        self._conns: dict[int, asyncio.Transport] = {}
+        self.per_address = per_address
+        self.max_total = total
+
+    def admit(self, key: int, addr: str, transport: asyncio.Transport) -> bool:
+        admitted, evicted = self._slots.admit(key, addr, self.max_total, self.per_address)
+        if evicted is not None:
+            old = self._conns.pop(evicted, None)
+            if old is not None:
+                old.abort()
+        if admitted:
+            self._conns[key] = transport
+        return admitted
+
+    def release(self, key: int) -> None:
+        self._slots.done(key)
+        self._conns.pop(key, None)
+
+
+class CountedConnection(BatchingConnection):
+    """A server connection that holds a slot in `Unwelcomed` from accept until welcome or close."""
+
+    unwelcomed: Unwelcomed
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        addr = str(peer[0]) if peer else "?"
+        if not self.unwelcomed.admit(id(self), addr, cast(asyncio.Transport, transport)):
+            cast(asyncio.Transport, transport).abort()
+
+    def welcomed(self) -> None:
+        self.unwelcomed.release(id(self))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.welcomed()
+        super().connection_lost(exc)
+
+
+def raise_open_files_limit(want: int = 65536) -> int:
+    """One file per connection: the default soft limit (often 1,024) is lower than the Hands, clients
+    and pending sockets the Mind is built for; raise it towards the hard limit (item 10). Returns
+    the soft limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log.info("open_files_limit_raised", soft=soft, now=target)
+            return target
+        except (ValueError, OSError):
+            log.warning("open_files_limit_low", soft=soft, hard=hard)
+    return want if soft == resource.RLIM_INFINITY else soft
+
+
 def ensure_admin(store: Store, home: Path) -> None:
     """First start: make the local admin client credential the CLI finds by itself (0600)."""
     cred_file = paths.admin_cred_file(home)
@@ -184,7 +267,13 @@ class Mind:
         self._stop = asyncio.Event()
         self._tg: asyncio.TaskGroup | None = None
         self.tasks = TaskService(self)
-        self._pending_handshakes = 0
+        self._pending = PendingHandshakes()
+        self._pending_ws: dict[int, tuple[str, Connection]] = {}
+        """Each pending handshake's address and connection, to close the one `_pending` evicts."""
+        self._evicted: set[int] = set()
+        self._unwelcomed = Unwelcomed()
+        self._accept_errors: list[float] = [-1e9, 0]
+        """When the last accept error was logged, and how many since were not."""
         self._failures = AuthFailures()
         self._epoch = -1
         self.denials: dict[str, int] = {}
@@ -263,6 +352,9 @@ class Mind:
         if staled:
             log.info("snapshots_marked_stale", count=staled, why="mind restart")
         loop = asyncio.get_running_loop()
+        loop.set_exception_handler(self._loop_exception)
+        # at most half the files for sockets not yet welcomed: the rest stay for Hands, clients, the db
+        self._unwelcomed.max_total = min(self._unwelcomed.max_total, max(16, raise_open_files_limit() // 2))
         handlers: list[tuple[signal.Signals, Callable[[], None]]] = [
             (signal.SIGTERM, self.stop),
             (signal.SIGINT, self.stop),
@@ -289,9 +381,10 @@ class Mind:
                 self.cfg.host,
                 self.cfg.port,
                 process_request=self._http,
-                create_connection=BatchingConnection,
+                create_connection=type("MindConnection", (CountedConnection,), {"unwelcomed": self._unwelcomed}),
                 compression=None,
-                max_size=limits.MAX_FRAME_BYTES,
+                max_size=limits.PREAUTH_MAX_FRAME_BYTES,  # raised per connection at welcome (`_handshake`)
+                open_timeout=OPEN_TIMEOUT_S,
                 ping_interval=self.cfg.ping_interval,
                 ping_timeout=keepalive_timeout(self.cfg.ping_interval),
                 close_timeout=close_timeout(self.cfg.ping_interval),
@@ -320,6 +413,19 @@ class Mind:
         self._db_thread.shutdown(wait=True)
         self._creds_thread.shutdown(wait=True)
         log.info("mind_stopped")
+
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """Accept errors (out of files) come once per queued connection, thousands a second: log the
+        first, then one summary at most every 10 s with how many were suppressed (item 10)."""
+        if context.get("message") != "socket.accept() out of system resource":
+            loop.default_exception_handler(context)
+            return
+        now = time.monotonic()
+        if now - self._accept_errors[0] < 10.0:
+            self._accept_errors[1] += 1
+            return
+        log.error("accept_failed", error=str(context.get("exception")), suppressed=self._accept_errors[1])
+        self._accept_errors = [now, 0]
 
     async def _flush_all(self, timeout: float) -> None:
         peers = list(self.hands.values()) + list(self.clients.values())
@@ -411,22 +517,33 @@ class Mind:
         channel = Channel()
         peer_addr = ws.remote_address[0] if ws.remote_address else "?"
         now = time.monotonic()
-        if self._rate_limited(peer_addr, now):
-            log.warning(AuditEvent.HANDSHAKE_REFUSED, peer=peer_addr, why="rate_limited")
+        # A limited address is slowed and its failures are answered `rate_limited`, but a correct
+        # proof is still welcomed: strangers behind the same NAT cannot lock a peer out (item 9).
+        limited = self._rate_limited(peer_addr, now)
+        seen_epoch = self._epoch
+        key = id(ws)
+        admitted, evicted = self._pending.admit(
+            key, peer_addr, self.cfg.max_pending_handshakes, MAX_PENDING_PER_ADDRESS
+        )
+        if not admitted:
+            log.warning(AuditEvent.HANDSHAKE_REFUSED, peer=peer_addr, why="busy", pending=self._pending.held(peer_addr))
             await self._refuse(
                 ws,
                 channel,
-                ProtocolError(ErrorCode.RATE_LIMITED, "too many failed handshakes from this address; try later"),
+                ProtocolError(ErrorCode.BUSY, "too many handshakes in progress from this address; try later"),
             )
             return
-        if self._pending_handshakes >= self.cfg.max_pending_handshakes:
-            log.warning(AuditEvent.HANDSHAKE_REFUSED, peer=peer_addr, why="busy", pending=self._pending_handshakes)
-            await self._refuse(ws, channel, ProtocolError(ErrorCode.BUSY, "too many handshakes in progress; try later"))
-            return
-        self._pending_handshakes += 1
+        if evicted is not None:
+            old = self._pending_ws.pop(evicted, None)
+            if old is not None:  # the oldest of the busiest address: a silent stranger, not a failure
+                log.warning(AuditEvent.HANDSHAKE_REFUSED, peer=old[0], why="evicted")
+                self._evicted.add(evicted)
+                self.spawn(self._close_quietly(old[1], CLOSE_TRY_LATER, "busy: evicted for a newer handshake"))
+        self._pending_ws[key] = (peer_addr, ws)
+        stage: list[str] = []  # "hello" once a challenge is owed: a close after it is an abandon (item 13)
         try:
             async with asyncio.timeout(limits.HANDSHAKE_TIMEOUT_S):
-                ident, gen, secret = await self._handshake(ws, channel)
+                ident, gen, secret = await self._handshake(ws, channel, limited, stage)
         except TimeoutError:
             self.metrics.handshakes.labels("failed").inc()
             self._failed(peer_addr, now)
@@ -436,10 +553,18 @@ class Mind:
         except ProtocolError as exc:
             self.metrics.handshakes.labels("failed").inc()
             self._failed(peer_addr, now)
-            log.info(AuditEvent.HANDSHAKE_FAILED, peer=peer_addr, code=exc.code.value, reason=exc.message)
+            if limited and exc.code is ErrorCode.AUTH_FAILED:
+                log.warning(AuditEvent.HANDSHAKE_REFUSED, peer=peer_addr, why="rate_limited", code=exc.code.value)
+                exc = ProtocolError(ErrorCode.RATE_LIMITED, "too many failed handshakes from this address; try later")
+            else:
+                log.info(AuditEvent.HANDSHAKE_FAILED, peer=peer_addr, code=exc.code.value, reason=exc.message)
             await self._refuse(ws, channel, exc)
             return
         except ConnectionClosed:
+            if stage and key not in self._evicted:
+                self.metrics.handshakes.labels("failed").inc()
+                self._failed(peer_addr, now)
+                log.info(AuditEvent.HANDSHAKE_FAILED, peer=peer_addr, code="abandoned")
             return
         except Exception:  # our failure, not the peer's: not counted against its address
             self.metrics.handshakes.labels("failed").inc()
@@ -449,7 +574,9 @@ class Mind:
             )
             return
         finally:
-            self._pending_handshakes -= 1
+            self._pending.done(key)
+            self._pending_ws.pop(key, None)
+            self._evicted.discard(key)
         outbox = Outbox(ws, channel)
         peer = Peer(
             ident=ident, gen=gen, ws=ws, outbox=outbox, since=time.time(), secret_digest=hashlib.sha256(secret).digest()
@@ -457,11 +584,17 @@ class Mind:
         if ident.role == "hand":
             outbox.on_refused = peer.fail_request
         if ident.role == "client":
-            peer.scope = (
-                FULL
-                if ident.label == "admin"
-                else Scope.from_json(await self.creds(self.store.scope, "client", ident.label))
-            )
+            # Full scope is what the credential was created with (no stored scope), never a name.
+            peer.scope = Scope.from_json(await self.creds(self.store.scope, "client", ident.label))
+        # The ticker sweeps the registered peers when the credentials change; this one registers
+        # only when served (below, with no await before): a change it noticed since the handshake
+        # began is checked here, until none slipped in (item 6).
+        while self._epoch != seen_epoch:
+            seen_epoch = self._epoch
+            if await self.creds(self.store.secret, ident.role, ident.label) != secret:
+                log.warning(AuditEvent.CREDENTIAL_CLOSED, role=ident.role, label=ident.label, gen=gen, why="revoked")
+                await self._refuse(ws, channel, ProtocolError(ErrorCode.REVOKED, "this credential was revoked"))
+                return
         log.info(AuditEvent.HANDSHAKE_OK, peer=peer_addr, role=ident.role, label=ident.label, gen=gen)
         self.metrics.handshakes.labels("ok").inc()
         try:
@@ -513,6 +646,7 @@ class Mind:
             ErrorCode.HANDSHAKE_TIMEOUT: CLOSE_POLICY,
             ErrorCode.RATE_LIMITED: CLOSE_TRY_LATER,
             ErrorCode.BUSY: CLOSE_TRY_LATER,
+            ErrorCode.REVOKED: CLOSE_REVOKED,
             ErrorCode.INTERNAL_ERROR: CLOSE_INTERNAL,
         }.get(exc.code, CLOSE_PROTOCOL)
         try:
@@ -525,16 +659,22 @@ class Mind:
         data = await ws.recv()
         return channel.receive(data).msg
 
-    async def _handshake(self, ws: Connection, channel: Channel) -> tuple[Identity, int, bytes]:
+    async def _handshake(
+        self, ws: Connection, channel: Channel, limited: bool = False, stage: list[str] | None = None
+    ) -> tuple[Identity, int, bytes]:
         loop = asyncio.get_running_loop()
         msg = await self._recv(ws, channel)
         if not isinstance(msg, Hello):
             raise ProtocolError(
                 ErrorCode.UNEXPECTED_MESSAGE, f"expected hello, got {msg.TYPE}: nothing is acted on before welcome"
             )
+        if stage is not None:
+            stage.append("hello")
+        started = loop.time()
         secret = await self.creds(self.store.secret, msg.role, msg.label)
         hs = ServerHandshake(self.mind_id, new_id("hs"), os.urandom(limits.NONCE_BYTES), loop.time())
         challenge = hs.on_hello(msg, secret, os.urandom(limits.SECRET_BYTES), loop.time())
+        await asyncio.sleep(max(0.0, started + (LIMITED_DELAY_S if limited else LOOKUP_PAD_S) - loop.time()))
         await ws.send(channel.stamp(challenge))
         proof = await self._recv(ws, channel)
         if not isinstance(proof, Proof):
@@ -542,8 +682,16 @@ class Mind:
                 ErrorCode.UNEXPECTED_MESSAGE, f"expected proof, got {proof.TYPE}: nothing is acted on before welcome"
             )
         ident = hs.on_proof(proof, loop.time())
+        # Revoked or rotated while this handshake waited for its proof (item 6): the table decides
+        # now, not when the hello came in. Same answer as any wrong secret.
+        if await self.creds(self.store.secret, ident.role, ident.label) != secret:
+            raise ProtocolError(ErrorCode.AUTH_FAILED, AUTH_FAILED_MESSAGE)
         gen = await self.creds(self.store.next_generation, ident.role, ident.label)
         channel.gen = gen
+        # Past the proof the peer may send full-size frames: a Hand's results, a client's requests.
+        ws.protocol.max_message_size = limits.MAX_FRAME_BYTES if ident.role == "hand" else limits.CLIENT_MAX_FRAME_BYTES
+        if isinstance(ws, CountedConnection):
+            ws.welcomed()
         await ws.send(channel.stamp(hs.welcome(gen, self.cfg.ping_interval)))
         assert secret is not None  # a verified proof implies a known secret
         return ident, gen, secret
@@ -702,6 +850,10 @@ class Mind:
             return
         if id_ is None:
             raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"a {msg.TYPE} request needs an envelope id")
+        if isinstance(msg, (Exec, TaskStart)) and (problem := args_problem(msg.args)) is not None:
+            # before any digest, record or re-encode: their cost grows with the values (item 5)
+            peer.outbox.put(Error(code=ErrorCode.INVALID_PAYLOAD, message=f"invalid {msg.TYPE}: {problem}"), id_)
+            return
         now, wall = time.monotonic(), time.time()
         me, scope = peer.ident.label, peer.scope
         if isinstance(msg, Exec):
@@ -814,7 +966,14 @@ class Mind:
         all_hands = [h for h in await self.hand_infos() if scope.allows_hand(h.name)]
         first = sorted(all_hands, key=lambda h: not h.connected)  # (stable: by name within each)
         hands = sorted(page(first, STATUS_LIST_MAX, payload_size, STATUS_LIST_BYTES)[0], key=lambda h: h.name)
-        counts = await self.db(self.snapshots.counts_by_state)
+        if scope.read_others and scope.hands == ("*",):
+            counts = await self.db(self.snapshots.counts_by_state)
+            stale = await self.db(self.snapshots.count_stale)
+        else:  # a scoped client counts only the tasks it could list (issue 13)
+            counts, stale = await self.db(
+                self.snapshots.counts_visible,
+                lambda hand, owner: scope.allows_hand(hand) and scope.may_touch(owner, me),
+            )
         peer.outbox.put(
             StatusReply(
                 version=VERSION,
@@ -824,7 +983,7 @@ class Mind:
                 active_runs=active_infos,
                 recent_failures=failures,
                 task_counts=counts,
-                stale_snapshots=await self.db(self.snapshots.count_stale),
+                stale_snapshots=stale,
                 retained_runs=len(self.registry._runs),
                 hands_total=len(all_hands),
                 hands_connected=sum(1 for h in all_hands if h.connected),

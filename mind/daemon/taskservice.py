@@ -21,6 +21,7 @@ from mind.core.admission import (
     StartReply,
     existing_start,
     hand_offline,
+    id_taken,
     start_without_snapshot,
     touch_denial,
     use_denial,
@@ -72,6 +73,15 @@ START_TIMEOUT_MS = 30_000
 """Bounds only the Hand's durable admission of a task (row committed), never the task itself."""
 ASK_TIMEOUT_S = 10.0
 INVENTORY_PAGE = 1000
+RECONCILE_MAX_TASKS = 20_000
+"""Tasks one reconciliation pass holds in memory at most: a Hand reporting more (a compromised machine
+that never says "last page") ends the pass with nothing applied (issue 13). Above any sane
+`--max-retained-tasks`."""
+RECONCILE_MAX_PAGES = 2 * RECONCILE_MAX_TASKS // INVENTORY_PAGE
+RECONCILE_DEADLINE_S = 120.0
+"""The whole inventory, every page, within this; else the pass ends with nothing applied."""
+HAND_TASKS_QUOTA = RECONCILE_MAX_TASKS
+"""Snapshots one Hand may have in the Mind's database: reported ids beyond it are not adopted."""
 
 T = TypeVar("T")
 
@@ -218,7 +228,11 @@ class TaskService:
                 peer.scope, peer.ident.label, existing.hand, existing.owner, f"reuse task id {task_id}", task_id=task_id
             )
             if denial is not None:
-                return reply("rejected", RejectCode.DENIED_BY_SCOPE, m.deny(peer, denial.what, **denial.fields))
+                # Task ids are one namespace (the Hands key tasks by id): a taken id outside the
+                # client's scope is answered exactly as a conflicting one inside it, so the answer
+                # says only "taken", never which Hand or whose (audited as a scope denial).
+                m.deny(peer, denial.what, **denial.fields)
+                return answer(id_taken(task_id))
             return answer(existing_start(existing, task_id, req.hand, binding))
 
         denial = use_denial(peer.scope, req.hand, req.tool)
@@ -343,7 +357,9 @@ class TaskService:
         """The snapshot if it exists and this client may `verb` it; otherwise answer and return None."""
         m = self.mind
         snap = await m.db(m.snapshots.get, task_id)
-        if snap is None:
+        if snap is None or not peer.scope.allows_hand(snap.hand):
+            if snap is not None:  # audited, but answered as if absent: ids on other Hands do not leak
+                m.deny(peer, f"{verb} task {task_id}", task_id=task_id)
             peer.outbox.put(Error(code=ErrorCode.UNKNOWN_TASK, message=f"no task {task_id}"), id_)
             return None
         if not self._may(peer, snap):
@@ -423,7 +439,9 @@ class TaskService:
     async def cancel(self, peer: Peer, id_: str, req: TaskCancelRequest) -> None:
         m = self.mind
         snap = await m.db(m.snapshots.get, req.task_id)
-        if snap is None:
+        if snap is None or not peer.scope.allows_hand(snap.hand):
+            if snap is not None:  # audited, but answered as if absent: ids on other Hands do not leak
+                m.deny(peer, f"cancel task {req.task_id}", task_id=req.task_id)
             peer.outbox.put(TaskCancelReply(task_id=req.task_id, status=TaskCancelStatus.UNKNOWN_TASK), id_)
             return
         if not self._may(peer, snap):
@@ -444,8 +462,8 @@ class TaskService:
             except (TimeoutError, ConnectionError):
                 reply = None
             if isinstance(reply, TaskCancelResult):
-                if reply.task is not None:
-                    new, _ = await m.db(m.snapshots.report, snap.hand, reply.task, time.time())
+                if reply.task is not None and reply.task.task_id == req.task_id:  # never adopt another id
+                    new, _ = await m.db(m.snapshots.report, snap.hand, reply.task, time.time(), False)
                     snap = new or snap
                 log.info(
                     AuditEvent.TASK_CANCEL_DELIVERED, task_id=req.task_id, hand=snap.hand, status=reply.status.value
@@ -462,10 +480,18 @@ class TaskService:
     # --- pushes and reconciliation ---
 
     async def on_update(self, peer: Peer, info: TaskInfo) -> None:
+        """A Hand's push about one task. Only tasks the Mind knows are updated: an id it never asked
+        about is not adopted (a hostile Hand could fill the database or squat ids; reconciliation
+        adopts, within a quota, what the Hand's inventory reports)."""
         m = self.mind
-        snap, what = await self._db(m.snapshots.report, peer.ident.label, info, time.time(), hand=peer.ident.label)
+        snap, what = await self._db(
+            m.snapshots.report, peer.ident.label, info, time.time(), False, hand=peer.ident.label
+        )
         if what == "foreign":
             log.warning(AuditEvent.TASK_UPDATE_FOREIGN, hand=peer.ident.label, gen=peer.gen, task_id=info.task_id)
+        elif what == "unknown":
+            m.metrics.foreign.inc()
+            log.warning(AuditEvent.TASK_UPDATE_UNSOLICITED, hand=peer.ident.label, gen=peer.gen, task_id=info.task_id)
         else:
             log.debug("task_update", hand=peer.ident.label, task_id=info.task_id, state=info.state.value, applied=what)
 
@@ -479,24 +505,44 @@ class TaskService:
         after: str | None = None
         pages = 0
         try:
-            while True:
-                page = await m.ask(peer, TaskInventory(after=after, limit=INVENTORY_PAGE), 30.0)
-                if isinstance(page, Error):
-                    log.warning("reconcile_refused", hand=hand, gen=gen, code=page.code.value, reason=page.message)
-                    return
-                if not isinstance(page, TaskInventoryPage):
-                    log.warning("reconcile_bad_page", hand=hand, gen=gen, type=page.TYPE)
-                    return
-                pages += 1
-                for t in page.tasks:
-                    rows[t.task_id] = t
-                if page.next_after is None or not page.tasks:
-                    break
-                after = page.next_after
+            # Bounded in pages, tasks and time (issue 13): a Hand that never says "last page", repeats
+            # a cursor or sends oversized pages ends the pass with nothing applied.
+            async with asyncio.timeout(RECONCILE_DEADLINE_S):
+                while True:
+                    page = await m.ask(peer, TaskInventory(after=after, limit=INVENTORY_PAGE), 30.0)
+                    if isinstance(page, Error):
+                        log.warning("reconcile_refused", hand=hand, gen=gen, code=page.code.value, reason=page.message)
+                        return
+                    if not isinstance(page, TaskInventoryPage):
+                        log.warning("reconcile_bad_page", hand=hand, gen=gen, type=page.TYPE)
+                        return
+                    pages += 1
+                    if len(page.tasks) > INVENTORY_PAGE or (
+                        page.next_after is not None and after is not None and page.next_after <= after
+                    ):
+                        log.warning("reconcile_bad_page", hand=hand, gen=gen, type=page.TYPE, tasks=len(page.tasks))
+                        return
+                    for t in page.tasks:
+                        rows[t.task_id] = t
+                    if len(rows) > RECONCILE_MAX_TASKS or (pages >= RECONCILE_MAX_PAGES and page.next_after):
+                        log.warning(
+                            "reconcile_aborted",
+                            hand=hand,
+                            gen=gen,
+                            error="too_many_tasks",
+                            pages=pages,
+                            tasks=len(rows),
+                        )
+                        return
+                    if page.next_after is None or not page.tasks:
+                        break
+                    after = page.next_after
         except (TimeoutError, ConnectionError) as exc:
-            log.warning("reconcile_aborted", hand=hand, gen=gen, error=type(exc).__name__)
+            log.warning("reconcile_aborted", hand=hand, gen=gen, error=type(exc).__name__, pages=pages, tasks=len(rows))
             return
-        plan = await m.db(m.snapshots.reconcile, hand, rows, time.time(), since)
+        plan = await m.db(m.snapshots.reconcile, hand, rows, time.time(), since, HAND_TASKS_QUOTA)
+        if plan.over_quota:
+            log.warning("reconcile_over_quota", hand=hand, gen=gen, not_adopted=plan.over_quota, quota=HAND_TASKS_QUOTA)
         delivered = 0
         for task_id, _reason in plan.cancels:
             try:
@@ -507,8 +553,8 @@ class TaskService:
                 break
             if isinstance(reply, TaskCancelResult):
                 delivered += 1
-                if reply.task is not None:
-                    await m.db(m.snapshots.report, hand, reply.task, time.time())
+                if reply.task is not None and reply.task.task_id == task_id:  # never adopt a reply's other id
+                    await m.db(m.snapshots.report, hand, reply.task, time.time(), False)
                 await m.db(m.snapshots.clear_cancel_pending, task_id)
         for tid in plan.foreign:
             log.warning(AuditEvent.RECONCILE_FOREIGN_TASK, hand=hand, gen=gen, task_id=tid)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -242,14 +242,36 @@ class SnapshotStore:
         with self._lock:
             return dict(self._db.execute("SELECT state, COUNT(*) FROM task_snapshots GROUP BY state").fetchall())
 
+    def counts_visible(self, visible: Callable[[str, str], bool]) -> tuple[dict[str, int], int]:
+        """(tasks by state, stale snapshots) over the snapshots whose (hand, owner) `visible` allows:
+        what `mind status` shows a scoped client, never the fleet's totals (issue 13)."""
+        with self._lock:
+            groups = self._db.execute(
+                "SELECT hand, owner, state, stale, COUNT(*) FROM task_snapshots GROUP BY hand, owner, state, stale"
+            ).fetchall()
+        counts: dict[str, int] = {}
+        stale = 0
+        for hand, owner, state, is_stale, n in groups:
+            if visible(hand, owner):
+                counts[state] = counts.get(state, 0) + n
+                stale += n if is_stale else 0
+        return counts, stale
+
     def count_stale(self) -> int:
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM task_snapshots WHERE stale=1").fetchone()[0]
 
     def reconcile(
-        self, hand: str, hand_rows: dict[str, TaskInfo], now: float, synced_since: float | None = None
+        self,
+        hand: str,
+        hand_rows: dict[str, TaskInfo],
+        now: float,
+        synced_since: float | None = None,
+        quota: int | None = None,
     ) -> Plan:
-        """One reconciliation pass for `hand`, planned and applied in one transaction."""
+        """One reconciliation pass for `hand`, planned and applied in one transaction. With `quota`,
+        the Hand's snapshots (its own and adopted ones) stay at most that many: reported ids beyond it
+        are not adopted, so a hostile Hand cannot grow the Mind's database without bound."""
         with self._tx():
             mine = [
                 _row(r) for r in self._db.execute(f"SELECT {COLS} FROM task_snapshots WHERE hand=?", (hand,)).fetchall()
@@ -265,6 +287,16 @@ class SnapshotStore:
                     f"SELECT task_id, hand FROM task_snapshots WHERE task_id IN ({','.join('?' * len(chunk))})", chunk
                 ).fetchall():
                     held_elsewhere[tid] = owner
+            over = 0
+            if quota is not None:
+                new_ids = sorted(tid for tid in unknown_ids if tid not in held_elsewhere)
+                room = max(0, quota - len(mine))
+                if len(new_ids) > room:
+                    over = len(new_ids) - room
+                    hand_rows = dict(hand_rows)
+                    for tid in new_ids[room:]:
+                        del hand_rows[tid]
             plan = reconcile(hand, settled, hand_rows, held_elsewhere, now, synced_since)
+            plan.over_quota = over
             self._put_many(plan.writes)
             return plan

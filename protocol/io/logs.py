@@ -9,10 +9,13 @@ root and its secret). The events written to the audit file are `protocol.audit.A
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +24,7 @@ from typing import Any, Literal
 import pydantic
 import structlog
 
-from protocol.audit import AUDITED
+from protocol.audit import AUDITED, AuditEvent
 
 LogFormat = Literal["auto", "console", "json"]
 Redact = Callable[[str], str]
@@ -30,22 +33,138 @@ EXC_MESSAGE_MAX = 1000
 """Characters of an exception's message kept in a log line: one error cannot flood the log."""
 
 
+AGGREGATED: frozenset[str] = frozenset(
+    {
+        AuditEvent.HANDSHAKE_REFUSED,
+        AuditEvent.HANDSHAKE_FAILED,
+        AuditEvent.HAND_INPUT_WRONG_GENERATION,
+        AuditEvent.HAND_INPUT_UNKNOWN_RUN,
+        AuditEvent.TASK_UPDATE_FOREIGN,
+        AuditEvent.TASK_UPDATE_UNSOLICITED,
+    }
+)
+"""Refusals a stranger or a hostile Hand can provoke in a loop: written `AUDIT_BURST` times per
+(event, who, why) and interval, then counted (issue 13: a connection flood wrote ~8.8 GiB a day)."""
+AUDIT_BURST = 10
+AUDIT_INTERVAL_S = 60.0
+AUDIT_KEYS_MAX = 256
+"""Distinct (event, who, why) keys counted per interval; beyond it one key per event takes the rest,
+so a flood from many addresses is bounded too."""
+_KEY_FIELDS = ("peer", "hand", "client", "label", "why", "code")
+
+
+class _Repeats:
+    __slots__ = ("fields", "start", "seen", "suppressed", "first", "last")
+
+    def __init__(self, fields: dict[str, Any], start: float) -> None:
+        self.fields, self.start, self.seen, self.suppressed = fields, start, 0, 0
+        self.first = self.last = ""
+
+
 class AuditLog:
     """Append-only JSON lines (0600): every admission decision and terminal state, with who, hand,
     generation, tool, args digest, decision, reason and time. Fed from the same log events as the
-    console, so it can never carry more than they do: never raw arguments or secrets."""
+    console, so it can never carry more than they do: never raw arguments or secrets.
+
+    Repeated refusals (`AGGREGATED`) are written `AUDIT_BURST` times per (event, who, why) and
+    `AUDIT_INTERVAL_S`; the rest are counted and written as one line with `"repeated": N` (and the
+    first and last time) when the interval is over or the log closes. The file follows logrotate's
+    move-and-create (checked at most once a second, so SIGHUP is not needed, as for `ReopeningFile`)."""
 
     def __init__(self, path: os.PathLike[str] | str) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        os.chmod(self.path, 0o600)
+        self._fd = self._open()
+        self._checked = 0.0
+        self._repeats: dict[tuple[str, ...], _Repeats] = {}
+        self._swept = 0.0
+        self._lock = threading.Lock()
+
+    def _open(self) -> int:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        os.fchmod(fd, 0o600)
+        return fd
 
     def write(self, record: dict) -> None:
-        os.write(self._fd, (_json(record) + "\n").encode())  # one write per line: O_APPEND keeps it whole
+        self.record(record, _json(record))
+
+    def record(self, event_dict: dict[str, Any], line: str) -> None:
+        """Write `line` (the JSON of `event_dict`), or count it if it is a repeat over its burst."""
+        now = time.monotonic()
+        with self._lock:
+            if self._fd < 0:  # closed at exit: a late line must not reach a reused descriptor
+                return
+            self._follow(now)
+            if now - self._swept >= 1.0:
+                self._sweep(now, force=False)
+            event = str(event_dict.get("event"))
+            if event in AGGREGATED and self._counted(event, event_dict, now):
+                return
+            os.write(self._fd, (line + "\n").encode())  # one write per line: O_APPEND keeps it whole
+
+    def _counted(self, event: str, event_dict: dict[str, Any], now: float) -> bool:
+        key = (event, *(str(event_dict.get(f, "")) for f in _KEY_FIELDS))
+        rep = self._repeats.get(key)
+        if rep is None:
+            if len(self._repeats) >= AUDIT_KEYS_MAX:
+                key = (event, "*")
+                rep = self._repeats.get(key)
+            if rep is None:
+                kept = {f: event_dict[f] for f in _KEY_FIELDS if f in event_dict} if key[1:] != ("*",) else {}
+                rep = self._repeats[key] = _Repeats(kept, now)
+        rep.seen += 1
+        if rep.seen <= AUDIT_BURST:
+            return False
+        if rep.suppressed == 0:
+            rep.first = str(event_dict.get("timestamp", ""))
+        rep.suppressed += 1
+        rep.last = str(event_dict.get("timestamp", ""))
+        return True
+
+    def _sweep(self, now: float, force: bool) -> None:
+        """Write the count of every interval that is over (all of them when `force`), forget it."""
+        self._swept = now
+        for key, rep in list(self._repeats.items()):
+            if not force and now - rep.start < AUDIT_INTERVAL_S:
+                continue
+            del self._repeats[key]
+            if rep.suppressed:
+                summary = {
+                    "event": key[0],
+                    **rep.fields,
+                    "repeated": rep.suppressed,
+                    "first": rep.first,
+                    "last": rep.last,
+                    "interval_s": AUDIT_INTERVAL_S,
+                    "timestamp": datetime.datetime.now(datetime.UTC).isoformat(),
+                }
+                if key[1:] == ("*",):
+                    summary["who"] = "many (over the per-interval key limit)"
+                os.write(self._fd, (_json(summary) + "\n").encode())
+
+    def _follow(self, now: float) -> None:
+        if now - self._checked <= 1.0:
+            return
+        self._checked = now
+        try:
+            moved = os.stat(self.path).st_ino != os.fstat(self._fd).st_ino
+        except FileNotFoundError:
+            moved = True
+        if moved:
+            try:
+                fd = self._open()
+            except OSError:
+                return  # keep writing to the file we hold rather than lose the line
+            os.close(self._fd)
+            self._fd = fd
 
     def close(self) -> None:
-        os.close(self._fd)
+        with self._lock:
+            if self._fd < 0:
+                return
+            self._sweep(time.monotonic(), force=True)
+            os.close(self._fd)
+            self._fd = -1
 
 
 def _json(event_dict: dict) -> str:
@@ -199,7 +318,7 @@ def _tee_and_render(audit: AuditLog | None, json_console: bool, console_renderer
         line: str | None = None
         if audit is not None and event_dict.get("event") in AUDITED:
             line = _json(event_dict)
-            os.write(audit._fd, (line + "\n").encode())  # one write per line: O_APPEND keeps it whole
+            audit.record(event_dict, line)
         level_no = _LEVELS.get(method)
         per = _Levels.per
         floor = _level_for(event_dict.get("component"), _Levels.default, per) if per else _Levels.default

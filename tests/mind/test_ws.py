@@ -189,3 +189,27 @@ def test_any_split_of_the_stream_gives_the_same_messages(messages, step):
     for i in range(0, len(data), step):
         client.receive_data(data[i : i + step])
     assert client.events() == [(MESSAGE, m) for m in messages]
+
+
+def test_large_frames_are_masked_by_the_c_helper_without_importing_websockets():
+    """The fast path masks big frames with websockets' C function, loaded from its file (the
+    package itself, 30 ms of imports, stays unloaded) and bit-identical to the pure version."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys\n"
+        "from mind.client import ws\n"
+        "d = os.urandom(200_000); m = os.urandom(4)\n"
+        "key = (m * (len(d) // 4 + 1))[: len(d)]\n"
+        "ref = (int.from_bytes(d, 'little') ^ int.from_bytes(key, 'little')).to_bytes(len(d), 'little')\n"
+        "assert ws.apply_mask(d, m) == ref\n"
+        "print(bool(ws._C_MASK), 'websockets' in sys.modules)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert r.stdout.split() == [b"True", b"False"], r.stderr
+
+
+test_large_frames_are_masked_by_the_c_helper_without_importing_websockets = pytest.mark.slow(
+    test_large_frames_are_masked_by_the_c_helper_without_importing_websockets
+)

@@ -174,3 +174,17 @@ def test_hello_label_must_be_well_formed():
         decode(frame(t="hello", p=p))
     p["label"] = "laptop"
     assert isinstance(decode(frame(t="hello", p=p)).msg, Hello)
+
+
+def test_a_container_longer_than_any_message_has_is_refused_before_it_is_built():
+    import gc
+
+    raw = {"v": PROTOCOL_VERSION, "t": "hello", "id": None, "seq": 1, "gen": None}
+    for p in (
+        {"x": [None] * (limits.MAX_CONTAINER_ITEMS + 1)},
+        {str(i): 0 for i in range(limits.MAX_CONTAINER_ITEMS + 1)},
+    ):
+        with pytest.raises(ProtocolError) as ei:
+            decode(msgpack.packb(raw | {"p": p}, use_bin_type=True))
+        assert ei.value.code is ErrorCode.MALFORMED_FRAME
+        assert gc.isenabled(), "the collector is paused only while decoding"

@@ -418,8 +418,8 @@ class SimMind:
             except (TimeoutError, ConnectionError):
                 reply = None
             if isinstance(reply, TaskCancelResult):
-                if reply.task is not None:
-                    new, _ = yield self.db(self.snapshots.report, snap.hand, reply.task, self.now)
+                if reply.task is not None and reply.task.task_id == task_id:  # never adopts another id
+                    new, _ = yield self.db(self.snapshots.report, snap.hand, reply.task, self.now, False)
                     snap = new or snap
                 self.world.to_client(
                     conn, req_id, TaskCancelReply(task_id=task_id, status=reply.status, view=snap.view())
@@ -431,7 +431,7 @@ class SimMind:
         )
 
     def on_update(self, peer: HandPeer, info: TaskInfo) -> Generator[Any, Any, None]:
-        yield self.db(self.snapshots.report, peer.label, info, self.now)
+        yield self.db(self.snapshots.report, peer.label, info, self.now, False)  # never adopts (issue 13)
 
     def reconcile(self, peer: HandPeer) -> Generator[Any, Any, None]:
         """After each `welcome`: realign every snapshot of this Hand with its database (DESIGN §8)."""
@@ -461,6 +461,6 @@ class SimMind:
             except (TimeoutError, ConnectionError):
                 break
             if isinstance(reply, TaskCancelResult):
-                if reply.task is not None:
-                    yield self.db(self.snapshots.report, hand, reply.task, self.now)
+                if reply.task is not None and reply.task.task_id == task_id:  # never adopts another id
+                    yield self.db(self.snapshots.report, hand, reply.task, self.now, False)
                 yield self.db(self.snapshots.clear_cancel_pending, task_id)
