@@ -30,6 +30,20 @@ def _bad(message: str) -> ProtocolError:
     return ProtocolError(ErrorCode.INVALID_PAYLOAD, message)
 
 
+def check_chunk(
+    expected: int, acked: int, window: int, ended: bool, offset: int, size: int, eof: bool
+) -> tuple[int, bool]:
+    """One chunk as a receiver or a relay sees it: in order, contiguous, within the window granted
+    after `acked`, not after the end. Returns the new (offset, eof)."""
+    if ended:
+        raise _bad("data after the end of the stream")
+    if offset != expected:
+        raise _bad(f"chunk at offset {offset}, expected {expected}")
+    if expected + size - acked > window:
+        raise _bad(f"the sender exceeded its window of {window} bytes")
+    return expected + size, eof
+
+
 class Sender:
     """The sending side of one stream: what has been sent, what the receiver has consumed."""
 
@@ -94,14 +108,7 @@ class Receiver:
         self.eof = False
 
     def on_data(self, offset: int, size: int, eof: bool) -> None:
-        if self.eof:
-            raise _bad("data after the end of the stream")
-        if offset != self.offset:
-            raise _bad(f"chunk at offset {offset}, expected {self.offset}")
-        if self.offset + size - self.acked > self.window:
-            raise _bad(f"the sender exceeded its window of {self.window} bytes")
-        self.offset += size
-        self.eof = eof
+        self.offset, self.eof = check_chunk(self.offset, self.acked, self.window, self.eof, offset, size, eof)
 
     def consume(self, n: int) -> None:
         """`n` more bytes were consumed (written where they belong)."""
@@ -138,14 +145,7 @@ class Relay:
         self.eof = False
 
     def on_data(self, offset: int, size: int, eof: bool) -> None:
-        if self.eof:
-            raise _bad("data after the end of the stream")
-        if offset != self.offset:
-            raise _bad(f"chunk at offset {offset}, expected {self.offset}")
-        if self.offset + size - self.acked > self.window:
-            raise _bad(f"the sender exceeded its window of {self.window} bytes")
-        self.offset += size
-        self.eof = eof
+        self.offset, self.eof = check_chunk(self.offset, self.acked, self.window, self.eof, offset, size, eof)
 
     def on_ack(self, offset: int) -> bool:
         """True if the acknowledgement is new and must be forwarded."""

@@ -49,3 +49,13 @@ def cluster(tmp_path):
         yield c
     finally:
         c.stop_all()
+
+
+@pytest.fixture
+def as_root():
+    """Tests of `--run-as`, user switching and `useradd` need root: CI runs as root, and so must a
+    run of the whole suite. Not root is a failure that says so, never a silent skip."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("userdel") is None:
+        pytest.fail("this test needs root with useradd/userdel (run the suite as root, as CI does)", pytrace=False)

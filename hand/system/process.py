@@ -343,6 +343,26 @@ async def _until_gone(pgid: int, exited: asyncio.Future[None] | None, until: flo
         step = min(step * 2, POLL_S)
 
 
+async def exit_or_kill(exited: asyncio.Future[None], kill: asyncio.Event) -> None:
+    """Wait until the main process exits or a kill is requested, whichever comes first (for a
+    process tree and for a terminal session alike)."""
+    if exited.done():
+        return
+    kill_wait = asyncio.get_running_loop().create_task(kill.wait())
+    either: set[asyncio.Future[Any]] = {exited, kill_wait}
+    try:
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        kill_wait.cancel()
+
+
+def split_returncode(rc: int | None) -> tuple[int | None, int | None]:
+    """asyncio's return code as (exit code, signal): negative means killed by that signal."""
+    if rc is None:
+        return None, None
+    return (rc, None) if rc >= 0 else (None, -rc)
+
+
 class ProcessRun:
     """One child process tree. `kill()` may be called at any time, from any callback, any number of
     times: it records the request and, once the child runs, sends SIGTERM at once; `run()` performs
@@ -566,13 +586,7 @@ class ProcessRun:
                     pipe.close()
                 self._report_stdin()
             killed, stage, gone = False, None, False
-            if not proto.exited.done():
-                kill_wait = loop.create_task(self._kill.wait())
-                either: set[asyncio.Future[Any]] = {proto.exited, kill_wait}
-                try:
-                    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    kill_wait.cancel()
+            await exit_or_kill(proto.exited, self._kill)
             if not proto.exited.done():  # the kill request came first: the truth is "we killed it"
                 self._terminate()
             if self._terminated:  # (sent by kill() itself, maybe just before the exit was seen)
@@ -592,10 +606,10 @@ class ProcessRun:
             transport.close()  # stop reading pipes a setsid'd escapee may still hold
             if not finished:  # cancelled or failed mid-way: leave nothing running
                 _signal_group(pgid, signal.SIGKILL)
-        rc = transport.get_returncode()
+        exit_code, sig = split_returncode(transport.get_returncode())
         return ProcessOutcome(
-            exit_code=rc if rc is not None and rc >= 0 else None,
-            signal=-rc if rc is not None and rc < 0 else None,
+            exit_code=exit_code,
+            signal=sig,
             killed=killed,
             stage=stage,
             stdout=self.stdout,

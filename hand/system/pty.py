@@ -74,6 +74,8 @@ from hand.system.process import (
     STRAGGLER_GRACE_S,
     WATCHED_POLL_S,
     Tail,
+    exit_or_kill,
+    split_returncode,
 )
 from hand.system.sandbox import ResourceLimits, RunAs, preexec_for, rlimit_plan
 from protocol.codes import KillStage
@@ -596,13 +598,7 @@ class PtyRun:
                 if self._queue:
                     self._writable()
             self._armed = True
-            if not exit_watch.exited.done():
-                kill_wait = loop.create_task(self._kill.wait())
-                either: set[asyncio.Future[Any]] = {exit_watch.exited, kill_wait}
-                try:
-                    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    kill_wait.cancel()
+            await exit_or_kill(exit_watch.exited, self._kill)
             if not exit_watch.exited.done():  # the kill request came first: the truth is "we killed it"
                 self._terminate()
             if self._terminated:
@@ -619,10 +615,10 @@ class PtyRun:
             transport.close()
             if not finished:  # cancelled or failed mid-way: leave nothing running
                 _signal_groups((session_groups(pid) or set()) | {pid}, (signal.SIGKILL,))
-        rc = transport.get_returncode()
+        exit_code, sig = split_returncode(transport.get_returncode())
         return PtyOutcome(
-            exit_code=rc if rc is not None and rc >= 0 else None,
-            signal=-rc if rc is not None and rc < 0 else None,
+            exit_code=exit_code,
+            signal=sig,
             killed=killed,
             stage=stage,
             output=self.output,

@@ -153,7 +153,7 @@ def test_no_write_leaves_a_setuid_setgid_or_sticky_bit(root):
 
 # --- threads acting as the run's user (needs root; CI is root) ---------------------------------------
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching a thread's user needs root")
+needs_root = pytest.mark.usefixtures("as_root")  # fails, never skips, when not root (tests/conftest.py)
 
 
 def _nobody() -> RunAs:

@@ -25,7 +25,7 @@ from protocol.states import RunState
 
 pytestmark = pytest.mark.slow  # a real Mind and Hand
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a Hand with --run-as and useradd need root")
+needs_root = pytest.mark.usefixtures("as_root")  # fails, never skips, when not root (tests/conftest.py)
 ROOT_SECRET = "ROOT-ONLY-SECRET"
 
 
