@@ -1,8 +1,10 @@
 """`hand run ...`: start the Hand agent on this machine. `hand tasks`: list its background tasks.
 
-Local configuration errors (flags, credential file, root, state dir) are the only things that stop
-a Hand for good: they print one clear line on stderr and exit 2 before any connection is tried.
-Everything the network does (refusals, drops, a Mind that is down) is retried forever.
+Local configuration errors (flags, credential file, root, state dir) print one clear line on stderr
+and exit 2 before any connection is tried. Configuration errors only the Mind can reveal (its
+certificate fails our CA or pin, it refuses our credential) are reported once and exit 2 too
+(`hand.aio.agent`, issue 14); everything else the network does (drops, timeouts, a Mind that is down,
+busy or rate-limiting) is retried forever.
 
 `hand tasks` reads the Hand's own task database directly (read-only): it works while the Hand runs,
 and with no Mind at all, because the Hand is the authority on its tasks (DESIGN §3).
@@ -225,7 +227,14 @@ def _sandbox(s: Settings) -> Any:
             run_as = lookup_user(s["run_as"])
         except ValueError as exc:
             raise s.fail("run_as", str(exc)) from None
-    return Sandbox(env_allow=allow, env_inherit=s["env_inherit"], caps=limits, run_as=run_as)
+    upload = s["max_upload_bytes"]
+    return Sandbox(
+        env_allow=allow,
+        env_inherit=s["env_inherit"],
+        caps=limits,
+        run_as=run_as,
+        max_upload_bytes=parse_size(upload) if upload is not None else None,
+    )
 
 
 def _check_task_db(state: Path) -> None:

@@ -219,6 +219,14 @@ KEYS: tuple[Key, ...] = (
         metavar="N",
     ),
     Key(
+        "max_upload_bytes",
+        str,
+        None,
+        "largest file `mind cp` may upload: bytes or K, M, G (refused before any write; default: no limit)",
+        check=_size,
+        metavar="SIZE",
+    ),
+    Key(
         "run_as",
         str,
         None,
@@ -264,6 +272,7 @@ GROUPS: dict[str, str] = {
     "max_address_space": SANDBOX,
     "max_open_files": SANDBOX,
     "max_processes": SANDBOX,
+    "max_upload_bytes": SANDBOX,
     "run_as": SANDBOX,
     "log_format": LOGS,
     "log_level": LOGS,

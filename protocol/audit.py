@@ -29,7 +29,10 @@ class AuditEvent(StrEnum):
     TASK_DUPLICATE = "task_duplicate"
     """Hand: a start with a known id and the same binding; nothing new ran."""
     TASK_START_DUPLICATE = "task_start_duplicate"
-    """Mind: a start answered from its snapshot as a duplicate; nothing was sent to the Hand."""
+    """Mind: a start answered from its snapshot as a duplicate (the Hand had reported the task);
+    nothing was sent to the Hand."""
+    TASK_START_ASKED_AGAIN = "task_start_asked_again"
+    """Mind: a start of an id the Hand never answered for, sent to the Hand again (it settles it)."""
     TASK_START_REJECTED = "task_start_rejected"
     """Both: a background start refused, with `code` (Mind: scope, unknown or offline hand, conflicting id;
     Hand: quota, policy, paths, caps, conflicting binding)."""

@@ -29,6 +29,9 @@ class ErrorCode(StrEnum):
     DENIED_BY_SCOPE = "denied_by_scope"
     RATE_LIMITED = "rate_limited"
     BUSY = "busy"
+    NO_STREAM_LOG = "no_stream_log"
+    """`task_logs` named a stream of a task logged before the Hand kept stdout and stderr apart:
+    only its combined log exists (ask without `stream`)."""
 
 
 class RejectCode(StrEnum):

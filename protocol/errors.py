@@ -14,13 +14,22 @@ them by it (`ValueError`).
     ├── ConfigError (ValueError)       protocol/io/settings.py     a setting the operator must fix
     ├── TLSConfigError (ValueError)    protocol/io/tls.py          a certificate, key, CA or pin unusable
     ├── ClientError(code, message)     mind/errors.py              a client call could not be made or answered
-    │   └── RunFailed                  mind/client/aio.py          a run that did not succeed, for `call`
+    │   ├── RunFailed                  mind/client/aio.py          a run that did not succeed, for `call`
+    │   ├── EmptySelection             mind/client/fleet.py        a fleet selector that matches no Hand
+    │   └── CopyError                  mind/client/files.py        a copy (`mind cp`) that failed, was refused or lost
+    ├── SelectorError                  mind/core/selector.py       a fleet selector or label that does not parse
+    ├── LimitError                     mind/core/fleet.py          a --max-concurrency / --max-errors that is not N or P%
     ├── WsError, Invalid               mind/client/                the fast path: transport, reply checks
     ├── StoreError                     mind/store/credentials.py   a credential change the store refuses
+    ├── FaultProxyError (RuntimeError) mind/testing/faultproxy/    the fault proxy refused a command or cannot be reached
+    │   └── CommandError (ValueError)                              a command line it cannot perform
     ├── MindRefused(code, message)     hand/aio/agent.py           the Mind sent an `error` frame
+    ├── PermanentError                 hand/aio/agent.py           a configuration error no retry heals: exit 2
     ├── Refusal(code, message)         hand/system/tools.py        a run refused before anything ran
     ├── ToolFailed                     hand/system/tools.py        a tool ran and failed
     ├── PathRefused                    hand/system/paths.py        a path the Hand will not touch
+    ├── CopyFailed                     hand/system/copy.py         a copy's file work failed (the run's `ToolFailed`)
+    ├── Interrupted                    hand/aio/copyrun.py         a copy run stopped before its stream ended
     ├── OverCap (ValueError)           hand/system/sandbox.py      a limit above the Hand's cap
     ├── TaskStoreError                 hand/system/taskdb.py       the Hand's task database cannot be used
     └── NotThisUser (OSError)          hand/system/fsuser.py       a file call on a thread not acting as the run's user

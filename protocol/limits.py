@@ -49,3 +49,8 @@ SECRET_BYTES = 32
 
 LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+LABEL_VALUE_RE = LABEL_RE
+"""An operator's label on a Hand (`role=web`): key and value are both names of this shape, so a
+selector can name them without quoting."""
+HAND_LABELS_MAX = 32
+"""Labels one Hand may carry."""

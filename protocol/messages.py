@@ -30,6 +30,7 @@ Stream = Literal["stdout", "stderr"]
 DataStream = Literal["stdin", "stdout", "stderr", "pty"]
 """A run's byte streams (DESIGN §11): `stdin` goes to the Hand; `stdout`, `stderr`, or for a
 terminal run the one `pty` stream, come back."""
+LabelValue = Annotated[str, Strict(), StringConstraints(pattern=limits.LABEL_VALUE_RE.pattern)]
 Role = Literal["hand", "client"]
 StartOutcome = Literal["accepted", "duplicate", "rejected", "unknown"]
 
@@ -297,6 +298,9 @@ class TaskInfo(Message):
     error: Text | None = None
     log_bytes: NonNeg = 0
     truncated: Bool = False
+    uncommitted: Text | None = None
+    """Set while the task has ended but the Hand could not commit its outcome yet (a full disk):
+    how it ended. `state` stays the committed one until the commit lands (then a new version)."""
 
 
 class TaskStartValue(Message):
@@ -322,6 +326,10 @@ class TaskLogs(Message):
     task_id: Id
     offset: NonNeg = 0
     limit: Annotated[int, Strict(), Field(gt=0, le=limits.TASK_LOG_PAGE_MAX)] = limits.TASK_LOG_PAGE_MAX
+    stream: Stream | None = None
+    """None: the combined log, both streams in arrival order. `stdout` / `stderr`: that stream's own
+    file; `offset` then counts that stream's bytes and the page's `log_bytes`, `truncated` and `eof`
+    are that stream's (error `no_stream_log` for a task logged before streams were kept apart)."""
 
 
 class TaskLogPage(Message):
@@ -397,6 +405,9 @@ class Exec(Message):
     watch: Bool = True
     """Send every state change as a `run_update`. Without it the client gets only the first one
     (`admitted`, which names the run id), the output and the end: three frames fewer per call."""
+    fleet: Id | None = None
+    """The fleet run this run is a member of (DESIGN §12): recorded in the run's history, so
+    `mind runs --fleet ID` lists the members. Changes nothing else about the run."""
 
 
 class RunUpdate(Message):
@@ -467,6 +478,34 @@ class HandInfo(Message):
     """Wall-clock time the current connection was welcomed (or the last one ended)."""
     claims: HandClaims | None = None
     running: NonNeg = 0
+    labels: dict[Label, LabelValue] = Field(default_factory=dict)
+    """What the operator said about this Hand on the Mind (`mind hand label`): the Mind's facts,
+    which fleet selectors match; never the Hand's own claims."""
+
+
+class SelectHands(Message):
+    """Which Hands a fleet selector names (DESIGN §12), resolved by the Mind over its credential
+    table and labels, and only among the Hands in the client's scope."""
+
+    TYPE = "select_hands"
+    selector: Annotated[str, Strict(), StringConstraints(min_length=1, max_length=4096)]
+    after: Cursor | None = None
+    limit: Annotated[int, Strict(), Field(gt=0, le=PAGE_LIMIT_MAX)] = PAGE_LIMIT_MAX
+
+
+class SelectedHand(Message):
+    TYPE = "selected_hand"
+    name: Label
+    connected: Bool
+    generation: NonNeg
+    labels: dict[Label, LabelValue] = Field(default_factory=dict)
+
+
+class HandsSelected(Message):
+    TYPE = "hands_selected"
+    hands: list[SelectedHand]
+    next_after: Cursor | None = None
+    """More Hands match: ask again with this as `after`. None: this was the last page."""
 
 
 class HandsList(Message):
@@ -493,6 +532,8 @@ class RunInfo(Message):
     args_digest: Str
     end: RunEnd | None = None
     value_not_retained: Bool = False
+    fleet: Id | None = None
+    """The fleet run it belongs to (`Exec.fleet`), if any."""
     """The run's value (a tool's result: `read_file` data, a listing) went to the waiting client in
     its `run_end` and was not kept: the Mind retains run metadata, never payloads (`end.value` is
     None here even though the run had one)."""
@@ -584,6 +625,8 @@ class ListRuns(Message):
     """At most this many runs in this page (the Mind may send fewer: it also bounds a page in bytes)."""
     after: Cursor | None = None
     """The `next_after` of the previous page: the runs admitted before those already listed."""
+    fleet: Id | None = None
+    """Only the members of this fleet run."""
 
 
 class RunList(Message):
@@ -646,6 +689,9 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         CancelRunResult,
         ListHands,
         HandsList,
+        SelectHands,
+        SelectedHand,
+        HandsSelected,
         GetRun,
         RunInfo,
         TaskStatus,

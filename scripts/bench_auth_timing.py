@@ -14,9 +14,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 
-from support.cluster import Cluster
 from websockets.asyncio.client import connect
 
+from mind.testing.cluster import Cluster
 from protocol.auth import ClientHandshake, Credential
 from protocol.envelope import Channel
 

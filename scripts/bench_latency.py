@@ -15,9 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 
 from benchlib.core import pct  # scripts/bench covers this and more, against a reference
-from support.cluster import Cluster
 
 from mind.client.aio import MindClient, load_credential
+from mind.testing.cluster import Cluster
 
 
 async def measure(url: str, cred_path: Path, n: int) -> list[tuple[str, list[float]]]:

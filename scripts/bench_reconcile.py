@@ -11,7 +11,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 
 from benchlib.reconcile import measure, seed  # shared with scripts/bench reconcile
-from support.cluster import Cluster
+
+from mind.testing.cluster import Cluster
 
 
 def main() -> None:

@@ -1,10 +1,13 @@
 """The Hand's connection loop: dial out to the Mind, authenticate, serve runs, reconnect forever.
 
 Rules (DESIGN §4, §8, §9):
-- Nothing is acted on before `welcome`: the handshake is its own phase, bounded in time. A Mind
-  that refuses us (an `error` frame, authenticated or not) makes us log and reconnect with backoff,
-  never stop for good: only a local configuration error stops a Hand, and that is caught by the CLI
-  before this loop starts.
+- Nothing is acted on before `welcome`: the handshake is its own phase, bounded in time. What the
+  network does (refused or dropped connections, timeouts, a busy or rate-limiting Mind) is retried
+  with backoff forever. What retrying cannot heal is a configuration error (issue 14), reported once
+  on stderr and in the log (`hand_config_error`) and the agent returns 2 (systemd's
+  `Restart=on-failure` starts it again, with whatever was fixed): the Mind's certificate fails
+  verification (CA file, hostname) or its pin, and the Mind refuses our credential (`auth_failed`:
+  unknown or wrong secret, `revoked`). Local errors (files, flags) the CLI catches before this loop.
 - Keepalive both ways (`ping_interval`/`ping_timeout`): a dead peer is noticed within about two
   intervals, and the connection's runs are then cancelled (`connection_lost`): nobody can receive
   their results, and the Mind has already marked them `lost`.
@@ -31,6 +34,7 @@ import os
 import platform
 import signal
 import socket
+import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -63,7 +67,7 @@ from protocol.errors import MindhandError, ProtocolError
 from protocol.io import logs
 from protocol.io.batching import BatchedWrites
 from protocol.io.loop import probe_lag
-from protocol.io.tls import TLSConfigError, check_pin, client_context
+from protocol.io.tls import TLSConfigError, check_pin, client_context, verify_failure
 from protocol.messages import (
     Cancel,
     Challenge,
@@ -125,6 +129,15 @@ class MindRefused(MindhandError):
         super().__init__(f"{code.value}: {message}")
         self.code = code
         self.message = message
+
+
+class PermanentError(MindhandError):
+    """A configuration error no retry can heal (issue 14): the Hand says so once and exits 2."""
+
+
+PERMANENT_REFUSALS = frozenset({ErrorCode.AUTH_FAILED, ErrorCode.REVOKED})
+"""What the Mind says to a credential it will never accept (`rate_limited`, `busy`: try later)."""
+EXIT_CONFIG = 2
 
 
 class _Stopped(MindhandError):
@@ -266,11 +279,16 @@ class Agent:
 
     def health(self) -> dict[str, Any]:
         """The body of `/healthz`. Answered whenever the process can answer (liveness); whether a
-        Mind is listening is `connected`, and `status` says it in one word: `ok`, `disconnected`
-        (alive, reconnecting) or `stopping`. The Mind's URL is shown without userinfo or query."""
+        Mind is listening is `connected`, and `status` says it in one word: `ok`, `degraded` (connected, but
+        tasks ended whose outcome could not be committed yet: see `tasks.uncommitted`),
+        `disconnected` (alive, reconnecting) or `stopping`. The Mind's URL is shown without userinfo or query."""
         connected = self.gen is not None
+        tasks = self.tasks.live() if self.tasks is not None else {"queued": 0, "running": 0, "uncommitted": 0}
+        status = "stopping" if self._stop.is_set() else "ok" if connected else "disconnected"
+        if status == "ok" and tasks.get("uncommitted"):
+            status = "degraded"  # tasks ended whose outcome the database has not taken (disk full?)
         return {
-            "status": "stopping" if self._stop.is_set() else "ok" if connected else "disconnected",
+            "status": status,
             "version": self._claims.version,
             "hand": self.cfg.credential.label,
             "uptime_s": round(time.monotonic() - self.metrics.started, 3),
@@ -278,7 +296,7 @@ class Agent:
             "mind": shown_url(self.cfg.url),
             "generation": self.gen,
             "runs_running": self.metrics.runs_running(),
-            "tasks": self.tasks.live() if self.tasks is not None else {"queued": 0, "running": 0},
+            "tasks": tasks,
         }
 
     async def _lag_probe(self) -> None:
@@ -323,15 +341,25 @@ class Agent:
                 lived = await self._session(loop)
             except _Stopped:
                 break
+            except PermanentError as exc:
+                return self._give_up(str(exc))
             except MindRefused as exc:
                 self.metrics.handshake_failures.labels(exc.code.value).inc()
                 self._log.warning("mind_refused", code=exc.code.value, reason=exc.message[:300])
+                if exc.code in PERMANENT_REFUSALS:
+                    return self._give_up(
+                        f"the Mind refused this Hand's credential ({exc.code.value}: {exc.message[:300]}): "
+                        f"give the Hand a current credential (`mind hand add` or `mind hand rotate`)"
+                    )
             except ProtocolError as exc:
                 self.metrics.handshake_failures.labels(exc.code.value).inc()
                 self._log.warning(AuditEvent.HANDSHAKE_FAILED, code=exc.code.value, reason=exc.message)
             except TimeoutError:
                 self.metrics.connect_failures.inc()
                 self._log.warning("connect_timeout", host=uri.host, port=uri.port)
+            except ssl.SSLCertVerificationError as exc:
+                self.metrics.connect_failures.inc()
+                return self._give_up(verify_failure(exc, self.cfg.ca))
             except (OSError, InvalidHandshake, ConnectionClosed) as exc:
                 self.metrics.connect_failures.inc()
                 self._log.warning("connect_failed", host=uri.host, port=uri.port, error=_short(exc))
@@ -350,6 +378,12 @@ class Agent:
                     await self._stop.wait()
         self._log.info("hand_stopped")
         return 0
+
+    def _give_up(self, why: str) -> int:
+        """Once, where an operator looks (stderr is the journal under systemd, and the log)."""
+        self._log.error("hand_config_error", url=shown_url(self.cfg.url), reason=why)
+        print(f"hand: cannot work with the Mind at {shown_url(self.cfg.url)}: {why}; not retrying", file=sys.stderr)
+        return EXIT_CONFIG
 
     async def _unless_stopped(self, aw: Awaitable[T]) -> T:
         """Await `aw`, abandoning it (cancelled) if a stop is requested first."""
@@ -389,9 +423,11 @@ class Agent:
             try:
                 check_pin(ws.transport.get_extra_info("ssl_object"), self.cfg.pin)
             except TLSConfigError as exc:
-                # Not our configuration's fault necessarily (a wrong Mind, or an attacker on the path):
-                # refuse this connection, say why, and keep trying like any other refusal.
-                raise ProtocolError(ErrorCode.AUTH_FAILED, f"TLS: {exc}") from None
+                # A wrong URL, a Mind with a new certificate or an attacker on the path: no retry
+                # changes what we trust, so say so once (issue 14), as for a failed CA verification.
+                self.metrics.handshake_failures.labels(ErrorCode.AUTH_FAILED.value).inc()
+                self._log.warning(AuditEvent.HANDSHAKE_FAILED, code=ErrorCode.AUTH_FAILED.value, reason=f"TLS: {exc}")
+                raise PermanentError(f"TLS: {exc}") from None
             try:
                 try:
                     welcome = await self._unless_stopped(self._handshake(ws, channel))
@@ -598,7 +634,8 @@ async def run_agent(
     stop_requested: Callable[[], bool] | None = None,
     reload: Callable[[], Policy | None] | None = None,
 ) -> int:
-    """Run the Hand until SIGTERM/SIGINT (graceful: runs cancelled with `shutdown`). Returns 0.
+    """Run the Hand until SIGTERM/SIGINT (graceful: runs cancelled with `shutdown`). Returns 0, or 2
+    for a configuration error found on connecting that no retry heals (`PermanentError`).
     SIGHUP calls `reload` (the CLI re-reads its config file); a policy it returns applies to every
     request from then on, on this connection and the next ones, without dropping the connection.
 

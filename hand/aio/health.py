@@ -14,7 +14,7 @@ Rules:
 - A scrape only renders what is in memory (`hand.metrics`), so it never waits on the database or
   the Mind, and it works just as well while the Hand is disconnected.
 - `/healthz` is 200 whenever the process can answer (liveness); whether it is connected to a
-  Mind is in the body (`connected`, and `status` is `ok` or `disconnected`), so a probe that only
+  Mind is in the body (`connected`, and `status` is `ok`, `degraded` or `disconnected`), so a probe that only
   checks the status code does not restart a Hand that is merely waiting for its Mind.
 - Port 0 picks a free port; the bound address is logged (`metrics_listening`) and written to
   `<state-dir>/metrics.addr` (`HOST:PORT`, 0600), removed again on a clean stop.

@@ -88,6 +88,11 @@ class HandMetrics:
             ["state"],
             registry=r,
         )
+        self.tasks_uncommitted = Gauge(
+            "mindhand_hand_tasks_uncommitted",
+            "Background tasks that ended but whose outcome the database could not take yet (disk full?)",
+            registry=r,
+        )
         self.task_starts = Counter(
             "mindhand_hand_task_starts",
             "Background task starts: accepted, duplicate (nothing ran) or rejected",

@@ -40,6 +40,7 @@ from typing import Any
 import msgpack
 import structlog
 
+from hand.aio import copyrun
 from hand.aio.metrics import HandMetrics
 from hand.aio.streams import RunStreams
 from hand.core.cpu import cpu_exhausted, kernel_cpu_kill
@@ -50,7 +51,16 @@ from hand.system.cputime import CPU_SECONDS, stop_watching, watch_cpu
 from hand.system.process import DEFAULT_GRACE_S, ProcessOutcome, ProcessRun, Stream
 from hand.system.pty import PtyOutcome, PtyRun, login_shell
 from hand.system.sandbox import Sandbox
-from hand.system.tools import DEFAULT_SANDBOX, FileCall, Prepared, ProcessSpec, Refusal, ToolFailed, prepare
+from hand.system.tools import (
+    DEFAULT_SANDBOX,
+    FileCall,
+    Prepared,
+    ProcessSpec,
+    Refusal,
+    StreamCall,
+    ToolFailed,
+    prepare,
+)
 from protocol import limits
 from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, CancelStatus, RejectCode
@@ -184,7 +194,7 @@ class RunTable:
         ctl = RunControl(budget, deadline=loop.time() + rpc.timeout_ms / 1000, finish_on_cancel=False)
         grace = self._kill_grace if rpc.grace_ms is None else min(rpc.grace_ms / 1000, self._kill_grace)
         run = _Run(rpc, ctl, prepared, grace, digest, log)
-        if rpc.streams is not None and isinstance(prepared, ProcessSpec):
+        if rpc.streams is not None and isinstance(prepared, (ProcessSpec, StreamCall)):
             run.streams = RunStreams(rpc.run_id, rpc.streams, self._send, log)
         self._active[rpc.run_id] = run  # before any await: a following cancel finds it
         self._metrics.run_started(rpc.run_id)
@@ -204,6 +214,13 @@ class RunTable:
             if why is not None:
                 raise Refusal(RejectCode.DENIED_BY_POLICY, why)
         prepared = self._admit_tool(rpc, args_size, pty is not None and pty.login)
+        if isinstance(prepared, StreamCall):
+            wants_stdin = prepared.kind == "put"
+            if rpc.streams is None or pty is not None or rpc.streams.stdin != wants_stdin:
+                how = "with a stdin stream" if wants_stdin else "with output streams and no stdin"
+                raise Refusal(
+                    RejectCode.INVALID_REQUEST, f"{rpc.tool} carries its bytes as a stream: send it {how} (mind cp)"
+                )
         if pty is not None and pty.login and isinstance(prepared, ProcessSpec):
             program, argv = login_shell(prepared.run_as)
             prepared = dataclasses.replace(prepared, argv=tuple(argv), executable=program)
@@ -319,6 +336,17 @@ class RunTable:
         try:
             if isinstance(run.prepared, ProcessSpec):
                 return self._from_process(run, await self._run_process(run, run.prepared))
+            if isinstance(run.prepared, StreamCall):
+                assert run.streams is not None
+                try:
+                    value = await copyrun.drive(run.prepared, run.streams, run.ctl)
+                except copyrun.Interrupted:
+                    return self._stopped(run)
+                finally:
+                    run.streams.abandon()
+                return Result(
+                    run_id=run.rpc.run_id, state=RunState.SUCCEEDED, value=value, duration_ms=_ms(loop.time() - started)
+                )
             assert isinstance(run.prepared, FileCall)
             call = run.prepared
             if call.executor is not None:  # the run's user's threads (`--run-as`)

@@ -38,7 +38,9 @@ Rules this module keeps:
   first bytes (the command line echo, the first error) are usually the ones worth keeping. Past
   the bound nothing more is written and `truncated` is set. Chunks are appended on the event loop:
   a page-cache append of at most a pipe buffer takes microseconds, and a single writer keeps
-  stdout and stderr interleaved in arrival order.
+  stdout and stderr interleaved in arrival order. Beside that combined log each stream has a file
+  of its own, bounded the same way (`TaskLog`), so `task logs --stream stderr` pages by stable
+  offsets in that stream's bytes; a task logged before that answers `no_stream_log` for it.
 - Hand restart (`open`): every `queued`/`running` row becomes `lost` ("hand restarted before
   completion"); nothing re-runs; the log stays readable. If a `running` row's process is still
   alive (same pid AND same /proc start time) its process group, orphaned by the crash, is killed.
@@ -95,11 +97,12 @@ from hand.core.tasks import (
     page_length,
     purge_cutoff,
     store_failed,
+    stream_truncated,
 )
 from hand.system.cputime import CPU_SECONDS, stop_watching, watch_cpu
 from hand.system.process import DEFAULT_GRACE_S, ProcessRun, Stream, kill_group, start_time
 from hand.system.sandbox import Sandbox
-from hand.system.taskdb import TaskStore
+from hand.system.taskdb import STREAMS, TaskStore
 from hand.system.tools import DEFAULT_SANDBOX, ProcessSpec, Refusal, prepare
 from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, ErrorCode, KillStage, RejectCode, TaskCancelStatus
@@ -199,6 +202,66 @@ def read_log(path: Path, offset: int, length: int) -> bytes:
         os.close(fd)
 
 
+class TaskLog:
+    """The log of one task, as three `LogSink`s bounded at the same `cap`: the combined file (both
+    streams in arrival order: its size is the row's `log_bytes`, its offsets the ones `task logs`
+    pages by, exactly as before streams were kept apart) and one file per stream (issue 14: `task
+    logs --stream`, offsets in that stream's bytes). Keeping the streams apart costs at most the
+    bytes once more; it never changes the combined log.
+
+    The stream files are created first: a combined file without them is a task logged before they
+    existed (`stream_log_size` says so), never a task of this Hand that lost one."""
+
+    def __init__(self, path: Path, stream_paths: dict[str, Path], cap: int) -> None:
+        self.streams: dict[str, LogSink] = {}
+        try:
+            for stream, stream_path in stream_paths.items():
+                self.streams[stream] = LogSink(stream_path, cap)
+            self.combined = LogSink(path, cap)
+        except BaseException:
+            for sink in self.streams.values():
+                sink.close()
+            raise
+
+    @property
+    def size(self) -> int:
+        return self.combined.size
+
+    @property
+    def truncated(self) -> bool:
+        return self.combined.truncated
+
+    @property
+    def error(self) -> str | None:
+        """The first write error of any of the files: part of the log is missing, and the task says so."""
+        for sink in (self.combined, *self.streams.values()):
+            if sink.error is not None:
+                return sink.error
+        return None
+
+    def append(self, stream: str, data: bytes) -> None:
+        self.combined.append(data)
+        self.streams[stream].append(data)
+
+    def close(self) -> None:
+        self.combined.close()
+        for sink in self.streams.values():
+            sink.close()
+
+
+def stream_log_size(path: Path, combined: Path) -> int | None:
+    """(in a thread) The bytes in a stream's file now: 0 while the task has no log at all (not
+    started yet, or its log could not be opened); None for a task logged before streams were kept
+    apart (a combined file, no stream file). The combined file is looked at first: it is created
+    after the stream files, so a task starting meanwhile is never taken for an old one."""
+    if not combined.exists():
+        return 0
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+
+
 # --- the asyncio shell --------------------------------------------------------------------------
 
 
@@ -211,9 +274,11 @@ class _Live:
     log: Any
     cancel: CancelReason | None = None
     proc: ProcessRun | None = None
-    sink: LogSink | None = None
+    sink: TaskLog | None = None
     runner: asyncio.Task[None] | None = None
     cpu: Budget | None = None
+    outcome: dict[str, Any] | None = None
+    """The ending the Hand knows but could not commit yet (a full disk): kept, retried, reported."""
 
 
 @dataclass(eq=False)
@@ -343,6 +408,10 @@ class TaskManager:
         self._closing = False
         self._closed = asyncio.Event()
         self._purger: asyncio.Task[None] | None = None
+        self._uncommitted: dict[str, _Live] = {}
+        """Tasks that ended while their terminal commit failed (DESIGN §7: a known outcome is never
+        thrown away): kept here, reported with `uncommitted`, and committed by `_recommit`."""
+        self._recommitter: asyncio.Task[None] | None = None
 
     @property
     def store(self) -> TaskStore:
@@ -360,8 +429,9 @@ class TaskManager:
         self._purger = self._spawn(self._purge_loop())
 
     def live(self) -> dict[str, int]:
-        """How many tasks are queued and running now: memory only, so a scrape can ask any time."""
-        return {"queued": len(self._queued), "running": len(self._running)}
+        """How many tasks are queued and running now, and how many ended with their outcome not yet
+        committed: memory only, so a scrape can ask any time."""
+        return {"queued": len(self._queued), "running": len(self._running), "uncommitted": len(self._uncommitted)}
 
     def attach(self, push: Send | None) -> None:
         """Where `task_update` goes: the live connection's send, or None while offline."""
@@ -395,6 +465,10 @@ class TaskManager:
             if self._purger is not None:
                 await asyncio.wait({self._purger}, timeout=1.0)
             await self._writes.idle()  # a write whose writer was cancelled still lands (or fails) first
+            if self._recommitter is not None:
+                self._recommitter.cancel()
+            if self._uncommitted and not await self._commit_kept():
+                self._log.error("tasks_outcomes_lost_at_shutdown", tasks=sorted(self._uncommitted))
             await asyncio.to_thread(self._store.close)
         finally:
             self._closed.set()
@@ -589,7 +663,10 @@ class TaskManager:
         try:
             try:
                 end = await self._run(live)
-                await self._conclude(live, end)
+                try:
+                    await self._conclude(live, end)
+                except Exception as exc:  # the database refused the ending: keep it (a full disk)
+                    self._keep_outcome(live, end, exc)
             except asyncio.CancelledError:
                 # The shutdown bound passed: ProcessRun SIGKILLed the group on its way out.
                 self._conclude_now(
@@ -610,7 +687,9 @@ class TaskManager:
         spec = live.spec
         max_ms = live.row.max_runtime_ms
         try:
-            live.sink = await asyncio.to_thread(LogSink, self.store.log_path(live.row.task_id), self.limits.log_max)
+            task_id = live.row.task_id
+            streams = {s: self.store.stream_log_path(task_id, s) for s in STREAMS}
+            live.sink = await asyncio.to_thread(TaskLog, self.store.log_path(task_id), streams, self.limits.log_max)
         except OSError as exc:
             return ending(None, None, max_ms, f"cannot open the task log: {exc.strerror or exc}")
         proc = ProcessRun(
@@ -662,9 +741,9 @@ class TaskManager:
         return True
 
     @staticmethod
-    def _output(live: _Live, _stream: Stream, data: bytes) -> None:
+    def _output(live: _Live, stream: Stream, data: bytes) -> None:
         assert live.sink is not None
-        live.sink.append(data)
+        live.sink.append(stream, data)
 
     async def _on_spawn(self, live: _Live, pid: int) -> None:
         await self._commit(
@@ -700,6 +779,60 @@ class TaskManager:
             await self._commit(live, state=TaskState.RUNNING, started_at=self._clock())
         await self._commit(live, **self._final(live, end))
         self._log_terminal(live)
+
+    def _keep_outcome(self, live: _Live, end: Ending, exc: Exception) -> None:
+        """The task ended, the commit failed: the outcome stays in memory (with the time it ended),
+        is reported as `uncommitted`, and is committed as soon as the database takes it. Only a
+        crash before then makes the task `lost` (at restart)."""
+        live.outcome = self._final(live, end)
+        self._uncommitted[live.row.task_id] = live
+        self._metrics.tasks_uncommitted.set(len(self._uncommitted))
+        live.log.error(
+            "task_outcome_uncommitted",
+            state=end.state.value,
+            exit_code=end.exit_code,
+            signal=end.signal,
+            error=f"{type(exc).__name__}: {exc}"[:300],
+        )
+        self._send_update(live.row)  # the Mind hears at once that the task ended, uncommitted
+        if self._recommitter is None or self._recommitter.done():
+            try:
+                self._recommitter = self._spawn(self._recommit())
+            except RuntimeError:  # the owner is closing: shutdown tries once more
+                pass
+
+    async def _recommit(self) -> None:
+        """Retry the kept outcomes until each is committed (1 s, then up to 10 s apart)."""
+        delay = 1.0
+        while self._uncommitted:
+            await asyncio.sleep(delay)
+            if await self._commit_kept():
+                delay = 1.0
+            else:
+                delay = min(10.0, delay * 2)
+
+    async def _commit_kept(self) -> bool:
+        """One attempt for every kept outcome; True if any was committed."""
+        progressed = False
+        for task_id, live in list(self._uncommitted.items()):
+            assert live.outcome is not None
+            try:
+                if (
+                    live.row.state is TaskState.QUEUED
+                    and live.outcome["state"] not in TASK_TRANSITIONS[TaskState.QUEUED]
+                ):
+                    await self._commit(live, state=TaskState.RUNNING, started_at=live.outcome["finished_at"])
+                await self._commit(live, **live.outcome)
+            except Exception as exc:
+                live.log.warning("task_outcome_still_uncommitted", error=f"{type(exc).__name__}: {exc}"[:300])
+                continue
+            del self._uncommitted[task_id]
+            live.outcome = None
+            self._metrics.tasks_uncommitted.set(len(self._uncommitted))
+            live.log.info("task_outcome_committed")
+            self._log_terminal(live)
+            progressed = True
+        return progressed
 
     def _conclude_now(self, live: _Live, end: Ending) -> None:
         """Synchronous terminal commit for a runner cancelled at shutdown (no await possible)."""
@@ -752,11 +885,22 @@ class TaskManager:
 
     def _info(self, row: TaskRow) -> TaskInfo:
         """The row as reported; a running task's log size is the live one (persisted on the next
-        transition), so `task get` shows the log growing."""
+        transition), so `task get` shows the log growing. A task that ended with its outcome not
+        committed is reported in its committed state with `uncommitted` saying how it ended: a
+        terminal state is only ever reported once it is on disk, so it never changes."""
         live = self._running.get(row.task_id)
         if live is not None and live.sink is not None and not row.terminal:
             row = dataclasses.replace(row, log_bytes=live.sink.size, truncated=live.sink.truncated)
-        return to_info(row)
+        info = to_info(row)
+        kept = self._uncommitted.get(row.task_id)
+        if kept is not None and kept.outcome is not None and not row.terminal:
+            o = kept.outcome
+            how = o["state"].value + (f", exit code {o['exit_code']}" if o.get("exit_code") is not None else "")
+            how += f", signal {o['signal']}" if o.get("signal") is not None else ""
+            info = info.model_copy(
+                update={"uncommitted": f"ended ({how}); the Hand could not record it yet and will when it can"}
+            )
+        return info
 
     # --- cancel, status, logs, inventory -------------------------------------------------------
 
@@ -790,6 +934,8 @@ class TaskManager:
         if row is None:
             return Error(code=ErrorCode.UNKNOWN_TASK, message=f"this hand has no task {msg.task_id}")
         info = self._info(row)  # the size now: at least this many bytes are in the file
+        if msg.stream is not None:
+            return await self._stream_logs(msg, msg.stream, row, info)
         length = page_length(msg.offset, msg.limit, info.log_bytes)
         data = await asyncio.to_thread(read_log, self.store.log_path(msg.task_id), msg.offset, length)
         end = msg.offset + len(data)
@@ -802,6 +948,38 @@ class TaskManager:
             state=info.state,
             truncated=info.truncated,
             eof=at_eof(end, info.log_bytes, row.terminal),
+        )
+
+    async def _stream_logs(self, msg: TaskLogs, stream: str, row: TaskRow, info: TaskInfo) -> TaskLogPage | Error:
+        """One page of one stream's own file: offsets, size, `truncated` and `eof` are that
+        stream's. Its size is the file's (every append is written before the loop goes on, so the
+        file is never behind what the task produced); the page never reads past it."""
+        task_id = msg.task_id
+        path = self.store.stream_log_path(task_id, stream)
+        size = await asyncio.to_thread(stream_log_size, path, self.store.log_path(task_id))
+        if size is None:
+            return Error(
+                code=ErrorCode.NO_STREAM_LOG,
+                message=f"task {task_id} was logged before this hand kept stdout and stderr apart: "
+                "only its combined log exists (read it without --stream)",
+            )
+        live = self._running.get(task_id)
+        if live is not None and live.sink is not None and not row.terminal:
+            truncated = live.sink.streams[stream].truncated
+        else:
+            truncated = stream_truncated(size, self.limits.log_max, row.truncated, row.error is not None)
+        length = page_length(msg.offset, msg.limit, size)
+        data = await asyncio.to_thread(read_log, path, msg.offset, length)
+        end = msg.offset + len(data)
+        return TaskLogPage(
+            task_id=task_id,
+            offset=msg.offset,
+            data=data,
+            next_offset=end,
+            log_bytes=size,
+            state=info.state,
+            truncated=truncated,
+            eof=at_eof(end, size, row.terminal),
         )
 
     async def cancel(self, msg: TaskCancel) -> TaskCancelResult:

@@ -228,6 +228,18 @@ def at_eof(next_offset: int, log_bytes: int, terminal: bool) -> bool:
     return terminal and next_offset >= log_bytes
 
 
+def stream_truncated(size: int, cap: int, combined_truncated: bool, errored: bool) -> bool:
+    """Whether a finished task's stream file (`task logs --stream`) lost bytes, from what is kept:
+    its size, the bound, and the row's own `truncated` (the combined log's) and `error`. The row
+    stores no flag per stream (its schema is the combined log's). A stream can only have lost
+    bytes if the combined log did (that one is offered every byte of both streams, so it reaches
+    the same bound no later), and then it did if its file reached the bound or a log write failed
+    (the task records that as its `error`).
+    Errs only towards saying "truncated": a stream of exactly `cap` bytes, or a bound lowered
+    since the task ran, says so although nothing was lost. A running task's flag is its sink's."""
+    return combined_truncated and (size >= cap or errored)
+
+
 # --- the answer to one start, and the order in which starts are decided ---------------------------
 
 

@@ -156,6 +156,21 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+def exited_unreaped(pid: int) -> bool:
+    """Has our child `pid` already exited, though the event loop has not seen it yet? Then a kill
+    sent now ends nothing: the program exited on its own (issue 14, item 5: a Hand frozen past a
+    run's deadline wakes to both the timer and the exit, and must report the exit, not
+    `timed_out`). `waitid(WNOWAIT)` looks without collecting the status; a child already collected
+    (by asyncio's watcher thread, its callback still queued) is no child of ours any more."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # collected already, unless something odd made it not ours: then look
+        return not os.path.exists(f"/proc/{pid}")
+    except OSError:
+        return False
+    return info is not None
+
+
 def group_alive(pgid: int) -> bool:
     """Is any non-zombie process left in group `pgid`?"""
     entries = _entries(pgid)
@@ -449,6 +464,8 @@ class ProcessRun:
     def _terminate(self) -> None:
         """SIGTERM (and SIGCONT, so a stopped member can act on it) to the group, once."""
         if not self._terminated and self.pid is not None:
+            if exited_unreaped(self.pid):
+                return  # it exited first: not ours to claim (what is left of its group: stragglers)
             self._terminated = True
             _signal_group(self.pid, signal.SIGTERM)
             _signal_group(self.pid, signal.SIGCONT)

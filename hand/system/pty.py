@@ -75,6 +75,7 @@ from hand.system.process import (
     WATCHED_POLL_S,
     Tail,
     exit_or_kill,
+    exited_unreaped,
     split_returncode,
 )
 from hand.system.sandbox import ResourceLimits, RunAs, preexec_for, rlimit_plan
@@ -343,6 +344,8 @@ class PtyRun:
 
     def _terminate(self) -> None:
         if not self._terminated and self.pid is not None:
+            if exited_unreaped(self.pid):
+                return  # it exited first (see `ProcessRun._terminate`)
             self._terminated = True
             _signal_groups({self.pid}, HANGUP)
 

@@ -273,6 +273,8 @@ class Sandbox:
     run_as: RunAs | None = None
     secrets: tuple[str, ...] = ()
     """Values that must never reach a child (the credential's secret, in hex)."""
+    max_upload_bytes: int | None = None
+    """The largest file `put_file` (`mind cp`) accepts; a larger one is refused before any write."""
 
     def child_env(self, extra: Mapping[str, str] | None, parent: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment of a child: the allowed part of `parent` (the Hand's own environment,

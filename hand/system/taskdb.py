@@ -34,6 +34,8 @@ from protocol.states import TASK_TERMINAL, TASK_TRANSITIONS, TaskState, advance
 
 DB_NAME = "tasks.db"
 LOGS_DIR = "logs"
+STREAMS = ("stdout", "stderr")
+"""The streams whose bytes also go to a file of their own, beside the combined log."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -117,7 +119,17 @@ class TaskStore:
             raise TaskStoreError(f"cannot open the task database {self.path}: {exc}") from None
 
     def log_path(self, task_id: str) -> Path:
+        """The combined log: both streams in arrival order (what `log_bytes` counts)."""
         return self.logs_dir / f"{task_id}.log"
+
+    def stream_log_path(self, task_id: str, stream: str) -> Path:
+        """One stream's own log (`stdout` / `stderr`). Never another task's file: an id cannot end
+        in `.log` and `.stdout` at once, so `{id}.stdout` is no `{id2}.log` (ids may hold dots)."""
+        return self.logs_dir / f"{task_id}.{stream}"
+
+    def log_paths(self, task_id: str) -> list[Path]:
+        """Every file of a task's log, for whoever removes it (purge, `task rm`)."""
+        return [self.log_path(task_id), *(self.stream_log_path(task_id, s) for s in STREAMS)]
 
     def close(self) -> None:
         with self._lock:
@@ -258,10 +270,11 @@ class TaskStore:
                 raise
             self._db.execute("COMMIT")
         for task_id in ids:
-            try:
-                os.unlink(self.log_path(task_id))
-            except FileNotFoundError:
-                pass
+            for path in self.log_paths(task_id):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
         return ids
 
 

@@ -37,6 +37,7 @@ import pydantic
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from hand.core.policy import KNOWN_TOOLS
+from hand.system import copy
 from hand.system.fsuser import as_user
 from hand.system.paths import Located, PathRefused, locate, resolve, resolve_entry, show
 from hand.system.sandbox import OverCap, ResourceLimits, RunAs, Sandbox
@@ -125,6 +126,41 @@ class ListDirArgs(_Args):
     path: str = "."
 
 
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+CopyId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+
+
+class PutFileArgs(_Args):
+    """`put_file` (`mind cp` to a Hand): a regular file's bytes come as the run's `stdin` stream
+    from `offset` (a resume point `stat_file` gave); `type` dir/symlink make a tree's other entries."""
+
+    path: str
+    type: Literal["file", "dir", "symlink"] = "file"
+    size: int = Field(0, ge=0)
+    sha256: Sha256 | None = None
+    copy_id: CopyId | None = None
+    offset: int = Field(0, ge=0)
+    mode: int | None = Field(None, ge=0, le=0o7777)
+    mtime: float | None = None
+    preserve: bool = False
+    make_dirs: bool = False
+    target: str | None = None
+
+
+class GetFileArgs(_Args):
+    path: str
+    offset: int = Field(0, ge=0)
+
+
+class StatFileArgs(_Args):
+    path: str
+    copy_id: CopyId | None = None
+
+
+class ListTreeArgs(_Args):
+    path: str = "."
+
+
 # --- what prepare() returns ---------------------------------------------------------------------
 
 
@@ -153,7 +189,20 @@ class FileCall:
     then never inline, since the loop's thread is the Hand's (root's) identity."""
 
 
-Prepared = ProcessSpec | FileCall
+@dataclass(frozen=True)
+class StreamCall:
+    """A file tool whose bytes are a stream (`put_file` of a file reads `stdin`, `get_file` writes
+    `stdout`): `hand.aio.copyrun` drives `make()`'s object, each blocking step on `executor` (None:
+    the default pool) through `guard` (the run-as check)."""
+
+    kind: Literal["put", "get"]
+    make: Callable[[], Any]
+    executor: Executor | None = None
+    guard: Callable[[Callable[[], Any]], Callable[[], Any]] = lambda call: call
+    copy_id: str | None = None
+
+
+Prepared = ProcessSpec | FileCall | StreamCall
 
 
 DEFAULT_SANDBOX = Sandbox()
@@ -270,12 +319,83 @@ def _never() -> bool:
     return False
 
 
+def _stream_call(kind: Literal["put", "get"], make: Callable[[], Any], sandbox: Sandbox, cid: str | None) -> StreamCall:
+    if sandbox.run_as is not None:
+        pool = as_user(sandbox.run_as)
+        return StreamCall(kind, make, pool.executor, pool.wrap, cid)
+    return StreamCall(kind, make, copy_id=cid)
+
+
+def _copy_errors(call: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    def run() -> dict[str, Any]:
+        try:
+            return call()
+        except copy.CopyFailed as exc:
+            raise ToolFailed(exc.message) from None
+
+    return run
+
+
+def _prepare_put_file(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Prepared:
+    a: PutFileArgs = _validate(PutFileArgs, "put_file", args)
+    _entry(root, a.path)  # the last component as named; the write walks again from the root's handle
+    shown = show(a.path)
+    if a.type == "dir":
+        return _file_call(_copy_errors(lambda: copy.make_dir(root, a.path, shown, a.mode, a.mtime)), sandbox, _never)
+    if a.type == "symlink":
+        if a.target is None or os.path.isabs(a.path):
+            raise Refusal(RejectCode.INVALID_REQUEST, "a symlink needs a target and a path relative to the root")
+        rel = "/".join(p for p in a.path.split("/") if p not in ("", "."))
+        target = a.target
+        return _file_call(_copy_errors(lambda: copy.make_link(root, a.path, shown, target, rel)), sandbox, _never)
+    if a.sha256 is None or a.copy_id is None:
+        raise Refusal(RejectCode.INVALID_REQUEST, "put_file of a file needs size, sha256 and copy_id")
+    cap = sandbox.max_upload_bytes
+    if cap is not None and a.size > cap:  # refused before a byte is written
+        raise Refusal(
+            RejectCode.INVALID_REQUEST, f"{shown} is {a.size} bytes, over this hand's max_upload_bytes ({cap})"
+        )
+    if a.offset > a.size:
+        raise Refusal(RejectCode.INVALID_REQUEST, f"offset {a.offset} is past the size {a.size}")
+    sha, cid = a.sha256, a.copy_id
+
+    def make() -> copy.Upload:
+        return copy.Upload(root, a.path, shown, cid, a.size, sha, a.offset, a.mode, a.mtime, a.preserve, a.make_dirs)
+
+    return _stream_call("put", make, sandbox, cid)
+
+
+def _prepare_get_file(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Prepared:
+    a: GetFileArgs = _validate(GetFileArgs, "get_file", args)
+    _path(root, a.path)
+    shown = show(a.path)
+    return _stream_call("get", lambda: copy.Download(root, a.path, shown, a.offset), sandbox, None)
+
+
+def _prepare_stat_file(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Prepared:
+    a: StatFileArgs = _validate(StatFileArgs, "stat_file", args)
+    _entry(root, a.path)
+    shown = show(a.path)
+    return _file_call(_copy_errors(lambda: copy.stat_file(root, a.path, shown, a.copy_id)), sandbox, _never)
+
+
+def _prepare_list_tree(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Prepared:
+    a: ListTreeArgs = _validate(ListTreeArgs, "list_tree", args)
+    _path(root, a.path)
+    shown = show(a.path)
+    return _file_call(_copy_errors(lambda: copy.list_tree(root, a.path, shown)), sandbox, _never)
+
+
 _PREPARE: dict[str, Callable[[dict[str, Any], Path, Sandbox], Prepared]] = {
     "exec": _prepare_exec,
     "shell": _prepare_shell,
     "read_file": _prepare_read_file,
     "write_file": _prepare_write_file,
     "list_dir": _prepare_list_dir,
+    "put_file": _prepare_put_file,
+    "get_file": _prepare_get_file,
+    "stat_file": _prepare_stat_file,
+    "list_tree": _prepare_list_tree,
 }
 assert frozenset(_PREPARE) == KNOWN_TOOLS, "policy.KNOWN_TOOLS and the tool table disagree"
 

@@ -21,7 +21,8 @@ def connection_params(args: argparse.Namespace) -> tuple[str, str, str | None, s
             local = True
         except OSError:
             die(
-                f"no Mind URL: pass --mind URL, set MINDHAND_URL, or start `mind serve` (looked in {paths.url_file(home)})"
+                f"no Mind URL: pass --mind URL, set MINDHAND_URL, or start `mind serve` (looked in {paths.url_file(home)})",
+                kind="config",
             )
     cred = args.credential or os.environ.get("MINDHAND_CREDENTIAL") or str(paths.admin_cred_file(home))
     ca = args.ca or os.environ.get("MINDHAND_CA")

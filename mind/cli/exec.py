@@ -22,8 +22,10 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
+from mind.cli import output
 from mind.cli.connection import connection_params
 from mind.cli.escapes import Escape, EscapeFilter, help_text
 from mind.cli.output import (
@@ -34,6 +36,8 @@ from mind.cli.output import (
     _explain,
     _StreamPrinter,
     _text,
+    close_names,
+    did_you_mean,
     die,
     end_summary,
     exit_code_for,
@@ -49,6 +53,7 @@ from mind.client.credentials import load_credential
 from mind.client.session import Failed, Routed, RunEnded
 from mind.errors import ClientError
 from protocol import limits
+from protocol.codes import RejectCode
 from protocol.states import RunState
 
 STATUS_AFTER_S = 1.0
@@ -80,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         link = Link.connect(url, load_credential(cred_path), ca=ca, pin=pin)
     except ClientError as exc:
-        die(exc.message)
+        die(exc.message, kind=exc.code)
     session = ExecSession(link, args)
+    session.hand_names = lambda: _hand_names(url, cred_path, ca, pin)
     try:
         return session.run(tool, tool_args, timeout_ms, grace_ms)
     except BrokenPipeError:  # our stdout's reader went away (`| head`): stop like a piped command does
@@ -91,6 +97,26 @@ def run(args: argparse.Namespace) -> int:
     finally:
         session.status.clear()
         link.close()
+
+
+def _hand_names(url: str, cred_path: str, ca: str | None, pin: str | None) -> list[str]:
+    """The Hands this client may see, for a "did you mean" after an `unknown_hand` refusal: a second,
+    short connection through the full client (the fast path has no hand list), only on that error."""
+    import asyncio
+
+    from mind.client.aio import MindClient
+
+    async def names() -> list[str]:
+        client = await MindClient.connect(url, load_credential(cred_path), ca=ca, pin=pin)
+        try:
+            return [h.name for h in await client.hands()]
+        finally:
+            await client.close()
+
+    try:
+        return asyncio.run(names())
+    except (ClientError, OSError):
+        return []
 
 
 class _Interrupts:
@@ -134,6 +160,8 @@ class ExecSession:
         self.cancel_id: str | None = None
         self.t0 = time.monotonic()
         self.xid = ""
+        self.hand_names: Callable[[], list[str]] | None = None
+        """The Hands this client may see (asked only after an `unknown_hand` refusal)."""
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -187,7 +215,7 @@ class ExecSession:
             try:
                 xid = self.xid = self.link.start_run(msg)
             except ClientError as exc:
-                die(exc.message)
+                die(exc.message, kind=exc.code)
             self.t0 = time.monotonic()
             while True:
                 sin = self.stdin
@@ -368,8 +396,14 @@ class ExecSession:
             return self._finish(msg)
         return None
 
+    def _suggest(self, end: Any) -> list[str]:
+        if end.reject_code is not RejectCode.UNKNOWN_HAND or self.hand_names is None:
+            return []
+        return close_names(self.args.hand, self.hand_names())
+
     def _finish(self, end: Any) -> int:
         self.status.clear()
+        close = self._suggest(end)
         streamed = end.stdout.sent is not None or self.run_id is not None and end.state is RunState.LOST
         complete = self._stream_report(end) if streamed else True
         if self.args.json:
@@ -381,6 +415,8 @@ class ExecSession:
                     name: {"bytes": out.rx.offset, "sha256": out.hash.hexdigest(), "complete": complete}
                     for name, out in self.outs.items()
                 }
+            if close:
+                summary["did_you_mean"] = close
             print(json.dumps(summary))
         elif not self.args.events:
             if not streamed:
@@ -388,6 +424,8 @@ class ExecSession:
                 self.printer.finish("stderr", end.stderr)
             if not (end.signal == signal.SIGPIPE and any(out.broken for out in self.outs.values())):
                 _explain(end)  # (a SIGPIPE after our reader went away is `cmd | head` working as it should)
+            if close:
+                print(f"mind: {did_you_mean(close)}", file=sys.stderr)
         code = exit_code_for(end)
         return EXIT_INCOMPLETE if code == 0 and not complete else code
 
@@ -396,9 +434,11 @@ class ExecSession:
         it; otherwise nobody here can know what ran: 255, as for a run that ended `lost`."""
         self.status.clear()
         if self.run_id is None and exc.code != "closed":
-            die(exc.message)
+            die(exc.message, kind=exc.code)
         which = f"run {self.run_id}" if self.run_id else "the run (not yet confirmed by the Mind)"
         print(f"mind: {printable(exc.message)}; the outcome of {which} is unknown", file=sys.stderr)
+        if output.JSON_ERRORS:
+            output.json_error(f"{exc.message}; the outcome of {which} is unknown", EXIT_LOST, exc.code)
         for name, out in self.outs.items():
             out.finish(timeout=5.0)
             if out.rx.offset:

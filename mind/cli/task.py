@@ -3,6 +3,26 @@
 Exit codes: 0 when the request did what it says (including "the Hand is offline, here is the stale
 snapshot" and "cancel recorded for delivery"); 125 refused / unknown task / Hand offline for logs;
 255 when a start's outcome is unknown (sent, no answer); 2 bad usage.
+
+`mind task wait ID` and `mind task logs ID --follow` end with the TASK's outcome instead (issue 14),
+by the table of `mind exec` (`mind.cli.output.task_exit_code`), so `mind task wait ID && deploy`
+means what it says:
+
+    succeeded   0
+    failed      the command's exit code (128+N if signal N killed it; 127/126: it could not start)
+    timed_out   124 (its --max-runtime passed; the Hand killed it)
+    cancelled   130 (a cancel, or the Hand's clean shutdown)
+    lost        255 (nobody can know how it ended: the Hand restarted before it finished)
+    121         `wait --timeout` passed first; the task goes on (not 124: that one ended timed_out)
+
+Only a terminal state the Mind reports is an outcome: a stale view (the Hand is offline) or an
+ending the Hand has not recorded yet (`uncommitted`) keeps waiting and says so on a terminal.
+`task logs` without --follow exits 0: it shows a log, not an outcome.
+
+The log bytes always go to stdout, whichever `--stream` is read: the log is the output of this
+command (`mind task logs ID --stream stderr | grep ...`). The combined log (the default) is plain
+bytes in arrival order and does not record which stream a byte came from; `--stream stdout` and
+`--stream stderr` read the Hand's file for that stream, with `--offset` counting its bytes.
 """
 
 from __future__ import annotations
@@ -14,11 +34,25 @@ import sys
 import time
 from typing import Any
 
-from mind.cli.output import EXIT_LOST, EXIT_REFUSED, EXIT_USAGE, _table, _ts, die, printable, tool_args_from
+from mind.cli.output import (
+    EXIT_LOST,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    EXIT_WAIT_TIMEOUT,
+    _table,
+    _ts,
+    did_you_mean,
+    die,
+    hand_suggestions,
+    printable,
+    task_exit_code,
+    tool_args_from,
+)
 from mind.cli.progress import Status, elapsed
 from mind.client.aio import ClientError, MindClient
 from protocol import limits
-from protocol.codes import TaskCancelStatus
+from protocol.codes import RejectCode, TaskCancelStatus
+from protocol.ids import new_id
 from protocol.messages import TaskView
 from protocol.states import TASK_TERMINAL, TaskState
 from protocol.units import positive_duration as parse_duration
@@ -26,6 +60,11 @@ from protocol.units import positive_duration as parse_duration
 LOGS_QUIET_S = 2.0
 """`logs --follow` shows its status line once the log has been silent this long (on a terminal)."""
 CANCEL_STATUS_AFTER_S = 1.0
+WAIT_STATUS_AFTER_S = 1.0
+"""`wait` shows its status line after this long (on a terminal)."""
+WAIT_POLL_S = (0.2, 1.0)
+"""`wait` asks the Mind (which asks the Hand) first after this long, then less often, up to the
+second number: a task of hours costs one small request a second, a short one is seen ending soon."""
 
 
 def view_json(v: TaskView) -> dict[str, Any]:
@@ -49,6 +88,7 @@ def view_json(v: TaskView) -> dict[str, Any]:
         "truncated": info.truncated if info else False,
         "max_runtime_ms": info.max_runtime_ms if info else None,
         "args_digest": info.args_digest if info else None,
+        "uncommitted": info.uncommitted if info else None,
     }
 
 
@@ -65,14 +105,19 @@ async def run(client: MindClient, args: argparse.Namespace) -> int:
             "start": start,
             "get": get,
             "logs": logs,
+            "wait": wait,
             "cancel": cancel,
             "list": list_,
         }[args.action](client, args)
     except ClientError as exc:
-        die(exc.message, EXIT_REFUSED)
+        die(exc.message, EXIT_REFUSED, kind=exc.code)
 
 
 async def start(client: MindClient, args: argparse.Namespace) -> int:
+    if getattr(args, "hands", None) is not None:
+        from mind.cli.fleet import task_start_many
+
+        return await task_start_many(client, args)
     try:
         max_runtime = parse_duration(args.max_runtime)
     except ValueError as exc:
@@ -82,7 +127,36 @@ async def start(client: MindClient, args: argparse.Namespace) -> int:
     if args.task_id is not None and not limits.ID_RE.match(args.task_id):
         die("--id must be 1-128 of A-Z a-z 0-9 . _ - , starting with a letter or digit", EXIT_USAGE)
     tool, tool_args = tool_args_from(args)
-    res = await client.task_start(args.hand, tool, tool_args, max_runtime=max_runtime, task_id=args.task_id)
+    # The id is chosen here, not by the Mind, so that a start whose answer never comes can be
+    # named, looked up and retried safely (the Hand settles a retry: issue 14).
+    task_id = args.task_id or new_id("t")
+    try:
+        res = await client.task_start(args.hand, tool, tool_args, max_runtime=max_runtime, task_id=task_id)
+    except ClientError as exc:
+        if exc.code != "closed":
+            raise
+        # Sent (or being sent) when the connection ended: nobody here knows whether the Hand
+        # committed it. 255, as the README promises, never 125 ("refused, nothing stored").
+        why = (
+            f"{exc.message}: the start of task {task_id} was sent but its answer never came; it may exist. "
+            f"`mind task get {task_id}` tells once the Mind and the hand are connected; "
+            f"`mind task start --id {task_id} ...` again is safe (it runs at most once)"
+        )
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "task_id": task_id,
+                        "hand": args.hand,
+                        "outcome": "unknown",
+                        "reject_code": None,
+                        "message": why,
+                        "state": None,
+                    }
+                )
+            )
+        print(f"mind: {printable(why)}", file=sys.stderr)
+        return EXIT_LOST
     if args.json:
         print(
             json.dumps(
@@ -103,6 +177,8 @@ async def start(client: MindClient, args: argparse.Namespace) -> int:
     else:
         code = f" ({res.reject_code.value})" if res.reject_code else ""
         print(f"mind: task {res.task_id} {res.outcome}{code}: {printable(res.message)}", file=sys.stderr)
+        if res.reject_code is RejectCode.UNKNOWN_HAND and (close := await hand_suggestions(client, args.hand)):
+            print(f"mind: {did_you_mean(close)}", file=sys.stderr)
     if res.outcome in ("accepted", "duplicate"):
         return 0
     return EXIT_LOST if res.outcome == "unknown" else EXIT_REFUSED
@@ -128,6 +204,8 @@ async def get(client: MindClient, args: argparse.Namespace) -> int:
         print(f"reason    {printable(d['reason'])}")
     if d["error"]:
         print(f"error     {printable(d['error'])}")
+    if d["uncommitted"]:
+        print(f"ended     {printable(d['uncommitted'])} (the hand's state disk may be full)")
     return 0
 
 
@@ -135,13 +213,14 @@ async def logs(client: MindClient, args: argparse.Namespace) -> int:
     if args.offset < 0:
         die("--offset must be >= 0", EXIT_USAGE)
     offset = args.offset
+    stream = None if args.stream == "both" else args.stream
     out = sys.stdout.buffer
     # On a terminal, a silent log says what it is waiting for: the task's state and its size so far
     # (erased before the next output; nothing at all when stderr is not a terminal).
     with Status(sys.stderr, enabled=args.follow) as status:
         quiet_since = time.monotonic()
         while True:
-            page = await client.task_logs(args.task_id, offset)
+            page = await client.task_logs(args.task_id, offset, stream=stream)
             if page.data:
                 status.clear()
                 out.write(page.data)
@@ -160,9 +239,98 @@ async def logs(client: MindClient, args: argparse.Namespace) -> int:
                         f"waiting for output... {elapsed(quiet)}"
                     )
                 await asyncio.sleep(0.3)
-    if page.truncated and page.eof:
-        print(f"\n[mindhand: the log was truncated at its bound of {page.log_bytes} bytes]", file=sys.stderr)
-    return 0
+        if page.truncated and page.eof:
+            which = f"{stream} " if stream else ""
+            print(f"\n[mindhand: the {which}log was truncated at its bound of {page.log_bytes} bytes]", file=sys.stderr)
+        if not args.follow:
+            return 0  # a log, not an outcome
+        # The log is complete, so the task is terminal on the Hand; the outcome comes from the Mind's
+        # view of it, which may still be catching up (or the Hand just went offline): wait for it.
+        view, _ = await await_end(client, args.task_id, None, status)
+    return outcome_code(view)
+
+
+def outcome_code(v: TaskView) -> int:
+    code = task_exit_code(v.state, *_exit(v))
+    assert code is not None, "only a terminal view has an outcome"
+    return code
+
+
+def _exit(v: TaskView) -> tuple[int | None, int | None]:
+    return (v.task.exit_code, v.task.signal) if v.task else (None, None)
+
+
+async def await_end(client: MindClient, task_id: str, timeout: float | None, status: Status) -> tuple[TaskView, bool]:
+    """Poll the task's view until it is terminal (True) or `timeout` seconds passed (False, with the
+    last view). A stale view or an ending not yet recorded by the Hand is not an end: the Mind's
+    terminal state is the only outcome, so this never guesses; the status line says what it waits for."""
+    t0 = time.monotonic()
+    interval, longest = WAIT_POLL_S
+    while True:
+        v = await client.task_get(task_id)
+        if v.state in TASK_TERMINAL:
+            status.clear()
+            return v, True
+        waited = time.monotonic() - t0
+        if timeout is not None and waited >= timeout:
+            status.clear()
+            return v, False
+        if waited >= WAIT_STATUS_AFTER_S:
+            status.show(f"waiting for task {task_id} to end: {waiting_on(v)}... {elapsed(waited)}")
+        pause = interval if timeout is None else min(interval, max(0.0, timeout - waited))
+        await asyncio.sleep(pause)
+        interval = min(longest, interval * 1.5)
+
+
+def waiting_on(v: TaskView) -> str:
+    """What a wait is waiting on, in one line: the state, and why it cannot be the answer yet."""
+    text = v.state.value
+    if v.task is not None and v.task.uncommitted:
+        text += f"; the hand says it {printable(v.task.uncommitted)}"
+    if v.stale:
+        when = _ts(v.last_synced_at) if v.last_synced_at else "never"
+        text += f"; hand {v.hand!r} is offline (last heard {when}), waiting for it to reconnect"
+    if v.cancel_pending:
+        text += "; a cancel waits for its delivery"
+    return text
+
+
+def final_line(v: TaskView) -> str:
+    """`wait`'s last word on stderr: the state, and what decided the exit code (the exit code and
+    signal, then the reason unless it only says the same: the Hand's `exit status N`)."""
+    parts = []
+    exit_code, signal = _exit(v)
+    if exit_code is not None:
+        parts.append(f"exit code {exit_code}")
+    if signal is not None:
+        parts.append(f"signal {signal}")
+    reason = (v.task.reason if v.task else "") or v.reason
+    if reason and reason not in (f"exit status {exit_code}", f"killed by signal {signal}"):
+        parts.append(printable(reason))
+    return f"task {v.task_id} {v.state.value}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+async def wait(client: MindClient, args: argparse.Namespace) -> int:
+    timeout = None
+    if args.timeout is not None:
+        try:
+            timeout = parse_duration(args.timeout)
+        except ValueError as exc:
+            die(f"--timeout: {exc}", EXIT_USAGE)
+    with Status(sys.stderr) as status:
+        view, ended = await await_end(client, args.task_id, timeout, status)
+    if args.json:
+        print(json.dumps(view_json(view), indent=2))
+    if not ended:
+        assert timeout is not None
+        print(
+            f"mind: task {args.task_id} has not ended after {timeout:g} s: {waiting_on(view)}; it goes on: "
+            f"`mind task wait {args.task_id}` again, or `mind task cancel {args.task_id}`",
+            file=sys.stderr,
+        )
+        return EXIT_WAIT_TIMEOUT
+    print(f"mind: {final_line(view)}", file=sys.stderr)
+    return outcome_code(view)
 
 
 async def cancel(client: MindClient, args: argparse.Namespace) -> int:

@@ -18,11 +18,12 @@ import asyncio
 import os
 import ssl
 from collections.abc import AsyncIterable, AsyncIterator, Callable
-from typing import Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from mind.client import files
 from mind.client import session as core
 from mind.client.credentials import load_credential
 from mind.client.endpoint import check_pin, parse_url, tls_context, unreachable, verification_failed
@@ -40,6 +41,7 @@ from protocol.messages import (
     GetStatus,
     HandInfo,
     HandsList,
+    HandsSelected,
     ListHands,
     ListRuns,
     Message,
@@ -48,6 +50,8 @@ from protocol.messages import (
     RunList,
     RunOutput,
     RunUpdate,
+    SelectedHand,
+    SelectHands,
     StatusReply,
     StreamAck,
     StreamData,
@@ -65,6 +69,9 @@ from protocol.messages import (
 )
 from protocol.states import RunState, TaskState
 from protocol.streams import Receiver, Sender
+
+if TYPE_CHECKING:
+    from mind.client.fleet import FleetRun
 
 
 class RunFailed(ClientError):
@@ -173,6 +180,11 @@ class RunHandle:
                 )
             except ClientError:
                 pass
+
+    @property
+    def stdin_sent(self) -> int:
+        """Bytes of stdin sent so far (what a resumed copy counts: nothing acknowledged is resent)."""
+        return self._tx.offset
 
     async def events(self) -> AsyncIterator[RunEvent]:
         """The run's events in order: state changes, output (`StreamData` for a streamed run:
@@ -373,6 +385,7 @@ class MindClient:
         stdin: Stdin | None = None,
         stream: bool | None = None,
         output_limit: int = limits.OUTPUT_LIMIT_DEFAULT,
+        fleet: str | None = None,
     ) -> RunHandle:
         """Send the run; events (and its end) arrive on the returned handle. With `watch=False` the
         handle sees only `admitted`, the output and the end (fewer frames: faster calls).
@@ -393,6 +406,7 @@ class MindClient:
             grace_ms=None if grace is None else int(grace * 1000),
             streams=Streams(stdin=stdin is not None, output_limit=output_limit) if stream else None,
             watch=watch,
+            fleet=fleet,
         )
         id_ = self._session.start_run(req)
         handle = RunHandle(self, id_, stdin)
@@ -433,6 +447,25 @@ class MindClient:
     async def cancel(self, run_id: str) -> CancelRunResult:
         return await self._ask(CancelRun(run_id=run_id), CancelRunResult)
 
+    # --- files (mind/client/files.py: streamed, verified, atomic, resumable) ---
+
+    async def upload(self, hand: str, local: str | os.PathLike[str], remote: str, **kw: Any) -> files.CopyResult:
+        """Copy a local file to `remote` (relative to the Hand's root); see `files.upload`."""
+        return await files.upload(self, hand, local, remote, **kw)
+
+    async def download(self, hand: str, remote: str, local: str | os.PathLike[str], **kw: Any) -> files.CopyResult:
+        """Copy `remote` on the Hand to a local file; see `files.download`."""
+        return await files.download(self, hand, remote, local, **kw)
+
+    async def upload_bytes(
+        self, hand: str, data: bytes | AsyncIterable[bytes], remote: str, **kw: Any
+    ) -> files.CopyResult:
+        return await files.upload_bytes(self, hand, data, remote, **kw)
+
+    def download_iter(self, hand: str, remote: str, **kw: Any) -> AsyncIterator[bytes]:
+        """The verified bytes of `remote`, chunk by chunk; see `files.download_iter`."""
+        return files.download_iter(self, hand, remote, **kw)
+
     async def hands(self) -> list[HandInfo]:
         """Every Hand the Mind knows, by name, fetched page by page (each reply is bounded)."""
         out: list[HandInfo] = []
@@ -444,11 +477,36 @@ class MindClient:
                 return out
             after = reply.next_after
 
+    async def select_hands(self, selector: str) -> list[SelectedHand]:
+        """The Hands a fleet selector names (DESIGN §12), as the Mind resolves it: over its own
+        names and labels, within this client's scope, with who is connected now."""
+        out: list[SelectedHand] = []
+        after: str | None = None
+        while True:
+            reply = await self._ask(SelectHands(selector=selector, after=after), HandsSelected)
+            out += reply.hands
+            if reply.next_after is None or reply.next_after == after:
+                return out
+            after = reply.next_after
+
+    def exec_many(self, selector: str, tool: str, args: dict[str, Any], **options: Any) -> FleetRun:
+        """One tool call on every Hand `selector` names, with rate control and an error budget
+        (mind/client/fleet.py: the options, the events and the aggregate). Iterate the returned
+        `FleetRun` for per-Hand events; the last one carries the aggregate."""
+        from mind.client.fleet import FleetRun
+
+        return FleetRun(self, selector, tool, args, **options)
+
     async def get_run(self, run_id: str) -> RunInfo:
         return await self._ask(GetRun(run_id=run_id), RunInfo)
 
     async def list_runs(
-        self, hand: str | None = None, state: RunState | None = None, since: float | None = None, limit: int = 100
+        self,
+        hand: str | None = None,
+        state: RunState | None = None,
+        since: float | None = None,
+        limit: int = 100,
+        fleet: str | None = None,
     ) -> list[RunInfo]:
         """The newest `limit` runs of the history (any number), fetched page by page: the Mind
         bounds each reply in count and bytes and says where the next page starts."""
@@ -456,7 +514,9 @@ class MindClient:
         after: str | None = None
         while len(out) < limit:
             want = min(limit - len(out), PAGE_LIMIT_MAX)
-            reply = await self._ask(ListRuns(hand=hand, state=state, since=since, limit=want, after=after), RunList)
+            reply = await self._ask(
+                ListRuns(hand=hand, state=state, since=since, limit=want, after=after, fleet=fleet), RunList
+            )
             out += reply.runs[:want]
             if reply.next_after is None or reply.next_after == after:  # (a cursor that does not move ends it)
                 break
@@ -485,8 +545,13 @@ class MindClient:
     async def task_get(self, task_id: str) -> TaskView:
         return await self._ask(TaskGet(task_id=task_id), TaskView)
 
-    async def task_logs(self, task_id: str, offset: int = 0, limit: int = 64 << 10) -> TaskLogPage:
-        return await self._ask(TaskLogs(task_id=task_id, offset=offset, limit=limit), TaskLogPage)
+    async def task_logs(
+        self, task_id: str, offset: int = 0, limit: int = 64 << 10, stream: Literal["stdout", "stderr"] | None = None
+    ) -> TaskLogPage:
+        """One page of a task's log: the combined log (both streams in arrival order) or, with
+        `stream`, that stream's own file, `offset` counting its bytes (`ClientError` code
+        `no_stream_log` for a task logged before the Hand kept them apart)."""
+        return await self._ask(TaskLogs(task_id=task_id, offset=offset, limit=limit, stream=stream), TaskLogPage)
 
     async def task_cancel(self, task_id: str) -> TaskCancelReply:
         return await self._ask(TaskCancelRequest(task_id=task_id), TaskCancelReply)

@@ -68,7 +68,7 @@ RUN_UPDATE = model(
     "run_update",
     {
         "run_id": (strict_str(pattern=limits.ID_RE), REQUIRED),
-        "hand": (strict_str(pattern=limits.LABEL_RE), REQUIRED),
+        "hand": (strict_str(pattern=limits.LABEL_VALUE_RE), REQUIRED),
         "state": (enum(RunState), REQUIRED),
         "gen": (optional(strict_int()), None),
     },
@@ -132,8 +132,8 @@ RUN_END = model(
         "value": (any_value, None),
         "error": (optional(strict_str(max_len=16384)), None),
         "duration_ms": (strict_int(ge=0), 0),
-        "hand": (strict_str(pattern=limits.LABEL_RE), REQUIRED),
-        "tool": (strict_str(pattern=limits.LABEL_RE), REQUIRED),
+        "hand": (strict_str(pattern=limits.LABEL_VALUE_RE), REQUIRED),
+        "tool": (strict_str(pattern=limits.LABEL_VALUE_RE), REQUIRED),
         "reject_code": (optional(enum(RejectCode)), None),
     },
     rule=RULES["RunEnd._terminal"],
@@ -204,6 +204,7 @@ def exec_(
     grace_ms: Any = None,
     streams: Any = None,
     watch: Any = True,
+    fleet: Any = None,
 ) -> Msg:
     """`exec`, as `protocol.messages.Exec(...).model_dump()` holds it."""
     return Msg(
@@ -216,6 +217,7 @@ def exec_(
             "grace_ms": grace_ms,
             "streams": streams,
             "watch": watch,
+            "fleet": fleet,
         },
     )
 

@@ -10,14 +10,14 @@ rules it checks are the rules the Mind ships.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from mind.core.scope import Scope
 from mind.core.snapshots import Snapshot
 from protocol import limits
 from protocol.codes import RejectCode
-from protocol.messages import TaskView
+from protocol.messages import StartOutcome, TaskView
 
 # --- scope -----------------------------------------------------------------------------------------
 
@@ -154,24 +154,73 @@ class PendingHandshakes:
 class StartReply:
     """The answer to a task start that does not need the Hand."""
 
-    outcome: Literal["rejected", "duplicate"]
+    outcome: Literal["rejected", "duplicate", "unknown"]
     code: RejectCode | None = None
     message: str = ""
     view: TaskView | None = None
+
+
+@dataclass(frozen=True)
+class JoinStart:
+    """A start of this id (same Hand and binding) is in flight: wait for the Hand's answer to it and
+    hear that, rather than an answer made up from the Mind's own record (DESIGN §7)."""
+
+
+@dataclass(frozen=True)
+class AskHand:
+    """The Mind holds the id only from a start the Hand never answered (the answer was lost, or
+    reconciliation found no row): only the Hand can settle it, so the start goes to the Hand again,
+    which answers with the task it has or admits it now. `snapshot` is the one to write first."""
+
+    snapshot: Snapshot
+
+
+StartVerdict = StartReply | JoinStart | AskHand
 
 
 def hand_offline(hand: str) -> StartReply:
     return StartReply("rejected", RejectCode.HAND_OFFLINE, f"hand {hand!r} is not connected; nothing was stored")
 
 
-def existing_start(existing: Snapshot, task_id: str, hand: str, binding: str) -> StartReply:
-    """A start whose id the Mind already holds a snapshot for (the client may touch it): the same
-    Hand and binding is a duplicate (nothing new runs); anything else is a conflict."""
-    if existing.hand == hand and existing.binding_digest == binding:
+def existing_start(
+    existing: Snapshot, task_id: str, hand: str, binding: str, *, in_flight: bool, hand_connected: bool
+) -> StartVerdict:
+    """A start whose id the Mind already holds a snapshot for (the client may touch it).
+
+    Another Hand or binding is a conflict. The same one is a duplicate (nothing new runs) only when
+    the Hand itself has reported the task (`version > 0`): the Mind's record of what it *sent* is no
+    answer (issue 14, item 2). Until the Hand has spoken, a retry joins the start in flight, or asks
+    the Hand again, or, with the Hand away, is told that nobody knows yet."""
+    if existing.hand != hand or existing.binding_digest != binding:
+        return id_taken(task_id)
+    if existing.version > 0 or existing.terminal:
         return StartReply(
             "duplicate", message="a task with this id and binding exists; nothing new was run", view=existing.view()
         )
-    return id_taken(task_id)
+    if in_flight:
+        return JoinStart()
+    if hand_connected:
+        return AskHand(retry_snapshot(existing))
+    return StartReply(
+        "unknown",
+        message=(
+            f"an earlier start of task {task_id} was sent but never answered, and hand {hand!r} is not "
+            "connected: whether the task exists is unknown; retry when it is connected"
+        ),
+        view=existing.view(),
+    )
+
+
+def retry_snapshot(existing: Snapshot) -> Snapshot:
+    """The snapshot of a start asked of the Hand again: in flight again (never terminal: a start
+    the Hand never reported is queued until it does)."""
+    return replace(existing, stale=True, start_pending=True)
+
+
+def joined_outcome(outcome: StartOutcome) -> StartOutcome:
+    """What a start that joined another one in flight is told: the Hand holds one task per id, so
+    when the first was accepted the joiner's start ran nothing new."""
+    return "duplicate" if outcome == "accepted" else outcome
 
 
 def id_taken(task_id: str) -> StartReply:

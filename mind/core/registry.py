@@ -159,6 +159,8 @@ class Run:
     seq: int = 0
     """Admission order (1, 2, ...): where a page of history starts (`ListRuns.after`)."""
     value_not_retained: bool = False
+    fleet: str | None = None
+    """The fleet run this run is a member of (`Exec.fleet`, DESIGN §12)."""
 
     @property
     def terminal(self) -> bool:
@@ -176,6 +178,7 @@ class Run:
             args_digest=self.args_digest,
             end=self.end,
             value_not_retained=self.value_not_retained,
+            fleet=self.fleet,
         )
 
 
@@ -205,6 +208,7 @@ class RunRegistry:
         state: RunState | None = None,
         since: float | None = None,
         before: int | None = None,
+        fleet: str | None = None,
     ) -> Iterator[Run]:
         """Newest first: the active runs and the retained finished ones, only those admitted before
         run number `before` (a `Run.seq`) if given. Lazy, so a page reads only what it sends; take
@@ -217,6 +221,8 @@ class RunRegistry:
             if state is not None and run.state is not state:
                 continue
             if since is not None and run.created_wall < since:
+                continue
+            if fleet is not None and run.fleet != fleet:
                 continue
             yield run
 
@@ -324,8 +330,14 @@ class RunRegistry:
 
         With `background`, this is the start run of a task (`task_id == run_id`): it ends
         `succeeded` as soon as the Hand has durably accepted the task, and emits `StartEnded`."""
-        if run_id in self._runs:
-            raise ValueError(f"run id {run_id} already exists")
+        old = self._runs.get(run_id)
+        if old is not None:
+            if old.background is None or not old.terminal or background is None:
+                raise ValueError(f"run id {run_id} already exists")
+            # A task's start sent again (its first answer never came, or the Hand refused it with
+            # nothing stored): the new start run replaces the finished one in the history.
+            del self._runs[run_id]
+            self._finished.pop(run_id, None)
         grace = req.grace_ms if req.grace_ms is not None else DEFAULT_GRACE_MS
         run = Run(
             run_id=run_id,
@@ -343,6 +355,7 @@ class RunRegistry:
             mind_deadline=now + (req.timeout_ms + grace) / 1000 + MIND_DEADLINE_SLACK_S,
             background=background,
             relays=_relays(req) if background is None else {},
+            fleet=req.fleet,
         )
         self._seq += 1
         run.seq = self._seq

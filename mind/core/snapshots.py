@@ -10,15 +10,16 @@ Rules:
   copy), so pushes, query replies and inventory pages may arrive in any order.
 - A terminal snapshot is never stale: nothing can change it any more.
 - Reconciliation: every snapshot the Hand reports is realigned and fresh; a non-terminal snapshot the
-  Hand does not know is `lost` ("unknown to hand"): it never ran there, or its row is gone, and
-  nobody can say more; a terminal one the Hand no longer has (purged by retention) stays as it is;
+  Hand does not know is `lost` ("unknown to hand") when the Hand had reported it before (its row is
+  gone, and nobody can say more), and deleted when the Hand never had (a start whose answer never
+  came and that never reached the Hand's database: nothing ran, and the id is free for a retry); a terminal one the Hand no longer has (purged by retention) stays as it is;
   tasks the Mind did not know are adopted; cancels recorded while the Hand was offline are
   delivered. Applying the same inventory twice changes nothing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from protocol.messages import TaskInfo, TaskView
 from protocol.states import TASK_TERMINAL, TaskState
@@ -125,6 +126,8 @@ class Plan:
     """Task ids the Hand reported that belong to another Hand in the Mind's records."""
     unchanged: int
     over_quota: int = 0
+    never_stored: list[str] = field(default_factory=list)
+    """Starts the Hand never reported and does not have: their snapshots are deleted."""
     """Task ids the Hand reported that the Mind did not adopt: the Hand's quota was full (issue 13)."""
 
     @property
@@ -161,6 +164,11 @@ def reconcile(
             )
             if snap.terminal or reported_since:
                 plan.unchanged += 1
+            elif snap.version == 0:
+                # Never reported: the start never reached the Hand's database (the answer was
+                # lost, the Hand died before its commit). The authority says the task does not
+                # exist, so nothing was lost: the snapshot goes, and the id is free for a retry.
+                plan.never_stored.append(snap.task_id)
             else:
                 plan.lost.append(
                     replace(

@@ -120,12 +120,22 @@ def cmd_credentials(args: argparse.Namespace) -> None:
         a.close()
 
     def show(cred, verb: str) -> None:
-        if args.out:
-            paths.write_private(_path(args.out), cred.token() + "\n")
+        """Shown first, written second: if the write still fails (a full disk), the secret is not lost."""
         print(f"# {args.cmd} credential for {args.name!r} {verb}, shown once; keep it private", file=sys.stderr)
-        print(cred.token())
+        print(cred.token(), flush=True)
         if args.out:
+            try:
+                paths.write_private(_path(args.out), cred.token() + "\n")
+            except OSError as exc:
+                die(
+                    f"the credential was {verb.split(' ')[0]} and is shown above, but --out {args.out} could not be "
+                    f"written: {exc.strerror or exc}",
+                    1,
+                )
             print(f"# also written to {args.out} (mode 0600)", file=sys.stderr)
+
+    if getattr(args, "out", None) and args.action in ("add", "rotate"):
+        _check_out(args.out)
 
     def scope_of(row) -> str:
         if row.role != "client":
@@ -144,12 +154,29 @@ def cmd_credentials(args: argparse.Namespace) -> None:
                     ).to_json()
                 except ValueError as exc:
                     die(str(exc), EXIT_USAGE)
+            labels = _labels(getattr(args, "labels", None) or [])
             try:
-                cred = store.add(args.cmd, args.name, scope)
+                cred = store.add(args.cmd, args.name, scope, labels)
             except StoreError as exc:
                 die(str(exc), 1)
             audit("add")
             show(cred, "created")
+        elif args.action == "label":
+            from mind.core.selector import SelectorError, parse_label_edits
+
+            try:
+                set_, remove = parse_label_edits(args.edits)
+            except SelectorError as exc:
+                die(str(exc), EXIT_USAGE)
+            try:
+                now = store.set_labels(args.cmd, args.name, set_, remove)
+            except StoreError as exc:
+                die(str(exc), 1)
+            if now is None:
+                die(f"no active {args.cmd} named {args.name!r}", 1)
+            audit("label")
+            shown = ",".join(f"{k}={v}" for k, v in now.items()) or "(none)"
+            print(f"{args.cmd} {args.name!r} labels: {shown}")
         elif args.action == "rotate":
             rotated = store.rotate(args.cmd, args.name)
             if rotated is None:
@@ -164,10 +191,12 @@ def cmd_credentials(args: argparse.Namespace) -> None:
         elif args.action == "list":
             rows = store.list(args.cmd)
             if args.json:
-                print(json.dumps([{**r.__dict__, "scope": scope_of(r)} for r in rows], indent=2))
+                print(
+                    json.dumps([{**r.__dict__, "scope": scope_of(r), "labels": r.label_map()} for r in rows], indent=2)
+                )
             else:
                 _table(
-                    ["NAME", "STATE", "GENERATION", "CREATED", "LAST SEEN", "SCOPE"],
+                    ["NAME", "STATE", "GENERATION", "CREATED", "LAST SEEN", "SCOPE", "LABELS"],
                     [
                         [
                             r.label,
@@ -176,6 +205,7 @@ def cmd_credentials(args: argparse.Namespace) -> None:
                             _ts(r.created_at),
                             _ts(r.last_seen_at),
                             scope_of(r),
+                            ",".join(f"{k}={v}" for k, v in r.label_map().items()) or "-",
                         ]
                         for r in rows
                     ],
@@ -189,7 +219,45 @@ def cmd_credentials(args: argparse.Namespace) -> None:
         store.close()
 
 
+def _check_out(out: str) -> None:
+    """`--out` must be writable before the credential exists (issue 14): a write that fails after
+    `add` leaves a credential whose secret nobody saw, and the retry says "already exists"; after
+    `rotate` the old secret is gone too. So the destination is tried first: the nearest existing
+    directory gets (and loses) a probe file, as `write_private` will create its temporary there."""
+    import os
+    import secrets
+
+    path = _path(out)
+    if path.is_dir() and not path.is_symlink():  # a planted link is replaced, never followed (issue 13)
+        die(f"--out {out} is a directory: give the file to write; nothing was created", EXIT_USAGE)
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        die(f"--out {out}: {parent} is not a directory; nothing was created", EXIT_USAGE)
+    probe = parent / f".{path.name}.{secrets.token_hex(6)}.probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        die(f"cannot write --out {out} (in {parent}: {exc.strerror or exc}); nothing was created", EXIT_USAGE)
+
+
 def _path(p: str):
     from pathlib import Path
 
     return Path(p).expanduser()
+
+
+def _labels(items: list[str]) -> dict[str, str] | None:
+    """`--label K=V` (repeatable) as a dict, or a usage error naming the bad one."""
+    from mind.core.selector import SelectorError, parse_label
+
+    out: dict[str, str] = {}
+    for item in items:
+        try:
+            k, v = parse_label(item)
+        except SelectorError as exc:
+            die(str(exc), EXIT_USAGE)
+        out[k] = v
+    return out or None

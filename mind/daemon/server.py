@@ -15,7 +15,7 @@ import resource
 import signal
 import ssl
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -68,6 +68,7 @@ from protocol.messages import (
     HandClaims,
     HandInfo,
     HandsList,
+    HandsSelected,
     Hello,
     ListHands,
     ListRuns,
@@ -78,6 +79,8 @@ from protocol.messages import (
     Resize,
     Result,
     RunList,
+    SelectedHand,
+    SelectHands,
     Started,
     StatusReply,
     StreamAck,
@@ -888,6 +891,8 @@ class Mind:
             peer.spawn(self._list_hands(peer, id_, msg), reply_to=id_)
         elif isinstance(msg, ListRuns):
             self._list_runs(peer, id_, msg)
+        elif isinstance(msg, SelectHands):
+            peer.spawn(self._select_hands(peer, id_, msg), reply_to=id_)
         elif isinstance(msg, GetStatus):
             peer.spawn(self._status(peer, id_), reply_to=id_)
         elif isinstance(msg, TaskStart):
@@ -940,12 +945,42 @@ class Mind:
         before = None if msg.after is None else int(msg.after)
         runs = (
             (r, r.info())
-            for r in self.registry.history(msg.hand, msg.state, msg.since, before)
+            for r in self.registry.history(msg.hand, msg.state, msg.since, before, msg.fleet)
             if scope.allows_hand(r.hand) and scope.may_touch(r.owner, me)
         )
         taken, more = page(runs, msg.limit, lambda item: payload_size(item[1]))
         cursor = str(taken[-1][0].seq) if more and taken else None
         peer.outbox.put(RunList(runs=[info for _, info in taken], next_after=cursor), id_)
+
+    async def _select_hands(self, peer: Peer, id_: str, msg: SelectHands) -> None:
+        """A fleet selector resolved here, over the credential table (names and the operator's
+        labels, read afresh, so `mind hand label` applies at once) and the live connections; only
+        Hands in the client's scope can match (DESIGN §12). A Hand's claims play no part."""
+        from mind.core import selector
+
+        try:
+            sel = selector.parse(msg.selector)
+        except selector.SelectorError as exc:
+            peer.outbox.put(Error(code=ErrorCode.INVALID_PAYLOAD, message=str(exc)), id_)
+            return
+        after, scope = msg.after, peer.scope
+        rows = await self.creds(self.store.list, "hand")
+
+        def matching() -> Iterator[SelectedHand]:
+            for row in rows:
+                if row.revoked_at is not None or (after is not None and row.label <= after):
+                    continue
+                if not scope.allows_hand(row.label):
+                    continue
+                labels = row.label_map()
+                if sel.matches(row.label, labels):
+                    live = self.hands.get(row.label)
+                    gen = live.gen if live else row.generation
+                    yield SelectedHand(name=row.label, connected=live is not None, generation=gen, labels=labels)
+
+        hands = matching()
+        taken, more = page(hands, msg.limit, payload_size)
+        peer.outbox.put(HandsSelected(hands=taken, next_after=taken[-1].name if more and taken else None), id_)
 
     async def _list_hands(self, peer: Peer, id_: str, msg: ListHands) -> None:
         """One page of the Hands, by name (the cursor is the last name sent)."""
@@ -1007,6 +1042,7 @@ class Mind:
                     since=live.since if live else (self.last_seen.get(row.label) or row.last_seen_at),
                     claims=claims,
                     running=self.registry.running_on(row.label),
+                    labels=row.label_map(),
                 )
             )
         return out

@@ -18,10 +18,13 @@ import structlog
 from pydantic import ValidationError
 
 from mind.core.admission import (
+    AskHand,
+    JoinStart,
     StartReply,
     existing_start,
     hand_offline,
     id_taken,
+    joined_outcome,
     start_without_snapshot,
     touch_denial,
     use_denial,
@@ -120,7 +123,9 @@ class Host(Protocol):
 class TaskService:
     def __init__(self, mind: Host) -> None:
         self.mind = mind
-        self._starts: dict[str, tuple[Peer, str]] = {}
+        self._starts: dict[str, list[tuple[Peer, str]]] = {}
+        """Task starts in flight to the Hand: who waits for each answer (the sender first, then any
+        start of the same id and binding that joined it)."""
         self._calls: list[tuple[Callable[[], Any], str | None, asyncio.Future[Any]]] = []
         self._flushing = False
 
@@ -223,7 +228,7 @@ class TaskService:
                 log.info(AuditEvent.TASK_START_DUPLICATE, task_id=task_id, hand=req.hand, client=peer.ident.label)
             reply(r.outcome, r.code, r.message, r.view)
 
-        def settle_existing(existing: Snapshot) -> None:
+        async def settle_existing(existing: Snapshot) -> None:
             denial = touch_denial(
                 peer.scope, peer.ident.label, existing.hand, existing.owner, f"reuse task id {task_id}", task_id=task_id
             )
@@ -233,20 +238,71 @@ class TaskService:
                 # says only "taken", never which Hand or whose (audited as a scope denial).
                 m.deny(peer, denial.what, **denial.fields)
                 return answer(id_taken(task_id))
-            return answer(existing_start(existing, task_id, req.hand, binding))
+            verdict = existing_start(
+                existing,
+                task_id,
+                req.hand,
+                binding,
+                in_flight=task_id in self._starts,
+                hand_connected=m.hands.get(req.hand) is not None,
+            )
+            if isinstance(verdict, JoinStart):
+                self._starts[task_id].append((peer, id_))
+                return None
+            if isinstance(verdict, AskHand):
+                # Claimed before the first await, so two retries cannot both send; later ones join.
+                self._starts[task_id] = [(peer, id_)]
+                try:
+                    written = await self._db(m.snapshots.retry_start, verdict.snapshot)
+                except BaseException:
+                    self._starts.pop(task_id, None)
+                    raise
+                if written is None:  # the row changed meanwhile (reported, or forgotten): decide again
+                    for p_, i_ in self._starts.pop(task_id, []):
+                        m.spawn(self.start(p_, i_, req))
+                    return None
+                log.info(AuditEvent.TASK_START_ASKED_AGAIN, task_id=task_id, hand=req.hand, client=peer.ident.label)
+                return await send(written)
+            return answer(verdict)
+
+        async def send(snap: Snapshot) -> None:
+            live = m.hands.get(req.hand)
+            if live is None:  # gone while the retry was written: whether the task exists is still unknown
+                waiters = self._starts.pop(task_id, [])
+                await self._db(m.snapshots.finish_start, task_id)
+                message = (
+                    f"hand {req.hand!r} went away before the start could be sent again; retry when it is connected"
+                )
+                return self._answer_starts(task_id, req.hand, "unknown", None, message, snap.view(), waiters)
+            self._starts.setdefault(task_id, [(peer, id_)])
+            exec_req = Exec(hand=req.hand, tool=req.tool, args=req.args, timeout_ms=START_TIMEOUT_MS)
+            m.perform(
+                m.registry.admit(
+                    task_id,
+                    exec_req,
+                    None,
+                    id_,
+                    live.gen,
+                    True,
+                    time.monotonic(),
+                    time.time(),
+                    background=Background(max_runtime_ms=req.max_runtime_ms),
+                    owner=peer.ident.label,
+                )
+            )
 
         denial = use_denial(peer.scope, req.hand, req.tool)
         if denial is not None:
             return reply("rejected", RejectCode.DENIED_BY_SCOPE, m.deny(peer, denial.what, **denial.fields))
-        used_by_run, connected = m.registry.get(task_id) is not None, m.hands.get(req.hand) is not None
+        used_by_run, connected = self._used_by_run(task_id), m.hands.get(req.hand) is not None
         if used_by_run or not connected:
             # The rare paths look first; the common one (hand connected, fresh id) goes straight to
             # `insert_new`, which answers the same existing snapshot, in one database call.
             existing = await m.db(m.snapshots.get, task_id)
             if existing is not None:
-                return settle_existing(existing)
+                return await settle_existing(existing)
             # looked at again: the registry and the connections may have changed while we waited
-            used_by_run, connected = m.registry.get(task_id) is not None, m.hands.get(req.hand) is not None
+            used_by_run, connected = self._used_by_run(task_id), m.hands.get(req.hand) is not None
             known = connected or used_by_run or await m.creds(m.store.secret, "hand", req.hand) is not None
             refused = start_without_snapshot(
                 task_id, req.hand, used_by_run=used_by_run, hand_connected=connected, hand_known=known
@@ -267,38 +323,49 @@ class TaskService:
         )
         existing = await self._db(m.snapshots.insert_new, snap)  # written stale before the start is sent
         if existing is not None:
-            return settle_existing(existing)
-        live = m.hands.get(req.hand)  # the Hand may have gone while we waited on the database
-        if live is None:
+            return await settle_existing(existing)
+        if m.hands.get(req.hand) is None:  # the Hand may have gone while we waited on the database
             await self._db(m.snapshots.delete, task_id)
             return answer(hand_offline(req.hand))
-        self._starts[task_id] = (peer, id_)
-        exec_req = Exec(hand=req.hand, tool=req.tool, args=req.args, timeout_ms=START_TIMEOUT_MS)
-        m.perform(
-            m.registry.admit(
-                task_id,
-                exec_req,
-                None,
+        self._starts[task_id] = [(peer, id_)]
+        await send(snap)
+
+    def _used_by_run(self, task_id: str) -> bool:
+        """A foreground run holds this id. A task's own start run does not: a refused start leaves
+        nothing that blocks a retry (issue 14, item 4), and an unanswered one is settled by asking
+        the Hand again."""
+        run = self.mind.registry.get(task_id)
+        return run is not None and run.background is None
+
+    def _answer_starts(
+        self,
+        task_id: str,
+        hand: str,
+        outcome: StartOutcome,
+        code: RejectCode | None,
+        message: str,
+        view: TaskView | None,
+        waiters: list[tuple[Peer, str]],
+    ) -> None:
+        """The first waiter sent the start; the others joined it (same id and binding) and hear the
+        same truth, with `accepted` read as `duplicate` (their start ran nothing new)."""
+        for i, (peer, id_) in enumerate(waiters):
+            said = outcome if i == 0 else joined_outcome(outcome)
+            peer.outbox.put(
+                TaskStartResult(task_id=task_id, hand=hand, outcome=said, reject_code=code, message=message, view=view),
                 id_,
-                live.gen,
-                True,
-                time.monotonic(),
-                time.time(),
-                background=Background(max_runtime_ms=req.max_runtime_ms),
-                owner=peer.ident.label,
             )
-        )
 
     async def start_ended(self, a: StartEnded) -> None:
         """Settle the snapshot and answer the waiting client. If settling fails, the client hears
         `internal_error` rather than silence; the failure goes on to the Mind's spawn guard (logged
         with its traceback)."""
-        waiter = self._starts.pop(a.run_id, None)
+        waiters = self._starts.pop(a.run_id, [])
         try:
             outcome, code, message, view = await self._settle_start(a)
         except Exception:
-            if waiter is not None:
-                waiter[0].outbox.put(INTERNAL_ERROR, waiter[1])
+            for peer, id_ in waiters:
+                peer.outbox.put(INTERNAL_ERROR, id_)
             raise
         log.info(
             AuditEvent.TASK_START_ENDED,
@@ -309,14 +376,7 @@ class TaskService:
             reason=message,
             start_run=a.end.state.value,
         )
-        if waiter is not None:
-            peer, id_ = waiter
-            peer.outbox.put(
-                TaskStartResult(
-                    task_id=a.run_id, hand=a.hand, outcome=outcome, reject_code=code, message=message, view=view
-                ),
-                id_,
-            )
+        self._answer_starts(a.run_id, a.hand, outcome, code, message, view, waiters)
 
     async def _settle_start(self, a: StartEnded) -> tuple[StartOutcome, RejectCode | None, str, TaskView | None]:
         m = self.mind
@@ -568,6 +628,7 @@ class TaskService:
             updated=len(plan.updated),
             adopted=len(plan.adopted),
             lost=len(plan.lost),
+            never_stored=len(plan.never_stored),
             unchanged=plan.unchanged,
             foreign=len(plan.foreign),
             cancels_delivered=delivered,

@@ -9,6 +9,7 @@ Synchronous on purpose: the asyncio shell calls it through `asyncio.to_thread`, 
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import sqlite3
@@ -33,6 +34,7 @@ CREATE TABLE IF NOT EXISTS credentials (
     generation INTEGER NOT NULL DEFAULT 0,
     last_seen_at REAL,
     scope TEXT,
+    labels TEXT,
     PRIMARY KEY (role, label)
 );
 """
@@ -51,6 +53,11 @@ class CredentialRow:
     generation: int
     last_seen_at: float | None
     scope: str | None = None
+    labels: str | None = None
+    """A Hand's operator labels as JSON (`{"role": "web"}`), None when it has none."""
+
+    def label_map(self) -> dict[str, str]:
+        return json.loads(self.labels) if self.labels else {}
 
 
 class Store:
@@ -65,6 +72,8 @@ class Store:
         cols = {r[1] for r in self._db.execute("PRAGMA table_info(credentials)")}
         if "scope" not in cols:  # a database from before scopes existed
             self._db.execute("ALTER TABLE credentials ADD COLUMN scope TEXT")
+        if "labels" not in cols:  # a database from before fleet labels existed (issue 16)
+            self._db.execute("ALTER TABLE credentials ADD COLUMN labels TEXT")
         for suffix in ("-wal", "-shm"):
             side = Path(str(path) + suffix)
             if side.exists():
@@ -96,7 +105,7 @@ class Store:
             row = self._db.execute("SELECT value FROM meta WHERE key='cred_epoch'").fetchone()
         return int(row[0]) if row else 0
 
-    def add(self, role: str, label: str, scope: str | None = None) -> Credential:
+    def add(self, role: str, label: str, scope: str | None = None, labels: dict[str, str] | None = None) -> Credential:
         if not limits.LABEL_RE.match(label):
             raise StoreError(f"invalid name {label!r}: use 1-64 of A-Z a-z 0-9 . _ - , starting with a letter or digit")
         secret = secrets.token_bytes(limits.SECRET_BYTES)
@@ -109,13 +118,14 @@ class Store:
             if row is not None:
                 # Re-adding a revoked name keeps its generation counter: generations never go back.
                 self._db.execute(
-                    "UPDATE credentials SET secret=?, created_at=?, revoked_at=NULL, scope=? WHERE role=? AND label=?",
-                    (secret, time.time(), scope, role, label),
+                    "UPDATE credentials SET secret=?, created_at=?, revoked_at=NULL, scope=?, labels=? "
+                    "WHERE role=? AND label=?",
+                    (secret, time.time(), scope, _labels_json(labels), role, label),
                 )
             else:
                 self._db.execute(
-                    "INSERT INTO credentials(role, label, secret, created_at, scope) VALUES (?, ?, ?, ?, ?)",
-                    (role, label, secret, time.time(), scope),
+                    "INSERT INTO credentials(role, label, secret, created_at, scope, labels) VALUES (?, ?, ?, ?, ?, ?)",
+                    (role, label, secret, time.time(), scope, _labels_json(labels)),
                 )
             self._bump_epoch()
         return Credential(role=role, label=label, secret=secret)
@@ -136,6 +146,37 @@ class Store:
         with self._lock:
             row = self._db.execute("SELECT scope FROM credentials WHERE role=? AND label=?", (role, label)).fetchone()
         return row[0] if row else None
+
+    def set_labels(self, role: str, label: str, set_: dict[str, str], remove: list[str]) -> dict[str, str] | None:
+        """Change an active credential's labels (set `set_`, drop the keys in `remove`); the new
+        labels, or None if there is no such active credential. The daemon reads labels from this
+        table at every selection, so a change applies to the next fleet run without a restart."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute(
+                    "SELECT labels FROM credentials WHERE role=? AND label=? AND revoked_at IS NULL", (role, label)
+                ).fetchone()
+                if row is None:
+                    self._db.execute("ROLLBACK")
+                    return None
+                now = json.loads(row[0]) if row[0] else {}
+                for k in remove:
+                    now.pop(k, None)
+                now.update(set_)
+                if len(now) > limits.HAND_LABELS_MAX:
+                    self._db.execute("ROLLBACK")
+                    raise StoreError(f"{role} {label!r} would have {len(now)} labels; at most {limits.HAND_LABELS_MAX}")
+                self._db.execute(
+                    "UPDATE credentials SET labels=? WHERE role=? AND label=?", (_labels_json(now), role, label)
+                )
+                self._db.execute("COMMIT")
+            except StoreError:
+                raise
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return dict(sorted(now.items()))
 
     def revoke(self, role: str, label: str) -> bool:
         with self._lock:
@@ -184,8 +225,12 @@ class Store:
     def list(self, role: str) -> list[CredentialRow]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT role, label, created_at, revoked_at, generation, last_seen_at, scope FROM credentials "
+                "SELECT role, label, created_at, revoked_at, generation, last_seen_at, scope, labels FROM credentials "
                 "WHERE role=? ORDER BY label",
                 (role,),
             ).fetchall()
         return [CredentialRow(*r) for r in rows]
+
+
+def _labels_json(labels: dict[str, str] | None) -> str | None:
+    return json.dumps(dict(sorted(labels.items())), separators=(",", ":")) if labels else None

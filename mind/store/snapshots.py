@@ -167,6 +167,16 @@ class SnapshotStore:
             self._put_many([updated])
             return updated, "updated"
 
+    def retry_start(self, snap: Snapshot) -> Snapshot | None:
+        """Write `snap` (a start asked of the Hand again) if the row is still one the Hand never
+        reported and no start is in flight; None if it changed meanwhile (nothing written)."""
+        with self._tx():
+            current = self._get(snap.task_id)
+            if current is None or current.version > 0 or current.start_pending:
+                return None
+            self._put_many([snap])
+            return snap
+
     def finish_start(self, task_id: str) -> Snapshot | None:
         """The start run ended without a report: keep the snapshot stale for reconciliation."""
         with self._tx():
@@ -299,4 +309,6 @@ class SnapshotStore:
             plan = reconcile(hand, settled, hand_rows, held_elsewhere, now, synced_since)
             plan.over_quota = over
             self._put_many(plan.writes)
+            for tid in plan.never_stored:
+                self._db.execute("DELETE FROM task_snapshots WHERE task_id=?", (tid,))
             return plan

@@ -60,6 +60,36 @@ def client_context(url: str, ca: str | os.PathLike[str] | None = None, pin: str 
     return ctx
 
 
+def ca_file_problem(ca: str | os.PathLike[str] | None) -> str | None:
+    """Why a failed verification is the CA file's fault, when it is: the file holds certificates
+    but none of a CA (basicConstraints CA:FALSE), typically the Mind's own certificate given where
+    the certificate of the CA that signed it belongs. OpenSSL then says only "unable to get local
+    issuer certificate", which does not point at the file (issue 14)."""
+    if ca is None:
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        ctx.load_verify_locations(cafile=os.fspath(ca))
+    except (OSError, ssl.SSLError):
+        return None
+    stats = ctx.cert_store_stats()
+    if stats.get("x509", 0) and not stats.get("x509_ca", 0):
+        return (
+            f"the CA file {os.fspath(ca)} holds no CA certificate, only a leaf (CA:FALSE), such as the Mind's own "
+            "certificate: give the certificate of the CA that signed the Mind's (scripts/mkcerts: DIR/ca.crt, "
+            "not DIR/mind.crt)"
+        )
+    return None
+
+
+def verify_failure(exc: ssl.SSLCertVerificationError, ca: str | os.PathLike[str] | None) -> str:
+    """One sentence for a certificate the Mind presented and we do not trust."""
+    why = exc.verify_message or exc.reason or str(exc)
+    text = f"the Mind's certificate failed verification ({why})"
+    problem = ca_file_problem(ca)
+    return f"{text}: {problem}" if problem else text
+
+
 def check_pin(ssl_object: ssl.SSLObject | None, pin: str | None) -> None:
     """Raise TLSConfigError unless the peer certificate matches `pin` (no-op without a pin)."""
     if pin is None:

@@ -204,7 +204,7 @@ class Child:
         self.p.stdin.flush()
 
     def stop(self, timeout: float = 5.0) -> None:
-        from support.cluster import stop_group  # tests/ is on sys.path for every bench entry point
+        from mind.testing.cluster import stop_group
 
         if self.p.poll() is None:
             try:
@@ -252,9 +252,9 @@ class Ctx:
         self._cleanups.append(fn)
 
     def cluster(self, name: str):
-        """A `tests/support` Cluster in its own directory, stopped (by PID) when the run ends or
+        """A `mind.testing` Cluster in its own directory, stopped (by PID) when the run ends or
         earlier by the figure."""
-        from support.cluster import Cluster
+        from mind.testing.cluster import Cluster
 
         cl = Cluster(self.dir(name))
         self._cleanups.append(cl.stop_all)

@@ -632,7 +632,7 @@ def lost_once(ctx: Ctx, ping: float, phase: float) -> float:
     """A Hand behind a fault proxy runs `sleep`; blackhole the path at `phase` (0..1) of the Mind's
     keepalive cycle for that connection (its pings go out every `ping` s from the connection's
     start); seconds until the client sees `lost`."""
-    from support.faultproxy import FaultProxy
+    from mind.testing.faultproxy import FaultProxy
 
     cl = ctx.cluster(f"lost-{ping:g}")
     proxy = None

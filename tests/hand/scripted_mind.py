@@ -64,7 +64,9 @@ class ScriptedMind:
         self.gen = 0
         self.handshakes = 0
         self.conns: asyncio.Queue[Conn] = asyncio.Queue()
-        self.script: list[str] = []  # per handshake: "refuse", "forge", "silent", "hold" or "ok" (default)
+        # per handshake: "refuse" (rate_limited: try later), "deny" (auth_failed: never), "forge",
+        # "silent", "hold" or "ok" (default)
+        self.script: list[str] = []
         self.release = asyncio.Event()
         """A "hold" handshake waits for this before answering the hello (the Hand stays offline)."""
         self.hand_errors: list[Error] = []
@@ -77,7 +79,10 @@ class ScriptedMind:
         step = self.script.pop(0) if self.script else "ok"
         self.handshakes += 1
         if step == "refuse":
-            await ws.send(ch.stamp(Error(code=ErrorCode.AUTH_FAILED, message="no")))
+            await ws.send(ch.stamp(Error(code=ErrorCode.RATE_LIMITED, message="try later")))
+            return
+        if step == "deny":
+            await ws.send(ch.stamp(Error(code=ErrorCode.AUTH_FAILED, message="unknown credential")))
             return
         if step == "hold":
             await self.release.wait()

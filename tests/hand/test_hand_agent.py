@@ -93,7 +93,7 @@ async def test_a_dropped_connection_cancels_its_runs_and_the_hand_reconnects(wor
     assert env.msg.code.value == "duplicate_run"  # never run the same run id twice
 
 
-async def test_refusals_and_a_forged_welcome_never_stop_the_hand(world):
+async def test_refusals_to_try_later_and_a_forged_welcome_never_stop_the_hand(world):
     mind, agent, _, _ = world
     first = await mind.next_conn()
     mind.script = ["refuse", "forge", "refuse"]
@@ -102,6 +102,21 @@ async def test_refusals_and_a_forged_welcome_never_stop_the_hand(world):
     assert mind.handshakes == 5 and conn.gen == 3
     [err] = mind.hand_errors
     assert err.code is ErrorCode.AUTH_FAILED  # the Hand told the forger why, then left
+
+
+async def test_a_refused_credential_ends_the_agent_with_2_once_said(tmp_path, capfd):
+    """`auth_failed` from the Mind cannot heal by retrying (issue 14): said once, exit 2."""
+    cred = Credential(role="hand", label="h1", secret=os.urandom(limits.SECRET_BYTES))
+    mind = ScriptedMind(cred)
+    mind.script = ["deny"]
+    async with serve(mind.handler, "127.0.0.1", 0, compression=None) as server:
+        mind.url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        cfg = AgentConfig(url=mind.url, credential=cred, root=tmp_path, ping_interval=1.0)
+        agent = Agent(cfg, backoff=Backoff(base=0.01, cap=0.05))
+        assert await asyncio.wait_for(agent.run(), 10) == 2
+    assert mind.handshakes == 1
+    err = capfd.readouterr().err
+    assert err.count("not retrying") == 1 and "refused this Hand's credential (auth_failed" in err
 
 
 @pytest.mark.parametrize(

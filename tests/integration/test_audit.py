@@ -175,4 +175,4 @@ def test_a_hand_audits_a_mind_that_fails_verification(tmp_path):
     with running(tmp_path, hand=None, mind_args=tls) as cl:
         hand = cl.start_hand("box", "--pin", "sha256:" + "0" * 64)
         record = audited(tmp_path / "state-box" / "audit.jsonl", "handshake_failed", code="auth_failed")
-        assert "pinned" in record["reason"] and hand.alive()
+        assert "pinned" in record["reason"] and hand.p.wait(timeout=15) == 2  # said once, not retried

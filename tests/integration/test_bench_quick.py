@@ -25,6 +25,7 @@ FIGURES = [
     "reconcile",
     "memory",
     "payloads",
+    "cp",
 ]
 
 

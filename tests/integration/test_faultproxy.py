@@ -2,9 +2,11 @@
 an echo server behind it (real sockets, real subprocess)."""
 
 import asyncio
+import subprocess
 import time
 
 import pytest
+from support.cluster import BIN
 from support.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.slow  # the fault proxy runs as its own process
@@ -109,3 +111,51 @@ async def test_bad_commands_are_errors_not_crashes(echo):
         with pytest.raises(RuntimeError):
             await ctl(echo, bad)
     assert (await asyncio.to_thread(echo.status))["refusing"] is False
+
+
+def script(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "mindhand-faultproxy"), *args], capture_output=True, timeout=timeout)
+
+
+def test_the_console_script_sends_commands_and_refuses_bad_input_with_a_sentence():
+    proxy = FaultProxy.start(1)  # the target is never dialled here
+    try:
+        ok = script("--control", f"127.0.0.1:{proxy.control_port}", "--send", "latency 5 up")
+        assert ok.returncode == 0 and ok.stdout.startswith(b"ok")
+        bad = script("--control", f"127.0.0.1:{proxy.control_port}", "--send", "latency -5")
+        assert bad.returncode == 1 and bad.stdout.startswith(b"error")
+    finally:
+        proxy.stop()
+    unreachable = script("--control", f"127.0.0.1:{proxy.control_port}", "--send", "status")
+    assert unreachable.returncode == 2 and b"cannot reach" in unreachable.stderr
+    assert b"Traceback" not in unreachable.stderr
+    for args in (["--listen", "nonsense"], ["--control", "127.0.0.1:1", "--listen", "127.0.0.1:1"]):
+        r = script("--target", "127.0.0.1:1", *args)
+        assert r.returncode != 0 and b"Traceback" not in r.stderr and b"mindhand-faultproxy" in r.stderr, r.stderr
+    h = script("--help")
+    assert h.returncode == 0 and b"frame ACTION TYPE" in h.stdout and b"limit_data" in h.stdout
+
+
+def test_a_proxy_without_a_target_holds_connections_until_told(tmp_path):
+    async def go() -> None:
+        async def handle(r, w):
+            w.write(await r.read(100))
+            await w.drain()
+            w.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        async with server:
+            proxy = await asyncio.to_thread(FaultProxy.start, None)
+            try:
+                r, w = await asyncio.open_connection("127.0.0.1", proxy.port)
+                w.write(b"early")
+                await w.drain()
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(r.read(5), 0.3)  # held: nowhere to go yet
+                await asyncio.to_thread(proxy.target, server.sockets[0].getsockname()[1])
+                assert await asyncio.wait_for(r.readexactly(5), 10) == b"early"
+                w.close()
+            finally:
+                await asyncio.to_thread(proxy.stop)
+
+    asyncio.run(go())

@@ -40,11 +40,6 @@ def root(cl):
     return cl.tmp / "root-box"
 
 
-def held_up(cl) -> int:
-    conns = cl.proxy.status()["connections"]
-    return sum(c["up_held"] for c in conns)
-
-
 async def started(handle, cl) -> str:
     async for ev in handle.events():
         if getattr(ev, "state", None) is RunState.RUNNING:
@@ -69,13 +64,12 @@ async def test_result_in_flight_when_cancel_is_requested_still_succeeds(slow):
     async with await client(cl) as mc:
         h = await mc.start("box", "shell", {"command": GATE.format("go")}, timeout=30)
         await started(h, cl)
-        cl.proxy.send("blackhole up")
-        base = held_up(cl)
+        cl.proxy.hold("result", "up")  # the proxy reads the frames: the result itself is held
         (root(cl) / "go").write_text("")
-        await until(lambda: held_up(cl) > base + 100, 10, "the result to reach the proxy")
+        await until(lambda: cl.proxy.frames_seen("result", "up") == 1, 10, "the result to reach the proxy")
         reply = await mc.cancel(h.run_id)
         assert reply.status is CancelStatus.CANCEL_REQUESTED and reply.state is RunState.CANCEL_REQUESTED
-        cl.proxy.send("resume up")
+        cl.proxy.release()
         end = await asyncio.wait_for(h.wait(), 15)
         assert end.state is RunState.SUCCEEDED and end.exit_code == 0
 

@@ -59,7 +59,8 @@ def test_tls_with_ca_pin_and_the_local_cli(tmp_path, certs):
         cl.wait_connected("viapin")
         assert cl.cli("exec", "--hand", "viapin", "--", "echo", "over tls").stdout == b"over tls\n"
         wait_until(lambda: "does not match the pinned" in cl.hands["wrongpin"].output(), 15, "the pin refusal")
-        assert cl.hands["wrongpin"].alive() and not cl.hand_info("wrongpin")["connected"]
+        # no retry changes what the Hand trusts: said once, exit 2 (issue 14); never connected
+        assert cl.hands["wrongpin"].p.wait(timeout=15) == 2 and not cl.hand_info("wrongpin")["connected"]
 
 
 def test_serving_a_non_loopback_address_without_tls_warns(tmp_path):
@@ -152,7 +153,7 @@ async def test_revoking_a_client_closes_its_live_connection_at_once(tmp_path):
         assert ei.value.code == ErrorCode.AUTH_FAILED.value
 
 
-def test_revoked_hand_is_cut_off_and_keeps_trying_rotated_hand_reconnects_with_new_secret(tmp_path):
+def test_revoked_hand_is_cut_off_and_exits_2_rotated_hand_reconnects_with_new_secret(tmp_path):
     with running(tmp_path) as cl:
         gen = cl.hand_info("box")["generation"]
         r = cl.cli("hand", "rotate", "box", "--out", str(tmp_path / "box-new.cred"))
@@ -160,13 +161,14 @@ def test_revoked_hand_is_cut_off_and_keeps_trying_rotated_hand_reconnects_with_n
         wait_until(lambda: not cl.hand_info("box")["connected"], 10, "the rotated hand to be disconnected")
         hand = cl.hands["box"]
         wait_until(lambda: "auth_failed" in hand.output(), 15, "the old secret to be refused")
-        assert hand.alive()  # an auth failure never makes a Hand stop for good
+        # a refused credential cannot heal by retrying: said once, exit 2, systemd restarts (issue 14)
+        assert hand.p.wait(timeout=15) == 2
         hand.stop()
         cl.start_hand("box", cred=tmp_path / "box-new.cred")
         cl.wait_connected("box", min_gen=gen + 1)
         assert cl.cli("hand", "revoke", "box").returncode == 0
         wait_until(lambda: not (cl.hand_info("box") or {}).get("connected"), 10, "the revoked hand to be disconnected")
-        assert cl.hands["box"].alive()
+        assert cl.hands["box"].p.wait(timeout=15) == 2
         audit = (cl.home / "audit.jsonl").read_text()
         assert '"action":"rotate"' in audit and '"action":"revoke"' in audit
 

@@ -4,12 +4,16 @@ starts it answers without asking a Hand."""
 from __future__ import annotations
 
 from mind.core.admission import (
+    AskHand,
     AuthFailures,
     Denial,
+    JoinStart,
     PendingHandshakes,
+    StartReply,
     args_problem,
     denial_message,
     existing_start,
+    joined_outcome,
     start_without_snapshot,
     touch_denial,
     use_denial,
@@ -53,24 +57,44 @@ def test_the_rate_limit_slides_and_stays_bounded() -> None:
     assert f.recent() <= 3 + 2, "a spray of addresses forgets the oldest"
 
 
-def snap(hand: str = "h1", binding: str = "b") -> Snapshot:
+def snap(hand: str = "h1", binding: str = "b", version: int = 3, state: TaskState = TaskState.RUNNING) -> Snapshot:
     return Snapshot(
         task_id="t1",
         hand=hand,
         tool="exec",
         args_digest="a",
         binding_digest=binding,
-        state=TaskState.RUNNING,
+        state=state,
         stale=False,
         created_at=1.0,
+        version=version,
     )
 
 
-def test_a_start_the_mind_already_holds() -> None:
-    dup = existing_start(snap(), "t1", "h1", "b")
-    assert dup.outcome == "duplicate" and dup.view is not None and dup.view.task_id == "t1"
-    for other in (existing_start(snap(hand="h2"), "t1", "h1", "b"), existing_start(snap(binding="x"), "t1", "h1", "b")):
-        assert other.outcome == "rejected" and other.code is RejectCode.CONFLICTING_DUPLICATE
+def verdict_for(s: Snapshot, *, in_flight: bool = False, hand_connected: bool = True) -> object:
+    return existing_start(s, "t1", "h1", "b", in_flight=in_flight, hand_connected=hand_connected)
+
+
+def test_a_start_the_hand_has_reported_is_a_duplicate_and_a_different_one_a_conflict() -> None:
+    dup = verdict_for(snap())
+    assert isinstance(dup, StartReply) and dup.outcome == "duplicate"
+    assert dup.view is not None and dup.view.task_id == "t1"
+    for other in (snap(hand="h2"), snap(binding="x"), snap(hand="h2", version=0), snap(binding="x", version=0)):
+        r = verdict_for(other, in_flight=True)
+        assert isinstance(r, StartReply) and r.outcome == "rejected" and r.code is RejectCode.CONFLICTING_DUPLICATE
+
+
+def test_a_start_the_hand_never_answered_is_settled_by_the_hand_not_the_mind() -> None:
+    """Issue 14, item 2: the Mind's record of what it sent is no answer."""
+    unanswered = snap(version=0, state=TaskState.QUEUED)
+    assert isinstance(verdict_for(unanswered, in_flight=True), JoinStart)
+    ask = verdict_for(unanswered)
+    assert isinstance(ask, AskHand) and ask.snapshot.start_pending and ask.snapshot.stale
+    assert ask.snapshot.state is TaskState.QUEUED
+    away = verdict_for(unanswered, hand_connected=False)
+    assert isinstance(away, StartReply) and away.outcome == "unknown" and "unknown" in away.message
+    assert joined_outcome("accepted") == "duplicate" and joined_outcome("unknown") == "unknown"
+    assert joined_outcome("rejected") == "rejected"
 
 
 def test_a_start_with_no_snapshot() -> None:

@@ -124,6 +124,12 @@ class Checker:
         self.sent_gen.setdefault((life, run_id), gen)
 
     def on_mind_log(self, life: int, log: Log) -> None:
+        if log.event == "run_admitted":
+            # A task's start run sent again after its first ended unanswered or refused (the only
+            # admission of a known id the registry allows) is a new run under the same id.
+            self.mind_ends.pop((life, log.fields["run_id"]), None)
+            self.sent_gen.pop((life, log.fields["run_id"]), None)
+            return
         if log.event != "run_terminal":
             return
         key = (life, log.fields["run_id"])

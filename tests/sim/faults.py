@@ -1,7 +1,9 @@
 """The faults the scheduler injects, and the healing of the quiesce phase.
 
-Each is what the fault proxy (`tests/support/faultproxy.py`) or `kill -9` does to a real cluster:
-- delay: every frame of one direction is held a while (ordered, nothing lost);
+Each is what the fault proxy (`mind/testing/faultproxy/`) or `kill -9` does to a real cluster, named
+from the one vocabulary both use (`mind/testing/vocabulary.py`; docs/testing.md says which faults
+replay between the two):
+- latency: every frame of one direction is held a while (ordered, nothing lost);
 - cut: the connection is closed (RST): in-flight frames are lost, both sides notice shortly;
 - blackhole: nothing flows and nobody is told; each side's keepalive (`keepalive_s`) declares the
   connection dead, unless the path resumes first (then what was held is delivered, in order);
@@ -9,7 +11,7 @@ Each is what the fault proxy (`tests/support/faultproxy.py`) or `kill -9` does t
 - Hand crash: its loop dies (its store and its commands' processes do not); it restarts later;
 - Mind crash: its registry, asks and connections vanish (snapshots and generations stay); it
   restarts later and marks every unfinished snapshot stale;
-- start twice: the next background start on a connection goes out twice in one write (same id;
+- duplicate (the proxy's `frame duplicate rpc down`): the next background start on a connection goes out twice in one write (same id;
   the same binding, or another max runtime: a conflict). The Mind never does this (its snapshot
   dedups ids); it is here so that one admission batch holds the same id twice, which `admit_batch`
   must answer as the first's duplicate or conflict (the copy's answers are late inputs to the Mind);
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 from sim.clients import pick
 from sim.network import Link
 
+from mind.testing.vocabulary import Fault
 from protocol.messages import Background, Rpc
 
 if TYPE_CHECKING:
@@ -41,39 +44,39 @@ class Faults:
         kind = pick(
             rng,
             (
-                ("delay", 25),
-                ("cut", 25),
-                ("blackhole", 15),
-                ("partition", 10),
-                ("hand_crash", 12),
-                ("mind_crash", 8),
-                ("start_twice", 10),
-                ("disk_fail", 5),
+                (Fault.LATENCY, 25),
+                (Fault.CUT, 25),
+                (Fault.BLACKHOLE, 15),
+                (Fault.PARTITION, 10),
+                (Fault.HAND_CRASH, 12),
+                (Fault.MIND_CRASH, 8),
+                (Fault.DUPLICATE, 10),
+                (Fault.DISK_FAIL, 5),
             ),
         )
         links = [lk for lk in w.links if lk.open]
-        if kind in ("delay", "cut", "blackhole", "start_twice") and not links:
+        if kind in (Fault.LATENCY, Fault.CUT, Fault.BLACKHOLE, Fault.DUPLICATE) and not links:
             return "fault:none"
-        if kind == "start_twice":
+        if kind == Fault.DUPLICATE:
             link = rng.choice(links)
             conflict = rng.random() < 0.4
             link.twin = lambda msg: self._twin(link, msg, conflict)
-            return f"fault:start_twice {link.hand} gen{link.gen}{' conflicting' if conflict else ''}"
-        if kind == "disk_fail":
+            return f"fault:{kind} {link.hand} gen{link.gen}{' conflicting' if conflict else ''}"
+        if kind == Fault.DISK_FAIL:
             slot = rng.choice(list(w.hands.values()))
             slot.store.fail_commits += 1
-            return f"fault:disk_fail {slot.label}"
-        if kind == "delay":
+            return f"fault:{kind} {slot.label}"
+        if kind == Fault.LATENCY:
             link = rng.choice(links)
             d = rng.choice((link.down, link.up))
             d.delay = rng.choice((0.2, 1.0, 3.0, 8.0))
             w.clock.at(now + rng.choice((1.0, 5.0, 20.0)), lambda: setattr(d, "delay", 0.0), label="fault")
-            return f"fault:delay {link.hand} gen{link.gen} {d.name} {d.delay}s"
-        if kind == "cut":
+            return f"fault:{kind} {link.hand} gen{link.gen} {d.name} {d.delay}s"
+        if kind == Fault.CUT:
             link = rng.choice(links)
             w.close_link(link, "cut", rng.uniform(0, 0.2), rng.uniform(0, 0.2))
             return f"fault:cut {link.hand} gen{link.gen}"
-        if kind == "blackhole":
+        if kind == Fault.BLACKHOLE:
             link = rng.choice(links)
             if not link.flowing:
                 return "fault:none"
@@ -84,14 +87,14 @@ class Faults:
             w.clock.at(now + k * rng.uniform(1, 1.5), lambda: self.keepalive(link, epoch, "mind"), label="fault")
             w.clock.at(now + k * rng.uniform(1, 1.5), lambda: self.keepalive(link, epoch, "hand"), label="fault")
             return f"fault:blackhole {link.hand} gen{link.gen}"
-        if kind == "partition":
+        if kind == Fault.PARTITION:
             slot = rng.choice(list(w.hands.values()))
             slot.refused_until = now + rng.choice((3.0, 15.0, 60.0))
             for link in links:
                 if link.hand == slot.label:
                     w.close_link(link, "partition", rng.uniform(0, 0.2), rng.uniform(0, 0.2))
             return f"fault:partition {slot.label} until {slot.refused_until:.1f}"
-        if kind == "hand_crash":
+        if kind == Fault.HAND_CRASH:
             up = [s for s in w.hands.values() if s.proc is not None]
             if not up:
                 return "fault:none"

@@ -24,7 +24,10 @@ or `LogSink` change without this model being checked again (`tests/sim/mirrors.p
 - the truth wins on cancel and on `max_runtime_ms`; a queued task is cancelled without running;
 - restart (`open`): every queued/running row becomes `lost`, nothing re-runs, the orphan is killed.
 Executions belong to the Hand (its loop), not to a connection: a dropped connection touches no task.
-Not modelled: clean shutdown (`_closing`), the argument size check, `ADMIT_BACKLOG` (never reached).
+Not modelled: clean shutdown (`_closing`), the argument size check, `ADMIT_BACKLOG` (never reached),
+a terminal commit that fails (the shell keeps the outcome, `_keep_outcome`, and `_recommit`s it: the
+simulated store fails only insert-only commits, so a conclude failure here is a bug, as it was), and
+the per-stream log files (the model keeps log sizes only).
 """
 
 from __future__ import annotations

@@ -28,9 +28,12 @@ from sim.network import Link
 from sim.runtime import Fut
 
 from mind.core.admission import (
+    AskHand,
+    JoinStart,
     StartReply,
     existing_start,
     hand_offline,
+    joined_outcome,
     start_without_snapshot,
     touch_denial,
     use_denial,
@@ -107,7 +110,7 @@ class SimMind:
         """Set when a Hand connects or goes (the checker then looks at every snapshot)."""
         self.peers: dict[Link, HandPeer] = {}
         """Every Hand connection whose reader still runs, replaced ones included."""
-        self.starts: dict[str, tuple[str, str]] = {}
+        self.starts: dict[str, list[tuple[str, str]]] = {}
         self.snapshots.mark_all_stale()  # Mind.run(): before serving anything
 
     # --- plumbing -------------------------------------------------------------------------------
@@ -283,35 +286,52 @@ class SimMind:
         task_id = req.task_id or self.world.next_id("tm")
         binding = binding_digest(req.tool, req.args, req.max_runtime_ms)
 
-        def reply(outcome: str, code: RejectCode | None = None, message: str = "", view: Any = None) -> None:
-            self.world.to_client(
-                conn,
-                req_id,
-                TaskStartResult(
-                    task_id=task_id,
-                    hand=req.hand,
-                    outcome=outcome,  # type: ignore[arg-type]
-                    reject_code=code,
-                    message=message,
-                    view=view,
-                ),
-            )
-
         def answer(r: StartReply) -> None:
-            reply(r.outcome, r.code, r.message, r.view)
+            self._answer_starts(task_id, req.hand, r.outcome, r.code, r.message, r.view, [(conn, req_id)])
 
-        def settle_existing(existing: Snapshot) -> None:
+        def settle_existing(existing: Snapshot) -> Generator[Any, Any, None]:
             # the simulated clients hold the full scope: the REAL check, which always passes here
             assert touch_denial(FULL, conn, existing.hand, existing.owner, f"reuse task id {task_id}") is None
-            return answer(existing_start(existing, task_id, req.hand, binding))
+            verdict = existing_start(
+                existing,
+                task_id,
+                req.hand,
+                binding,
+                in_flight=task_id in self.starts,
+                hand_connected=self.hands.get(req.hand) is not None,
+            )
+            if isinstance(verdict, JoinStart):
+                self.starts[task_id].append((conn, req_id))
+                return None
+            if isinstance(verdict, AskHand):
+                self.starts[task_id] = [(conn, req_id)]
+                written = yield self.db(self.snapshots.retry_start, verdict.snapshot)
+                if written is None:  # the row changed meanwhile (reported, or forgotten): decide again
+                    for c_, r_ in self.starts.pop(task_id, []):
+                        self.loop.spawn(self.start(c_, r_, req), f"start {task_id} again")
+                    return None
+                yield from send(written)
+                return None
+            return answer(verdict)
+
+        def send(snap: Snapshot) -> Generator[Any, Any, None]:
+            live = self.hands.get(req.hand)
+            if live is None:
+                waiters = self.starts.pop(task_id, [])
+                yield self.db(self.snapshots.finish_start, task_id)
+                return self._answer_starts(task_id, req.hand, "unknown", None, "gone", snap.view(), waiters)
+            self.starts.setdefault(task_id, [(conn, req_id)])
+            exec_req = Exec(hand=req.hand, tool=req.tool, args=req.args, timeout_ms=START_TIMEOUT_MS)
+            self._admit(task_id, exec_req, None, req_id, live.gen, True, Background(max_runtime_ms=req.max_runtime_ms))
 
         assert use_denial(FULL, req.hand, req.tool) is None
-        used_by_run, connected = self.registry.get(task_id) is not None, self.hands.get(req.hand) is not None
+        used_by_run, connected = self._used_by_run(task_id), self.hands.get(req.hand) is not None
         if used_by_run or not connected:
             existing = yield self.db(self.snapshots.get, task_id)
             if existing is not None:
-                return settle_existing(existing)
-            used_by_run, connected = self.registry.get(task_id) is not None, self.hands.get(req.hand) is not None
+                yield from settle_existing(existing)
+                return
+            used_by_run, connected = self._used_by_run(task_id), self.hands.get(req.hand) is not None
             known = connected or used_by_run or (yield self.db(lambda: req.hand in self.world.hand_labels))
             refused = start_without_snapshot(
                 task_id, req.hand, used_by_run=used_by_run, hand_connected=connected, hand_known=known
@@ -331,18 +351,46 @@ class SimMind:
         )
         existing = yield self.db(self.snapshots.insert_new, snap)  # written stale before the start is sent
         if existing is not None:
-            return settle_existing(existing)
-        live = self.hands.get(req.hand)
-        if live is None:
+            yield from settle_existing(existing)
+            return
+        if self.hands.get(req.hand) is None:
             yield self.db(self.snapshots.delete, task_id)
             return answer(hand_offline(req.hand))
-        self.starts[task_id] = (conn, req_id)
-        exec_req = Exec(hand=req.hand, tool=req.tool, args=req.args, timeout_ms=START_TIMEOUT_MS)
-        self._admit(task_id, exec_req, None, req_id, live.gen, True, Background(max_runtime_ms=req.max_runtime_ms))
+        self.starts[task_id] = [(conn, req_id)]
+        yield from send(snap)
+
+    def _used_by_run(self, task_id: str) -> bool:
+        run = self.registry.get(task_id)
+        return run is not None and run.background is None
+
+    def _answer_starts(
+        self,
+        task_id: str,
+        hand: str,
+        outcome: str,
+        code: RejectCode | None,
+        message: str,
+        view: Any,
+        waiters: list[tuple[str, str]],
+    ) -> None:
+        for i, (conn, req_id) in enumerate(waiters):
+            said = outcome if i == 0 else joined_outcome(outcome)
+            self.world.to_client(
+                conn,
+                req_id,
+                TaskStartResult(
+                    task_id=task_id,
+                    hand=hand,
+                    outcome=said,  # type: ignore[arg-type]
+                    reject_code=code,
+                    message=message,
+                    view=view,
+                ),
+            )
 
     def start_ended(self, a: StartEnded) -> Generator[Any, Any, None]:
         end = a.end
-        waiter = self.starts.pop(a.run_id, None)
+        waiters = self.starts.pop(a.run_id, [])
         outcome, code, message, view = "unknown", None, "", None
         if end.state is RunState.SUCCEEDED:
             try:
@@ -363,20 +411,7 @@ class SimMind:
             snap = yield self.db(self.snapshots.finish_start, a.run_id)
             view = snap.view() if snap is not None else None
             message = f"the start was sent but its answer never came ({end.state.value})"
-        if waiter is not None:
-            conn, req_id = waiter
-            self.world.to_client(
-                conn,
-                req_id,
-                TaskStartResult(
-                    task_id=a.run_id,
-                    hand=a.hand,
-                    outcome=outcome,  # type: ignore[arg-type]
-                    reject_code=code,
-                    message=message,
-                    view=view,
-                ),
-            )
+        self._answer_starts(a.run_id, a.hand, outcome, code, message, view, waiters)
 
     def _refresh(self, snap: Snapshot) -> Generator[Any, Any, Snapshot]:
         live = self.hands.get(snap.hand)

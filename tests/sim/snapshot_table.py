@@ -65,6 +65,13 @@ class SnapshotTable:
         self._put(new)
         return new, "updated"
 
+    def retry_start(self, snap: Snapshot) -> Snapshot | None:
+        current = self.rows.get(snap.task_id)
+        if current is None or current.version > 0 or current.start_pending:
+            return None
+        self._put(snap)
+        return snap
+
     def finish_start(self, task_id: str) -> Snapshot | None:
         snap = self.rows.get(task_id)
         if snap is None:
@@ -123,6 +130,8 @@ class SnapshotTable:
         plan = self._reconcile(hand, settled, hand_rows, held_elsewhere, now, synced_since)
         for snap in plan.writes:
             self._put(snap)
+        for tid in plan.never_stored:
+            self.delete(tid)
         return plan
 
     def all(self) -> list[Snapshot]:

@@ -26,7 +26,7 @@ from sim.variants import VARIANTS
 
 from hand.core.tasks import TaskLimits
 from mind.core.registry import RunRegistry
-from mind.core.snapshots import UNKNOWN_TO_HAND, reconcile
+from mind.core.snapshots import reconcile
 from protocol.messages import Accepted, Rejected, Result, TaskGet, TaskInfo, TaskStart, TaskStartResult, TaskStatus
 from protocol.states import TaskState
 
@@ -174,10 +174,11 @@ def test_a_fresh_looking_snapshot_of_an_offline_hand_is_caught() -> None:
 
 
 def trusting_reconcile(*args: Any, **kwargs: Any) -> Any:
-    """Broken: never declares a task the Hand does not know `lost`."""
+    """Broken: never declares a task the Hand does not know `lost` (nor forgets a start that never
+    reached it)."""
     plan = reconcile(*args, **kwargs)
-    plan.unchanged += len(plan.lost)
-    plan.lost = []
+    plan.unchanged += len(plan.lost) + len(plan.never_stored)
+    plan.lost, plan.never_stored = [], []
     return plan
 
 
@@ -265,11 +266,13 @@ def test_a_start_admitted_across_a_reconnect_is_in_the_next_inventory() -> None:
     race_admission_across_a_reconnect(Rules())
 
 
-def test_the_hand_as_shipped_leaves_the_mind_saying_lost() -> None:
+def test_the_hand_as_shipped_leaves_the_mind_not_knowing_a_task_it_has() -> None:
+    """Before the fix the inventory missed the row still being committed, so the Mind forgot a
+    start the Hand then had (it would have said `lost` before issue 14)."""
     with pytest.raises(InvariantViolation) as caught:
         race_admission_across_a_reconnect(VARIANTS["hand-before-fix"])
-    assert caught.value.invariant == "mind snapshot equals the hand's row"
-    assert "t1: mind says lost (unknown to hand)" in caught.value.detail
+    assert caught.value.invariant == "every hand task is known to the mind"
+    assert "t1 on h1" in caught.value.detail
 
 
 # --- batched admission (group commit) ------------------------------------------------------------
@@ -414,8 +417,9 @@ def test_a_failed_commit_refuses_the_whole_batch_and_stores_nothing() -> None:
 @pytest.mark.parametrize("committed", [False, True], ids=["before-the-commit", "commit-unanswered"])
 def test_a_hand_crash_loses_the_undecided_starts(committed: bool) -> None:
     """A crash while the batch is being looked up: nothing stored, never answered, the Mind says
-    `unknown` and reconciliation `lost` (unknown to hand). A crash once the commit is on disk but
-    unanswered: the restarted Hand marks the row `lost`. Nothing runs either way."""
+    `unknown` and reconciliation forgets the start (the Hand never had it: the id is free for a
+    retry, issue 14). A crash once the commit is on disk but unanswered: the restarted Hand marks
+    the row `lost`. Nothing runs either way."""
     w = world(Rules())
     slot = w.hands["h1"]
     assert slot.proc is not None
@@ -431,12 +435,12 @@ def test_a_hand_crash_loses_the_undecided_starts(committed: bool) -> None:
     settle(w)
     assert outcome(w, "t1") == "unknown"
     snap = w.snapshots.get("t1")
-    assert snap is not None and snap.state is TaskState.LOST
     if committed:
         row = slot.store.rows["t1"]
+        assert snap is not None and snap.state is TaskState.LOST
         assert row.state is TaskState.LOST and snap.info is not None and snap.info.reason == row.reason
     else:
-        assert "t1" not in slot.store.rows and snap.reason == UNKNOWN_TO_HAND
+        assert "t1" not in slot.store.rows and snap is None
     assert not w.checker.executions
 
 
@@ -515,3 +519,50 @@ def test_the_hand_before_the_fix_strands_a_batch_its_cancelled_reader_was_decidi
 
 def test_batches_decided_in_the_owner_survive_a_cancelled_reader() -> None:
     race_reader_cancelled_while_deciding_a_batch(Rules())
+
+
+# --- retries the Hand settles (issue 14) ------------------------------------------------------------
+
+
+def start_results(w: World, task_id: str) -> list[str]:
+    return [
+        m.outcome
+        for req in w.clients[0].requests.values()
+        if req.kind == "task_start" and req.target == task_id
+        for m in req.replies
+        if isinstance(m, TaskStartResult)
+    ]
+
+
+def test_a_retry_of_a_start_the_hand_never_saw_is_asked_of_the_hand_and_runs_once() -> None:
+    """The start is lost with the link before the Hand reads it; the retry comes after the Hand is
+    back but before reconciliation: the Mind's snapshot (never reported) is no answer, so the start
+    goes to the Hand again, which admits it: `accepted`, and it runs once."""
+    w = world(Rules())
+    start(w, "t1", 0.05)
+    link = w.link_of("h1")
+    assert link is not None
+    w.close_link(link, "cut", 0.0, 0.0)  # the rpc in flight is lost
+    w.advance(0.05)
+    assert start_results(w, "t1") == ["unknown"]
+    snap = w.snapshots.get("t1")
+    assert snap is not None and snap.version == 0 and not snap.start_pending
+    w.advance(0.3)  # the Hand dials again; the Mind welcomes it (inventory not yet answered)
+    assert w.link_of("h1") is not None
+    held = w.snapshots.get("t1")
+    assert held is not None and held.version == 0, "reconciliation ran first: this is not the retry path"
+    start(w, "t1", 0.05)  # the retry: same binding
+    settle(w)
+    assert start_results(w, "t1") == ["unknown", "accepted"]
+    assert [n for key, n in w.checker.executions.items() if "t1" in key] == [1]
+
+
+def test_two_starts_of_one_id_in_flight_hear_one_answer_from_the_hand() -> None:
+    """A second start of the same id while the first is in flight joins it: both hear the Hand's
+    answer (the joiner `duplicate` of an accepted one), and the Hand receives one start."""
+    w = world(Rules())
+    start(w, "t1", 0.05)
+    w.advance(0.001)
+    start(w, "t1", 0.05)
+    settle(w)
+    assert sorted(start_results(w, "t1")) == ["accepted", "duplicate"]

@@ -1,0 +1,496 @@
+"""The blocking file work of a copy (`put_file`, `get_file`, `stat_file`, `list_tree`; DESIGN §11 Files).
+
+Everything here runs on a file thread: the run's user's (`hand.system.fsuser`) with `--run-as`, so
+the kernel checks access as that user and what is created is theirs. Paths are walked from a handle
+on the root (`paths.locate`) and the last name is opened relative to its parent's handle with
+`O_NOFOLLOW`, exactly as the other file tools do: a directory swapped for a symlink cannot lead out.
+
+An upload writes `.mindhand-cp.<copy_id>.part` beside the destination (`protocol.copy`), hashes as it
+writes, and at the end of the stream checks size and sha256 of the WHOLE file (a resumed prefix is
+re-hashed from the part file), fsyncs, renames over the name and fsyncs the directory: the name only
+ever shows the old file or the complete new one. A failure (digest mismatch, disk full, too many
+bytes) removes the part file; an interruption (the stream did not end: link cut, client gone) fsyncs
+and keeps it for a resume. No mode set here carries setuid, setgid or sticky bits.
+
+A download reads a regular file (special files are refused: a FIFO would block, a device never
+ends) up to the size it had when opened, hashing from byte 0 (the prefix a resumed download skips
+is read and hashed too), so the digest the client checks covers the whole file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+from hand.system.paths import Located, PathRefused, locate
+from protocol import copy as rules
+from protocol.errors import MindhandError
+
+READ_CHUNK = 256 << 10
+TREE_MAX_ENTRIES = 20_000
+"""Entries of one `list_tree` answer (it must fit in one frame): a larger tree is refused, not cut."""
+
+
+class CopyFailed(MindhandError):
+    """A copy failed; `message` names the caller's path, never the Hand's absolute one."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _why(exc: OSError) -> str:
+    if exc.errno is not None and exc.errno == 28:  # ENOSPC
+        return "no space left on the Hand's disk (any old file is intact)"
+    return exc.strerror or type(exc).__name__
+
+
+def _locate(
+    what: str, root: Path, user_path: str, shown: str, *, follow_last: bool, make_dirs: bool = False
+) -> Located:
+    try:
+        return locate(root, user_path, follow_last=follow_last, make_dirs=make_dirs)
+    except PathRefused as exc:
+        raise CopyFailed(f"cannot {what}: {exc.message}") from None
+    except FileNotFoundError:
+        raise CopyFailed(f"cannot {what} {shown}: its directory does not exist") from None
+    except OSError as exc:
+        raise CopyFailed(f"cannot {what} {shown}: {_why(exc)}") from None
+
+
+def _lstat(at: Located) -> os.stat_result | None:
+    try:
+        return os.stat(at.name, dir_fd=at.parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _dir_fd(at: Located) -> int:
+    """A readable handle on the directory `at` is in (its handle is O_PATH: no fsync, no listing)."""
+    return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=at.parent)
+
+
+def prune_stale(at: Located, now: float) -> int:
+    """Remove part files older than `STALE_PART_S` in `at`'s directory (copies nobody resumed)."""
+    removed = 0
+    try:
+        fd = _dir_fd(at)
+    except OSError:
+        return 0
+    try:
+        with os.scandir(fd) as it:
+            names = [e.name for e in it if rules.is_part_name(e.name)]
+        for name in names:
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and rules.is_stale(st.st_mtime, now):
+                    os.unlink(name, dir_fd=fd)
+                    removed += 1
+            except OSError:
+                continue
+    finally:
+        os.close(fd)
+    return removed
+
+
+def _hash_prefix(fd: int, n: int, h: Any) -> None:
+    pos = 0
+    while pos < n:
+        chunk = os.pread(fd, min(1 << 20, n - pos), pos)
+        if not chunk:
+            raise CopyFailed("the part file shrank while it was being re-read")
+        h.update(chunk)
+        pos += len(chunk)
+
+
+class Upload:
+    """One `put_file` of a regular file: open (or resume) the part file, write, finish or stop."""
+
+    def __init__(
+        self,
+        root: Path,
+        user_path: str,
+        shown: str,
+        copy_id: str,
+        size: int,
+        sha256: str,
+        offset: int,
+        mode: int | None,
+        mtime: float | None,
+        preserve: bool,
+        make_dirs: bool,
+    ) -> None:
+        self.root, self.user_path, self.shown = root, user_path, shown
+        self.part = rules.part_name(copy_id)
+        self.size, self.sha256, self.offset = size, sha256, offset
+        self.mode, self.mtime, self.preserve, self.make_dirs = mode, mtime, preserve, make_dirs
+        self.at: Located | None = None
+        self.fd = -1
+        self.pos = offset
+        self.hash = hashlib.sha256()
+        self.existing: os.stat_result | None = None
+
+    def open(self) -> int:
+        """Returns the offset the stream starts at (the resume point)."""
+        at = _locate("write", self.root, self.user_path, self.shown, follow_last=False, make_dirs=self.make_dirs)
+        self.at = at
+        try:
+            existing = _lstat(at)
+            if at.name == "." or (existing is not None and not stat.S_ISREG(existing.st_mode)):
+                kind = "a directory" if at.name == "." else _kind(existing.st_mode)  # type: ignore[union-attr]
+                raise CopyFailed(f"cannot write {self.shown}: it is {kind}")
+            self.existing = existing
+            prune_stale(at, time.time())
+            flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+            if self.offset == 0:
+                self.fd = os.open(self.part, flags | os.O_CREAT | os.O_TRUNC, 0o600, dir_fd=at.parent)
+            else:
+                try:
+                    self.fd = os.open(self.part, flags, dir_fd=at.parent)
+                except FileNotFoundError:
+                    rules.resume_point(None, self.offset, self.size)  # raises: nothing to resume
+                st = os.fstat(self.fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise CopyFailed(f"cannot resume {self.shown}: its part file is {_kind(st.st_mode)}")
+                rules.resume_point(st.st_size, self.offset, self.size)
+                os.ftruncate(self.fd, self.offset)
+                _hash_prefix(self.fd, self.offset, self.hash)
+            os.lseek(self.fd, self.offset, os.SEEK_SET)
+        except ValueError as exc:  # the resume rule: the client asks again
+            self._close()
+            raise CopyFailed(f"cannot resume {self.shown}: {exc}") from None
+        except OSError as exc:
+            self.abort()
+            raise CopyFailed(f"cannot write {self.shown}: {_why(exc)}") from None
+        except CopyFailed:
+            self._close()
+            raise
+        return self.offset
+
+    def write(self, chunks: list[bytes]) -> int:
+        """Append `chunks`; returns the bytes written by this run (what may be acknowledged)."""
+        try:
+            for data in chunks:
+                if self.pos + len(data) > self.size:
+                    raise CopyFailed(f"cannot write {self.shown}: more bytes came than the {self.size} announced")
+                view = memoryview(data)
+                while view:
+                    n = os.write(self.fd, view)
+                    view = view[n:]
+                self.hash.update(data)
+                self.pos += len(data)
+        except OSError as exc:
+            self.abort()
+            raise CopyFailed(f"cannot write {self.shown}: {_why(exc)}") from None
+        except CopyFailed:
+            self.abort()
+            raise
+        return self.pos - self.offset
+
+    def finish(self) -> dict[str, Any]:
+        """The stream ended: verify, fix the mode, fsync, rename, fsync the directory."""
+        assert self.at is not None
+        try:
+            if self.pos != self.size:
+                raise CopyFailed(f"cannot write {self.shown}: the stream ended at {self.pos} of {self.size} bytes")
+            digest = self.hash.hexdigest()
+            if digest != self.sha256:
+                raise CopyFailed(
+                    f"cannot write {self.shown}: sha256 mismatch (got {digest[:16]}..., expected {self.sha256[:16]}...)"
+                )
+            if self.mode is not None and (self.preserve or self.existing is None):
+                mode = rules.safe_mode(self.mode)
+            elif self.existing is not None:
+                mode = rules.safe_mode(self.existing.st_mode)
+            else:
+                mode = 0o644
+            os.fchmod(self.fd, mode)
+            if self.mtime is not None:
+                os.utime(self.fd, (self.mtime, self.mtime))
+            os.fsync(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+            os.replace(self.part, self.at.name, src_dir_fd=self.at.parent, dst_dir_fd=self.at.parent)
+            dfd = _dir_fd(self.at)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError as exc:
+            self.abort()
+            raise CopyFailed(f"cannot write {self.shown}: {_why(exc)}") from None
+        except CopyFailed:
+            self.abort()
+            raise
+        self._close()
+        return {"path": self.user_path, "size": self.size, "sha256": digest, "mode": mode}
+
+    def interrupt(self) -> None:
+        """The stream stopped before its end: keep what was written, durably, for a resume."""
+        if self.fd >= 0:
+            try:
+                os.fsync(self.fd)
+            except OSError:
+                pass
+        self._close()
+
+    def abort(self) -> None:
+        """The copy failed: no part file stays behind."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        if self.at is not None and self.at.parent >= 0:
+            try:
+                os.unlink(self.part, dir_fd=self.at.parent)
+            except OSError:
+                pass
+        self._close()
+
+    def _close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        if self.at is not None:
+            self.at.close()
+
+
+class Download:
+    """One `get_file`: the file's bytes from `offset`, and the digest of all of it."""
+
+    def __init__(self, root: Path, user_path: str, shown: str, offset: int) -> None:
+        self.root, self.user_path, self.shown, self.offset = root, user_path, shown, offset
+        self.fd = -1
+        self.size = 0
+        self.pos = offset
+        self.hash = hashlib.sha256()
+        self.st: os.stat_result | None = None
+
+    def open(self) -> int:
+        """Returns the bytes to send."""
+        with _locate("read", self.root, self.user_path, self.shown, follow_last=True) as at:
+            try:
+                st = os.stat(at.name, dir_fd=at.parent, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode):
+                    hint = " (use -r)" if stat.S_ISDIR(st.st_mode) else ""
+                    raise CopyFailed(f"cannot read {self.shown}: it is {_kind(st.st_mode)}{hint}")
+                self.fd = os.open(at.name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at.parent)
+            except FileNotFoundError:
+                raise CopyFailed(f"cannot read {self.shown}: no such file") from None
+            except OSError as exc:
+                raise CopyFailed(f"cannot read {self.shown}: {_why(exc)}") from None
+        try:
+            st = os.fstat(self.fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise CopyFailed(f"cannot read {self.shown}: it is {_kind(st.st_mode)}")
+            self.st, self.size = st, st.st_size
+            if self.offset > self.size:
+                raise CopyFailed(f"cannot resume {self.shown} at {self.offset}: the file has {self.size} bytes")
+            _hash_prefix(self.fd, self.offset, self.hash)
+        except OSError as exc:
+            self.close()
+            raise CopyFailed(f"cannot read {self.shown}: {_why(exc)}") from None
+        except CopyFailed:
+            self.close()
+            raise
+        return self.size - self.offset
+
+    def read(self, n: int = READ_CHUNK) -> bytes:
+        want = min(n, self.size - self.pos)
+        try:
+            data = os.pread(self.fd, want, self.pos) if want > 0 else b""
+        except OSError as exc:
+            raise CopyFailed(f"cannot read {self.shown}: {_why(exc)}") from None
+        if want > 0 and not data:
+            raise CopyFailed(f"cannot read {self.shown}: it shrank while being read")
+        self.hash.update(data)
+        self.pos += len(data)
+        return data
+
+    def finish(self) -> dict[str, Any]:
+        assert self.st is not None
+        st = self.st
+        self.close()
+        return {
+            "path": self.user_path,
+            "size": self.size,
+            "sha256": self.hash.hexdigest(),
+            "mode": stat.S_IMODE(st.st_mode),
+            "mtime": st.st_mtime,
+        }
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _entry_type(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISFIFO(mode):
+        return "fifo"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "other"
+
+
+def _wire_name(name: str) -> str:
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def stat_file(root: Path, user_path: str, shown: str, copy_id: str | None) -> dict[str, Any]:
+    """What is at `user_path` (the name itself: a symlink is reported, not followed), and how many
+    bytes the part file of `copy_id` beside it holds (None: no part file): where a copy resumes."""
+    with _locate("stat", root, user_path, shown, follow_last=False) as at:
+        try:
+            if at.name == ".":
+                st: os.stat_result | None = os.stat(".", dir_fd=at.parent)
+            else:
+                st = _lstat(at)
+            part: int | None = None
+            if copy_id is not None:
+                try:
+                    pst = os.stat(rules.part_name(copy_id), dir_fd=at.parent, follow_symlinks=False)
+                    part = pst.st_size if stat.S_ISREG(pst.st_mode) else None
+                except FileNotFoundError:
+                    part = None
+        except OSError as exc:
+            raise CopyFailed(f"cannot stat {shown}: {_why(exc)}") from None
+    if st is None:
+        return {"type": None, "part": part}
+    return {
+        "type": _entry_type(st.st_mode),
+        "size": st.st_size,
+        "mode": stat.S_IMODE(st.st_mode),
+        "mtime": st.st_mtime,
+        "part": part,
+    }
+
+
+def list_tree(root: Path, user_path: str, shown: str) -> dict[str, Any]:
+    """Every entry under the directory `user_path`, depth first, paths relative to it. Symlinks are
+    reported with their target, never followed; special files as `fifo`, `socket` or `device` (the
+    client refuses them by name). More than `TREE_MAX_ENTRIES` is refused: a copy must not miss files."""
+    entries: list[dict[str, Any]] = []
+    with _locate("list", root, user_path, shown, follow_last=True) as at:
+        try:
+            st = os.stat(at.name, dir_fd=at.parent, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                raise CopyFailed(f"cannot list {shown}: it is {_kind(st.st_mode)}, not a directory")
+            top = os.open(at.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at.parent)
+        except OSError as exc:
+            raise CopyFailed(f"cannot list {shown}: {_why(exc)}") from None
+    stack: list[tuple[int, str]] = [(top, "")]
+    try:
+        while stack:
+            fd, rel = stack.pop()
+            try:
+                with os.scandir(fd) as it:
+                    names = sorted(e.name for e in it)
+                for name in names:
+                    path = f"{rel}{_wire_name(name)}"
+                    try:
+                        est = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    kind = _entry_type(est.st_mode)
+                    entry: dict[str, Any] = {
+                        "path": path,
+                        "type": kind,
+                        "mode": stat.S_IMODE(est.st_mode),
+                        "size": est.st_size if kind == "file" else 0,
+                        "mtime": est.st_mtime,
+                    }
+                    if kind == "symlink":
+                        entry["target"] = _wire_name(os.readlink(name, dir_fd=fd))
+                    entries.append(entry)
+                    if len(entries) > TREE_MAX_ENTRIES:
+                        raise CopyFailed(f"cannot list {shown}: more than {TREE_MAX_ENTRIES} entries")
+                    if kind == "dir":
+                        if path.count("/") >= 255:
+                            raise CopyFailed(f"cannot list {shown}: too deep")
+                        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                        stack.append((sub, path + "/"))
+            except OSError as exc:
+                raise CopyFailed(f"cannot list {shown}/{rel}: {_why(exc)}") from None
+            finally:
+                os.close(fd)
+    finally:
+        for fd, _ in stack:
+            os.close(fd)
+    return {"entries": entries}
+
+
+def make_dir(root: Path, user_path: str, shown: str, mode: int | None, mtime: float | None) -> dict[str, Any]:
+    """A directory of a copied tree (parents made as needed); an existing one is kept, its mode and
+    time set when given. Never setgid or sticky."""
+    with _locate("make", root, user_path, shown, follow_last=False, make_dirs=True) as at:
+        try:
+            if at.name != ".":
+                try:
+                    os.mkdir(at.name, 0o700, dir_fd=at.parent)
+                    created = True
+                except FileExistsError:
+                    created = False
+                fd = os.open(at.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at.parent)
+            else:
+                created = False
+                fd = _dir_fd(at)
+            try:
+                if mode is not None or created:
+                    os.fchmod(fd, rules.safe_mode(mode if mode is not None else 0o755))
+                if mtime is not None:
+                    os.utime(fd, (mtime, mtime))
+            finally:
+                os.close(fd)
+        except NotADirectoryError:
+            raise CopyFailed(f"cannot make {shown}: it exists and is not a directory") from None
+        except OSError as exc:
+            if exc.errno == 40:  # ELOOP: O_NOFOLLOW met a symlink
+                raise CopyFailed(f"cannot make {shown}: it is a symlink") from None
+            raise CopyFailed(f"cannot make {shown}: {_why(exc)}") from None
+    return {"path": user_path, "type": "dir"}
+
+
+def make_link(root: Path, user_path: str, shown: str, target: str, rel_to_root: str) -> dict[str, Any]:
+    """A symlink of a copied tree, only if its target stays inside the root (lexically, from where
+    the link is): a link is data, but one pointing out would be a door out for the next tool."""
+    if not rules.link_stays_inside(rel_to_root, target):
+        raise CopyFailed(f"cannot make {shown}: its target leads outside the root")
+    with _locate("make", root, user_path, shown, follow_last=False, make_dirs=True) as at:
+        try:
+            existing = _lstat(at)
+            if existing is not None:
+                if not stat.S_ISLNK(existing.st_mode):
+                    raise CopyFailed(f"cannot make {shown}: it exists and is {_kind(existing.st_mode)}")
+                os.unlink(at.name, dir_fd=at.parent)
+            os.symlink(target, at.name, dir_fd=at.parent)
+        except OSError as exc:
+            raise CopyFailed(f"cannot make {shown}: {_why(exc)}") from None
+    return {"path": user_path, "type": "symlink", "target": target}

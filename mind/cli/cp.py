@@ -1,0 +1,415 @@
+"""`mind cp`: files to and from Hands with scp's syntax (DESIGN §11 Files; `mind/client/files.py`).
+
+    mind cp [-r] [-p] [--resume] [--json] SRC... DST
+
+An operand `HAND:PATH` is on a Hand (PATH relative to its root; `HAND:` alone is the root), anything
+else is local (write `./a:b` for a local name with a colon). `-` is standard input (as a source) or
+standard output (as the destination). Local to Hand and Hand to local; Hand to Hand goes through
+this machine (downloaded to a temporary file, then uploaded).
+
+Exit codes (with the table in `mind/cli/output.py`): 0 every file copied and verified; 1 a copy
+failed (no such file, permission denied, disk full on the Hand, digest mismatch, a special file or
+an outside symlink skipped); 125 refused (policy, path outside the root, over the Hand's size
+limit, Mind unreachable); 255 the link did not come back within the retries; 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import posixpath
+import stat
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mind.cli.output import EXIT_COPY_FAILED, EXIT_LOST, EXIT_REFUSED, EXIT_USAGE, printable
+from mind.cli.progress import Status, is_terminal
+from mind.client import files
+from mind.client.files import CopyError, CopyResult
+from protocol import copy as rules
+from protocol import limits
+
+EXIT_FAILED = EXIT_COPY_FAILED
+
+
+@dataclass(frozen=True)
+class Operand:
+    hand: str | None
+    path: str
+
+    @property
+    def remote(self) -> bool:
+        return self.hand is not None
+
+
+def parse_operand(text: str) -> Operand:
+    """`HAND:PATH` when the part before the first colon is a Hand name (no slash), else local."""
+    head, sep, tail = text.partition(":")
+    if sep and head and "/" not in head and limits.LABEL_RE.match(head):
+        return Operand(head, tail or ".")
+    return Operand(None, text)
+
+
+def add_parser(sub: Any, conn_opts: Callable[[argparse.ArgumentParser], None], formatter: Any) -> None:
+    cp = sub.add_parser(
+        "cp",
+        help="copy files to and from Hands (scp syntax: HAND:PATH), verified, atomic, resumable",
+        formatter_class=formatter,
+        description="Copy files between this machine and Hands. HAND:PATH is relative to the Hand's root; "
+        "'-' is stdin/stdout. Exit: 0 ok, 1 a copy failed, 125 refused, 255 link lost, 2 usage.",
+    )
+    conn_opts(cp)
+    cp.add_argument(
+        "-r", "--recursive", action="store_true", help="copy directories (symlinks inside the tree as links)"
+    )
+    cp.add_argument("-p", "--preserve", action="store_true", help="keep modes and modification times")
+    cp.add_argument(
+        "--resume", action="store_true", help="continue the part file an interrupted `mind cp` of the same file left"
+    )
+    cp.add_argument("--json", action="store_true", help="one JSON object per copied file on stdout")
+    cp.add_argument(
+        "operands", nargs="+", metavar="PATH", help="sources, then the destination (HAND:PATH, a local path, or -)"
+    )
+
+
+class _Run:
+    def __init__(self, mc: Any, args: argparse.Namespace, reconnect: Callable[[], Awaitable[Any]]) -> None:
+        self.mc = mc
+        self.first = mc
+        self.args = args
+        self.reconnect = reconnect
+        self.status = Status(sys.stderr, enabled=is_terminal(sys.stderr))
+        self.failures = 0
+        self.worst = 0
+
+    # --- reporting ---
+
+    def progress(self, name: str, started: float) -> Callable[[int, int], None]:
+        def show(done: int, total: int) -> None:
+            dt = max(time.monotonic() - started, 1e-6)
+            rate = done / dt
+            eta = (total - done) / rate if rate > 0 else 0
+            pct = 100 * done // total if total else 100
+            self.status.show(f"{name}  {pct:3d}%  {_size(done)}/{_size(total)}  {_size(rate)}/s  ETA {int(eta)} s")
+
+        return show
+
+    def done(self, res: CopyResult, shown: str) -> None:
+        self.status.clear()
+        if self.args.json:
+            out = res.summary()
+            out["path"] = shown
+            print(json.dumps(out), flush=True)
+
+    def fail(self, what: str, exc: CopyError | str) -> None:
+        self.status.clear()
+        msg = exc if isinstance(exc, str) else exc.message
+        print(f"mind: cp: {printable(what)}: {printable(msg)}", file=sys.stderr)
+        code = EXIT_FAILED
+        if isinstance(exc, CopyError):
+            code = {"rejected": EXIT_REFUSED, "lost": EXIT_LOST}.get(exc.code, EXIT_FAILED)
+        self.failures += 1
+        self.worst = max(self.worst, code)  # 1 < 125 (refused) < 255 (lost): the gravest one
+
+    # --- the copies ---
+
+    async def put(self, local: str, hand: str, remote: str, make_dirs: bool = False) -> None:
+        started = time.monotonic()
+        try:
+            res = await files.upload(
+                self.mc,
+                hand,
+                local,
+                remote,
+                preserve=self.args.preserve,
+                make_dirs=make_dirs,
+                resume=self.args.resume,
+                on_progress=self.progress(os.path.basename(local), started),
+                reconnect=self._reconnect,
+            )
+        except CopyError as exc:
+            self.fail(f"{local} -> {hand}:{remote}", exc)
+            return
+        self.done(res, f"{hand}:{remote}")
+
+    async def get(self, hand: str, remote: str, local: str) -> None:
+        started = time.monotonic()
+        try:
+            res = await files.download(
+                self.mc,
+                hand,
+                remote,
+                local,
+                preserve=self.args.preserve,
+                resume=self.args.resume,
+                on_progress=self.progress(posixpath.basename(remote), started),
+                reconnect=self._reconnect,
+            )
+        except CopyError as exc:
+            self.fail(f"{hand}:{remote} -> {local}", exc)
+            return
+        self.done(res, local)
+
+    async def get_stdout(self, hand: str, remote: str) -> None:
+        res = CopyResult(path=remote, size=0, sha256="")
+        out = sys.stdout.buffer
+        try:
+            async for chunk in files.download_iter(self.mc, hand, remote, reconnect=self._reconnect, result=res):
+                await asyncio.to_thread(out.write, chunk)
+            out.flush()
+        except CopyError as exc:
+            self.fail(f"{hand}:{remote} -> -", exc)
+            return
+        except BrokenPipeError:
+            self.fail(f"{hand}:{remote} -> -", "the reader of stdout went away")
+            return
+        if self.args.json:
+            print(json.dumps(res.summary()), file=sys.stderr)
+
+    async def _reconnect(self) -> Any:
+        """A new connection to the Mind (the old one closed); the caller closes the first client."""
+        fresh = await self.reconnect()
+        if self.mc is not self.first:
+            await self.mc.close()
+        self.mc = fresh
+        return fresh
+
+    async def remote_dir(self, hand: str, path: str) -> bool:
+        info = await files.stat_remote(self.mc, hand, path)
+        return bool(info.get("type") == "dir")
+
+    async def put_tree(self, local: str, hand: str, top: str) -> None:
+        """A local directory to `top` on the Hand: directories first (parents before children),
+        files, symlinks that stay inside the tree; special files and outside links are refused."""
+        await self._put_dir(hand, top, local)
+        dirs: list[tuple[str, str]] = [(local, top)]
+        for kind, src, dst, extra in _plan_tree(local, top):
+            if kind == "error":
+                self.fail(src, extra)
+            elif kind == "symlink":
+                await self._call(src, hand, "put_file", {"path": dst, "type": "symlink", "target": extra})
+            elif kind == "dir":
+                await self._put_dir(hand, dst, src)
+                dirs.append((src, dst))
+            else:
+                await self.put(src, hand, dst)
+        if self.args.preserve:  # directory times last: writing into a directory changes its time
+            for src, dst in reversed(dirs):
+                mode, mtime = _mode_time(src)
+                await self._call(src, hand, "put_file", {"path": dst, "type": "dir", "mode": mode, "mtime": mtime})
+
+    async def _put_dir(self, hand: str, dst: str, src: str) -> None:
+        mode, _ = _mode_time(src)
+        await self._call(src, hand, "put_file", {"path": dst, "type": "dir", "mode": mode, "make_dirs": True})
+
+    async def _call(self, what: str, hand: str, tool: str, targs: dict[str, Any]) -> Any:
+        from protocol.states import RunState
+
+        end = await self.mc.exec(hand, tool, targs, timeout=60)
+        if end.state is not RunState.SUCCEEDED:
+            self.fail(what, files._failure(end))
+            return None
+        return end.value
+
+    async def get_tree(self, hand: str, remote: str, local: str) -> None:
+        value = await self._call(f"{hand}:{remote}", hand, "list_tree", {"path": remote})
+        if value is None:
+            return
+        _local_dir(local, None)
+        dirs: list[tuple[str, dict[str, Any]]] = []
+        for e in value["entries"]:
+            rel = e["path"]
+            if rel.startswith("/") or ".." in rel.split("/"):
+                self.fail(f"{hand}:{remote}/{rel}", "refused: the Hand named a path outside the tree")
+                continue
+            dst = os.path.join(local, *rel.split("/"))
+            src = posixpath.join(remote, rel)
+            kind = e["type"]
+            if kind == "dir":
+                _local_dir(dst, rules.safe_mode(e["mode"]) if self.args.preserve else None)
+                dirs.append((dst, e))
+            elif kind == "file":
+                await self.get(hand, src, dst)
+            elif kind == "symlink":
+                target = e.get("target") or ""
+                if not rules.link_stays_inside(rel, target):
+                    self.fail(f"{hand}:{src}", f"symlink to {target!r} not copied: it leads outside the copied tree")
+                    continue
+                _local_link(dst, target)
+            else:
+                self.fail(f"{hand}:{src}", "not copied: it is a special file (FIFO, socket or device)")
+        if self.args.preserve:  # directory times last: writing into a directory changes its time
+            for dst, e in reversed(dirs):
+                os.utime(dst, (e["mtime"], e["mtime"]))
+
+
+# --- local file work (blocking, small: kept out of the coroutines) ---------------------------------
+
+
+def _local_kind(path: str) -> str:
+    """`missing`, `dir` (not a link to one), `file` (or a link to one), or `special`."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "missing" if not os.path.lexists(path) else "special"
+    if stat.S_ISDIR(st.st_mode):
+        return "dir"
+    return "file" if stat.S_ISREG(st.st_mode) else "special"
+
+
+def _mode_time(path: str) -> tuple[int, float]:
+    st = os.stat(path)
+    return st.st_mode & 0o777, st.st_mtime
+
+
+def _local_dir(path: str, mode: int | None) -> None:
+    os.makedirs(path, exist_ok=True)
+    if mode is not None:
+        os.chmod(path, mode)
+
+
+def _local_link(path: str, target: str) -> None:
+    if os.path.lexists(path):
+        os.unlink(path)
+    os.symlink(target, path)
+
+
+def _plan_tree(local: str, top: str) -> list[tuple[str, str, str, str]]:
+    """The entries of a local tree as (kind, source, destination on the Hand, extra): `dir`,
+    `file`, `symlink` (extra: its target, only inside the tree), or `error` (extra: why not)."""
+    plan: list[tuple[str, str, str, str]] = []
+    for here, subdirs, names in os.walk(local, followlinks=False):
+        rel = os.path.relpath(here, local)
+        rtop = top if rel == "." else posixpath.join(top, rel.replace(os.sep, "/"))
+        for name in sorted(subdirs + names):
+            src = os.path.join(here, name)
+            dst = posixpath.join(rtop, name)
+            relpath = name if rel == "." else f"{rel}/{name}"
+            try:
+                st = os.lstat(src)
+            except OSError as exc:
+                plan.append(("error", src, dst, exc.strerror or str(exc)))
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                target = os.readlink(src)
+                if rules.link_stays_inside(relpath, target):
+                    plan.append(("symlink", src, dst, target))
+                else:
+                    plan.append(
+                        ("error", src, dst, f"symlink to {target!r} not copied: it leads outside the copied tree")
+                    )
+            elif stat.S_ISDIR(st.st_mode):
+                plan.append(("dir", src, dst, ""))
+            elif stat.S_ISREG(st.st_mode):
+                plan.append(("file", src, dst, ""))
+            else:
+                plan.append(("error", src, dst, "not copied: it is a special file (FIFO, socket or device)"))
+    return plan
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover
+
+
+async def run(mc: Any, args: argparse.Namespace, reconnect: Callable[[], Awaitable[Any]]) -> int:
+    ops = [parse_operand(o) for o in args.operands]
+    if len(ops) < 2:
+        print("mind: cp: need at least one source and a destination", file=sys.stderr)
+        return EXIT_USAGE
+    *srcs, dst = ops
+    job = _Run(mc, args, reconnect)
+    many = len(srcs) > 1
+    try:
+        if dst.remote:
+            assert dst.hand is not None
+            into_dir = dst.path.endswith("/") or await job.remote_dir(dst.hand, dst.path)
+            if many and not into_dir:
+                print(f"mind: cp: {printable(dst.hand)}:{printable(dst.path)} is not a directory", file=sys.stderr)
+                return EXIT_FAILED
+            for s in srcs:
+                if s.remote:
+                    await _hand_to_hand(job, s, dst, into_dir)
+                    continue
+                target = posixpath.join(dst.path, os.path.basename(s.path.rstrip("/"))) if into_dir else dst.path
+                kind = "stdin" if s.path == "-" else _local_kind(s.path)
+                if kind == "stdin":
+                    await _put_stdin(job, dst.hand, dst.path)
+                elif kind == "dir":
+                    if not args.recursive:
+                        job.fail(s.path, "is a directory (use -r)")
+                        continue
+                    await job.put_tree(s.path, dst.hand, target)
+                elif kind == "missing":
+                    job.fail(s.path, "no such file or directory")
+                elif kind == "special":
+                    job.fail(s.path, "not copied: it is a special file (FIFO, socket or device)")
+                else:
+                    await job.put(s.path, dst.hand, target)
+        else:
+            if any(not s.remote for s in srcs):
+                print("mind: cp: one side must be HAND:PATH (local to local is `cp`'s job)", file=sys.stderr)
+                return EXIT_USAGE
+            if dst.path == "-":
+                if many or args.recursive:
+                    print("mind: cp: '-' takes one file", file=sys.stderr)
+                    return EXIT_USAGE
+                assert srcs[0].hand is not None
+                await job.get_stdout(srcs[0].hand, srcs[0].path)
+                return job.worst
+            into_dir = _local_kind(dst.path) == "dir"
+            if many and not into_dir:
+                print(f"mind: cp: {printable(dst.path)} is not a directory", file=sys.stderr)
+                return EXIT_FAILED
+            for s in srcs:
+                assert s.hand is not None
+                name = posixpath.basename(s.path.rstrip("/")) or s.hand
+                target = os.path.join(dst.path, name) if into_dir else dst.path
+                if args.recursive:
+                    info = await files.stat_remote(job.mc, s.hand, s.path)
+                    if info.get("type") == "dir":
+                        await job.get_tree(s.hand, s.path, target)
+                        continue
+                await job.get(s.hand, s.path, target)
+    except CopyError as exc:
+        job.fail("cp", exc)
+    finally:
+        job.status.clear()
+        if job.mc is not job.first:
+            await job.mc.close()
+    return job.worst
+
+
+async def _put_stdin(job: _Run, hand: str, remote: str) -> None:
+    """Standard input is spooled to a temporary file (its digest is needed before the first byte)."""
+    fd, spool = tempfile.mkstemp(prefix="mindhand-cp-stdin-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            while chunk := await asyncio.to_thread(os.read, sys.stdin.fileno(), 1 << 20):
+                f.write(chunk)
+        await job.put(spool, hand, remote)
+    finally:
+        os.unlink(spool)
+
+
+async def _hand_to_hand(job: _Run, src: Operand, dst: Operand, into_dir: bool) -> None:
+    assert src.hand is not None and dst.hand is not None
+    if job.args.recursive:
+        job.fail(f"{src.hand}:{src.path}", "-r between two Hands is not supported")
+        return
+    target = posixpath.join(dst.path, posixpath.basename(src.path)) if into_dir else dst.path
+    with tempfile.TemporaryDirectory(prefix="mindhand-cp-") as tmp:
+        local = os.path.join(tmp, "file")
+        before = job.failures
+        await job.get(src.hand, src.path, local)
+        if job.failures == before:
+            await job.put(local, dst.hand, target)

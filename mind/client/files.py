@@ -1,0 +1,543 @@
+"""Files to and from Hands (`mind cp`, DESIGN §11 Files): streaming, verified, atomic, resumable.
+
+```python
+async with await MindClient.connect(url, cred) as mc:
+    await mc.upload("box", "big.iso", "isos/big.iso")
+    await mc.download("box", "logs/app.log", "app.log")
+    await mc.upload_bytes("box", some_async_iterator, "data.bin")
+    async for chunk in mc.download_iter("box", "data.bin"): ...
+```
+A file travels as a run's stream (the Hand's `put_file` reads `stdin`, `get_file` writes `stdout`),
+so it has the data plane's flow control: the Mind holds at most a window, whatever the size.
+
+- Verified: the sha256 of the whole file is known before an upload starts (the Hand checks it
+  before the rename) and sent back with a download (checked here before the rename).
+- Atomic: each side writes a part file beside the destination and renames it only when complete.
+- Resumable: the copy's identity (`protocol.copy.copy_id`) is derived from the Hand, the
+  destination, and the source's size and digest (for a download: the remote size and mtime), so
+  a new invocation finds the part file of an interrupted one. Within one call a lost run (Hand
+  link cut), a refused start while the Hand is away, or a closed connection to the Mind (with a
+  `reconnect`) is retried from what the receiver holds; bytes it acknowledged are not sent again.
+  `CopyResult.sent` counts the payload bytes that went over the wire, for checking exactly that.
+
+An in-memory upload (`upload_bytes`) is spooled to a temporary file first: the digest must be known
+before the first byte is sent, and a resume needs the bytes again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import stat
+import tempfile
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from mind.errors import ClientError
+from protocol import copy as rules
+from protocol import limits
+from protocol.codes import RejectCode
+from protocol.messages import RunEnd, StreamData
+from protocol.states import RunState
+
+MindClient = Any
+"""`mind.client.aio.MindClient` (not imported: aio exposes these functions as its methods)."""
+Progress = Callable[[int, int], None]
+"""Called with (bytes done, total) as a copy goes."""
+Reconnect = Callable[[], Awaitable[Any]]
+
+TIMEOUT_S = limits.RUN_TIMEOUT_MAX_MS / 1000
+ATTEMPTS = 40
+"""Tries of one copy: with the pauses below, about two and a half minutes for a Hand to come back."""
+RETRYABLE_REJECTS = {RejectCode.HAND_OFFLINE, RejectCode.SHUTTING_DOWN}
+HASH_CHUNK = 1 << 20
+KINDS = {"dir": "a directory", "symlink": "a symlink", "fifo": "a FIFO", "socket": "a socket", "device": "a device"}
+
+
+class CopyError(ClientError):
+    """A copy failed. `code`: `rejected` (refused before anything ran: policy, path outside the root,
+    too large), `failed` (the Hand's tool failed: no such file, permission denied, disk full),
+    `mismatch` (the digest did not match), `lost` (retries gave up), `local` (this machine's side)."""
+
+
+@dataclass
+class CopyResult:
+    path: str
+    size: int
+    sha256: str
+    duration_s: float = 0.0
+    resumed_from: list[int] = field(default_factory=list)
+    """The offsets later attempts started at (empty: one attempt from the start, or a new
+    invocation's first attempt at 0)."""
+    sent: int = 0
+    """Payload bytes that crossed the wire in this call (all attempts)."""
+    attempts: int = 1
+    mode: int | None = None
+    mtime: float | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "size": self.size,
+            "sha256": self.sha256,
+            "duration_s": round(self.duration_s, 3),
+            "resumed_from": self.resumed_from,
+            "sent": self.sent,
+            "attempts": self.attempts,
+        }
+
+
+class _Link:
+    """The client a copy uses, replaced by `reconnect` when its connection to the Mind closed."""
+
+    def __init__(self, mc: MindClient, reconnect: Reconnect | None) -> None:
+        self.mc = mc
+        self.reconnect = reconnect
+
+    async def recover(self, exc: ClientError) -> bool:
+        if exc.code != "closed" or self.reconnect is None:
+            return False
+        try:
+            self.mc = await self.reconnect()
+        except ClientError:
+            return True  # not yet: the retry loop waits and tries again
+        return True
+
+
+def _failure(end: RunEnd) -> CopyError:
+    if end.state is RunState.REJECTED:
+        code = end.reject_code.value if end.reject_code else "rejected"
+        return CopyError("rejected", f"{end.error or end.reason} ({code})")
+    if end.state is RunState.FAILED:
+        return CopyError("failed", end.error or end.reason or "failed")
+    return CopyError(
+        "lost" if end.state is RunState.LOST else end.state.value, f"the copy ended {end.state.value}: {end.reason}"
+    )
+
+
+def _retryable(end: RunEnd) -> bool:
+    if end.state is RunState.LOST:
+        return True
+    if end.state is RunState.CANCELLED and end.reason in ("connection_lost", "client_disconnected", "shutdown"):
+        return True
+    return end.state is RunState.REJECTED and end.reject_code in RETRYABLE_REJECTS
+
+
+async def _pause(attempt: int) -> None:
+    await asyncio.sleep(min(0.25 * attempt, 5.0))
+
+
+def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
+    """Size and sha256 of a local file (blocking)."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+async def stat_remote(mc: MindClient, hand: str, path: str, copy_id: str | None = None) -> dict[str, Any]:
+    args: dict[str, Any] = {"path": path}
+    if copy_id is not None:
+        args["copy_id"] = copy_id
+    end = await mc.exec(hand, "stat_file", args, timeout=60)
+    if end.state is not RunState.SUCCEEDED:
+        raise _failure(end)
+    value: dict[str, Any] = end.value
+    return value
+
+
+# --- upload ------------------------------------------------------------------------------------
+
+
+async def _file_chunks(f: BinaryIO, offset: int, done: Callable[[int], None]) -> AsyncIterator[bytes]:
+    f.seek(offset)
+    while chunk := await asyncio.to_thread(f.read, limits.STREAM_CHUNK_MAX):
+        done(len(chunk))
+        yield chunk
+
+
+async def upload(
+    mc: MindClient,
+    hand: str,
+    local: str | os.PathLike[str],
+    remote: str,
+    *,
+    preserve: bool = False,
+    make_dirs: bool = False,
+    resume: bool = True,
+    on_progress: Progress | None = None,
+    reconnect: Reconnect | None = None,
+    attempts: int = ATTEMPTS,
+) -> CopyResult:
+    """Copy the local file `local` to `remote` on `hand` (a path relative to its root). With
+    `resume`, a part file an earlier call left for the same copy is continued."""
+    started = time.monotonic()
+    try:
+        st, size, sha, f = await asyncio.to_thread(_open_source, local)
+    except OSError as exc:
+        raise CopyError("local", f"cannot read {os.fspath(local)!r}: {exc.strerror or exc}") from None
+    cid = rules.copy_id(hand, remote, size, sha)
+    args: dict[str, Any] = {
+        "path": remote,
+        "size": size,
+        "sha256": sha,
+        "copy_id": cid,
+        "mode": rules.safe_mode(st.st_mode),
+        "preserve": preserve,
+        "make_dirs": make_dirs,
+    }
+    if preserve:
+        args["mtime"] = st.st_mtime
+    link = _Link(mc, reconnect)
+    result = CopyResult(path=remote, size=size, sha256=sha, attempts=0, mode=args["mode"])
+    try:
+        offset = 0
+        ask = resume
+        for attempt in range(1, attempts + 1):
+            result.attempts = attempt
+            try:
+                if ask:
+                    info = await stat_remote(link.mc, hand, remote, cid)
+                    offset = rules.sender_offset(info.get("part"), size)
+                if attempt > 1 or offset:
+                    result.resumed_from.append(offset)
+                moved = [offset]  # this attempt's position in the file, for the progress callback
+
+                def done(n: int, moved: list[int] = moved) -> None:
+                    moved[0] += n
+                    if on_progress is not None:
+                        on_progress(min(size, moved[0]), size)
+
+                handle = await link.mc.start(
+                    hand,
+                    "put_file",
+                    {**args, "offset": offset},
+                    timeout=TIMEOUT_S,
+                    stdin=_file_chunks(f, offset, done),
+                    stream=True,
+                    watch=False,
+                )
+                try:
+                    end = await handle.wait()
+                finally:
+                    result.sent += handle.stdin_sent
+            except CopyError as exc:
+                if exc.code == "rejected" and "hand_offline" in exc.message and attempt < attempts:
+                    await _pause(attempt)
+                    ask = True
+                    continue
+                raise
+            except ClientError as exc:
+                if attempt < attempts and await link.recover(exc):
+                    await _pause(attempt)
+                    ask = True
+                    continue
+                raise CopyError("lost", f"cannot copy to {hand}: {exc.message}") from None
+            if end.state is RunState.SUCCEEDED:
+                result.duration_s = time.monotonic() - started
+                return result
+            if not _retryable(end) or attempt == attempts:
+                raise _failure(end)
+            ask = True
+            await _pause(attempt)
+        raise CopyError("lost", "the copy did not complete")  # pragma: no cover
+    finally:
+        f.close()
+
+
+def _open_source(local: str | os.PathLike[str]) -> tuple[os.stat_result, int, str, BinaryIO]:
+    st = os.stat(local)
+    if not stat.S_ISREG(st.st_mode):
+        raise CopyError("local", f"cannot copy {os.fspath(local)!r}: not a regular file")
+    size, sha = file_digest(local)
+    return st, size, sha, open(local, "rb")
+
+
+async def upload_bytes(
+    mc: MindClient,
+    hand: str,
+    data: bytes | AsyncIterable[bytes],
+    remote: str,
+    **kw: Any,
+) -> CopyResult:
+    """Upload in-memory data (bytes or an async iterator of bytes): spooled to a temporary file
+    (the digest is needed before the first byte goes, and a retry needs the bytes again)."""
+    fd, spool = tempfile.mkstemp(prefix="mindhand-cp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                f.write(data)
+            else:
+                async for chunk in data:
+                    await asyncio.to_thread(f.write, chunk)
+        return await upload(mc, hand, spool, remote, **kw)
+    finally:
+        os.unlink(spool)
+
+
+# --- download ----------------------------------------------------------------------------------
+
+
+async def _get_attempt(
+    mc: MindClient, hand: str, remote: str, offset: int, write: Callable[[bytes], None]
+) -> tuple[RunEnd, int]:
+    handle = await mc.start(
+        hand,
+        "get_file",
+        {"path": remote, "offset": offset},
+        timeout=TIMEOUT_S,
+        stream=True,
+        output_limit=1 << 50,
+        watch=False,
+    )
+    got = 0
+    async for ev in handle.events():
+        if isinstance(ev, StreamData) and ev.stream == "stdout" and ev.data:
+            write(ev.data)
+            got += len(ev.data)
+        elif isinstance(ev, RunEnd):
+            return ev, got
+    raise ClientError("internal_error", "event stream ended without run_end")  # pragma: no cover
+
+
+async def download_iter(
+    mc: MindClient,
+    hand: str,
+    remote: str,
+    *,
+    reconnect: Reconnect | None = None,
+    attempts: int = ATTEMPTS,
+    result: CopyResult | None = None,
+) -> AsyncIterator[bytes]:
+    """The bytes of `remote` on `hand`, in order, each exactly once (a lost run is resumed where
+    the last chunk ended). The whole file's sha256 is checked at the end: a mismatch raises
+    `CopyError("mismatch")` after the last chunk (a consumer that must not act on unverified
+    bytes should use `download`, which renames only verified files)."""
+    link = _Link(mc, reconnect)
+    h = hashlib.sha256()
+    pos = 0
+    res = result if result is not None else CopyResult(path=remote, size=0, sha256="")
+    res.attempts = 0
+    started = time.monotonic()
+    for attempt in range(1, attempts + 1):
+        res.attempts = attempt
+        if attempt > 1:
+            res.resumed_from.append(pos)
+        try:
+            handle = await link.mc.start(
+                hand,
+                "get_file",
+                {"path": remote, "offset": pos},
+                timeout=TIMEOUT_S,
+                stream=True,
+                output_limit=1 << 50,
+                watch=False,
+            )
+            end: RunEnd | None = None
+            async for ev in handle.events():
+                if isinstance(ev, StreamData) and ev.stream == "stdout" and ev.data:
+                    h.update(ev.data)
+                    pos += len(ev.data)
+                    res.sent += len(ev.data)
+                    yield ev.data
+                elif isinstance(ev, RunEnd):
+                    end = ev
+        except ClientError as exc:
+            if attempt < attempts and await link.recover(exc):
+                await _pause(attempt)
+                continue
+            raise CopyError("lost", f"cannot copy from {hand}: {exc.message}") from None
+        assert end is not None
+        if end.state is RunState.SUCCEEDED:
+            value = end.value or {}
+            res.size, res.sha256 = int(value.get("size", pos)), str(value.get("sha256", ""))
+            res.mode, res.mtime = value.get("mode"), value.get("mtime")
+            res.duration_s = time.monotonic() - started
+            if pos != res.size or h.hexdigest() != res.sha256:
+                raise CopyError(
+                    "mismatch",
+                    f"{remote}: got {pos} bytes with sha256 {h.hexdigest()[:16]}..., the Hand says {res.size} bytes, {res.sha256[:16]}...",
+                )
+            return
+        if not _retryable(end) or attempt == attempts:
+            raise _failure(end)
+        await _pause(attempt)
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+async def download(
+    mc: MindClient,
+    hand: str,
+    remote: str,
+    local: str | os.PathLike[str],
+    *,
+    preserve: bool = False,
+    resume: bool = True,
+    on_progress: Progress | None = None,
+    reconnect: Reconnect | None = None,
+    attempts: int = ATTEMPTS,
+) -> CopyResult:
+    """Copy `remote` on `hand` to the local file `local`: a part file beside it, renamed only once
+    the whole file's sha256 matches. With `resume`, a part file an earlier call left is continued."""
+    started = time.monotonic()
+    local = _absolute(local)
+    link = _Link(mc, reconnect)
+    try:
+        info = await stat_remote(link.mc, hand, remote)
+    except CopyError:
+        raise
+    except ClientError as exc:
+        raise CopyError("lost", f"cannot copy from {hand}: {exc.message}") from None
+    if info.get("type") is None:
+        raise CopyError("failed", f"cannot read {remote!r} on {hand}: no such file")
+    if info["type"] != "file":
+        kind = KINDS.get(info["type"], "not a regular file")
+        hint = " (use -r)" if info["type"] == "dir" else ""
+        raise CopyError("failed", f"cannot read {remote!r} on {hand}: it is {kind}{hint}")
+    cid = rules.copy_id(f"{hand}:{remote}", local, int(info["size"]), f"mtime:{info['mtime']!r}")
+    part = _LocalPart(local, cid)
+    try:
+        pos = await asyncio.to_thread(part.open, resume)
+    except OSError as exc:
+        raise CopyError("local", f"cannot write {local!r}: {exc.strerror or exc}") from None
+    result = CopyResult(path=local, size=int(info["size"]), sha256="", attempts=0)
+    if pos:
+        result.resumed_from.append(pos)
+    try:
+        for attempt in range(1, attempts + 1):
+            result.attempts = attempt
+            if attempt > 1:
+                result.resumed_from.append(part.pos)
+
+            def write(data: bytes) -> None:
+                part.write(data)
+                result.sent += len(data)
+                if on_progress is not None:
+                    on_progress(part.pos, result.size)
+
+            try:
+                end, _ = await _get_attempt(link.mc, hand, remote, part.pos, write)
+            except OSError as exc:
+                raise CopyError("local", f"cannot write {local!r}: {exc.strerror or exc}") from None
+            except ClientError as exc:
+                if attempt < attempts and await link.recover(exc):
+                    await _pause(attempt)
+                    continue
+                raise CopyError("lost", f"cannot copy from {hand}: {exc.message}") from None
+            if end.state is RunState.SUCCEEDED:
+                value = end.value or {}
+                result.size, result.sha256 = int(value["size"]), str(value["sha256"])
+                result.mode, result.mtime = value.get("mode"), value.get("mtime")
+                try:
+                    await asyncio.to_thread(part.finish, result, preserve)
+                except OSError as exc:
+                    raise CopyError("local", f"cannot write {local!r}: {exc.strerror or exc}") from None
+                result.duration_s = time.monotonic() - started
+                return result
+            if not _retryable(end) or attempt == attempts:
+                if end.state is not RunState.LOST:
+                    part.drop()  # a failure, not an interruption: nothing to resume
+                raise _failure(end)
+            await _pause(attempt)
+        raise CopyError("lost", "the copy did not complete")  # pragma: no cover
+    finally:
+        part.close()
+
+
+class _LocalPart:
+    """A download's part file beside its destination (blocking file work, kept out of the loop's
+    coroutines): opened or continued, written, verified and renamed, or dropped."""
+
+    def __init__(self, local: str, cid: str) -> None:
+        self.local = local
+        self.path = os.path.join(os.path.dirname(local), rules.part_name(cid))
+        self.hash = hashlib.sha256()
+        self.pos = 0
+        self.f: BinaryIO | None = None
+
+    def open(self, resume: bool) -> int:
+        if resume and os.path.exists(self.path):
+            self.pos, _ = _hash_into(self.path, self.hash)
+        self.f = open(self.path, "ab" if self.pos else "wb")
+        return self.pos
+
+    def write(self, data: bytes) -> None:
+        """Page cache writes of at most a chunk: done inline (a thread hop would cost more)."""
+        assert self.f is not None
+        self.f.write(data)
+        self.hash.update(data)
+        self.pos += len(data)
+
+    def finish(self, result: CopyResult, preserve: bool) -> None:
+        """Verify, fsync, set the mode (never setuid) and time, rename, fsync the directory."""
+        assert self.f is not None
+        if self.pos != result.size or self.hash.hexdigest() != result.sha256:
+            self.drop()  # a part that does not verify is of no use to a resume
+            raise CopyError(
+                "mismatch", f"{self.local}: sha256 mismatch (the file changed on the Hand, or bytes were damaged)"
+            )
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        mode = rules.safe_mode(result.mode if result.mode is not None else 0o644)
+        if not preserve:
+            mode &= ~_umask()
+        os.chmod(self.path, mode)
+        if preserve and result.mtime is not None:
+            os.utime(self.path, (result.mtime, result.mtime))
+        os.replace(self.path, self.local)
+        _fsync_dir(os.path.dirname(self.local))
+
+    def drop(self) -> None:
+        self.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        """Keep what was written (for a resume), but never an empty part file."""
+        if self.f is not None and not self.f.closed:
+            self.f.close()
+        try:
+            if os.path.getsize(self.path) == 0:
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def _absolute(path: str | os.PathLike[str]) -> str:
+    return os.path.abspath(os.fspath(path))
+
+
+def _hash_into(path: str, h: Any) -> tuple[int, Any]:
+    n = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            h.update(chunk)
+            n += len(chunk)
+    return n, h
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

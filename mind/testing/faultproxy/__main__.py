@@ -1,0 +1,3 @@
+from mind.testing.faultproxy.cli import main
+
+main()

@@ -1,0 +1,199 @@
+"""The Hand's copy work (hand/system/copy.py) on a real filesystem, without processes: the part
+file, verification, resume, cleanup, modes, and the walk that a swapped symlink cannot escape."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from hand.system import copy
+from protocol import copy as rules
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def upload(root: Path, path: str, data: bytes, offset: int = 0, **kw) -> copy.Upload:
+    cid = rules.copy_id("box", path, len(data), sha(data))
+    return copy.Upload(
+        root,
+        path,
+        repr(path),
+        cid,
+        len(data),
+        sha(data),
+        offset,
+        kw.get("mode"),
+        kw.get("mtime"),
+        kw.get("preserve", False),
+        kw.get("make_dirs", False),
+    )
+
+
+def parts(d: Path) -> list[str]:
+    return [n for n in os.listdir(d) if rules.is_part_name(n)]
+
+
+def test_an_upload_appears_only_when_complete_and_verified(tmp_path):
+    data = os.urandom(300_000)
+    (tmp_path / "f").write_bytes(b"old")
+    up = upload(tmp_path, "f", data)
+    assert up.open() == 0
+    up.write([data[:1000]])
+    assert (tmp_path / "f").read_bytes() == b"old" and len(parts(tmp_path)) == 1
+    up.write([data[1000:]])
+    value = up.finish()
+    assert value["sha256"] == sha(data) and (tmp_path / "f").read_bytes() == data
+    assert parts(tmp_path) == []
+
+
+def test_a_digest_mismatch_removes_the_part_and_keeps_the_old_file(tmp_path):
+    (tmp_path / "f").write_bytes(b"old")
+    up = upload(tmp_path, "f", b"hello")
+    up.open()
+    up.write([b"jello"])
+    with pytest.raises(copy.CopyFailed, match="sha256 mismatch"):
+        up.finish()
+    assert (tmp_path / "f").read_bytes() == b"old" and parts(tmp_path) == []
+
+
+def test_more_bytes_than_announced_fail(tmp_path):
+    up = upload(tmp_path, "f", b"abc")
+    up.open()
+    with pytest.raises(copy.CopyFailed, match="more bytes"):
+        up.write([b"abcd"])
+    assert parts(tmp_path) == [] and not (tmp_path / "f").exists()
+
+
+def test_an_interrupted_upload_resumes_from_its_part_and_rehashes_the_prefix(tmp_path):
+    data = os.urandom(100_000)
+    first = upload(tmp_path, "f", data)
+    first.open()
+    first.write([data[:60_000]])
+    first.interrupt()
+    [part] = parts(tmp_path)
+    assert os.path.getsize(tmp_path / part) == 60_000
+    second = upload(tmp_path, "f", data, offset=40_000)  # the sender knew less: cut back to it
+    assert second.open() == 40_000
+    second.write([data[40_000:]])
+    assert second.finish()["sha256"] == sha(data)
+    assert (tmp_path / "f").read_bytes() == data and parts(tmp_path) == []
+
+
+def test_a_resume_past_what_the_part_holds_is_refused_and_the_part_kept(tmp_path):
+    data = os.urandom(10_000)
+    first = upload(tmp_path, "f", data)
+    first.open()
+    first.write([data[:100]])
+    first.interrupt()
+    with pytest.raises(copy.CopyFailed, match="fewer than the offset"):
+        upload(tmp_path, "f", data, offset=5000).open()
+    assert len(parts(tmp_path)) == 1
+    with pytest.raises(copy.CopyFailed, match="no part file"):
+        upload(tmp_path, "g", data, offset=5000).open()
+
+
+def test_stale_part_files_are_removed_when_a_copy_starts_in_their_directory(tmp_path):
+    old = tmp_path / rules.part_name("0" * 32)
+    old.write_bytes(b"abandoned")
+    past = time.time() - rules.STALE_PART_S - 60
+    os.utime(old, (past, past))
+    fresh = tmp_path / rules.part_name("1" * 32)
+    fresh.write_bytes(b"someone else's, still going")
+    up = upload(tmp_path, "f", b"x")
+    up.open()
+    up.write([b"x"])
+    up.finish()
+    assert not old.exists() and fresh.exists()
+
+
+def test_modes_given_lose_setuid_and_existing_modes_are_kept(tmp_path):
+    up = upload(tmp_path, "new", b"x", mode=0o4755)
+    up.open(), up.write([b"x"]), up.finish()
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o755
+    (tmp_path / "old").write_bytes(b"o")
+    os.chmod(tmp_path / "old", 0o640)
+    up = upload(tmp_path, "old", b"y", mode=0o777)
+    up.open(), up.write([b"y"]), up.finish()
+    assert stat.S_IMODE((tmp_path / "old").stat().st_mode) == 0o640  # without -p the old mode stays
+    up = upload(tmp_path, "old", b"z", mode=0o6711, preserve=True, mtime=1_500_000_000.0)
+    up.open(), up.write([b"z"]), up.finish()
+    st = (tmp_path / "old").stat()
+    assert stat.S_IMODE(st.st_mode) == 0o711 and int(st.st_mtime) == 1_500_000_000
+
+
+def test_a_directory_swapped_for_a_symlink_cannot_lead_out(tmp_path):
+    """What admission saw was a directory; what the tool meets is a link out: the walk refuses it."""
+    root = tmp_path / "root"
+    outside = tmp_path / "outside"
+    root.mkdir(), outside.mkdir()
+    (outside / "secret").write_bytes(b"s")
+    os.symlink(outside, root / "d")  # the swap, done before the tool runs
+    with pytest.raises(copy.CopyFailed, match="outside the root"):
+        upload(root, "d/f", b"x").open()
+    with pytest.raises(copy.CopyFailed, match="outside the root"):
+        copy.Download(root, "d/secret", "'d/secret'", 0).open()
+    with pytest.raises(copy.CopyFailed, match="outside the root"):
+        copy.list_tree(root, "d", "'d'")
+    assert os.listdir(outside) == ["secret"]
+
+
+def test_writes_never_go_through_a_symlink_at_the_destination(tmp_path):
+    (tmp_path / "target").write_bytes(b"t")
+    os.symlink("target", tmp_path / "link")
+    with pytest.raises(copy.CopyFailed, match="symlink"):
+        upload(tmp_path, "link", b"x").open()
+    assert (tmp_path / "target").read_bytes() == b"t"
+
+
+def test_a_download_hashes_the_whole_file_even_from_an_offset(tmp_path):
+    data = os.urandom(700_000)
+    (tmp_path / "f").write_bytes(data)
+    d = copy.Download(tmp_path, "f", "'f'", 300_000)
+    assert d.open() == 400_000
+    got = b""
+    while chunk := d.read():
+        got += chunk
+    value = d.finish()
+    assert got == data[300_000:] and value["sha256"] == sha(data) and value["size"] == len(data)
+
+
+def test_special_files_are_refused(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(copy.CopyFailed, match="FIFO"):
+        copy.Download(tmp_path, "fifo", "'fifo'", 0).open()
+    with pytest.raises(copy.CopyFailed, match="FIFO"):
+        upload(tmp_path, "fifo", b"x").open()
+    assert copy.stat_file(tmp_path, "fifo", "'fifo'", None)["type"] == "fifo"
+
+
+def test_list_tree_reports_links_without_following_them(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "f").write_bytes(b"12345")
+    os.symlink("/etc", tmp_path / "a" / "out")
+    entries = {e["path"]: e for e in copy.list_tree(tmp_path, "a", "'a'")["entries"]}
+    assert set(entries) == {"b", "b/f", "out"}
+    assert entries["out"]["type"] == "symlink" and entries["out"]["target"] == "/etc"
+    assert entries["b/f"]["size"] == 5
+
+
+def test_make_link_refuses_targets_outside_the_root(tmp_path):
+    with pytest.raises(copy.CopyFailed, match="outside the root"):
+        copy.make_link(tmp_path, "l", "'l'", "../x", "l")
+    copy.make_link(tmp_path, "d/l", "'d/l'", "../f", "d/l")
+    assert os.readlink(tmp_path / "d" / "l") == "../f"
+
+
+def test_stat_file_reports_the_part_a_resume_continues(tmp_path):
+    data = b"abcdef"
+    up = upload(tmp_path, "f", data)
+    up.open(), up.write([data[:4]]), up.interrupt()
+    cid = rules.copy_id("box", "f", len(data), sha(data))
+    info = copy.stat_file(tmp_path, "f", "'f'", cid)
+    assert info == {"type": None, "part": 4}

@@ -1,0 +1,255 @@
+"""Issue 14, items 1-5: the answers stay true when a daemon dies, a Hand freezes, a link is cut or
+the Hand's state disk is full. Real processes, the fault proxy, a real tmpfs; each test failed
+before the fix it names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.cluster import running, wait_until
+
+pytestmark = pytest.mark.slow  # real Minds, Hands, proxies and a tmpfs
+
+
+def ran(cl, task_id: str) -> int:
+    """How many times the task's command ran (each run appends one line to a file in the root)."""
+    f = cl.hands["box"].root / f"ran-{task_id}"
+    return len(f.read_text().splitlines()) if f.exists() else 0
+
+
+def start(cl, task_id: str, *extra: str) -> subprocess.CompletedProcess[bytes]:
+    return cl.cli("task", "start", "--hand", "box", "--id", task_id, *extra, "--shell", f"echo x >> ran-{task_id}")
+
+
+def wait_task(cl, task_id: str, state: str, timeout: float = 20.0) -> dict:
+    return wait_until(
+        lambda: (t := cl.task(task_id))["state"] == state and not t["stale"] and t,
+        timeout,
+        f"task {task_id} {state}",
+        interval=0.2,
+    )
+
+
+# --- item 1: the Mind dies while the start is unanswered --------------------------------------------
+
+
+def test_a_start_cut_off_by_the_minds_death_exits_255_and_is_settled_by_the_hand(tmp_path):
+    """The Hand is frozen with the start in its socket; the Mind is killed. The CLI cannot know
+    whether the task was committed: 255 ("sent, answer never came"), not 125 ("refused, nothing
+    stored"). The Hand did commit and run it; a retry by id is a duplicate and nothing runs twice."""
+    with running(tmp_path) as cl:
+        hand = cl.hands["box"]
+        hand.signal(signal.SIGSTOP)
+        try:
+            p = cl.cli_popen("task", "start", "--hand", "box", "--id", "t1", "--shell", "echo x >> ran-t1")
+            assert cl.mind is not None
+            wait_until(
+                lambda: any(
+                    e.get("event") == "run_admitted" and e.get("run_id") == "t1"
+                    for e in cl.mind.events(cl.mind.log_start)
+                ),
+                15,
+                "the Mind to send the start",
+            )
+            cl.mind.kill9()
+            _, err = p.communicate(timeout=20)
+        finally:
+            hand.signal(signal.SIGCONT)
+        assert p.returncode == 255, err
+        assert b"never came" in err and b"t1" in err
+        cl.start_mind(port=cl.port)
+        cl.wait_connected("box", min_gen=1)
+        wait_until(lambda: ran(cl, "t1") == 1, 20, "the committed start to run")
+        wait_task(cl, "t1", "succeeded", 30)
+        again = start(cl, "t1", "--json")
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["outcome"] == "duplicate"
+        time.sleep(0.5)
+        assert ran(cl, "t1") == 1
+
+
+# --- item 2: a retry after an unanswered start asks the Hand ----------------------------------------
+
+
+def test_a_retry_after_a_start_that_never_reached_the_hand_runs_it_once(tmp_path):
+    """The link is reset just before the start reaches the Hand: 255. The retry with the same id is
+    settled by the Hand, which never had it: it runs now, once (before: `duplicate`, exit 0, and
+    the task later `lost` and never runnable under that id)."""
+    with running(tmp_path, via_proxy=True) as cl:
+        assert cl.proxy is not None
+        cl.proxy.frame("cut", "rpc", "down")
+        first = start(cl, "t1")
+        assert first.returncode == 255, first.stderr
+        cl.proxy.reset()  # (a frame fault applies to each new connection too)
+        cl.wait_connected("box", min_gen=2)
+        retry = start(cl, "t1", "--json")
+        assert retry.returncode == 0, retry.stderr
+        assert json.loads(retry.stdout)["outcome"] == "accepted"
+        wait_task(cl, "t1", "succeeded")
+        assert ran(cl, "t1") == 1
+        # and once more: now the Hand has it, a duplicate that runs nothing
+        dup = start(cl, "t1", "--json")
+        assert dup.returncode == 0 and json.loads(dup.stdout)["outcome"] == "duplicate"
+        time.sleep(0.5)
+        assert ran(cl, "t1") == 1
+
+
+async def test_two_starts_of_one_id_at_once_both_hear_the_hands_truth(tmp_path):
+    """Two connections start one id at once and the first start is lost on the way: neither is told
+    `duplicate` from the Mind's record of what it sent; both hear `unknown`. A retry then runs the
+    task exactly once."""
+    with running(tmp_path, via_proxy=True) as cl:
+        assert cl.proxy is not None
+        cl.proxy.hold("rpc", "down")
+        args = {"command": "echo x >> ran-t1"}
+        async with await cl.client("agent") as a, await cl.client("agent") as b:  # two processes of one agent
+            first = asyncio.create_task(a.task_start("box", "shell", args, task_id="t1"))
+            await asyncio.to_thread(wait_until, lambda: cl.proxy.held() > 0, 10, "the start to be held")
+            second = asyncio.create_task(b.task_start("box", "shell", args, task_id="t1"))
+            await asyncio.sleep(0.3)
+            assert not second.done(), f"the second start was answered at once: {second.result()}"
+            cl.proxy.cut("rst")  # the held start is lost with the connection
+            cl.proxy.reset()
+            r1, r2 = await asyncio.wait_for(asyncio.gather(first, second), 20)
+            assert (r1.outcome, r2.outcome) == ("unknown", "unknown")
+            await asyncio.to_thread(cl.wait_connected, "box", 2)
+            again = await a.task_start("box", "shell", args, task_id="t1")
+            assert again.outcome == "accepted"
+            also = await b.task_start("box", "shell", args, task_id="t1")
+            assert also.outcome == "duplicate"
+        wait_task(cl, "t1", "succeeded")
+        assert ran(cl, "t1") == 1
+
+
+# --- items 3 and 4: a full state disk ----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str = "4m") -> Iterator[Path]:
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(where: Path) -> Path:
+    """Fill the filesystem of `where` to the last byte; returns the filler (remove it to free)."""
+    filler = where / "filler"
+    with open(filler, "wb") as f:
+        chunk = b"\0" * 65536
+        try:
+            while True:
+                f.write(chunk)
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    with contextlib.suppress(OSError):  # the last partial blocks too
+        with open(where / "filler2", "wb") as f:
+            while True:
+                f.write(b"\0" * 512)
+                f.flush()
+    return filler
+
+
+def free(where: Path) -> None:
+    for name in ("filler", "filler2"):
+        with contextlib.suppress(FileNotFoundError):
+            (where / name).unlink()
+
+
+def test_a_start_refused_for_a_full_disk_leaves_the_id_free(tmp_path, as_root):
+    """Item 4: the Hand refuses a start it cannot store ("nothing stored"); once space is back the
+    same start is accepted (before: `conflicting_duplicate`, the refused start's run blocked it)."""
+    with tmpfs(tmp_path / "state-box"), running(tmp_path) as cl:
+        state = cl.hands["box"].state_dir
+        for i in range(3):  # a few tasks, so the database and its WAL have their size
+            assert start(cl, f"w{i}").returncode == 0
+        wait_task(cl, "w2", "succeeded")
+        fill(state)
+        refused = start(cl, "t1")
+        assert refused.returncode == 125, refused.stderr
+        assert ran(cl, "t1") == 0
+        free(state)
+        retry = start(cl, "t1", "--json")
+        assert retry.returncode == 0, retry.stderr
+        assert json.loads(retry.stdout)["outcome"] == "accepted"
+        wait_task(cl, "t1", "succeeded")
+        assert ran(cl, "t1") == 1
+
+
+def test_a_task_that_ends_while_the_disk_is_full_keeps_its_outcome(tmp_path, as_root):
+    """Item 3: the task exits 0 while its final write cannot be committed. The Hand keeps the
+    outcome, says so (`/healthz` degraded, the metric, `uncommitted` in `task get`), and commits it
+    when space returns: the task ends `succeeded` with exit code 0, not `running` for good or
+    `lost` at the next restart."""
+    with tmpfs(tmp_path / "state-box"), running(tmp_path, "box", "--metrics-listen", "127.0.0.1:0") as cl:
+        hand = cl.hands["box"]
+        state = hand.state_dir
+        for i in range(3):
+            assert start(cl, f"w{i}").returncode == 0
+        wait_task(cl, "w2", "succeeded")
+        gate = hand.root / "gate"
+        r = cl.cli(
+            "task", "start", "--hand", "box", "--id", "t1", "--shell",
+            f"while [ ! -e {gate} ]; do sleep 0.05; done; echo x >> ran-t1",
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        wait_task(cl, "t1", "running")
+        fill(state)
+        gate.touch()
+        wait_until(lambda: ran(cl, "t1") == 1, 10, "the task to finish its work")
+        seen = wait_until(lambda: (t := cl.task("t1")).get("uncommitted") and t, 15, "the uncommitted outcome")
+        assert seen["state"] == "running" and "succeeded" in seen["uncommitted"]
+        addr = wait_until(lambda: (state / "metrics.addr").exists() and (state / "metrics.addr").read_text().strip(), 5)
+        health = json.loads(_get(addr, "/healthz"))
+        assert health["status"] == "degraded" and health["tasks"]["uncommitted"] == 1
+        assert "mindhand_hand_tasks_uncommitted 1.0" in _get(addr, "/metrics")
+        free(state)
+        done = wait_task(cl, "t1", "succeeded", 30)
+        assert done["exit_code"] == 0 and not done.get("uncommitted")
+        assert json.loads(_get(addr, "/healthz"))["status"] == "ok"
+    assert any(e.get("event") == "task_outcome_uncommitted" for e in hand.events())
+
+
+def _get(addr: str, path: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{addr}{path}", timeout=5) as resp:
+        return resp.read().decode()
+
+
+# --- item 5: a frozen Hand reports the command's own exit ----------------------------------------
+
+
+def test_a_command_that_exited_while_the_hand_was_frozen_past_its_deadline_reports_its_exit(tmp_path):
+    """The Hand is stopped from before the command's exit until after the run's deadline. It wakes
+    to both; the command exited on its own, so the run is `succeeded` with exit code 0 (before:
+    `timed_out` with exit code 0, a record that contradicts itself)."""
+    with running(tmp_path, mind_args=("--ping-interval", "30")) as cl:
+        hand = cl.hands["box"]
+        p = cl.cli_popen("exec", "--hand", "box", "--timeout", "2", "--json", "--", "sh", "-c", "sleep 0.8")
+        wait_until(lambda: any(e.get("event") == "run_accepted" for e in hand.events()), 15, "the run to be accepted")
+        hand.signal(signal.SIGSTOP)
+        try:
+            time.sleep(3.0)  # the command exits at 0.8 s, the deadline passes at 2 s
+        finally:
+            hand.signal(signal.SIGCONT)
+        out, err = p.communicate(timeout=30)
+        end = json.loads(out)
+        assert (end["state"], end["exit_code"], p.returncode) == ("succeeded", 0, 0), err
+    ends = [e for e in hand.events() if e.get("event") == "run_terminal"]
+    assert ends and ends[-1]["state"] == "succeeded" and ends[-1]["exit_code"] == 0
+    assert os.path.exists(tmp_path)
