@@ -107,10 +107,11 @@ class _Run:
             out["path"] = shown
             print(json.dumps(out), flush=True)
 
-    def fail(self, what: str, exc: CopyError | str) -> None:
+    def fail(self, what: str | None, exc: CopyError | str) -> None:
         self.status.clear()
         msg = exc if isinstance(exc, str) else exc.message
-        print(f"mind: cp: {printable(what)}: {printable(msg)}", file=sys.stderr)
+        where = f"{printable(what)}: " if what else ""
+        print(f"mind: cp: {where}{printable(msg)}", file=sys.stderr)
         code = EXIT_FAILED
         if isinstance(exc, CopyError):
             code = {"rejected": EXIT_REFUSED, "lost": EXIT_LOST}.get(exc.code, EXIT_FAILED)
@@ -381,7 +382,7 @@ async def run(mc: Any, args: argparse.Namespace, reconnect: Callable[[], Awaitab
                         continue
                 await job.get(s.hand, s.path, target)
     except CopyError as exc:
-        job.fail("cp", exc)
+        job.fail(None, exc)  # (the message names the path)
     finally:
         job.status.clear()
         if job.mc is not job.first:

@@ -33,10 +33,16 @@ def test_demo_runs_end_to_end(tmp_path):
         "building 3\nbuilt",
         "demo-build",
         "state     succeeded",
+        "the copy came back byte for byte",
+        "exit code: 0 (the task's outcome)",
+        "root is work",
+        "root is work2",
+        "exit code: 120 (not every Hand succeeded: the aggregate code)",
         "demo finished",
     ):
         assert line in out, f"{line!r} missing from demo output:\n{out}\n{err}"
     assert "to stderr" in err
+    assert "a warning" not in out, "task logs --stream stdout printed stderr's bytes"
     local = out.split("local : ", 1)[1].split()[0]
     remote = out.split("remote: ", 1)[1].split()[0]
     assert local == remote, "the stdin piped through mind exec reached sha256sum whole"

@@ -134,7 +134,7 @@ def test_hand_healthz_and_metrics_over_http_during_a_run(tmp_path):
         h = healthz(addr)
         assert h["status"] == "ok" and h["connected"] is True and h["hand"] == "box"
         assert h["generation"] == cl.hand_info("box")["generation"] and h["mind"] == cl.url
-        assert h["runs_running"] == 0 and h["tasks"] == {"queued": 0, "running": 0}
+        assert h["runs_running"] == 0 and h["tasks"] == {"queued": 0, "running": 0, "uncommitted": 0}
         assert h["version"] and h["uptime_s"] >= 0
         before = scrape(addr)
         root = cl.tmp / "root-box"
