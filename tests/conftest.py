@@ -7,8 +7,9 @@ from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from support.cluster import Cluster
 from support.spawnguard import install
+
+from mind.testing.cluster import Cluster
 
 # Property tests take their example counts from a profile, not from each test: `dev` keeps the edit loop
 # (`scripts/test --fast`, a bare pytest) quick; `ci` tries at least as many examples as any test fixed for

@@ -3,7 +3,7 @@
 Every figure measures ours and its reference in the same run, interleaved round by round, and
 reports the median (and p99 where there is a distribution) over all samples, plus the spread of the
 per-round figure over the rounds. Processes are real (`mind serve`, `hand run` via
-`tests/support/cluster.py`), on loopback, and every one is stopped by PID.
+`mind/testing/cluster.py`), on loopback, and every one is stopped by PID.
 """
 
 from __future__ import annotations

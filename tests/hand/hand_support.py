@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from support.cluster import pid_alive  # noqa: F401 - re-exported for the hand tests
+from mind.testing.cluster import pid_alive  # noqa: F401 - re-exported for the hand tests
 
 
 async def until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:

@@ -274,7 +274,7 @@ def test_hand_run_with_bad_sandbox_flags_exits_2(tmp_path):
 @pytest.mark.slow
 async def test_env_and_cpu_budget_through_a_real_hand_and_mind(tmp_path):
     """`hand run --env-allow ... --max-cpu-seconds ...` between a real Mind and its CLI."""
-    from support.cluster import Cluster
+    from mind.testing.cluster import Cluster
 
     cl = Cluster(tmp_path)
     cl.env.update(SECRET_TOKEN="hunter2", CI_BUILD="42")

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cluster import running, wait_until
 from websockets.asyncio.client import connect
 
 from mind.client.aio import ClientError, MindClient, load_credential
+from mind.testing.cluster import running, wait_until
 from protocol.auth import Credential
 from protocol.codes import ErrorCode
 from protocol.envelope import decode

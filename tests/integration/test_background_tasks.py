@@ -5,9 +5,10 @@ import json
 from pathlib import Path
 
 import pytest
-from support.cluster import pid_alive, running, wait_until
 
-pytestmark = pytest.mark.slow  # a real Mind and Hand (support/cluster.py), some behind the fault proxy
+from mind.testing.cluster import pid_alive, running, wait_until
+
+pytestmark = pytest.mark.slow  # a real Mind and Hand (mind.testing.cluster), some behind the fault proxy
 
 WAIT_GATE = "while [ ! -e {gate} ]; do sleep 0.05; done"
 

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.cluster import running
+
+from mind.testing.cluster import running
 
 pytestmark = pytest.mark.slow  # a real Mind and Hand, and `mind exec` in its own interpreter
 

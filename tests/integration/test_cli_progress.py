@@ -14,7 +14,8 @@ import subprocess
 import time
 
 import pytest
-from support.cluster import BIN, running, wait_until
+
+from mind.testing.cluster import BIN, running, wait_until
 
 pytestmark = pytest.mark.slow  # a real Mind and Hand, and the CLI on a terminal
 

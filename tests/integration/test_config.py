@@ -9,7 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.cluster import BIN, Cluster, Proc, wait_until
+
+from mind.testing.cluster import BIN, Cluster, Proc, wait_until
 
 pytestmark = pytest.mark.slow  # the daemons started from TOML files, and their CLIs
 

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from support.cluster import running, wait_until
 
+from mind.testing.cluster import running, wait_until
 from protocol import limits
 from protocol.copy import is_part_name
 

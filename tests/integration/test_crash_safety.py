@@ -7,9 +7,9 @@ import random
 import sqlite3
 
 import pytest
-from support.cluster import running, wait_until
 
 from mind.client.aio import ClientError, MindClient, load_credential
+from mind.testing.cluster import running, wait_until
 
 pytestmark = pytest.mark.slow  # a real Mind and Hand, killed with -9
 

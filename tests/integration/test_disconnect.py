@@ -6,9 +6,10 @@ import signal
 import time
 
 import pytest
-from support.cluster import pid_alive, running, wait_until
 
-pytestmark = pytest.mark.slow  # a real Mind and Hand (support/cluster.py)
+from mind.testing.cluster import pid_alive, running, wait_until
+
+pytestmark = pytest.mark.slow  # a real Mind and Hand (mind.testing.cluster)
 
 
 @pytest.fixture

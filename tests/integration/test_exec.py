@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from support.cluster import pid_alive, running, wait_until
+
+from mind.testing.cluster import pid_alive, running, wait_until
 
 pytestmark = pytest.mark.slow  # a real Mind and Hand, and the `mind` CLI
 

@@ -6,8 +6,9 @@ import subprocess
 import time
 
 import pytest
-from support.cluster import BIN
-from support.faultproxy import FaultProxy
+
+from mind.testing.cluster import BIN
+from mind.testing.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.slow  # the fault proxy runs as its own process
 

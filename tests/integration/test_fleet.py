@@ -12,7 +12,8 @@ import subprocess
 import time
 
 import pytest
-from support.cluster import BIN, running, wait_until
+
+from mind.testing.cluster import BIN, running, wait_until
 
 pytestmark = pytest.mark.slow  # a real Mind, real Hands, the `mind` CLI
 
@@ -21,7 +22,7 @@ ONLINE = ("web1", "web2", "db1")
 
 @pytest.fixture(scope="module")
 def c(tmp_path_factory):
-    from support.faultproxy import FaultProxy
+    from mind.testing.faultproxy import FaultProxy
 
     with running(tmp_path_factory.mktemp("fleet"), hand=None) as cl:
         for name in ONLINE:

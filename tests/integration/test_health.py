@@ -5,9 +5,10 @@ import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.cluster import running
 
-pytestmark = pytest.mark.slow  # a real Mind and Hand (support/cluster.py)
+from mind.testing.cluster import running
+
+pytestmark = pytest.mark.slow  # a real Mind and Hand (mind.testing.cluster)
 
 
 def get(url: str) -> tuple[int, str, str]:

@@ -16,11 +16,11 @@ import os
 import time
 
 import pytest
-from support.cluster import Cluster, running, wait_until
 
 from mind.client.aio import MindClient, load_credential
 from mind.errors import ClientError
 from mind.store.credentials import Store
+from mind.testing.cluster import Cluster, running, wait_until
 from protocol import limits
 from protocol.messages import ListRuns, RunList
 from protocol.states import RunState

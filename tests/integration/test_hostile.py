@@ -11,13 +11,13 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.cluster import BIN, running, wait_until
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 
 from mind.client.aio import MindClient, load_credential
 from mind.core.handshake import ServerHandshake
+from mind.testing.cluster import BIN, running, wait_until
 from protocol import PROTOCOL_VERSION, limits
 from protocol.auth import ClientHandshake, Credential
 from protocol.codes import ErrorCode

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.cluster import BIN, pid_alive, running, wait_until
+
+from mind.testing.cluster import BIN, pid_alive, running, wait_until
 
 pytestmark = pytest.mark.slow  # a real Mind and Hand, signalled and scraped
 

@@ -17,7 +17,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from support.cluster import BIN, Cluster, running, wait_until
+
+from mind.testing.cluster import BIN, Cluster, running, wait_until
 
 pytestmark = pytest.mark.slow  # real Minds, Hands, CLIs and scripts/mkcerts
 

@@ -5,10 +5,10 @@ import asyncio
 import os
 
 import pytest
-from support.cluster import pid_alive, running, wait_until
 from websockets.asyncio.client import connect
 
 from mind.client.aio import MindClient, load_credential
+from mind.testing.cluster import pid_alive, running, wait_until
 from protocol.auth import ClientHandshake
 from protocol.codes import CancelStatus
 from protocol.envelope import Channel

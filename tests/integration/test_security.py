@@ -8,11 +8,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.cluster import BIN, Cluster, running, wait_until
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from mind.client.aio import ClientError, MindClient, load_credential
+from mind.testing.cluster import BIN, Cluster, running, wait_until
 from protocol.auth import ClientHandshake, Credential
 from protocol.codes import ErrorCode
 from protocol.envelope import Channel, decode

@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.cluster import Cluster, running
 
 from hand.system.sandbox import RunAs, lookup_user
 from mind.client.aio import MindClient, load_credential
+from mind.testing.cluster import Cluster, running
 from protocol.states import RunState
 
 pytestmark = pytest.mark.slow  # a real Mind and Hand

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from support.cluster import BIN, Cluster, Proc, running, wait_until
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from mind.client.aio import ClientError, MindClient, load_credential
+from mind.testing.cluster import BIN, Cluster, Proc, running, wait_until
 from protocol import PROTOCOL_VERSION, limits
 from protocol.auth import ClientHandshake, Credential
 from protocol.codes import ErrorCode

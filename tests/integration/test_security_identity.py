@@ -16,10 +16,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from support.cluster import BIN, Proc, running, wait_until
 from websockets.asyncio.client import ClientConnection, connect
 
 from mind.client.aio import ClientError, MindClient, load_credential
+from mind.testing.cluster import BIN, Proc, running, wait_until
 from protocol import limits
 from protocol.auth import ClientHandshake, Credential
 from protocol.codes import ErrorCode, TaskCancelStatus

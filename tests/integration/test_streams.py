@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from support.cluster import BIN, pid_alive, running, wait_until
+
+from mind.testing.cluster import BIN, pid_alive, running, wait_until
 
 pytestmark = pytest.mark.slow  # a real Mind, a real Hand, the `mind` CLI
 

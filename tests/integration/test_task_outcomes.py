@@ -1,7 +1,7 @@
 """Issue 14, items 12 and 13: a task's outcome as the exit code of `mind task wait` and `mind task
 logs --follow`, and stdout and stderr kept apart in a task's log (`--stream`, offsets per stream).
 
-The end-to-end tests run a real Mind and Hand (support/cluster.py) and real commands; the pure parts
+The end-to-end tests run a real Mind and Hand (mind.testing.cluster) and real commands; the pure parts
 (the exit-code table, the per-stream `truncated` rule, the status lines, the Hand's `TaskLog` on
 files) are tested without a process."""
 
@@ -10,13 +10,13 @@ import os
 from pathlib import Path
 
 import pytest
-from support.cluster import running, wait_until
 
 from hand.aio.tasks import TaskLog, read_log, stream_log_size
 from hand.core.tasks import stream_truncated
 from mind.cli.output import EXIT_CANCELLED, EXIT_LOST, EXIT_TIMED_OUT, EXIT_WAIT_TIMEOUT, task_exit_code
 from mind.cli.task import final_line, waiting_on
 from mind.client.aio import ClientError
+from mind.testing.cluster import running, wait_until
 from protocol.messages import TaskInfo, TaskView
 from protocol.states import TaskState
 

@@ -14,7 +14,8 @@ import termios
 import time
 
 import pytest
-from support.cluster import BIN, running, wait_until
+
+from mind.testing.cluster import BIN, running, wait_until
 
 pytestmark = pytest.mark.slow  # a real Mind, a real Hand, the CLI on a pty
 

@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.cluster import running, wait_until
+
+from mind.testing.cluster import running, wait_until
 
 pytestmark = pytest.mark.slow  # real Minds, Hands, proxies and a tmpfs
 

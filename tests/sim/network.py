@@ -1,6 +1,6 @@
 """The in-memory network: one ordered link per Mind<->Hand connection (one generation).
 
-Like TCP through the fault proxy (`tests/support/faultproxy.py`): each direction delivers in order,
+Like TCP through the fault proxy (`mind/testing/faultproxy`): each direction delivers in order,
 never duplicates, and can be delayed (every frame held `delay` seconds) or blackholed (held, nobody
 is told). A `glued` frame was written together with the one before it (one read delivers both).
 A closed link loses whatever was in flight, both ways, and each side notices on its own
