@@ -340,6 +340,9 @@ async def cancel(client: MindClient, args: argparse.Namespace) -> int:
         die(f"no task {args.task_id}", EXIT_REFUSED)
     if st is TaskCancelStatus.ALREADY_DONE:
         state = reply.view.state.value if reply.view else "ended"
+        info = reply.view.task if reply.view else None
+        if info is not None and info.uncommitted:  # ended, its outcome not on the Hand's disk yet
+            state = printable(info.uncommitted)
         print(f"task {args.task_id} had already ended: {state}")
         return 0
     if st is TaskCancelStatus.PENDING_DELIVERY:

@@ -214,6 +214,8 @@ def test_a_task_that_ends_while_the_disk_is_full_keeps_its_outcome(tmp_path, as_
         wait_until(lambda: ran(cl, "t1") == 1, 10, "the task to finish its work")
         seen = wait_until(lambda: (t := cl.task("t1")).get("uncommitted") and t, 15, "the uncommitted outcome")
         assert seen["state"] == "running" and "succeeded" in seen["uncommitted"]
+        cancel = cl.cli("task", "cancel", "t1")  # nothing to cancel: it ended, and says how
+        assert cancel.returncode == 0 and b"already ended: ended (succeeded, exit code 0)" in cancel.stdout, cancel
         addr = wait_until(lambda: (state / "metrics.addr").exists() and (state / "metrics.addr").read_text().strip(), 5)
         health = json.loads(_get(addr, "/healthz"))
         assert health["status"] == "degraded" and health["tasks"]["uncommitted"] == 1
