@@ -152,6 +152,8 @@ async def _download(down: Download, streams: RunStreams, stopped: asyncio.Event,
             raise CopyFailed(
                 f"the stream's output_limit ({streams.spec.output_limit}) is below the {remaining} bytes to send"
             )
+        if down.offset == 0:
+            down.hash_as_sent(streams.sent_hash("stdout"))
         gate = _Gate()
         streams.attach(gate)
         streams.on_output_end("stderr")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from protocol import limits
 from protocol.errors import ProtocolError
@@ -96,6 +96,10 @@ class RunStreams:
         if data:
             out.pending += data
         self._flush(stream, out)
+
+    def sent_hash(self, stream: str) -> Any:
+        """The running sha256 of the bytes sent on `stream` so far (a copy from byte 0 shares it)."""
+        return self._out[stream].hash
 
     def on_output_end(self, stream: str) -> None:
         out = self._out.get(stream)

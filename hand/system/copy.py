@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hand.system.paths import Located, PathRefused, locate
+from hand.system.paths import Located, PathRefused, describe_kind, locate
 from protocol import copy as rules
 from protocol.errors import MindhandError
 
@@ -41,20 +41,6 @@ class CopyFailed(MindhandError):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISLNK(mode):
-        return "a symlink"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
 
 
 def _why(exc: OSError) -> str:
@@ -155,7 +141,7 @@ class Upload:
         try:
             existing = _lstat(at)
             if at.name == "." or (existing is not None and not stat.S_ISREG(existing.st_mode)):
-                kind = "a directory" if at.name == "." else _kind(existing.st_mode)  # type: ignore[union-attr]
+                kind = "a directory" if at.name == "." else describe_kind(existing.st_mode)  # type: ignore[union-attr]
                 raise CopyFailed(f"cannot write {self.shown}: it is {kind}")
             self.existing = existing
             prune_stale(at, time.time())
@@ -169,7 +155,7 @@ class Upload:
                     rules.resume_point(None, self.offset, self.size)  # raises: nothing to resume
                 st = os.fstat(self.fd)
                 if not stat.S_ISREG(st.st_mode):
-                    raise CopyFailed(f"cannot resume {self.shown}: its part file is {_kind(st.st_mode)}")
+                    raise CopyFailed(f"cannot resume {self.shown}: its part file is {describe_kind(st.st_mode)}")
                 rules.resume_point(st.st_size, self.offset, self.size)
                 os.ftruncate(self.fd, self.offset)
                 _hash_prefix(self.fd, self.offset, self.hash)
@@ -280,7 +266,8 @@ class Download:
         self.fd = -1
         self.size = 0
         self.pos = offset
-        self.hash = hashlib.sha256()
+        self.hash: Any = hashlib.sha256()
+        self._hash_reads = True
         self.st: os.stat_result | None = None
 
     def open(self) -> int:
@@ -290,7 +277,7 @@ class Download:
                 st = os.stat(at.name, dir_fd=at.parent, follow_symlinks=False)
                 if not stat.S_ISREG(st.st_mode):
                     hint = " (use -r)" if stat.S_ISDIR(st.st_mode) else ""
-                    raise CopyFailed(f"cannot read {self.shown}: it is {_kind(st.st_mode)}{hint}")
+                    raise CopyFailed(f"cannot read {self.shown}: it is {describe_kind(st.st_mode)}{hint}")
                 self.fd = os.open(at.name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at.parent)
             except FileNotFoundError:
                 raise CopyFailed(f"cannot read {self.shown}: no such file") from None
@@ -299,7 +286,7 @@ class Download:
         try:
             st = os.fstat(self.fd)
             if not stat.S_ISREG(st.st_mode):
-                raise CopyFailed(f"cannot read {self.shown}: it is {_kind(st.st_mode)}")
+                raise CopyFailed(f"cannot read {self.shown}: it is {describe_kind(st.st_mode)}")
             self.st, self.size = st, st.st_size
             if self.offset > self.size:
                 raise CopyFailed(f"cannot resume {self.shown} at {self.offset}: the file has {self.size} bytes")
@@ -320,9 +307,17 @@ class Download:
             raise CopyFailed(f"cannot read {self.shown}: {_why(exc)}") from None
         if want > 0 and not data:
             raise CopyFailed(f"cannot read {self.shown}: it shrank while being read")
-        self.hash.update(data)
+        if self._hash_reads:
+            self.hash.update(data)
         self.pos += len(data)
         return data
+
+    def hash_as_sent(self, sent: Any) -> None:
+        """From byte 0 the bytes sent are the whole file, and the stream hashes them as it sends
+        them (its `sha256` in the result's tail): take the file's digest from that hash instead of
+        hashing every byte twice. `finish` is called once every byte has been sent."""
+        assert self.offset == 0
+        self.hash, self._hash_reads = sent, False
 
     def finish(self) -> dict[str, Any]:
         assert self.st is not None
@@ -402,7 +397,7 @@ def list_tree(root: Path, user_path: str, shown: str) -> dict[str, Any]:
         try:
             st = os.stat(at.name, dir_fd=at.parent, follow_symlinks=False)
             if not stat.S_ISDIR(st.st_mode):
-                raise CopyFailed(f"cannot list {shown}: it is {_kind(st.st_mode)}, not a directory")
+                raise CopyFailed(f"cannot list {shown}: it is {describe_kind(st.st_mode)}, not a directory")
             top = os.open(at.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at.parent)
         except OSError as exc:
             raise CopyFailed(f"cannot list {shown}: {_why(exc)}") from None
@@ -488,7 +483,7 @@ def make_link(root: Path, user_path: str, shown: str, target: str, rel_to_root: 
             existing = _lstat(at)
             if existing is not None:
                 if not stat.S_ISLNK(existing.st_mode):
-                    raise CopyFailed(f"cannot make {shown}: it exists and is {_kind(existing.st_mode)}")
+                    raise CopyFailed(f"cannot make {shown}: it exists and is {describe_kind(existing.st_mode)}")
                 os.unlink(at.name, dir_fd=at.parent)
             os.symlink(target, at.name, dir_fd=at.parent)
         except OSError as exc:

@@ -242,3 +242,21 @@ def _mkdir(parent: int, name: str) -> None:
             os.fchmod(fd, mode & 0o777)
     finally:
         os.close(fd)
+
+
+def describe_kind(mode: int) -> str:
+    """What a file is, for a message ("cannot read x: it is a FIFO"): the file tools and the copy
+    tools refuse the same things in the same words."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return "not a regular file"

@@ -39,7 +39,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from hand.core.policy import KNOWN_TOOLS
 from hand.system import copy
 from hand.system.fsuser import as_user
-from hand.system.paths import Located, PathRefused, locate, resolve, resolve_entry, show
+from hand.system.paths import Located, PathRefused, describe_kind, locate, resolve, resolve_entry, show
 from hand.system.sandbox import OverCap, ResourceLimits, RunAs, Sandbox
 from protocol import limits
 from protocol.codes import RejectCode
@@ -410,22 +410,6 @@ def prepare(tool: str, args: dict[str, Any], root: Path, sandbox: Sandbox = DEFA
 # --- file tools (blocking; run in a thread) -------------------------------------------------------
 
 
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISLNK(mode):
-        return "a symlink"
-    if stat.S_ISREG(mode):
-        return "a regular file"
-    return "not a regular file"
-
-
 def _failed(what: str, shown: str, exc: OSError) -> ToolFailed:
     return ToolFailed(f"cannot {what} {shown}: {exc.strerror or type(exc).__name__}")
 
@@ -448,14 +432,14 @@ def read_file(root: Path, user_path: str, offset: int, limit: int, shown: str) -
             st = os.stat(at.name, dir_fd=at.parent, follow_symlinks=False)
             if not stat.S_ISREG(st.st_mode):
                 hint = "; use list_dir" if stat.S_ISDIR(st.st_mode) else ""
-                raise ToolFailed(f"cannot read {shown}: it is {_kind(st.st_mode)}{hint}")
+                raise ToolFailed(f"cannot read {shown}: it is {describe_kind(st.st_mode)}{hint}")
             fd = os.open(at.name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at.parent)
     except OSError as exc:
         raise _failed("read", shown, exc) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):  # swapped between stat and open
-            raise ToolFailed(f"cannot read {shown}: it is {_kind(st.st_mode)}")
+            raise ToolFailed(f"cannot read {shown}: it is {describe_kind(st.st_mode)}")
         size = st.st_size
         chunks: list[bytes] = []
         got = 0
@@ -499,7 +483,7 @@ def write_file(root: Path, user_path: str, data: bytes, mode: str, make_dirs: bo
             if existing is not None and mode == "create":
                 raise ToolFailed(f"cannot create {shown}: it already exists")
             if existing is not None and not stat.S_ISREG(existing.st_mode):
-                raise ToolFailed(f"cannot write {shown}: it is {_kind(existing.st_mode)}")
+                raise ToolFailed(f"cannot write {shown}: it is {describe_kind(existing.st_mode)}")
             if mode == "overwrite":
                 _replace_atomically(at, data, existing)
             else:
@@ -509,7 +493,7 @@ def write_file(root: Path, user_path: str, data: bytes, mode: str, make_dirs: bo
                 try:
                     st = os.fstat(fd)
                     if not stat.S_ISREG(st.st_mode):
-                        raise ToolFailed(f"cannot write {shown}: it is {_kind(st.st_mode)}")
+                        raise ToolFailed(f"cannot write {shown}: it is {describe_kind(st.st_mode)}")
                     if st.st_mode & _SPECIAL_BITS:  # never leave a setuid file behind a write
                         os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o777)
                     _write_all(fd, data)
@@ -575,7 +559,7 @@ def list_dir(root: Path, user_path: str, shown: str) -> dict[str, Any]:
         with _locate("list", root, user_path, shown, follow_last=True) as at:
             st = os.stat(at.name, dir_fd=at.parent, follow_symlinks=False)
             if not stat.S_ISDIR(st.st_mode):
-                raise ToolFailed(f"cannot list {shown}: it is {_kind(st.st_mode)}, not a directory")
+                raise ToolFailed(f"cannot list {shown}: it is {describe_kind(st.st_mode)}, not a directory")
             fd = os.open(at.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at.parent)
         try:
             with os.scandir(fd) as it:

@@ -284,10 +284,9 @@ async def upload_bytes(
 # --- download ----------------------------------------------------------------------------------
 
 
-async def _get_attempt(
-    mc: MindClient, hand: str, remote: str, offset: int, write: Callable[[bytes], None]
-) -> tuple[RunEnd, int]:
-    handle = await mc.start(
+async def _start_get(mc: MindClient, hand: str, remote: str, offset: int) -> Any:
+    """A `get_file` run (its `RunHandle`) whose bytes come as the `stdout` stream, from `offset`."""
+    return await mc.start(
         hand,
         "get_file",
         {"path": remote, "offset": offset},
@@ -296,6 +295,12 @@ async def _get_attempt(
         output_limit=1 << 50,
         watch=False,
     )
+
+
+async def _get_attempt(
+    mc: MindClient, hand: str, remote: str, offset: int, write: Callable[[bytes], None]
+) -> tuple[RunEnd, int]:
+    handle = await _start_get(mc, hand, remote, offset)
     got = 0
     async for ev in handle.events():
         if isinstance(ev, StreamData) and ev.stream == "stdout" and ev.data:
@@ -330,15 +335,7 @@ async def download_iter(
         if attempt > 1:
             res.resumed_from.append(pos)
         try:
-            handle = await link.mc.start(
-                hand,
-                "get_file",
-                {"path": remote, "offset": pos},
-                timeout=TIMEOUT_S,
-                stream=True,
-                output_limit=1 << 50,
-                watch=False,
-            )
+            handle = await _start_get(link.mc, hand, remote, pos)
             end: RunEnd | None = None
             async for ev in handle.events():
                 if isinstance(ev, StreamData) and ev.stream == "stdout" and ev.data:

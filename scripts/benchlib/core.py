@@ -273,3 +273,14 @@ def dump_json(path: Path, mach: dict[str, Any], rows: list[Row], notes: dict[str
     path.write_text(
         json.dumps({"machine": mach, "mode": mode, "rows": [asdict(r) for r in rows], "notes": notes}, indent=2) + "\n"
     )
+
+
+def throughput_row(figure: str, what: str, ours: list[float], ref: list[float], ref_name: str, target: str) -> Row:
+    """A MiB/s figure against an ssh-family reference measured in the same run (`ref` empty: no
+    sshd here, the row says so and has no verdict)."""
+    o = med(ours)
+    fmt = spread(ours, lambda v: f"{v:.0f}")
+    if not ref:
+        return Row(figure, what, f"{o:.0f}", "", fmt, "n/a (no sshd: see notes)", "", target, "n/a")
+    r = med(ref)
+    return Row(figure, what, f"{o:.0f}", "", fmt, f"{r:.0f} ({ref_name})", ratio(o, r), target, verdict(o >= r))

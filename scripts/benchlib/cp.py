@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchlib.core import PY, Ctx, Row, med, ratio, rss_mib, spread, verdict
+from benchlib.core import PY, Ctx, Row, rss_mib, throughput_row, verdict
 from benchlib.figures import basic, figure, sshd
 
 MIND = str(Path(PY).parent / "mind")
@@ -118,37 +118,8 @@ def fig_cp(ctx: Ctx) -> list[Row]:
             (work / "scp-up.bin").unlink()
             (work / "scp-down.bin").unlink()
     for label, ours, ref in (("up", up_r, scp_up), ("down", down_r, scp_down)):
-        o = med(ours)
         what = f"{label} MiB/s, {size >> 20} MiB through mind cp"
-        if ref:
-            r = med(ref)
-            rows.append(
-                Row(
-                    "cp",
-                    what,
-                    f"{o:.0f}",
-                    "",
-                    spread(ours, lambda v: f"{v:.0f}"),
-                    f"{r:.0f} (scp localhost)",
-                    ratio(o, r),
-                    ">= scp",
-                    verdict(o >= r),
-                )
-            )
-        else:
-            rows.append(
-                Row(
-                    "cp",
-                    what,
-                    f"{o:.0f}",
-                    "",
-                    spread(ours, lambda v: f"{v:.0f}"),
-                    "n/a (no sshd: see notes)",
-                    "",
-                    ">= scp",
-                    "n/a",
-                )
-            )
+        rows.append(throughput_row("cp", what, ours, ref, "scp localhost", ">= scp"))
     g = max(growth)
     rows.append(
         Row(

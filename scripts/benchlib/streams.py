@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from benchlib.core import PY, Ctx, Row, med, ms, ratio, rss_mib, spread, verdict
+from benchlib.core import PY, Ctx, Row, med, ms, ratio, rss_mib, spread, throughput_row, verdict
 from benchlib.figures import basic, figure, flat, relay_p50, sshd
 
 MIND = str(Path(PY).parent / "mind")
@@ -69,36 +69,8 @@ def fig_streams(ctx: Ctx) -> list[Row]:
             ours_r.append(size / _shell_time(ours_cmd, env) / 2**20)
             if ref_cmd is not None and ssh is not None:
                 ref_r.append(size / _shell_time(ref_cmd, ssh.env) / 2**20)
-        o = med(ours_r)
-        if ref_r:
-            r = med(ref_r)
-            rows.append(
-                Row(
-                    "streams",
-                    f"{label} MiB/s, {size >> 20} MiB through mind exec",
-                    f"{o:.0f}",
-                    "",
-                    spread(ours_r, lambda v: f"{v:.0f}"),
-                    f"{r:.0f} (ssh localhost, same file)",
-                    ratio(o, r),
-                    ">= ssh",
-                    verdict(o >= r),
-                )
-            )
-        else:
-            rows.append(
-                Row(
-                    "streams",
-                    f"{label} MiB/s, {size >> 20} MiB through mind exec",
-                    f"{o:.0f}",
-                    "",
-                    spread(ours_r, lambda v: f"{v:.0f}"),
-                    "n/a (no sshd: see notes)",
-                    "",
-                    ">= ssh",
-                    "n/a",
-                )
-            )
+        what = f"{label} MiB/s, {size >> 20} MiB through mind exec"
+        rows.append(throughput_row("streams", what, ours_r, ref_r, "ssh localhost, same file", ">= ssh"))
     if ssh is None:
         ctx.note("streams", f"ssh reference n/a: {s}")
     return rows
