@@ -19,18 +19,34 @@ case-sensitive.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from fnmatch import fnmatchcase
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from fnmatch import translate
+from functools import lru_cache
 
 from protocol import limits
 from protocol.errors import MindhandError
 
 _GLOB = re.compile(r"^[A-Za-z0-9._*?\[\]!-]{1,128}$")
+MAX_SELECTOR_CHARS = 4096
+MAX_PATTERN_ATOMS = 16
+"""Globs and labels one selector may hold, after duplicates are dropped (issue 23, attack 3: one
+4 KiB selector of 2,048 atoms against 10,000 Hands held the Mind's loop 14 s). A plain name is not
+counted: it is looked up by key, so a list of names costs one set lookup per Hand however long it
+is; every other atom is tried against every Hand, so their number is what bounds a selection."""
 
 
 class SelectorError(MindhandError):
     """A selector that does not parse: the message names the part that is wrong."""
+
+
+def _plain(pattern: str) -> bool:
+    return limits.LABEL_RE.fullmatch(pattern) is not None
+
+
+@lru_cache(maxsize=1024)
+def _compiled(pattern: str) -> Callable[[str], object]:
+    return re.compile(translate(pattern)).match
 
 
 @dataclass(frozen=True)
@@ -40,19 +56,60 @@ class Atom:
     """None: `pattern` is over the Hand's name; else over the value of label `key`."""
 
     def matches(self, name: str, labels: Mapping[str, str]) -> bool:
-        if self.key is None:
-            return fnmatchcase(name, self.pattern)
-        value = labels.get(self.key)
-        return value is not None and fnmatchcase(value, self.pattern)
+        value = name if self.key is None else labels.get(self.key)
+        return value is not None and _compiled(self.pattern)(value) is not None
 
 
 @dataclass(frozen=True)
 class Selector:
     text: str
     terms: tuple[tuple[Atom, ...], ...]
+    """Each term once, each atom once in its term, in the order first written."""
+    _names: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+    """The terms that are one plain name: matched by a set lookup."""
+    _name_globs: object = field(default=None, compare=False, repr=False)
+    """The terms that are one glob over names, as one compiled alternation (or None)."""
+    _rest: tuple[tuple[tuple[str | None, Callable[[str], object]], ...], ...] = field(
+        default=(), compare=False, repr=False
+    )
+    """The other terms, each as (label key or None for the name, compiled pattern) pairs."""
+
+    def __post_init__(self) -> None:
+        names: set[str] = set()
+        globs: list[str] = []
+        rest = []
+        for term in self.terms:
+            if len(term) == 1 and term[0].key is None:
+                if _plain(term[0].pattern):
+                    names.add(term[0].pattern)
+                else:
+                    globs.append(term[0].pattern)
+            else:
+                rest.append(tuple((a.key, _compiled(a.pattern)) for a in term))
+        object.__setattr__(self, "_names", frozenset(names))
+        alternation = re.compile("|".join(f"(?:{translate(g)})" for g in globs)).match if globs else None
+        object.__setattr__(self, "_name_globs", alternation)
+        object.__setattr__(self, "_rest", tuple(rest))
+
+    @property
+    def needs_labels(self) -> bool:
+        """Whether matching reads labels: if not, a caller need not decode them for every Hand."""
+        return any(key is not None for term in self._rest for key, _ in term)
 
     def matches(self, name: str, labels: Mapping[str, str]) -> bool:
-        return any(all(a.matches(name, labels) for a in term) for term in self.terms)
+        if name in self._names:
+            return True
+        globs = self._name_globs
+        if globs is not None and callable(globs) and globs(name) is not None:
+            return True
+        for term in self._rest:  # the hot loop of a selection: no generator per Hand
+            for key, match in term:
+                value = name if key is None else labels.get(key)
+                if value is None or match(value) is None:
+                    break
+            else:
+                return True
+        return False
 
     def select(self, hands: Iterable[tuple[str, Mapping[str, str]]]) -> list[str]:
         """The names of `hands` (name, labels) that match, in the order given."""
@@ -64,27 +121,35 @@ class Selector:
         caller may then report each unknown name."""
         out = []
         for term in self.terms:
-            if len(term) != 1 or term[0].key is not None or not limits.LABEL_RE.fullmatch(term[0].pattern):
+            if len(term) != 1 or term[0].key is not None or not _plain(term[0].pattern):
                 return None
             out.append(term[0].pattern)
         return tuple(out)
 
 
 def parse(text: str) -> Selector:
+    """Parse, dropping repeated terms and repeated atoms within a term (they change nothing that
+    matches), then bound the atoms that cost a match per Hand (`MAX_PATTERN_ATOMS`)."""
     if not text or not text.strip():
         raise SelectorError("empty selector: give names, globs (web*) or labels (role=web)")
-    if len(text) > 4096:
-        raise SelectorError("selector longer than 4096 characters")
-    terms = []
+    if len(text) > MAX_SELECTOR_CHARS:
+        raise SelectorError(f"selector longer than {MAX_SELECTOR_CHARS} characters")
+    terms: dict[frozenset[Atom], tuple[Atom, ...]] = {}
     for raw_term in text.split(","):
         term = raw_term.strip()
         if not term:
             raise SelectorError(f"empty term in selector {text!r} (two commas, or a trailing one)")
-        atoms = []
+        atoms: dict[Atom, None] = {}
         for raw_atom in term.split("+"):
-            atoms.append(_atom(raw_atom.strip(), text))
-        terms.append(tuple(atoms))
-    return Selector(text, tuple(terms))
+            atoms.setdefault(_atom(raw_atom.strip(), text))
+        terms.setdefault(frozenset(atoms), tuple(atoms))  # `a+b` and `b+a` are one term
+    costly = sum(len(t) for t in terms.values() if len(t) > 1 or t[0].key is not None or not _plain(t[0].pattern))
+    if costly > MAX_PATTERN_ATOMS:
+        raise SelectorError(
+            f"selector holds {costly} globs or labels (at most {MAX_PATTERN_ATOMS}): "
+            "list plain names, or use a label the Hands share"
+        )
+    return Selector(text, tuple(terms.values()))
 
 
 def _atom(atom: str, text: str) -> Atom:

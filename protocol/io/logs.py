@@ -41,16 +41,19 @@ AGGREGATED: frozenset[str] = frozenset(
         AuditEvent.HAND_INPUT_UNKNOWN_RUN,
         AuditEvent.TASK_UPDATE_FOREIGN,
         AuditEvent.TASK_UPDATE_UNSOLICITED,
+        AuditEvent.DENIED_BY_SCOPE,
     }
 )
-"""Refusals a stranger or a hostile Hand can provoke in a loop: written `AUDIT_BURST` times per
-(event, who, why) and interval, then counted (issue 13: a connection flood wrote ~8.8 GiB a day)."""
+"""Refusals a stranger, a hostile Hand or a scoped client can provoke in a loop: written
+`AUDIT_BURST` times per (event, who, what, why) and interval, then counted (issue 13: a connection
+flood wrote ~8.8 GiB a day; issue 23, attack 6: one client's requests outside its scope wrote
+5.4 MiB/s). A counted line is dropped from the console too, so the flood is bounded there as well."""
 AUDIT_BURST = 10
 AUDIT_INTERVAL_S = 60.0
 AUDIT_KEYS_MAX = 256
 """Distinct (event, who, why) keys counted per interval; beyond it one key per event takes the rest,
 so a flood from many addresses is bounded too."""
-_KEY_FIELDS = ("peer", "hand", "client", "label", "why", "code")
+_KEY_FIELDS = ("peer", "hand", "client", "label", "what", "why", "code")
 
 
 class _Repeats:
@@ -88,19 +91,21 @@ class AuditLog:
     def write(self, record: dict) -> None:
         self.record(record, _json(record))
 
-    def record(self, event_dict: dict[str, Any], line: str) -> None:
-        """Write `line` (the JSON of `event_dict`), or count it if it is a repeat over its burst."""
+    def record(self, event_dict: dict[str, Any], line: str) -> bool:
+        """Write `line` (the JSON of `event_dict`), or count it if it is a repeat over its burst;
+        False when it was counted, not written."""
         now = time.monotonic()
         with self._lock:
             if self._fd < 0:  # closed at exit: a late line must not reach a reused descriptor
-                return
+                return True
             self._follow(now)
             if now - self._swept >= 1.0:
                 self._sweep(now, force=False)
             event = str(event_dict.get("event"))
             if event in AGGREGATED and self._counted(event, event_dict, now):
-                return
+                return False
             os.write(self._fd, (line + "\n").encode())  # one write per line: O_APPEND keeps it whole
+            return True
 
     def _counted(self, event: str, event_dict: dict[str, Any], now: float) -> bool:
         key = (event, *(str(event_dict.get(f, "")) for f in _KEY_FIELDS))
@@ -318,7 +323,8 @@ def _tee_and_render(audit: AuditLog | None, json_console: bool, console_renderer
         line: str | None = None
         if audit is not None and event_dict.get("event") in AUDITED:
             line = _json(event_dict)
-            audit.record(event_dict, line)
+            if not audit.record(event_dict, line):
+                raise structlog.DropEvent  # a repeat the audit file counts: the console skips it too
         level_no = _LEVELS.get(method)
         per = _Levels.per
         floor = _level_for(event_dict.get("component"), _Levels.default, per) if per else _Levels.default
