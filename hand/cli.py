@@ -234,6 +234,7 @@ def _sandbox(s: Settings) -> Any:
         caps=limits,
         run_as=run_as,
         max_upload_bytes=parse_size(upload) if upload is not None else None,
+        max_output_bytes=parse_size(s["output_limit"]),
     )
 
 

@@ -227,6 +227,16 @@ KEYS: tuple[Key, ...] = (
         metavar="SIZE",
     ),
     Key(
+        "output_limit",
+        str,
+        "1G",
+        "bytes each output stream of a run may deliver (bytes or K, M, G); a client asking for more "
+        "gets this (the command keeps running, the stream is cut, exit 122). Copies are bounded by "
+        "their file instead",
+        check=_size,
+        metavar="SIZE",
+    ),
+    Key(
         "run_as",
         str,
         None,

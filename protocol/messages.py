@@ -407,7 +407,8 @@ class Exec(Message):
     (`admitted`, which names the run id), the output and the end: three frames fewer per call."""
     fleet: Id | None = None
     """The fleet run this run is a member of (DESIGN §12): recorded in the run's history, so
-    `mind runs --fleet ID` lists the members. Changes nothing else about the run."""
+    `mind runs --fleet ID` lists the members. Changes nothing else about the run. The id must be
+    one the Mind minted for this client (`fleet_open`): a run tagged with another's is refused."""
 
 
 class RunUpdate(Message):
@@ -506,6 +507,33 @@ class HandsSelected(Message):
     hands: list[SelectedHand]
     next_after: Cursor | None = None
     """More Hands match: ask again with this as `after`. None: this was the last page."""
+
+
+class WhichConnected(Message):
+    """Which of these Hands are connected now (issue 23): the question a fleet's delivery window
+    asks about its offline members. Not a selector (nothing is matched, each name is one lookup),
+    within the client's scope like every other answer; a client asks in pages of `names`."""
+
+    TYPE = "which_connected"
+    names: Annotated[list[Label], Field(min_length=1, max_length=1000)]
+
+
+class ConnectedNames(Message):
+    TYPE = "connected_names"
+    names: list[Label]
+    """The names asked about that are connected now (and in the client's scope)."""
+
+
+class FleetOpen(Message):
+    """Ask the Mind for a fleet id (DESIGN §12, issue 23 attack 11): it mints the id and binds it
+    to this client's credential, so only its owner can tag runs as members (`Exec.fleet`)."""
+
+    TYPE = "fleet_open"
+
+
+class FleetOpened(Message):
+    TYPE = "fleet_opened"
+    fleet: Id
 
 
 class HandsList(Message):
@@ -692,6 +720,10 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         SelectHands,
         SelectedHand,
         HandsSelected,
+        WhichConnected,
+        ConnectedNames,
+        FleetOpen,
+        FleetOpened,
         GetRun,
         RunInfo,
         TaskStatus,

@@ -42,7 +42,7 @@ import structlog
 
 from hand.aio import copyrun
 from hand.aio.metrics import HandMetrics
-from hand.aio.streams import RunStreams
+from hand.aio.streams import RunStreams, capped_spec
 from hand.core.cpu import cpu_exhausted, kernel_cpu_kill
 from hand.core.policy import KNOWN_TOOLS, ToolPolicy
 from hand.core.sanitize import Sanitizer
@@ -195,7 +195,8 @@ class RunTable:
         grace = self._kill_grace if rpc.grace_ms is None else min(rpc.grace_ms / 1000, self._kill_grace)
         run = _Run(rpc, ctl, prepared, grace, digest, log)
         if rpc.streams is not None and isinstance(prepared, (ProcessSpec, StreamCall)):
-            run.streams = RunStreams(rpc.run_id, rpc.streams, self._send, log)
+            cap = None if isinstance(prepared, StreamCall) else self._sandbox.max_output_bytes  # a copy: its file
+            run.streams = RunStreams(rpc.run_id, capped_spec(rpc.streams, cap), self._send, log)
         self._active[rpc.run_id] = run  # before any await: a following cancel finds it
         self._metrics.run_started(rpc.run_id)
         self._idle.clear()

@@ -51,6 +51,14 @@ class _Out:
         self.reader_gone = False
 
 
+def capped_spec(spec: Streams, cap: int | None) -> Streams:
+    """The client's streams spec with its `output_limit` no higher than the Hand's own
+    (`hand run --output-limit`, issue 23): the client's value alone went up to 2^50."""
+    if cap is None or spec.output_limit <= cap:
+        return spec
+    return spec.model_copy(update={"output_limit": cap})
+
+
 class RunStreams:
     def __init__(self, run_id: str, spec: Streams, send: Send, log: object) -> None:
         self.run_id = run_id

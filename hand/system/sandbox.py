@@ -48,6 +48,7 @@ from functools import partial
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from protocol import limits
 from protocol.errors import MindhandError
 
 DEFAULT_ENV_ALLOW: tuple[str, ...] = (
@@ -275,6 +276,8 @@ class Sandbox:
     """Values that must never reach a child (the credential's secret, in hex)."""
     max_upload_bytes: int | None = None
     """The largest file `put_file` (`mind cp`) accepts; a larger one is refused before any write."""
+    max_output_bytes: int = limits.OUTPUT_LIMIT_DEFAULT
+    """`hand run --output-limit`: what a client's `output_limit` is capped at (issue 23)."""
 
     def child_env(self, extra: Mapping[str, str] | None, parent: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment of a child: the allowed part of `parent` (the Hand's own environment,

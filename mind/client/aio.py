@@ -36,7 +36,10 @@ from protocol.messages import (
     PAGE_LIMIT_MAX,
     CancelRun,
     CancelRunResult,
+    ConnectedNames,
     Exec,
+    FleetOpen,
+    FleetOpened,
     GetRun,
     GetStatus,
     HandInfo,
@@ -66,6 +69,7 @@ from protocol.messages import (
     TaskStart,
     TaskStartResult,
     TaskView,
+    WhichConnected,
 )
 from protocol.states import RunState, TaskState
 from protocol.streams import Receiver, Sender
@@ -488,6 +492,19 @@ class MindClient:
             if reply.next_after is None or reply.next_after == after:
                 return out
             after = reply.next_after
+
+    async def which_connected(self, names: list[str]) -> set[str]:
+        """Which of `names` are connected now (and in this client's scope): one lookup per name on
+        the Mind, asked in pages of 1,000, for any number of names (issue 23)."""
+        out: set[str] = set()
+        for i in range(0, len(names), 1000):
+            reply = await self._ask(WhichConnected(names=names[i : i + 1000]), ConnectedNames)
+            out.update(reply.names)
+        return out
+
+    async def open_fleet(self) -> str:
+        """A fleet id minted by the Mind for this client: only its runs can be members."""
+        return (await self._ask(FleetOpen(), FleetOpened)).fleet
 
     def exec_many(self, selector: str, tool: str, args: dict[str, Any], **options: Any) -> FleetRun:
         """One tool call on every Hand `selector` names, with rate control and an error budget

@@ -1,0 +1,120 @@
+"""What one client may cost the Mind (issue 23, must-hold 2), pure: time is passed in.
+
+Three bounds, so no single client can move another's latency or the Mind's memory by more than a
+known amount:
+
+- a **rate** of frames and of bytes read from it (`TokenBucket`): a client over its rate is not
+  refused but *waited for* (the shell stops reading its socket until the bucket refills), so TCP
+  slows the flood at its source and an honest burst only slows down (attack: a sustained flood of
+  1 MiB frames of empty arrays raised other clients' median latency 2 -> 237 ms);
+- a budget of **stream bytes in flight** across all its streamed runs (`stream_budget_problem`):
+  each output stream may hold a window of unacknowledged bytes in the Mind, so the number of
+  streamed runs a client holds at once is bounded (attack 4: 1,000 downloads read one frame per
+  0.5 s took the Mind from 45 to 1,052 MiB);
+- a byte bound on its **outbox** (`OutboxBound`): a peer that does not read is closed, not
+  buffered. The bound is above the stream budget, so a client within its budget never meets it.
+"""
+
+from __future__ import annotations
+
+from protocol import limits
+
+STREAM_BUDGET_BYTES = 32 * limits.STREAM_WINDOW
+"""Stream bytes one client (one credential, over all its connections) may have in flight."""
+OUTBOX_MAX_BYTES = STREAM_BUDGET_BYTES + (16 << 20)
+"""Bytes queued for one connection before it is closed as a peer that does not read."""
+OUTBOX_FRAME_OVERHEAD = 256
+"""What a queued frame is counted at, on top of the bytes it carries (its envelope and fields)."""
+CLIENT_FRAMES_PER_S = 2000.0
+CLIENT_FRAMES_BURST = 4000.0
+CLIENT_BYTES_PER_S = float(256 << 20)
+CLIENT_BYTES_BURST = float(64 << 20)
+"""A client's read rate: well above what one honest client sends (a 100 MB/s upload is 1,600
+chunks a second), well below what holds the loop (one 1 MiB frame of empty arrays costs ~10 ms)."""
+
+
+class TokenBucket:
+    """`rate` tokens a second up to `burst`; a take beyond them is owed, and `take` says how long
+    the caller should wait before it has paid (0.0: nothing to wait)."""
+
+    __slots__ = ("burst", "rate", "_level", "_at")
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._level = burst
+        self._at = now
+
+    def take(self, cost: float, now: float) -> float:
+        self._level = min(self.burst, self._level + (now - self._at) * self.rate)
+        self._at = now
+        self._level -= cost
+        return 0.0 if self._level >= 0 else -self._level / self.rate
+
+
+class ClientRate:
+    """One client's frames and bytes (`take(size, now)`: the seconds to wait before reading on)."""
+
+    __slots__ = ("bytes", "frames")
+
+    def __init__(self, now: float) -> None:
+        self.frames = TokenBucket(CLIENT_FRAMES_PER_S, CLIENT_FRAMES_BURST, now)
+        self.bytes = TokenBucket(CLIENT_BYTES_PER_S, CLIENT_BYTES_BURST, now)
+
+    def take(self, size: int, now: float) -> float:
+        return max(self.frames.take(1.0, now), self.bytes.take(float(size), now))
+
+
+class ClientRates:
+    """One `ClientRate` per credential label, shared by its connections (a client opening more
+    connections gets no more rate); forgotten when its last connection goes."""
+
+    def __init__(self) -> None:
+        self._rates: dict[str, tuple[ClientRate, int]] = {}
+
+    def join(self, label: str, now: float) -> ClientRate:
+        rate, users = self._rates.get(label, (None, 0))
+        if rate is None:
+            rate = ClientRate(now)
+        self._rates[label] = (rate, users + 1)
+        return rate
+
+    def leave(self, label: str) -> None:
+        rate, users = self._rates.get(label, (None, 0))
+        if rate is None:
+            return
+        if users <= 1:
+            del self._rates[label]
+        else:
+            self._rates[label] = (rate, users - 1)
+
+    def __len__(self) -> int:
+        return len(self._rates)
+
+
+def stream_budget_problem(in_flight: int, want: int, budget: int = STREAM_BUDGET_BYTES) -> str | None:
+    """Why a new streamed run is refused (the sentence for the client), or None: `in_flight` is what
+    the client's streamed runs may already hold in the Mind, `want` what the new one may add."""
+    if in_flight + want <= budget:
+        return None
+    return (
+        f"this client's streamed runs may hold {in_flight >> 20} MiB in the mind already "
+        f"(budget {budget >> 20} MiB): wait for some to end"
+    )
+
+
+class OutboxBound:
+    """Bytes queued for one peer: `add` says False once they pass `limit` (close the peer)."""
+
+    __slots__ = ("limit", "queued")
+
+    def __init__(self, limit: int = OUTBOX_MAX_BYTES) -> None:
+        self.limit = limit
+        self.queued = 0
+
+    def add(self, size: int) -> bool:
+        self.queued += size + OUTBOX_FRAME_OVERHEAD
+        return self.queued <= self.limit
+
+    def sent(self, size: int) -> None:
+        self.queued = max(0, self.queued - size - OUTBOX_FRAME_OVERHEAD)

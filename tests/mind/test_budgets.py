@@ -1,0 +1,66 @@
+"""What one client may cost the Mind (mind/core/budgets.py): rates are waited for, stream bytes in
+flight and outboxes are bounded (issue 23, must-hold 2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mind.core.budgets import (
+    OUTBOX_FRAME_OVERHEAD,
+    STREAM_BUDGET_BYTES,
+    ClientRates,
+    OutboxBound,
+    TokenBucket,
+    stream_budget_problem,
+)
+
+
+def test_a_bucket_lets_a_burst_through_then_says_how_long_to_wait():
+    b = TokenBucket(rate=10.0, burst=5.0, now=0.0)
+    assert [b.take(1, 0.0) for _ in range(5)] == [0.0] * 5
+    assert b.take(1, 0.0) == pytest.approx(0.1), "one token owed at 10/s"
+    assert b.take(1, 0.0) == pytest.approx(0.2), "debts add up: a flood waits longer and longer"
+    assert b.take(0, 10.0) == 0.0, "refilled after a pause, never above the burst"
+    assert [b.take(1, 10.0) for _ in range(5)] == [0.0] * 5
+    assert b.take(1, 10.0) > 0
+
+
+def test_a_clients_connections_share_one_rate_and_it_is_forgotten_with_the_last():
+    rates = ClientRates()
+    a = rates.join("ci", 0.0)
+    b = rates.join("ci", 0.0)
+    assert a is b and len(rates) == 1
+    assert rates.join("other", 0.0) is not a
+    rates.leave("ci")
+    assert len(rates) == 2
+    rates.leave("ci")
+    rates.leave("ci")  # harmless
+    assert len(rates) == 1
+
+
+def test_a_flood_of_large_frames_is_waited_for_by_its_bytes():
+    rate = ClientRates().join("ci", 0.0)
+    waits = [rate.take(1 << 20, 0.0) for _ in range(200)]
+    assert waits[0] == 0.0 and waits[-1] > 0.0
+    assert waits == sorted(waits)
+
+
+def test_stream_budget():
+    assert stream_budget_problem(0, 1 << 20) is None
+    assert stream_budget_problem(STREAM_BUDGET_BYTES - (1 << 20), 1 << 20) is None
+    problem = stream_budget_problem(STREAM_BUDGET_BYTES, 1 << 20)
+    assert problem is not None and "budget" in problem
+
+
+def test_an_outbox_over_its_bound_says_close_and_sent_bytes_are_given_back():
+    ob = OutboxBound(limit=10_000)
+    assert ob.add(5000)
+    assert ob.add(4000)
+    assert not ob.add(2000), "past the bound: the peer does not read"
+    ob.sent(5000)
+    ob.sent(4000)
+    ob.sent(2000)
+    assert ob.queued == 0
+    ob.sent(1)
+    assert ob.queued == 0
+    assert ob.add(10_000 - OUTBOX_FRAME_OVERHEAD)
