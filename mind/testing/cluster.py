@@ -96,7 +96,13 @@ class Proc:
         self.log = log
         self._logf = open(log, "ab")
         self.p = subprocess.Popen(
-            argv, env=env, stdout=self._logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            argv,
+            env=env,
+            stdout=self._logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=reaper.child_preexec(),
         )
         track(self.p)
 
@@ -398,6 +404,7 @@ class Cluster:
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=reaper.child_preexec(),
         )
         track(p)
         return p

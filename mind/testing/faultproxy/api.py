@@ -10,16 +10,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from mind.testing import reaper
 from mind.testing.faultproxy.proxy import FaultProxyError, Proxy
 from mind.testing.faultproxy.schedule import Step
+from mind.testing.faultproxy.token import read_token
+from mind.testing.faultproxy.token import send as send_command
 
 
 def _opts(direction: str, conn: int | None, p: float | None, **kw: object) -> str:
@@ -199,11 +201,14 @@ class FaultProxy(Commands):
     """The proxy as its own process (`python -m mind.testing.faultproxy`): `.url`, `.send(cmd)`,
     `.stop()`. Its own session, so `stop()` (or the test harness) kills it by PID whatever happens."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], listen: int, control: int) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], listen: int, control: int, token: str | None = None) -> None:
         self.proc = proc
         self.port = listen
         self.url = f"ws://127.0.0.1:{listen}"
         self.control_port = control
+        self.token = token
+        """The control token (from the proxy's 0600 token file): only its owner can drive it."""
+        self.token_file: str | None = None
 
     @property
     def pid(self) -> int:
@@ -217,7 +222,13 @@ class FaultProxy(Commands):
         argv = [sys.executable, "-P", "-m", "mind.testing.faultproxy", "--seed", str(seed)]  # -P: not the cwd
         if target_port is not None:
             argv += ["--target", f"{host}:{target_port}"]
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=reaper.child_preexec(),
+        )
         reaper.track(proc)
         assert proc.stdout is not None
         os.set_blocking(proc.stdout.fileno(), True)
@@ -236,13 +247,13 @@ class FaultProxy(Commands):
         if not line:
             raise FaultProxyError("the fault proxy did not start")
         ports = json.loads(line)
-        return cls(proc, ports["listen"], ports["control"])
+        proxy = cls(proc, ports["listen"], ports["control"], read_token(Path(ports["token_file"])))
+        proxy.token_file = ports["token_file"]
+        return proxy
 
     def send(self, command: str) -> str:
         try:
-            with socket.create_connection(("127.0.0.1", self.control_port), timeout=10) as s:
-                s.sendall(command.encode() + b"\n")
-                reply = s.makefile("rb").readline().decode().strip()
+            reply = send_command(("127.0.0.1", self.control_port), self.token, command)
         except OSError as exc:
             raise FaultProxyError(f"fault proxy unreachable on port {self.control_port}: {exc}") from None
         if not reply.startswith("ok"):
@@ -259,6 +270,8 @@ class FaultProxy(Commands):
         reaper.forget(self.proc)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        if self.token_file is not None:
+            Path(self.token_file).unlink(missing_ok=True)
 
     def __enter__(self) -> FaultProxy:
         return self

@@ -19,6 +19,7 @@ decisions in every run that opens its connections in the same order.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import random
 import socket
@@ -368,7 +369,10 @@ def parse(line: str) -> Command:
 class Proxy:
     """The engine. `await start(...)` to listen, `command(line)` to change faults, `close()`."""
 
-    def __init__(self, target: tuple[str, int] | None, seed: int = 0) -> None:
+    def __init__(self, target: tuple[str, int] | None, seed: int = 0, token: str | None = None) -> None:
+        self.token = token
+        """When set, a control connection's first line must be `auth TOKEN` (issue 23, attack 10:
+        the control port took commands from any local user). The token lives in a 0600 file."""
         self.target = target
         """Where connections go; None until a `target` command says (connections made meanwhile
         wait for it, up to TARGET_WAIT_S): a Hand can start, and dial, while its Mind starts."""
@@ -457,6 +461,14 @@ class Proxy:
 
     async def control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            if self.token is not None:
+                word, _, given = (await reader.readline()).decode(errors="replace").strip().partition(" ")
+                if word != "auth" or not hmac.compare_digest(given.encode(), self.token.encode()):
+                    writer.write(b"error: not authorized: send 'auth TOKEN' first (TOKEN: the proxy's token file)\n")
+                    await writer.drain()
+                    return
+                writer.write(b"ok auth\n")
+                await writer.drain()
             while line := await reader.readline():
                 writer.write((self.command(line.decode(errors="replace")) + "\n").encode())
                 await writer.drain()
