@@ -39,7 +39,6 @@ from mind.core import fleet as plan_core
 from mind.errors import ClientError
 from protocol import limits
 from protocol.codes import RejectCode
-from protocol.ids import new_id
 from protocol.messages import RunEnd, RunOutput, RunUpdate, SelectedHand, StreamData
 from protocol.states import RunState
 
@@ -116,7 +115,8 @@ class FleetRun:
         self.stream = stream
         self.watch = watch
         self.output_limit = output_limit
-        self.fleet_id = fleet_id or new_id("fleet-")
+        self.fleet_id = fleet_id
+        """Minted by the Mind for this client when the run starts (`open_fleet`), unless given."""
         self.selection: list[SelectedHand] | None = selection
         self.results: dict[str, HandResult] = {}
         self.aggregate: plan_core.Aggregate | None = None
@@ -151,6 +151,8 @@ class FleetRun:
         return self._run()
 
     async def _run(self) -> AsyncIterator[FleetEvent]:
+        if self.fleet_id is None:
+            self.fleet_id = await self.client.open_fleet()
         if self.selection is None:
             self.selection = await self.client.select_hands(self.selector)
         if not self.selection:
@@ -249,15 +251,17 @@ class FleetRun:
         return None
 
     async def _poll_online(self, plan: plan_core.FleetPlan, now: float) -> list[plan_core.Action]:
-        names = sorted(plan._offline)
+        """Ask who of the offline members connected: by name, not as a selector, so any number
+        of offline Hands costs the Mind one lookup each (issue 23: past ~455 names the selector
+        this used to build was too long, and the fleet died with a traceback)."""
         acts: list[plan_core.Action] = []
         try:
-            found = await self.client.select_hands(",".join(names))
+            found = await self.client.which_connected(sorted(plan._offline))
         except ClientError:
             return acts
-        for h in found:
-            if h.connected and h.name in plan._offline:
-                acts += plan.on_online(h.name, now)
+        for name in sorted(found):
+            if name in plan._offline:
+                acts += plan.on_online(name, now)
         return acts
 
     async def _perform(self, acts: list[plan_core.Action]) -> list[FleetEvent]:

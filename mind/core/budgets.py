@@ -3,7 +3,7 @@
 Three bounds, so no single client can move another's latency or the Mind's memory by more than a
 known amount:
 
-- a **rate** of frames and of bytes read from it (`TokenBucket`): a client over its rate is not
+- a **rate** of frames and of request bytes read from it (`TokenBucket`): a client over it is not
   refused but *waited for* (the shell stops reading its socket until the bucket refills), so TCP
   slows the flood at its source and an honest burst only slows down (attack: a sustained flood of
   1 MiB frames of empty arrays raised other clients' median latency 2 -> 237 ms);
@@ -25,12 +25,16 @@ OUTBOX_MAX_BYTES = STREAM_BUDGET_BYTES + (16 << 20)
 """Bytes queued for one connection before it is closed as a peer that does not read."""
 OUTBOX_FRAME_OVERHEAD = 256
 """What a queued frame is counted at, on top of the bytes it carries (its envelope and fields)."""
-CLIENT_FRAMES_PER_S = 2000.0
-CLIENT_FRAMES_BURST = 4000.0
-CLIENT_BYTES_PER_S = float(256 << 20)
-CLIENT_BYTES_BURST = float(64 << 20)
-"""A client's read rate: well above what one honest client sends (a 100 MB/s upload is 1,600
-chunks a second), well below what holds the loop (one 1 MiB frame of empty arrays costs ~10 ms)."""
+CLIENT_FRAMES_PER_S = 4000.0
+CLIENT_FRAMES_BURST = 8000.0
+"""Frames a second one client may send: above an honest upload (a 200 MB/s upload is ~3,000
+chunks a second), below what holds the loop."""
+CLIENT_REQUEST_BYTES_PER_S = float(8 << 20)
+CLIENT_REQUEST_BYTES_BURST = float(16 << 20)
+"""Bytes a second of requests (every frame but a run's stream bytes): decoding is what a request
+costs before any check, about 10 ms per 1 MiB frame of empty arrays, so this bounds a flood of
+them to a small share of the loop; stream chunks carry bytes, cheap to decode, and are bounded by
+their flow control instead."""
 
 
 class TokenBucket:
@@ -53,16 +57,17 @@ class TokenBucket:
 
 
 class ClientRate:
-    """One client's frames and bytes (`take(size, now)`: the seconds to wait before reading on)."""
+    """One client's frames, and bytes of requests: `take(size, now, stream)` is the seconds to wait
+    before reading on (`stream`: the frame was a run's stream bytes, counted as a frame only)."""
 
     __slots__ = ("bytes", "frames")
 
     def __init__(self, now: float) -> None:
         self.frames = TokenBucket(CLIENT_FRAMES_PER_S, CLIENT_FRAMES_BURST, now)
-        self.bytes = TokenBucket(CLIENT_BYTES_PER_S, CLIENT_BYTES_BURST, now)
+        self.bytes = TokenBucket(CLIENT_REQUEST_BYTES_PER_S, CLIENT_REQUEST_BYTES_BURST, now)
 
-    def take(self, size: int, now: float) -> float:
-        return max(self.frames.take(1.0, now), self.bytes.take(float(size), now))
+    def take(self, size: int, now: float, stream: bool = False) -> float:
+        return max(self.frames.take(1.0, now), self.bytes.take(0.0 if stream else float(size), now))
 
 
 class ClientRates:
@@ -90,6 +95,13 @@ class ClientRates:
 
     def __len__(self) -> int:
         return len(self._rates)
+
+
+def stream_windows(stdin: bool, pty: bool) -> int:
+    """The bytes a streamed run may hold in the Mind: a window per stream it relays (stdout and
+    stderr, or the terminal; and stdin when the client sends it)."""
+    streams = (1 if pty else 2) + (1 if stdin and not pty else 0)
+    return streams * limits.STREAM_WINDOW
 
 
 def stream_budget_problem(in_flight: int, want: int, budget: int = STREAM_BUDGET_BYTES) -> str | None:

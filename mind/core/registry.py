@@ -361,8 +361,9 @@ class RunRegistry:
         run.seq = self._seq
         self._runs[run_id] = run
         self._active[run_id] = run
+        refused = {"reject_code": refusal[0].value} if refusal is not None else {}  # (audit: aggregated)
         acts: list[Action] = [
-            self._log(AuditEvent.RUN_ADMITTED, run, tool=req.tool, args_digest=run.args_digest, client=owner)
+            self._log(AuditEvent.RUN_ADMITTED, run, tool=req.tool, args_digest=run.args_digest, client=owner, **refused)
         ]
         if run.client is not None:
             acts.append(SendToClient(run.client, req_id, RunUpdate(run_id=run_id, hand=run.hand, state=run.state)))

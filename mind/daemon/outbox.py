@@ -7,6 +7,10 @@ and is dropped, counted, when the queue is already long.
 A frame that cannot be sent (over the frame limit, or failing to encode) is never silence for the
 peer waiting on it: a reply to a client's request becomes an `error` reply for that request id, so
 no request of a client can hang (DESIGN §11).
+
+The queue is bounded in bytes (`mind.core.budgets.OutboxBound`, issue 23 attack 4): a peer that
+does not read is closed, not buffered. Its queue is dropped and `on_overflow` is told (the shell
+aborts the connection, whose reader then cleans up as for any lost peer).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from websockets.asyncio.connection import Connection
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
+from mind.core.budgets import OutboxBound
 from protocol.codes import ErrorCode
 from protocol.envelope import Channel
 from protocol.errors import ProtocolError
@@ -57,6 +62,9 @@ class Outbox:
         self.on_refused = on_refused
         self.dropped = 0
         self.refused = 0
+        self.bound = OutboxBound()
+        self.on_overflow: Callable[[], None] | None = None
+        self.overflowed = False
         self.drained = asyncio.Event()
         self.drained.set()
 
@@ -66,9 +74,21 @@ class Outbox:
         if droppable and len(self._q) >= self._limit:
             self.dropped += 1
             return
+        if not self.bound.add(_carried(msg)):
+            self._overflow()
+            return
         self._q.append((msg, id))
         self.drained.clear()
         self._wake.set()
+
+    def _overflow(self) -> None:
+        self._q.clear()
+        self.bound.queued = 0
+        self._closed = self.overflowed = True
+        self._wake.set()
+        log.warning("outbox_overflow", limit=self.bound.limit)
+        if self.on_overflow is not None:
+            self.on_overflow()
 
     def close(self) -> None:
         """Stop after what is already queued has been written."""
@@ -102,6 +122,7 @@ class Outbox:
                     frames: list[bytes] = []
                     while self._q and len(frames) < MAX_BATCH:
                         msg, id_ = self._q.popleft()
+                        self.bound.sent(_carried(msg))
                         frame = self._stamp(msg, id_)
                         if frame is not None:
                             frames.append(frame)
@@ -118,3 +139,10 @@ class Outbox:
         except ConnectionClosed:
             self._closed = True
             self.drained.set()
+
+
+def _carried(msg: Message) -> int:
+    """The bytes a queued message holds beyond its fixed fields: its data, for the messages that
+    carry a run's bytes (`stream_data`, `run_output`), the rest being counted at a fixed size."""
+    data = getattr(msg, "data", None)
+    return len(data) if isinstance(data, (bytes, str)) else 0

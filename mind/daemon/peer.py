@@ -10,6 +10,7 @@ from typing import Any
 import structlog
 from websockets.asyncio.connection import Connection
 
+from mind.core.budgets import ClientRate
 from mind.core.handshake import Identity
 from mind.core.scope import FULL, Scope
 from mind.daemon.outbox import Outbox
@@ -40,6 +41,8 @@ class Peer:
     secret_digest: bytes = b""
     """SHA-256 of the secret this connection authenticated with: a rotation or revocation is seen by
     comparing it with the store's current one."""
+    rate: ClientRate | None = None
+    """A client's read rate (`mind.core.budgets`), shared by its credential's connections."""
     pending: dict[str, asyncio.Future[Message]] = field(default_factory=dict)
     """Requests this Mind sent to the peer (a Hand), by envelope id, waiting for their reply."""
 

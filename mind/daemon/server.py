@@ -31,18 +31,21 @@ from mind import home as paths
 from mind.core.admission import (
     AuthFailures,
     Denial,
-    PendingHandshakes,
     args_problem,
     denial_message,
     touch_denial,
     use_denial,
 )
+from mind.core.budgets import ClientRates, stream_budget_problem, stream_windows
+from mind.core.fleetids import FleetOwners
 from mind.core.handshake import AUTH_FAILED_MESSAGE, Identity, ServerHandshake
 from mind.core.paging import page
 from mind.core.registry import Action, Log, RunRegistry, SendToClient, SendToHand, StartEnded
 from mind.core.scope import Scope
+from mind.core.slots import HandshakeSlots
 from mind.daemon import heap
 from mind.daemon.metrics import MindMetrics
+from mind.daemon.onerequest import OneRequest
 from mind.daemon.outbox import BatchingConnection, Outbox
 from mind.daemon.peer import INTERNAL_ERROR, Peer
 from mind.daemon.taskservice import TaskService
@@ -61,8 +64,11 @@ from protocol.messages import (
     CancelResult,
     CancelRun,
     CancelRunResult,
+    ConnectedNames,
     Error,
     Exec,
+    FleetOpen,
+    FleetOpened,
     GetRun,
     GetStatus,
     HandClaims,
@@ -95,6 +101,7 @@ from protocol.messages import (
     TaskLogs,
     TaskStart,
     TaskUpdate,
+    WhichConnected,
     build_all,
 )
 from protocol.states import RUN_TERMINAL, RunState
@@ -115,6 +122,10 @@ LOG_LEVELS = {
     # Every transition is logged, at debug: admission and the terminal (info, and audited) carry what
     # operators need; the steps between cost a tenth of the Mind's CPU per call at info.
     "run_state": "debug",
+    # A client's bad stream frames are its own problem, and it can send thousands a second (issue 23).
+    "stream_refused": "debug",
+    "stream_unknown": "debug",
+    "stream_wrong_direction": "debug",
 }
 
 STATUS_LIST_MAX = 50
@@ -132,7 +143,10 @@ CLOSE_INTERNAL = 1011
 OPEN_TIMEOUT_S = 5.0
 """A connection that has not finished its HTTP upgrade by then is closed (issue 13, item 10)."""
 MAX_PENDING_PER_ADDRESS = 8
-"""Handshakes one address may have in progress (issue 13, item 8)."""
+"""Silent handshakes (no `hello` yet) one address may hold; a newer one evicts the oldest (issue 23)."""
+HELLO_TIMEOUT_S = 3.0
+"""A connection that has not sent its `hello` by then is closed: a peer speaks at once, only a
+silent stranger waits, and it should not hold a slot for the whole proof deadline (issue 23)."""
 LIMITED_DELAY_S = 1.0
 """A rate-limited address waits this long for its challenge: a legitimate peer still gets in, a
 prober gets a handful of tries a second (issue 13, items 9 and 13)."""
@@ -183,27 +197,32 @@ class Unwelcomed:
     of the busiest address to make room; the rest end at the upgrade or handshake deadline."""
 
     def __init__(self, per_address: int = 64, total: int = 1024) -> None:
-        self._slots = PendingHandshakes()
+        self._slots = HandshakeSlots(total, per_address)
         self._conns: dict[int, asyncio.Transport] = {}
-        self.per_address = per_address
-        self.max_total = total
+
+    @property
+    def max_total(self) -> int:
+        return self._slots.total
+
+    @max_total.setter
+    def max_total(self, total: int) -> None:
+        self._slots.total = total
 
     def admit(self, key: int, addr: str, transport: asyncio.Transport) -> bool:
-        admitted, evicted = self._slots.admit(key, addr, self.max_total, self.per_address)
-        if evicted is not None:
+        """Never refuses (issue 23): the oldest socket of a full address, or of a full table, goes."""
+        for evicted in self._slots.admit(key, addr):
             old = self._conns.pop(evicted, None)
             if old is not None:
                 old.abort()
-        if admitted:
-            self._conns[key] = transport
-        return admitted
+        self._conns[key] = transport
+        return True
 
     def release(self, key: int) -> None:
         self._slots.done(key)
         self._conns.pop(key, None)
 
 
-class CountedConnection(BatchingConnection):
+class CountedConnection(OneRequest, BatchingConnection):
     """A server connection that holds a slot in `Unwelcomed` from accept until welcome or close."""
 
     unwelcomed: Unwelcomed
@@ -270,7 +289,7 @@ class Mind:
         self._stop = asyncio.Event()
         self._tg: asyncio.TaskGroup | None = None
         self.tasks = TaskService(self)
-        self._pending = PendingHandshakes()
+        self._pending = HandshakeSlots(cfg.max_pending_handshakes, MAX_PENDING_PER_ADDRESS)
         self._pending_ws: dict[int, tuple[str, Connection]] = {}
         """Each pending handshake's address and connection, to close the one `_pending` evicts."""
         self._evicted: set[int] = set()
@@ -280,6 +299,8 @@ class Mind:
         self._failures = AuthFailures()
         self._epoch = -1
         self.denials: dict[str, int] = {}
+        self.rates = ClientRates()
+        self.fleets = FleetOwners()
         self.metrics = MindMetrics()
         self.started = time.time()
         self._large_frames = False
@@ -525,20 +546,10 @@ class Mind:
         limited = self._rate_limited(peer_addr, now)
         seen_epoch = self._epoch
         key = id(ws)
-        admitted, evicted = self._pending.admit(
-            key, peer_addr, self.cfg.max_pending_handshakes, MAX_PENDING_PER_ADDRESS
-        )
-        if not admitted:
-            log.warning(AuditEvent.HANDSHAKE_REFUSED, peer=peer_addr, why="busy", pending=self._pending.held(peer_addr))
-            await self._refuse(
-                ws,
-                channel,
-                ProtocolError(ErrorCode.BUSY, "too many handshakes in progress from this address; try later"),
-            )
-            return
-        if evicted is not None:
+        self._pending.total = self.cfg.max_pending_handshakes  # (reloadable)
+        for evicted in self._pending.admit(key, peer_addr):
             old = self._pending_ws.pop(evicted, None)
-            if old is not None:  # the oldest of the busiest address: a silent stranger, not a failure
+            if old is not None:  # the oldest silent one of its address, or of the table: not a failure
                 log.warning(AuditEvent.HANDSHAKE_REFUSED, peer=old[0], why="evicted")
                 self._evicted.add(evicted)
                 self.spawn(self._close_quietly(old[1], CLOSE_TRY_LATER, "busy: evicted for a newer handshake"))
@@ -586,6 +597,7 @@ class Mind:
         )
         if ident.role == "hand":
             outbox.on_refused = peer.fail_request
+        outbox.on_overflow = ws.transport.abort  # a peer that does not read is closed, not buffered
         if ident.role == "client":
             # Full scope is what the credential was created with (no stored scope), never a name.
             peer.scope = Scope.from_json(await self.creds(self.store.scope, "client", ident.label))
@@ -666,13 +678,18 @@ class Mind:
         self, ws: Connection, channel: Channel, limited: bool = False, stage: list[str] | None = None
     ) -> tuple[Identity, int, bytes]:
         loop = asyncio.get_running_loop()
-        msg = await self._recv(ws, channel)
+        try:
+            async with asyncio.timeout(HELLO_TIMEOUT_S):
+                msg = await self._recv(ws, channel)
+        except TimeoutError:
+            raise ProtocolError(ErrorCode.HANDSHAKE_TIMEOUT, "no hello in time") from None
         if not isinstance(msg, Hello):
             raise ProtocolError(
                 ErrorCode.UNEXPECTED_MESSAGE, f"expected hello, got {msg.TYPE}: nothing is acted on before welcome"
             )
         if stage is not None:
             stage.append("hello")
+        self._pending.spoke(id(ws))
         started = loop.time()
         secret = await self.creds(self.store.secret, msg.role, msg.label)
         hs = ServerHandshake(self.mind_id, new_id("hs"), os.urandom(limits.NONCE_BYTES), loop.time())
@@ -746,6 +763,10 @@ class Mind:
                 try:
                     env = channel.receive(data)
                     on_message(peer, env.id, env.msg)
+                    if peer.rate is not None:
+                        stream = isinstance(env.msg, (StreamData, StreamAck))
+                        if (wait := peer.rate.take(len(data), time.monotonic(), stream)) > 0:
+                            await asyncio.sleep(wait)  # over its rate: the client waits, its socket unread
                 except ProtocolError as exc:
                     log.warning(
                         "peer_protocol_error",
@@ -836,12 +857,14 @@ class Mind:
 
     async def _serve_client(self, peer: Peer) -> None:
         self.clients[peer.conn_id] = peer
+        peer.rate = self.rates.join(peer.ident.label, time.monotonic())
         self.metrics.clients_connected.set(len(self.clients))
         clog = log.bind(client=peer.ident.label, conn=peer.conn_id)
         clog.debug("client_connected")
         try:
             await self._read_loop(peer, self._on_client_message)
         finally:
+            self.rates.leave(peer.ident.label)
             self.clients.pop(peer.conn_id, None)
             self.metrics.clients_connected.set(len(self.clients))
             self.perform(self.registry.on_client_gone(peer.conn_id, time.monotonic(), time.time()))
@@ -864,6 +887,14 @@ class Mind:
             denial = use_denial(scope, msg.hand, msg.tool)
             if denial is not None:
                 refusal = (RejectCode.DENIED_BY_SCOPE, self.deny(peer, denial.what, **denial.fields))
+            elif msg.fleet is not None and self.fleets.problem(msg.fleet, me) is not None:
+                refusal = (RejectCode.DENIED_BY_SCOPE, self.deny(peer, f"join fleet {msg.fleet}", fleet=msg.fleet))
+                msg = msg.model_copy(update={"fleet": None})  # refused, and never listed as a member
+            elif msg.streams is not None:
+                want = stream_windows(msg.streams.stdin, msg.streams.pty is not None)
+                held = sum(len(r.relays) for r in self.registry.active() if r.owner == me) * limits.STREAM_WINDOW
+                if (problem := stream_budget_problem(held, want)) is not None:
+                    refusal = (RejectCode.QUOTA_EXCEEDED, problem)
             live = self.hands.get(msg.hand)
             if live is None and refusal is None:
                 # Offline or unknown: the credentials table says which, read on the database thread.
@@ -893,6 +924,13 @@ class Mind:
             self._list_runs(peer, id_, msg)
         elif isinstance(msg, SelectHands):
             peer.spawn(self._select_hands(peer, id_, msg), reply_to=id_)
+        elif isinstance(msg, WhichConnected):
+            up = [n for n in dict.fromkeys(msg.names) if n in self.hands and scope.allows_hand(n)]
+            peer.outbox.put(ConnectedNames(names=up), id_)
+        elif isinstance(msg, FleetOpen):
+            fleet = new_id("fleet-")
+            self.fleets.opened(fleet, me)
+            peer.outbox.put(FleetOpened(fleet=fleet), id_)
         elif isinstance(msg, GetStatus):
             peer.spawn(self._status(peer, id_), reply_to=id_)
         elif isinstance(msg, TaskStart):
@@ -964,6 +1002,7 @@ class Mind:
             peer.outbox.put(Error(code=ErrorCode.INVALID_PAYLOAD, message=str(exc)), id_)
             return
         after, scope = msg.after, peer.scope
+        needs_labels = sel.needs_labels
         rows = await self.creds(self.store.list, "hand")
 
         def matching() -> Iterator[SelectedHand]:
@@ -972,8 +1011,9 @@ class Mind:
                     continue
                 if not scope.allows_hand(row.label):
                     continue
-                labels = row.label_map()
+                labels = row.label_map() if needs_labels else {}
                 if sel.matches(row.label, labels):
+                    labels = labels or row.label_map()
                     live = self.hands.get(row.label)
                     gen = live.gen if live else row.generation
                     yield SelectedHand(name=row.label, connected=live is not None, generation=gen, labels=labels)

@@ -53,7 +53,19 @@ AUDIT_INTERVAL_S = 60.0
 AUDIT_KEYS_MAX = 256
 """Distinct (event, who, why) keys counted per interval; beyond it one key per event takes the rest,
 so a flood from many addresses is bounded too."""
-_KEY_FIELDS = ("peer", "hand", "client", "label", "what", "why", "code")
+_KEY_FIELDS = ("peer", "hand", "client", "label", "what", "why", "code", "tool", "reject_code")
+
+
+def _aggregated(event: str, event_dict: dict[str, Any]) -> bool:
+    """A refusal the peer can repeat at will: the `AGGREGATED` events, and a run refused before
+    anything ran (its `run_admitted` with a `reject_code`, `run_rejected`, and its `run_terminal`
+    in state `rejected`): a scoped client's
+    flood of requests outside its scope wrote three audit lines per request (issue 23, attack 6)."""
+    if event in AGGREGATED or event == AuditEvent.RUN_REJECTED:
+        return True
+    if event == AuditEvent.RUN_ADMITTED:
+        return event_dict.get("reject_code") is not None  # refused by the Mind as it was admitted
+    return event == AuditEvent.RUN_TERMINAL and event_dict.get("state") == "rejected"
 
 
 class _Repeats:
@@ -102,7 +114,7 @@ class AuditLog:
             if now - self._swept >= 1.0:
                 self._sweep(now, force=False)
             event = str(event_dict.get("event"))
-            if event in AGGREGATED and self._counted(event, event_dict, now):
+            if _aggregated(event, event_dict) and self._counted(event, event_dict, now):
                 return False
             os.write(self._fd, (line + "\n").encode())  # one write per line: O_APPEND keeps it whole
             return True

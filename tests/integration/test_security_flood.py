@@ -234,16 +234,20 @@ async def test_silent_strangers_hold_no_slot_a_legitimate_handshake_needs(tmp_pa
         assert "evicted" in cl.mind.output()
 
 
-async def test_one_address_holds_at_most_its_share_of_pending_handshakes(tmp_path):
+async def test_one_address_holds_at_most_its_share_of_silent_handshakes_and_the_oldest_makes_room(tmp_path):
+    """Issue 13 item 8 bounded an address's handshakes by refusing the next one `busy`; issue 23
+    (attack 7) made that a lock-out for every peer behind the address: now the oldest silent one
+    is closed instead, and the newcomer is served."""
     with running(tmp_path, hand=None) as cl:
         idle = [await connect(cl.url, compression=None, local_addr=("127.0.0.3", 0)) for _ in range(8)]
-        async with connect(cl.url, compression=None, local_addr=("127.0.0.3", 0)) as ws:
-            code, _ = await closed_with(ws)
-            assert code == ErrorCode.BUSY.value
+        ws, _ = await handshake(cl.url, admin(cl), local_addr=("127.0.0.3", 0))
+        code, close = await closed_with(idle[0], timeout=5)
+        assert close == 1013, (code, close)  # try later: evicted for a newer handshake
+        await ws.close()
         async with await MindClient.connect(cl.url, admin(cl)) as mc:  # another address: unaffected
             await mc.hands()
-        for ws in idle:
-            await ws.close()
+        for w in idle:
+            await w.close()
 
 
 # --- item 9: a stranger's failures do not lock out a peer that proves its credential ----------------

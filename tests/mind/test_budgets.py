@@ -12,7 +12,9 @@ from mind.core.budgets import (
     OutboxBound,
     TokenBucket,
     stream_budget_problem,
+    stream_windows,
 )
+from protocol import limits
 
 
 def test_a_bucket_lets_a_burst_through_then_says_how_long_to_wait():
@@ -38,11 +40,20 @@ def test_a_clients_connections_share_one_rate_and_it_is_forgotten_with_the_last(
     assert len(rates) == 1
 
 
-def test_a_flood_of_large_frames_is_waited_for_by_its_bytes():
+def test_a_flood_of_large_requests_is_waited_for_by_its_bytes_but_stream_bytes_only_by_frames():
     rate = ClientRates().join("ci", 0.0)
     waits = [rate.take(1 << 20, 0.0) for _ in range(200)]
     assert waits[0] == 0.0 and waits[-1] > 0.0
     assert waits == sorted(waits)
+    upload = ClientRates().join("up", 0.0)
+    assert all(upload.take(64 << 10, i / 3000, stream=True) == 0.0 for i in range(3000)), "200 MB/s of chunks"
+
+
+def test_a_streamed_run_holds_a_window_per_stream_it_relays():
+    w = limits.STREAM_WINDOW
+    assert stream_windows(stdin=False, pty=False) == 2 * w
+    assert stream_windows(stdin=True, pty=False) == 3 * w
+    assert stream_windows(stdin=True, pty=True) == w
 
 
 def test_stream_budget():

@@ -40,3 +40,25 @@ def test_denials_are_written_a_burst_per_client_and_what_then_counted(stream, tm
     assert len(per[("other", "use hand 'db1'")]) == 1, "another client is not hidden by the first"
     console = stream.getvalue().splitlines()
     assert len(console) == logs.AUDIT_BURST + 3 + 1, "the console skips the counted repeats too"
+
+
+def test_runs_refused_before_running_are_counted_but_runs_that_ended_are_all_written(stream, tmp_path):
+    audit = logs.AuditLog(tmp_path / "audit.log")
+    logs.configure("json", "info", stream=stream, audit=audit)
+    log = structlog.get_logger(component="mind")
+    for i in range(100):
+        log.info(
+            AuditEvent.RUN_TERMINAL,
+            run_id=f"r{i}",
+            client="ci",
+            hand="db1",
+            tool="exec",
+            state="rejected",
+            reject_code="denied_by_scope",
+        )
+        log.info(AuditEvent.RUN_TERMINAL, run_id=f"s{i}", client="ci", hand="db1", tool="exec", state="failed")
+    audit.close()
+    written = [json.loads(ln) for ln in (tmp_path / "audit.log").read_text().splitlines()]
+    assert sum(1 for r in written if r.get("state") == "failed") == 100, "every run that ran is on record"
+    refused = [r for r in written if r.get("state") == "rejected" or r.get("repeated")]
+    assert len(refused) == logs.AUDIT_BURST + 1 and refused[-1]["repeated"] == 100 - logs.AUDIT_BURST
