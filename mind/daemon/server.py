@@ -1003,20 +1003,27 @@ class Mind:
             return
         after, scope = msg.after, peer.scope
         needs_labels = sel.needs_labels
-        rows = await self.creds(self.store.list, "hand")
 
-        def matching() -> Iterator[SelectedHand]:
-            for row in rows:
+        def candidates() -> list[tuple[str, int, dict[str, str]]]:
+            """On the credential thread, off the loop: the rows read and matched (issue 23)."""
+            out = []
+            for row in self.store.list("hand"):
                 if row.revoked_at is not None or (after is not None and row.label <= after):
                     continue
                 if not scope.allows_hand(row.label):
                     continue
                 labels = row.label_map() if needs_labels else {}
                 if sel.matches(row.label, labels):
-                    labels = labels or row.label_map()
-                    live = self.hands.get(row.label)
-                    gen = live.gen if live else row.generation
-                    yield SelectedHand(name=row.label, connected=live is not None, generation=gen, labels=labels)
+                    out.append((row.label, row.generation, labels or row.label_map()))
+            return out
+
+        found = await self.creds(candidates)
+
+        def matching() -> Iterator[SelectedHand]:
+            for name, generation, labels in found:
+                live = self.hands.get(name)
+                gen = live.gen if live else generation
+                yield SelectedHand(name=name, connected=live is not None, generation=gen, labels=labels)
 
         hands = matching()
         taken, more = page(hands, msg.limit, payload_size)
