@@ -46,8 +46,8 @@ KEYS: tuple[Key, ...] = (
     Key(
         "max_pending_handshakes",
         int,
-        64,
-        "refuse new connections past this many handshakes in progress",
+        1024,
+        "handshakes in progress at most; past it a newcomer makes room by closing the oldest silent one",
         check=between(1, 100_000),
         reloadable=True,
         metavar="N",

@@ -142,8 +142,12 @@ CLOSE_TRY_LATER = 1013
 CLOSE_INTERNAL = 1011
 OPEN_TIMEOUT_S = 5.0
 """A connection that has not finished its HTTP upgrade by then is closed (issue 13, item 10)."""
-MAX_PENDING_PER_ADDRESS = 8
-"""Silent handshakes (no `hello` yet) one address may hold; a newer one evicts the oldest (issue 23)."""
+MAX_PENDING_PER_ADDRESS = 1024
+"""Silent handshakes (no `hello` yet) one address may hold; a newer one evicts the oldest (issue 23).
+As large as the default table: a burst of peers behind one address all connect before any speaks
+(300 at once from one process were cut at any smaller quota); a full table is what bounds them,
+and it evicts the oldest silent handshake of the address holding the most, so a flood from one
+address only ever evicts its own."""
 HELLO_TIMEOUT_S = 3.0
 """A connection that has not sent its `hello` by then is closed: a peer speaks at once, only a
 silent stranger waits, and it should not hold a slot for the whole proof deadline (issue 23)."""
@@ -184,7 +188,7 @@ class MindConfig:
     retain_runs: int = 10_000
     tls_cert: Path | None = None
     tls_key: Path | None = None
-    max_pending_handshakes: int = 64
+    max_pending_handshakes: int = 1024
     auth_fail_limit: int = 10
     auth_fail_window: float = 60.0
 
@@ -196,7 +200,7 @@ class Unwelcomed:
     `per_address` (a new socket over it is dropped at once), and a full table drops the oldest socket
     of the busiest address to make room; the rest end at the upgrade or handshake deadline."""
 
-    def __init__(self, per_address: int = 64, total: int = 1024) -> None:
+    def __init__(self, per_address: int = 1024, total: int = 1024) -> None:
         self._slots = HandshakeSlots(total, per_address)
         self._conns: dict[int, asyncio.Transport] = {}
 
@@ -217,6 +221,11 @@ class Unwelcomed:
         self._conns[key] = transport
         return True
 
+    def spoke(self, key: int) -> None:
+        """Its `hello` came: no longer counted against its address's quota of silent sockets, so
+        peers behind one address that speak at once are never turned away for sharing it."""
+        self._slots.spoke(key)
+
     def release(self, key: int) -> None:
         self._slots.done(key)
         self._conns.pop(key, None)
@@ -233,6 +242,9 @@ class CountedConnection(OneRequest, BatchingConnection):
         addr = str(peer[0]) if peer else "?"
         if not self.unwelcomed.admit(id(self), addr, cast(asyncio.Transport, transport)):
             cast(asyncio.Transport, transport).abort()
+
+    def spoke(self) -> None:
+        self.unwelcomed.spoke(id(self))
 
     def welcomed(self) -> None:
         self.unwelcomed.release(id(self))
@@ -690,6 +702,8 @@ class Mind:
         if stage is not None:
             stage.append("hello")
         self._pending.spoke(id(ws))
+        if isinstance(ws, CountedConnection):
+            ws.spoke()
         started = loop.time()
         secret = await self.creds(self.store.secret, msg.role, msg.label)
         hs = ServerHandshake(self.mind_id, new_id("hs"), os.urandom(limits.NONCE_BYTES), loop.time())

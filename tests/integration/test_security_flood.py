@@ -238,7 +238,7 @@ async def test_one_address_holds_at_most_its_share_of_silent_handshakes_and_the_
     """Issue 13 item 8 bounded an address's handshakes by refusing the next one `busy`; issue 23
     (attack 7) made that a lock-out for every peer behind the address: now the oldest silent one
     is closed instead, and the newcomer is served."""
-    with running(tmp_path, hand=None) as cl:
+    with running(tmp_path, hand=None, mind_args=("--max-pending-handshakes", "8")) as cl:
         idle = [await connect(cl.url, compression=None, local_addr=("127.0.0.3", 0)) for _ in range(8)]
         ws, _ = await handshake(cl.url, admin(cl), local_addr=("127.0.0.3", 0))
         code, close = await closed_with(idle[0], timeout=5)
