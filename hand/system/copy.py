@@ -430,14 +430,16 @@ def list_tree(root: Path, user_path: str, shown: str) -> dict[str, Any]:
 
 def make_dir(root: Path, user_path: str, shown: str, mode: int | None, mtime: float | None) -> dict[str, Any]:
     """A directory of a copied tree (parents made as needed). `mode` applies only to a directory
-    this call makes: an existing one (the root itself, a shared 1777 directory) keeps its mode and
-    its sticky bit (issue 23, attack 9: the root became 0777). Its time is set when given. Never
-    setgid or sticky."""
+    this call makes: an existing one (a shared 1777 directory) keeps its mode and its sticky bit,
+    and a mode for the root itself is refused (issue 23, attack 9: the root became 0777). Its time
+    is set when given. Never setgid or sticky."""
     with _locate("make", root, user_path, shown, follow_last=False, make_dirs=True) as at:
         try:
             if at.name != ".":
                 fd, created = tree.make_dir(at.parent, at.name, 0o700)
             else:
+                if mode is not None:  # no copy needs it; only a probe would (attack 9)
+                    raise CopyFailed(f"cannot set the mode of {shown}: it is the root, the Hand's own")
                 created = False
                 fd = _dir_fd(at)
             try:

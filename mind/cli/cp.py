@@ -211,8 +211,12 @@ class _Run:
                 await self._call(src, hand, "put_file", {"path": dst, "type": "dir", "mtime": mtime})
 
     async def _put_dir(self, hand: str, dst: str, src: str) -> None:
-        mode, _ = _mode_time(src)
-        await self._call(src, hand, "put_file", {"path": dst, "type": "dir", "mode": mode, "make_dirs": True})
+        """A directory of the tree, made with the source's mode; the Hand keeps an existing one's
+        mode, and the root's is not a copy's to ask for."""
+        targs: dict[str, Any] = {"path": dst, "type": "dir", "make_dirs": True}
+        if posixpath.normpath(dst) != ".":
+            targs["mode"], _ = _mode_time(src)
+        await self._call(src, hand, "put_file", targs)
 
     async def _call(self, what: str, hand: str, tool: str, targs: dict[str, Any]) -> Any:
         from protocol.states import RunState

@@ -217,7 +217,9 @@ def test_make_dir_never_re_modes_an_existing_directory_or_the_root(tmp_path):
     os.chmod(root, 0o750)
     (root / "shared").mkdir()
     os.chmod(root / "shared", 0o1777)
-    assert copy.make_dir(root, ".", "'.'", 0o777, None)["created"] is False
+    with pytest.raises(copy.CopyFailed, match="root"):
+        copy.make_dir(root, ".", "'.'", 0o777, None)
+    assert copy.make_dir(root, ".", "'.'", None, 1_600_000_000.0)["created"] is False
     assert copy.make_dir(root, "shared", "'shared'", 0o777, 1_600_000_000.0)["created"] is False
     assert stat.S_IMODE(root.stat().st_mode) == 0o750
     assert stat.S_IMODE((root / "shared").stat().st_mode) == 0o1777
