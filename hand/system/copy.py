@@ -449,11 +449,11 @@ def make_dir(root: Path, user_path: str, shown: str, mode: int | None, mtime: fl
                     os.utime(fd, (mtime, mtime))
             finally:
                 os.close(fd)
-        except NotADirectoryError:
-            raise CopyFailed(f"cannot make {shown}: it exists and is not a directory") from None
         except OSError as exc:
-            if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
-                raise CopyFailed(f"cannot make {shown}: it is a symlink") from None
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # O_NOFOLLOW | O_DIRECTORY met a link or a file
+                existing = _lstat(at)
+                kind = describe_kind(existing.st_mode) if existing is not None else "not a directory"
+                raise CopyFailed(f"cannot make {shown}: it exists and is {kind} (never followed)") from None
             raise CopyFailed(f"cannot make {shown}: {_why(exc)}") from None
     return {"path": user_path, "type": "dir", "created": created}
 

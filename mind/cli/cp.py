@@ -121,6 +121,9 @@ class _Run:
     # --- the copies ---
 
     async def put(self, local: str, hand: str, remote: str, make_dirs: bool = False) -> None:
+        if not _utf8(remote):
+            self.fail(local, NOT_UTF8)
+            return
         started = time.monotonic()
         try:
             res = await files.upload(
@@ -189,18 +192,29 @@ class _Run:
     async def put_tree(self, local: str, hand: str, top: str) -> None:
         """A local directory to `top` on the Hand: directories first (parents before children),
         files, then symlinks that stay inside the tree (last, so nothing is made through one; the
-        Hand judges each on its real tree too); special files and outside links are refused."""
-        await self._put_dir(hand, top, local)
+        Hand judges each on its real tree too); special files and outside links are refused. What
+        lies below a directory the Hand would not make (a symlink there) is not sent: it would land
+        wherever that link leads."""
+        if not _utf8(top):
+            self.fail(local, NOT_UTF8)
+            return
+        if not await self._put_dir(hand, top, local):
+            return
         dirs: list[tuple[str, str]] = [(local, top)]
         links: list[tuple[str, str, str]] = []
+        failed: set[str] = set()
         for kind, src, dst, extra in _plan_tree(local, top):
-            if kind == "error":
+            if os.path.dirname(src) in failed:
+                failed.add(src)  # said once, for the directory
+            elif kind == "error":
                 self.fail(src, extra)
             elif kind == "symlink":
                 links.append((src, dst, extra))
             elif kind == "dir":
-                await self._put_dir(hand, dst, src)
-                dirs.append((src, dst))
+                if await self._put_dir(hand, dst, src):
+                    dirs.append((src, dst))
+                else:
+                    failed.add(src)
             else:
                 await self.put(src, hand, dst)
         for src, dst, target in links:
@@ -210,13 +224,13 @@ class _Run:
                 _, mtime = _mode_time(src)
                 await self._call(src, hand, "put_file", {"path": dst, "type": "dir", "mtime": mtime})
 
-    async def _put_dir(self, hand: str, dst: str, src: str) -> None:
+    async def _put_dir(self, hand: str, dst: str, src: str) -> bool:
         """A directory of the tree, made with the source's mode; the Hand keeps an existing one's
         mode, and the root's is not a copy's to ask for."""
         targs: dict[str, Any] = {"path": dst, "type": "dir", "make_dirs": True}
         if posixpath.normpath(dst) != ".":
             targs["mode"], _ = _mode_time(src)
-        await self._call(src, hand, "put_file", targs)
+        return await self._call(src, hand, "put_file", targs) is not None
 
     async def _call(self, what: str, hand: str, tool: str, targs: dict[str, Any]) -> Any:
         from protocol.states import RunState
@@ -317,10 +331,15 @@ def _plan_tree(local: str, top: str) -> list[tuple[str, str, str, str]]:
     for here, subdirs, names in os.walk(local, followlinks=False):
         rel = os.path.relpath(here, local)
         rtop = top if rel == "." else posixpath.join(top, rel.replace(os.sep, "/"))
-        for name in sorted(subdirs + names):
+        every = sorted(subdirs + names)
+        subdirs[:] = [n for n in subdirs if _utf8(n)]  # never walked into: reported below
+        for name in every:
             src = os.path.join(here, name)
             dst = posixpath.join(rtop, name)
             relpath = name if rel == "." else f"{rel}/{name}"
+            if not _utf8(name):
+                plan.append(("error", src, dst, NOT_UTF8))
+                continue
             try:
                 st = os.lstat(src)
             except OSError as exc:
@@ -328,7 +347,9 @@ def _plan_tree(local: str, top: str) -> list[tuple[str, str, str, str]]:
                 continue
             if stat.S_ISLNK(st.st_mode):
                 target = os.readlink(src)
-                if rules.link_stays_inside(relpath, target):
+                if not _utf8(target):
+                    plan.append(("error", src, dst, "symlink not copied: its target is not UTF-8"))
+                elif rules.link_stays_inside(relpath, target):
                     plan.append(("symlink", src, dst, target))
                 else:
                     plan.append(
@@ -341,6 +362,18 @@ def _plan_tree(local: str, top: str) -> list[tuple[str, str, str, str]]:
             else:
                 plan.append(("error", src, dst, "not copied: it is a special file (FIFO, socket or device)"))
     return plan
+
+
+NOT_UTF8 = "not copied: its name is not UTF-8 (a Hand's paths travel as UTF-8, and a lossy name would be another)"
+
+
+def _utf8(name: str) -> bool:
+    """Whether `name` (surrogate-escaped by Python when its bytes are not UTF-8) can travel as is."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _size(n: float) -> str:
@@ -357,6 +390,9 @@ async def run(mc: Any, args: argparse.Namespace, reconnect: Callable[[], Awaitab
         print("mind: cp: need at least one source and a destination", file=sys.stderr)
         return EXIT_USAGE
     *srcs, dst = ops
+    if any(o.remote and not _utf8(o.path) for o in ops):
+        print("mind: cp: a HAND:PATH must be UTF-8 (a Hand's paths travel as UTF-8)", file=sys.stderr)
+        return EXIT_USAGE
     job = _Run(mc, args, reconnect)
     many = len(srcs) > 1
     try:

@@ -248,3 +248,18 @@ def test_put_file_refuses_an_impossible_mtime_before_anything_is_made(tmp_path, 
             prepare("put_file", {"path": "made/d", "mtime": mtime, "make_dirs": True, **extra}, tmp_path)
         assert ei.value.code is RejectCode.INVALID_REQUEST and "mtime" in ei.value.message
     assert os.listdir(tmp_path) == []
+
+
+def test_list_tree_marks_names_and_targets_that_cannot_travel_exactly(tmp_path):
+    """A name that is not UTF-8 reaches the wire as U+FFFD: the receiver must know it is not the
+    name (issue 23: it collided with a real directory of that name)."""
+    base = os.fsencode(tmp_path)
+    os.mkdir(base + b"/\xff")
+    (tmp_path / "\ufffd").mkdir()
+    os.symlink(b"\xfe", base + b"/link")
+    os.mkfifo(tmp_path / "fifo")
+    entries = copy.list_tree(tmp_path, ".", "'.'")["entries"]
+    lossy = sorted((e["path"], e["type"]) for e in entries if e.get("lossy"))
+    assert lossy == [("link", "symlink"), ("\ufffd", "dir")]
+    assert sum(1 for e in entries if e["path"] == "\ufffd") == 2  # one of them real, one lossy
+    assert {e["path"]: e["type"] for e in entries}["fifo"] == "fifo"

@@ -287,3 +287,29 @@ def test_put_file_with_an_impossible_mtime_is_refused_before_anything_is_made(c,
     r = c.cli("call", "--hand", "box", "put_file", "--args", args)
     assert r.returncode == 125 and b"mtime" in r.stderr and b"Traceback" not in r.stderr, r.stderr
     assert not (root / "mt").exists()
+
+
+# --- uploads of a tree: names as UTF-8 or refused; nothing sent below a directory the Hand refused -
+
+
+def test_an_upload_of_a_tree_refuses_names_that_are_not_utf8_and_links_where_directories_go(c, tmp_path):
+    """Before: a local name that is not UTF-8 was a msgpack traceback; a file below a directory the
+    Hand had as a symlink (inside the root) went wherever the link led, outside the destination."""
+    root = c.tmp / "root-box"
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "f").write_bytes(b"f")
+    (src / "ok").write_bytes(b"ok")
+    os.mkdir(os.fsencode(src) + b"/\xff")
+    with open(os.fsencode(src) + b"/\xff/g", "wb") as f:
+        f.write(b"g")
+    (root / "elsewhere").mkdir()
+    (root / "up8").mkdir()
+    (root / "up8" / "src").mkdir()
+    os.symlink("../../elsewhere", root / "up8" / "src" / "sub")  # the destination's `sub`: a link
+    r = c.cli("cp", "-r", str(src), "box:up8")
+    assert r.returncode == 1 and b"Traceback" not in r.stderr, r.stderr
+    assert b"not UTF-8" in r.stderr and b"symlink" in r.stderr
+    assert (root / "up8" / "src" / "ok").read_bytes() == b"ok"
+    assert os.listdir(root / "elsewhere") == []  # nothing written through the link
+    assert sorted(os.listdir(root / "up8" / "src")) == ["ok", "sub"]
