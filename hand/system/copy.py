@@ -148,16 +148,21 @@ class Upload:
             self.existing = existing
             prune_stale(at, time.time())
             flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
-            if self.offset == 0:
-                self.fd = os.open(self.part, flags | os.O_CREAT | os.O_TRUNC, 0o600, dir_fd=at.parent)
+            if self.offset == 0:  # a new part: whatever has its name (a planted link) goes first
+                try:
+                    os.unlink(self.part, dir_fd=at.parent)
+                except FileNotFoundError:
+                    pass
+                self.fd = os.open(self.part, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=at.parent)
             else:
                 try:
-                    self.fd = os.open(self.part, flags, dir_fd=at.parent)
+                    self.fd = os.open(self.part, flags | os.O_NONBLOCK, dir_fd=at.parent)
                 except FileNotFoundError:
                     rules.resume_point(None, self.offset, self.size)  # raises: nothing to resume
                 st = os.fstat(self.fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise CopyFailed(f"cannot resume {self.shown}: its part file is {describe_kind(st.st_mode)}")
+                if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # a FIFO, or a hard link to another file
+                    kind = describe_kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else "a file with other names"
+                    raise CopyFailed(f"cannot resume {self.shown}: its part file is {kind}")
                 rules.resume_point(st.st_size, self.offset, self.size)
                 os.ftruncate(self.fd, self.offset)
                 _hash_prefix(self.fd, self.offset, self.hash)

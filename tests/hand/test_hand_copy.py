@@ -263,3 +263,20 @@ def test_list_tree_marks_names_and_targets_that_cannot_travel_exactly(tmp_path):
     assert lossy == [("link", "symlink"), ("\ufffd", "dir")]
     assert sum(1 for e in entries if e["path"] == "\ufffd") == 2  # one of them real, one lossy
     assert {e["path"]: e["type"] for e in entries}["fifo"] == "fifo"
+
+
+def test_an_upload_never_writes_into_a_planted_part_file(tmp_path):
+    """Attack 8 on the Hand's side: the part's name is derived from the copy, so someone who can
+    write the directory can plant it first (a symlink, or a hard link to their victim)."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"victim")
+    data = b"new bytes"
+    part = tmp_path / rules.part_name(rules.copy_id("box", "f", len(data), sha(data)))
+    os.symlink(victim, part)
+    up = upload(tmp_path, "f", data)
+    up.open(), up.write([data]), up.finish()
+    assert (tmp_path / "f").read_bytes() == data and victim.read_bytes() == b"victim"
+    os.link(victim, part)
+    with pytest.raises(copy.CopyFailed, match="other names"):
+        upload(tmp_path, "f", data, offset=3).open()
+    assert victim.read_bytes() == b"victim"
