@@ -240,7 +240,7 @@ class LocalTree:
                 os.fchmod(fd, rules.safe_mode(mode))
             if mtime is not None:
                 os.utime(fd, (rules.check_mtime(mtime), mtime))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, TypeError) as exc:  # a Hand's lie (NaN, a string) included
             why = _why(exc) if isinstance(exc, OSError) else str(exc)
             raise LocalRefused(f"cannot set the mode or time of {self._where(parts)!r}: {why}") from None
         finally:
