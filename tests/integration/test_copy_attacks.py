@@ -313,3 +313,19 @@ def test_an_upload_of_a_tree_refuses_names_that_are_not_utf8_and_links_where_dir
     assert (root / "up8" / "src" / "ok").read_bytes() == b"ok"
     assert os.listdir(root / "elsewhere") == []  # nothing written through the link
     assert sorted(os.listdir(root / "up8" / "src")) == ["ok", "sub"]
+
+
+def test_attack_1_a_non_utf8_link_name_never_stands_for_a_real_directory_of_the_same_wire_name(c, tmp_path):
+    """Before: the link `\\xff` reached the wire as U+FFFD, was made locally under the name of the
+    real directory `\\ufffd`, and that directory's files were then written through it."""
+    root = c.tmp / "root-box"
+    t = root / "lossy"
+    (t / "elsewhere").mkdir(parents=True)
+    os.symlink(b"elsewhere", os.fsencode(t) + b"/\xff")
+    (t / "\ufffd").mkdir()
+    (t / "\ufffd" / "x").write_bytes(b"x")
+    r = c.cli("cp", "-r", "box:lossy", str(tmp_path))
+    assert r.returncode == 1 and b"not UTF-8" in r.stderr and b"Traceback" not in r.stderr, r.stderr
+    made = tmp_path / "lossy"
+    assert (made / "\ufffd").is_dir() and not (made / "\ufffd").is_symlink()
+    assert (made / "\ufffd" / "x").read_bytes() == b"x" and os.listdir(made / "elsewhere") == []
