@@ -28,6 +28,9 @@ ARGS_MAX_BYTES = 1 << 20
 TASK_LOG_PAGE_MAX = 64 << 10
 MAX_RUNTIME_MAX_MS = 24 * 3600 * 1000
 RUN_TIMEOUT_MAX_MS = 24 * 3600 * 1000
+RUN_TIMEOUT_DEFAULT_S = 3600.0
+"""A foreground run's deadline when the caller gives none: `mind exec --timeout`'s default, and the
+Python client's (`mc.start`, `mc.exec`, `mc.exec_many`), so a script and the shell agree (issue 24)."""
 
 MAX_CONTAINER_ITEMS = 1 << 17
 """Items in one msgpack array or map of any frame (a listing has at most LIST_DIR_MAX_ENTRIES):
