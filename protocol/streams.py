@@ -199,6 +199,12 @@ class Relay:
         if consumed is not None and consumed > self.acked:
             self.acked = consumed
 
+    def expect_resend(self) -> None:
+        """The stream's sender came back while its receiver's leg held: it resends from this
+        relay's offset (everything relayed reaches the receiver), so repeats of chunks it sent
+        before the cut drop quietly. Nothing rewinds, the end included."""
+        self.resumed = True
+
     def on_ack(self, offset: int) -> bool:
         """True if the acknowledgement is new and must be forwarded."""
         if offset > self.offset:

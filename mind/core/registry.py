@@ -171,11 +171,12 @@ class RunRegistry:
         `mind_decided`: nobody reported it, the Mind decided it; with continuity on, it is written
         durably first (`PersistEnding`). With the window 0 no run outlives its connections, so no
         Hand can ever re-present one and there is nothing to persist."""
+        kept = retained(end)
         acts: list[Action] = []
         if mind_decided and self.resume_window > 0:
-            acts.append(PersistEnding(run.run_id, retained(end)))
+            acts.append(PersistEnding(run.run_id, kept))
         acts += self._move(run, end.state)
-        run.end = retained(end)
+        run.end = kept
         run.value_not_retained = end.value is not None
         run.relays = {}  # nothing flows after the end: history keeps no stream state
         run.ended_at = now
@@ -592,7 +593,8 @@ class RunRegistry:
                     continue
                 if pos is not None and not (pos.consumed <= relay.acked and relay.offset <= pos.offset):
                     return f"{name} sent {pos.offset} acknowledged {pos.consumed}, relayed {relay.offset} acknowledged {relay.acked}"
-                if run.client is not None:
+                if run.client is not None:  # its leg held: it gets everything the relay forwarded
+                    relay.expect_resend()
                     msg = StreamResume(run_id=run.run_id, stream=name, offset=relay.offset, consumed=relay.acked)  # type: ignore[arg-type]
                     assert run.gen is not None
                     acts.append(SendToHand(run.hand, run.gen, msg))
@@ -689,7 +691,7 @@ class RunRegistry:
         if not can_advance(RUN_TRANSITIONS, run.state, RunState.LOST):
             return []
         why = f"the mind failed while handling the hand's {what} (its log has the traceback)"
-        acts = self._terminate(run, self._end(run, RunState.LOST, why, now), now, wall)
+        acts = self._terminate(run, self._end(run, RunState.LOST, why, now), now, wall, mind_decided=True)
         acts.append(SendToHand(hand, gen, Cancel(run_id=run_id, reason=CancelReason.INTERNAL_FAILURE)))
         return acts
 
@@ -758,9 +760,8 @@ class RunRegistry:
         acts: list[Action] = []
         for run in self.active():
             gen = run.gen
-            acts += self._terminate(
-                run, self._end(run, RunState.LOST, "mind shut down before a result", now), now, wall
-            )
+            why = "mind shut down before a result"
+            acts += self._terminate(run, self._end(run, RunState.LOST, why, now), now, wall, mind_decided=True)
             if gen is not None:
                 acts.append(SendToHand(run.hand, gen, Cancel(run_id=run.run_id, reason=CancelReason.SHUTDOWN)))
         return acts

@@ -90,6 +90,9 @@ def test_the_relay_rewinds_to_the_returning_receiver_and_drops_old_repeats() -> 
     assert relay.on_data(10, 10, False), "in flight before the resume, and the next bytes: forwarded"
     assert not relay.on_data(10, 10, False), "the same chunk resent: dropped"
     assert relay.on_data(20, 0, True)
+    relay.expect_resend()  # the sender came back, the receiver's leg held: nothing rewinds
+    assert relay.offset == 20 and relay.eof
+    assert not relay.on_data(10, 10, False) and not relay.on_data(20, 0, True), "repeats, the end too"
 
 
 def test_a_window_is_checked_within_the_bounds() -> None:
@@ -137,6 +140,20 @@ class World:
         self.up2: deque[Any] = deque()
         self.up = [True, True, True]  # legs 1 and 2
         self.got = bytearray()
+        self.issued = 0
+        """Resumes told to the sender, numbered; a chunk carries the number of the last one the
+        sender had taken when it sent the chunk."""
+        self.epoch = 0
+        self.refused = 0
+        self.dropped = 0
+
+    def send(self, chunks: list[tuple[int, bytes, bool]]) -> None:
+        if self.up[1]:  # else lost with the leg: the sender keeps them and resends on resume
+            self.down1.extend((o, d, e, self.epoch) for o, d, e in chunks)
+
+    def tell_sender(self, offset: int, consumed: int) -> None:
+        self.issued += 1
+        self.up1.append(("resume", offset, (consumed, self.issued)))
 
     def check(self) -> None:
         assert self.tx.kept == self.tx.offset - self.tx.acked <= self.window, "memory bounded by the window"
@@ -147,26 +164,31 @@ class World:
         if op == "write" and not self.tx.eof:
             k = min(n, self.tx.credit())
             if k:
-                self.down1.extend(self.tx.send(data(self.tx.offset, k), size=self.chunk))
+                self.send(self.tx.send(data(self.tx.offset, k), size=self.chunk))
         elif op == "close" and not self.tx.eof:
-            self.down1.append(self.tx.close())
+            self.send([self.tx.close()])
         elif op == "deliver_down1" and self.down1:
-            offset, chunk, eof = self.down1.popleft()
+            offset, chunk, eof, epoch = self.down1.popleft()
             if not self.up[2]:
                 return  # the receiver is away: the Mind has nobody to forward to
             try:
                 forward = self.relay.on_data(offset, len(chunk), eof)
             except ProtocolError:
-                return  # sent before the sender heard of a rewind: refused, resent later
+                # only a chunk sent before the sender took the latest resume may be refused
+                assert epoch < self.issued, "a chunk sent after the resume was refused"
+                self.refused += 1
+                return
             if forward:
                 self.down2.append((offset, chunk, eof))
+            else:
+                self.dropped += 1
         elif op == "deliver_down2" and self.down2:
             offset, chunk, eof = self.down2.popleft()
             if self.rx.on_data(offset, len(chunk), eof):
                 self.got += chunk
         elif op == "consume":
             self.rx.consume(min(n, self.rx.offset - self.rx.consumed))
-        elif op == "ack":
+        elif op == "ack" and self.up[2]:
             ack = self.rx.ack_due()
             if ack is not None:
                 self.up2.append(("ack", ack))
@@ -179,7 +201,8 @@ class World:
             if kind == "ack":
                 self.tx.on_ack(offset)
             else:
-                self.down1.extend(self.tx.resume(offset, consumed))
+                consumed, self.epoch = consumed
+                self.send(self.tx.resume(offset, consumed))
         elif op in ("cut1", "cut2"):
             leg = int(op[-1])
             self.up[leg] = False
@@ -190,11 +213,12 @@ class World:
             offset, consumed = self.rx.resume_point()
             self.relay.resume(offset, consumed)
             if self.up[1]:
-                self.up1.append(("resume", offset, consumed))
+                self.tell_sender(offset, consumed)
         elif op == "heal1" and not self.up[1]:
             self.up[1] = True
             if self.up[2]:
-                self.up1.append(("resume", self.relay.offset, self.relay.acked))
+                self.relay.expect_resend()
+                self.tell_sender(self.relay.offset, self.relay.acked)
         self.check()
 
     def settle(self) -> None:
@@ -233,3 +257,44 @@ def test_any_schedule_of_cuts_and_resumes_delivers_every_byte_once_in_order(
     w.settle()
     assert bytes(w.got) == data(0, w.tx.offset), "0 bytes lost, 0 duplicated"
     assert w.rx.done and w.rx.offset == w.tx.offset
+
+
+def test_chunks_in_flight_across_a_rewind_are_refused_or_dropped_and_resent_once() -> None:
+    """The receiver's leg is cut after the relay forwarded 20 bytes it never got; the relay rewinds
+    to 0 while the sender's later chunks are still on their way: they are refused (a gap), the
+    sender resends from 0, and the bytes arrive once."""
+    w = World(window=100, chunk=10)
+    w.step("write", 40)
+    w.step("deliver_down1", 0)
+    w.step("deliver_down1", 0)
+    w.step("cut2", 0)
+    w.step("heal2", 0)  # the receiver has nothing: the relay rewinds to 0 and tells the sender
+    w.step("deliver_down1", 0)  # offset 20, sent before the resume: refused
+    w.step("deliver_up1", 0)  # the sender resends 0..40
+    w.settle()
+    assert w.refused >= 1 and bytes(w.got) == data(0, 40)
+
+
+def test_chunks_in_flight_that_fit_the_rewind_pass_and_their_resent_copies_drop() -> None:
+    w = World(window=100, chunk=10)
+    w.step("write", 30)
+    w.step("deliver_down1", 0)
+    w.step("deliver_down2", 0)  # the receiver holds 0..10
+    w.step("cut2", 0)
+    w.step("heal2", 0)  # resume from 10: the relay is there already
+    w.step("deliver_down1", 0)  # 10..20, sent before the resume: exactly the next bytes
+    w.step("deliver_down1", 0)
+    w.step("deliver_up1", 0)  # the sender resends 10..30
+    w.settle()
+    assert w.dropped == 2 and w.refused == 0 and bytes(w.got) == data(0, 30)
+
+
+def test_a_returning_sender_resends_from_what_the_relay_forwarded() -> None:
+    w = World(window=100, chunk=10)
+    w.step("write", 30)
+    w.step("deliver_down1", 0)
+    w.step("cut1", 0)  # chunks at 10 and 20 are lost with the sender's leg
+    w.step("heal1", 0)  # the receiver's leg held: resend from what the relay forwarded (10)
+    w.step("deliver_up1", 0)
+    w.settle()
+    assert bytes(w.got) == data(0, 30) and w.refused == 0
