@@ -24,7 +24,7 @@ durably (`PersistEnding`) before anyone is told, so first-terminal-wins holds ac
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mind.core.runs import (
@@ -608,9 +608,9 @@ class RunRegistry:
         client: str,
         owner: str,
         req_id: str,
-        streams: list[StreamPosition],
         now: float,
         wall: float,
+        streams: Sequence[StreamPosition] = (),
     ) -> list[Action]:
         """Client connection `client` (identity `owner`) takes over `run_id`: only the run's owner
         may (scope checks are the shell's, as for any request); the newest attachment wins, and

@@ -202,7 +202,7 @@ def test_a_client_drop_detaches_and_the_owner_reattaches_before_the_window():
     acts = reg.on_client_gone("c1", 5.0, 1005.0)
     assert not to_hand(acts) and state(reg) is RunState.RUNNING
     assert reg.get("r1").info().client_away_since == 1005.0
-    acts = reg.on_attach("r1", "c2", "alice", "q9", [], 30.0, 1030.0)
+    acts = reg.on_attach("r1", "c2", "alice", "q9", 30.0, 1030.0)
     [attached] = to_client(acts, "c2")
     assert isinstance(attached, Attached) and attached.state is RunState.RUNNING
     assert not reg.on_tick(5.0 + WINDOW + 1, 1066.0), "attached again: the window no longer runs"
@@ -217,23 +217,33 @@ def test_past_the_window_an_unattended_run_is_cancelled_as_before():
     assert to_hand(acts) == [Cancel(run_id="r1", reason=CancelReason.CLIENT_DISCONNECTED)]
     assert state(reg) is RunState.CANCEL_REQUESTED and not reg.on_tick(5.0 + WINDOW + 1, 1066.0)
     # re-attach after the expiry: the owner gets the run as it is, and its end when it comes
-    acts = reg.on_attach("r1", "c2", "alice", "q9", [], 66.0, 1066.0)
+    acts = reg.on_attach("r1", "c2", "alice", "q9", 66.0, 1066.0)
     assert to_client(acts)[-1].state is RunState.CANCEL_REQUESTED
     acts = reg.on_result(Result(run_id="r1", state="cancelled"), HAND, 1, 67.0, 1067.0)
     assert [(a.client, a.msg.state) for a in acts if isinstance(a, SendToClient)] == [("c2", RunState.CANCELLED)]
+
+
+def test_first_terminal_wins_a_result_racing_the_windows_cancel_stands():
+    reg = setup()
+    reg.on_client_gone("c1", 5.0, 1005.0)
+    reg.on_tick(5.0 + WINDOW, 1065.0)  # the window's cancel is on its way to the Hand
+    reg.on_result(ok(), HAND, 1, 65.1, 1065.1)  # the command finished first
+    assert state(reg) is RunState.SUCCEEDED, "the command did run"
+    late = reg.on_result(Result(run_id="r1", state="cancelled"), HAND, 1, 65.2, 1065.2)
+    assert state(reg) is RunState.SUCCEEDED and not ends(late)
 
 
 def test_reattach_to_a_run_that_ended_meanwhile_gets_its_end():
     reg = setup()
     reg.on_client_gone("c1", 5.0, 1005.0)
     reg.on_result(ok(), HAND, 1, 6.0, 1006.0)
-    [end] = to_client(reg.on_attach("r1", "c2", "alice", "q9", [], 7.0, 1007.0))
+    [end] = to_client(reg.on_attach("r1", "c2", "alice", "q9", 7.0, 1007.0))
     assert isinstance(end, RunEnd) and end.state is RunState.SUCCEEDED and end.exit_code == 0
 
 
 def test_two_attachments_at_once_the_newest_wins_and_the_other_is_told():
     reg = setup(streams=Streams())
-    acts = reg.on_attach("r1", "c2", "alice", "q2", [], 5.0, 1005.0)
+    acts = reg.on_attach("r1", "c2", "alice", "q2", 5.0, 1005.0)
     assert to_client(acts, "c1") == [Replaced(run_id="r1")]
     assert isinstance(to_client(acts, "c2")[0], Attached)
     out = StreamData(run_id="r1", stream="stdout", offset=0, data=b"hi")
@@ -243,10 +253,10 @@ def test_two_attachments_at_once_the_newest_wins_and_the_other_is_told():
 
 def test_only_the_owner_may_attach():
     reg = setup()
-    [err] = to_client(reg.on_attach("r1", "c2", "mallory", "q2", [], 5.0, 1005.0))
+    [err] = to_client(reg.on_attach("r1", "c2", "mallory", "q2", 5.0, 1005.0))
     assert isinstance(err, Error) and err.code is ErrorCode.NOT_ALLOWED and "owner" in err.message
     assert reg.get("r1").client == "c1"
-    [err] = to_client(reg.on_attach("nope", "c2", "alice", "q2", [], 5.0, 1005.0))
+    [err] = to_client(reg.on_attach("nope", "c2", "alice", "q2", 5.0, 1005.0))
     assert err.code is ErrorCode.UNKNOWN_RUN
 
 
@@ -293,12 +303,12 @@ def test_the_client_resumes_output_from_its_own_point_or_the_acknowledged_one():
     reg.on_client_gone("c1", 5.0, 1005.0)
     assert reg.on_hand_stream(chunk("stdout", 100, 10), HAND, 1) == [], "nobody to forward to"
     mine = [StreamPosition(stream="stdout", offset=60, consumed=55)]
-    acts = reg.on_attach("r1", "c2", "alice", "q2", mine, 6.0, 1006.0)
+    acts = reg.on_attach("r1", "c2", "alice", "q2", 6.0, 1006.0, mine)
     assert StreamResume(run_id="r1", stream="stdout", offset=60, consumed=55) in to_hand(acts, gen=1)
     stderr = next(p for p in to_client(acts)[-1].streams if p.stream == "stderr")
     assert (stderr.offset, stderr.consumed) == (0, 0), "a stream not named starts from its acknowledgement"
     [err] = to_client(
-        reg.on_attach("r1", "c3", "alice", "q3", [StreamPosition(stream="stdout", offset=61, consumed=0)], 7.0, 1007.0)
+        reg.on_attach("r1", "c3", "alice", "q3", 7.0, 1007.0, [StreamPosition(stream="stdout", offset=61, consumed=0)])
     )
     assert isinstance(err, Error) and err.code is ErrorCode.INVALID_PAYLOAD, "bytes never relayed"
 
