@@ -492,6 +492,9 @@ class RunUpdate(Message):
     hand: Label
     state: RunState
     gen: Int | None = None
+    hand_away_since: float | None = None
+    """Set while the run's Hand is away (wall-clock time it went): the run waits for it up to the
+    Mind's resume window (DESIGN §15). An update with it unset after one with it set: the Hand is back."""
 
 
 class RunOutput(Message):

@@ -72,6 +72,7 @@ RUN_UPDATE = model(
         "hand": (strict_str(pattern=limits.LABEL_VALUE_RE), REQUIRED),
         "state": (enum(RunState), REQUIRED),
         "gen": (optional(strict_int()), None),
+        "hand_away_since": (optional(number()), None),
     },
 )
 

@@ -496,6 +496,7 @@ class RunRegistry:
                 if run.hand_away_since is None:
                     run.hand_away_since, run.hand_away_wall = now, wall
                     acts.append(self._log("run_hand_away", run, window_s=self.resume_window))
+                    acts += self._tell_away(run)
                 continue
             acts += self._terminate(
                 run, self._end(run, RunState.LOST, "hand connection lost before a result", now), now, wall
@@ -538,6 +539,16 @@ class RunRegistry:
             acts += self._terminate(run, self._end(run, RunState.LOST, why, now), now, wall, mind_decided=True)
         return acts
 
+    def _tell_away(self, run: Run) -> list[Action]:
+        """The attached client hears that the Hand went away or came back (whatever its `watch`):
+        it is what its terminal says while the run waits ("hand unreachable, waiting up to 47 s")."""
+        if run.client is None:
+            return []
+        update = RunUpdate(
+            run_id=run.run_id, hand=run.hand, state=run.state, gen=run.gen, hand_away_since=run.hand_away_wall
+        )
+        return [SendToClient(run.client, run.req_id, update)]
+
     @staticmethod
     def _kill_reason(run: Run | None) -> CancelReason:
         """Why a run the Hand presents must stop: the Mind's own ending of it, in the Hand's words."""
@@ -555,7 +566,7 @@ class RunRegistry:
         old_gen = run.gen
         run.gen = gen
         run.hand_away_since = run.hand_away_wall = None
-        acts: list[Action] = [self._log("run_rebound", run, from_gen=old_gen)]
+        acts: list[Action] = [self._log("run_rebound", run, from_gen=old_gen), *self._tell_away(run)]
         if run.state is RunState.SENT:  # the Hand holds it: it was accepted, the answer was cut
             acts += self._move(run, RunState.ACCEPTED)
         if started and run.state is RunState.ACCEPTED:

@@ -28,6 +28,7 @@ from protocol.messages import (
     ResultAck,
     RunEnd,
     RunsPresent,
+    RunUpdate,
     StreamAck,
     StreamData,
     StreamPosition,
@@ -84,6 +85,21 @@ def test_a_hand_drop_leaves_the_run_running_and_says_since_when():
     info = reg.get("r1").info()
     assert info.hand_away_since == 1005.0 and info.client_away_since is None
     assert [a.event for a in acts if isinstance(a, Log)] == ["run_hand_away"]
+    [update] = to_client(acts, "c1")
+    assert isinstance(update, RunUpdate) and update.hand_away_since == 1005.0, "the client can say so"
+    acts = reg.on_runs_present(HAND, 2, present("r1"), 6.0, 1006.0)
+    [update] = to_client(acts, "c1")
+    assert update.hand_away_since is None and update.gen == 2, "and that the Hand is back"
+
+
+def test_a_hand_presenting_streams_it_cannot_have_sent_makes_the_run_lost():
+    reg = setup(streams=Streams())
+    reg.on_hand_stream(chunk("stdout", 0, 100), HAND, 1)
+    reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
+    positions = [StreamPosition(stream="stdout", offset=50, consumed=0)]  # the Mind relayed 100
+    acts = reg.on_runs_present(HAND, 2, present("r1", streams=positions), 6.0, 1006.0)
+    assert state(reg) is RunState.LOST and "inconsistently" in ends(acts)[0].reason
+    assert to_hand(acts, gen=2) == [Cancel(run_id="r1", reason=CancelReason.INTERNAL_FAILURE)]
 
 
 def test_window_zero_keeps_todays_rules_exactly():
@@ -292,7 +308,8 @@ def test_the_hand_resends_output_from_what_reached_the_client_and_the_client_res
     ]
     acts = reg.on_runs_present(HAND, 2, present("r1", streams=positions), 6.0, 1006.0)
     assert StreamResume(run_id="r1", stream="stdout", offset=100, consumed=40) in to_hand(acts, gen=2)
-    assert to_client(acts, "c1") == [StreamResume(run_id="r1", stream="stdin", offset=20, consumed=10)]
+    resumes = [m for m in to_client(acts, "c1") if isinstance(m, StreamResume)]
+    assert resumes == [StreamResume(run_id="r1", stream="stdin", offset=20, consumed=10)]
     assert reg.on_client_stream(chunk("stdin", 20, 5), "c1")[0].gen == 2, "stdin flows from the Hand's point"
 
 
