@@ -104,6 +104,9 @@ class RunRegistry:
         detached run is kept (`Detach.keep_s` is capped to it)."""
         self.resume_window = resume_window
         self.keep_max = keep_max
+        self._newest_gen: dict[str, int] = {}
+        """The newest generation heard of per Hand (a run sent on it, or its presentation): an older
+        one is fenced, and its results are not acknowledged."""
         self._runs: dict[str, Run] = {}
         self._active: dict[str, Run] = {}
         """The non-terminal runs: ticks, disconnects and counts touch only these, never the
@@ -303,6 +306,7 @@ class RunRegistry:
             acts += self._terminate(run, self._end(run, RunState.REJECTED, why, now, reject_code=code), now, wall)
             return acts
         run.gen = hand_gen
+        self._newest_gen[run.hand] = max(hand_gen, self._newest_gen.get(run.hand, 0))
         acts += self._move(run, RunState.SENT)
         acts.append(
             SendToHand(
@@ -434,10 +438,17 @@ class RunRegistry:
         return [SendToClient(run.client, run.req_id, out, droppable=True)]
 
     def on_result(self, res: Result, hand: str, gen: int, now: float, wall: float) -> list[Action]:
-        """The Hand's result. With continuity on, every result from a live connection is
-        acknowledged (`result_ack`), the late and the unknown too: the Hand keeps a result until
-        then, and the Mind has taken it (or its own earlier terminal won)."""
-        ack: list[Action] = [SendToHand(hand, gen, ResultAck(run_id=res.run_id))] if self.resume_window > 0 else []
+        """The Hand's result. With continuity on, a result is acknowledged (`result_ack`), the late
+        and the unknown too: the Hand keeps a result until then, and the Mind has taken it (or its
+        own earlier terminal won). Not one from a fenced generation: that Hand presents it again
+        on its new connection."""
+        known = self._runs.get(res.run_id)
+        fenced = gen < self._newest_gen.get(hand, 0) or (
+            known is not None and known.hand == hand and not known.terminal and known.gen != gen
+        )
+        ack: list[Action] = []
+        if self.resume_window > 0 and not fenced:
+            ack.append(SendToHand(hand, gen, ResultAck(run_id=res.run_id)))
         run, acts = self._from_hand(res.run_id, hand, gen, "result")
         if run is None:
             return acts + ack
@@ -514,6 +525,7 @@ class RunRegistry:
         generation that it does not present ends `lost` at once: the Hand restarted and nobody can
         know how it went. Streams resume from the offsets both sides give (`_resume_streams`), and
         a cancel or resize that came during the outage is delivered now, once."""
+        self._newest_gen[hand] = max(gen, self._newest_gen.get(hand, 0))
         acts: list[Action] = []
         presented: set[str] = set()
         for p in msg.runs:

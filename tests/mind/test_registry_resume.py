@@ -3,6 +3,9 @@ running for the window; the Hand re-presents its runs on a new generation; the o
 (newest wins); past the window the seed's rule fires, and a terminal the Mind decides by itself is
 persisted before anyone is told."""
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from mind.core.registry import (
     MIND_DEADLINE_SLACK_S,
     Log,
@@ -335,3 +338,61 @@ def test_the_minds_own_deadline_is_persisted_first_with_a_window():
     acts = reg.on_tick(1.0 + 5.0 + MIND_DEADLINE_SLACK_S, 1010.0)
     assert isinstance(acts[0], PersistEnding) and acts[0].end.state is RunState.TIMED_OUT
     assert to_hand(acts) == [Cancel(run_id="r1", reason=CancelReason.DEADLINE_EXCEEDED)]
+
+
+# --- any order of the events ---------------------------------------------------------------------
+
+EVENTS = ("hand_gone", "hand_back", "hand_restarted", "client_gone", "attach", "tick", "result", "old_result", "cancel")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(EVENTS), st.floats(0, 40)), max_size=40))
+def test_any_order_of_outages_and_returns_keeps_one_terminal_persisted_first(events):
+    """Whatever the order: one terminal per run, never changed after; a terminal the Mind decided
+    is persisted before anything tells of it; nothing is ever sent to a Hand connection that is
+    not the live one; a run the Hand presents after its end is killed, not adopted."""
+    reg = setup()
+    now, live, gen, client_n = 1.0, True, 1, 1
+    terminal = None
+    for event, dt in events:
+        now += dt
+        wall = 1000.0 + now
+        if event == "hand_gone" and live:
+            acts, live = reg.on_hand_gone(HAND, gen, now, wall), False
+        elif event in ("hand_back", "hand_restarted") and not live:
+            gen, live = gen + 1, True
+            acts = reg.on_runs_present(HAND, gen, present("r1") if event == "hand_back" else RunsPresent(), now, wall)
+            if terminal is not None and event == "hand_back":
+                assert Cancel(run_id="r1", reason=reg._kill_reason(reg.get("r1"))) in to_hand(acts), "killed"
+                assert reg.get("r1").gen != gen, "not adopted"
+        elif event == "client_gone":
+            acts = reg.on_client_gone(f"c{client_n}", now, wall)
+        elif event == "attach":
+            client_n += 1
+            acts = reg.on_attach("r1", f"c{client_n}", "alice", "q", now, wall)
+        elif event == "tick":
+            acts = reg.on_tick(now, wall)
+        elif event == "result" and live:
+            acts = reg.on_result(ok(), HAND, gen, now, wall)
+        elif event == "old_result" and gen > 1:
+            acts = reg.on_result(ok(), HAND, gen - 1, now, wall)
+        elif event == "cancel":
+            _, acts = reg.on_cancel("r1", CancelReason.USER_REQUESTED, now, wall)
+        else:
+            continue
+        for a in acts:
+            if isinstance(a, SendToHand):
+                assert live and a.gen == gen, f"{event}: sent to generation {a.gen}, live {gen if live else None}"
+        ended = [a for a in acts if isinstance(a, Log) and a.event == AuditEvent.RUN_TERMINAL]
+        if terminal is not None:
+            assert not ended and state(reg) is terminal, "first terminal wins"
+        elif ended:
+            terminal = state(reg)
+            if terminal is not RunState.SUCCEEDED:  # the Mind decided it: persisted before anything else
+                assert isinstance(acts[0], PersistEnding) and acts[0].end.state is terminal
+            else:
+                assert not any(isinstance(a, PersistEnding) for a in acts)
+    reg.on_tick(now + 10 * WINDOW + 700, 99_999.0)
+    assert state(reg) in (RunState.SUCCEEDED, RunState.LOST, RunState.CANCELLED, RunState.TIMED_OUT) or (
+        state(reg) in (RunState.RUNNING, RunState.CANCEL_REQUESTED) and live and reg.get("r1").client is not None
+    ), "past every window only an attached run on a live Hand may still be going"
