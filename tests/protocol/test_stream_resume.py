@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from protocol import limits
 from protocol.errors import ProtocolError
+from protocol.messages import StreamPosition, Streams, Welcome
 from protocol.streams import Incoming, Outgoing, Relay, check_window
 
 
@@ -298,3 +300,15 @@ def test_a_returning_sender_resends_from_what_the_relay_forwarded() -> None:
     w.step("deliver_up1", 0)
     w.settle()
     assert bytes(w.got) == data(0, 30) and w.refused == 0
+
+
+def test_the_window_is_a_field_of_the_opening_and_the_new_fields_are_optional() -> None:
+    assert Streams().window == limits.STREAM_WINDOW, "a peer that says nothing gets today's window"
+    assert Streams(window=limits.STREAM_WINDOW_MIN).window == limits.STREAM_WINDOW_MIN
+    for bad in (limits.STREAM_WINDOW_MIN - 1, limits.STREAM_WINDOW_MAX + 1):
+        with pytest.raises(ValidationError):
+            Streams(window=bad)
+    welcome = Welcome(gen=1, mac=b"m" * 32, ping_interval_s=10.0)
+    assert welcome.resume_window_s == 0.0, "no window announced: no continuity"
+    with pytest.raises(ValidationError):
+        StreamPosition(stream="stdout", offset=5, consumed=6)  # consumed what it does not have
