@@ -66,6 +66,7 @@ from protocol.messages import (
     StreamResume,
 )
 from protocol.states import RUN_TERMINAL, RUN_TRANSITIONS, RunState, advance, can_advance
+from protocol.streams import check_resume
 
 MIND_DEADLINE_SLACK_S = 2.0
 """Extra time the Mind waits past the Hand's deadline and kill grace before deciding `timed_out`
@@ -653,21 +654,27 @@ class RunRegistry:
             assert run.end is not None
             return [SendToClient(client, req_id, run.end)]
         given: dict[str, StreamPosition] = {p.stream: p for p in streams}
+        points: dict[str, tuple[int, int]] = {}
+        for name, relay in run.relays.items():
+            if name == "stdin":
+                continue
+            pos = given.get(name)
+            points[name] = (pos.offset, pos.consumed) if pos is not None else (relay.acked, relay.acked)
+            try:  # every point checked before any relay moves: a refusal changes nothing
+                check_resume(relay.acked, relay.offset, *points[name])
+            except ProtocolError as exc:
+                why = f"cannot resume run {run_id} from there: {exc.message}"
+                return [SendToClient(client, req_id, Error(code=ErrorCode.INVALID_PAYLOAD, message=why))]
         out: list[StreamPosition] = []
         resumes: list[StreamResume] = []
-        try:
-            for name, relay in run.relays.items():
-                pos = given.get(name)
-                if name == "stdin":  # this client resends from what reached the Hand's leg
-                    out.append(StreamPosition(stream="stdin", offset=relay.offset, consumed=relay.acked))
-                    continue
-                offset, consumed = (pos.offset, pos.consumed) if pos is not None else (relay.acked, relay.acked)
-                relay.resume(offset, consumed)
-                out.append(StreamPosition(stream=name, offset=offset, consumed=relay.acked))  # type: ignore[arg-type]
-                resumes.append(StreamResume(run_id=run_id, stream=name, offset=offset, consumed=relay.acked))  # type: ignore[arg-type]
-        except ProtocolError as exc:
-            why = f"cannot resume run {run_id} from there: {exc.message}"
-            return [SendToClient(client, req_id, Error(code=ErrorCode.INVALID_PAYLOAD, message=why))]
+        for name, relay in run.relays.items():
+            if name == "stdin":  # this client resends from what reached the Hand's leg
+                out.append(StreamPosition(stream="stdin", offset=relay.offset, consumed=relay.acked))
+                continue
+            offset, consumed = points[name]
+            relay.resume(offset, consumed)
+            out.append(StreamPosition(stream=name, offset=offset, consumed=relay.acked))  # type: ignore[arg-type]
+            resumes.append(StreamResume(run_id=run_id, stream=name, offset=offset, consumed=relay.acked))  # type: ignore[arg-type]
         acts: list[Action] = []
         if run.client is not None and run.client != client:
             acts.append(SendToClient(run.client, run.req_id, Replaced(run_id=run_id)))

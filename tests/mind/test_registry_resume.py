@@ -331,6 +331,13 @@ def test_the_client_resumes_output_from_its_own_point_or_the_acknowledged_one():
         reg.on_attach("r1", "c3", "alice", "q3", 7.0, 1007.0, [StreamPosition(stream="stdout", offset=61, consumed=0)])
     )
     assert isinstance(err, Error) and err.code is ErrorCode.INVALID_PAYLOAD, "bytes never relayed"
+    both = [
+        StreamPosition(stream="stdout", offset=60, consumed=60),
+        StreamPosition(stream="stderr", offset=1, consumed=0),
+    ]
+    [err] = to_client(reg.on_attach("r1", "c3", "alice", "q3", 8.0, 1008.0, both))
+    assert isinstance(err, Error) and reg.get("r1").relays["stdout"].acked == 55, "a refusal moves no relay"
+    assert reg.get("r1").client == "c2"
 
 
 def test_the_minds_own_deadline_is_persisted_first_with_a_window():
