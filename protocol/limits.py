@@ -17,6 +17,11 @@ STREAM_CHUNK_MAX = 256 << 10
 """Largest chunk of one stream in one frame."""
 STREAM_WINDOW = 1 << 20
 """Bytes a stream's sender may have unacknowledged (the Mind holds at most this per stream)."""
+STREAM_WINDOW_MIN = 64 << 10
+STREAM_WINDOW_MAX = 64 << 20
+"""The windows a stream's opening may ask for (`Streams.window`): at least enough for the quarter-window
+acknowledgement pacing to stay cheap, at most what a peer agrees to hold (the sender keeps a window's
+unacknowledged bytes for a resume, DESIGN §15)."""
 OUTPUT_LIMIT_DEFAULT = 1 << 30
 """Bytes per output stream a Hand delivers to a client by default; past it the command keeps
 running, the rest is counted, and the stream says where it was cut."""
