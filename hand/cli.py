@@ -378,8 +378,8 @@ def reloader(source: Any, started: Settings) -> Any:
 
 SHARED_IDENTITY_WARNING = (
     "commands run as this Hand's own user (uid {uid}): a client allowed `exec` or `shell` can read the "
-    "Hand's credential, state dir, task logs and environment and act as this Hand; run the Hand as root "
-    "with --run-as USER (a user of its own) so commands cannot"
+    "Hand's credential, state dir, task logs and environment and act as this Hand. To prevent it, run the "
+    "Hand as root with --run-as USER (a user of its own)."
 )
 
 

@@ -8,7 +8,8 @@ rule to decide where a resumed copy starts.
 - A copy's identity is deterministic (`copy_id`): the Hand's name, the destination path, the size
   and the sha256 of the source. The same file copied to the same place again finds its part file;
   a changed source (another digest) never continues a part file of the old one.
-- The receiver writes `.mindhand-cp.<copy_id>.part` in the destination's directory, renames it over
+- The receiver writes `.mindhand-cp.<copy_id>.part` in the destination's directory (a download's
+  local part also carries an unpredictable token: `private_part_name`), renames it over
   the final name only once the whole file's sha256 matched, and keeps it only when the copy was
   interrupted (the stream did not end): a failed copy (mismatch, disk full, refused) removes it.
   Part files older than `STALE_PART_S` are removed when a copy into their directory starts, so
@@ -21,14 +22,18 @@ rule to decide where a resumed copy starts.
 from __future__ import annotations
 
 import hashlib
+import math
 import posixpath
 import re
+from dataclasses import dataclass, field
+from typing import Any
 
 PART_PREFIX = ".mindhand-cp."
 PART_SUFFIX = ".part"
 STALE_PART_S = 24 * 3600
 """A part file untouched this long belongs to a copy nobody will resume."""
 COPY_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+TOKEN_RE = re.compile(r"^[0-9a-f]{16}$")
 MODE_BITS = 0o777
 """The permission bits a copy may set: never setuid, setgid or sticky (0o7000)."""
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -47,10 +52,28 @@ def part_name(cid: str) -> str:
     return f"{PART_PREFIX}{cid}{PART_SUFFIX}"
 
 
-def is_part_name(name: str) -> bool:
+def private_part_name(cid: str, token: str) -> str:
+    """A download's part file (issue 23, attack 8): `.mindhand-cp.<copy_id>.<token>.part`, the token
+    unpredictable (16 hex digits), so a name planted in a shared directory before the copy is never
+    the one it creates (`O_EXCL | O_NOFOLLOW`); a resume finds its part by the copy id's prefix."""
+    if not TOKEN_RE.match(token):
+        raise ValueError("a part token is 16 lowercase hex digits")
+    return f"{part_name(cid)[: -len(PART_SUFFIX)]}.{token}{PART_SUFFIX}"
+
+
+def part_copy_id(name: str) -> str | None:
+    """The copy id a part file's name carries (either form), or None if it is not a part name."""
     if not (name.startswith(PART_PREFIX) and name.endswith(PART_SUFFIX)):
-        return False
-    return bool(COPY_ID_RE.match(name[len(PART_PREFIX) : -len(PART_SUFFIX)]))
+        return None
+    middle = name[len(PART_PREFIX) : -len(PART_SUFFIX)]
+    cid, _, token = middle.partition(".")
+    if not COPY_ID_RE.match(cid) or (token and not TOKEN_RE.match(token)):
+        return None
+    return cid
+
+
+def is_part_name(name: str) -> bool:
+    return part_copy_id(name) is not None
 
 
 def is_stale(mtime: float, now: float) -> bool:
@@ -83,9 +106,12 @@ def safe_mode(mode: int) -> int:
 
 
 def link_stays_inside(link: str, target: str) -> bool:
-    """A symlink at `link` (a path relative to a copied tree's top) pointing at `target` stays
-    inside that tree: a relative target that never climbs above the top, lexically. Absolute
-    targets never do (they name the sending machine's layout, not the tree)."""
+    """A first, lexical filter for a symlink at `link` (relative to a copied tree's top) pointing
+    at `target`: a relative target that never climbs above the top by its text. It is never the
+    judgement (a link already in the tree can make a lexically inside target resolve outside,
+    issue 23 attack 1): the receiver judges the target against its real tree
+    (`protocol.io.tree.target_stays_inside`). Absolute targets never pass (they name the sending
+    machine's layout, not the tree)."""
     if not target or target.startswith("/") or "\x00" in target:
         return False
     depth = len([p for p in posixpath.dirname(link).split("/") if p not in ("", ".")])
@@ -99,3 +125,88 @@ def link_stays_inside(link: str, target: str) -> bool:
         else:
             depth += 1
     return True
+
+
+MTIME_MAX = float(1 << 40)
+"""The largest modification time a copy sets (year ~36,800): beyond it `utime` fails mid-copy."""
+
+
+def check_mtime(mtime: float) -> float:
+    """A modification time a copy may set: finite and within +-`MTIME_MAX` seconds of the epoch,
+    or a ValueError before anything is made (issue 23: 1e300 and NaN failed after the directory)."""
+    if not math.isfinite(mtime) or abs(mtime) > MTIME_MAX:
+        raise ValueError(f"mtime must be a finite number of seconds within +-{MTIME_MAX:.0f}")
+    return mtime
+
+
+# --- a tree copied down: which entries the receiver makes, in which order --------------------------
+
+
+def split_rel(path: str) -> list[str] | None:
+    """The components of an entry's path relative to the tree's top, or None when it is not one a
+    receiver may make: empty, absolute, with an empty, `.` or `..` component, or with NUL."""
+    if not path or path.startswith("/") or "\x00" in path:
+        return None
+    parts = path.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return None
+    return parts
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    """What a receiver makes of a listed tree: `dirs` (parents before children), `files`, then
+    `links` last, each a dict of the listing; `refused` as (path, why). Symlinks come last so that
+    no entry is ever made through a link of this copy, and every link is judged against the tree as
+    it will stay."""
+
+    dirs: list[dict[str, Any]] = field(default_factory=list)
+    files: list[dict[str, Any]] = field(default_factory=list)
+    links: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)
+
+
+def plan_tree(entries: list[dict[str, Any]]) -> TreePlan:
+    """Order a `list_tree` answer for the receiver and refuse what a hostile or lossy sender could
+    use to write elsewhere (issue 23, attack 1):
+    - a path that is not a plain relative one (`split_rel`);
+    - an entry the Hand marks `lossy`: its name or target is not UTF-8 there, so what reaches the
+      wire (U+FFFD) is not its name: making it would make something else;
+    - a name already taken in this copy (two entries, e.g. two names that are not UTF-8 and reach
+      the wire as the same U+FFFD string, would be made one over the other);
+    - an entry whose parent is not a directory of this listing: a Hand listing `esc` as a link and
+      then `esc/x` as a file would have the file written through the link.
+    A refused directory takes its whole subtree with it (its children have no parent here)."""
+    plan = TreePlan()
+    taken: set[str] = set()
+    dirs: set[str] = {""}
+    for e in entries:
+        path = e.get("path")
+        if not isinstance(path, str):
+            plan.refused.append((repr(path), "refused: the Hand named an entry without a path"))
+            continue
+        parts = split_rel(path)
+        if parts is None:
+            plan.refused.append((path, "refused: the Hand named a path outside the tree"))
+            continue
+        if e.get("lossy"):
+            plan.refused.append((path, "not copied: its name (or its target) is not UTF-8 on the Hand"))
+            continue
+        if path in taken:
+            plan.refused.append((path, "refused: its name collides with an entry already in this copy"))
+            continue
+        taken.add(path)
+        if "/".join(parts[:-1]) not in dirs:
+            plan.refused.append((path, "refused: its parent is not a directory of this copy"))
+            continue
+        kind = e.get("type")
+        if kind == "dir":
+            dirs.add(path)
+            plan.dirs.append(e)
+        elif kind == "file":
+            plan.files.append(e)
+        elif kind == "symlink":
+            plan.links.append(e)
+        else:
+            plan.refused.append((path, "not copied: it is a special file (FIFO, socket or device)"))
+    return plan

@@ -20,6 +20,7 @@ them by it (`ValueError`).
     ├── SelectorError                  mind/core/selector.py       a fleet selector or label that does not parse
     ├── LimitError                     mind/core/fleet.py          a --max-concurrency / --max-errors that is not N or P%
     ├── WsError, Invalid               mind/client/                the fast path: transport, reply checks
+    ├── LocalRefused                   mind/client/localfs.py      this machine's side of a download refused or failed
     ├── StoreError                     mind/store/credentials.py   a credential change the store refuses
     ├── FaultProxyError (RuntimeError) mind/testing/faultproxy/    the fault proxy refused a command or cannot be reached
     │   └── CommandError (ValueError)                              a command line it cannot perform

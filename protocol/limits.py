@@ -17,6 +17,11 @@ STREAM_CHUNK_MAX = 256 << 10
 """Largest chunk of one stream in one frame."""
 STREAM_WINDOW = 1 << 20
 """Bytes a stream's sender may have unacknowledged (the Mind holds at most this per stream)."""
+STREAM_WINDOW_MIN = 64 << 10
+STREAM_WINDOW_MAX = 64 << 20
+"""The windows a stream's opening may ask for (`Streams.window`): at least enough for the quarter-window
+acknowledgement pacing to stay cheap, at most what a peer agrees to hold (the sender keeps a window's
+unacknowledged bytes for a resume, DESIGN §15)."""
 OUTPUT_LIMIT_DEFAULT = 1 << 30
 """Bytes per output stream a Hand delivers to a client by default; past it the command keeps
 running, the rest is counted, and the stream says where it was cut."""
@@ -28,6 +33,9 @@ ARGS_MAX_BYTES = 1 << 20
 TASK_LOG_PAGE_MAX = 64 << 10
 MAX_RUNTIME_MAX_MS = 24 * 3600 * 1000
 RUN_TIMEOUT_MAX_MS = 24 * 3600 * 1000
+RUN_TIMEOUT_DEFAULT_S = 3600.0
+"""A foreground run's deadline when the caller gives none: `mind exec --timeout`'s default, and the
+Python client's (`mc.start`, `mc.exec`, `mc.exec_many`), so a script and the shell agree (issue 24)."""
 
 MAX_CONTAINER_ITEMS = 1 << 17
 """Items in one msgpack array or map of any frame (a listing has at most LIST_DIR_MAX_ENTRIES):

@@ -32,6 +32,9 @@ DataStream = Literal["stdin", "stdout", "stderr", "pty"]
 terminal run the one `pty` stream, come back."""
 LabelValue = Annotated[str, Strict(), StringConstraints(pattern=limits.LABEL_VALUE_RE.pattern)]
 Role = Literal["hand", "client"]
+RESUME_WINDOW_MAX_S = 7 * 24 * 3600.0
+"""The longest resume window or `keep` a Mind may announce: past a week the answer is a background task."""
+Window = Annotated[int, Strict(), Field(ge=limits.STREAM_WINDOW_MIN, le=limits.STREAM_WINDOW_MAX)]
 StartOutcome = Literal["accepted", "duplicate", "rejected", "unknown"]
 
 
@@ -86,6 +89,10 @@ class Welcome(Message):
     mac: Mac
     """The Mind's proof that it knows the same secret (mutual authentication)."""
     ping_interval_s: Annotated[float, Field(gt=0, le=3600)]
+    resume_window_s: Annotated[float, Field(ge=0, le=RESUME_WINDOW_MAX_S)] = 0.0
+    """How long the Mind keeps a run whose leg went away (DESIGN §15): a Hand keeps its foreground
+    runs this long after its connection drops, and presents them (`runs_present`) when it is back.
+    0: no continuity, a drop ends the runs (the rule before issue 22)."""
 
 
 class Error(Message):
@@ -119,6 +126,10 @@ class Streams(Message):
     stdin: Bool = False
     pty: Pty | None = None
     output_limit: Annotated[int, Strict(), Field(ge=0, le=1 << 50)] = limits.OUTPUT_LIMIT_DEFAULT
+    window: Window = limits.STREAM_WINDOW
+    """Bytes each stream's sender may have unacknowledged, for every stream of the run (DESIGN
+    §11b): a field of the opening, not a constant every peer assumes. The sender keeps that much
+    for a resume and the Mind relays at most that much per stream."""
 
 
 class StreamData(Message):
@@ -147,6 +158,35 @@ class StreamAck(Message):
     stream: DataStream
     offset: NonNeg
     closed: Bool = False
+
+
+class StreamPosition(Message):
+    """Where one stream stands for a resume (DESIGN §15). From a receiver: it holds every byte
+    before `offset` and consumed those before `consumed` (the sender resends from `offset`). From a
+    sender presenting its run: it sent up to `offset` and was acknowledged up to `consumed`."""
+
+    TYPE = "stream_position"
+    stream: DataStream
+    offset: NonNeg
+    consumed: NonNeg
+
+    @model_validator(mode="after")
+    def _ordered(self) -> StreamPosition:
+        if self.consumed > self.offset:
+            raise ValueError("consumed cannot be past offset")
+        return self
+
+
+class StreamResume(Message):
+    """To a stream's sender after a cut: resend from `offset` (the receiver has everything before
+    it); `consumed` acknowledges what the receiver consumed (an acknowledgement the cut may have
+    lost). The sender refuses an offset outside what it kept (`protocol.streams.Outgoing.resume`)."""
+
+    TYPE = "stream_resume"
+    run_id: Id
+    stream: DataStream
+    offset: NonNeg
+    consumed: NonNeg
 
 
 class Resize(Message):
@@ -255,6 +295,40 @@ class Result(Outcome):
         if self.state not in HAND_REPORTABLE:
             raise ValueError(f"a result cannot carry state {self.state.value}")
         return self
+
+
+class ResultAck(Message):
+    """Mind -> Hand: the Mind has taken the run's result (first terminal wins on its side). With a
+    resume window a Hand keeps a result until this comes, and presents it again after a cut."""
+
+    TYPE = "result_ack"
+    run_id: Id
+
+
+class PresentedRun(Message):
+    """One foreground run a Hand still holds, presented on its new connection (DESIGN §15)."""
+
+    TYPE = "presented_run"
+    run_id: Id
+    started: Bool = False
+    """The process started (the Mind may have missed `started` in the cut)."""
+    streams: Annotated[list[StreamPosition], Field(max_length=4)] = Field(default_factory=list)
+    """Each stream of the run: output as sent and acknowledged, `stdin` as received and consumed."""
+    result_pending: Bool = False
+    """The run ended and its result is not acknowledged yet: the Hand sends it again after this."""
+
+
+RUNS_PRESENT_MAX = 10_000
+
+
+class RunsPresent(Message):
+    """Hand -> Mind, first thing after `welcome` on a new generation when the Mind announced a
+    resume window: the foreground runs the Hand still holds. The Mind re-binds those it holds as
+    non-terminal, has the Hand kill those it ended or does not know, and ends `lost` the runs the
+    Hand had and does not present (it restarted)."""
+
+    TYPE = "runs_present"
+    runs: Annotated[list[PresentedRun], Field(max_length=RUNS_PRESENT_MAX)] = Field(default_factory=list)
 
 
 class Cancel(Message):
@@ -419,6 +493,9 @@ class RunUpdate(Message):
     hand: Label
     state: RunState
     gen: Int | None = None
+    hand_away_since: float | None = None
+    """Set while the run's Hand is away (wall-clock time it went): the run waits for it up to the
+    Mind's resume window (DESIGN §15). An update with it unset after one with it set: the Hand is back."""
 
 
 class RunOutput(Message):
@@ -442,6 +519,54 @@ class RunEnd(Outcome):
         if self.state not in RUN_TERMINAL:
             raise ValueError(f"run_end needs a terminal state, not {self.state.value}")
         return self
+
+
+class Attach(Message):
+    """Client -> Mind: take over run `run_id` (DESIGN §15). Only the run's owner may; the newest
+    attachment wins (the previous one is told `replaced`). `streams`: where this client stands on
+    each output stream it still holds (a client that lived through a cut); a stream not named
+    starts from what the previous consumer acknowledged. Answered with `attached` (or the retained
+    `run_end` of a run that has ended)."""
+
+    TYPE = "attach"
+    run_id: Id
+    streams: Annotated[list[StreamPosition], Field(max_length=4)] = Field(default_factory=list)
+
+
+class Attached(Message):
+    """The attachment is this client's now: the run's state, each stream's position (output: where
+    the Hand resends from; `stdin`: where this client resends from), and which leg is away."""
+
+    TYPE = "attached"
+    run_id: Id
+    hand: Label
+    state: RunState
+    streams: Annotated[list[StreamPosition], Field(max_length=4)] = Field(default_factory=list)
+    hand_away_since: float | None = None
+
+
+class Replaced(Message):
+    """Mind -> the previous attachment of a run: a newer attachment of the same owner took it; this
+    one gets nothing more of the run."""
+
+    TYPE = "replaced"
+    run_id: Id
+
+
+class Detach(Message):
+    """Client -> Mind: leave run `run_id` running unattended, kept for the resume window or `keep_s`
+    (capped by the Mind). Answered with `detached`."""
+
+    TYPE = "detach"
+    run_id: Id
+    keep_s: Annotated[float, Field(gt=0, le=RESUME_WINDOW_MAX_S)] | None = None
+
+
+class Detached(Message):
+    TYPE = "detached"
+    run_id: Id
+    keep_s: Annotated[float, Field(ge=0, le=RESUME_WINDOW_MAX_S)]
+    """How long the Mind keeps the run unattended (the window, or the `keep_s` granted)."""
 
 
 class CancelRun(Message):
@@ -560,11 +685,15 @@ class RunInfo(Message):
     args_digest: Str
     end: RunEnd | None = None
     value_not_retained: Bool = False
-    fleet: Id | None = None
-    """The fleet run it belongs to (`Exec.fleet`), if any."""
     """The run's value (a tool's result: `read_file` data, a listing) went to the waiting client in
     its `run_end` and was not kept: the Mind retains run metadata, never payloads (`end.value` is
     None here even though the run had one)."""
+    fleet: Id | None = None
+    """The fleet run it belongs to (`Exec.fleet`), if any."""
+    hand_away_since: float | None = None
+    """Wall-clock time the Hand's connection dropped while the run waits for it (DESIGN §15)."""
+    client_away_since: float | None = None
+    """Wall-clock time the run was left unattended (its client went away or detached)."""
 
 
 class TaskStart(Message):
@@ -709,6 +838,16 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Result,
         Cancel,
         CancelResult,
+        ResultAck,
+        StreamPosition,
+        StreamResume,
+        PresentedRun,
+        RunsPresent,
+        Attach,
+        Attached,
+        Replaced,
+        Detach,
+        Detached,
         Exec,
         RunUpdate,
         RunOutput,

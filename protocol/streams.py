@@ -14,9 +14,18 @@ on write, exactly as over ssh), and nothing is dropped to keep up.
 
 These classes only count; the shells move the bytes. A peer that breaks the rules (a gap, an
 overlap, more than a window, an acknowledgement of bytes never sent) gets a `ProtocolError`.
+
+Continuity (DESIGN §15) adds the one per-stream endpoint every shell drives: `Outgoing` keeps what
+it sent until the receiver acknowledges it (at most the window, so memory stays bounded), and
+`Incoming` says where to resume after a cut (`resume_point`). On resume the sender resends exactly
+the bytes the receiver does not have, from the offsets alone: 0 bytes lost, 0 duplicated, whatever
+the cut. The window is a field of the stream's opening (`Streams.window`), checked by
+`check_window`, not a constant every peer assumes.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from protocol import limits
 from protocol.codes import ErrorCode
@@ -28,6 +37,32 @@ CHUNK = limits.STREAM_CHUNK_MAX
 
 def _bad(message: str) -> ProtocolError:
     return ProtocolError(ErrorCode.INVALID_PAYLOAD, message)
+
+
+def check_window(window: int) -> int:
+    """A window a stream's opening asks for, within what every peer agrees to hold."""
+    if not limits.STREAM_WINDOW_MIN <= window <= limits.STREAM_WINDOW_MAX:
+        raise _bad(
+            f"a stream window of {window} bytes is outside [{limits.STREAM_WINDOW_MIN}, {limits.STREAM_WINDOW_MAX}]"
+        )
+    return window
+
+
+def check_resume(acked: int, sent: int, offset: int, consumed: int | None) -> None:
+    """A receiver's resume point as its sender (or the relay) sees it: the receiver cannot have
+    less than it acknowledged, nor more than was sent; it cannot have consumed what it lacks."""
+    if not acked <= offset <= sent:
+        raise _bad(f"resume from offset {offset} of a stream acknowledged up to {acked} and sent up to {sent}")
+    if consumed is not None and consumed > offset:
+        raise _bad(f"consumed offset {consumed} beyond the resume offset {offset}")
+
+
+def replayed(expected: int, ended: bool, offset: int, size: int, eof: bool) -> bool:
+    """A chunk that repeats bytes already received: after a resume the sender resends from the
+    receiver's offset, and chunks it sent before it heard of the resume may still arrive. They
+    carry the same bytes at the same offsets (the sender keeps its chunks as it cut them), so the
+    first copy counts and the repeat is dropped, never delivered twice."""
+    return offset + size <= expected and (size > 0 or eof) and (ended or not eof)
 
 
 def check_chunk(
@@ -136,16 +171,39 @@ class Relay:
     final receiver granted, chunks are contiguous, acknowledgements only cover bytes relayed.
     It holds no bytes: a chunk is forwarded as soon as it passes."""
 
-    __slots__ = ("acked", "eof", "offset", "window")
+    __slots__ = ("acked", "eof", "offset", "resumed", "window")
 
-    def __init__(self, window: int = WINDOW) -> None:
-        self.offset = 0
-        self.acked = 0
+    def __init__(self, window: int = WINDOW, start: int = 0) -> None:
+        self.offset = start
+        self.acked = start
         self.window = window
         self.eof = False
+        self.resumed = False
+        """A resume happened: a chunk that repeats bytes already relayed is dropped, not refused."""
 
-    def on_data(self, offset: int, size: int, eof: bool) -> None:
+    def on_data(self, offset: int, size: int, eof: bool) -> bool:
+        """True if the chunk must be forwarded; False for a repeat after a resume (`replayed`)."""
+        if self.resumed and replayed(self.offset, self.eof, offset, size, eof):
+            return False
         self.offset, self.eof = check_chunk(self.offset, self.acked, self.window, self.eof, offset, size, eof)
+        return True
+
+    def resume(self, offset: int, consumed: int | None = None) -> None:
+        """The stream's receiver came back (a new connection, or a new consumer): it has every byte
+        before `offset` and consumed those before `consumed`. Bytes relayed past `offset` were lost
+        in the cut; the sender resends them from there, and the relay expects them again."""
+        check_resume(self.acked, self.offset, offset, consumed)
+        self.offset = offset
+        self.eof = False  # the end, if it was sent, is sent again after the bytes before it
+        self.resumed = True
+        if consumed is not None and consumed > self.acked:
+            self.acked = consumed
+
+    def expect_resend(self) -> None:
+        """The stream's sender came back while its receiver's leg held: it resends from this
+        relay's offset (everything relayed reaches the receiver), so repeats of chunks it sent
+        before the cut drop quietly. Nothing rewinds, the end included."""
+        self.resumed = True
 
     def on_ack(self, offset: int) -> bool:
         """True if the acknowledgement is new and must be forwarded."""
@@ -160,6 +218,152 @@ class Relay:
     def in_flight(self) -> int:
         """Bytes relayed but not yet consumed: what this stream may cost the Mind (<= window)."""
         return self.offset - self.acked
+
+
+Chunk = tuple[int, bytes, bool]
+"""One chunk to send: (offset, data, eof)."""
+
+
+class Outgoing:
+    """One stream this peer sends, as every shell drives it (DESIGN §11b, §15): credit from the
+    receiver's acknowledgements, the end, and the bytes sent but not yet acknowledged, kept so a
+    resume after a cut resends exactly what the receiver lacks. What is kept never exceeds the
+    window: the credit rule already stops the sender there, so continuity costs no extra memory
+    bound, only the window's bytes held a little longer."""
+
+    __slots__ = ("_kept", "kept", "sender")
+
+    def __init__(self, window: int = WINDOW) -> None:
+        self.sender = Sender(window)
+        self._kept: deque[tuple[int, bytes]] = deque()
+        """The chunks sent and not yet acknowledged, as they were cut (a repeat after a resume
+        then has the same offsets and sizes as the original, see `replayed`)."""
+        self.kept = 0
+        """Bytes kept (== sent - acknowledged <= window)."""
+
+    @property
+    def offset(self) -> int:
+        return self.sender.offset
+
+    @property
+    def acked(self) -> int:
+        return self.sender.acked
+
+    @property
+    def eof(self) -> bool:
+        return self.sender.eof
+
+    @property
+    def drained(self) -> bool:
+        return self.sender.drained
+
+    def credit(self) -> int:
+        return self.sender.credit()
+
+    def send(self, data: bytes, size: int = CHUNK) -> list[Chunk]:
+        """`data` (at most the credit) as the chunks to send now; each is kept until acknowledged."""
+        start = self.sender.take(len(data))
+        out: list[Chunk] = []
+        for i in range(0, len(data), size):
+            piece = data[i : i + size]
+            self._kept.append((start + i, piece))
+            out.append((start + i, piece, False))
+        self.kept += len(data)
+        return out
+
+    def close(self) -> Chunk:
+        """The end of the stream, as the chunk to send."""
+        return (self.sender.close(), b"", True)
+
+    def on_ack(self, offset: int) -> bool:
+        """The receiver consumed everything before `offset`: those bytes are let go. True if that
+        opened credit."""
+        if not self.sender.on_ack(offset):
+            return False
+        kept = self._kept
+        while kept:
+            start, piece = kept[0]
+            end = start + len(piece)
+            if end <= offset:
+                kept.popleft()
+                self.kept -= len(piece)
+                continue
+            if start < offset:
+                kept[0] = (offset, piece[offset - start :])
+                self.kept -= offset - start
+            break
+        return True
+
+    def resume(self, offset: int, consumed: int | None = None) -> list[Chunk]:
+        """The receiver came back with every byte before `offset`, having consumed those before
+        `consumed` (an acknowledgement the cut may have lost). Returns exactly the chunks to send
+        again: the bytes from `offset` to what was sent, and the end if it was sent. An offset the
+        receiver cannot have (below what it acknowledged, past what was sent) is refused."""
+        check_resume(self.sender.acked, self.sender.offset, offset, consumed)
+        if consumed is not None:
+            self.on_ack(consumed)
+        out: list[Chunk] = []
+        for start, piece in self._kept:
+            end = start + len(piece)
+            if end <= offset:
+                continue
+            if start < offset:
+                piece, start = piece[offset - start :], offset
+            out.append((start, piece, False))
+        if self.sender.eof:
+            out.append((self.sender.offset, b"", True))
+        return out
+
+
+class Incoming:
+    """One stream this peer receives, as every shell drives it: order, window and end checked,
+    acknowledgements paced (`Receiver`), and after a cut the point to resume from."""
+
+    __slots__ = ("receiver", "resumed")
+
+    def __init__(self, window: int = WINDOW, start: int = 0) -> None:
+        """`start`: a new consumer of a stream already under way (`mind attach` after the first
+        consumer died) begins where its predecessor's acknowledgement left it."""
+        self.receiver = Receiver(window)
+        self.receiver.offset = self.receiver.consumed = self.receiver.acked = start
+        self.resumed = False
+
+    @property
+    def offset(self) -> int:
+        return self.receiver.offset
+
+    @property
+    def consumed(self) -> int:
+        return self.receiver.consumed
+
+    @property
+    def done(self) -> bool:
+        return self.receiver.done
+
+    def on_data(self, offset: int, size: int, eof: bool) -> bool:
+        """True if the chunk is new (deliver it); False for a repeat after a resume. Anything
+        else out of order raises `ProtocolError`."""
+        r = self.receiver
+        if self.resumed and replayed(r.offset, r.eof, offset, size, eof):
+            return False
+        r.on_data(offset, size, eof)
+        return True
+
+    def consume(self, n: int) -> None:
+        self.receiver.consume(n)
+
+    def ack_due(self) -> int | None:
+        return self.receiver.ack_due()
+
+    def resume_point(self) -> tuple[int, int]:
+        """(offset, consumed) to tell the sender after a cut: every byte before `offset` is here
+        (received bytes survive a cut of the connection, they are in this process), those before
+        `consumed` are consumed. The resume acknowledges `consumed`, so no acknowledgement lost
+        in the cut is owed any more."""
+        r = self.receiver
+        r.acked = max(r.acked, r.consumed)
+        self.resumed = True
+        return r.offset, r.consumed
 
 
 def chunks(data: bytes, offset: int, size: int = CHUNK) -> list[tuple[int, bytes]]:

@@ -19,6 +19,7 @@ is read and hashed too), so the digest the client checks covers the whole file.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -26,9 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hand.system.paths import Located, PathRefused, describe_kind, locate
+from hand.system.paths import Located, PathRefused, describe_kind, entry_type, locate, open_root, wire_name
 from protocol import copy as rules
 from protocol.errors import MindhandError
+from protocol.io import tree
 
 READ_CHUNK = 256 << 10
 TREE_MAX_ENTRIES = 20_000
@@ -146,16 +148,21 @@ class Upload:
             self.existing = existing
             prune_stale(at, time.time())
             flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
-            if self.offset == 0:
-                self.fd = os.open(self.part, flags | os.O_CREAT | os.O_TRUNC, 0o600, dir_fd=at.parent)
+            if self.offset == 0:  # a new part: whatever has its name (a planted link) goes first
+                try:
+                    os.unlink(self.part, dir_fd=at.parent)
+                except FileNotFoundError:
+                    pass
+                self.fd = os.open(self.part, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=at.parent)
             else:
                 try:
-                    self.fd = os.open(self.part, flags, dir_fd=at.parent)
+                    self.fd = os.open(self.part, flags | os.O_NONBLOCK, dir_fd=at.parent)
                 except FileNotFoundError:
                     rules.resume_point(None, self.offset, self.size)  # raises: nothing to resume
                 st = os.fstat(self.fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise CopyFailed(f"cannot resume {self.shown}: its part file is {describe_kind(st.st_mode)}")
+                if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # a FIFO, or a hard link to another file
+                    kind = describe_kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else "a file with other names"
+                    raise CopyFailed(f"cannot resume {self.shown}: its part file is {kind}")
                 rules.resume_point(st.st_size, self.offset, self.size)
                 os.ftruncate(self.fd, self.offset)
                 _hash_prefix(self.fd, self.offset, self.hash)
@@ -337,28 +344,6 @@ class Download:
             self.fd = -1
 
 
-def _entry_type(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    return "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "other"
-
-
-def _wire_name(name: str) -> str:
-    try:
-        name.encode("utf-8")
-        return name
-    except UnicodeEncodeError:
-        return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
-
 def stat_file(root: Path, user_path: str, shown: str, copy_id: str | None) -> dict[str, Any]:
     """What is at `user_path` (the name itself: a symlink is reported, not followed), and how many
     bytes the part file of `copy_id` beside it holds (None: no part file): where a copy resumes."""
@@ -380,7 +365,7 @@ def stat_file(root: Path, user_path: str, shown: str, copy_id: str | None) -> di
     if st is None:
         return {"type": None, "part": part}
     return {
-        "type": _entry_type(st.st_mode),
+        "type": entry_type(st.st_mode),
         "size": st.st_size,
         "mode": stat.S_IMODE(st.st_mode),
         "mtime": st.st_mtime,
@@ -409,12 +394,13 @@ def list_tree(root: Path, user_path: str, shown: str) -> dict[str, Any]:
                 with os.scandir(fd) as it:
                     names = sorted(e.name for e in it)
                 for name in names:
-                    path = f"{rel}{_wire_name(name)}"
+                    shown_name = wire_name(name)
+                    path = f"{rel}{shown_name}"
                     try:
                         est = os.stat(name, dir_fd=fd, follow_symlinks=False)
                     except FileNotFoundError:
                         continue
-                    kind = _entry_type(est.st_mode)
+                    kind = entry_type(est.st_mode)
                     entry: dict[str, Any] = {
                         "path": path,
                         "type": kind,
@@ -422,8 +408,13 @@ def list_tree(root: Path, user_path: str, shown: str) -> dict[str, Any]:
                         "size": est.st_size if kind == "file" else 0,
                         "mtime": est.st_mtime,
                     }
+                    if shown_name != name:
+                        entry["lossy"] = True  # not UTF-8 here: the receiver cannot name it exactly
                     if kind == "symlink":
-                        entry["target"] = _wire_name(os.readlink(name, dir_fd=fd))
+                        link_target = os.readlink(name, dir_fd=fd)
+                        entry["target"] = wire_name(link_target)
+                        if entry["target"] != link_target:
+                            entry["lossy"] = True
                     entries.append(entry)
                     if len(entries) > TREE_MAX_ENTRIES:
                         raise CopyFailed(f"cannot list {shown}: more than {TREE_MAX_ENTRIES} entries")
@@ -443,43 +434,51 @@ def list_tree(root: Path, user_path: str, shown: str) -> dict[str, Any]:
 
 
 def make_dir(root: Path, user_path: str, shown: str, mode: int | None, mtime: float | None) -> dict[str, Any]:
-    """A directory of a copied tree (parents made as needed); an existing one is kept, its mode and
-    time set when given. Never setgid or sticky."""
+    """A directory of a copied tree (parents made as needed). `mode` applies only to a directory
+    this call makes: an existing one (a shared 1777 directory) keeps its mode and its sticky bit,
+    and a mode for the root itself is refused (issue 23, attack 9: the root became 0777). Its time
+    is set when given. Never setgid or sticky."""
     with _locate("make", root, user_path, shown, follow_last=False, make_dirs=True) as at:
         try:
             if at.name != ".":
-                try:
-                    os.mkdir(at.name, 0o700, dir_fd=at.parent)
-                    created = True
-                except FileExistsError:
-                    created = False
-                fd = os.open(at.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at.parent)
+                fd, created = tree.make_dir(at.parent, at.name, 0o700)
             else:
+                if mode is not None:  # no copy needs it; only a probe would (attack 9)
+                    raise CopyFailed(f"cannot set the mode of {shown}: it is the root, the Hand's own")
                 created = False
                 fd = _dir_fd(at)
             try:
-                if mode is not None or created:
+                if created:
                     os.fchmod(fd, rules.safe_mode(mode if mode is not None else 0o755))
                 if mtime is not None:
                     os.utime(fd, (mtime, mtime))
             finally:
                 os.close(fd)
-        except NotADirectoryError:
-            raise CopyFailed(f"cannot make {shown}: it exists and is not a directory") from None
         except OSError as exc:
-            if exc.errno == 40:  # ELOOP: O_NOFOLLOW met a symlink
-                raise CopyFailed(f"cannot make {shown}: it is a symlink") from None
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # O_NOFOLLOW | O_DIRECTORY met a link or a file
+                existing = _lstat(at)
+                kind = describe_kind(existing.st_mode) if existing is not None else "not a directory"
+                raise CopyFailed(f"cannot make {shown}: it exists and is {kind} (never followed)") from None
             raise CopyFailed(f"cannot make {shown}: {_why(exc)}") from None
-    return {"path": user_path, "type": "dir"}
+    return {"path": user_path, "type": "dir", "created": created}
 
 
-def make_link(root: Path, user_path: str, shown: str, target: str, rel_to_root: str) -> dict[str, Any]:
-    """A symlink of a copied tree, only if its target stays inside the root (lexically, from where
-    the link is): a link is data, but one pointing out would be a door out for the next tool."""
-    if not rules.link_stays_inside(rel_to_root, target):
-        raise CopyFailed(f"cannot make {shown}: its target leads outside the root")
+def make_link(root: Path, user_path: str, shown: str, target: str) -> dict[str, Any]:
+    """A symlink of a copied tree, only if its target resolves inside the root, judged on the real
+    tree from the directory the link lands in (`protocol.io.tree.target_stays_inside`), never by
+    its text: a link is data, but one leading out would be a door out for every other program that
+    works in the root (issue 23, attack 2: `d1/.../d30/up -> ../..(30)`, then `.../up/escape`)."""
     with _locate("make", root, user_path, shown, follow_last=False, make_dirs=True) as at:
+        if at.name == ".":
+            raise CopyFailed(f"cannot make {shown}: it is a directory")
         try:
+            ceiling = open_root(root)
+            try:
+                inside = tree.target_stays_inside(ceiling, at.parent, target)
+            finally:
+                os.close(ceiling)
+            if not inside:
+                raise CopyFailed(f"cannot make {shown}: its target leads outside the root")
             existing = _lstat(at)
             if existing is not None:
                 if not stat.S_ISLNK(existing.st_mode):

@@ -181,7 +181,7 @@ def locate(root: Path | str, user_path: str, *, follow_last: bool, make_dirs: bo
     root_s = os.fspath(root)
     shown = show(user_path)
     pending = _relative_parts(root_s, user_path)
-    root_fd = os.open(_roots(root_s)[1], os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    root_fd = open_root(root_s)
     stack = [root_fd]  # handles from the root down to the current directory
     links = 0
     try:
@@ -242,6 +242,37 @@ def _mkdir(parent: int, name: str) -> None:
             os.fchmod(fd, mode & 0o777)
     finally:
         os.close(fd)
+
+
+def open_root(root: Path | str) -> int:
+    """An `O_PATH` handle on the root as resolved at start: the ceiling no walk may pass."""
+    return os.open(_roots(os.fspath(root))[1], os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def entry_type(mode: int) -> str:
+    """What an entry is, in the file and copy tools' answers (`list_dir`, `list_tree`,
+    `stat_file`): one vocabulary, so a FIFO is a `fifo` in every listing (issue 21, item 5)."""
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISFIFO(mode):
+        return "fifo"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "other"
+
+
+def wire_name(name: str) -> str:
+    """A file name as it can travel (msgpack str is UTF-8): a name that is not UTF-8 (surrogate-
+    escaped by Python) has its undecodable bytes replaced by U+FFFD. Lossy: the answer marks it."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def describe_kind(mode: int) -> str:

@@ -30,7 +30,8 @@ Without limits no preexec function is passed, and `subprocess` keeps its fast `v
 
 User - `hand run --run-as USER` (only when the Hand runs as root): children run with that user's
 uid, primary gid and supplementary groups (set by `subprocess` in the child, after the session and
-before `exec`), and see HOME, USER and LOGNAME for that user. What the Hand writes itself (its
+before `exec`), and see HOME, USER and LOGNAME for that user and a standard PATH (`RUN_AS_PATH`), not
+the Hand's (root's) own. What the Hand writes itself (its
 database, task logs, files written by `write_file`) stays the Hand's: the file tools run inside the
 Hand, with its privileges, confined by the root directory (`hand.paths`), not by the user. Nothing
 is chowned: the root directory must already be usable by that user (search permission for `cwd`,
@@ -64,6 +65,12 @@ DEFAULT_ENV_ALLOW: tuple[str, ...] = (
     "SHELL",
     "TMPDIR",
 )
+RUN_AS_PATH = "/usr/local/bin:/usr/bin:/bin"
+"""The PATH of a `--run-as` child whose run sets none. Not the Hand's own: a Hand started from a
+root shell carries root's PATH (`/root/.local/bin`, a venv's `bin` under /root, ...), and a directory
+the user may not search makes `execvp` answer EACCES for a command that exists nowhere, so a missing
+command would end 126 "Permission denied" instead of 127 (issue 24 item 4). This is the PATH login
+gives an ordinary user; a run that needs more passes `env={"PATH": ...}`."""
 HAND_PREFIX = "MINDHAND_"
 """The Hand's own configuration variables: never passed to a child."""
 
@@ -291,7 +298,7 @@ class Sandbox:
             and not any(s and s in v for s in self.secrets)
         }
         if self.run_as is not None:
-            env.update(HOME=self.run_as.home, USER=self.run_as.name, LOGNAME=self.run_as.name)
+            env.update(HOME=self.run_as.home, USER=self.run_as.name, LOGNAME=self.run_as.name, PATH=RUN_AS_PATH)
         if extra:
             env.update(extra)
         return env

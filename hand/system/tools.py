@@ -39,8 +39,19 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from hand.core.policy import KNOWN_TOOLS
 from hand.system import copy
 from hand.system.fsuser import as_user
-from hand.system.paths import Located, PathRefused, describe_kind, locate, resolve, resolve_entry, show
+from hand.system.paths import (
+    Located,
+    PathRefused,
+    describe_kind,
+    entry_type,
+    locate,
+    resolve,
+    resolve_entry,
+    show,
+    wire_name,
+)
 from hand.system.sandbox import OverCap, ResourceLimits, RunAs, Sandbox
+from protocol import copy as copy_rules
 from protocol import limits
 from protocol.codes import RejectCode
 from protocol.errors import MindhandError
@@ -145,6 +156,13 @@ class PutFileArgs(_Args):
     preserve: bool = False
     make_dirs: bool = False
     target: str | None = None
+
+    @pydantic.field_validator("mtime")
+    @classmethod
+    def _mtime(cls, mtime: float | None) -> float | None:
+        """Checked before anything is made: 1e300 or NaN once failed in `utime` after the
+        directory was created (issue 23)."""
+        return None if mtime is None else copy_rules.check_mtime(mtime)
 
 
 class GetFileArgs(_Args):
@@ -345,9 +363,8 @@ def _prepare_put_file(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Pre
     if a.type == "symlink":
         if a.target is None or os.path.isabs(a.path):
             raise Refusal(RejectCode.INVALID_REQUEST, "a symlink needs a target and a path relative to the root")
-        rel = "/".join(p for p in a.path.split("/") if p not in ("", "."))
         target = a.target
-        return _file_call(_copy_errors(lambda: copy.make_link(root, a.path, shown, target, rel)), sandbox, _never)
+        return _file_call(_copy_errors(lambda: copy.make_link(root, a.path, shown, target)), sandbox, _never)
     if a.sha256 is None or a.copy_id is None:
         raise Refusal(RejectCode.INVALID_REQUEST, "put_file of a file needs size, sha256 and copy_id")
     cap = sandbox.max_upload_bytes
@@ -530,25 +547,6 @@ def _replace_atomically(at: Located, data: bytes, existing: os.stat_result | Non
         raise
 
 
-def _wire_name(name: str) -> str:
-    """File names that are not UTF-8 (surrogate-escaped by Python) cannot travel as msgpack str."""
-    try:
-        name.encode("utf-8")
-        return name
-    except UnicodeEncodeError:
-        return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
-
-def _entry_type(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISREG(mode):
-        return "file"
-    return "other"
-
-
 def list_dir(root: Path, user_path: str, shown: str) -> dict[str, Any]:
     """Entries sorted by name, at most `LIST_DIR_MAX_ENTRIES` (the smallest names, kept in a heap, so
     memory stays bounded by the cap however large the directory is). Symlinks are reported as
@@ -570,7 +568,7 @@ def list_dir(root: Path, user_path: str, shown: str) -> dict[str, Any]:
                     est = entry.stat(follow_symlinks=False)
                 except OSError:  # vanished while listing
                     continue
-                entries.append({"name": _wire_name(entry.name), "type": _entry_type(est.st_mode), "size": est.st_size})
+                entries.append({"name": wire_name(entry.name), "type": entry_type(est.st_mode), "size": est.st_size})
         finally:
             os.close(fd)
     except OSError as exc:

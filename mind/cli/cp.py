@@ -30,7 +30,7 @@ from typing import Any
 
 from mind.cli.output import EXIT_COPY_FAILED, EXIT_LOST, EXIT_REFUSED, EXIT_USAGE, printable
 from mind.cli.progress import Status, is_terminal
-from mind.client import files
+from mind.client import files, localfs
 from mind.client.files import CopyError, CopyResult
 from protocol import copy as rules
 from protocol import limits
@@ -121,6 +121,9 @@ class _Run:
     # --- the copies ---
 
     async def put(self, local: str, hand: str, remote: str, make_dirs: bool = False) -> None:
+        if not _utf8(remote):
+            self.fail(local, NOT_UTF8)
+            return
         started = time.monotonic()
         try:
             res = await files.upload(
@@ -139,7 +142,7 @@ class _Run:
             return
         self.done(res, f"{hand}:{remote}")
 
-    async def get(self, hand: str, remote: str, local: str) -> None:
+    async def get(self, hand: str, remote: str, local: str, into: int | None = None) -> None:
         started = time.monotonic()
         try:
             res = await files.download(
@@ -151,6 +154,7 @@ class _Run:
                 resume=self.args.resume,
                 on_progress=self.progress(posixpath.basename(remote), started),
                 reconnect=self._reconnect,
+                into=into,
             )
         except CopyError as exc:
             self.fail(f"{hand}:{remote} -> {local}", exc)
@@ -187,27 +191,46 @@ class _Run:
 
     async def put_tree(self, local: str, hand: str, top: str) -> None:
         """A local directory to `top` on the Hand: directories first (parents before children),
-        files, symlinks that stay inside the tree; special files and outside links are refused."""
-        await self._put_dir(hand, top, local)
+        files, then symlinks that stay inside the tree (last, so nothing is made through one; the
+        Hand judges each on its real tree too); special files and outside links are refused. What
+        lies below a directory the Hand would not make (a symlink there) is not sent: it would land
+        wherever that link leads."""
+        if not _utf8(top):
+            self.fail(local, NOT_UTF8)
+            return
+        if not await self._put_dir(hand, top, local):
+            return
         dirs: list[tuple[str, str]] = [(local, top)]
+        links: list[tuple[str, str, str]] = []
+        failed: set[str] = set()
         for kind, src, dst, extra in _plan_tree(local, top):
-            if kind == "error":
+            if os.path.dirname(src) in failed:
+                failed.add(src)  # said once, for the directory
+            elif kind == "error":
                 self.fail(src, extra)
             elif kind == "symlink":
-                await self._call(src, hand, "put_file", {"path": dst, "type": "symlink", "target": extra})
+                links.append((src, dst, extra))
             elif kind == "dir":
-                await self._put_dir(hand, dst, src)
-                dirs.append((src, dst))
+                if await self._put_dir(hand, dst, src):
+                    dirs.append((src, dst))
+                else:
+                    failed.add(src)
             else:
                 await self.put(src, hand, dst)
+        for src, dst, target in links:
+            await self._call(src, hand, "put_file", {"path": dst, "type": "symlink", "target": target})
         if self.args.preserve:  # directory times last: writing into a directory changes its time
             for src, dst in reversed(dirs):
-                mode, mtime = _mode_time(src)
-                await self._call(src, hand, "put_file", {"path": dst, "type": "dir", "mode": mode, "mtime": mtime})
+                _, mtime = _mode_time(src)
+                await self._call(src, hand, "put_file", {"path": dst, "type": "dir", "mtime": mtime})
 
-    async def _put_dir(self, hand: str, dst: str, src: str) -> None:
-        mode, _ = _mode_time(src)
-        await self._call(src, hand, "put_file", {"path": dst, "type": "dir", "mode": mode, "make_dirs": True})
+    async def _put_dir(self, hand: str, dst: str, src: str) -> bool:
+        """A directory of the tree, made with the source's mode; the Hand keeps an existing one's
+        mode, and the root's is not a copy's to ask for."""
+        targs: dict[str, Any] = {"path": dst, "type": "dir", "make_dirs": True}
+        if posixpath.normpath(dst) != ".":
+            targs["mode"], _ = _mode_time(src)
+        return await self._call(src, hand, "put_file", targs) is not None
 
     async def _call(self, what: str, hand: str, tool: str, targs: dict[str, Any]) -> Any:
         from protocol.states import RunState
@@ -219,35 +242,67 @@ class _Run:
         return end.value
 
     async def get_tree(self, hand: str, remote: str, local: str) -> None:
+        """A Hand's directory to `local`, built through directory handles (`mind.client.localfs`):
+        what the Hand lists is ordered and filtered by `protocol.copy.plan_tree` (a path outside
+        the tree, a name taken twice, an entry whose parent is not a directory of this copy are
+        refused), directories first, files, symlinks last, each judged on the real local tree. A
+        hostile Hand cannot make this write outside `local` (issue 23, attack 1)."""
         value = await self._call(f"{hand}:{remote}", hand, "list_tree", {"path": remote})
         if value is None:
             return
-        _local_dir(local, None)
-        dirs: list[tuple[str, dict[str, Any]]] = []
-        for e in value["entries"]:
-            rel = e["path"]
-            if rel.startswith("/") or ".." in rel.split("/"):
-                self.fail(f"{hand}:{remote}/{rel}", "refused: the Hand named a path outside the tree")
-                continue
-            dst = os.path.join(local, *rel.split("/"))
-            src = posixpath.join(remote, rel)
-            kind = e["type"]
-            if kind == "dir":
-                _local_dir(dst, rules.safe_mode(e["mode"]) if self.args.preserve else None)
-                dirs.append((dst, e))
-            elif kind == "file":
-                await self.get(hand, src, dst)
-            elif kind == "symlink":
-                target = e.get("target") or ""
-                if not rules.link_stays_inside(rel, target):
-                    self.fail(f"{hand}:{src}", f"symlink to {target!r} not copied: it leads outside the copied tree")
+        entries = value.get("entries") if isinstance(value, dict) else None
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            self.fail(f"{hand}:{remote}", "refused: the Hand's listing is malformed")
+            return
+        plan = rules.plan_tree(entries)
+        for path, why in plan.refused:
+            self.fail(f"{hand}:{posixpath.join(remote, path)}", why)
+        try:
+            top = localfs.LocalTree(local)
+        except localfs.LocalRefused as exc:
+            self.fail(None, exc.message)
+            return
+        with top:
+            made: set[str] = {""}
+            for e in plan.dirs:
+                parts = e["path"].split("/")
+                if "/".join(parts[:-1]) not in made:
+                    continue  # its parent failed (said once)
+                if self._local(f"{hand}:{posixpath.join(remote, e['path'])}", top.make_dir, parts):
+                    made.add(e["path"])
+            for e in plan.files:
+                parts = e["path"].split("/")
+                if "/".join(parts[:-1]) not in made:
                     continue
-                _local_link(dst, target)
-            else:
-                self.fail(f"{hand}:{src}", "not copied: it is a special file (FIFO, socket or device)")
-        if self.args.preserve:  # directory times last: writing into a directory changes its time
-            for dst, e in reversed(dirs):
-                os.utime(dst, (e["mtime"], e["mtime"]))
+                src = posixpath.join(remote, e["path"])
+                try:
+                    into = top.dir_handle(parts[:-1])
+                except localfs.LocalRefused as exc:
+                    self.fail(f"{hand}:{src}", exc.message)
+                    continue
+                try:
+                    await self.get(hand, src, os.path.join(local, *parts), into=into)
+                finally:
+                    os.close(into)
+            for e in plan.links:
+                parts = e["path"].split("/")
+                if "/".join(parts[:-1]) in made:
+                    target = e.get("target")
+                    self._local(f"{hand}:{posixpath.join(remote, e['path'])}", top.make_link, parts, str(target or ""))
+            if self.args.preserve:  # modes and times last: writing into a directory changes its time
+                for e in reversed(plan.dirs):
+                    if e["path"] in made:
+                        what = f"{hand}:{posixpath.join(remote, e['path'])}"
+                        self._local(what, top.set_mode_time, e["path"].split("/"), e.get("mode"), e.get("mtime"))
+
+    def _local(self, what: str, fn: Callable[..., None], *args: Any) -> bool:
+        """One step of a tree copied down; a refusal is reported (exit 1) and the copy goes on."""
+        try:
+            fn(*args)
+        except localfs.LocalRefused as exc:
+            self.fail(what, exc.message)
+            return False
+        return True
 
 
 # --- local file work (blocking, small: kept out of the coroutines) ---------------------------------
@@ -269,18 +324,6 @@ def _mode_time(path: str) -> tuple[int, float]:
     return st.st_mode & 0o777, st.st_mtime
 
 
-def _local_dir(path: str, mode: int | None) -> None:
-    os.makedirs(path, exist_ok=True)
-    if mode is not None:
-        os.chmod(path, mode)
-
-
-def _local_link(path: str, target: str) -> None:
-    if os.path.lexists(path):
-        os.unlink(path)
-    os.symlink(target, path)
-
-
 def _plan_tree(local: str, top: str) -> list[tuple[str, str, str, str]]:
     """The entries of a local tree as (kind, source, destination on the Hand, extra): `dir`,
     `file`, `symlink` (extra: its target, only inside the tree), or `error` (extra: why not)."""
@@ -288,10 +331,15 @@ def _plan_tree(local: str, top: str) -> list[tuple[str, str, str, str]]:
     for here, subdirs, names in os.walk(local, followlinks=False):
         rel = os.path.relpath(here, local)
         rtop = top if rel == "." else posixpath.join(top, rel.replace(os.sep, "/"))
-        for name in sorted(subdirs + names):
+        every = sorted(subdirs + names)
+        subdirs[:] = [n for n in subdirs if _utf8(n)]  # never walked into: reported below
+        for name in every:
             src = os.path.join(here, name)
             dst = posixpath.join(rtop, name)
             relpath = name if rel == "." else f"{rel}/{name}"
+            if not _utf8(name):
+                plan.append(("error", src, dst, NOT_UTF8))
+                continue
             try:
                 st = os.lstat(src)
             except OSError as exc:
@@ -299,7 +347,9 @@ def _plan_tree(local: str, top: str) -> list[tuple[str, str, str, str]]:
                 continue
             if stat.S_ISLNK(st.st_mode):
                 target = os.readlink(src)
-                if rules.link_stays_inside(relpath, target):
+                if not _utf8(target):
+                    plan.append(("error", src, dst, "symlink not copied: its target is not UTF-8"))
+                elif rules.link_stays_inside(relpath, target):
                     plan.append(("symlink", src, dst, target))
                 else:
                     plan.append(
@@ -312,6 +362,18 @@ def _plan_tree(local: str, top: str) -> list[tuple[str, str, str, str]]:
             else:
                 plan.append(("error", src, dst, "not copied: it is a special file (FIFO, socket or device)"))
     return plan
+
+
+NOT_UTF8 = "not copied: its name is not UTF-8 (a Hand's paths travel as UTF-8, and a lossy name would be another)"
+
+
+def _utf8(name: str) -> bool:
+    """Whether `name` (surrogate-escaped by Python when its bytes are not UTF-8) can travel as is."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _size(n: float) -> str:
@@ -328,6 +390,9 @@ async def run(mc: Any, args: argparse.Namespace, reconnect: Callable[[], Awaitab
         print("mind: cp: need at least one source and a destination", file=sys.stderr)
         return EXIT_USAGE
     *srcs, dst = ops
+    if any(o.remote and not _utf8(o.path) for o in ops):
+        print("mind: cp: a HAND:PATH must be UTF-8 (a Hand's paths travel as UTF-8)", file=sys.stderr)
+        return EXIT_USAGE
     job = _Run(mc, args, reconnect)
     many = len(srcs) > 1
     try:

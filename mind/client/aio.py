@@ -382,7 +382,7 @@ class MindClient:
         hand: str,
         tool: str,
         args: dict[str, Any],
-        timeout: float = 60.0,
+        timeout: float = limits.RUN_TIMEOUT_DEFAULT_S,
         grace: float | None = None,
         watch: bool = True,
         *,
@@ -428,7 +428,7 @@ class MindClient:
         hand: str,
         tool: str,
         args: dict[str, Any],
-        timeout: float = 60.0,
+        timeout: float = limits.RUN_TIMEOUT_DEFAULT_S,
         grace: float | None = None,
         on_event: Callable[[RunEvent], None] | None = None,
         watch: bool = False,
@@ -437,12 +437,15 @@ class MindClient:
         stream: bool | None = None,
     ) -> RunEnd:
         """Run and wait for the end. Output reaches `on_event` (as `StreamData`, every byte, when
-        streamed); the end carries bounded tails, byte counts and the sha256 of what was sent."""
+        streamed); the end carries bounded tails, byte counts and the sha256 of what was sent.
+        `timeout` (seconds, default 3600 as `mind exec`, at most 24 h) is the run's deadline on the
+        Hand: past it the tree is killed and the run ends `timed_out`."""
         handle = await self.start(hand, tool, args, timeout, grace, watch=watch, stdin=stdin, stream=stream)
         return await handle.wait(on_event)
 
     async def call(self, hand: str, tool: str, args: dict[str, Any] | None = None, timeout: float = 60.0) -> Any:
-        """Run a tool and return its value; anything but `succeeded` raises `RunFailed`."""
+        """Run a tool and return its value; anything but `succeeded` raises `RunFailed`. The
+        default `timeout` is `mind call`'s, 60 s (a tool call, not a long command)."""
         end = await self.exec(hand, tool, args or {}, timeout)
         if end.state is not RunState.SUCCEEDED:
             raise RunFailed(end)

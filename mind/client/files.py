@@ -36,6 +36,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from mind.client import localfs
 from mind.errors import ClientError
 from protocol import copy as rules
 from protocol import limits
@@ -378,6 +379,20 @@ def _umask() -> int:
     return 0o022
 
 
+def _final_mode_time(result: CopyResult, preserve: bool) -> tuple[int, float | None]:
+    """The mode (never setuid; through the umask unless `preserve`) and time a download gets.
+    A time no file can have (NaN, 1e300: a Hand's lie) is refused before the rename."""
+    mode = rules.safe_mode(result.mode if isinstance(result.mode, int) else 0o644)
+    if not preserve:
+        return mode & ~_umask(), None
+    if result.mtime is None:
+        return mode, None
+    try:
+        return mode, rules.check_mtime(float(result.mtime))
+    except (TypeError, ValueError) as exc:
+        raise CopyError("failed", f"{result.path}: the Hand sent a bad modification time ({exc})") from None
+
+
 async def download(
     mc: MindClient,
     hand: str,
@@ -389,9 +404,12 @@ async def download(
     on_progress: Progress | None = None,
     reconnect: Reconnect | None = None,
     attempts: int = ATTEMPTS,
+    into: int | None = None,
 ) -> CopyResult:
     """Copy `remote` on `hand` to the local file `local`: a part file beside it, renamed only once
-    the whole file's sha256 matches. With `resume`, a part file an earlier call left is continued."""
+    the whole file's sha256 matches. With `resume`, a part file an earlier call left is continued.
+    `into`: a handle on `local`'s directory (a tree copied down gives the one it made), so the
+    file is written there whatever its path now leads to (`mind.client.localfs`)."""
     started = time.monotonic()
     local = _absolute(local)
     link = _Link(mc, reconnect)
@@ -408,10 +426,21 @@ async def download(
         hint = " (use -r)" if info["type"] == "dir" else ""
         raise CopyError("failed", f"cannot read {remote!r} on {hand}: it is {kind}{hint}")
     cid = rules.copy_id(f"{hand}:{remote}", local, int(info["size"]), f"mtime:{info['mtime']!r}")
-    part = _LocalPart(local, cid)
+    try:
+        if into is None:
+            dir_fd, name = await asyncio.to_thread(localfs.open_parent, local)
+        else:
+            dir_fd, name = os.dup(into), os.path.basename(local)
+    except localfs.LocalRefused as exc:
+        raise CopyError("local", exc.message) from None
+    try:
+        part = localfs.LocalPart(dir_fd, name, local, cid)
+    finally:
+        os.close(dir_fd)
     try:
         pos = await asyncio.to_thread(part.open, resume)
     except OSError as exc:
+        part.close()
         raise CopyError("local", f"cannot write {local!r}: {exc.strerror or exc}") from None
     result = CopyResult(path=local, size=int(info["size"]), sha256="", attempts=0)
     if pos:
@@ -441,10 +470,15 @@ async def download(
                 value = end.value or {}
                 result.size, result.sha256 = int(value["size"]), str(value["sha256"])
                 result.mode, result.mtime = value.get("mode"), value.get("mtime")
+                mode, mtime = _final_mode_time(result, preserve)
                 try:
-                    await asyncio.to_thread(part.finish, result, preserve)
+                    verified = await asyncio.to_thread(part.finish, result.size, result.sha256, mode, mtime)
                 except OSError as exc:
                     raise CopyError("local", f"cannot write {local!r}: {exc.strerror or exc}") from None
+                if not verified:
+                    raise CopyError(
+                        "mismatch", f"{local}: sha256 mismatch (the file changed on the Hand, or bytes were damaged)"
+                    )
                 result.duration_s = time.monotonic() - started
                 return result
             if not _retryable(end) or attempt == attempts:
@@ -457,84 +491,5 @@ async def download(
         part.close()
 
 
-class _LocalPart:
-    """A download's part file beside its destination (blocking file work, kept out of the loop's
-    coroutines): opened or continued, written, verified and renamed, or dropped."""
-
-    def __init__(self, local: str, cid: str) -> None:
-        self.local = local
-        self.path = os.path.join(os.path.dirname(local), rules.part_name(cid))
-        self.hash = hashlib.sha256()
-        self.pos = 0
-        self.f: BinaryIO | None = None
-
-    def open(self, resume: bool) -> int:
-        if resume and os.path.exists(self.path):
-            self.pos, _ = _hash_into(self.path, self.hash)
-        self.f = open(self.path, "ab" if self.pos else "wb")
-        return self.pos
-
-    def write(self, data: bytes) -> None:
-        """Page cache writes of at most a chunk: done inline (a thread hop would cost more)."""
-        assert self.f is not None
-        self.f.write(data)
-        self.hash.update(data)
-        self.pos += len(data)
-
-    def finish(self, result: CopyResult, preserve: bool) -> None:
-        """Verify, fsync, set the mode (never setuid) and time, rename, fsync the directory."""
-        assert self.f is not None
-        if self.pos != result.size or self.hash.hexdigest() != result.sha256:
-            self.drop()  # a part that does not verify is of no use to a resume
-            raise CopyError(
-                "mismatch", f"{self.local}: sha256 mismatch (the file changed on the Hand, or bytes were damaged)"
-            )
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
-        mode = rules.safe_mode(result.mode if result.mode is not None else 0o644)
-        if not preserve:
-            mode &= ~_umask()
-        os.chmod(self.path, mode)
-        if preserve and result.mtime is not None:
-            os.utime(self.path, (result.mtime, result.mtime))
-        os.replace(self.path, self.local)
-        _fsync_dir(os.path.dirname(self.local))
-
-    def drop(self) -> None:
-        self.close()
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
-
-    def close(self) -> None:
-        """Keep what was written (for a resume), but never an empty part file."""
-        if self.f is not None and not self.f.closed:
-            self.f.close()
-        try:
-            if os.path.getsize(self.path) == 0:
-                os.unlink(self.path)
-        except OSError:
-            pass
-
-
 def _absolute(path: str | os.PathLike[str]) -> str:
     return os.path.abspath(os.fspath(path))
-
-
-def _hash_into(path: str, h: Any) -> tuple[int, Any]:
-    n = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            h.update(chunk)
-            n += len(chunk)
-    return n, h
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -94,7 +94,7 @@ class FleetRun:
         max_errors: str | int = plan_core.DEFAULT_MAX_ERRORS,
         deliver_within: float | None = None,
         fail_fast: bool = False,
-        timeout: float = 60.0,
+        timeout: float = limits.RUN_TIMEOUT_DEFAULT_S,
         grace: float | None = None,
         stream: bool | None = None,
         watch: bool = False,

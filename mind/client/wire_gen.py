@@ -53,6 +53,7 @@ WELCOME = model(
         "gen": (strict_int(ge=1), REQUIRED),
         "mac": (strict_bytes(min_len=32, max_len=32), REQUIRED),
         "ping_interval_s": (number(gt=0, le=3600), REQUIRED),
+        "resume_window_s": (number(ge=0, le=604800.0), 0.0),
     },
 )
 
@@ -71,6 +72,7 @@ RUN_UPDATE = model(
         "hand": (strict_str(pattern=limits.LABEL_VALUE_RE), REQUIRED),
         "state": (enum(RunState), REQUIRED),
         "gen": (optional(strict_int()), None),
+        "hand_away_since": (optional(number()), None),
     },
 )
 

@@ -12,40 +12,61 @@ DESIGN §5 is decided here and only here:
 - the Mind's own deadline (the Hand's deadline plus grace plus slack) -> `timed_out`, and a cancel is
   sent so the Hand stops too;
 - the waiting client disconnecting -> cancel with reason `client_disconnected`.
+
+Continuity (DESIGN §15) is decided here too, behind `resume_window` (0, the default, keeps every
+rule above exactly): a leg that goes away leaves its run `running` for the window, a Hand that
+comes back on a new generation presents its runs (`on_runs_present`) and the Mind re-binds, kills
+or ends each, the run's owner re-attaches (`on_attach`, newest wins), and past the window the seed's
+rule fires (`on_tick`). A terminal the Mind decides by itself is handed to the shell to write
+durably (`PersistEnding`) before anyone is told, so first-terminal-wins holds across a crash.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from protocol import limits
+from mind.core.runs import (
+    Action,
+    Log,
+    PersistEnding,
+    Run,
+    SendToClient,
+    SendToHand,
+    StartEnded,
+    relays_for,
+)
 from protocol.audit import AuditEvent
-from protocol.codes import CancelReason, CancelStatus, RejectCode
-from protocol.control import Budget
+from protocol.codes import CancelReason, CancelStatus, ErrorCode, RejectCode
 from protocol.digest import args_digest
 from protocol.errors import ProtocolError
 from protocol.messages import (
     OUTCOME_FIELDS,
+    RESUME_WINDOW_MAX_S,
+    Attached,
     Background,
     Cancel,
+    Detached,
+    Error,
     Exec,
-    Message,
     Progress,
+    Replaced,
     Resize,
     Result,
+    ResultAck,
     Rpc,
     RunEnd,
-    RunInfo,
     RunOutput,
+    RunsPresent,
     RunUpdate,
     StreamAck,
     StreamData,
+    StreamPosition,
+    StreamResume,
 )
 from protocol.states import RUN_TERMINAL, RUN_TRANSITIONS, RunState, advance, can_advance
-from protocol.streams import Relay
+from protocol.streams import check_resume
 
 MIND_DEADLINE_SLACK_S = 2.0
 """Extra time the Mind waits past the Hand's deadline and kill grace before deciding `timed_out`
@@ -75,115 +96,18 @@ def retained(end: RunEnd) -> RunEnd:
     return end.model_copy(update=update)
 
 
-# --- actions -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SendToHand:
-    hand: str
-    gen: int
-    msg: Message
-
-
-@dataclass(frozen=True)
-class SendToClient:
-    client: str
-    req_id: str
-    msg: Message
-    droppable: bool = False
-    """Progress may be dropped when the client reads too slowly; state changes never are."""
-
-
-@dataclass(frozen=True)
-class Log:
-    event: str
-    fields: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class StartEnded:
-    """The start run of a background task reached its terminal: the shell settles the snapshot
-    (fresh on success, deleted on rejection, left stale for reconciliation otherwise)."""
-
-    run_id: str
-    hand: str
-    end: RunEnd
-
-
-Action = SendToHand | SendToClient | Log | StartEnded
-
-
-def _relays(req: Exec) -> dict[str, Relay]:
-    """The streams a run carries: output (`stdout`+`stderr`, or one `pty`), and `stdin` if asked."""
-    spec = req.streams
-    if spec is None:
-        return {}
-    names = ["pty"] if spec.pty is not None else ["stdout", "stderr"]
-    if spec.stdin or spec.pty is not None:
-        names.append("stdin")
-    return {name: Relay() for name in names}
-
-
-@dataclass
-class Run:
-    run_id: str
-    hand: str
-    tool: str
-    args_digest: str
-    client: str | None
-    req_id: str
-    owner: str
-    watch: bool
-    timeout_ms: int
-    grace_ms: int
-    created_at: float
-    mind_deadline: float
-    created_wall: float
-    state: RunState = RunState.ADMITTED
-    gen: int | None = None
-    cancel_reason: CancelReason | None = None
-    budget: Budget = field(
-        default_factory=lambda: Budget(
-            {"progress_bytes": limits.PROGRESS_BYTES_MAX, "progress_events": limits.PROGRESS_EVENTS_MAX}
-        )
-    )
-    dropped: int = 0
-    background: Background | None = None
-    relays: dict[str, Relay] = field(default_factory=dict)
-    """A streamed run's byte streams as the Mind relays them, by name (DESIGN §11): the Mind
-    forwards each chunk at once and checks that no sender exceeds the window its receiver granted,
-    so it never holds more than one window per stream, whatever the reader's speed."""
-    end: RunEnd | None = None
-    ended_at: float | None = None
-    ended_wall: float | None = None
-    seq: int = 0
-    """Admission order (1, 2, ...): where a page of history starts (`ListRuns.after`)."""
-    value_not_retained: bool = False
-    fleet: str | None = None
-    """The fleet run this run is a member of (`Exec.fleet`, DESIGN §12)."""
-
-    @property
-    def terminal(self) -> bool:
-        return self.state in RUN_TERMINAL
-
-    def info(self) -> RunInfo:
-        return RunInfo(
-            run_id=self.run_id,
-            hand=self.hand,
-            tool=self.tool,
-            state=self.state,
-            gen=self.gen,
-            created_at=self.created_wall,
-            ended_at=self.ended_wall,
-            args_digest=self.args_digest,
-            end=self.end,
-            value_not_retained=self.value_not_retained,
-            fleet=self.fleet,
-        )
-
-
 class RunRegistry:
-    def __init__(self, retain_finished: int = 10_000) -> None:
+    def __init__(
+        self, retain_finished: int = 10_000, resume_window: float = 0.0, keep_max: float = RESUME_WINDOW_MAX_S
+    ) -> None:
+        """`resume_window`: seconds a run may be unattended on either leg before the seed's rule
+        fires (DESIGN §15); 0 ends it at once, as before continuity. `keep_max`: the longest a
+        detached run is kept (`Detach.keep_s` is capped to it)."""
+        self.resume_window = resume_window
+        self.keep_max = keep_max
+        self._newest_gen: dict[str, int] = {}
+        """The newest generation heard of per Hand (a run sent on it, or its presentation): an older
+        one is fenced, and its results are not acknowledged."""
         self._runs: dict[str, Run] = {}
         self._active: dict[str, Run] = {}
         """The non-terminal runs: ticks, disconnects and counts touch only these, never the
@@ -246,10 +170,17 @@ class RunRegistry:
             )
         return acts
 
-    def _terminate(self, run: Run, end: RunEnd, now: float, wall: float) -> list[Action]:
-        """Set the one terminal state of `run`. Callers have checked the transition is legal."""
-        acts = self._move(run, end.state)
-        run.end = retained(end)
+    def _terminate(self, run: Run, end: RunEnd, now: float, wall: float, mind_decided: bool = False) -> list[Action]:
+        """Set the one terminal state of `run`. Callers have checked the transition is legal.
+        `mind_decided`: nobody reported it, the Mind decided it; with continuity on, it is written
+        durably first (`PersistEnding`). With the window 0 no run outlives its connections, so no
+        Hand can ever re-present one and there is nothing to persist."""
+        kept = retained(end)
+        acts: list[Action] = []
+        if mind_decided and self.resume_window > 0:
+            acts.append(PersistEnding(run.run_id, kept))
+        acts += self._move(run, end.state)
+        run.end = kept
         run.value_not_retained = end.value is not None
         run.relays = {}  # nothing flows after the end: history keeps no stream state
         run.ended_at = now
@@ -354,7 +285,7 @@ class RunRegistry:
             created_wall=wall,
             mind_deadline=now + (req.timeout_ms + grace) / 1000 + MIND_DEADLINE_SLACK_S,
             background=background,
-            relays=_relays(req) if background is None else {},
+            relays=relays_for(req) if background is None else {},
             fleet=req.fleet,
         )
         self._seq += 1
@@ -377,6 +308,7 @@ class RunRegistry:
             acts += self._terminate(run, self._end(run, RunState.REJECTED, why, now, reject_code=code), now, wall)
             return acts
         run.gen = hand_gen
+        self._newest_gen[run.hand] = max(hand_gen, self._newest_gen.get(run.hand, 0))
         acts += self._move(run, RunState.SENT)
         acts.append(
             SendToHand(
@@ -445,6 +377,8 @@ class RunRegistry:
         run = self._runs.get(msg.run_id)
         if run is None or run.client != client or run.terminal or run.gen is None:
             return []
+        if run.hand_away_since is not None:
+            return self._while_hand_away(run, msg)
         forward = SendToHand(run.hand, run.gen, msg)
         if isinstance(msg, Resize):
             return [forward] if "pty" in run.relays else []
@@ -457,13 +391,30 @@ class RunRegistry:
             return [self._log("stream_wrong_direction", run, stream=msg.stream, what=msg.TYPE)]
         return self._relay(run, msg, forward)
 
+    def _while_hand_away(self, run: Run, msg: StreamData | StreamAck | Resize) -> list[Action]:
+        """Nothing reaches an absent Hand. stdin is not counted (the client keeps it and resends
+        from the Hand's resume point); an acknowledgement of output is counted (the Hand learns it
+        in its `stream_resume`); the last resize waits for the Hand."""
+        if isinstance(msg, Resize):
+            if "pty" in run.relays:
+                run.pending_resize = msg
+        elif isinstance(msg, StreamAck) and msg.stream != "stdin":
+            relay = run.relays.get(msg.stream)
+            if relay is not None:
+                try:
+                    relay.on_ack(msg.offset)
+                except ProtocolError as exc:
+                    return [self._log("stream_refused", run, stream=msg.stream, why=exc.message)]
+        return []
+
     def _relay(self, run: Run, msg: StreamData | StreamAck, forward: Action) -> list[Action]:
         relay = run.relays.get(msg.stream)
         if relay is None:
             return [self._log("stream_unknown", run, stream=msg.stream)]
         try:
             if isinstance(msg, StreamData):
-                relay.on_data(msg.offset, len(msg.data), msg.eof)
+                if not relay.on_data(msg.offset, len(msg.data), msg.eof):
+                    return []  # sent before the sender heard of a resume, and sent again: once is enough
             elif not relay.on_ack(msg.offset) and not msg.closed:
                 return []  # nothing new for the sender
         except ProtocolError as exc:
@@ -489,15 +440,26 @@ class RunRegistry:
         return [SendToClient(run.client, run.req_id, out, droppable=True)]
 
     def on_result(self, res: Result, hand: str, gen: int, now: float, wall: float) -> list[Action]:
+        """The Hand's result. With continuity on, a result is acknowledged (`result_ack`), the late
+        and the unknown too: the Hand keeps a result until then, and the Mind has taken it (or its
+        own earlier terminal won). Not one from a fenced generation: that Hand presents it again
+        on its new connection."""
+        known = self._runs.get(res.run_id)
+        fenced = gen < self._newest_gen.get(hand, 0) or (
+            known is not None and known.hand == hand and not known.terminal and known.gen != gen
+        )
+        ack: list[Action] = []
+        if self.resume_window > 0 and not fenced:
+            ack.append(SendToHand(hand, gen, ResultAck(run_id=res.run_id)))
         run, acts = self._from_hand(res.run_id, hand, gen, "result")
         if run is None:
-            return acts
+            return acts + ack
         if not can_advance(RUN_TRANSITIONS, run.state, res.state):
             return [self._log("hand_input_illegal", run, what="result", state=run.state.value, result=res.state.value)]
         fields = {k: getattr(res, k) for k in OUTCOME_FIELDS}
         fields["progress_dropped"] = res.progress_dropped + run.dropped
         end = RunEnd(hand=run.hand, tool=run.tool, **fields)
-        return self._terminate(run, end, now, wall)
+        return self._terminate(run, end, now, wall) + ack
 
     def on_cancel_result(
         self, run_id: str, hand: str, gen: int, status: CancelStatus, now: float, wall: float
@@ -530,17 +492,223 @@ class RunRegistry:
             )
         assert run.gen is not None  # past `admitted` a run was sent, to the Hand of this generation
         acts = self._move(run, RunState.CANCEL_REQUESTED)
-        acts.append(SendToHand(run.hand, run.gen, Cancel(run_id=run.run_id, reason=reason)))
+        if run.hand_away_since is None:  # else the cancel is delivered when the Hand is back
+            acts.append(SendToHand(run.hand, run.gen, Cancel(run_id=run.run_id, reason=reason)))
         return CancelStatus.CANCEL_REQUESTED, acts
 
     def on_hand_gone(self, hand: str, gen: int, now: float, wall: float) -> list[Action]:
-        """The connection of generation `gen` ended: every run it carried has an unknown outcome."""
+        """The connection of generation `gen` ended: every run it carried has an unknown outcome.
+        With a resume window a foreground run waits for the Hand instead (it keeps its runs that
+        long and presents them when it is back); the start run of a task does not (the task's own
+        reconciliation tells what became of it)."""
         acts: list[Action] = []
         for run in list(self._active.values()):
-            if run.hand == hand and run.gen == gen:
-                acts += self._terminate(
-                    run, self._end(run, RunState.LOST, "hand connection lost before a result", now), now, wall
-                )
+            if run.hand != hand or run.gen != gen:
+                continue
+            if self.resume_window > 0 and run.background is None:
+                if run.hand_away_since is None:
+                    run.hand_away_since, run.hand_away_wall = now, wall
+                    acts.append(self._log("run_hand_away", run, window_s=self.resume_window))
+                    acts += self._tell_away(run)
+                continue
+            acts += self._terminate(
+                run, self._end(run, RunState.LOST, "hand connection lost before a result", now), now, wall
+            )
+        return acts
+
+    # --- continuity (DESIGN §15) -----------------------------------------------------------------
+
+    def on_runs_present(self, hand: str, gen: int, msg: RunsPresent, now: float, wall: float) -> list[Action]:
+        """Hand `hand`, welcomed as generation `gen`, presents the foreground runs it still holds.
+
+        Each run the Mind holds as non-terminal for this Hand is re-bound to `gen` (the old
+        generation stays fenced: `_from_hand` accepts only the run's generation); the Hand is told
+        to kill each run the Mind ended or does not know; every run of this Hand on an older
+        generation that it does not present ends `lost` at once: the Hand restarted and nobody can
+        know how it went. Streams resume from the offsets both sides give (`_resume_streams`), and
+        a cancel or resize that came during the outage is delivered now, once."""
+        self._newest_gen[hand] = max(gen, self._newest_gen.get(hand, 0))
+        acts: list[Action] = []
+        presented: set[str] = set()
+        for p in msg.runs:
+            presented.add(p.run_id)
+            run = self._runs.get(p.run_id)
+            if run is None or run.hand != hand or run.terminal:
+                acts.append(SendToHand(hand, gen, Cancel(run_id=p.run_id, reason=self._kill_reason(run))))
+                if run is not None and run.hand == hand:
+                    acts.append(self._log("run_presented_after_end", run, state=run.state.value, to_gen=gen))
+                else:
+                    fields = {"run_id": p.run_id, "hand": hand, "gen": gen, "what": "runs_present"}
+                    acts.append(Log(AuditEvent.HAND_INPUT_UNKNOWN_RUN, fields))
+                continue
+            if run.gen is None or run.gen >= gen:
+                self.foreign_inputs += 1  # not a newer connection than the one the run is on
+                acts.append(self._log(AuditEvent.HAND_INPUT_WRONG_GENERATION, run, what="runs_present", from_gen=gen))
+                continue
+            acts += self._rebind(run, gen, p.started, p.streams, now, wall)
+        for run in list(self._active.values()):
+            if run.hand != hand or run.gen is None or run.gen >= gen or run.run_id in presented:
+                continue
+            why = "hand restarted: it no longer has this run"
+            acts += self._terminate(run, self._end(run, RunState.LOST, why, now), now, wall, mind_decided=True)
+        return acts
+
+    def _tell_away(self, run: Run) -> list[Action]:
+        """The attached client hears that the Hand went away or came back (whatever its `watch`):
+        it is what its terminal says while the run waits ("hand unreachable, waiting up to 47 s")."""
+        if run.client is None:
+            return []
+        update = RunUpdate(
+            run_id=run.run_id, hand=run.hand, state=run.state, gen=run.gen, hand_away_since=run.hand_away_wall
+        )
+        return [SendToClient(run.client, run.req_id, update)]
+
+    @staticmethod
+    def _kill_reason(run: Run | None) -> CancelReason:
+        """Why a run the Hand presents must stop: the Mind's own ending of it, in the Hand's words."""
+        if run is None or run.end is None:
+            return CancelReason.CONNECTION_LOST  # nobody here waits for it
+        if run.end.state is RunState.TIMED_OUT:
+            return CancelReason.DEADLINE_EXCEEDED
+        if run.end.state is RunState.CANCELLED and run.cancel_reason is not None:
+            return run.cancel_reason
+        return CancelReason.CONNECTION_LOST
+
+    def _rebind(
+        self, run: Run, gen: int, started: bool, streams: list[StreamPosition], now: float, wall: float
+    ) -> list[Action]:
+        old_gen = run.gen
+        run.gen = gen
+        run.hand_away_since = run.hand_away_wall = None
+        acts: list[Action] = [self._log("run_rebound", run, from_gen=old_gen), *self._tell_away(run)]
+        if run.state is RunState.SENT:  # the Hand holds it: it was accepted, the answer was cut
+            acts += self._move(run, RunState.ACCEPTED)
+        if started and run.state is RunState.ACCEPTED:
+            acts += self._move(run, RunState.RUNNING)
+        problem = self._resume_streams(run, streams, acts)
+        if problem is not None:
+            why = f"the hand presented the run's streams inconsistently: {problem}"
+            acts += self._terminate(run, self._end(run, RunState.LOST, why, now), now, wall, mind_decided=True)
+            acts.append(SendToHand(run.hand, gen, Cancel(run_id=run.run_id, reason=CancelReason.INTERNAL_FAILURE)))
+            return acts
+        if run.state is RunState.CANCEL_REQUESTED:
+            reason = run.cancel_reason or CancelReason.USER_REQUESTED
+            acts.append(SendToHand(run.hand, gen, Cancel(run_id=run.run_id, reason=reason)))
+        if run.pending_resize is not None:
+            acts.append(SendToHand(run.hand, gen, run.pending_resize))
+            run.pending_resize = None
+        return acts
+
+    def _resume_streams(self, run: Run, streams: list[StreamPosition], acts: list[Action]) -> str | None:
+        """The Hand is back. Its `stdin` position (received, consumed) is where the client resends
+        from: the relay rewinds there and the attached client is told. For output, the Hand resends
+        from what the relay forwarded, if the client's leg held (everything forwarded reaches it);
+        if the client is away too, its own resume point decides when it re-attaches."""
+        given: dict[str, StreamPosition] = {p.stream: p for p in streams}
+        for name, relay in run.relays.items():
+            pos = given.get(name)
+            try:
+                if name == "stdin":
+                    if pos is None:
+                        continue
+                    relay.resume(pos.offset, pos.consumed)
+                    if run.client is not None:
+                        msg = StreamResume(run_id=run.run_id, stream="stdin", offset=pos.offset, consumed=pos.consumed)
+                        acts.append(SendToClient(run.client, run.req_id, msg))
+                    continue
+                if pos is not None and not (pos.consumed <= relay.acked and relay.offset <= pos.offset):
+                    return f"{name} sent {pos.offset} acknowledged {pos.consumed}, relayed {relay.offset} acknowledged {relay.acked}"
+                if run.client is not None:  # its leg held: it gets everything the relay forwarded
+                    relay.expect_resend()
+                    msg = StreamResume(run_id=run.run_id, stream=name, offset=relay.offset, consumed=relay.acked)  # type: ignore[arg-type]
+                    assert run.gen is not None
+                    acts.append(SendToHand(run.hand, run.gen, msg))
+            except ProtocolError as exc:
+                return f"{name}: {exc.message}"
+        return None
+
+    def on_attach(
+        self,
+        run_id: str,
+        client: str,
+        owner: str,
+        req_id: str,
+        now: float,
+        wall: float,
+        streams: Sequence[StreamPosition] = (),
+    ) -> list[Action]:
+        """Client connection `client` (identity `owner`) takes over `run_id`: only the run's owner
+        may (scope checks are the shell's, as for any request); the newest attachment wins, and
+        the previous one, if still attached, is told it was `replaced`. Each output stream resumes
+        from the position this client gives, or from what the previous consumer acknowledged; the
+        answer says where every stream stands. A run that has ended answers with its retained end."""
+        run = self._runs.get(run_id)
+        if run is None:
+            return [SendToClient(client, req_id, Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {run_id}"))]
+        if run.owner != owner:
+            why = f"run {run_id} belongs to another client: only its owner may attach"
+            return [SendToClient(client, req_id, Error(code=ErrorCode.NOT_ALLOWED, message=why))]
+        if run.background is not None:
+            why = f"run {run_id} starts a background task: follow the task instead"
+            return [SendToClient(client, req_id, Error(code=ErrorCode.NOT_ALLOWED, message=why))]
+        if run.terminal:
+            assert run.end is not None
+            return [SendToClient(client, req_id, run.end)]
+        given: dict[str, StreamPosition] = {p.stream: p for p in streams}
+        points: dict[str, tuple[int, int]] = {}
+        for name, relay in run.relays.items():
+            if name == "stdin":
+                continue
+            pos = given.get(name)
+            points[name] = (pos.offset, pos.consumed) if pos is not None else (relay.acked, relay.acked)
+            try:  # every point checked before any relay moves: a refusal changes nothing
+                check_resume(relay.acked, relay.offset, *points[name])
+            except ProtocolError as exc:
+                why = f"cannot resume run {run_id} from there: {exc.message}"
+                return [SendToClient(client, req_id, Error(code=ErrorCode.INVALID_PAYLOAD, message=why))]
+        out: list[StreamPosition] = []
+        resumes: list[StreamResume] = []
+        for name, relay in run.relays.items():
+            if name == "stdin":  # this client resends from what reached the Hand's leg
+                out.append(StreamPosition(stream="stdin", offset=relay.offset, consumed=relay.acked))
+                continue
+            offset, consumed = points[name]
+            relay.resume(offset, consumed)
+            out.append(StreamPosition(stream=name, offset=offset, consumed=relay.acked))  # type: ignore[arg-type]
+            resumes.append(StreamResume(run_id=run_id, stream=name, offset=offset, consumed=relay.acked))  # type: ignore[arg-type]
+        acts: list[Action] = []
+        if run.client is not None and run.client != client:
+            acts.append(SendToClient(run.client, run.req_id, Replaced(run_id=run_id)))
+            acts.append(self._log("run_attach_replaced", run, previous=run.client, client=client))
+        run.client, run.req_id = client, req_id
+        run.client_away_since = run.client_away_wall = run.keep_until = None
+        acts.append(self._log("run_attached", run, client=client))
+        if run.hand_away_since is None and run.gen is not None:
+            acts += [SendToHand(run.hand, run.gen, r) for r in resumes]
+        attached = Attached(
+            run_id=run_id, hand=run.hand, state=run.state, streams=out, hand_away_since=run.hand_away_wall
+        )
+        acts.append(SendToClient(client, req_id, attached))
+        return acts
+
+    def on_detach(
+        self, run_id: str, client: str, req_id: str, keep_s: float | None, now: float, wall: float
+    ) -> list[Action]:
+        """The attached client leaves `run_id` running unattended on purpose: kept for the window,
+        or `keep_s` capped by `keep_max`. Past that the client-away rule fires (`on_tick`)."""
+        run = self._runs.get(run_id)
+        if run is None or run.client != client or run.terminal:
+            why = f"run {run_id} is not attached to this connection"
+            return [SendToClient(client, req_id, Error(code=ErrorCode.UNKNOWN_RUN, message=why))]
+        keep = min(keep_s, self.keep_max) if keep_s is not None else self.resume_window
+        if keep <= 0:
+            why = "this mind keeps no unattended runs (its resume window is 0): ask for a keep time"
+            return [SendToClient(client, req_id, Error(code=ErrorCode.NOT_ALLOWED, message=why))]
+        acts: list[Action] = [SendToClient(client, req_id, Detached(run_id=run_id, keep_s=keep))]
+        run.client = None
+        run.client_away_since, run.client_away_wall = now, wall
+        run.keep_until = now + keep
+        acts.append(self._log("run_detached", run, keep_s=keep))
         return acts
 
     def on_internal_failure(self, run_id: str, hand: str, gen: int, what: str, now: float, wall: float) -> list[Action]:
@@ -554,44 +722,77 @@ class RunRegistry:
         if not can_advance(RUN_TRANSITIONS, run.state, RunState.LOST):
             return []
         why = f"the mind failed while handling the hand's {what} (its log has the traceback)"
-        acts = self._terminate(run, self._end(run, RunState.LOST, why, now), now, wall)
+        acts = self._terminate(run, self._end(run, RunState.LOST, why, now), now, wall, mind_decided=True)
         acts.append(SendToHand(hand, gen, Cancel(run_id=run_id, reason=CancelReason.INTERNAL_FAILURE)))
         return acts
 
     def on_client_gone(self, client: str, now: float, wall: float) -> list[Action]:
+        """The client's connection ended. Without a window its runs are cancelled (nobody waits for
+        them); with one they are left unattended for the window, for their owner to re-attach."""
         acts: list[Action] = []
         for run in list(self._active.values()):
             if run.client != client:
                 continue
             run.client = None  # nobody left to tell
+            if self.resume_window > 0:
+                run.client_away_since, run.client_away_wall = now, wall
+                acts.append(self._log("run_client_away", run, window_s=self.resume_window))
+                continue
             _, more = self.on_cancel(run.run_id, CancelReason.CLIENT_DISCONNECTED, now, wall)
             acts += more
         return acts
 
     def on_tick(self, now: float, wall: float) -> list[Action]:
-        """Mind-side deadlines: a run whose Hand never answered in time ends `timed_out`."""
+        """Mind-side deadlines: a run whose Hand never answered in time ends `timed_out`; past the
+        resume window (or a detached run's `keep`) an absent leg's seed rule fires."""
         acts: list[Action] = []
         for run in list(self._active.values()):
-            if now < run.mind_deadline:
+            if now >= run.mind_deadline and can_advance(RUN_TRANSITIONS, run.state, RunState.TIMED_OUT):
+                gen = run.gen
+                away = run.hand_away_since is not None
+                why = "no answer from the hand before the deadline"
+                acts += self._terminate(run, self._end(run, RunState.TIMED_OUT, why, now), now, wall, mind_decided=True)
+                if gen is not None and not away:  # an absent Hand hears it when it presents the run
+                    acts.append(
+                        SendToHand(run.hand, gen, Cancel(run_id=run.run_id, reason=CancelReason.DEADLINE_EXCEEDED))
+                    )
                 continue
-            if not can_advance(RUN_TRANSITIONS, run.state, RunState.TIMED_OUT):
-                continue
-            gen = run.gen
-            acts += self._terminate(
-                run, self._end(run, RunState.TIMED_OUT, "no answer from the hand before the deadline", now), now, wall
-            )
-            if gen is not None:
-                acts.append(SendToHand(run.hand, gen, Cancel(run_id=run.run_id, reason=CancelReason.DEADLINE_EXCEEDED)))
+            if self.resume_window > 0:
+                acts += self._window_rules(run, now, wall)
         return acts
+
+    def _window_rules(self, run: Run, now: float, wall: float) -> list[Action]:
+        """The seed's rules, deferred by the window (DESIGN §15). Hand away past the window ->
+        `lost` (nobody can know). Client away past the window (or its `keep`) -> cancel with
+        `client_disconnected`: a request the Hand answers if it is there; if it is away too the
+        Mind decides `cancelled` itself, and kills the run if the Hand ever presents it."""
+        if run.hand_away_since is not None and now >= run.hand_away_since + self.resume_window:
+            why = f"hand unreachable for longer than the resume window ({self.resume_window:g} s)"
+            return self._terminate(run, self._end(run, RunState.LOST, why, now), now, wall, mind_decided=True)
+        if run.client_away_since is None or run.client is not None:
+            return []
+        until = run.keep_until if run.keep_until is not None else run.client_away_since + self.resume_window
+        if now < until:
+            return []
+        reason = CancelReason.CLIENT_DISCONNECTED
+        if run.hand_away_since is None:
+            if run.state is RunState.CANCEL_REQUESTED:
+                return []  # asked already: the Hand's answer ends it
+            _, acts = self.on_cancel(run.run_id, reason, now, wall)
+            return acts
+        if run.state is RunState.SENT:
+            return []  # never accepted: the Hand's presentation or its window decides
+        run.cancel_reason = run.cancel_reason or reason
+        end = self._end(run, RunState.CANCELLED, reason.value, now)
+        return self._terminate(run, end, now, wall, mind_decided=True)
 
     def on_shutdown(self, now: float, wall: float) -> list[Action]:
         """The Mind is stopping: it will not be there to hear any result, so unfinished runs are lost."""
         acts: list[Action] = []
         for run in self.active():
             gen = run.gen
-            acts += self._terminate(
-                run, self._end(run, RunState.LOST, "mind shut down before a result", now), now, wall
-            )
+            why = "mind shut down before a result"
+            acts += self._terminate(run, self._end(run, RunState.LOST, why, now), now, wall, mind_decided=True)
             if gen is not None:
                 acts.append(SendToHand(run.hand, gen, Cancel(run_id=run.run_id, reason=CancelReason.SHUTDOWN)))
         return acts

@@ -185,9 +185,47 @@ def test_list_tree_reports_links_without_following_them(tmp_path):
 
 def test_make_link_refuses_targets_outside_the_root(tmp_path):
     with pytest.raises(copy.CopyFailed, match="outside the root"):
-        copy.make_link(tmp_path, "l", "'l'", "../x", "l")
-    copy.make_link(tmp_path, "d/l", "'d/l'", "../f", "d/l")
+        copy.make_link(tmp_path, "l", "'l'", "../x")
+    copy.make_link(tmp_path, "d/l", "'d/l'", "../f")
     assert os.readlink(tmp_path / "d" / "l") == "../f"
+
+
+def test_make_link_judges_the_target_on_the_real_tree_not_its_text(tmp_path):
+    """Issue 23, attack 2: `d1/.../d30/up -> ../..(30)` is the root; `.../up/escape` then lands in
+    the root, where `../..(30)/etc` (lexically inside from the path's text) is far outside."""
+    root = tmp_path / "root"
+    root.mkdir()
+    deep = "/".join(f"d{i}" for i in range(1, 31))
+    copy.make_link(root, f"{deep}/up", "'up'", "/".join([".."] * 30))
+    assert os.path.realpath(root / deep / "up") == str(root)
+    with pytest.raises(copy.CopyFailed, match="outside the root"):
+        copy.make_link(root, f"{deep}/up/escape", "'escape'", "/".join([".."] * 30) + "/etc")
+    assert not os.path.lexists(root / "escape") and not os.path.lexists(root / deep / "escape")
+    # a `..` after a link or a missing name of the same text is refused: its meaning could change
+    with pytest.raises(copy.CopyFailed, match="outside the root"):
+        copy.make_link(root, "d1/x", "'x'", "missing/../..")
+    with pytest.raises(copy.CopyFailed, match="outside the root"):
+        copy.make_link(root, f"{deep}/y", "'y'", "up/../d1")
+    copy.make_link(root, "d1/ok", "'ok'", "../d1/d2/missing-yet/z")  # climbs real dirs, then descends
+    assert os.readlink(root / "d1" / "ok") == "../d1/d2/missing-yet/z"
+
+
+def test_make_dir_never_re_modes_an_existing_directory_or_the_root(tmp_path):
+    """Issue 23, attack 9: the root became 0777, a 1777 directory lost its sticky bit."""
+    root = tmp_path / "root"
+    root.mkdir(mode=0o750)
+    os.chmod(root, 0o750)
+    (root / "shared").mkdir()
+    os.chmod(root / "shared", 0o1777)
+    with pytest.raises(copy.CopyFailed, match="root"):
+        copy.make_dir(root, ".", "'.'", 0o777, None)
+    assert copy.make_dir(root, ".", "'.'", None, 1_600_000_000.0)["created"] is False
+    assert copy.make_dir(root, "shared", "'shared'", 0o777, 1_600_000_000.0)["created"] is False
+    assert stat.S_IMODE(root.stat().st_mode) == 0o750
+    assert stat.S_IMODE((root / "shared").stat().st_mode) == 0o1777
+    assert (root / "shared").stat().st_mtime == 1_600_000_000.0  # the time is still set
+    assert copy.make_dir(root, "new", "'new'", 0o2711, None)["created"] is True
+    assert stat.S_IMODE((root / "new").stat().st_mode) == 0o711  # made with it, never setgid
 
 
 def test_stat_file_reports_the_part_a_resume_continues(tmp_path):
@@ -197,3 +235,48 @@ def test_stat_file_reports_the_part_a_resume_continues(tmp_path):
     cid = rules.copy_id("box", "f", len(data), sha(data))
     info = copy.stat_file(tmp_path, "f", "'f'", cid)
     assert info == {"type": None, "part": 4}
+
+
+@pytest.mark.parametrize("mtime", [1e300, float("nan"), float("inf"), -1e300])
+def test_put_file_refuses_an_impossible_mtime_before_anything_is_made(tmp_path, mtime):
+    """Issue 23: 1e300 or NaN was an internal error after the directory had been made."""
+    from hand.system.tools import Refusal, prepare
+    from protocol.codes import RejectCode
+
+    for extra in ({"type": "dir"}, {"size": 1, "sha256": "0" * 64, "copy_id": "0" * 32}):
+        with pytest.raises(Refusal) as ei:
+            prepare("put_file", {"path": "made/d", "mtime": mtime, "make_dirs": True, **extra}, tmp_path)
+        assert ei.value.code is RejectCode.INVALID_REQUEST and "mtime" in ei.value.message
+    assert os.listdir(tmp_path) == []
+
+
+def test_list_tree_marks_names_and_targets_that_cannot_travel_exactly(tmp_path):
+    """A name that is not UTF-8 reaches the wire as U+FFFD: the receiver must know it is not the
+    name (issue 23: it collided with a real directory of that name)."""
+    base = os.fsencode(tmp_path)
+    os.mkdir(base + b"/\xff")
+    (tmp_path / "\ufffd").mkdir()
+    os.symlink(b"\xfe", base + b"/link")
+    os.mkfifo(tmp_path / "fifo")
+    entries = copy.list_tree(tmp_path, ".", "'.'")["entries"]
+    lossy = sorted((e["path"], e["type"]) for e in entries if e.get("lossy"))
+    assert lossy == [("link", "symlink"), ("\ufffd", "dir")]
+    assert sum(1 for e in entries if e["path"] == "\ufffd") == 2  # one of them real, one lossy
+    assert {e["path"]: e["type"] for e in entries}["fifo"] == "fifo"
+
+
+def test_an_upload_never_writes_into_a_planted_part_file(tmp_path):
+    """Attack 8 on the Hand's side: the part's name is derived from the copy, so someone who can
+    write the directory can plant it first (a symlink, or a hard link to their victim)."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"victim")
+    data = b"new bytes"
+    part = tmp_path / rules.part_name(rules.copy_id("box", "f", len(data), sha(data)))
+    os.symlink(victim, part)
+    up = upload(tmp_path, "f", data)
+    up.open(), up.write([data]), up.finish()
+    assert (tmp_path / "f").read_bytes() == data and victim.read_bytes() == b"victim"
+    os.link(victim, part)
+    with pytest.raises(copy.CopyFailed, match="other names"):
+        upload(tmp_path, "f", data, offset=3).open()
+    assert victim.read_bytes() == b"victim"

@@ -337,7 +337,7 @@ async def test_list_dir(hand):
         ("a-dir", "dir"),
         ("b.txt", "file"),
         ("c-link", "symlink"),
-        ("d-fifo", "other"),
+        ("d-fifo", "fifo"),  # one vocabulary with list_tree (issue 21, item 5)
     ]
     assert entries[1]["size"] == 5
     r = await hand.wait(hand.rpc("list_dir", {"path": "b.txt"}))

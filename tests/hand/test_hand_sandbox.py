@@ -28,6 +28,7 @@ from hand.core.tasks import TaskLimits
 from hand.system.cputime import CpuMeter, parse_stat, read_tree_seconds, tree_ticks
 from hand.system.sandbox import (
     DEFAULT_ALLOW,
+    RUN_AS_PATH,
     OverCap,
     ResourceLimits,
     RunAs,
@@ -126,6 +127,11 @@ def test_child_env_allowlist_secrets_run_as_and_per_run_env():
     who = RunAs(name="bob", uid=1234, gid=1234, groups=(1234,), home="/home/bob")
     env = Sandbox(run_as=who).child_env({"HOME": "/override"}, parent)
     assert env["USER"] == env["LOGNAME"] == "bob" and env["HOME"] == "/override"  # the run's env on top
+    # a run-as child gets a standard PATH, not the Hand's (root's); a run that sets PATH keeps its own
+    assert env["PATH"] == RUN_AS_PATH == "/usr/local/bin:/usr/bin:/bin"
+    inherit = Sandbox(run_as=who, env_inherit=True).child_env(None, {"PATH": "/root/bin:/bin"})
+    assert inherit["PATH"] == RUN_AS_PATH
+    assert Sandbox(run_as=who).child_env({"PATH": "/opt/x/bin"}, parent)["PATH"] == "/opt/x/bin"
 
 
 # --- environment: real children ---------------------------------------------------------------------
@@ -582,3 +588,37 @@ async def test_read_file_of_a_directory_is_refused(boxed):
     (hand.root / "d").mkdir()
     r = await hand.wait(hand.rpc("read_file", {"path": "d"}))
     assert r.state is RunState.FAILED and "directory" in r.error and "list_dir" in r.error
+
+
+@pytest.fixture
+def run_as_user(as_root):
+    """A user of its own for `--run-as` (root needed: `as_root` fails, never skips, without it)."""
+    name = f"mindhand-test-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "--system", "--no-create-home", name], check=True, capture_output=True, timeout=30)
+    try:
+        yield lookup_user(name)
+    finally:
+        subprocess.run(["userdel", name], capture_output=True, timeout=30)
+
+
+@pytest.mark.slow
+async def test_a_run_as_child_of_a_hand_with_roots_path_gets_127_for_a_missing_command(
+    boxed, run_as_user, tmp_path, monkeypatch
+):
+    """Issue 24 item 4: a Hand started from a root shell has a PATH with directories only root may
+    search (here a 0700 dir first, like /root/.local/bin). Passed on, `execvp` met EACCES there and a
+    missing command ended 126 "Permission denied" instead of the documented 127."""
+    private = tmp_path / "rootonly"
+    (private / "bin").mkdir(parents=True)
+    os.chmod(private, 0o700)
+    monkeypatch.setenv("PATH", f"{private / 'bin'}:/usr/bin:/bin")
+    hand = boxed(Sandbox(run_as=run_as_user))
+    r = await hand.wait(hand.rpc("exec", {"argv": ["no-such-command-mindhand"]}))
+    assert r.state is RunState.FAILED and r.exit_code == 127, r
+    assert "No such file or directory" in r.error and "Permission denied" not in r.error, r
+    r = await hand.wait(hand.rpc("shell", {"command": 'echo "$PATH"; id -u'}))
+    assert r.stdout.data.decode().split() == [RUN_AS_PATH, str(run_as_user.uid)], r
+    r = await hand.wait(hand.rpc("exec", {"argv": ["sh", "-c", 'echo "$PATH"'], "env": {"PATH": "/bin"}}))
+    assert r.stdout.data == b"/bin\n", r  # the run's own PATH wins
+    r = await hand.wait(hand.rpc("exec", {"argv": ["true"]}))  # found on the standard PATH
+    assert r.state is RunState.SUCCEEDED, r

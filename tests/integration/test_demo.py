@@ -42,6 +42,11 @@ def test_demo_runs_end_to_end(tmp_path):
     ):
         assert line in out, f"{line!r} missing from demo output:\n{out}\n{err}"
     assert "to stderr" in err
+    # the Hand's warning (no --run-as in the demo) is shown whole, ending its last sentence (issue 24)
+    warning = [ln for ln in out.splitlines() if ln.startswith("hand: WARNING: ")]
+    assert len(warning) == 1 and warning[0].endswith("run the Hand as root with --run-as USER (a user of its own)."), (
+        out
+    )
     assert "a warning" not in out, "task logs --stream stdout printed stderr's bytes"
     local = out.split("local : ", 1)[1].split()[0]
     remote = out.split("remote: ", 1)[1].split()[0]

@@ -96,7 +96,7 @@ def test_a_retry_after_a_start_that_never_reached_the_hand_runs_it_once(tmp_path
         cl.proxy.frame("cut", "rpc", "down")
         first = start(cl, "t1")
         assert first.returncode == 255, first.stderr
-        cl.proxy.reset()  # (a frame fault applies to each new connection too)
+        cl.proxy.reset()  # (the rule touched only the live connection; nothing is left for the reconnect)
         cl.wait_connected("box", min_gen=2)
         retry = start(cl, "t1", "--json")
         assert retry.returncode == 0, retry.stderr

@@ -360,6 +360,76 @@ async def test_cut_between_accepted_and_result(ws_proxy: WsProxy) -> None:
             await recv(ws)  # no result: the link was cut right after the accepted
 
 
+# --- which connections a frame rule touches (issue 24 item 6) ---
+
+
+async def answered(fp: InProcessProxy) -> bool:
+    """One connection through the proxy: True when it got its `accepted` and three `result`s, False
+    when a rule cut it. The connection is closed either way, as a Hand's reconnect would open anew."""
+    async with connect(fp.url, compression=None) as ws:
+        await ws.send(envelope("rpc", 1))
+        try:
+            got = [await recv(ws) for _ in range(4)]
+        except ConnectionClosed:
+            return False
+        return got[-1] == ("result", 3)
+
+
+async def test_a_frame_rule_set_on_a_live_connection_cuts_it_once_and_a_reconnect_goes_through(
+    ws_proxy: WsProxy,
+) -> None:
+    """Cut at the first `accepted` and let it reconnect: the live connection is cut, the reconnect is
+    not (the old default made the rule every later connection's too, so every reconnect was cut)."""
+    fp, _ = ws_proxy
+    async with connect(fp.url, compression=None) as ws:
+        await _until(lambda: fp.status()["connections"])
+        assert fp.frame("cut", "accepted", direction="down", after=True) == "ok 1"  # the live one
+        assert fp.status()["defaults"] == []
+        await ws.send(envelope("rpc", 1))
+        assert await recv(ws) == ("accepted", 0)
+        with pytest.raises(ConnectionClosed):
+            await recv(ws)
+    assert await answered(fp) and await answered(fp)
+
+
+async def test_a_frame_rule_set_with_no_live_connection_touches_the_next_one_only(ws_proxy: WsProxy) -> None:
+    fp, _ = ws_proxy
+    fp.frame("cut", "accepted", direction="down", after=True)
+    assert [d.split()[:4] for d in fp.status()["defaults"]] == [["frame", "cut", "accepted", "down"]]
+    assert "next" in fp.status()["defaults"][0].split()
+    assert not await answered(fp)  # the next connection: cut
+    assert fp.status()["defaults"] == []
+    assert await answered(fp)  # the one after it: untouched
+
+
+async def test_every_makes_a_frame_rule_every_later_connections_until_clear(ws_proxy: WsProxy) -> None:
+    fp, _ = ws_proxy
+    fp.frame("cut", "accepted", direction="down", after=True, every=True)  # the old default, said
+    assert not await answered(fp) and not await answered(fp)
+    fp.clear()
+    assert fp.status()["defaults"] == [] and await answered(fp)
+    fp.send("frame cut accepted down after every")  # the same from the control line
+    assert not await answered(fp)
+    fp.reset()
+    assert await answered(fp)
+
+
+async def test_a_frame_rule_given_a_connection_touches_that_one_only(ws_proxy: WsProxy) -> None:
+    fp, _ = ws_proxy
+    async with connect(fp.url, compression=None) as a, connect(fp.url, compression=None) as b:
+        await _until(lambda: len(fp.status()["connections"]) == 2)
+        first, second = sorted(c["id"] for c in fp.status()["connections"])
+        fp.frame("drop", "result", direction="down", times=0, conn=second)
+        assert fp.status()["defaults"] == []
+        for ws in (a, b):
+            await ws.send(envelope("rpc", 1))
+        assert [await recv(a) for _ in range(4)][-1] == ("result", 3)
+        assert await recv(b) == ("accepted", 0)
+        with pytest.raises(TimeoutError):
+            await recv(b, 0.3)  # every result dropped on that connection only
+    assert await answered(fp)
+
+
 async def test_a_link_that_is_not_websocket_is_raw_and_no_frame_rule_matches(proxy: InProcessProxy) -> None:
     proxy.frame("drop", "*", times=0)
     r, w = await conn(proxy)

@@ -10,8 +10,9 @@ from __future__ import annotations
 GRAMMAR = """\
 Commands (one line each, answered by one line starting `ok` or `error`). DIR is `up` (to the server:
 a Hand or client to the Mind), `down` (the way back) or `both` (the default). ID is a connection id
-from `status` (or id=N); without one a command applies to every live connection AND becomes a default
-for new ones. p=P (0..1) applies the fault to a connection with that probability, decided from the
+from `status` (or id=N); without one an L4 command applies to every live connection AND becomes a
+default for new ones, and a frame rule applies to the live connections, or when none is live to the
+next one only (`every`: to every later one too). p=P (0..1) applies the fault to a connection with that probability, decided from the
 seed and the connection's number (Toxiproxy's toxicity); seed=N overrides the proxy's seed for it.
 
 L4 (Toxiproxy's toxics, by name):
@@ -30,12 +31,13 @@ Ours:
   refuse / accept                     new connections are closed at once / proxied again
   partition [MS]                      cut (RST) every connection and refuse new ones (for MS)
 Frames (plain ws:// only; a TLS or non-WebSocket link is `raw` in status and never matches):
-  frame ACTION TYPE [DIR] [k=K] [times=N] [ms=MS] [after] [fin] [ID]
+  frame ACTION TYPE [DIR] [k=K] [times=N] [ms=MS] [after] [fin] [every] [ID]
       ACTION: hold (this frame and later data frames wait for `release`; pings pass), drop,
       duplicate, delay (hold for ms=MS), cut (RST before the frame; `after`: once it is delivered;
       `fin`: a FIN). TYPE: a message type (result, accepted, rpc, run_end, ...), ping, pong, close or *.
       k=K: the K-th frame of that type on the connection (default 1); times=N: N frames from there
-      (default 1, 0: all).
+      (default 1, 0: all), counted per connection. Without ID: the live connections, or the next
+      one if none is live; `every`: also every later connection (so each reconnect meets it too).
   release [DIR] [ID]                  deliver held frames, in order
 Other:
   status                              connections (bytes, frames by type, faults), defaults, seed

@@ -36,8 +36,17 @@ def _opts(direction: str, conn: int | None, p: float | None, **kw: object) -> st
 
 class Commands:
     """Every command as a method. `direction` is `up` (to the server), `down` or `both`; `conn` a
-    connection id from `status()` (None: every live connection and every later one); `p` the
-    probability that the fault applies to a connection (decided from the proxy's seed)."""
+    connection id from `status()`; `p` the probability that the fault applies to a connection
+    (decided from the proxy's seed).
+
+    Which connections a command touches when `conn` is None:
+    - an L4 fault (latency, blackhole, timeout, ...): every live connection and every later one (a
+      path condition: a reconnect meets the same path) until `clear()` or `reset()`;
+    - a frame rule (`frame`, `hold`): the live connections, or when none is live the next one to
+      open, and no other (an event: "cut at the first `accepted`" cuts once and lets the Hand
+      reconnect); `every=True` makes it apply to every later connection too, each counting its
+      own `k` and `times`.
+    """
 
     def send(self, command: str) -> str:  # pragma: no cover - provided by the concrete class
         raise NotImplementedError
@@ -107,10 +116,13 @@ class Commands:
         return self.send(f"partition {ms:g}")
 
     def clear(self, direction: str = "both", conn: int | None = None) -> str:
+        """Every fault and frame rule of `direction` removed (on `conn`, or on every connection and
+        from the defaults later connections would get); held frames are delivered."""
         return self.send(f"clear {_opts(direction, conn, None)}")
 
     def reset(self) -> str:
-        """Every fault and default removed, held frames delivered, new connections accepted."""
+        """`clear()` of both directions everywhere, and new connections accepted again (after
+        `refuse`, `down`, `partition`)."""
         return self.send("reset")
 
     def seed(self, seed: int) -> str:
@@ -133,14 +145,23 @@ class Commands:
         how: str = "rst",
         conn: int | None = None,
         p: float | None = None,
+        every: bool = False,
     ) -> str:
         """`action` (hold, drop, duplicate, delay, cut) the `k`-th frame of `type_` in `direction`,
-        and the next `times - 1` (0: every one from the k-th on)."""
-        flags = (" after" if after else "") + (" fin" if how == "fin" else "")
+        and the next `times - 1` (0: every one from the k-th on), counted per connection.
+
+        Connections touched: `conn` alone when given; else the live connections, or when none is
+        live the next one to open, and no later one; with `every=True` also every later connection.
+        `clear()` removes the rule (held frames are delivered); `reset()` removes every fault."""
+        flags = (" after" if after else "") + (" fin" if how == "fin" else "") + (" every" if every else "")
         return self.send(f"frame {action} {type_} {_opts(direction, conn, p, k=k, times=times, ms=ms)}{flags}")
 
-    def hold(self, type_: str, direction: str = "both", k: int = 1, conn: int | None = None) -> str:
-        return self.frame("hold", type_, direction, k=k, conn=conn)
+    def hold(
+        self, type_: str, direction: str = "both", k: int = 1, conn: int | None = None, every: bool = False
+    ) -> str:
+        """Hold the k-th frame of `type_` and the data frames after it until `release()`; the
+        connections it touches are `frame()`'s (the live ones, or else the next one)."""
+        return self.frame("hold", type_, direction, k=k, conn=conn, every=every)
 
     def release(self, direction: str = "both", conn: int | None = None) -> str:
         return self.send(f"release {_opts(direction, conn, None)}")

@@ -7,9 +7,13 @@ written in order at the allowed rate, in slices, up to a byte limit, only while 
 Nothing is reordered unless a rule says so (duplicate), and held bytes are delivered in order.
 
 Commands are lines (`command()`), the same from the control port, the console script and the
-Python API (`api.py`); the grammar is in the package docstring. A command naming no connection also
+Python API (`api.py`); the grammar is in the package docstring. An L4 fault naming no connection also
 becomes a default that every later connection gets, which closes Toxiproxy's race of connections
-made between a proxy's creation and its toxic's (its issue #148).
+made between a proxy's creation and its toxic's (its issue #148): a slow or broken path stays so for
+a reconnect. A frame rule is an event, not a path condition, and naming no connection it touches the
+live connections, or, when none is live, the next one to open, and no other (issue 24): "cut at the
+first `accepted`, then let it reconnect" must not cut every reconnect too. `every` (a flag) makes a
+frame rule a default for every later connection as well, as an L4 fault is.
 
 Probabilities are Toxiproxy's `toxicity`: decided once per connection and fault, from the seed, the
 connection's number (1, 2, ... in accept order) and the fault's name, so one seed gives the same
@@ -32,7 +36,7 @@ from mind.testing.faultproxy.frames import Framer, Unit
 from mind.testing.vocabulary import FRAME_ACTIONS, Fault
 from protocol.errors import MindhandError
 
-FLAGS = ("fin", "rst", "after")
+FLAGS = ("fin", "rst", "after", "every")
 TARGET_WAIT_S = 30.0
 DIRS = ("up", "down", "both")
 
@@ -443,8 +447,10 @@ class Proxy:
         pair.up = Direction(pair, "up", reader, uwriter, f"{self.seed}:{pair.id}:up")
         pair.down = Direction(pair, "down", ureader, writer, f"{self.seed}:{pair.id}:down")
         self.pairs[pair.id] = pair
-        for cmd in list(self.defaults.values()):
+        for key, cmd in list(self.defaults.items()):
             self._apply(cmd, [pair])
+            if "next" in cmd.flags:  # a frame rule for the next connection: this one, and no other
+                del self.defaults[key]
         pair.tasks = [
             asyncio.create_task(c) for c in (pair.up.read(), pair.up.write(), pair.down.read(), pair.down.write())
         ]
@@ -557,13 +563,17 @@ class Proxy:
         if n not in CONNECTION_FAULTS:
             raise CommandError(f"unknown command {n!r}")
         self._check(cmd)
-        if cmd.conn is None:
+        # Which later connections get it: an L4 fault and `frame ... every` every one; a frame rule
+        # naming no connection only the next one, and only when no connection is live to take it.
+        later = n != "frame" or "every" in cmd.flags or not pairs
+        if cmd.conn is None and later:
+            flags = cmd.flags if n != "frame" or "every" in cmd.flags else cmd.flags | {"next"}
             dirs = ("up", "down") if cmd.which == "both" else (cmd.which,)
             for side in dirs:
-                key = (n, side, *cmd.values) if n == "frame" else (n, side)
+                key = (n, side, *cmd.values, "next" if "next" in flags else "every") if n == "frame" else (n, side)
                 if n in ("delay", "latency"):  # one latency, under either name
                     self.defaults.pop(("delay" if n == "latency" else "latency", side), None)
-                self.defaults[key] = Command(n, cmd.values, side, None, cmd.opts, cmd.flags)
+                self.defaults[key] = Command(n, cmd.values, side, None, cmd.opts, flags)
         self._apply(cmd, pairs)
         return f"{len(pairs)}"
 

@@ -1,0 +1,405 @@
+"""Continuity in the registry (DESIGN §15), race by race: a leg that goes away leaves its run
+running for the window; the Hand re-presents its runs on a new generation; the owner re-attaches
+(newest wins); past the window the seed's rule fires, and a terminal the Mind decides by itself is
+persisted before anyone is told."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mind.core.registry import (
+    MIND_DEADLINE_SLACK_S,
+    Log,
+    PersistEnding,
+    RunRegistry,
+    SendToClient,
+    SendToHand,
+    StartEnded,
+)
+from protocol.audit import AuditEvent
+from protocol.codes import CancelReason, CancelStatus, ErrorCode
+from protocol.messages import (
+    Attached,
+    Background,
+    Cancel,
+    Detached,
+    Error,
+    Exec,
+    PresentedRun,
+    Replaced,
+    Resize,
+    Result,
+    ResultAck,
+    RunEnd,
+    RunsPresent,
+    RunUpdate,
+    StreamAck,
+    StreamData,
+    StreamPosition,
+    StreamResume,
+    Streams,
+)
+from protocol.states import RunState
+
+HAND = "laptop"
+WINDOW = 60.0
+
+
+def setup(window=WINDOW, streams=None, timeout_ms=600_000, started=True, **kw):
+    reg = RunRegistry(resume_window=window, **kw)
+    req = Exec(hand=HAND, tool="exec", args={"argv": ["sleep", "20"]}, timeout_ms=timeout_ms, streams=streams)
+    reg.admit("r1", req, "c1", "q1", 1, True, now=0.0, wall=1000.0, owner="alice")
+    reg.on_accepted("r1", HAND, 1, 0.1)
+    if started:
+        reg.on_started("r1", HAND, 1, 0.2)
+    return reg
+
+
+def to_hand(acts, gen=None):
+    return [a.msg for a in acts if isinstance(a, SendToHand) and (gen is None or a.gen == gen)]
+
+
+def to_client(acts, client=None):
+    return [a.msg for a in acts if isinstance(a, SendToClient) and (client is None or a.client == client)]
+
+
+def ends(acts):
+    return [m for m in to_client(acts) if isinstance(m, RunEnd)]
+
+
+def present(*run_ids, **kw):
+    return RunsPresent(runs=[PresentedRun(run_id=r, started=True, **kw) for r in run_ids])
+
+
+def ok(state="succeeded"):
+    return Result(run_id="r1", state=state, exit_code=0 if state == "succeeded" else None)
+
+
+def state(reg):
+    return reg.get("r1").state
+
+
+# --- the Hand's leg ------------------------------------------------------------------------------
+
+
+def test_a_hand_drop_leaves_the_run_running_and_says_since_when():
+    reg = setup()
+    acts = reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
+    assert not ends(acts) and state(reg) is RunState.RUNNING
+    info = reg.get("r1").info()
+    assert info.hand_away_since == 1005.0 and info.client_away_since is None
+    assert [a.event for a in acts if isinstance(a, Log)] == ["run_hand_away"]
+    [update] = to_client(acts, "c1")
+    assert isinstance(update, RunUpdate) and update.hand_away_since == 1005.0, "the client can say so"
+    acts = reg.on_runs_present(HAND, 2, present("r1"), 6.0, 1006.0)
+    [update] = to_client(acts, "c1")
+    assert update.hand_away_since is None and update.gen == 2, "and that the Hand is back"
+
+
+def test_a_hand_presenting_streams_it_cannot_have_sent_makes_the_run_lost():
+    reg = setup(streams=Streams())
+    reg.on_hand_stream(chunk("stdout", 0, 100), HAND, 1)
+    reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
+    positions = [StreamPosition(stream="stdout", offset=50, consumed=0)]  # the Mind relayed 100
+    acts = reg.on_runs_present(HAND, 2, present("r1", streams=positions), 6.0, 1006.0)
+    assert state(reg) is RunState.LOST and "inconsistently" in ends(acts)[0].reason
+    assert to_hand(acts, gen=2) == [Cancel(run_id="r1", reason=CancelReason.INTERNAL_FAILURE)]
+
+
+def test_window_zero_keeps_todays_rules_exactly():
+    reg = setup(window=0.0)
+    acts = reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
+    assert [e.state for e in ends(acts)] == [RunState.LOST]
+    assert not any(isinstance(a, PersistEnding) for a in acts), "no run outlives a connection: nothing to persist"
+    reg = setup(window=0.0)
+    acts = reg.on_client_gone("c1", 5.0, 1005.0)
+    assert to_hand(acts) == [Cancel(run_id="r1", reason=CancelReason.CLIENT_DISCONNECTED)]
+    assert not any(isinstance(m, ResultAck) for m in to_hand(reg.on_result(ok(), HAND, 1, 6.0, 1006.0)))
+
+
+def test_the_start_run_of_a_task_is_still_lost_with_its_connection():
+    reg = RunRegistry(resume_window=WINDOW)
+    req = Exec(hand=HAND, tool="exec", args={"argv": ["true"]}, timeout_ms=10_000)
+    reg.admit("t1", req, "c1", "q1", 1, True, 0.0, 1000.0, background=Background(max_runtime_ms=1000))
+    acts = reg.on_hand_gone(HAND, 1, 1.0, 1001.0)
+    assert reg.get("t1").state is RunState.LOST and any(isinstance(a, StartEnded) for a in acts)
+
+
+def test_result_before_the_window_ends_wins_and_is_acknowledged():
+    reg = setup()
+    reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
+    acts = reg.on_runs_present(HAND, 2, present("r1"), 10.0, 1010.0)
+    assert not ends(acts) and reg.get("r1").gen == 2 and reg.get("r1").hand_away_since is None
+    acts = reg.on_result(ok(), HAND, 2, 11.0, 1011.0)
+    assert [e.state for e in ends(acts)] == [RunState.SUCCEEDED]
+    assert to_hand(acts, gen=2) == [ResultAck(run_id="r1")], "the Hand may let the result go"
+
+
+def test_window_expiry_before_the_result_is_lost_persisted_first_then_the_result_is_late():
+    reg = setup()
+    reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
+    assert not reg.on_tick(5.0 + WINDOW - 0.1, 1065.0)
+    acts = reg.on_tick(5.0 + WINDOW, 1065.0)
+    assert isinstance(acts[0], PersistEnding) and acts[0].end.state is RunState.LOST, "durable before anyone is told"
+    i_end = next(i for i, a in enumerate(acts) if isinstance(a, SendToClient) and isinstance(a.msg, RunEnd))
+    assert i_end > 0 and "resume window" in acts[i_end].msg.reason
+    assert not to_hand(acts), "the Hand is away: it hears when it presents the run"
+    # the Hand comes back with the run and its result: the Mind's terminal stands
+    acts = reg.on_runs_present(HAND, 2, present("r1", result_pending=True), 70.0, 1070.0)
+    assert to_hand(acts, gen=2) == [Cancel(run_id="r1", reason=CancelReason.CONNECTION_LOST)]
+    acts = reg.on_result(ok(), HAND, 2, 70.1, 1070.1)
+    assert state(reg) is RunState.LOST and not ends(acts), "first terminal wins"
+    assert to_hand(acts) == [ResultAck(run_id="r1")], "acknowledged all the same: the Hand lets it go"
+
+
+def test_hand_presenting_nothing_after_a_restart_is_lost_at_once():
+    reg = setup()
+    reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
+    acts = reg.on_runs_present(HAND, 2, RunsPresent(), 6.0, 1006.0)
+    assert isinstance(acts[0], PersistEnding)
+    [end] = ends(acts)
+    assert end.state is RunState.LOST and end.reason == "hand restarted: it no longer has this run"
+
+
+def test_hand_presenting_a_run_the_mind_ended_or_never_knew_is_told_to_kill_it():
+    reg = setup()
+    reg.on_client_gone("c1", 1.0, 1001.0)
+    reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
+    acts = reg.on_tick(1.0 + WINDOW, 1061.0)  # both legs away, the client's window ends first
+    assert state(reg) is RunState.CANCELLED and isinstance(acts[0], PersistEnding), "the Mind decided it"
+    acts = reg.on_runs_present(HAND, 2, present("r1", "ghost"), 66.0, 1066.0)
+    assert to_hand(acts, gen=2) == [
+        Cancel(run_id="r1", reason=CancelReason.CLIENT_DISCONNECTED),
+        Cancel(run_id="ghost", reason=CancelReason.CONNECTION_LOST),
+    ]
+    assert state(reg) is RunState.CANCELLED and reg.get("r1").gen == 1, "killed, not adopted"
+
+
+def test_nothing_from_the_old_generation_counts_after_the_rebind():
+    reg = setup()
+    reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
+    reg.on_runs_present(HAND, 2, present("r1"), 6.0, 1006.0)
+    acts = reg.on_result(ok(), HAND, 1, 7.0, 1007.0)
+    assert state(reg) is RunState.RUNNING
+    assert [a.event for a in acts if isinstance(a, Log)] == [AuditEvent.HAND_INPUT_WRONG_GENERATION]
+    acts = reg.on_runs_present(HAND, 2, present("r1"), 8.0, 1008.0)
+    assert not to_hand(acts), "a second presentation on the same generation re-binds nothing"
+
+
+def test_cancel_during_an_outage_is_delivered_once_on_resume():
+    reg = setup()
+    reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
+    status, acts = reg.on_cancel("r1", CancelReason.USER_REQUESTED, 6.0, 1006.0)
+    assert status is CancelStatus.CANCEL_REQUESTED and not to_hand(acts)
+    acts = reg.on_runs_present(HAND, 2, present("r1"), 7.0, 1007.0)
+    assert to_hand(acts, gen=2) == [Cancel(run_id="r1", reason=CancelReason.USER_REQUESTED)]
+    acts = reg.on_result(Result(run_id="r1", state="cancelled", signal=15), HAND, 2, 7.5, 1007.5)
+    assert [e.state for e in ends(acts)] == [RunState.CANCELLED]
+
+
+def test_a_resize_typed_during_an_outage_reaches_the_hand_once():
+    reg = setup(streams=Streams(pty={"rows": 24, "cols": 80}))
+    reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
+    assert reg.on_client_stream(Resize(run_id="r1", rows=50, cols=100), "c1") == []
+    assert reg.on_client_stream(Resize(run_id="r1", rows=60, cols=120), "c1") == []
+    acts = reg.on_runs_present(HAND, 2, present("r1"), 7.0, 1007.0)
+    assert [m for m in to_hand(acts) if isinstance(m, Resize)] == [Resize(run_id="r1", rows=60, cols=120)]
+
+
+def test_a_sent_run_the_hand_presents_was_accepted():
+    reg = setup(started=False)
+    reg.get("r1").state = RunState.SENT  # the `accepted` was cut
+    reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
+    reg.on_runs_present(HAND, 2, present("r1"), 6.0, 1006.0)
+    assert state(reg) is RunState.RUNNING
+
+
+# --- the client's leg ----------------------------------------------------------------------------
+
+
+def test_a_client_drop_detaches_and_the_owner_reattaches_before_the_window():
+    reg = setup()
+    acts = reg.on_client_gone("c1", 5.0, 1005.0)
+    assert not to_hand(acts) and state(reg) is RunState.RUNNING
+    assert reg.get("r1").info().client_away_since == 1005.0
+    acts = reg.on_attach("r1", "c2", "alice", "q9", 30.0, 1030.0)
+    [attached] = to_client(acts, "c2")
+    assert isinstance(attached, Attached) and attached.state is RunState.RUNNING
+    assert not reg.on_tick(5.0 + WINDOW + 1, 1066.0), "attached again: the window no longer runs"
+    acts = reg.on_result(ok(), HAND, 1, 70.0, 1070.0)
+    assert [(a.client, a.req_id) for a in acts if isinstance(a, SendToClient)] == [("c2", "q9")]
+
+
+def test_past_the_window_an_unattended_run_is_cancelled_as_before():
+    reg = setup()
+    reg.on_client_gone("c1", 5.0, 1005.0)
+    acts = reg.on_tick(5.0 + WINDOW, 1065.0)
+    assert to_hand(acts) == [Cancel(run_id="r1", reason=CancelReason.CLIENT_DISCONNECTED)]
+    assert state(reg) is RunState.CANCEL_REQUESTED and not reg.on_tick(5.0 + WINDOW + 1, 1066.0)
+    # re-attach after the expiry: the owner gets the run as it is, and its end when it comes
+    acts = reg.on_attach("r1", "c2", "alice", "q9", 66.0, 1066.0)
+    assert to_client(acts)[-1].state is RunState.CANCEL_REQUESTED
+    acts = reg.on_result(Result(run_id="r1", state="cancelled"), HAND, 1, 67.0, 1067.0)
+    assert [(a.client, a.msg.state) for a in acts if isinstance(a, SendToClient)] == [("c2", RunState.CANCELLED)]
+
+
+def test_first_terminal_wins_a_result_racing_the_windows_cancel_stands():
+    reg = setup()
+    reg.on_client_gone("c1", 5.0, 1005.0)
+    reg.on_tick(5.0 + WINDOW, 1065.0)  # the window's cancel is on its way to the Hand
+    reg.on_result(ok(), HAND, 1, 65.1, 1065.1)  # the command finished first
+    assert state(reg) is RunState.SUCCEEDED, "the command did run"
+    late = reg.on_result(Result(run_id="r1", state="cancelled"), HAND, 1, 65.2, 1065.2)
+    assert state(reg) is RunState.SUCCEEDED and not ends(late)
+
+
+def test_reattach_to_a_run_that_ended_meanwhile_gets_its_end():
+    reg = setup()
+    reg.on_client_gone("c1", 5.0, 1005.0)
+    reg.on_result(ok(), HAND, 1, 6.0, 1006.0)
+    [end] = to_client(reg.on_attach("r1", "c2", "alice", "q9", 7.0, 1007.0))
+    assert isinstance(end, RunEnd) and end.state is RunState.SUCCEEDED and end.exit_code == 0
+
+
+def test_two_attachments_at_once_the_newest_wins_and_the_other_is_told():
+    reg = setup(streams=Streams())
+    acts = reg.on_attach("r1", "c2", "alice", "q2", 5.0, 1005.0)
+    assert to_client(acts, "c1") == [Replaced(run_id="r1")]
+    assert isinstance(to_client(acts, "c2")[0], Attached)
+    out = StreamData(run_id="r1", stream="stdout", offset=0, data=b"hi")
+    assert [a.client for a in reg.on_hand_stream(out, HAND, 1)] == ["c2"]
+    assert reg.on_client_stream(StreamAck(run_id="r1", stream="stdout", offset=2), "c1") == [], "c1 lost the run"
+
+
+def test_only_the_owner_may_attach():
+    reg = setup()
+    [err] = to_client(reg.on_attach("r1", "c2", "mallory", "q2", 5.0, 1005.0))
+    assert isinstance(err, Error) and err.code is ErrorCode.NOT_ALLOWED and "owner" in err.message
+    assert reg.get("r1").client == "c1"
+    [err] = to_client(reg.on_attach("nope", "c2", "alice", "q2", 5.0, 1005.0))
+    assert err.code is ErrorCode.UNKNOWN_RUN
+
+
+def test_a_detached_run_is_kept_for_its_keep_capped_by_the_mind():
+    reg = setup(keep_max=600.0)
+    acts = reg.on_detach("r1", "c1", "q1", 3600.0, 5.0, 1005.0)
+    assert to_client(acts) == [Detached(run_id="r1", keep_s=600.0)]
+    assert not reg.on_tick(5.0 + WINDOW + 1, 1066.0), "kept past the window"
+    assert to_hand(reg.on_tick(605.0, 1605.0)) == [Cancel(run_id="r1", reason=CancelReason.CLIENT_DISCONNECTED)]
+    reg = setup(window=0.0)
+    [err] = to_client(reg.on_detach("r1", "c1", "q1", None, 5.0, 1005.0))
+    assert isinstance(err, Error) and reg.get("r1").client == "c1"
+
+
+# --- streams across a resume ---------------------------------------------------------------------
+
+
+def chunk(stream, offset, n):
+    return StreamData(run_id="r1", stream=stream, offset=offset, data=b"x" * n)
+
+
+def test_the_hand_resends_output_from_what_reached_the_client_and_the_client_resends_stdin():
+    reg = setup(streams=Streams(stdin=True, window=1 << 16))
+    assert reg.get("r1").relays["stdout"].window == 1 << 16, "the window is the opening's"
+    reg.on_hand_stream(chunk("stdout", 0, 100), HAND, 1)
+    reg.on_client_stream(StreamAck(run_id="r1", stream="stdout", offset=40), "c1")
+    reg.on_client_stream(chunk("stdin", 0, 30), "c1")
+    reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
+    assert reg.on_client_stream(chunk("stdin", 30, 10), "c1") == [], "nothing reaches an absent Hand"
+    positions = [
+        StreamPosition(stream="stdout", offset=150, consumed=30),
+        StreamPosition(stream="stdin", offset=20, consumed=10),
+    ]
+    acts = reg.on_runs_present(HAND, 2, present("r1", streams=positions), 6.0, 1006.0)
+    assert StreamResume(run_id="r1", stream="stdout", offset=100, consumed=40) in to_hand(acts, gen=2)
+    resumes = [m for m in to_client(acts, "c1") if isinstance(m, StreamResume)]
+    assert resumes == [StreamResume(run_id="r1", stream="stdin", offset=20, consumed=10)]
+    assert reg.on_client_stream(chunk("stdin", 20, 5), "c1")[0].gen == 2, "stdin flows from the Hand's point"
+
+
+def test_the_client_resumes_output_from_its_own_point_or_the_acknowledged_one():
+    reg = setup(streams=Streams())
+    reg.on_hand_stream(chunk("stdout", 0, 100), HAND, 1)
+    reg.on_client_stream(StreamAck(run_id="r1", stream="stdout", offset=50), "c1")
+    reg.on_client_gone("c1", 5.0, 1005.0)
+    assert reg.on_hand_stream(chunk("stdout", 100, 10), HAND, 1) == [], "nobody to forward to"
+    mine = [StreamPosition(stream="stdout", offset=60, consumed=55)]
+    acts = reg.on_attach("r1", "c2", "alice", "q2", 6.0, 1006.0, mine)
+    assert StreamResume(run_id="r1", stream="stdout", offset=60, consumed=55) in to_hand(acts, gen=1)
+    stderr = next(p for p in to_client(acts)[-1].streams if p.stream == "stderr")
+    assert (stderr.offset, stderr.consumed) == (0, 0), "a stream not named starts from its acknowledgement"
+    [err] = to_client(
+        reg.on_attach("r1", "c3", "alice", "q3", 7.0, 1007.0, [StreamPosition(stream="stdout", offset=61, consumed=0)])
+    )
+    assert isinstance(err, Error) and err.code is ErrorCode.INVALID_PAYLOAD, "bytes never relayed"
+    both = [
+        StreamPosition(stream="stdout", offset=60, consumed=60),
+        StreamPosition(stream="stderr", offset=1, consumed=0),
+    ]
+    [err] = to_client(reg.on_attach("r1", "c3", "alice", "q3", 8.0, 1008.0, both))
+    assert isinstance(err, Error) and reg.get("r1").relays["stdout"].acked == 55, "a refusal moves no relay"
+    assert reg.get("r1").client == "c2"
+
+
+def test_the_minds_own_deadline_is_persisted_first_with_a_window():
+    reg = setup(timeout_ms=1000)
+    acts = reg.on_tick(1.0 + 5.0 + MIND_DEADLINE_SLACK_S, 1010.0)
+    assert isinstance(acts[0], PersistEnding) and acts[0].end.state is RunState.TIMED_OUT
+    assert to_hand(acts) == [Cancel(run_id="r1", reason=CancelReason.DEADLINE_EXCEEDED)]
+
+
+# --- any order of the events ---------------------------------------------------------------------
+
+EVENTS = ("hand_gone", "hand_back", "hand_restarted", "client_gone", "attach", "tick", "result", "old_result", "cancel")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(EVENTS), st.floats(0, 40)), max_size=40))
+def test_any_order_of_outages_and_returns_keeps_one_terminal_persisted_first(events):
+    """Whatever the order: one terminal per run, never changed after; a terminal the Mind decided
+    is persisted before anything tells of it; nothing is ever sent to a Hand connection that is
+    not the live one; a run the Hand presents after its end is killed, not adopted."""
+    reg = setup()
+    now, live, gen, client_n = 1.0, True, 1, 1
+    terminal = None
+    for event, dt in events:
+        now += dt
+        wall = 1000.0 + now
+        if event == "hand_gone" and live:
+            acts, live = reg.on_hand_gone(HAND, gen, now, wall), False
+        elif event in ("hand_back", "hand_restarted") and not live:
+            gen, live = gen + 1, True
+            acts = reg.on_runs_present(HAND, gen, present("r1") if event == "hand_back" else RunsPresent(), now, wall)
+            if terminal is not None and event == "hand_back":
+                assert Cancel(run_id="r1", reason=reg._kill_reason(reg.get("r1"))) in to_hand(acts), "killed"
+                assert reg.get("r1").gen != gen, "not adopted"
+        elif event == "client_gone":
+            acts = reg.on_client_gone(f"c{client_n}", now, wall)
+        elif event == "attach":
+            client_n += 1
+            acts = reg.on_attach("r1", f"c{client_n}", "alice", "q", now, wall)
+        elif event == "tick":
+            acts = reg.on_tick(now, wall)
+        elif event == "result" and live:
+            acts = reg.on_result(ok(), HAND, gen, now, wall)
+        elif event == "old_result" and gen > 1:
+            acts = reg.on_result(ok(), HAND, gen - 1, now, wall)
+        elif event == "cancel":
+            _, acts = reg.on_cancel("r1", CancelReason.USER_REQUESTED, now, wall)
+        else:
+            continue
+        for a in acts:
+            if isinstance(a, SendToHand):
+                assert live and a.gen == gen, f"{event}: sent to generation {a.gen}, live {gen if live else None}"
+        ended = [a for a in acts if isinstance(a, Log) and a.event == AuditEvent.RUN_TERMINAL]
+        if terminal is not None:
+            assert not ended and state(reg) is terminal, "first terminal wins"
+        elif ended:
+            terminal = state(reg)
+            if terminal is not RunState.SUCCEEDED:  # the Mind decided it: persisted before anything else
+                assert isinstance(acts[0], PersistEnding) and acts[0].end.state is terminal
+            else:
+                assert not any(isinstance(a, PersistEnding) for a in acts)
+    reg.on_tick(now + 10 * WINDOW + 700, 99_999.0)
+    assert state(reg) in (RunState.SUCCEEDED, RunState.LOST, RunState.CANCELLED, RunState.TIMED_OUT) or (
+        state(reg) in (RunState.RUNNING, RunState.CANCEL_REQUESTED) and live and reg.get("r1").client is not None
+    ), "past every window only an attached run on a live Hand may still be going"
