@@ -37,6 +37,12 @@ them to a small share of the loop; stream chunks carry bytes, cheap to decode, a
 their flow control instead."""
 
 
+CLIENT_REQUESTS_IN_FLIGHT = 16
+"""Requests of one connection answered off the read loop (lists, status, task calls) at once: the
+reader waits for one to end before it reads the next frame, so a client pipelining thousands of
+them queues them in its own socket, not on the Mind's threads."""
+
+
 class TokenBucket:
     """`rate` tokens a second up to `burst`; a take beyond them is owed, and `take` says how long
     the caller should wait before it has paid (0.0: nothing to wait)."""

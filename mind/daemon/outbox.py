@@ -141,8 +141,16 @@ class Outbox:
             self.drained.set()
 
 
+LISTED_ITEM_BYTES = 512
+"""What one item of a list reply (`hands_list`, `run_list`, ...) is counted at in the queue: a
+little above the size of the Mind's items, so a page of them is not counted as nothing."""
+
+
 def _carried(msg: Message) -> int:
-    """The bytes a queued message holds beyond its fixed fields: its data, for the messages that
-    carry a run's bytes (`stream_data`, `run_output`), the rest being counted at a fixed size."""
+    """The bytes a queued message holds beyond its fixed fields, estimated without encoding it:
+    its data, for the messages that carry a run's bytes (`stream_data`, `run_output`), and its
+    lists' items for the replies that page through them."""
     data = getattr(msg, "data", None)
-    return len(data) if isinstance(data, (bytes, str)) else 0
+    if isinstance(data, (bytes, str)):
+        return len(data)
+    return sum(len(v) * LISTED_ITEM_BYTES for v in msg.__dict__.values() if isinstance(v, list))

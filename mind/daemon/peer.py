@@ -43,6 +43,10 @@ class Peer:
     comparing it with the store's current one."""
     rate: ClientRate | None = None
     """A client's read rate (`mind.core.budgets`), shared by its credential's connections."""
+    in_flight: int = 0
+    """Work spawned for this connection and not yet done (a client's requests answered off the
+    read loop): the reader waits while it is at `mind.core.budgets.CLIENT_REQUESTS_IN_FLIGHT`."""
+    room: asyncio.Event = field(default_factory=asyncio.Event)
     pending: dict[str, asyncio.Future[Message]] = field(default_factory=dict)
     """Requests this Mind sent to the peer (a Hand), by envelope id, waiting for their reply."""
 
@@ -51,7 +55,15 @@ class Peer:
         this connection nor its other requests. It is logged with its traceback and, if the work
         answers a request (`reply_to`, the request's envelope id), that request gets `internal_error`."""
         assert self.tg is not None
+        self.in_flight += 1  # counted now, not when it first runs: the reader checks before then
         self.tg.create_task(self._guarded(coro, reply_to))
+
+    async def wait_for_room(self, limit: int) -> None:
+        """Until fewer than `limit` spawned works are running (issue 23: 1,000 pipelined
+        `list_hands` held the credential thread a minute, and nobody could even log in)."""
+        while self.in_flight >= limit:
+            self.room.clear()
+            await self.room.wait()
 
     async def _guarded(self, coro: Coroutine[Any, Any, None], reply_to: str | None) -> None:
         try:
@@ -68,6 +80,9 @@ class Peer:
             )
             if reply_to is not None:
                 self.outbox.put(INTERNAL_ERROR, reply_to)
+        finally:
+            self.in_flight -= 1
+            self.room.set()
 
     def fail_request(self, id_: str, why: ProtocolError) -> None:
         """Our request `id_` to this peer (a Hand) could not be sent: its waiter learns it now,

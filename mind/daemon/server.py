@@ -36,7 +36,7 @@ from mind.core.admission import (
     touch_denial,
     use_denial,
 )
-from mind.core.budgets import ClientRates, stream_budget_problem, stream_windows
+from mind.core.budgets import CLIENT_REQUESTS_IN_FLIGHT, ClientRates, stream_budget_problem, stream_windows
 from mind.core.fleetids import FleetOwners
 from mind.core.handshake import AUTH_FAILED_MESSAGE, Identity, ServerHandshake
 from mind.core.paging import page
@@ -781,6 +781,7 @@ class Mind:
                         stream = isinstance(env.msg, (StreamData, StreamAck))
                         if (wait := peer.rate.take(len(data), time.monotonic(), stream)) > 0:
                             await asyncio.sleep(wait)  # over its rate: the client waits, its socket unread
+                        await peer.wait_for_room(CLIENT_REQUESTS_IN_FLIGHT)
                 except ProtocolError as exc:
                     log.warning(
                         "peer_protocol_error",

@@ -30,7 +30,7 @@ from protocol import limits
 from protocol.auth import ClientHandshake, Credential
 from protocol.codes import ErrorCode, RejectCode
 from protocol.envelope import Channel, decode
-from protocol.messages import Error, Exec, RunEnd, Streams
+from protocol.messages import Error, Exec, ListHands, RunEnd, Streams
 
 pytestmark = pytest.mark.slow  # real Mind and Hand processes
 
@@ -174,6 +174,22 @@ async def test_attack4_many_unread_downloads_are_bounded_per_client(tmp_path):
         assert peak - before < 250
         await ws.close()
         assert cl.cli("exec", "--hand", "box", "--", "echo", "ok").stdout == b"ok\n"
+
+
+async def test_a_client_pipelining_a_thousand_lists_without_reading_locks_nobody_out(tmp_path):
+    """Found while bounding attack 4: 1,000 pipelined `list_hands` over 3,000 Hands, from a client
+    that reads none of the answers, queued a minute of work on the Mind's credential thread, and
+    nobody could log in meanwhile (the handshake's lookups wait on that thread). Now a client's
+    requests in flight are bounded: the rest wait in its own socket."""
+    with running(tmp_path, hand=None) as cl:
+        seed_hands(cl.home, [f"h{i:05d}" for i in range(3000)])
+        ws, ch = await handshake(cl.url, client_cred(cl, "greedy"), max_queue=1)
+        for i in range(1000):
+            await ws.send(ch.stamp(ListHands(limit=1000), f"l{i}"))
+        for _ in range(3):
+            async with await MindClient.connect(cl.url, admin(cl)) as mc:
+                assert len(await mc.hands()) == 3000
+        await ws.close()
 
 
 # --- attack 6: a client's refusals write a bounded audit file -----------------------------------------
