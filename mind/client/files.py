@@ -36,10 +36,10 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from mind.errors import ClientError
+from mind.errors import ClientCode, ClientError
 from protocol import copy as rules
 from protocol import limits
-from protocol.codes import RejectCode
+from protocol.codes import ErrorCode, RejectCode
 from protocol.messages import RunEnd, StreamData
 from protocol.states import RunState
 
@@ -98,7 +98,7 @@ class _Link:
         self.reconnect = reconnect
 
     async def recover(self, exc: ClientError) -> bool:
-        if exc.code != "closed" or self.reconnect is None:
+        if exc.code != ClientCode.CLOSED or self.reconnect is None:
             return False
         try:
             self.mc = await self.reconnect()
@@ -110,12 +110,10 @@ class _Link:
 def _failure(end: RunEnd) -> CopyError:
     if end.state is RunState.REJECTED:
         code = end.reject_code.value if end.reject_code else "rejected"
-        return CopyError("rejected", f"{end.error or end.reason} ({code})")
+        return CopyError(ClientCode.REJECTED, f"{end.error or end.reason} ({code})")
     if end.state is RunState.FAILED:
-        return CopyError("failed", end.error or end.reason or "failed")
-    return CopyError(
-        "lost" if end.state is RunState.LOST else end.state.value, f"the copy ended {end.state.value}: {end.reason}"
-    )
+        return CopyError(ClientCode.FAILED, end.error or end.reason or "failed")
+    return CopyError(ClientCode(end.state.value), f"the copy ended {end.state.value}: {end.reason}")
 
 
 def _retryable(end: RunEnd) -> bool:
@@ -181,7 +179,7 @@ async def upload(
     try:
         st, size, sha, f = await asyncio.to_thread(_open_source, local)
     except OSError as exc:
-        raise CopyError("local", f"cannot read {os.fspath(local)!r}: {exc.strerror or exc}") from None
+        raise CopyError(ClientCode.LOCAL, f"cannot read {os.fspath(local)!r}: {exc.strerror or exc}") from None
     cid = rules.copy_id(hand, remote, size, sha)
     args: dict[str, Any] = {
         "path": remote,
@@ -228,7 +226,7 @@ async def upload(
                 finally:
                     result.sent += handle.stdin_sent
             except CopyError as exc:
-                if exc.code == "rejected" and "hand_offline" in exc.message and attempt < attempts:
+                if exc.code == ClientCode.REJECTED and "hand_offline" in exc.message and attempt < attempts:
                     await _pause(attempt)
                     ask = True
                     continue
@@ -238,7 +236,7 @@ async def upload(
                     await _pause(attempt)
                     ask = True
                     continue
-                raise CopyError("lost", f"cannot copy to {hand}: {exc.message}") from None
+                raise CopyError(ClientCode.LOST, f"cannot copy to {hand}: {exc.message}") from None
             if end.state is RunState.SUCCEEDED:
                 result.duration_s = time.monotonic() - started
                 return result
@@ -246,7 +244,7 @@ async def upload(
                 raise _failure(end)
             ask = True
             await _pause(attempt)
-        raise CopyError("lost", "the copy did not complete")  # pragma: no cover
+        raise CopyError(ClientCode.LOST, "the copy did not complete")  # pragma: no cover
     finally:
         f.close()
 
@@ -254,7 +252,7 @@ async def upload(
 def _open_source(local: str | os.PathLike[str]) -> tuple[os.stat_result, int, str, BinaryIO]:
     st = os.stat(local)
     if not stat.S_ISREG(st.st_mode):
-        raise CopyError("local", f"cannot copy {os.fspath(local)!r}: not a regular file")
+        raise CopyError(ClientCode.LOCAL, f"cannot copy {os.fspath(local)!r}: not a regular file")
     size, sha = file_digest(local)
     return st, size, sha, open(local, "rb")
 
@@ -308,7 +306,7 @@ async def _get_attempt(
             got += len(ev.data)
         elif isinstance(ev, RunEnd):
             return ev, got
-    raise ClientError("internal_error", "event stream ended without run_end")  # pragma: no cover
+    raise ClientError(ErrorCode.INTERNAL_ERROR, "event stream ended without run_end")  # pragma: no cover
 
 
 async def download_iter(
@@ -322,7 +320,7 @@ async def download_iter(
 ) -> AsyncIterator[bytes]:
     """The bytes of `remote` on `hand`, in order, each exactly once (a lost run is resumed where
     the last chunk ended). The whole file's sha256 is checked at the end: a mismatch raises
-    `CopyError("mismatch")` after the last chunk (a consumer that must not act on unverified
+    `CopyError(ClientCode.MISMATCH)` after the last chunk (a consumer that must not act on unverified
     bytes should use `download`, which renames only verified files)."""
     link = _Link(mc, reconnect)
     h = hashlib.sha256()
@@ -349,7 +347,7 @@ async def download_iter(
             if attempt < attempts and await link.recover(exc):
                 await _pause(attempt)
                 continue
-            raise CopyError("lost", f"cannot copy from {hand}: {exc.message}") from None
+            raise CopyError(ClientCode.LOST, f"cannot copy from {hand}: {exc.message}") from None
         assert end is not None
         if end.state is RunState.SUCCEEDED:
             value = end.value or {}
@@ -358,7 +356,7 @@ async def download_iter(
             res.duration_s = time.monotonic() - started
             if pos != res.size or h.hexdigest() != res.sha256:
                 raise CopyError(
-                    "mismatch",
+                    ClientCode.MISMATCH,
                     f"{remote}: got {pos} bytes with sha256 {h.hexdigest()[:16]}..., the Hand says {res.size} bytes, {res.sha256[:16]}...",
                 )
             return
@@ -400,19 +398,19 @@ async def download(
     except CopyError:
         raise
     except ClientError as exc:
-        raise CopyError("lost", f"cannot copy from {hand}: {exc.message}") from None
+        raise CopyError(ClientCode.LOST, f"cannot copy from {hand}: {exc.message}") from None
     if info.get("type") is None:
-        raise CopyError("failed", f"cannot read {remote!r} on {hand}: no such file")
+        raise CopyError(ClientCode.FAILED, f"cannot read {remote!r} on {hand}: no such file")
     if info["type"] != "file":
         kind = KINDS.get(info["type"], "not a regular file")
         hint = " (use -r)" if info["type"] == "dir" else ""
-        raise CopyError("failed", f"cannot read {remote!r} on {hand}: it is {kind}{hint}")
+        raise CopyError(ClientCode.FAILED, f"cannot read {remote!r} on {hand}: it is {kind}{hint}")
     cid = rules.copy_id(f"{hand}:{remote}", local, int(info["size"]), f"mtime:{info['mtime']!r}")
     part = _LocalPart(local, cid)
     try:
         pos = await asyncio.to_thread(part.open, resume)
     except OSError as exc:
-        raise CopyError("local", f"cannot write {local!r}: {exc.strerror or exc}") from None
+        raise CopyError(ClientCode.LOCAL, f"cannot write {local!r}: {exc.strerror or exc}") from None
     result = CopyResult(path=local, size=int(info["size"]), sha256="", attempts=0)
     if pos:
         result.resumed_from.append(pos)
@@ -431,12 +429,12 @@ async def download(
             try:
                 end, _ = await _get_attempt(link.mc, hand, remote, part.pos, write)
             except OSError as exc:
-                raise CopyError("local", f"cannot write {local!r}: {exc.strerror or exc}") from None
+                raise CopyError(ClientCode.LOCAL, f"cannot write {local!r}: {exc.strerror or exc}") from None
             except ClientError as exc:
                 if attempt < attempts and await link.recover(exc):
                     await _pause(attempt)
                     continue
-                raise CopyError("lost", f"cannot copy from {hand}: {exc.message}") from None
+                raise CopyError(ClientCode.LOST, f"cannot copy from {hand}: {exc.message}") from None
             if end.state is RunState.SUCCEEDED:
                 value = end.value or {}
                 result.size, result.sha256 = int(value["size"]), str(value["sha256"])
@@ -444,7 +442,7 @@ async def download(
                 try:
                     await asyncio.to_thread(part.finish, result, preserve)
                 except OSError as exc:
-                    raise CopyError("local", f"cannot write {local!r}: {exc.strerror or exc}") from None
+                    raise CopyError(ClientCode.LOCAL, f"cannot write {local!r}: {exc.strerror or exc}") from None
                 result.duration_s = time.monotonic() - started
                 return result
             if not _retryable(end) or attempt == attempts:
@@ -452,7 +450,7 @@ async def download(
                     part.drop()  # a failure, not an interruption: nothing to resume
                 raise _failure(end)
             await _pause(attempt)
-        raise CopyError("lost", "the copy did not complete")  # pragma: no cover
+        raise CopyError(ClientCode.LOST, "the copy did not complete")  # pragma: no cover
     finally:
         part.close()
 
@@ -487,7 +485,8 @@ class _LocalPart:
         if self.pos != result.size or self.hash.hexdigest() != result.sha256:
             self.drop()  # a part that does not verify is of no use to a resume
             raise CopyError(
-                "mismatch", f"{self.local}: sha256 mismatch (the file changed on the Hand, or bytes were damaged)"
+                ClientCode.MISMATCH,
+                f"{self.local}: sha256 mismatch (the file changed on the Hand, or bytes were damaged)",
             )
         self.f.flush()
         os.fsync(self.f.fileno())
