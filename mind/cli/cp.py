@@ -3,7 +3,8 @@
     mind cp [-r] [-p] [--resume] [--json] SRC... DST
 
 An operand `HAND:PATH` is on a Hand (PATH relative to its root; `HAND:` alone is the root), anything
-else is local (write `./a:b` for a local name with a colon). `-` is standard input (as a source) or
+else is local (write `./a:b` for a local name with a colon); a remote source's last part may be a
+pattern (`box:logs/*.log`), matched on the Hand. `-` is standard input (as a source) or
 standard output (as the destination). Local to Hand and Hand to local; Hand to Hand goes through
 this machine (downloaded to a temporary file, then uploaded).
 
@@ -220,7 +221,7 @@ class _Run:
             if kind == "error":
                 self.fail(src, extra)
             elif kind == "symlink":
-                await self._call(src, hand, "put_file", {"path": dst, "type": "symlink", "target": extra})
+                await self.call(src, hand, "put_file", {"path": dst, "type": "symlink", "target": extra})
             elif kind == "dir":
                 await self._put_dir(hand, dst, src)
                 dirs.append((src, dst))
@@ -229,13 +230,13 @@ class _Run:
         if self.args.preserve:  # directory times last: writing into a directory changes its time
             for src, dst in reversed(dirs):
                 mode, mtime = _mode_time(src)
-                await self._call(src, hand, "put_file", {"path": dst, "type": "dir", "mode": mode, "mtime": mtime})
+                await self.call(src, hand, "put_file", {"path": dst, "type": "dir", "mode": mode, "mtime": mtime})
 
     async def _put_dir(self, hand: str, dst: str, src: str) -> None:
         mode, _ = _mode_time(src)
-        await self._call(src, hand, "put_file", {"path": dst, "type": "dir", "mode": mode, "make_dirs": True})
+        await self.call(src, hand, "put_file", {"path": dst, "type": "dir", "mode": mode, "make_dirs": True})
 
-    async def _call(self, what: str, hand: str, tool: str, targs: dict[str, Any]) -> Any:
+    async def call(self, what: str, hand: str, tool: str, targs: dict[str, Any]) -> Any:
         from protocol.states import RunState
 
         end = await self.mc.exec(hand, tool, targs, timeout=60)
@@ -245,7 +246,7 @@ class _Run:
         return end.value
 
     async def get_tree(self, hand: str, remote: str, local: str) -> None:
-        value = await self._call(f"{hand}:{remote}", hand, "list_tree", {"path": remote})
+        value = await self.call(f"{hand}:{remote}", hand, "list_tree", {"path": remote})
         if value is None:
             return
         _local_dir(local, None)
@@ -356,10 +357,47 @@ async def run(mc: Any, args: argparse.Namespace, reconnect: Callable[[], Awaitab
     *srcs, dst = ops
     job = _Run(mc, args, reconnect)
     try:
+        srcs = await _expand_globs(job, srcs)
+        if not srcs:
+            return job.worst
         return await _copy(job, srcs, dst)
     finally:
         if job.failures:
             _colon_hints(args.operands)
+
+
+GLOB = frozenset("*?[")
+
+
+async def _expand_globs(job: _Run, srcs: list[Operand]) -> list[Operand]:
+    """`box:logs/*.log`: a remote source whose last part is a pattern names the entries of its
+    directory that match it, as scp's remote globs do (fnmatch; a leading `.` only by a pattern
+    that starts with one), sorted. Only the last part: the directory is listed with `list_tree`,
+    one of the four tools a copy uses anyway. A pattern that matches nothing is a failed copy."""
+    import fnmatch
+
+    out: list[Operand] = []
+    for s in srcs:
+        base = posixpath.basename(s.path)
+        if s.hand is None or not GLOB.intersection(base) or GLOB.intersection(posixpath.dirname(s.path)):
+            out.append(s)
+            continue
+        parent = posixpath.dirname(s.path)
+        value = await job.call(f"{s.hand}:{s.path}", s.hand, "list_tree", {"path": parent or "."})
+        if value is None:
+            continue
+        names = sorted(
+            e["path"]
+            for e in value["entries"]
+            if "/" not in e["path"]
+            and fnmatch.fnmatchcase(e["path"], base)
+            and (base.startswith(".") or not e["path"].startswith("."))
+        )
+        if not names:
+            job.fail(f"{s.hand}:{s.path}", "no match")
+            continue
+        out += [Operand(s.hand, posixpath.join(parent, n)) for n in names]
+    return out
 
 
 def _colon_hints(operands: list[str]) -> None:

@@ -74,7 +74,7 @@ def add_parsers(sub: Any) -> None:
     options.json_output(out, "print one JSON object at the end instead of the output")
     out.add_argument("--events", action="store_true", help="print every event as one JSON line (NDJSON)")
     options.program(e)
-    e.set_defaults(handler=run, resolve=resolve_hand)
+    e.set_defaults(handler=run, resolve=resolve_hand, login=False)
 
     s = options.command(sub, "shell", help="a login shell on a Hand, in a terminal (as `ssh host`)")
     options.connection(s)

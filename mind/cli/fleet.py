@@ -317,6 +317,11 @@ class Printer:
                 r = self.fleet.results.get(hand)
                 code = f" (exit {r.exit_code})" if r is not None and r.exit_code is not None else ""
                 self._say(f"mind:   {printable(hand).ljust(width)}  {state}{code}")
+        if agg.counts.get("timed_out"):
+            self._say(
+                f"mind: timed_out: killed because --timeout {self.args.timeout:g} s passed; give a longer "
+                f"--timeout SECONDS (at most {limits.RUN_TIMEOUT_MAX_MS // 1000}), or `mind task start --hands`"
+            )
 
     def _json(self, agg: plan_core.Aggregate) -> dict[str, Any]:
         hands = {}

@@ -281,7 +281,7 @@ def test_fleet_summary_says_not_started_only_when_a_hand_was_not_started(capsys)
     from mind.core import fleet as plan_core
 
     def summary(counts: dict[str, int]) -> str:
-        args = SimpleNamespace(json=False, events=False, group=False, fail_fast=False)
+        args = SimpleNamespace(json=False, events=False, group=False, fail_fast=False, timeout=3600.0)
         fleet = SimpleNamespace(fleet_id="fleet-1", plan=SimpleNamespace(max_errors=0), results={})
         p = Printer(args, [SimpleNamespace(name="a"), SimpleNamespace(name="b")], fleet)  # type: ignore[arg-type]
         not_ok = {h: s for h, s in (("a", "failed"), ("b", "not_started")) if counts.get(s)}
@@ -292,6 +292,8 @@ def test_fleet_summary_says_not_started_only_when_a_hand_was_not_started(capsys)
     assert "not_started" not in every_started and "every Hand had started" in every_started
     some_not = summary({"failed": 1, "not_started": 1})
     assert "(1 not_started)" in some_not
+    assert "--timeout" not in some_not
+    assert "killed because --timeout 3600 s passed" in summary({"timed_out": 1, "not_started": 1})
 
 
 # --- the house rules of mind/cli -------------------------------------------------------------------
