@@ -73,7 +73,7 @@ def add_parsers(sub: Any) -> None:
     out = e.add_mutually_exclusive_group()
     options.json_output(out, "print one JSON object at the end instead of the output")
     out.add_argument("--events", action="store_true", help="print every event as one JSON line (NDJSON)")
-    options.program(e)
+    options.program(e, "HAND (without --hand/--hands), then the command after --: mind exec web1 -- uptime")
     e.set_defaults(handler=run, resolve=resolve_hand, login=False)
 
     s = options.command(sub, "shell", help="a login shell on a Hand, in a terminal (as `ssh host`)")

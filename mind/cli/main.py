@@ -22,7 +22,8 @@ cannot tell you):
   120 some runs did not succeed, within the error budget; 119 the budget stopped the fleet (some
   not_started); 130 cancelled (Ctrl-C); 255 the connection to the Mind was lost; 2 bad usage or an
   empty selection (README "Fleet runs").
-Heavy imports happen inside the commands, so `mind --help` and argument errors stay fast.
+`mind exec` imports only its own modules (no asyncio, no pydantic: tests/integration/test_cli_fastpath.py);
+the full parser imports every command module, and `cp` and `task` bring the asyncio client with them.
 """
 
 from __future__ import annotations

@@ -80,10 +80,10 @@ def place(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment variable (repeatable)")
 
 
-def program(sp: argparse.ArgumentParser) -> None:
+def program(sp: argparse.ArgumentParser, words: str = "the command (after --)") -> None:
     """What to run: `--shell COMMAND` or the words after `--` (mind/cli/toolargs.py builds the call)."""
     sp.add_argument("--shell", metavar="COMMAND", help="run COMMAND through /bin/sh -c")
-    sp.add_argument("argv", nargs="*", help="the command (after --)")
+    sp.add_argument("argv", nargs="*", metavar="WORD", help=words)
 
 
 def limits(sp: argparse.ArgumentParser) -> None:

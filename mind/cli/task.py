@@ -42,6 +42,7 @@ from mind.cli.hints import did_you_mean, hand_suggestions
 from mind.cli.progress import Status, elapsed
 from mind.cli.toolargs import tool_args_from
 from mind.client.aio import ClientError, MindClient
+from mind.errors import ClientCode
 from protocol import limits
 from protocol.codes import RejectCode, TaskCancelStatus
 from protocol.ids import new_id
@@ -192,7 +193,7 @@ async def start(client: MindClient, args: argparse.Namespace) -> int:
     try:
         res = await client.task_start(args.hand, tool, tool_args, max_runtime=max_runtime, task_id=task_id)
     except ClientError as exc:
-        if exc.code != "closed":
+        if exc.code != ClientCode.CLOSED:
             raise
         # Sent (or being sent) when the connection ended: nobody here knows whether the Hand
         # committed it. 255, as the README promises, never 125 ("refused, nothing stored").

@@ -12,21 +12,7 @@ from mind.cli import options
 from mind.cli.connection import with_client
 from mind.cli.exits import EXIT_USAGE, die
 from mind.cli.formatting import jsonable, printable, table, timestamp
-
-RUN_STATES = (
-    "admitted",
-    "sent",
-    "accepted",
-    "running",
-    "cancel_requested",
-    "succeeded",
-    "failed",
-    "rejected",
-    "cancelled",
-    "timed_out",
-    "lost",
-    "budget_exhausted",
-)
+from protocol.states import RunState
 
 
 def add_parsers(sub: Any) -> None:
@@ -44,7 +30,7 @@ def add_parsers(sub: Any) -> None:
     rn = options.command(sub, "runs", help="foreground run history (newest first; retained per the Mind's settings)")
     options.connection(rn)
     options.hand(rn, required=False, help="only this Hand's runs")
-    rn.add_argument("--state", choices=RUN_STATES)
+    rn.add_argument("--state", choices=[s.value for s in RunState])
     rn.add_argument("--since", metavar="DURATION", help="only runs started within this long ago (e.g. 30m, 2h)")
     rn.add_argument("--limit", type=int, default=50)
     rn.add_argument("--fleet", metavar="ID", help="only the member runs of this fleet run")
@@ -158,7 +144,6 @@ RUN_HEADERS = ["RUN", "HAND", "TOOL", "STATE", "CREATED", "DURATION", "EXIT"]
 async def list_runs(client: Any, args: argparse.Namespace) -> int:
     import time as _time
 
-    from protocol.states import RunState
     from protocol.units import positive_duration as parse_duration
 
     since = None
