@@ -183,6 +183,9 @@ Action = Reply[Any] | Denied[Any] | Admit[Any] | Restart[Any] | InternalError[An
 
 @dataclass(frozen=True)
 class Step:
+    """Perform `actions` in order (store writes awaited), then ask `need`, if any: its answer and
+    the facts of that moment are the next event (`on_result`). No need: the procedure is done."""
+
     actions: tuple[Action, ...] = ()
     need: Need | None = None
 
@@ -201,9 +204,6 @@ class TaskStarts(Generic[W]):
 
     def in_flight(self, task_id: str) -> bool:
         return task_id in self._waiting
-
-    def __len__(self) -> int:
-        return len(self._waiting)
 
     def begin(
         self, waiter: W, req: TaskStart, task_id: str, scope: Scope, me: str, wall: float, facts: Facts

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from mind.core.registry import Log, StartEnded
 from mind.core.scope import Scope
 from mind.core.snapshots import Snapshot
@@ -332,3 +334,10 @@ def test_settling_that_fails_answers_every_waiter_with_internal_error_but_not_wh
     ending, _ = starts.ended(ended(RunState.LOST))
     assert ending.failed(error=True) == [InternalError("w1"), InternalError("w2")]
     assert ending.failed(error=False) == []
+
+
+def test_an_answer_to_a_start_that_asked_nothing_is_a_bug_not_a_guess() -> None:
+    starts: TaskStarts[str] = TaskStarts()
+    start, _ = sent(starts, "w1")
+    with pytest.raises(ValueError, match="no answer is awaited"):
+        start.on_result(None, ONLINE)
