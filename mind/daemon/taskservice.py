@@ -1,9 +1,10 @@
 """The Mind's side of background tasks: starts, queries, cancels and the reconciliation pass.
 
-The asyncio glue around `mind/core/snapshots.py` (the rules) and `mind/store/snapshots.py` (the table): it asks the
-Hand when the Hand is connected (the authority), answers from the snapshot when it is not (saying so:
-`stale`, `last_synced_at`), records cancels for later delivery, and realigns every snapshot of a Hand
-after each `welcome`.
+The asyncio glue around `mind/core/taskstart.py` (how a start is decided), `mind/core/snapshots.py`
+(the rules of a snapshot) and `mind/store/snapshots.py` (the table): it performs each step of a
+start, asks the Hand when the Hand is connected (the authority), answers from the snapshot when it
+is not (saying so: `stale`, `last_synced_at`), records cancels for later delivery, and realigns
+every snapshot of a Hand after each `welcome`.
 """
 
 from __future__ import annotations
