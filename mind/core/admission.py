@@ -2,9 +2,10 @@
 scope (which Hands, which tools, whose runs and tasks), the handshake rate limit, and what a task
 start is told when the Mind's own records already answer it.
 
-`mind.daemon.server` and `mind.daemon.taskservice` perform these verdicts (log, count, answer,
-send); the deterministic simulation (`tests/sim/mind_shell.py`) calls the same functions, so the
-rules it checks are the rules the Mind ships.
+`mind.daemon.door` and `mind.daemon.dispatch` perform these verdicts (log, count, answer, send), and
+`mind.core.taskstart` decides a task start with them (the task service performs it); the
+deterministic simulation (`tests/sim/mind_shell.py`) drives the same functions, so the rules it
+checks are the rules the Mind ships.
 """
 
 from __future__ import annotations

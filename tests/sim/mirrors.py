@@ -13,6 +13,11 @@ if the behaviour changed, then record the new fingerprints:
 
     .venv/bin/python tests/sim/mirrors.py --update
 
+The Mind's rooms that the simulation does not model are not mirrored: the door (handshakes: the
+simulated links are authenticated by construction), the views and the HTTP answers (they only
+read). The task-start decisions are not mirrored either: they are a core (`mind.core.taskstart`)
+that the simulation drives itself.
+
 (This is the test that would have failed when the Hand's group commit changed `hand/tasks.py` by
 342 lines and no simulation file changed.)
 """
@@ -41,6 +46,8 @@ MIRRORS: dict[str, str] = {
     "hand.system.taskdb:TaskStore": "sim.hand_store:HandTaskStore",
     "hand.system.process:ProcessRun": "sim.jobs:VProcess",
     "mind.daemon.server:Mind": "sim.mind_shell:SimMind",
+    "mind.daemon.connections:Connections": "sim.mind_shell:SimMind",
+    "mind.daemon.dispatch:Dispatch": "sim.mind_shell:SimMind",
     "mind.daemon.taskservice:TaskService": "sim.mind_shell:SimMind",
     "mind.store.snapshots:SnapshotStore": "sim.snapshot_table:SnapshotTable",
 }
