@@ -43,11 +43,22 @@ import structlog
 from hand.aio import copyrun
 from hand.aio.metrics import HandMetrics
 from hand.aio.streams import RunStreams
-from hand.core.cpu import cpu_exhausted, kernel_cpu_kill
-from hand.core.policy import KNOWN_TOOLS, ToolPolicy
+from hand.core.cpu import CPU_SECONDS
+from hand.core.policy import ToolPolicy
+from hand.core.runs import (
+    RunEnd,
+    final,
+    kill_grace,
+    process_end,
+    progress_fits,
+    refusal,
+    run_limits,
+    stopped,
+    stream_refusal,
+)
 from hand.core.sanitize import Sanitizer
 from hand.core.spawn import spawn_failure
-from hand.system.cputime import CPU_SECONDS, stop_watching, watch_cpu
+from hand.system.cputime import stop_watching, watch_cpu
 from hand.system.process import DEFAULT_GRACE_S, ProcessOutcome, ProcessRun, Stream
 from hand.system.pty import PtyOutcome, PtyRun, login_shell
 from hand.system.sandbox import Sandbox
@@ -64,7 +75,7 @@ from hand.system.tools import (
 from protocol import limits
 from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, CancelStatus, RejectCode
-from protocol.control import REASON_TO_STATE, Budget, RunAborted, RunControl, check_active
+from protocol.control import Budget, RunAborted, RunControl, check_active
 from protocol.digest import args_digest
 from protocol.errors import ProtocolError
 from protocol.messages import (
@@ -90,8 +101,6 @@ gone (nobody can receive it; the Mind marks the run `lost`)."""
 Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
 RECENT_MAX = 1000
-PROGRESS_BYTES = "progress_bytes"
-PROGRESS_EVENTS = "progress_events"
 
 
 class RecentRuns:
@@ -126,15 +135,6 @@ class _Run:
     task: asyncio.Task[None] | None = None
     streams: RunStreams | None = None
     """Set when the run's bytes are streams (the client is attached): output is never dropped."""
-
-
-def _fits(budget: Budget, n: int) -> bool:
-    """Reserve one progress event of `n` bytes, all or nothing."""
-    for kind, amount in ((PROGRESS_EVENTS, 1), (PROGRESS_BYTES, n)):
-        limit = budget.limit(kind)
-        if limit is not None and budget.used(kind) + amount > limit:
-            return False
-    return budget.try_reserve(PROGRESS_EVENTS, 1) and budget.try_reserve(PROGRESS_BYTES, n)
 
 
 class RunTable:
@@ -183,17 +183,9 @@ class RunTable:
             self._reject(rpc, RejectCode.INTERNAL_ERROR, f"internal error: {exc}", log)
             return
         loop = asyncio.get_running_loop()
-        budget_limits: dict[str, int | float] = {
-            PROGRESS_BYTES: limits.PROGRESS_BYTES_MAX,
-            PROGRESS_EVENTS: limits.PROGRESS_EVENTS_MAX,
-        }
-        cpu = _cpu_limit(prepared)
-        if cpu is not None:
-            budget_limits[CPU_SECONDS] = cpu
-        budget = Budget(budget_limits)
+        budget = Budget(run_limits(_cpu_limit(prepared)))
         ctl = RunControl(budget, deadline=loop.time() + rpc.timeout_ms / 1000, finish_on_cancel=False)
-        grace = self._kill_grace if rpc.grace_ms is None else min(rpc.grace_ms / 1000, self._kill_grace)
-        run = _Run(rpc, ctl, prepared, grace, digest, log)
+        run = _Run(rpc, ctl, prepared, kill_grace(rpc.grace_ms, self._kill_grace), digest, log)
         if rpc.streams is not None and isinstance(prepared, (ProcessSpec, StreamCall)):
             run.streams = RunStreams(rpc.run_id, rpc.streams, self._send, log)
         self._active[rpc.run_id] = run  # before any await: a following cancel finds it
@@ -208,37 +200,38 @@ class RunTable:
             self._conclude(run, self._failed(run, f"internal error: {exc}"))
 
     def _admit(self, rpc: Rpc, args_size: int) -> Prepared:
-        pty = rpc.streams.pty if rpc.streams is not None else None
-        if pty is not None:
-            why = self._policy.why_no_pty(rpc.tool)
-            if why is not None:
-                raise Refusal(RejectCode.DENIED_BY_POLICY, why)
-        prepared = self._admit_tool(rpc, args_size, pty is not None and pty.login)
+        """The rules of `hand.core.runs` (one order, the sentences a background start reads too),
+        then the tool's arguments and paths (`prepare`), then the streams the tool needs."""
+        streams = rpc.streams
+        pty = streams.pty if streams is not None else None
+        refused = refusal(
+            rpc.run_id,
+            rpc.tool,
+            args_size=args_size,
+            allowed=self._policy.allowed(rpc.tool),
+            closing=self._closing is not None,
+            known=self.knows(rpc.run_id),
+            no_pty=self._policy.why_no_pty(rpc.tool) if pty is not None else None,
+        )
+        if refused is not None:
+            raise Refusal(refused.code, refused.message)
+        login = pty is not None and pty.login
+        args = {**rpc.args, "argv": ["login-shell"]} if login and rpc.tool == "exec" else rpc.args
+        prepared = prepare(rpc.tool, args, self._root, self._sandbox)  # arguments, paths, limits
         if isinstance(prepared, StreamCall):
-            wants_stdin = prepared.kind == "put"
-            if rpc.streams is None or pty is not None or rpc.streams.stdin != wants_stdin:
-                how = "with a stdin stream" if wants_stdin else "with output streams and no stdin"
-                raise Refusal(
-                    RejectCode.INVALID_REQUEST, f"{rpc.tool} carries its bytes as a stream: send it {how} (mind cp)"
-                )
-        if pty is not None and pty.login and isinstance(prepared, ProcessSpec):
+            refused = stream_refusal(
+                rpc.tool,
+                wants_stdin=prepared.kind == "put",
+                streams=streams is not None,
+                pty=pty is not None,
+                stdin=streams is not None and streams.stdin,
+            )
+            if refused is not None:
+                raise Refusal(refused.code, refused.message)
+        if login and isinstance(prepared, ProcessSpec):
             program, argv = login_shell(prepared.run_as)
             prepared = dataclasses.replace(prepared, argv=tuple(argv), executable=program)
         return prepared
-
-    def _admit_tool(self, rpc: Rpc, args_size: int, login: bool) -> Prepared:
-        if rpc.run_id in self._active or rpc.run_id in self._recent:
-            raise Refusal(RejectCode.DUPLICATE_RUN, f"run {rpc.run_id} is already known to this hand")
-        if self._closing is not None:
-            raise Refusal(RejectCode.SHUTTING_DOWN, "this hand is shutting down")
-        if args_size > limits.ARGS_MAX_BYTES:
-            raise Refusal(RejectCode.INVALID_REQUEST, f"arguments of {args_size} bytes exceed {limits.ARGS_MAX_BYTES}")
-        if rpc.tool not in KNOWN_TOOLS:
-            raise Refusal(RejectCode.UNKNOWN_TOOL, f"this hand has no tool {rpc.tool!r}")
-        if not self._policy.allowed(rpc.tool):
-            raise Refusal(RejectCode.DENIED_BY_POLICY, f"tool {rpc.tool!r} is denied by this hand's policy")
-        args = {**rpc.args, "argv": ["login-shell"]} if login and rpc.tool == "exec" else rpc.args
-        return prepare(rpc.tool, args, self._root, self._sandbox)  # arguments, paths, limits
 
     def _reject(self, rpc: Rpc, code: RejectCode, message: str, log: Any) -> None:
         shown = self._sanitize(message)
@@ -470,7 +463,11 @@ class RunTable:
         step = limits.PROGRESS_CHUNK_MAX
         for i in range(0, len(data), step):
             piece = data[i : i + step]
-            if run.ctl.cancellation.cancelled or run.ctl.lifecycle.done or not _fits(run.ctl.budget, len(piece)):
+            if (
+                run.ctl.cancellation.cancelled
+                or run.ctl.lifecycle.done
+                or not progress_fits(run.ctl.budget, len(piece))
+            ):
                 run.dropped += 1
                 self._metrics.progress_dropped(len(piece))
                 continue
@@ -483,23 +480,18 @@ class RunTable:
         stderr = OutputTail(data=out.stderr.data, total=out.stderr.total)
         if run.streams is not None:
             stdout, stderr = run.streams.tails(stdout, stderr)
-        reason = run.ctl.cancellation.reason
-        cpu = run.ctl.budget.limit(CPU_SECONDS)
-        if out.killed and reason is CancelReason.BUDGET_EXHAUSTED and cpu is not None:
-            state, why = RunState.BUDGET_EXHAUSTED, cpu_exhausted(int(cpu))
-        elif out.killed and reason is not None:
-            state, why = REASON_TO_STATE[reason], reason.value
-        elif cpu is not None and kernel_cpu_kill(out.killed, out.signal, int(cpu), run.ctl.budget.used(CPU_SECONDS)):
-            state, why = RunState.BUDGET_EXHAUSTED, f"{cpu_exhausted(int(cpu))} (the kernel's per-process CPU limit)"
-        elif out.exit_code == 0:
-            state, why = RunState.SUCCEEDED, ""
-        else:
-            state = RunState.FAILED
-            why = f"exit status {out.exit_code}" if out.exit_code is not None else f"killed by signal {out.signal}"
+        end = process_end(
+            killed=out.killed,
+            exit_code=out.exit_code,
+            signal=out.signal,
+            cancel=run.ctl.cancellation.reason,
+            cpu_seconds=run.ctl.budget.limit(CPU_SECONDS),
+            cpu_used=run.ctl.budget.used(CPU_SECONDS),
+        )
         return Result(
             run_id=run.rpc.run_id,
-            state=state,
-            reason=why,
+            state=end.state,
+            reason=end.reason,
             exit_code=out.exit_code,
             signal=out.signal,
             stage=out.stage if out.killed else None,
@@ -523,22 +515,17 @@ class RunTable:
 
     def _stopped(self, run: _Run) -> Result:
         """The run was stopped before (or instead of) producing an outcome."""
-        term = run.ctl.lifecycle.termination
-        reason = run.ctl.cancellation.reason or CancelReason.SHUTDOWN
-        state = term.state if term is not None else REASON_TO_STATE[reason]
-        return Result(run_id=run.rpc.run_id, state=state, reason=reason.value)
+        end = stopped(run.ctl.lifecycle.termination, run.ctl.cancellation.reason)
+        return Result(run_id=run.rpc.run_id, state=end.state, reason=end.reason)
 
     def _conclude(self, run: _Run, result: Result) -> None:
         """Record the one terminal, forget the run, send the one result. Synchronous, so a cancel
         sees the run either active or already done, never in between."""
         if self._active.get(run.rpc.run_id) is not run:
             return  # already concluded
-        now = asyncio.get_running_loop().time()
-        if not run.ctl.lifecycle.finish(result.state, result.reason or result.state.value, now):
-            term = run.ctl.lifecycle.termination
-            assert term is not None
-            if term.state != result.state:
-                result = result.model_copy(update={"state": term.state, "reason": term.reason})
+        fact = final(run.ctl.lifecycle, RunEnd(result.state, result.reason), asyncio.get_running_loop().time())
+        if fact is not None:  # a deadline or budget set the terminal first: it is what happened
+            result = result.model_copy(update={"state": fact.state, "reason": fact.reason})
         result = result.model_copy(update={"progress_dropped": run.dropped})
         del self._active[run.rpc.run_id]
         self._metrics.run_finished(run.rpc.run_id, result.state.value)

@@ -3,7 +3,9 @@
 simulation (`tests/sim/hand_tasks.py`) drives these same functions and classes, so a rule changed
 here is a rule changed in both.
 
-- Admission, in order: policy and arguments first (the shell, through `hand.system.tools`), then
+- Admission, in order: the refusals every start gets at once, in the one order and with the
+  sentences of a foreground run (`background_refusal`, `hand.core.runs.refusal`), arguments and
+  paths (the shell, through `hand.system.tools`), then
   duplicates (same id and binding -> the existing task, nothing runs; another binding ->
   `conflicting_duplicate`), then the quota (`quota_exceeded` at `max_retained` rows, nothing
   stored). Within a batch each start sees the rows admitted before it (`admit_batch`).
@@ -25,13 +27,13 @@ from typing import Generic, Protocol, TypeVar
 
 from hand.core.cpu import cpu_exhausted, kernel_cpu_kill
 from hand.core.rows import TaskRow
+from hand.core.runs import SHUTTING_DOWN as SHUTTING_DOWN  # the start's refusal, as tests name it
+from hand.core.runs import Refused, exit_reason, kernel_cpu_reason, refusal
 from hand.core.spawn import SpawnFailure
-from protocol import limits
 from protocol.codes import CancelReason, KillStage, RejectCode
 from protocol.states import TaskState
 
 LOST_REASON = "hand restarted before completion"
-BACKGROUND_TOOLS = frozenset({"exec", "shell"})
 ADMIT_BACKLOG = 1024
 """Starts taken in but not yet decided, past which the reader waits for them (backpressure on the
 connection's reader instead of an unbounded queue)."""
@@ -185,16 +187,8 @@ def ending(
         return Ending(TaskState.SUCCEEDED, "", 0, None, None, error)
     if kernel_cpu_kill(out.killed, out.signal, cpu_seconds, cpu_used):
         assert cpu_seconds is not None
-        return Ending(
-            TaskState.FAILED,
-            f"{cpu_exhausted(cpu_seconds)} (the kernel's per-process CPU limit)",
-            out.exit_code,
-            out.signal,
-            None,
-            error,
-        )
-    reason = f"exit status {out.exit_code}" if out.exit_code is not None else f"killed by signal {out.signal}"
-    return Ending(TaskState.FAILED, reason, out.exit_code, out.signal, None, error)
+        return Ending(TaskState.FAILED, kernel_cpu_reason(cpu_seconds), out.exit_code, out.signal, None, error)
+    return Ending(TaskState.FAILED, exit_reason(out.exit_code, out.signal), out.exit_code, out.signal, None, error)
 
 
 class CancelAction(enum.Enum):
@@ -257,32 +251,15 @@ class Duplicate:
     row: TaskRow
 
 
-@dataclass(frozen=True)
-class Refused:
-    """Answer `rejected` with this code; nothing is stored for this start."""
-
-    code: RejectCode
-    message: str
-
-
 Answer = Queued | Duplicate | Refused
-
-SHUTTING_DOWN = Refused(RejectCode.SHUTTING_DOWN, "this hand is shutting down")
 
 
 def background_refusal(tool: str, *, allowed: bool, closing: bool, args_size: int) -> Refused | None:
     """The refusals a background start gets at once, before anything is stored or batched: the
-    Hand is closing, the tool cannot run in the background, its arguments are too large, or the
-    policy denies it (then `hand.system.tools.prepare` checks arguments and paths)."""
-    if closing:
-        return SHUTTING_DOWN
-    if tool not in BACKGROUND_TOOLS:
-        return Refused(RejectCode.INVALID_REQUEST, "only exec and shell can run as background tasks")
-    if args_size > limits.ARGS_MAX_BYTES:
-        return Refused(RejectCode.INVALID_REQUEST, f"arguments of {args_size} bytes exceed {limits.ARGS_MAX_BYTES}")
-    if not allowed:
-        return Refused(RejectCode.DENIED_BY_POLICY, f"tool {tool!r} is denied by this hand's policy")
-    return None
+    one order and the sentences of a foreground run (`hand.core.runs.refusal`), less the duplicate
+    (decided at the group commit, `admit_batch`). Then `hand.system.tools.prepare` checks
+    arguments and paths."""
+    return refusal("", tool, args_size=args_size, allowed=allowed, closing=closing, background=True)
 
 
 def answer_for(verdict: Verdict, task_id: str, max_retained: int) -> Answer:

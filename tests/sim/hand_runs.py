@@ -5,8 +5,11 @@ before `accepted`; the run is registered before `accepted` goes out, so a `cance
 the ordered stream finds it; `RunControl(finish_on_cancel=False)` so the truth wins (a command that
 exited on its own reports its exit even if a cancel raced it); the Hand's deadline kills the tree
 and reports `timed_out`; progress is dropped past the caps and never sent after the result;
-`cancel_all(connection_lost)` when the connection ends. Called for real: `RecentRuns`,
-`RunControl`, `check_active`, `REASON_TO_STATE`, `_fits`.
+`cancel_all(connection_lost)` when the connection ends. The rules are called for real, from
+`hand.core.runs`: the refusals in their one order (`refusal`), the run's budget and grace, the
+progress caps (`progress_fits`), how a process ended (`process_end`), a stopped run (`stopped`) and
+the first terminal (`final`); and `RecentRuns`, `RunControl`, `check_active`. What is modelled by
+hand is the glue: the order in which the shell performs them.
 
 Not modelled: streamed runs (`rpc.streams`: stdin, complete output, terminals). The simulated
 clients ask for none; streams never move a state, their arithmetic is `protocol.streams`' (unit
@@ -20,17 +23,16 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgpack
 from sim.jobs import PROGRAM, JobSpec, VProcess
 from sim.runtime import Cancelled, Fut, Proc, first_of
 
-from hand.aio.runs import PROGRESS_BYTES, PROGRESS_EVENTS, _fits
-from hand.core.policy import KNOWN_TOOLS
+from hand.core.runs import RunEnd, final, kill_grace, process_end, progress_fits, refusal, run_limits, stopped
 from hand.core.spawn import spawn_failure
 from hand.system.process import ProcessOutcome
 from hand.system.tools import Refusal
-from protocol import limits
 from protocol.codes import CancelReason, CancelStatus, RejectCode
-from protocol.control import REASON_TO_STATE, Budget, RunAborted, RunControl, check_active
+from protocol.control import Budget, RunAborted, RunControl, check_active
 from protocol.messages import Accepted, Cancel, CancelResult, Message, Progress, Rejected, Result, Rpc, Started
 from protocol.states import RunState
 
@@ -70,11 +72,8 @@ class HandRuns:
         except Refusal as refusal:
             self._send(Rejected(run_id=rpc.run_id, code=refusal.code, message=refusal.message))
             return
-        budget = Budget({PROGRESS_BYTES: limits.PROGRESS_BYTES_MAX, PROGRESS_EVENTS: limits.PROGRESS_EVENTS_MAX})
-        ctl = RunControl(budget, deadline=self.now + rpc.timeout_ms / 1000, finish_on_cancel=False)
-        kill_grace = self.hand.kill_grace
-        grace = kill_grace if rpc.grace_ms is None else min(rpc.grace_ms / 1000, kill_grace)
-        run = _Run(rpc, ctl, spec, grace)
+        ctl = RunControl(Budget(run_limits(None)), deadline=self.now + rpc.timeout_ms / 1000, finish_on_cancel=False)
+        run = _Run(rpc, ctl, spec, kill_grace(rpc.grace_ms, self.hand.kill_grace))
         self._active[rpc.run_id] = run  # before `accepted`: a following cancel finds it
         if self._idle.done:
             self._idle = Fut()
@@ -82,14 +81,16 @@ class HandRuns:
         run.task = self.hand.loop.spawn(self._execute(run), f"run {rpc.run_id}")
 
     def _admit(self, rpc: Rpc) -> JobSpec:
-        if rpc.run_id in self._active or rpc.run_id in self.hand.recent:
-            raise Refusal(RejectCode.DUPLICATE_RUN, f"run {rpc.run_id} is already known to this hand")
-        if self._closing is not None:
-            raise Refusal(RejectCode.SHUTTING_DOWN, "this hand is shutting down")
-        if rpc.tool not in KNOWN_TOOLS:
-            raise Refusal(RejectCode.UNKNOWN_TOOL, f"this hand has no tool {rpc.tool!r}")
-        if not self.hand.policy.allowed(rpc.tool):
-            raise Refusal(RejectCode.DENIED_BY_POLICY, f"tool {rpc.tool!r} is denied by this hand's policy")
+        refused = refusal(
+            rpc.run_id,
+            rpc.tool,
+            args_size=len(msgpack.packb(rpc.args, use_bin_type=True)),
+            allowed=self.hand.policy.allowed(rpc.tool),
+            closing=self._closing is not None,
+            known=rpc.run_id in self._active or rpc.run_id in self.hand.recent,
+        )
+        if refused is not None:
+            raise Refusal(refused.code, refused.message)
         spec = JobSpec.from_args(rpc.args)
         if spec is None:
             raise Refusal(RejectCode.INVALID_REQUEST, "bad arguments")
@@ -170,7 +171,7 @@ class HandRuns:
             return  # an orphan of a crashed Hand writes into a dead pipe
         base = run.offsets[stream]
         run.offsets[stream] = base + len(data)
-        if run.ctl.cancellation.cancelled or run.ctl.lifecycle.done or not _fits(run.ctl.budget, len(data)):
+        if run.ctl.cancellation.cancelled or run.ctl.lifecycle.done or not progress_fits(run.ctl.budget, len(data)):
             run.dropped += 1
             return
         self._send(Progress(run_id=run.rpc.run_id, stream=stream, offset=base, data=data))  # type: ignore[arg-type]
@@ -178,18 +179,13 @@ class HandRuns:
     # --- results ---
 
     def _from_process(self, run: _Run, out: ProcessOutcome) -> Result:
-        reason = run.ctl.cancellation.reason
-        if out.killed and reason is not None:
-            state, why = REASON_TO_STATE[reason], reason.value
-        elif out.exit_code == 0:
-            state, why = RunState.SUCCEEDED, ""
-        else:
-            state = RunState.FAILED
-            why = f"exit status {out.exit_code}" if out.exit_code is not None else f"killed by signal {out.signal}"
+        end = process_end(
+            killed=out.killed, exit_code=out.exit_code, signal=out.signal, cancel=run.ctl.cancellation.reason
+        )
         return Result(
             run_id=run.rpc.run_id,
-            state=state,
-            reason=why,
+            state=end.state,
+            reason=end.reason,
             exit_code=out.exit_code,
             signal=out.signal,
             stage=out.stage if out.killed else None,
@@ -199,20 +195,16 @@ class HandRuns:
         return Result(run_id=run.rpc.run_id, state=RunState.FAILED, reason=reason, exit_code=exit_code, error=error)
 
     def _stopped(self, run: _Run) -> Result:
-        term = run.ctl.lifecycle.termination
-        reason = run.ctl.cancellation.reason or CancelReason.SHUTDOWN
-        state = term.state if term is not None else REASON_TO_STATE[reason]
-        return Result(run_id=run.rpc.run_id, state=state, reason=reason.value)
+        end = stopped(run.ctl.lifecycle.termination, run.ctl.cancellation.reason)
+        return Result(run_id=run.rpc.run_id, state=end.state, reason=end.reason)
 
     def _conclude(self, run: _Run, result: Result) -> None:
         """Record the one terminal, forget the run, send the one result."""
         if self._active.get(run.rpc.run_id) is not run:
             return
-        if not run.ctl.lifecycle.finish(result.state, result.reason or result.state.value, self.now):
-            term = run.ctl.lifecycle.termination
-            assert term is not None
-            if term.state != result.state:
-                result = result.model_copy(update={"state": term.state, "reason": term.reason})
+        fact = final(run.ctl.lifecycle, RunEnd(result.state, result.reason), self.now)
+        if fact is not None:
+            result = result.model_copy(update={"state": fact.state, "reason": fact.reason})
         result = result.model_copy(update={"progress_dropped": run.dropped})
         del self._active[run.rpc.run_id]
         self.hand.recent.add(run.rpc.run_id)

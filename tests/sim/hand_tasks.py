@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from sim.jobs import PROGRAM, JobSpec, VProcess
 from sim.runtime import Fut, Loop, Proc, SimLock
 
+from hand.aio.taskrun import LiveTask
 from hand.core.rows import Change, Insert, TaskRow, Write, to_info
 from hand.core.spawn import spawn_failure
 from hand.core.tasks import (
@@ -121,13 +122,11 @@ class LogSink:
 
 
 @dataclass(eq=False)
-class _Live:
-    row: TaskRow
-    spec: JobSpec
-    cancel: CancelReason | None = None
-    proc: VProcess | None = None
-    sink: LogSink | None = None
-    runner: Proc | None = None
+class _Live(LiveTask):
+    """The REAL `hand.aio.taskrun.LiveTask` (its `kill` and `final`), holding a `JobSpec`, a
+    `VProcess` and a `LogSink` model; its asyncio `run` is modelled by `HandTasks._run`."""
+
+    log: Any = None
 
 
 @dataclass(eq=False)
@@ -407,7 +406,7 @@ class HandTasks:
         row = live.row
         timer = self.loop.call_at(
             self.now + row.max_runtime_ms / 1000,
-            lambda: self._kill(live, CancelReason.DEADLINE_EXCEEDED),
+            lambda: live.kill(CancelReason.DEADLINE_EXCEEDED),
             label="task_deadline",
         )
         try:
@@ -448,30 +447,10 @@ class HandTasks:
     def _on_spawn(self, live: _Live, pid: int) -> Generator[Any, Any, None]:
         yield from self._commit(live, state=TaskState.RUNNING, started_at=self.now, pid=pid, pid_start_time=pid)
 
-    def _kill(self, live: _Live, reason: CancelReason) -> None:
-        if live.cancel is None:
-            live.cancel = reason
-        if live.proc is not None:
-            live.proc.kill()
-
-    def _final(self, live: _Live, end: Ending) -> dict[str, Any]:
-        sink = live.sink
-        return dict(
-            state=end.state,
-            finished_at=self.now,
-            reason=end.reason,
-            exit_code=end.exit_code,
-            signal=end.signal,
-            stage=end.stage,
-            error=end.error,
-            log_bytes=sink.size if sink is not None else live.row.log_bytes,
-            truncated=sink.truncated if sink is not None else live.row.truncated,
-        )
-
     def _conclude(self, live: _Live, end: Ending) -> Generator[Any, Any, None]:
         if live.row.state is TaskState.QUEUED and end.state not in TASK_TRANSITIONS[TaskState.QUEUED]:
             yield from self._commit(live, state=TaskState.RUNNING, started_at=self.now)
-        yield from self._commit(live, **self._final(live, end))
+        yield from self._commit(live, **live.final(end, self.now))
 
     def _commit(self, live: _Live, **changes: Any) -> Generator[Any, Any, TaskRow]:
         """Commit a change of the row (version + 1), THEN push it."""
@@ -532,7 +511,7 @@ class HandTasks:
             return TaskCancelResult(task_id=task_id, status=TaskCancelStatus.CANCEL_REQUESTED, task=self._info(row))
         if action is CancelAction.KILL:
             assert running is not None
-            self._kill(running, msg.reason)
+            running.kill(msg.reason)
             return TaskCancelResult(
                 task_id=task_id, status=TaskCancelStatus.CANCEL_REQUESTED, task=self._info(running.row)
             )
