@@ -45,6 +45,7 @@ MIRRORS: dict[str, str] = {
     "hand.aio.agent:Agent": "sim.hand_agent:HandProcess",
     "hand.system.taskdb:TaskStore": "sim.hand_store:HandTaskStore",
     "hand.system.process:ProcessRun": "sim.jobs:VProcess",
+    "hand.system.process:Killable": "sim.jobs:VProcess",
     "mind.daemon.server:Mind": "sim.mind_shell:SimMind",
     "mind.daemon.taskservice:TaskService": "sim.mind_shell:SimMind",
     "mind.store.snapshots:SnapshotStore": "sim.snapshot_table:SnapshotTable",
