@@ -60,6 +60,7 @@ from hand.core.tasks import (
     background_refusal,
     cancel_action,
     next_to_start,
+    starts_first,
     stream_truncated,
 )
 from hand.system.process import DEFAULT_GRACE_S, start_time
@@ -313,7 +314,7 @@ class TaskManager:
         live.log.info("task_running", pid=pid)
 
     async def _conclude(self, live: LiveTask, end: Ending) -> None:
-        if live.row.state is TaskState.QUEUED and end.state not in TASK_TRANSITIONS[TaskState.QUEUED]:
+        if starts_first(live.row.state, end.state):
             # It never got to run (the program could not start): it did start, then failed.
             await self._commit(live, state=TaskState.RUNNING, started_at=self._clock())
         await self._commit(live, **live.final(end, self._clock()))
@@ -356,10 +357,7 @@ class TaskManager:
         for task_id, live in list(self._uncommitted.items()):
             assert live.outcome is not None
             try:
-                if (
-                    live.row.state is TaskState.QUEUED
-                    and live.outcome["state"] not in TASK_TRANSITIONS[TaskState.QUEUED]
-                ):
+                if starts_first(live.row.state, live.outcome["state"]):
                     await self._commit(live, state=TaskState.RUNNING, started_at=live.outcome["finished_at"])
                 await self._commit(live, **live.outcome)
             except Exception as exc:

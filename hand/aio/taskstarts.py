@@ -35,14 +35,14 @@ from hand.core.tasks import (
     admit_batch,
     answer_for,
     purge_cutoff,
+    started,
     store_failed,
 )
 from hand.system.tools import ProcessSpec, Refusal
 from protocol.audit import AuditEvent
 from protocol.codes import RejectCode
 from protocol.digest import args_digest, binding_digest
-from protocol.messages import Accepted, Message, Rejected, Result, Rpc, TaskInfo, TaskStartValue
-from protocol.states import RunState
+from protocol.messages import Message, Rejected, Rpc, TaskInfo
 
 Send = Callable[[Message], None]
 Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
@@ -226,12 +226,14 @@ class TaskStarts:
         if isinstance(answer, Refused):
             self._refuse([start], answer)
         elif isinstance(answer, Duplicate):
-            self._started(start.send, req.task_id, self._info(answer.row), duplicate=True)
+            for msg in started(req.task_id, self._info(answer.row), duplicate=True):
+                start.send(msg)
             log.info(AuditEvent.TASK_DUPLICATE, state=answer.row.state.value, args_digest=req.args_digest)
             self._metrics.task_starts.labels("duplicate").inc()
         else:
             self._queue(answer.row, start.spec, log)  # committed: it will run
-            self._started(start.send, req.task_id, to_info(answer.row), duplicate=False)
+            for msg in started(req.task_id, to_info(answer.row), duplicate=False):
+                start.send(msg)
             log.info(AuditEvent.TASK_QUEUED, args_digest=req.args_digest, max_runtime_ms=req.max_runtime_ms)
             self._metrics.task_starts.labels("accepted").inc()
 
@@ -244,9 +246,3 @@ class TaskStarts:
                 start.log.warning("task_start_unsendable")
             start.log.info(AuditEvent.TASK_START_REJECTED, code=refused.code.value, reason=message)
             self._metrics.task_starts.labels("rejected").inc()
-
-    @staticmethod
-    def _started(send: Send, task_id: str, info: TaskInfo, *, duplicate: bool) -> None:
-        send(Accepted(run_id=task_id))
-        value = TaskStartValue(task=info, duplicate=duplicate).model_dump(mode="python")
-        send(Result(run_id=task_id, state=RunState.SUCCEEDED, value=value))

@@ -31,7 +31,8 @@ from hand.core.runs import SHUTTING_DOWN as SHUTTING_DOWN  # the start's refusal
 from hand.core.runs import Refused, exit_reason, kernel_cpu_reason, refusal
 from hand.core.spawn import SpawnFailure
 from protocol.codes import CancelReason, KillStage, RejectCode
-from protocol.states import TaskState
+from protocol.messages import Accepted, Result, TaskInfo, TaskStartValue
+from protocol.states import TASK_TRANSITIONS, RunState, TaskState
 
 LOST_REASON = "hand restarted before completion"
 ADMIT_BACKLOG = 1024
@@ -148,6 +149,12 @@ class Ending:
     error: str | None = None
 
 
+def starts_first(state: TaskState, end: TaskState) -> bool:
+    """A task still `queued` whose ending is not one a queued task may take (`failed`: its program
+    could not start) is first recorded `running`: it did start, then failed."""
+    return state is TaskState.QUEUED and end not in TASK_TRANSITIONS[TaskState.QUEUED]
+
+
 def not_started(failure: SpawnFailure) -> Ending:
     """A task whose program could not start: `failed`, with exit code 127 or 126 when the program
     itself could not be executed, as a shell reports it (`hand.core.spawn`)."""
@@ -260,6 +267,13 @@ def background_refusal(tool: str, *, allowed: bool, closing: bool, args_size: in
     (decided at the group commit, `admit_batch`). Then `hand.system.tools.prepare` checks
     arguments and paths."""
     return refusal("", tool, args_size=args_size, allowed=allowed, closing=closing, background=True)
+
+
+def started(task_id: str, info: TaskInfo, *, duplicate: bool) -> tuple[Accepted, Result]:
+    """What a start is sent once its row is committed (or the row it duplicates is found):
+    `accepted`, then the start run's `result` carrying the task."""
+    value = TaskStartValue(task=info, duplicate=duplicate).model_dump(mode="python")
+    return Accepted(run_id=task_id), Result(run_id=task_id, state=RunState.SUCCEEDED, value=value)
 
 
 def answer_for(verdict: Verdict, task_id: str, max_retained: int) -> Answer:

@@ -12,6 +12,7 @@ import pytest
 from hand.aio.runs import RunTable
 from hand.aio.tasks import TaskManager
 from hand.core.policy import Policy
+from hand.core.rows import TaskRow, to_info
 from hand.core.runs import (
     NOT_BACKGROUND,
     PROGRESS_BYTES,
@@ -27,12 +28,12 @@ from hand.core.runs import (
     stopped,
     stream_refusal,
 )
-from hand.core.tasks import background_refusal, ending
+from hand.core.tasks import background_refusal, ending, started, starts_first
 from hand.system.process import ProcessOutcome, Tail
 from protocol import limits
 from protocol.codes import CancelReason, RejectCode
 from protocol.control import Budget, Lifecycle, Termination
-from protocol.messages import Background, Message, Rejected, Rpc
+from protocol.messages import Accepted, Background, Message, Rejected, Result, Rpc, TaskStartValue
 from protocol.states import RunState, TaskState
 
 BIG = limits.ARGS_MAX_BYTES + 1
@@ -157,6 +158,22 @@ def test_the_first_terminal_wins() -> None:
         RunState.TIMED_OUT, "deadline_exceeded"
     )
     assert final(life, RunEnd(RunState.TIMED_OUT, "other words"), 2.0) is None  # same state: the result stands
+
+
+def test_a_start_is_answered_accepted_then_its_result_carrying_the_task() -> None:
+    row = TaskRow("t1", "exec", "a" * 64, "b" * 64, TaskState.QUEUED, 1, 1000, 5.0)
+    for duplicate in (False, True):
+        accepted, result = started("t1", to_info(row), duplicate=duplicate)
+        assert isinstance(accepted, Accepted) and accepted.run_id == "t1"
+        assert isinstance(result, Result) and result.run_id == "t1" and result.state is RunState.SUCCEEDED
+        value = TaskStartValue.model_validate(result.value)
+        assert value.duplicate is duplicate and value.task.task_id == "t1" and value.task.state is TaskState.QUEUED
+
+
+def test_a_queued_task_whose_program_could_not_start_is_recorded_running_first() -> None:
+    assert starts_first(TaskState.QUEUED, TaskState.FAILED)
+    assert not starts_first(TaskState.QUEUED, TaskState.CANCELLED)  # dequeued: it never ran
+    assert not starts_first(TaskState.RUNNING, TaskState.FAILED)
 
 
 # --- the shells: the same refusals, read on the wire ----------------------------------------------

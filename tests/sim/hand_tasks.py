@@ -63,28 +63,27 @@ from hand.core.tasks import (
     next_to_start,
     not_started,
     purge_cutoff,
+    started,
+    starts_first,
     store_failed,
 )
 from hand.system.tools import Refusal
 from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
 from protocol.digest import args_digest, binding_digest
 from protocol.messages import (
-    Accepted,
     Error,
     Message,
     Rejected,
-    Result,
     Rpc,
     TaskCancel,
     TaskCancelResult,
     TaskInfo,
     TaskInventory,
     TaskInventoryPage,
-    TaskStartValue,
     TaskStatus,
     TaskUpdate,
 )
-from protocol.states import TASK_TRANSITIONS, RunState, TaskState
+from protocol.states import TaskState
 
 if TYPE_CHECKING:
     from sim.hand_agent import HandProcess
@@ -378,21 +377,17 @@ class HandTasks:
         if isinstance(answer, Refused):
             self._refuse([start], answer)
         elif isinstance(answer, Duplicate):
-            self._started(start.send, req.task_id, self._info(answer.row), duplicate=True)
+            for msg in started(req.task_id, self._info(answer.row), duplicate=True):
+                start.send(msg)
         else:
             self._queued[req.task_id] = _Live(answer.row, start.spec)  # committed: it will run
-            self._started(start.send, req.task_id, to_info(answer.row), duplicate=False)
+            for msg in started(req.task_id, to_info(answer.row), duplicate=False):
+                start.send(msg)
 
     @staticmethod
     def _refuse(starts: list[_Start], refused: Refused) -> None:
         for start in starts:
             start.send(Rejected(run_id=start.req.task_id, code=refused.code, message=refused.message))
-
-    @staticmethod
-    def _started(send: Send, task_id: str, info: TaskInfo, *, duplicate: bool) -> None:
-        send(Accepted(run_id=task_id))
-        value = TaskStartValue(task=info, duplicate=duplicate).model_dump(mode="python")
-        send(Result(run_id=task_id, state=RunState.SUCCEEDED, value=value))
 
     def _pump(self) -> None:
         for task_id in next_to_start(list(self._queued), len(self._running), self.limits.max_running):
@@ -448,7 +443,7 @@ class HandTasks:
         yield from self._commit(live, state=TaskState.RUNNING, started_at=self.now, pid=pid, pid_start_time=pid)
 
     def _conclude(self, live: _Live, end: Ending) -> Generator[Any, Any, None]:
-        if live.row.state is TaskState.QUEUED and end.state not in TASK_TRANSITIONS[TaskState.QUEUED]:
+        if starts_first(live.row.state, end.state):
             yield from self._commit(live, state=TaskState.RUNNING, started_at=self.now)
         yield from self._commit(live, **live.final(end, self.now))
 
