@@ -1,27 +1,24 @@
-"""The foreground run table of one connection, and the execution of each run.
+"""The foreground run table of one connection: admission, cancellation, the result of each run
+(the command itself runs in `hand.aio.activerun`; the rules are `hand.core.runs`').
 
 Per run, on the ordered stream: `rpc` -> `rejected`, or `accepted` -> `started` -> `progress`* ->
 exactly one `result`. `cancel` -> `cancel_result` (a request, not an outcome: the `result` says how
 the run really ended).
 
 Rules this module keeps, each from DESIGN §3-§6:
-- Everything that can refuse a run (duplicate id, unknown tool, policy, arguments, paths) is
-  decided before `accepted`, and a refused run runs nothing.
+- Everything that can refuse a run (duplicate id, closing, unknown tool, size, policy, terminal,
+  then arguments and paths) is decided before `accepted`, in the order a background start is
+  refused in too (`hand.core.runs.refusal`), and a refused run runs nothing.
 - A run is registered synchronously in `on_rpc`, before any await, so a `cancel` that follows the
   `rpc` on the ordered stream always finds it.
-- Progress is observation only: past the caps it is dropped and counted (`progress_dropped`),
-  execution goes on, and no progress is sent after the result.
 - The Hand enforces the deadline on its own monotonic clock: it kills the tree, `timed_out`.
 - The truth wins: `RunControl(finish_on_cancel=False)`; the run finishes with what actually
   happened. A command that exited on its own before a kill landed reports its real exit, even if a
   cancel was requested; a killed command reports the state its cancel reason maps to.
 - File tools run to completion in a thread (a thread cannot be interrupted, and a write that
   happened must not be reported as cancelled); their result is the truth too.
-- CPU seconds are a budget (seed 000): while a command with `limits.cpu_seconds` runs, its tree's
-  CPU time is reserved on the run's budget as it is spent (`hand.cputime`); the reservation that
-  does not fit ends the run through `RunControl.exhaust` (the fact `budget_exhausted` first, then
-  the cancel broadcast that kills the tree: SIGTERM, grace, SIGKILL). A process the kernel killed
-  for its per-process CPU limit (SIGXCPU, or SIGKILL at the hard limit) is `budget_exhausted` too.
+- CPU seconds are a budget (seed 000, `hand.aio.activerun`). A process the kernel killed for its
+  per-process CPU limit (SIGXCPU, or SIGKILL at the hard limit) is `budget_exhausted` too.
 - An exception in one run never kills the agent: it becomes `result(failed, error=sanitised)`.
 - Raw arguments never reach a log: only their SHA-256 digest.
 """
@@ -32,8 +29,6 @@ import asyncio
 import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +36,7 @@ import msgpack
 import structlog
 
 from hand.aio import copyrun
+from hand.aio.activerun import ActiveRun, cpu_limit
 from hand.aio.metrics import HandMetrics
 from hand.aio.streams import RunStreams
 from hand.core.cpu import CPU_SECONDS
@@ -50,7 +46,6 @@ from hand.core.runs import (
     final,
     kill_grace,
     process_end,
-    progress_fits,
     refusal,
     run_limits,
     stopped,
@@ -58,9 +53,8 @@ from hand.core.runs import (
 )
 from hand.core.sanitize import Sanitizer
 from hand.core.spawn import spawn_failure
-from hand.system.cputime import stop_watching, watch_cpu
-from hand.system.process import DEFAULT_GRACE_S, ProcessOutcome, ProcessRun, Stream
-from hand.system.pty import PtyOutcome, PtyRun, login_shell
+from hand.system.process import DEFAULT_GRACE_S, ProcessOutcome
+from hand.system.pty import PtyOutcome, login_shell
 from hand.system.sandbox import Sandbox
 from hand.system.tools import (
     DEFAULT_SANDBOX,
@@ -72,7 +66,6 @@ from hand.system.tools import (
     ToolFailed,
     prepare,
 )
-from protocol import limits
 from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, CancelStatus, RejectCode
 from protocol.control import Budget, RunAborted, RunControl, check_active
@@ -84,7 +77,6 @@ from protocol.messages import (
     CancelResult,
     Message,
     OutputTail,
-    Progress,
     Rejected,
     Resize,
     Result,
@@ -122,21 +114,6 @@ class RecentRuns:
         return run_id in self._ids
 
 
-@dataclass(eq=False)
-class _Run:
-    rpc: Rpc
-    ctl: RunControl
-    prepared: Prepared
-    grace: float
-    digest: str
-    log: Any
-    offsets: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
-    dropped: int = 0
-    task: asyncio.Task[None] | None = None
-    streams: RunStreams | None = None
-    """Set when the run's bytes are streams (the client is attached): output is never dropped."""
-
-
 class RunTable:
     def __init__(
         self,
@@ -162,7 +139,7 @@ class RunTable:
         self._recent = recent if recent is not None else RecentRuns()
         self._kill_grace = kill_grace
         self._log = log if log is not None else structlog.get_logger(component="hand")
-        self._active: dict[str, _Run] = {}
+        self._active: dict[str, ActiveRun] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         self._closing: CancelReason | None = None
@@ -183,9 +160,9 @@ class RunTable:
             self._reject(rpc, RejectCode.INTERNAL_ERROR, f"internal error: {exc}", log)
             return
         loop = asyncio.get_running_loop()
-        budget = Budget(run_limits(_cpu_limit(prepared)))
+        budget = Budget(run_limits(cpu_limit(prepared)))
         ctl = RunControl(budget, deadline=loop.time() + rpc.timeout_ms / 1000, finish_on_cancel=False)
-        run = _Run(rpc, ctl, prepared, kill_grace(rpc.grace_ms, self._kill_grace), digest, log)
+        run = ActiveRun(rpc, ctl, prepared, kill_grace(rpc.grace_ms, self._kill_grace), digest, log)
         if rpc.streams is not None and isinstance(prepared, (ProcessSpec, StreamCall)):
             run.streams = RunStreams(rpc.run_id, rpc.streams, self._send, log)
         self._active[rpc.run_id] = run  # before any await: a following cancel finds it
@@ -281,7 +258,7 @@ class RunTable:
         for run in list(self._active.values()):
             self._cancel(run, reason)
 
-    def _cancel(self, run: _Run, reason: CancelReason) -> None:
+    def _cancel(self, run: ActiveRun, reason: CancelReason) -> None:
         try:
             run.ctl.cancel(reason, asyncio.get_running_loop().time())
         except Exception:  # a failing kill callback must not stop the others
@@ -302,7 +279,7 @@ class RunTable:
 
     # --- execution ------------------------------------------------------------------------------
 
-    async def _execute(self, run: _Run) -> None:
+    async def _execute(self, run: ActiveRun) -> None:
         loop = asyncio.get_running_loop()
         assert run.ctl.deadline is not None
         timer = loop.call_at(run.ctl.deadline, self._cancel, run, CancelReason.DEADLINE_EXCEEDED)
@@ -316,7 +293,7 @@ class RunTable:
             timer.cancel()
         self._conclude(run, result)
 
-    async def _outcome(self, run: _Run) -> Result:
+    async def _outcome(self, run: ActiveRun) -> Result:
         loop = asyncio.get_running_loop()
         try:
             check_active(run.ctl, loop.time())
@@ -328,7 +305,7 @@ class RunTable:
         started = loop.time()
         try:
             if isinstance(run.prepared, ProcessSpec):
-                return self._from_process(run, await self._run_process(run, run.prepared))
+                return self._from_process(run, await run.run_process(run.prepared, self._send, self._metrics))
             if isinstance(run.prepared, StreamCall):
                 assert run.streams is not None
                 try:
@@ -363,119 +340,9 @@ class RunTable:
             run.log.exception("run_crashed")
             return self._failed(run, f"internal error: {type(exc).__name__}: {exc}", loop.time() - started)
 
-    async def _run_process(self, run: _Run, spec: ProcessSpec) -> ProcessOutcome | PtyOutcome:
-        streams = run.streams
-        pty = streams.spec.pty if streams is not None else None
-        proc: ProcessRun | PtyRun
-        if streams is not None and pty is not None:
-            proc = PtyRun(
-                list(spec.argv),
-                rows=pty.rows,
-                cols=pty.cols,
-                term=pty.term,
-                cwd=spec.cwd,
-                env=spec.env,
-                executable=spec.executable,
-                on_output=streams.on_output,
-                on_output_closed=streams.on_output_end,
-                on_stdin_consumed=streams.on_stdin_consumed,
-                grace=run.grace,
-                limits=spec.limits,
-                run_as=spec.run_as,
-            )
-            streams.attach(proc)
-            return await self._supervise(run, spec, proc, streams)
-        proc = ProcessRun(
-            spec.argv,
-            cwd=spec.cwd,
-            env=spec.env,
-            stdin=spec.stdin if streams is None or not streams.wants_stdin else None,
-            on_output=partial(self._progress, run) if streams is None else streams.on_output,
-            grace=run.grace,
-            limits=spec.limits,
-            run_as=spec.run_as,
-            stdin_stream=streams is not None and streams.wants_stdin,
-            on_stdin_consumed=streams.on_stdin_consumed if streams is not None else None,
-            on_output_closed=streams.on_output_end if streams is not None else None,
-        )
-        if streams is not None:
-            streams.attach(proc)
-        return await self._supervise(run, spec, proc, streams)
-
-    async def _supervise(
-        self, run: _Run, spec: ProcessSpec, proc: ProcessRun | PtyRun, streams: RunStreams | None
-    ) -> ProcessOutcome | PtyOutcome:
-        """Run `proc` with the run's cancellation and CPU budget wired to it; for a streamed run,
-        every byte owed is sent before the outcome is (or the run stops)."""
-        unregister = run.ctl.cancellation.on_cancel(lambda _reason: proc.kill())
-        watcher = None
-        if _cpu_limit(spec) is not None:
-            watcher = asyncio.get_running_loop().create_task(
-                watch_cpu(lambda: proc.pid, partial(self._charge_cpu, run))
-            )
-        try:
-            out = await proc.run()
-            if streams is not None:  # every byte owed is sent before the result (or the run stops)
-                await self._flushed(run, streams)
-            return out
-        finally:
-            if streams is not None:
-                streams.abandon()
-            unregister()
-            if watcher is not None:  # owned here: stopped and awaited, its failure seen
-                failure = await stop_watching(watcher)
-                if failure is not None:  # metering broke; the run's own outcome stands
-                    run.log.error("run_cpu_watch_failed", error=type(failure).__name__)
-
-    @staticmethod
-    async def _flushed(run: _Run, streams: RunStreams) -> None:
-        """Wait until the output streams have sent everything (the client's reading sets the
-        pace), or the run is cancelled (deadline, client gone, shutdown)."""
-        if streams.flushed.is_set():
-            return
-        stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def stop(_reason: object) -> None:
-            if not stopped.done():
-                stopped.set_result(None)
-
-        unregister = run.ctl.cancellation.on_cancel(stop)
-        flushed: asyncio.Future[bool] = asyncio.ensure_future(streams.flushed.wait())
-        either: list[asyncio.Future[Any]] = [flushed, stopped]
-        try:
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            unregister()
-            flushed.cancel()
-
-    def _charge_cpu(self, run: _Run, seconds: float) -> bool:
-        """Reserve CPU the tree has spent; False (stop watching) once the run cannot go on. A
-        reservation over the budget ends the run `budget_exhausted` inside `reserve`."""
-        try:
-            run.ctl.reserve(CPU_SECONDS, seconds, asyncio.get_running_loop().time())
-        except RunAborted:
-            return False
-        return True
-
-    def _progress(self, run: _Run, stream: Stream, data: bytes) -> None:
-        base = run.offsets[stream]
-        run.offsets[stream] = base + len(data)
-        step = limits.PROGRESS_CHUNK_MAX
-        for i in range(0, len(data), step):
-            piece = data[i : i + step]
-            if (
-                run.ctl.cancellation.cancelled
-                or run.ctl.lifecycle.done
-                or not progress_fits(run.ctl.budget, len(piece))
-            ):
-                run.dropped += 1
-                self._metrics.progress_dropped(len(piece))
-                continue
-            self._send(Progress(run_id=run.rpc.run_id, stream=stream, offset=base + i, data=piece))
-
     # --- results --------------------------------------------------------------------------------
 
-    def _from_process(self, run: _Run, out: ProcessOutcome | PtyOutcome) -> Result:
+    def _from_process(self, run: ActiveRun, out: ProcessOutcome | PtyOutcome) -> Result:
         stdout = OutputTail(data=out.stdout.data, total=out.stdout.total)
         stderr = OutputTail(data=out.stderr.data, total=out.stderr.total)
         if run.streams is not None:
@@ -502,7 +369,12 @@ class RunTable:
         )
 
     def _failed(
-        self, run: _Run, error: str, duration: float = 0.0, exit_code: int | None = None, reason: str = "tool failed"
+        self,
+        run: ActiveRun,
+        error: str,
+        duration: float = 0.0,
+        exit_code: int | None = None,
+        reason: str = "tool failed",
     ) -> Result:
         return Result(
             run_id=run.rpc.run_id,
@@ -513,12 +385,12 @@ class RunTable:
             duration_ms=_ms(duration),
         )
 
-    def _stopped(self, run: _Run) -> Result:
+    def _stopped(self, run: ActiveRun) -> Result:
         """The run was stopped before (or instead of) producing an outcome."""
         end = stopped(run.ctl.lifecycle.termination, run.ctl.cancellation.reason)
         return Result(run_id=run.rpc.run_id, state=end.state, reason=end.reason)
 
-    def _conclude(self, run: _Run, result: Result) -> None:
+    def _conclude(self, run: ActiveRun, result: Result) -> None:
         """Record the one terminal, forget the run, send the one result. Synchronous, so a cancel
         sees the run either active or already done, never in between."""
         if self._active.get(run.rpc.run_id) is not run:
@@ -553,12 +425,6 @@ class RunTable:
             progress_dropped=run.dropped,
             args_digest=run.digest,
         )
-
-
-def _cpu_limit(prepared: Prepared) -> int | None:
-    if isinstance(prepared, ProcessSpec) and prepared.limits is not None:
-        return prepared.limits.cpu_seconds
-    return None
 
 
 def _ms(seconds: float) -> int:

@@ -42,6 +42,7 @@ MIRRORS: dict[str, str] = {
     "hand.aio.groupcommit:GroupCommit": "sim.hand_tasks:GroupCommit",
     "hand.system.tasklogs:LogSink": "sim.hand_tasks:LogSink",
     "hand.aio.runs:RunTable": "sim.hand_runs:HandRuns",
+    "hand.aio.activerun:ActiveRun": "sim.hand_runs:HandRuns",
     "hand.aio.agent:Agent": "sim.hand_agent:HandProcess",
     "hand.system.taskdb:TaskStore": "sim.hand_store:HandTaskStore",
     "hand.system.process:ProcessRun": "sim.jobs:VProcess",
