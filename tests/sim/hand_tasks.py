@@ -1,12 +1,15 @@
 """The Hand's background tasks: `hand.aio.tasks.TaskManager`, as generators on the Hand's loop.
 
-The rules are the REAL ones of `hand/core/tasks.py`: the decisions (`admit_batch`, `answer_for`,
-`background_refusal`, `store_failed`, `next_to_start`, `ending`, `cancel_action`, `lost_reason`,
-`purge_cutoff`) and the ORDER of admission (`Admissions`: one drainer, one batch at a time, a batch
-is what arrived meanwhile). Rows are real `TaskRow`s reported with the real `to_info`, writes are
-the real `Insert`/`Change`. What is still modelled by hand is the asyncio glue between them (a
-`yield` at every `await`), and `tests/sim/test_mirrors.py` fails when `TaskManager`, `GroupCommit`
-or `LogSink` change without this model being checked again (`tests/sim/mirrors.py`):
+The rules are the REAL ones of `hand/core/tasks.py` and `hand/core/runs.py`: the decisions
+(`admit_batch`, `answer_for`, `started`, `background_refusal` (the refusals of a foreground run, in
+their order), `store_failed`, `next_to_start`, `ending`, `starts_first`, `cancel_action`,
+`lost_reason`, `purge_cutoff`) and the ORDER of admission (`Admissions`: one drainer, one batch at a
+time, a batch is what arrived meanwhile). Rows are real `TaskRow`s reported with the real `to_info`,
+writes are the real `Insert`/`Change`, a task in memory is the real `LiveTask` (its `kill` and
+`final`). What is still modelled by hand is the asyncio glue between them (a `yield` at every
+`await`), and `tests/sim/test_mirrors.py` fails when `TaskManager`, `TaskStarts`, `LiveTask`,
+`recover`, `GroupCommit` or `LogSink` change without this model being checked again
+(`tests/sim/mirrors.py`):
 - starts are taken in on arrival (`on_start` never waits): a policy/argument refusal is answered at
   once with nothing stored, the others are queued; one drainer in the Hand's owner takes every
   queued start as ONE batch under the admission lock, decides it with `admit_batch` (arrival order;
@@ -24,7 +27,7 @@ or `LogSink` change without this model being checked again (`tests/sim/mirrors.p
 - the truth wins on cancel and on `max_runtime_ms`; a queued task is cancelled without running;
 - restart (`open`): every queued/running row becomes `lost`, nothing re-runs, the orphan is killed.
 Executions belong to the Hand (its loop), not to a connection: a dropped connection touches no task.
-Not modelled: clean shutdown (`_closing`), the argument size check, `ADMIT_BACKLOG` (never reached),
+Not modelled: clean shutdown (`_closing`), the argument size check (the simulated starts are small), `ADMIT_BACKLOG` (never reached),
 a terminal commit that fails (the shell keeps the outcome, `_keep_outcome`, and `_recommit`s it: the
 simulated store fails only insert-only commits, so a conclude failure here is a bug, as it was), and
 the per-stream log files (the model keeps log sizes only).
@@ -93,7 +96,7 @@ Send = Callable[[Message], None]
 
 
 class LogSink:
-    """`hand.tasks.LogSink` as a size: opened with O_TRUNC, head-bounded at `cap`."""
+    """`hand.system.tasklogs.LogSink` as a size: opened with O_TRUNC, head-bounded at `cap`."""
 
     def __init__(self, sizes: dict[str, int], task_id: str, cap: int) -> None:
         self._sizes = sizes
@@ -138,7 +141,7 @@ class _Start:
 
 
 class GroupCommit:
-    """`hand.tasks.GroupCommit`: the one writer. Writes wait in `_waiting`; one drainer commits all
+    """`hand.aio.groupcommit.GroupCommit`: the one writer. Writes wait in `_waiting`; one drainer commits all
     that are waiting in one `write_many` (one I/O), then wakes each writer with ITS result."""
 
     def __init__(self, store: Any, loop: Loop) -> None:
