@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -42,11 +41,12 @@ from hand.aio.streams import RunStreams
 from hand.core.cpu import CPU_SECONDS
 from hand.core.policy import ToolPolicy
 from hand.core.runs import (
+    RecentRuns,
+    RunBook,
     RunEnd,
     final,
     kill_grace,
     process_end,
-    refusal,
     run_limits,
     stopped,
     stream_refusal,
@@ -67,7 +67,7 @@ from hand.system.tools import (
     prepare,
 )
 from protocol.audit import AuditEvent
-from protocol.codes import CancelReason, CancelStatus, RejectCode
+from protocol.codes import CancelReason, RejectCode
 from protocol.control import Budget, RunAborted, RunControl, check_active
 from protocol.digest import args_digest
 from protocol.errors import ProtocolError
@@ -92,27 +92,6 @@ Send = Callable[[Message], None]
 gone (nobody can receive it; the Mind marks the run `lost`)."""
 Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
-RECENT_MAX = 1000
-
-
-class RecentRuns:
-    """A bounded memory of finished run ids: `already_done` for a late cancel, and `duplicate_run`
-    for an rpc that would run a finished run again (nothing is re-run automatically). Shared across
-    connections by the agent, so a run id of an earlier connection is never run twice."""
-
-    def __init__(self, cap: int = RECENT_MAX) -> None:
-        self._cap = cap
-        self._ids: OrderedDict[str, None] = OrderedDict()
-
-    def add(self, run_id: str) -> None:
-        self._ids[run_id] = None
-        self._ids.move_to_end(run_id)
-        while len(self._ids) > self._cap:
-            self._ids.popitem(last=False)
-
-    def __contains__(self, run_id: object) -> bool:
-        return run_id in self._ids
-
 
 class RunTable:
     def __init__(
@@ -136,13 +115,11 @@ class RunTable:
         self._send = send
         self._spawn = spawn
         self._sanitize = sanitize or Sanitizer(root)
-        self._recent = recent if recent is not None else RecentRuns()
         self._kill_grace = kill_grace
         self._log = log if log is not None else structlog.get_logger(component="hand")
-        self._active: dict[str, ActiveRun] = {}
+        self._book: RunBook[ActiveRun] = RunBook(recent if recent is not None else RecentRuns())
         self._idle = asyncio.Event()
         self._idle.set()
-        self._closing: CancelReason | None = None
 
     # --- admission ------------------------------------------------------------------------------
 
@@ -165,7 +142,7 @@ class RunTable:
         run = ActiveRun(rpc, ctl, prepared, kill_grace(rpc.grace_ms, self._kill_grace), digest, log)
         if rpc.streams is not None and isinstance(prepared, (ProcessSpec, StreamCall)):
             run.streams = RunStreams(rpc.run_id, rpc.streams, self._send, log)
-        self._active[rpc.run_id] = run  # before any await: a following cancel finds it
+        self._book.active[rpc.run_id] = run  # before any await: a following cancel finds it
         self._metrics.run_started(rpc.run_id)
         self._idle.clear()
         self._send(Accepted(run_id=rpc.run_id))
@@ -181,13 +158,11 @@ class RunTable:
         then the tool's arguments and paths (`prepare`), then the streams the tool needs."""
         streams = rpc.streams
         pty = streams.pty if streams is not None else None
-        refused = refusal(
+        refused = self._book.refusal(
             rpc.run_id,
             rpc.tool,
             args_size=args_size,
             allowed=self._policy.allowed(rpc.tool),
-            closing=self._closing is not None,
-            known=self.knows(rpc.run_id),
             no_pty=self._policy.why_no_pty(rpc.tool) if pty is not None else None,
         )
         if refused is not None:
@@ -219,21 +194,19 @@ class RunTable:
     # --- cancellation ---------------------------------------------------------------------------
 
     def on_cancel(self, cancel: Cancel) -> None:
-        run = self._active.get(cancel.run_id)
+        status = self._book.cancel_status(cancel.run_id)
+        run = self._book.active.get(cancel.run_id)
         if run is not None:
             self._cancel(run, cancel.reason)  # first: the SIGTERM goes out before any frame or log
-            self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.CANCEL_REQUESTED))
+        self._send(CancelResult(run_id=cancel.run_id, status=status))
+        if run is not None:
             run.log.info("run_cancel_requested", reason=cancel.reason.value)
-        elif cancel.run_id in self._recent:
-            self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.ALREADY_DONE))
-        else:
-            self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.UNKNOWN_RUN))
 
     # --- streams --------------------------------------------------------------------------------
 
     def on_stream(self, msg: StreamData | StreamAck) -> None:
         """stdin from the client, or its acknowledgement of output, for a streamed run."""
-        run = self._active.get(msg.run_id)
+        run = self._book.active.get(msg.run_id)
         if run is None or run.streams is None:
             return  # the run ended: whatever it still gets is of no use
         if isinstance(msg, StreamData):
@@ -244,18 +217,17 @@ class RunTable:
 
     def on_resize(self, msg: Resize) -> None:
         """A terminal run's window changed (runs without a terminal ignore it)."""
-        run = self._active.get(msg.run_id)
+        run = self._book.active.get(msg.run_id)
         if run is not None and run.streams is not None:
             run.streams.on_resize(msg.rows, msg.cols)
 
     def knows(self, run_id: str) -> bool:
         """This table has taken the run in (it is active, or recently finished)."""
-        return run_id in self._active or run_id in self._recent
+        return self._book.knows(run_id)
 
     def cancel_all(self, reason: CancelReason) -> None:
         """Cancel every run and refuse new ones (`shutdown`, `connection_lost`)."""
-        self._closing = self._closing or reason
-        for run in list(self._active.values()):
+        for run in self._book.close(reason):
             self._cancel(run, reason)
 
     def _cancel(self, run: ActiveRun, reason: CancelReason) -> None:
@@ -272,7 +244,7 @@ class RunTable:
                 await self._idle.wait()
             return True
         except TimeoutError:
-            for run in list(self._active.values()):
+            for run in list(self._book.active.values()):
                 if run.task is not None:
                     run.task.cancel()
             return False
@@ -393,16 +365,14 @@ class RunTable:
     def _conclude(self, run: ActiveRun, result: Result) -> None:
         """Record the one terminal, forget the run, send the one result. Synchronous, so a cancel
         sees the run either active or already done, never in between."""
-        if self._active.get(run.rpc.run_id) is not run:
+        if not self._book.end(run.rpc.run_id, run):
             return  # already concluded
         fact = final(run.ctl.lifecycle, RunEnd(result.state, result.reason), asyncio.get_running_loop().time())
         if fact is not None:  # a deadline or budget set the terminal first: it is what happened
             result = result.model_copy(update={"state": fact.state, "reason": fact.reason})
         result = result.model_copy(update={"progress_dropped": run.dropped})
-        del self._active[run.rpc.run_id]
         self._metrics.run_finished(run.rpc.run_id, result.state.value)
-        self._recent.add(run.rpc.run_id)
-        if not self._active:
+        if not self._book.active:
             self._idle.set()
         try:
             self._send(result)

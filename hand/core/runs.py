@@ -19,18 +19,21 @@ same functions, so a rule changed here is changed in all three.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from hand.core.cpu import CPU_SECONDS, cpu_exhausted, kernel_cpu_kill
 from hand.core.policy import KNOWN_TOOLS
 from protocol import limits
-from protocol.codes import CancelReason, RejectCode
+from protocol.codes import CancelReason, CancelStatus, RejectCode
 from protocol.control import REASON_TO_STATE, Budget, Lifecycle, Termination
 from protocol.states import RunState
 
 BACKGROUND_TOOLS = frozenset({"exec", "shell"})
 PROGRESS_BYTES = "progress_bytes"
 PROGRESS_EVENTS = "progress_events"
+RECENT_MAX = 1000
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,81 @@ def stream_refusal(tool: str, *, wants_stdin: bool, streams: bool, pty: bool, st
         return None
     how = "with a stdin stream" if wants_stdin else "with output streams and no stdin"
     return Refused(RejectCode.INVALID_REQUEST, f"{tool} carries its bytes as a stream: send it {how} (mind cp)")
+
+
+# --- the runs of one connection -------------------------------------------------------------------
+
+
+class RecentRuns:
+    """A bounded memory of finished run ids: `already_done` for a late cancel, and `duplicate_run`
+    for an rpc that would run a finished run again (nothing is re-run automatically). Shared across
+    connections by the agent, so a run id of an earlier connection is never run twice."""
+
+    def __init__(self, cap: int = RECENT_MAX) -> None:
+        self._cap = cap
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def add(self, run_id: str) -> None:
+        self._ids[run_id] = None
+        self._ids.move_to_end(run_id)
+        while len(self._ids) > self._cap:
+            self._ids.popitem(last=False)
+
+    def __contains__(self, run_id: object) -> bool:
+        return run_id in self._ids
+
+
+R = TypeVar("R")
+
+
+class RunBook(Generic[R]):
+    """The runs of one connection as the rules see them: the active ones by id (whatever the
+    shell keeps for each), the recently finished ones, and whether the table is closing. A run is
+    entered before `accepted` and ended in the same step as its one result, so a `cancel` that
+    follows on the ordered stream sees it either active or done, never in between."""
+
+    def __init__(self, recent: RecentRuns) -> None:
+        self.active: dict[str, R] = {}
+        self.recent = recent
+        self.closing: CancelReason | None = None
+
+    def knows(self, run_id: str) -> bool:
+        """The run was taken in (it is active, or recently finished): it never runs again."""
+        return run_id in self.active or run_id in self.recent
+
+    def refusal(
+        self, run_id: str, tool: str, *, args_size: int, allowed: bool, no_pty: str | None = None
+    ) -> Refused | None:
+        """`refusal` for a start on this connection: a known id is a duplicate, a closing table
+        takes nothing new."""
+        return refusal(
+            run_id,
+            tool,
+            args_size=args_size,
+            allowed=allowed,
+            closing=self.closing is not None,
+            known=self.knows(run_id),
+            no_pty=no_pty,
+        )
+
+    def cancel_status(self, run_id: str) -> CancelStatus:
+        """The answer to a cancel: a request for an active run, `already_done` for a finished one."""
+        if run_id in self.active:
+            return CancelStatus.CANCEL_REQUESTED
+        return CancelStatus.ALREADY_DONE if run_id in self.recent else CancelStatus.UNKNOWN_RUN
+
+    def close(self, reason: CancelReason) -> list[R]:
+        """Refuse new runs from now on (the first reason stays); the active runs, to cancel."""
+        self.closing = self.closing or reason
+        return list(self.active.values())
+
+    def end(self, run_id: str, run: R) -> bool:
+        """Forget `run` as it concludes; False when it already had (a run has one result)."""
+        if self.active.get(run_id) is not run:
+            return False
+        del self.active[run_id]
+        self.recent.add(run_id)
+        return True
 
 
 # --- the run's budget and its grace ---------------------------------------------------------------

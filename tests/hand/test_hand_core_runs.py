@@ -18,6 +18,8 @@ from hand.core.runs import (
     PROGRESS_BYTES,
     PROGRESS_EVENTS,
     SHUTTING_DOWN,
+    RecentRuns,
+    RunBook,
     RunEnd,
     final,
     kill_grace,
@@ -31,7 +33,7 @@ from hand.core.runs import (
 from hand.core.tasks import background_refusal, ending, started, starts_first
 from hand.system.process import ProcessOutcome, Tail
 from protocol import limits
-from protocol.codes import CancelReason, RejectCode
+from protocol.codes import CancelReason, CancelStatus, RejectCode
 from protocol.control import Budget, Lifecycle, Termination
 from protocol.messages import Accepted, Background, Message, Rejected, Result, Rpc, TaskStartValue
 from protocol.states import RunState, TaskState
@@ -174,6 +176,30 @@ def test_a_queued_task_whose_program_could_not_start_is_recorded_running_first()
     assert starts_first(TaskState.QUEUED, TaskState.FAILED)
     assert not starts_first(TaskState.QUEUED, TaskState.CANCELLED)  # dequeued: it never ran
     assert not starts_first(TaskState.RUNNING, TaskState.FAILED)
+
+
+def test_a_run_id_is_never_run_twice_and_a_closing_book_takes_nothing_new() -> None:
+    recent = RecentRuns(cap=2)
+    book: RunBook[object] = RunBook(recent)
+    run = object()
+    assert book.refusal("r1", "exec", args_size=1, allowed=True) is None
+    book.active["r1"] = run
+    assert book.cancel_status("r1") is CancelStatus.CANCEL_REQUESTED
+    dup = book.refusal("r1", "exec", args_size=1, allowed=True)
+    assert dup is not None and dup.code is RejectCode.DUPLICATE_RUN
+    assert book.end("r1", run) and not book.end("r1", run)  # one result: the second end is refused
+    assert book.cancel_status("r1") is CancelStatus.ALREADY_DONE and book.knows("r1")
+    other = RunBook[object](recent)  # the memory of finished ids outlives the connection
+    assert other.refusal("r1", "exec", args_size=1, allowed=True) == dup
+    assert other.cancel_status("r9") is CancelStatus.UNKNOWN_RUN
+    recent.add("r2")
+    recent.add("r3")
+    assert "r1" not in recent and other.refusal("r1", "exec", args_size=1, allowed=True) is None  # bounded
+    book.active["r4"] = run
+    assert book.close(CancelReason.CONNECTION_LOST) == [run]
+    book.close(CancelReason.SHUTDOWN)
+    assert book.closing is CancelReason.CONNECTION_LOST  # the first reason stays
+    assert book.refusal("r5", "exec", args_size=1, allowed=True) == SHUTTING_DOWN
 
 
 # --- the shells: the same refusals, read on the wire ----------------------------------------------

@@ -8,7 +8,8 @@ and reports `timed_out`; progress is dropped past the caps and never sent after 
 `cancel_all(connection_lost)` when the connection ends. The rules are called for real, from
 `hand.core.runs`: the refusals in their one order (`refusal`), the run's budget and grace, the
 progress caps (`progress_fits`), how a process ended (`process_end`), a stopped run (`stopped`) and
-the first terminal (`final`); and `RecentRuns`, `RunControl`, `check_active`. What is modelled by
+the first terminal (`final`), the table's bookkeeping (`RunBook`: active and recent ids, closing,
+the answer to a cancel); and `RunControl`, `check_active`. What is modelled by
 hand is the glue: the order in which the shell performs them.
 
 Not modelled: streamed runs (`rpc.streams`: stdin, complete output, terminals). The simulated
@@ -27,11 +28,11 @@ import msgpack
 from sim.jobs import PROGRAM, JobSpec, VProcess
 from sim.runtime import Cancelled, Fut, Proc, first_of
 
-from hand.core.runs import RunEnd, final, kill_grace, process_end, progress_fits, refusal, run_limits, stopped
+from hand.core.runs import RunBook, RunEnd, final, kill_grace, process_end, progress_fits, run_limits, stopped
 from hand.core.spawn import spawn_failure
 from hand.system.process import ProcessOutcome
 from hand.system.tools import Refusal
-from protocol.codes import CancelReason, CancelStatus, RejectCode
+from protocol.codes import CancelReason, RejectCode
 from protocol.control import Budget, RunAborted, RunControl, check_active
 from protocol.messages import Accepted, Cancel, CancelResult, Message, Progress, Rejected, Result, Rpc, Started
 from protocol.states import RunState
@@ -55,8 +56,7 @@ class HandRuns:
     def __init__(self, hand: HandProcess, send: Callable[[Message], None]) -> None:
         self.hand = hand
         self._send = send
-        self._active: dict[str, _Run] = {}
-        self._closing: CancelReason | None = None
+        self._book: RunBook[_Run] = RunBook(hand.recent)
         self._idle = Fut()
         self._idle.resolve(None)
 
@@ -74,21 +74,15 @@ class HandRuns:
             return
         ctl = RunControl(Budget(run_limits(None)), deadline=self.now + rpc.timeout_ms / 1000, finish_on_cancel=False)
         run = _Run(rpc, ctl, spec, kill_grace(rpc.grace_ms, self.hand.kill_grace))
-        self._active[rpc.run_id] = run  # before `accepted`: a following cancel finds it
+        self._book.active[rpc.run_id] = run  # before `accepted`: a following cancel finds it
         if self._idle.done:
             self._idle = Fut()
         self._send(Accepted(run_id=rpc.run_id))
         run.task = self.hand.loop.spawn(self._execute(run), f"run {rpc.run_id}")
 
     def _admit(self, rpc: Rpc) -> JobSpec:
-        refused = refusal(
-            rpc.run_id,
-            rpc.tool,
-            args_size=len(msgpack.packb(rpc.args, use_bin_type=True)),
-            allowed=self.hand.policy.allowed(rpc.tool),
-            closing=self._closing is not None,
-            known=rpc.run_id in self._active or rpc.run_id in self.hand.recent,
-        )
+        size = len(msgpack.packb(rpc.args, use_bin_type=True))
+        refused = self._book.refusal(rpc.run_id, rpc.tool, args_size=size, allowed=self.hand.policy.allowed(rpc.tool))
         if refused is not None:
             raise Refusal(refused.code, refused.message)
         spec = JobSpec.from_args(rpc.args)
@@ -99,30 +93,26 @@ class HandRuns:
     # --- cancellation ---
 
     def on_cancel(self, cancel: Cancel) -> None:
-        run = self._active.get(cancel.run_id)
+        status = self._book.cancel_status(cancel.run_id)
+        run = self._book.active.get(cancel.run_id)
         if run is not None:
-            self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.CANCEL_REQUESTED))
             self._cancel(run, cancel.reason)
-        elif cancel.run_id in self.hand.recent:
-            self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.ALREADY_DONE))
-        else:
-            self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.UNKNOWN_RUN))
+        self._send(CancelResult(run_id=cancel.run_id, status=status))
 
     def cancel_all(self, reason: CancelReason) -> None:
-        self._closing = self._closing or reason
-        for run in list(self._active.values()):
+        for run in self._book.close(reason):
             self._cancel(run, reason)
 
     def _cancel(self, run: _Run, reason: CancelReason) -> None:
         run.ctl.cancel(reason, self.now)
 
     def wait_idle(self, timeout: float) -> Generator[Any, Any, bool]:
-        if not self._active:
+        if not self._book.active:
             return True
         yield first_of(self._idle, self.hand.loop.sleep(timeout, "wait_idle"))
-        if not self._active:
+        if not self._book.active:
             return True
-        for run in list(self._active.values()):  # past the bound: the task is cancelled, reports what it knows
+        for run in list(self._book.active.values()):  # past the bound: the task is cancelled, reports what it knows
             if run.task is not None:
                 run.task.cancel()
         return False
@@ -200,15 +190,13 @@ class HandRuns:
 
     def _conclude(self, run: _Run, result: Result) -> None:
         """Record the one terminal, forget the run, send the one result."""
-        if self._active.get(run.rpc.run_id) is not run:
+        if not self._book.end(run.rpc.run_id, run):
             return
         fact = final(run.ctl.lifecycle, RunEnd(result.state, result.reason), self.now)
         if fact is not None:
             result = result.model_copy(update={"state": fact.state, "reason": fact.reason})
         result = result.model_copy(update={"progress_dropped": run.dropped})
-        del self._active[run.rpc.run_id]
-        self.hand.recent.add(run.rpc.run_id)
-        if not self._active:
+        if not self._book.active:
             self._idle.resolve(None)
         self.hand.world.checker.on_hand_run_end(self.hand.label, run.rpc.run_id, result.state)
         self._send(result)
