@@ -172,9 +172,9 @@ class TaskManager:
         await recover(
             self._store, self._writes.write, grace=self._grace, clock=self._clock, log=self._log, metrics=self._metrics
         )
-        keep = dict(retention_s=self.limits.retention_s, clock=self._clock, log=self._log)
-        await purge(self._store, **keep)
-        self._purger = self._spawn(purge_forever(self._store, **keep))
+        retention, clock, log = self.limits.retention_s, self._clock, self._log
+        await purge(self._store, retention_s=retention, clock=clock, log=log)
+        self._purger = self._spawn(purge_forever(self._store, retention_s=retention, clock=clock, log=log))
 
     def live(self) -> dict[str, int]:
         """How many tasks are queued and running now, and how many ended with their outcome not yet
