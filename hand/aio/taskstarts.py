@@ -35,13 +35,13 @@ from hand.core.tasks import (
     admit_batch,
     answer_for,
     purge_cutoff,
+    start_request,
     started,
     store_failed,
 )
 from hand.system.tools import ProcessSpec, Refusal
 from protocol.audit import AuditEvent
 from protocol.codes import RejectCode
-from protocol.digest import args_digest, binding_digest
 from protocol.messages import Message, Rejected, Rpc, TaskInfo
 
 Send = Callable[[Message], None]
@@ -117,16 +117,8 @@ class TaskStarts:
         task_id = rpc.run_id
         log = self._log.bind(task_id=task_id, tool=rpc.tool)
         try:
-            assert rpc.background is not None
             spec = self._prepare(rpc)
-            max_runtime_ms = rpc.background.max_runtime_ms
-            req = StartRequest(
-                task_id=task_id,
-                tool=rpc.tool,
-                args_digest=args_digest(rpc.tool, rpc.args),
-                binding_digest=binding_digest(rpc.tool, rpc.args, max_runtime_ms),
-                max_runtime_ms=max_runtime_ms,
-            )
+            req = start_request(rpc)
         except Refusal as refusal:
             shown = self._sanitize(refusal.message)
             send(Rejected(run_id=task_id, code=refusal.code, message=shown))

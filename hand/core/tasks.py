@@ -31,7 +31,8 @@ from hand.core.runs import SHUTTING_DOWN as SHUTTING_DOWN  # the start's refusal
 from hand.core.runs import Refused, exit_reason, kernel_cpu_reason, refusal
 from hand.core.spawn import SpawnFailure
 from protocol.codes import CancelReason, KillStage, RejectCode
-from protocol.messages import Accepted, Result, TaskInfo, TaskStartValue
+from protocol.digest import args_digest, binding_digest
+from protocol.messages import Accepted, Result, Rpc, TaskInfo, TaskStartValue
 from protocol.states import TASK_TRANSITIONS, RunState, TaskState
 
 LOST_REASON = "hand restarted before completion"
@@ -87,6 +88,20 @@ class StartRequest:
     args_digest: str
     binding_digest: str
     max_runtime_ms: int
+
+
+def start_request(rpc: Rpc) -> StartRequest:
+    """A background start as admission sees it: its id, and the digests that identify it (its
+    arguments; its binding: tool, arguments and max runtime, what a duplicate must match)."""
+    assert rpc.background is not None
+    max_ms = rpc.background.max_runtime_ms
+    return StartRequest(
+        task_id=rpc.run_id,
+        tool=rpc.tool,
+        args_digest=args_digest(rpc.tool, rpc.args),
+        binding_digest=binding_digest(rpc.tool, rpc.args, max_ms),
+        max_runtime_ms=max_ms,
+    )
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from hand.core.runs import (
     stopped,
     stream_refusal,
 )
-from hand.core.tasks import background_refusal, ending, started, starts_first
+from hand.core.tasks import background_refusal, ending, start_request, started, starts_first
 from hand.system.process import ProcessOutcome, Tail
 from protocol import limits
 from protocol.codes import CancelReason, CancelStatus, RejectCode
@@ -170,6 +170,19 @@ def test_a_start_is_answered_accepted_then_its_result_carrying_the_task() -> Non
         assert isinstance(result, Result) and result.run_id == "t1" and result.state is RunState.SUCCEEDED
         value = TaskStartValue.model_validate(result.value)
         assert value.duplicate is duplicate and value.task.task_id == "t1" and value.task.state is TaskState.QUEUED
+
+
+def test_a_start_is_bound_to_its_tool_arguments_and_max_runtime() -> None:
+    def rpc(args: dict, max_ms: int) -> Rpc:
+        return Rpc(run_id="t1", tool="exec", args=args, timeout_ms=1000, background=Background(max_runtime_ms=max_ms))
+
+    a = start_request(rpc({"argv": ["true"]}, 1000))
+    assert (a.task_id, a.tool, a.max_runtime_ms) == ("t1", "exec", 1000)
+    assert start_request(rpc({"argv": ["true"]}, 1000)) == a
+    longer = start_request(rpc({"argv": ["true"]}, 2000))
+    assert longer.args_digest == a.args_digest and longer.binding_digest != a.binding_digest
+    other = start_request(rpc({"argv": ["false"]}, 1000))
+    assert other.args_digest != a.args_digest and other.binding_digest != a.binding_digest
 
 
 def test_a_queued_task_whose_program_could_not_start_is_recorded_running_first() -> None:

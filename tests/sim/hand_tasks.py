@@ -66,13 +66,13 @@ from hand.core.tasks import (
     next_to_start,
     not_started,
     purge_cutoff,
+    start_request,
     started,
     starts_first,
     store_failed,
 )
 from hand.system.tools import Refusal
 from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
-from protocol.digest import args_digest, binding_digest
 from protocol.messages import (
     Error,
     Message,
@@ -258,16 +258,8 @@ class HandTasks:
         """Refused at once, or queued for the drainer's next batch; returns before it is decided."""
         task_id = rpc.run_id
         try:
-            assert rpc.background is not None
             spec = self._prepare(rpc)
-            max_runtime_ms = rpc.background.max_runtime_ms
-            req = StartRequest(
-                task_id=task_id,
-                tool=rpc.tool,
-                args_digest=args_digest(rpc.tool, rpc.args),
-                binding_digest=binding_digest(rpc.tool, rpc.args, max_runtime_ms),
-                max_runtime_ms=max_runtime_ms,
-            )
+            req = start_request(rpc)
         except Refusal as refusal:
             send(Rejected(run_id=task_id, code=refusal.code, message=refusal.message))
             return
