@@ -22,12 +22,11 @@ from typing import Any
 from hand.aio.metrics import HandMetrics
 from hand.aio.streams import RunStreams
 from hand.core.cpu import CPU_SECONDS
-from hand.core.runs import progress_fits
+from hand.core.runs import progress_pieces
 from hand.system.cputime import stop_watching, watch_cpu
 from hand.system.process import ProcessOutcome, ProcessRun, Stream
 from hand.system.pty import PtyOutcome, PtyRun
 from hand.system.tools import Prepared, ProcessSpec
-from protocol import limits
 from protocol.control import RunAborted, RunControl
 from protocol.messages import Message, Progress, Rpc
 
@@ -143,20 +142,13 @@ class ActiveRun:
         return True
 
     def _progress(self, send: Send, metrics: HandMetrics, stream: Stream, data: bytes) -> None:
-        base = self.offsets[stream]
-        self.offsets[stream] = base + len(data)
-        step = limits.PROGRESS_CHUNK_MAX
-        for i in range(0, len(data), step):
-            piece = data[i : i + step]
-            if (
-                self.ctl.cancellation.cancelled
-                or self.ctl.lifecycle.done
-                or not progress_fits(self.ctl.budget, len(piece))
-            ):
+        stopped = self.ctl.cancellation.cancelled or self.ctl.lifecycle.done
+        for offset, piece, sent in progress_pieces(self.offsets, stream, data, self.ctl.budget, stopped=stopped):
+            if sent:
+                send(Progress(run_id=self.rpc.run_id, stream=stream, offset=offset, data=piece))
+            else:
                 self.dropped += 1
                 metrics.progress_dropped(len(piece))
-                continue
-            send(Progress(run_id=self.rpc.run_id, stream=stream, offset=base + i, data=piece))
 
 
 def cpu_limit(prepared: Prepared) -> int | None:

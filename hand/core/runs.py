@@ -205,6 +205,20 @@ def progress_fits(budget: Budget, n: int) -> bool:
     return budget.try_reserve(PROGRESS_EVENTS, 1) and budget.try_reserve(PROGRESS_BYTES, n)
 
 
+def progress_pieces(
+    offsets: dict[str, int], stream: str, data: bytes, budget: Budget, *, stopped: bool
+) -> list[tuple[int, bytes, bool]]:
+    """Output as progress events: `data` cut into pieces at their offsets in `stream` (`offsets`
+    advances by all of it, sent or not), each with whether it goes out. Progress is observation
+    only: a run that is stopped or has ended sends none, and past the caps a piece is dropped (and
+    counted by the caller) while the run goes on."""
+    base = offsets[stream]
+    offsets[stream] = base + len(data)
+    step = limits.PROGRESS_CHUNK_MAX
+    pieces = (data[i : i + step] for i in range(0, len(data), step))
+    return [(base + i * step, p, not stopped and progress_fits(budget, len(p))) for i, p in enumerate(pieces)]
+
+
 # --- how a run ended ------------------------------------------------------------------------------
 
 

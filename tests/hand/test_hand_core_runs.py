@@ -25,6 +25,7 @@ from hand.core.runs import (
     kill_grace,
     process_end,
     progress_fits,
+    progress_pieces,
     refusal,
     run_limits,
     stopped,
@@ -108,6 +109,17 @@ def test_the_budget_and_the_grace_of_a_run() -> None:
     budget = Budget({PROGRESS_BYTES: 10, PROGRESS_EVENTS: 2})
     assert progress_fits(budget, 6) and not progress_fits(budget, 6)  # all or nothing: no bytes were taken
     assert budget.used(PROGRESS_EVENTS) == 1 and progress_fits(budget, 4) and not progress_fits(budget, 0)
+
+
+def test_progress_is_cut_at_stable_offsets_and_dropped_past_the_caps() -> None:
+    step = limits.PROGRESS_CHUNK_MAX
+    offsets = {"stdout": 0, "stderr": 0}
+    budget = Budget({PROGRESS_BYTES: step * 2, PROGRESS_EVENTS: 10})
+    pieces = progress_pieces(offsets, "stdout", b"a" * (step * 2 + 5), budget, stopped=False)
+    assert [(o, len(p), sent) for o, p, sent in pieces] == [(0, step, True), (step, step, True), (2 * step, 5, False)]
+    assert offsets == {"stdout": 2 * step + 5, "stderr": 0}  # a dropped piece still moves the offset
+    assert progress_pieces(offsets, "stderr", b"xy", Budget({}), stopped=True) == [(0, b"xy", False)]
+    assert offsets["stderr"] == 2 and progress_pieces(offsets, "stderr", b"", Budget({}), stopped=False) == []
 
 
 def test_the_truth_wins_a_command_that_exited_on_its_own_reports_its_exit() -> None:

@@ -7,7 +7,7 @@ exited on its own reports its exit even if a cancel raced it); the Hand's deadli
 and reports `timed_out`; progress is dropped past the caps and never sent after the result;
 `cancel_all(connection_lost)` when the connection ends. The rules are called for real, from
 `hand.core.runs`: the refusals in their one order (`refusal`), the run's budget and grace, the
-progress caps (`progress_fits`), how a process ended (`process_end`), a stopped run (`stopped`) and
+progress caps (`progress_pieces`), how a process ended (`process_end`), a stopped run (`stopped`) and
 the first terminal (`final`), the table's bookkeeping (`RunBook`: active and recent ids, closing,
 the answer to a cancel); and `RunControl`, `check_active`. What is modelled by
 hand is the glue: the order in which the shell performs them.
@@ -28,7 +28,7 @@ import msgpack
 from sim.jobs import PROGRAM, JobSpec, VProcess
 from sim.runtime import Cancelled, Fut, Proc, first_of
 
-from hand.core.runs import RunBook, RunEnd, final, kill_grace, process_end, progress_fits, run_limits, stopped
+from hand.core.runs import RunBook, RunEnd, final, kill_grace, process_end, progress_pieces, run_limits, stopped
 from hand.core.spawn import spawn_failure
 from hand.system.process import ProcessOutcome
 from hand.system.tools import Refusal
@@ -159,12 +159,12 @@ class HandRuns:
     def _progress(self, run: _Run, stream: str, data: bytes) -> None:
         if not self.hand.loop.alive:
             return  # an orphan of a crashed Hand writes into a dead pipe
-        base = run.offsets[stream]
-        run.offsets[stream] = base + len(data)
-        if run.ctl.cancellation.cancelled or run.ctl.lifecycle.done or not progress_fits(run.ctl.budget, len(data)):
-            run.dropped += 1
-            return
-        self._send(Progress(run_id=run.rpc.run_id, stream=stream, offset=base, data=data))  # type: ignore[arg-type]
+        stopped = run.ctl.cancellation.cancelled or run.ctl.lifecycle.done
+        for offset, piece, sent in progress_pieces(run.offsets, stream, data, run.ctl.budget, stopped=stopped):
+            if sent:
+                self._send(Progress(run_id=run.rpc.run_id, stream=stream, offset=offset, data=piece))  # type: ignore[arg-type]
+            else:
+                run.dropped += 1
 
     # --- results ---
 
