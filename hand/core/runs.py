@@ -10,6 +10,9 @@ same functions, so a rule changed here is changed in all three.
   in the background), the arguments' size, the policy, then a terminal the policy denies. A run
   and a task refused for the same reason read the same sentence. The tool's own arguments and
   paths are checked after these, by the shell (`hand.system.tools.prepare`).
+- A run id is never run twice (`RunBook`, `RecentRuns`): a run is entered before `accepted` and
+  ended in the same step as its one result, so a cancel sees it active or done, never between.
+- Progress is observation only (`progress_pieces`): dropped past the caps, never after the end.
 - The truth wins (`process_end`): only a kill we performed makes a run end as its cancel reason
   says (`REASON_TO_STATE`); a command that exited on its own reports its real exit even if a
   cancel raced it.
