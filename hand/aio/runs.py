@@ -1,27 +1,24 @@
-"""The foreground run table of one connection, and the execution of each run.
+"""The foreground run table of one connection: admission, cancellation, the result of each run
+(the command itself runs in `hand.aio.activerun`; the rules are `hand.core.runs`').
 
 Per run, on the ordered stream: `rpc` -> `rejected`, or `accepted` -> `started` -> `progress`* ->
 exactly one `result`. `cancel` -> `cancel_result` (a request, not an outcome: the `result` says how
 the run really ended).
 
 Rules this module keeps, each from DESIGN §3-§6:
-- Everything that can refuse a run (duplicate id, unknown tool, policy, arguments, paths) is
-  decided before `accepted`, and a refused run runs nothing.
+- Everything that can refuse a run (duplicate id, closing, unknown tool, size, policy, terminal,
+  then arguments and paths) is decided before `accepted`, in the order a background start is
+  refused in too (`hand.core.runs.refusal`), and a refused run runs nothing.
 - A run is registered synchronously in `on_rpc`, before any await, so a `cancel` that follows the
   `rpc` on the ordered stream always finds it.
-- Progress is observation only: past the caps it is dropped and counted (`progress_dropped`),
-  execution goes on, and no progress is sent after the result.
 - The Hand enforces the deadline on its own monotonic clock: it kills the tree, `timed_out`.
 - The truth wins: `RunControl(finish_on_cancel=False)`; the run finishes with what actually
   happened. A command that exited on its own before a kill landed reports its real exit, even if a
   cancel was requested; a killed command reports the state its cancel reason maps to.
 - File tools run to completion in a thread (a thread cannot be interrupted, and a write that
   happened must not be reported as cancelled); their result is the truth too.
-- CPU seconds are a budget (seed 000): while a command with `limits.cpu_seconds` runs, its tree's
-  CPU time is reserved on the run's budget as it is spent (`hand.cputime`); the reservation that
-  does not fit ends the run through `RunControl.exhaust` (the fact `budget_exhausted` first, then
-  the cancel broadcast that kills the tree: SIGTERM, grace, SIGKILL). A process the kernel killed
-  for its per-process CPU limit (SIGXCPU, or SIGKILL at the hard limit) is `budget_exhausted` too.
+- CPU seconds are a budget (seed 000, `hand.aio.activerun`). A process the kernel killed for its
+  per-process CPU limit (SIGXCPU, or SIGKILL at the hard limit) is `budget_exhausted` too.
 - An exception in one run never kills the agent: it becomes `result(failed, error=sanitised)`.
 - Raw arguments never reach a log: only their SHA-256 digest.
 """
@@ -30,10 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections import OrderedDict
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +35,26 @@ import msgpack
 import structlog
 
 from hand.aio import copyrun
+from hand.aio.activerun import ActiveRun, cpu_limit
 from hand.aio.metrics import HandMetrics
 from hand.aio.streams import RunStreams, capped_spec
-from hand.core.cpu import cpu_exhausted, kernel_cpu_kill
-from hand.core.policy import KNOWN_TOOLS, ToolPolicy
+from hand.core.cpu import CPU_SECONDS
+from hand.core.policy import ToolPolicy
+from hand.core.runs import (
+    RecentRuns,
+    RunBook,
+    RunEnd,
+    final,
+    kill_grace,
+    process_end,
+    run_limits,
+    stopped,
+    stream_refusal,
+)
 from hand.core.sanitize import Sanitizer
 from hand.core.spawn import spawn_failure
-from hand.system.cputime import CPU_SECONDS, stop_watching, watch_cpu
-from hand.system.process import DEFAULT_GRACE_S, ProcessOutcome, ProcessRun, Stream
-from hand.system.pty import PtyOutcome, PtyRun, login_shell
+from hand.system.process import DEFAULT_GRACE_S, ProcessOutcome
+from hand.system.pty import PtyOutcome, login_shell
 from hand.system.sandbox import Sandbox
 from hand.system.tools import (
     DEFAULT_SANDBOX,
@@ -61,10 +66,9 @@ from hand.system.tools import (
     ToolFailed,
     prepare,
 )
-from protocol import limits
 from protocol.audit import AuditEvent
-from protocol.codes import CancelReason, CancelStatus, RejectCode
-from protocol.control import REASON_TO_STATE, Budget, RunAborted, RunControl, check_active
+from protocol.codes import CancelReason, RejectCode
+from protocol.control import Budget, RunAborted, RunControl, check_active
 from protocol.digest import args_digest
 from protocol.errors import ProtocolError
 from protocol.messages import (
@@ -73,7 +77,6 @@ from protocol.messages import (
     CancelResult,
     Message,
     OutputTail,
-    Progress,
     Rejected,
     Resize,
     Result,
@@ -88,53 +91,6 @@ Send = Callable[[Message], None]
 """Stamp and queue one frame, in order, without blocking. Dropped silently once the connection is
 gone (nobody can receive it; the Mind marks the run `lost`)."""
 Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
-
-RECENT_MAX = 1000
-PROGRESS_BYTES = "progress_bytes"
-PROGRESS_EVENTS = "progress_events"
-
-
-class RecentRuns:
-    """A bounded memory of finished run ids: `already_done` for a late cancel, and `duplicate_run`
-    for an rpc that would run a finished run again (nothing is re-run automatically). Shared across
-    connections by the agent, so a run id of an earlier connection is never run twice."""
-
-    def __init__(self, cap: int = RECENT_MAX) -> None:
-        self._cap = cap
-        self._ids: OrderedDict[str, None] = OrderedDict()
-
-    def add(self, run_id: str) -> None:
-        self._ids[run_id] = None
-        self._ids.move_to_end(run_id)
-        while len(self._ids) > self._cap:
-            self._ids.popitem(last=False)
-
-    def __contains__(self, run_id: object) -> bool:
-        return run_id in self._ids
-
-
-@dataclass(eq=False)
-class _Run:
-    rpc: Rpc
-    ctl: RunControl
-    prepared: Prepared
-    grace: float
-    digest: str
-    log: Any
-    offsets: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
-    dropped: int = 0
-    task: asyncio.Task[None] | None = None
-    streams: RunStreams | None = None
-    """Set when the run's bytes are streams (the client is attached): output is never dropped."""
-
-
-def _fits(budget: Budget, n: int) -> bool:
-    """Reserve one progress event of `n` bytes, all or nothing."""
-    for kind, amount in ((PROGRESS_EVENTS, 1), (PROGRESS_BYTES, n)):
-        limit = budget.limit(kind)
-        if limit is not None and budget.used(kind) + amount > limit:
-            return False
-    return budget.try_reserve(PROGRESS_EVENTS, 1) and budget.try_reserve(PROGRESS_BYTES, n)
 
 
 class RunTable:
@@ -159,13 +115,11 @@ class RunTable:
         self._send = send
         self._spawn = spawn
         self._sanitize = sanitize or Sanitizer(root)
-        self._recent = recent if recent is not None else RecentRuns()
         self._kill_grace = kill_grace
         self._log = log if log is not None else structlog.get_logger(component="hand")
-        self._active: dict[str, _Run] = {}
+        self._book: RunBook[ActiveRun] = RunBook(recent if recent is not None else RecentRuns())
         self._idle = asyncio.Event()
         self._idle.set()
-        self._closing: CancelReason | None = None
 
     # --- admission ------------------------------------------------------------------------------
 
@@ -183,21 +137,13 @@ class RunTable:
             self._reject(rpc, RejectCode.INTERNAL_ERROR, f"internal error: {exc}", log)
             return
         loop = asyncio.get_running_loop()
-        budget_limits: dict[str, int | float] = {
-            PROGRESS_BYTES: limits.PROGRESS_BYTES_MAX,
-            PROGRESS_EVENTS: limits.PROGRESS_EVENTS_MAX,
-        }
-        cpu = _cpu_limit(prepared)
-        if cpu is not None:
-            budget_limits[CPU_SECONDS] = cpu
-        budget = Budget(budget_limits)
+        budget = Budget(run_limits(cpu_limit(prepared)))
         ctl = RunControl(budget, deadline=loop.time() + rpc.timeout_ms / 1000, finish_on_cancel=False)
-        grace = self._kill_grace if rpc.grace_ms is None else min(rpc.grace_ms / 1000, self._kill_grace)
-        run = _Run(rpc, ctl, prepared, grace, digest, log)
+        run = ActiveRun(rpc, ctl, prepared, kill_grace(rpc.grace_ms, self._kill_grace), digest, log)
         if rpc.streams is not None and isinstance(prepared, (ProcessSpec, StreamCall)):
             cap = None if isinstance(prepared, StreamCall) else self._sandbox.max_output_bytes  # a copy: its file
             run.streams = RunStreams(rpc.run_id, capped_spec(rpc.streams, cap), self._send, log)
-        self._active[rpc.run_id] = run  # before any await: a following cancel finds it
+        self._book.active[rpc.run_id] = run  # before any await: a following cancel finds it
         self._metrics.run_started(rpc.run_id)
         self._idle.clear()
         self._send(Accepted(run_id=rpc.run_id))
@@ -209,37 +155,36 @@ class RunTable:
             self._conclude(run, self._failed(run, f"internal error: {exc}"))
 
     def _admit(self, rpc: Rpc, args_size: int) -> Prepared:
-        pty = rpc.streams.pty if rpc.streams is not None else None
-        if pty is not None:
-            why = self._policy.why_no_pty(rpc.tool)
-            if why is not None:
-                raise Refusal(RejectCode.DENIED_BY_POLICY, why)
-        prepared = self._admit_tool(rpc, args_size, pty is not None and pty.login)
+        """The rules of `hand.core.runs` (one order, the sentences a background start reads too),
+        then the tool's arguments and paths (`prepare`), then the streams the tool needs."""
+        streams = rpc.streams
+        pty = streams.pty if streams is not None else None
+        refused = self._book.refusal(
+            rpc.run_id,
+            rpc.tool,
+            args_size=args_size,
+            allowed=self._policy.allowed(rpc.tool),
+            no_pty=self._policy.why_no_pty(rpc.tool) if pty is not None else None,
+        )
+        if refused is not None:
+            raise Refusal(refused.code, refused.message)
+        login = pty is not None and pty.login
+        args = {**rpc.args, "argv": ["login-shell"]} if login and rpc.tool == "exec" else rpc.args
+        prepared = prepare(rpc.tool, args, self._root, self._sandbox)  # arguments, paths, limits
         if isinstance(prepared, StreamCall):
-            wants_stdin = prepared.kind == "put"
-            if rpc.streams is None or pty is not None or rpc.streams.stdin != wants_stdin:
-                how = "with a stdin stream" if wants_stdin else "with output streams and no stdin"
-                raise Refusal(
-                    RejectCode.INVALID_REQUEST, f"{rpc.tool} carries its bytes as a stream: send it {how} (mind cp)"
-                )
-        if pty is not None and pty.login and isinstance(prepared, ProcessSpec):
+            refused = stream_refusal(
+                rpc.tool,
+                wants_stdin=prepared.kind == "put",
+                streams=streams is not None,
+                pty=pty is not None,
+                stdin=streams is not None and streams.stdin,
+            )
+            if refused is not None:
+                raise Refusal(refused.code, refused.message)
+        if login and isinstance(prepared, ProcessSpec):
             program, argv = login_shell(prepared.run_as)
             prepared = dataclasses.replace(prepared, argv=tuple(argv), executable=program)
         return prepared
-
-    def _admit_tool(self, rpc: Rpc, args_size: int, login: bool) -> Prepared:
-        if rpc.run_id in self._active or rpc.run_id in self._recent:
-            raise Refusal(RejectCode.DUPLICATE_RUN, f"run {rpc.run_id} is already known to this hand")
-        if self._closing is not None:
-            raise Refusal(RejectCode.SHUTTING_DOWN, "this hand is shutting down")
-        if args_size > limits.ARGS_MAX_BYTES:
-            raise Refusal(RejectCode.INVALID_REQUEST, f"arguments of {args_size} bytes exceed {limits.ARGS_MAX_BYTES}")
-        if rpc.tool not in KNOWN_TOOLS:
-            raise Refusal(RejectCode.UNKNOWN_TOOL, f"this hand has no tool {rpc.tool!r}")
-        if not self._policy.allowed(rpc.tool):
-            raise Refusal(RejectCode.DENIED_BY_POLICY, f"tool {rpc.tool!r} is denied by this hand's policy")
-        args = {**rpc.args, "argv": ["login-shell"]} if login and rpc.tool == "exec" else rpc.args
-        return prepare(rpc.tool, args, self._root, self._sandbox)  # arguments, paths, limits
 
     def _reject(self, rpc: Rpc, code: RejectCode, message: str, log: Any) -> None:
         shown = self._sanitize(message)
@@ -250,21 +195,19 @@ class RunTable:
     # --- cancellation ---------------------------------------------------------------------------
 
     def on_cancel(self, cancel: Cancel) -> None:
-        run = self._active.get(cancel.run_id)
+        status = self._book.cancel_status(cancel.run_id)
+        run = self._book.active.get(cancel.run_id)
         if run is not None:
             self._cancel(run, cancel.reason)  # first: the SIGTERM goes out before any frame or log
-            self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.CANCEL_REQUESTED))
+        self._send(CancelResult(run_id=cancel.run_id, status=status))
+        if run is not None:
             run.log.info("run_cancel_requested", reason=cancel.reason.value)
-        elif cancel.run_id in self._recent:
-            self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.ALREADY_DONE))
-        else:
-            self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.UNKNOWN_RUN))
 
     # --- streams --------------------------------------------------------------------------------
 
     def on_stream(self, msg: StreamData | StreamAck) -> None:
         """stdin from the client, or its acknowledgement of output, for a streamed run."""
-        run = self._active.get(msg.run_id)
+        run = self._book.active.get(msg.run_id)
         if run is None or run.streams is None:
             return  # the run ended: whatever it still gets is of no use
         if isinstance(msg, StreamData):
@@ -275,21 +218,20 @@ class RunTable:
 
     def on_resize(self, msg: Resize) -> None:
         """A terminal run's window changed (runs without a terminal ignore it)."""
-        run = self._active.get(msg.run_id)
+        run = self._book.active.get(msg.run_id)
         if run is not None and run.streams is not None:
             run.streams.on_resize(msg.rows, msg.cols)
 
     def knows(self, run_id: str) -> bool:
         """This table has taken the run in (it is active, or recently finished)."""
-        return run_id in self._active or run_id in self._recent
+        return self._book.knows(run_id)
 
     def cancel_all(self, reason: CancelReason) -> None:
         """Cancel every run and refuse new ones (`shutdown`, `connection_lost`)."""
-        self._closing = self._closing or reason
-        for run in list(self._active.values()):
+        for run in self._book.close(reason):
             self._cancel(run, reason)
 
-    def _cancel(self, run: _Run, reason: CancelReason) -> None:
+    def _cancel(self, run: ActiveRun, reason: CancelReason) -> None:
         try:
             run.ctl.cancel(reason, asyncio.get_running_loop().time())
         except Exception:  # a failing kill callback must not stop the others
@@ -303,14 +245,14 @@ class RunTable:
                 await self._idle.wait()
             return True
         except TimeoutError:
-            for run in list(self._active.values()):
+            for run in list(self._book.active.values()):
                 if run.task is not None:
                     run.task.cancel()
             return False
 
     # --- execution ------------------------------------------------------------------------------
 
-    async def _execute(self, run: _Run) -> None:
+    async def _execute(self, run: ActiveRun) -> None:
         loop = asyncio.get_running_loop()
         assert run.ctl.deadline is not None
         timer = loop.call_at(run.ctl.deadline, self._cancel, run, CancelReason.DEADLINE_EXCEEDED)
@@ -324,7 +266,7 @@ class RunTable:
             timer.cancel()
         self._conclude(run, result)
 
-    async def _outcome(self, run: _Run) -> Result:
+    async def _outcome(self, run: ActiveRun) -> Result:
         loop = asyncio.get_running_loop()
         try:
             check_active(run.ctl, loop.time())
@@ -336,7 +278,7 @@ class RunTable:
         started = loop.time()
         try:
             if isinstance(run.prepared, ProcessSpec):
-                return self._from_process(run, await self._run_process(run, run.prepared))
+                return self._from_process(run, await run.run_process(run.prepared, self._send, self._metrics))
             if isinstance(run.prepared, StreamCall):
                 assert run.streams is not None
                 try:
@@ -371,136 +313,25 @@ class RunTable:
             run.log.exception("run_crashed")
             return self._failed(run, f"internal error: {type(exc).__name__}: {exc}", loop.time() - started)
 
-    async def _run_process(self, run: _Run, spec: ProcessSpec) -> ProcessOutcome | PtyOutcome:
-        streams = run.streams
-        pty = streams.spec.pty if streams is not None else None
-        proc: ProcessRun | PtyRun
-        if streams is not None and pty is not None:
-            proc = PtyRun(
-                list(spec.argv),
-                rows=pty.rows,
-                cols=pty.cols,
-                term=pty.term,
-                cwd=spec.cwd,
-                env=spec.env,
-                executable=spec.executable,
-                on_output=streams.on_output,
-                on_output_closed=streams.on_output_end,
-                on_stdin_consumed=streams.on_stdin_consumed,
-                grace=run.grace,
-                limits=spec.limits,
-                run_as=spec.run_as,
-            )
-            streams.attach(proc)
-            return await self._supervise(run, spec, proc, streams)
-        proc = ProcessRun(
-            spec.argv,
-            cwd=spec.cwd,
-            env=spec.env,
-            stdin=spec.stdin if streams is None or not streams.wants_stdin else None,
-            on_output=partial(self._progress, run) if streams is None else streams.on_output,
-            grace=run.grace,
-            limits=spec.limits,
-            run_as=spec.run_as,
-            stdin_stream=streams is not None and streams.wants_stdin,
-            on_stdin_consumed=streams.on_stdin_consumed if streams is not None else None,
-            on_output_closed=streams.on_output_end if streams is not None else None,
-        )
-        if streams is not None:
-            streams.attach(proc)
-        return await self._supervise(run, spec, proc, streams)
-
-    async def _supervise(
-        self, run: _Run, spec: ProcessSpec, proc: ProcessRun | PtyRun, streams: RunStreams | None
-    ) -> ProcessOutcome | PtyOutcome:
-        """Run `proc` with the run's cancellation and CPU budget wired to it; for a streamed run,
-        every byte owed is sent before the outcome is (or the run stops)."""
-        unregister = run.ctl.cancellation.on_cancel(lambda _reason: proc.kill())
-        watcher = None
-        if _cpu_limit(spec) is not None:
-            watcher = asyncio.get_running_loop().create_task(
-                watch_cpu(lambda: proc.pid, partial(self._charge_cpu, run))
-            )
-        try:
-            out = await proc.run()
-            if streams is not None:  # every byte owed is sent before the result (or the run stops)
-                await self._flushed(run, streams)
-            return out
-        finally:
-            if streams is not None:
-                streams.abandon()
-            unregister()
-            if watcher is not None:  # owned here: stopped and awaited, its failure seen
-                failure = await stop_watching(watcher)
-                if failure is not None:  # metering broke; the run's own outcome stands
-                    run.log.error("run_cpu_watch_failed", error=type(failure).__name__)
-
-    @staticmethod
-    async def _flushed(run: _Run, streams: RunStreams) -> None:
-        """Wait until the output streams have sent everything (the client's reading sets the
-        pace), or the run is cancelled (deadline, client gone, shutdown)."""
-        if streams.flushed.is_set():
-            return
-        stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def stop(_reason: object) -> None:
-            if not stopped.done():
-                stopped.set_result(None)
-
-        unregister = run.ctl.cancellation.on_cancel(stop)
-        flushed: asyncio.Future[bool] = asyncio.ensure_future(streams.flushed.wait())
-        either: list[asyncio.Future[Any]] = [flushed, stopped]
-        try:
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            unregister()
-            flushed.cancel()
-
-    def _charge_cpu(self, run: _Run, seconds: float) -> bool:
-        """Reserve CPU the tree has spent; False (stop watching) once the run cannot go on. A
-        reservation over the budget ends the run `budget_exhausted` inside `reserve`."""
-        try:
-            run.ctl.reserve(CPU_SECONDS, seconds, asyncio.get_running_loop().time())
-        except RunAborted:
-            return False
-        return True
-
-    def _progress(self, run: _Run, stream: Stream, data: bytes) -> None:
-        base = run.offsets[stream]
-        run.offsets[stream] = base + len(data)
-        step = limits.PROGRESS_CHUNK_MAX
-        for i in range(0, len(data), step):
-            piece = data[i : i + step]
-            if run.ctl.cancellation.cancelled or run.ctl.lifecycle.done or not _fits(run.ctl.budget, len(piece)):
-                run.dropped += 1
-                self._metrics.progress_dropped(len(piece))
-                continue
-            self._send(Progress(run_id=run.rpc.run_id, stream=stream, offset=base + i, data=piece))
-
     # --- results --------------------------------------------------------------------------------
 
-    def _from_process(self, run: _Run, out: ProcessOutcome | PtyOutcome) -> Result:
+    def _from_process(self, run: ActiveRun, out: ProcessOutcome | PtyOutcome) -> Result:
         stdout = OutputTail(data=out.stdout.data, total=out.stdout.total)
         stderr = OutputTail(data=out.stderr.data, total=out.stderr.total)
         if run.streams is not None:
             stdout, stderr = run.streams.tails(stdout, stderr)
-        reason = run.ctl.cancellation.reason
-        cpu = run.ctl.budget.limit(CPU_SECONDS)
-        if out.killed and reason is CancelReason.BUDGET_EXHAUSTED and cpu is not None:
-            state, why = RunState.BUDGET_EXHAUSTED, cpu_exhausted(int(cpu))
-        elif out.killed and reason is not None:
-            state, why = REASON_TO_STATE[reason], reason.value
-        elif cpu is not None and kernel_cpu_kill(out.killed, out.signal, int(cpu), run.ctl.budget.used(CPU_SECONDS)):
-            state, why = RunState.BUDGET_EXHAUSTED, f"{cpu_exhausted(int(cpu))} (the kernel's per-process CPU limit)"
-        elif out.exit_code == 0:
-            state, why = RunState.SUCCEEDED, ""
-        else:
-            state = RunState.FAILED
-            why = f"exit status {out.exit_code}" if out.exit_code is not None else f"killed by signal {out.signal}"
+        end = process_end(
+            killed=out.killed,
+            exit_code=out.exit_code,
+            signal=out.signal,
+            cancel=run.ctl.cancellation.reason,
+            cpu_seconds=run.ctl.budget.limit(CPU_SECONDS),
+            cpu_used=run.ctl.budget.used(CPU_SECONDS),
+        )
         return Result(
             run_id=run.rpc.run_id,
-            state=state,
-            reason=why,
+            state=end.state,
+            reason=end.reason,
             exit_code=out.exit_code,
             signal=out.signal,
             stage=out.stage if out.killed else None,
@@ -511,7 +342,12 @@ class RunTable:
         )
 
     def _failed(
-        self, run: _Run, error: str, duration: float = 0.0, exit_code: int | None = None, reason: str = "tool failed"
+        self,
+        run: ActiveRun,
+        error: str,
+        duration: float = 0.0,
+        exit_code: int | None = None,
+        reason: str = "tool failed",
     ) -> Result:
         return Result(
             run_id=run.rpc.run_id,
@@ -522,29 +358,22 @@ class RunTable:
             duration_ms=_ms(duration),
         )
 
-    def _stopped(self, run: _Run) -> Result:
+    def _stopped(self, run: ActiveRun) -> Result:
         """The run was stopped before (or instead of) producing an outcome."""
-        term = run.ctl.lifecycle.termination
-        reason = run.ctl.cancellation.reason or CancelReason.SHUTDOWN
-        state = term.state if term is not None else REASON_TO_STATE[reason]
-        return Result(run_id=run.rpc.run_id, state=state, reason=reason.value)
+        end = stopped(run.ctl.lifecycle.termination, run.ctl.cancellation.reason)
+        return Result(run_id=run.rpc.run_id, state=end.state, reason=end.reason)
 
-    def _conclude(self, run: _Run, result: Result) -> None:
+    def _conclude(self, run: ActiveRun, result: Result) -> None:
         """Record the one terminal, forget the run, send the one result. Synchronous, so a cancel
         sees the run either active or already done, never in between."""
-        if self._active.get(run.rpc.run_id) is not run:
+        if not self._book.end(run.rpc.run_id, run):
             return  # already concluded
-        now = asyncio.get_running_loop().time()
-        if not run.ctl.lifecycle.finish(result.state, result.reason or result.state.value, now):
-            term = run.ctl.lifecycle.termination
-            assert term is not None
-            if term.state != result.state:
-                result = result.model_copy(update={"state": term.state, "reason": term.reason})
+        fact = final(run.ctl.lifecycle, RunEnd(result.state, result.reason), asyncio.get_running_loop().time())
+        if fact is not None:  # a deadline or budget set the terminal first: it is what happened
+            result = result.model_copy(update={"state": fact.state, "reason": fact.reason})
         result = result.model_copy(update={"progress_dropped": run.dropped})
-        del self._active[run.rpc.run_id]
         self._metrics.run_finished(run.rpc.run_id, result.state.value)
-        self._recent.add(run.rpc.run_id)
-        if not self._active:
+        if not self._book.active:
             self._idle.set()
         try:
             self._send(result)
@@ -567,12 +396,6 @@ class RunTable:
             progress_dropped=run.dropped,
             args_digest=run.digest,
         )
-
-
-def _cpu_limit(prepared: Prepared) -> int | None:
-    if isinstance(prepared, ProcessSpec) and prepared.limits is not None:
-        return prepared.limits.cpu_seconds
-    return None
 
 
 def _ms(seconds: float) -> int:

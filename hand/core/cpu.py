@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import signal
 
+CPU_SECONDS = "cpu_seconds"
+"""The budget kind a run's or a task's CPU seconds are reserved under (`protocol.control.Budget`)."""
+
 
 def cpu_exhausted(limit: int) -> str:
     """The reason of a run or task whose tree spent its CPU budget."""

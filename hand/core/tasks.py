@@ -3,7 +3,9 @@
 simulation (`tests/sim/hand_tasks.py`) drives these same functions and classes, so a rule changed
 here is a rule changed in both.
 
-- Admission, in order: policy and arguments first (the shell, through `hand.system.tools`), then
+- Admission, in order: the refusals every start gets at once, in the one order and with the
+  sentences of a foreground run (`background_refusal`, `hand.core.runs.refusal`), arguments and
+  paths (the shell, through `hand.system.tools`), then
   duplicates (same id and binding -> the existing task, nothing runs; another binding ->
   `conflicting_duplicate`), then the quota (`quota_exceeded` at `max_retained` rows, nothing
   stored). Within a batch each start sees the rows admitted before it (`admit_batch`).
@@ -25,13 +27,15 @@ from typing import Generic, Protocol, TypeVar
 
 from hand.core.cpu import cpu_exhausted, kernel_cpu_kill
 from hand.core.rows import TaskRow
+from hand.core.runs import SHUTTING_DOWN as SHUTTING_DOWN  # the start's refusal, as tests name it
+from hand.core.runs import Refused, exit_reason, kernel_cpu_reason, refusal
 from hand.core.spawn import SpawnFailure
-from protocol import limits
 from protocol.codes import CancelReason, KillStage, RejectCode
-from protocol.states import TaskState
+from protocol.digest import args_digest, binding_digest
+from protocol.messages import Accepted, Result, Rpc, TaskInfo, TaskStartValue
+from protocol.states import TASK_TRANSITIONS, RunState, TaskState
 
 LOST_REASON = "hand restarted before completion"
-BACKGROUND_TOOLS = frozenset({"exec", "shell"})
 ADMIT_BACKLOG = 1024
 """Starts taken in but not yet decided, past which the reader waits for them (backpressure on the
 connection's reader instead of an unbounded queue)."""
@@ -84,6 +88,20 @@ class StartRequest:
     args_digest: str
     binding_digest: str
     max_runtime_ms: int
+
+
+def start_request(rpc: Rpc) -> StartRequest:
+    """A background start as admission sees it: its id, and the digests that identify it (its
+    arguments; its binding: tool, arguments and max runtime, what a duplicate must match)."""
+    assert rpc.background is not None
+    max_ms = rpc.background.max_runtime_ms
+    return StartRequest(
+        task_id=rpc.run_id,
+        tool=rpc.tool,
+        args_digest=args_digest(rpc.tool, rpc.args),
+        binding_digest=binding_digest(rpc.tool, rpc.args, max_ms),
+        max_runtime_ms=max_ms,
+    )
 
 
 @dataclass(frozen=True)
@@ -146,6 +164,12 @@ class Ending:
     error: str | None = None
 
 
+def starts_first(state: TaskState, end: TaskState) -> bool:
+    """A task still `queued` whose ending is not one a queued task may take (`failed`: its program
+    could not start) is first recorded `running`: it did start, then failed."""
+    return state is TaskState.QUEUED and end not in TASK_TRANSITIONS[TaskState.QUEUED]
+
+
 def not_started(failure: SpawnFailure) -> Ending:
     """A task whose program could not start: `failed`, with exit code 127 or 126 when the program
     itself could not be executed, as a shell reports it (`hand.core.spawn`)."""
@@ -185,16 +209,8 @@ def ending(
         return Ending(TaskState.SUCCEEDED, "", 0, None, None, error)
     if kernel_cpu_kill(out.killed, out.signal, cpu_seconds, cpu_used):
         assert cpu_seconds is not None
-        return Ending(
-            TaskState.FAILED,
-            f"{cpu_exhausted(cpu_seconds)} (the kernel's per-process CPU limit)",
-            out.exit_code,
-            out.signal,
-            None,
-            error,
-        )
-    reason = f"exit status {out.exit_code}" if out.exit_code is not None else f"killed by signal {out.signal}"
-    return Ending(TaskState.FAILED, reason, out.exit_code, out.signal, None, error)
+        return Ending(TaskState.FAILED, kernel_cpu_reason(cpu_seconds), out.exit_code, out.signal, None, error)
+    return Ending(TaskState.FAILED, exit_reason(out.exit_code, out.signal), out.exit_code, out.signal, None, error)
 
 
 class CancelAction(enum.Enum):
@@ -257,32 +273,22 @@ class Duplicate:
     row: TaskRow
 
 
-@dataclass(frozen=True)
-class Refused:
-    """Answer `rejected` with this code; nothing is stored for this start."""
-
-    code: RejectCode
-    message: str
-
-
 Answer = Queued | Duplicate | Refused
-
-SHUTTING_DOWN = Refused(RejectCode.SHUTTING_DOWN, "this hand is shutting down")
 
 
 def background_refusal(tool: str, *, allowed: bool, closing: bool, args_size: int) -> Refused | None:
     """The refusals a background start gets at once, before anything is stored or batched: the
-    Hand is closing, the tool cannot run in the background, its arguments are too large, or the
-    policy denies it (then `hand.system.tools.prepare` checks arguments and paths)."""
-    if closing:
-        return SHUTTING_DOWN
-    if tool not in BACKGROUND_TOOLS:
-        return Refused(RejectCode.INVALID_REQUEST, "only exec and shell can run as background tasks")
-    if args_size > limits.ARGS_MAX_BYTES:
-        return Refused(RejectCode.INVALID_REQUEST, f"arguments of {args_size} bytes exceed {limits.ARGS_MAX_BYTES}")
-    if not allowed:
-        return Refused(RejectCode.DENIED_BY_POLICY, f"tool {tool!r} is denied by this hand's policy")
-    return None
+    one order and the sentences of a foreground run (`hand.core.runs.refusal`), less the duplicate
+    (decided at the group commit, `admit_batch`). Then `hand.system.tools.prepare` checks
+    arguments and paths."""
+    return refusal("", tool, args_size=args_size, allowed=allowed, closing=closing, background=True)
+
+
+def started(task_id: str, info: TaskInfo, *, duplicate: bool) -> tuple[Accepted, Result]:
+    """What a start is sent once its row is committed (or the row it duplicates is found):
+    `accepted`, then the start run's `result` carrying the task."""
+    value = TaskStartValue(task=info, duplicate=duplicate).model_dump(mode="python")
+    return Accepted(run_id=task_id), Result(run_id=task_id, state=RunState.SUCCEEDED, value=value)
 
 
 def answer_for(verdict: Verdict, task_id: str, max_retained: int) -> Answer:

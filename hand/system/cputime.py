@@ -26,9 +26,9 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from hand.core.cpu import CPU_SECONDS as CPU_SECONDS  # the budget kind, named where it is metered
+
 CPU_POLL_S = 0.2
-CPU_SECONDS = "cpu_seconds"
-"""The budget kind (`protocol.control.Budget`)."""
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 

@@ -378,7 +378,54 @@ def split_returncode(rc: int | None) -> tuple[int | None, int | None]:
     return (rc, None) if rc >= 0 else (None, -rc)
 
 
-class ProcessRun:
+class Killable:
+    """What a process tree (`ProcessRun`) and a terminal session (`hand.system.pty.PtyRun`) share:
+    a kill request that may come at any time, from any callback, any number of times. It is
+    recorded, and once the child runs (`_armed`) its first signals (`_first_signals`) go out at
+    once, in the caller's own callback, not a loop turn later behind the frames and log lines that
+    callback queued: a cancel's latency starts with them. `run()` performs the rest of the kill
+    sequence and says, through `_exit_or_kill`, whether the truth is "we killed it"."""
+
+    def __init__(self) -> None:
+        self._kill = asyncio.Event()
+        self._armed = False
+        """The child runs (past `on_spawn`) and `run()` has not finished: `kill()` may signal it."""
+        self._terminated = False
+        self.pid: int | None = None
+        self._exited: asyncio.Future[None] | None = None
+
+    def kill(self) -> None:
+        self._kill.set()
+        if self._armed and not self.exited:
+            self._terminate()
+
+    def _terminate(self) -> None:
+        """The first signals, once; none for a main process that exited first: it is not ours to
+        claim (what is left of its group or session is stragglers)."""
+        if not self._terminated and self.pid is not None:
+            if exited_unreaped(self.pid):
+                return
+            self._terminated = True
+            self._first_signals(self.pid)
+
+    def _first_signals(self, pid: int) -> None:
+        raise NotImplementedError
+
+    @property
+    def exited(self) -> bool:
+        """The main process has exited (and been reaped); output may still be draining."""
+        return self._exited is not None and self._exited.done()
+
+    async def _exit_or_kill(self, exited: asyncio.Future[None]) -> bool:
+        """Wait for the main process's exit or a kill request; True when we are killing it: the kill
+        request came first, or `kill()` sent the first signals just before the exit was seen."""
+        await exit_or_kill(exited, self._kill)
+        if not exited.done():
+            self._terminate()
+        return self._terminated
+
+
+class ProcessRun(Killable):
     """One child process tree. `kill()` may be called at any time, from any callback, any number of
     times: it records the request and, once the child runs, sends SIGTERM at once; `run()` performs
     the rest of the kill sequence."""
@@ -414,6 +461,7 @@ class ProcessRun:
         `on_output_closed(stream)` says a pipe reached its end."""
         if not argv:
             raise ValueError("argv must not be empty")
+        super().__init__()
         self._argv = list(argv)
         self._cwd = cwd
         self._env = env
@@ -445,35 +493,13 @@ class ProcessRun:
             self._sandbox["preexec_fn"] = preexec
         if run_as is not None:
             self._sandbox.update(run_as.popen_args())
-        self._kill = asyncio.Event()
-        self._armed = False
-        """`on_spawn` has returned and `run()` has not: `kill()` may signal the group itself."""
-        self._terminated = False
         self.stdout = Tail()
         self.stderr = Tail()
-        self.pid: int | None = None
-        self._exited: asyncio.Future[None] | None = None
 
-    def kill(self) -> None:
-        """SIGTERM goes out here, in the caller's own callback, not a loop turn later behind the
-        frames and log lines that callback queued: a cancel's latency starts with this signal."""
-        self._kill.set()
-        if self._armed and not self.exited:
-            self._terminate()
-
-    def _terminate(self) -> None:
-        """SIGTERM (and SIGCONT, so a stopped member can act on it) to the group, once."""
-        if not self._terminated and self.pid is not None:
-            if exited_unreaped(self.pid):
-                return  # it exited first: not ours to claim (what is left of its group: stragglers)
-            self._terminated = True
-            _signal_group(self.pid, signal.SIGTERM)
-            _signal_group(self.pid, signal.SIGCONT)
-
-    @property
-    def exited(self) -> bool:
-        """The main process has exited (and been reaped); output may still be draining."""
-        return self._exited is not None and self._exited.done()
+    def _first_signals(self, pid: int) -> None:
+        """SIGTERM (and SIGCONT, so a stopped member can act on it) to the group."""
+        _signal_group(pid, signal.SIGTERM)
+        _signal_group(pid, signal.SIGCONT)
 
     # --- streams ---
 
@@ -603,10 +629,7 @@ class ProcessRun:
                     pipe.close()
                 self._report_stdin()
             killed, stage, gone = False, None, False
-            await exit_or_kill(proto.exited, self._kill)
-            if not proto.exited.done():  # the kill request came first: the truth is "we killed it"
-                self._terminate()
-            if self._terminated:  # (sent by kill() itself, maybe just before the exit was seen)
+            if await self._exit_or_kill(proto.exited):
                 killed = True
                 stage, gone = await self._kill_group(pgid, self._grace, proto.exited, terminated=True)
             drained = await self._wait_output(proto)

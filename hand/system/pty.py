@@ -73,9 +73,8 @@ from hand.system.process import (
     SCAN_ROUNDS,
     STRAGGLER_GRACE_S,
     WATCHED_POLL_S,
+    Killable,
     Tail,
-    exit_or_kill,
-    exited_unreaped,
     split_returncode,
 )
 from hand.system.sandbox import ResourceLimits, RunAs, preexec_for, rlimit_plan
@@ -260,7 +259,7 @@ def _check_stream(stream: str) -> None:
         raise ValueError(f"a terminal run has one output stream, {PTY_STREAM!r}, not {stream!r}")
 
 
-class PtyRun:
+class PtyRun(Killable):
     """One child on a pseudo-terminal.
 
     The control surface is `ProcessRun`'s, so a run's stream plumbing can drive either: `kill()`,
@@ -295,6 +294,7 @@ class PtyRun:
         `executable` runs instead of argv[0] (a login shell's `-bash`: see `login_shell`)."""
         if not argv:
             raise ValueError("argv must not be empty")
+        super().__init__()
         self._argv = list(argv)
         self._size = check_size(rows, cols)
         self._cwd = cwd
@@ -308,10 +308,6 @@ class PtyRun:
         self._straggler_grace = straggler_grace
         self._run_as = run_as
         self._rlimits = preexec_for(rlimit_plan(limits))
-        self._kill = asyncio.Event()
-        self._armed = False
-        """The child runs and `run()` has not finished: `kill()` may signal its group itself."""
-        self._terminated = False
         self._master: int | None = None
         self._closed = False
         """The terminal is gone (hung up or the run is over): input is dropped from now on."""
@@ -330,29 +326,13 @@ class PtyRun:
         self.stdin_consumed = 0
         """Input bytes the terminal has taken, in order: the offset a receiver acknowledges."""
         self.stdin_dropped = 0
-        self.pid: int | None = None
-        self._exited: asyncio.Future[None] | None = None
 
     # --- control, from any callback ------------------------------------------------------------
 
-    def kill(self) -> None:
-        """The first signals go to the child's group at once (a cancel's latency starts here);
-        `run()` finds the rest of the session and goes on with the kill sequence."""
-        self._kill.set()
-        if self._armed and not self.exited:
-            self._terminate()
-
-    def _terminate(self) -> None:
-        if not self._terminated and self.pid is not None:
-            if exited_unreaped(self.pid):
-                return  # it exited first (see `ProcessRun._terminate`)
-            self._terminated = True
-            _signal_groups({self.pid}, HANGUP)
-
-    @property
-    def exited(self) -> bool:
-        """The main process has exited (and been reaped); output may still be draining."""
-        return self._exited is not None and self._exited.done()
+    def _first_signals(self, pid: int) -> None:
+        """SIGHUP, SIGTERM and SIGCONT to the child's group; `run()` finds the rest of the session
+        and goes on with the kill sequence."""
+        _signal_groups({pid}, HANGUP)
 
     def resize(self, rows: int, cols: int) -> None:
         """Set the terminal's size (`TIOCSWINSZ` on the master sets the slave's): the kernel sends
@@ -601,10 +581,7 @@ class PtyRun:
                 if self._queue:
                     self._writable()
             self._armed = True
-            await exit_or_kill(exit_watch.exited, self._kill)
-            if not exit_watch.exited.done():  # the kill request came first: the truth is "we killed it"
-                self._terminate()
-            if self._terminated:
+            if await self._exit_or_kill(exit_watch.exited):
                 killed = True
                 stage, _ = await kill_session(pid, self._grace, exit_watch.exited, hung_up=frozenset({pid}))
             elif await asyncio.to_thread(session_groups, pid) != set():  # exited, leaving part of its session

@@ -3,14 +3,16 @@
     mind cp [-r] [-p] [--resume] [--json] SRC... DST
 
 An operand `HAND:PATH` is on a Hand (PATH relative to its root; `HAND:` alone is the root), anything
-else is local (write `./a:b` for a local name with a colon). `-` is standard input (as a source) or
+else is local (write `./a:b` for a local name with a colon); a remote source's last part may be a
+pattern (`box:logs/*.log`), matched on the Hand. `-` is standard input (as a source) or
 standard output (as the destination). Local to Hand and Hand to local; Hand to Hand goes through
 this machine (downloaded to a temporary file, then uploaded).
 
-Exit codes (with the table in `mind/cli/output.py`): 0 every file copied and verified; 1 a copy
+Exit codes (with the table in `mind/cli/exits.py`): 0 every file copied and verified; 1 a copy
 failed (no such file, permission denied, disk full on the Hand, digest mismatch, a special file or
 an outside symlink skipped); 125 refused (policy, path outside the root, over the Hand's size
-limit, Mind unreachable); 255 the link did not come back within the retries; 2 usage.
+limit, Mind unreachable); 255 the link did not come back within the retries; 130 interrupted by
+Ctrl-C; 2 usage.
 """
 
 from __future__ import annotations
@@ -28,10 +30,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mind.cli.output import EXIT_COPY_FAILED, EXIT_LOST, EXIT_REFUSED, EXIT_USAGE, printable
+from mind.cli import options
+from mind.cli.connection import open_client, with_client
+from mind.cli.exits import EXIT_COPY_FAILED, EXIT_LOST, EXIT_REFUSED, EXIT_USAGE
+from mind.cli.formatting import printable
 from mind.cli.progress import Status, is_terminal
 from mind.client import files, localfs
 from mind.client.files import CopyError, CopyResult
+from mind.errors import ClientCode, Code
 from protocol import copy as rules
 from protocol import limits
 
@@ -56,15 +62,20 @@ def parse_operand(text: str) -> Operand:
     return Operand(None, text)
 
 
-def add_parser(sub: Any, conn_opts: Callable[[argparse.ArgumentParser], None], formatter: Any) -> None:
-    cp = sub.add_parser(
+COPY_TOOLS = ("put_file", "get_file", "stat_file", "list_tree")
+"""The Hand's tools `mind cp` uses (DESIGN §11): a client credential's `--tools` must allow all four."""
+
+
+def add_parsers(sub: Any) -> None:
+    cp = options.command(
+        sub,
         "cp",
         help="copy files to and from Hands (scp syntax: HAND:PATH), verified, atomic, resumable",
-        formatter_class=formatter,
         description="Copy files between this machine and Hands. HAND:PATH is relative to the Hand's root; "
-        "'-' is stdin/stdout. Exit: 0 ok, 1 a copy failed, 125 refused, 255 link lost, 2 usage.",
+        "'-' is stdin/stdout; ./a:b is a local name with a colon. Exit: 0 ok, 1 a copy failed, 125 refused, "
+        "255 link lost, 130 interrupted (Ctrl-C), 2 usage. Needs the tools " + ", ".join(COPY_TOOLS) + ".",
     )
-    conn_opts(cp)
+    options.connection(cp)
     cp.add_argument(
         "-r", "--recursive", action="store_true", help="copy directories (symlinks inside the tree as links)"
     )
@@ -72,10 +83,16 @@ def add_parser(sub: Any, conn_opts: Callable[[argparse.ArgumentParser], None], f
     cp.add_argument(
         "--resume", action="store_true", help="continue the part file an interrupted `mind cp` of the same file left"
     )
-    cp.add_argument("--json", action="store_true", help="one JSON object per copied file on stdout")
+    options.json_output(cp, "one JSON object per copied file on stdout")
     cp.add_argument(
         "operands", nargs="+", metavar="PATH", help="sources, then the destination (HAND:PATH, a local path, or -)"
     )
+    cp.set_defaults(handler=with_client(copy))
+
+
+async def copy(mc: Any, args: argparse.Namespace) -> int:
+    """The handler: `run` with a reconnect that dials the same Mind again (a copy survives a cut)."""
+    return await run(mc, args, lambda: open_client(args))
 
 
 class _Run:
@@ -87,6 +104,7 @@ class _Run:
         self.status = Status(sys.stderr, enabled=is_terminal(sys.stderr))
         self.failures = 0
         self.worst = 0
+        self.scope_hinted = False
 
     # --- reporting ---
 
@@ -114,15 +132,22 @@ class _Run:
         print(f"mind: cp: {where}{printable(msg)}", file=sys.stderr)
         code = EXIT_FAILED
         if isinstance(exc, CopyError):
-            code = {"rejected": EXIT_REFUSED, "lost": EXIT_LOST}.get(exc.code, EXIT_FAILED)
+            codes: dict[Code, int] = {ClientCode.REJECTED: EXIT_REFUSED, ClientCode.LOST: EXIT_LOST}
+            code = codes.get(exc.code, EXIT_FAILED)
+        if "denied_by_scope" in msg and "tool" in msg and not self.scope_hinted:
+            self.scope_hinted = True
+            tools = ", ".join(COPY_TOOLS)
+            print(
+                f"mind: cp: a copy uses the tools {tools}: the credential's scope must allow all four", file=sys.stderr
+            )
         self.failures += 1
         self.worst = max(self.worst, code)  # 1 < 125 (refused) < 255 (lost): the gravest one
 
     # --- the copies ---
 
-    async def put(self, local: str, hand: str, remote: str, make_dirs: bool = False) -> None:
+    async def put(self, local: str, hand: str, remote: str, make_dirs: bool = False, shown: str | None = None) -> None:
         if not _utf8(remote):
-            self.fail(local, NOT_UTF8)
+            self.fail(shown or local, NOT_UTF8)
             return
         started = time.monotonic()
         try:
@@ -138,11 +163,12 @@ class _Run:
                 reconnect=self._reconnect,
             )
         except CopyError as exc:
-            self.fail(f"{local} -> {hand}:{remote}", exc)
+            self.fail(f"{shown or local} -> {hand}:{remote}", exc)
             return
         self.done(res, f"{hand}:{remote}")
 
-    async def get(self, hand: str, remote: str, local: str, into: int | None = None) -> None:
+    async def get(self, hand: str, remote: str, local: str, into: int | None = None, shown: str | None = None) -> None:
+        """`shown`: how the local side is named to the user (not a temporary file of ours)."""
         started = time.monotonic()
         try:
             res = await files.download(
@@ -157,9 +183,10 @@ class _Run:
                 into=into,
             )
         except CopyError as exc:
-            self.fail(f"{hand}:{remote} -> {local}", exc)
+            self.fail(f"{hand}:{remote} -> {shown or local}", exc)
             return
-        self.done(res, local)
+        if shown is None:
+            self.done(res, local)
 
     async def get_stdout(self, hand: str, remote: str) -> None:
         res = CopyResult(path=remote, size=0, sha256="")
@@ -218,11 +245,11 @@ class _Run:
             else:
                 await self.put(src, hand, dst)
         for src, dst, target in links:
-            await self._call(src, hand, "put_file", {"path": dst, "type": "symlink", "target": target})
+            await self.call(src, hand, "put_file", {"path": dst, "type": "symlink", "target": target})
         if self.args.preserve:  # directory times last: writing into a directory changes its time
             for src, dst in reversed(dirs):
                 _, mtime = _mode_time(src)
-                await self._call(src, hand, "put_file", {"path": dst, "type": "dir", "mtime": mtime})
+                await self.call(src, hand, "put_file", {"path": dst, "type": "dir", "mtime": mtime})
 
     async def _put_dir(self, hand: str, dst: str, src: str) -> bool:
         """A directory of the tree, made with the source's mode; the Hand keeps an existing one's
@@ -230,9 +257,9 @@ class _Run:
         targs: dict[str, Any] = {"path": dst, "type": "dir", "make_dirs": True}
         if posixpath.normpath(dst) != ".":
             targs["mode"], _ = _mode_time(src)
-        return await self._call(src, hand, "put_file", targs) is not None
+        return await self.call(src, hand, "put_file", targs) is not None
 
-    async def _call(self, what: str, hand: str, tool: str, targs: dict[str, Any]) -> Any:
+    async def call(self, what: str, hand: str, tool: str, targs: dict[str, Any]) -> Any:
         from protocol.states import RunState
 
         end = await self.mc.exec(hand, tool, targs, timeout=60)
@@ -247,7 +274,7 @@ class _Run:
         the tree, a name taken twice, an entry whose parent is not a directory of this copy are
         refused), directories first, files, symlinks last, each judged on the real local tree. A
         hostile Hand cannot make this write outside `local` (issue 23, attack 1)."""
-        value = await self._call(f"{hand}:{remote}", hand, "list_tree", {"path": remote})
+        value = await self.call(f"{hand}:{remote}", hand, "list_tree", {"path": remote})
         if value is None:
             return
         entries = value.get("entries") if isinstance(value, dict) else None
@@ -394,6 +421,63 @@ async def run(mc: Any, args: argparse.Namespace, reconnect: Callable[[], Awaitab
         print("mind: cp: a HAND:PATH must be UTF-8 (a Hand's paths travel as UTF-8)", file=sys.stderr)
         return EXIT_USAGE
     job = _Run(mc, args, reconnect)
+    try:
+        srcs = await _expand_globs(job, srcs)
+        if not srcs:
+            return job.worst
+        return await _copy(job, srcs, dst)
+    finally:
+        if job.failures:
+            _colon_hints(args.operands)
+
+
+GLOB = frozenset("*?[")
+
+
+async def _expand_globs(job: _Run, srcs: list[Operand]) -> list[Operand]:
+    """`box:logs/*.log`: a remote source whose last part is a pattern names the entries of its
+    directory that match it, as scp's remote globs do (fnmatch; a leading `.` only by a pattern
+    that starts with one), sorted. Only the last part: the directory is listed with `list_tree`,
+    one of the four tools a copy uses anyway. A pattern that matches nothing is a failed copy."""
+    import fnmatch
+
+    out: list[Operand] = []
+    for s in srcs:
+        base = posixpath.basename(s.path)
+        if s.hand is None or not GLOB.intersection(base) or GLOB.intersection(posixpath.dirname(s.path)):
+            out.append(s)
+            continue
+        parent = posixpath.dirname(s.path)
+        value = await job.call(f"{s.hand}:{s.path}", s.hand, "list_tree", {"path": parent or "."})
+        if value is None:
+            continue
+        names = sorted(
+            e["path"]
+            for e in value["entries"]
+            if "/" not in e["path"]
+            and fnmatch.fnmatchcase(e["path"], base)
+            and (base.startswith(".") or not e["path"].startswith("."))
+        )
+        if not names:
+            job.fail(f"{s.hand}:{s.path}", "no match")
+            continue
+        out += [Operand(s.hand, posixpath.join(parent, n)) for n in names]
+    return out
+
+
+def _colon_hints(operands: list[str]) -> None:
+    """After a failure: an operand read as `HAND:PATH` that is also a local file was probably meant
+    as the file (`mind cp a:b web1:`); scp's rule is ours, and so is its way out, `./a:b`."""
+    for text in operands:
+        if parse_operand(text).remote and os.path.lexists(text):
+            print(
+                f"mind: cp: {printable(text)} was read as HAND:PATH; for the local file write ./{printable(text)}",
+                file=sys.stderr,
+            )
+
+
+async def _copy(job: _Run, srcs: list[Operand], dst: Operand) -> int:
+    args = job.args
     many = len(srcs) > 1
     try:
         if dst.remote:
@@ -476,6 +560,6 @@ async def _hand_to_hand(job: _Run, src: Operand, dst: Operand, into_dir: bool) -
     with tempfile.TemporaryDirectory(prefix="mindhand-cp-") as tmp:
         local = os.path.join(tmp, "file")
         before = job.failures
-        await job.get(src.hand, src.path, local)
+        await job.get(src.hand, src.path, local, shown=f"{dst.hand}:{target}")
         if job.failures == before:
-            await job.put(local, dst.hand, target)
+            await job.put(local, dst.hand, target, shown=f"{src.hand}:{src.path}")

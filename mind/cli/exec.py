@@ -1,64 +1,134 @@
-"""`mind exec`: run a command on a Hand and behave as if it ran here (bytes, exit code, Ctrl-C).
+"""`mind exec` and `mind shell`: their parsers, the checks before any connection, and the start of
+the run (mind/cli/execloop.py is the loop that carries it; mind/cli/fleet.py a `--hands` fleet run).
 
-This is the CLI's fast path: one blocking `Link` (mind/client/blocking.py says why: no asyncio, no pydantic)
-and one loop that waits on the socket, the Ctrl-C wakeup and the status timer.
-- The run's bytes are streams (mind/cli/streamio.py): our stdin is its stdin (unless `-n`), its
-  stdout and stderr are ours, complete, in order and as they are produced, with flow control end
-  to end. Where bytes could not be delivered (the Hand's output limit, a lost connection), stderr
-  says which stream and from which offset, and the exit code is never 0 (122 if it would have been).
-- Ctrl-C once requests a cancel (the Hand kills the whole tree) and keeps waiting for the
-  authoritative end; a second Ctrl-C detaches (the cancel still proceeds).
-- On a terminal (stderr), while the Hand has not started the command yet, or a cancel is pending, a
-  status line appears after a second; it is erased before any output and at the end. Never with
-  `--json`/`--events`, never when stderr is not a terminal.
-- If the connection to the Mind is lost after the run was sent, the outcome is unknown: 255.
+This is the CLI's fast path: `mind exec` builds only these parsers (mind/cli/main.py) and runs over
+one blocking `Link` (mind/client/blocking.py: no asyncio, no pydantic), so nothing here may import
+the asyncio client at module level.
+
+Which Hand (ssh's habit, `ssh web1 uptime`): `mind exec web1 -- uptime` is `mind exec --hand web1 --
+uptime`. The rule, without ambiguity: with neither `--hand` nor `--hands`, the first word that is
+not an option, before `--`, is the Hand; every other word is the command's. A Hand's name never
+starts with `-` (protocol/limits.py LABEL_RE), so it cannot be read as an option, and `mind exec`
+has no subcommands, so a Hand named `exec` or `shell` is just a name (`mind exec shell -- ls`).
+Options go before the command: before or after the Hand, and a command with options of its own
+goes after `--` (`mind exec web1 -t -- top -d 1`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
-import time
-from collections.abc import Callable
 from typing import Any
 
-from mind.cli import output
+from mind.cli import options
 from mind.cli.connection import connection_params
-from mind.cli.escapes import Escape, EscapeFilter, help_text
-from mind.cli.output import (
-    EXIT_CANCELLED,
-    EXIT_INCOMPLETE,
-    EXIT_LOST,
-    EXIT_USAGE,
-    _explain,
-    _StreamPrinter,
-    _text,
-    close_names,
-    did_you_mean,
-    die,
-    end_summary,
-    exit_code_for,
-    printable,
-    tool_args_from,
-)
-from mind.cli.progress import Status, elapsed
-from mind.cli.streamio import InputStream, OutputStream
-from mind.cli.terminal import DEFAULT_SIZE, RawMode, WindowWatch, window_size
-from mind.client import wire
-from mind.client.blocking import Link
+from mind.cli.exits import EXIT_USAGE, die
+from mind.cli.toolargs import tool_args_from
 from mind.client.credentials import load_credential
-from mind.client.session import Failed, Routed, RunEnded
 from mind.errors import ClientError
 from protocol import limits
-from protocol.codes import RejectCode
-from protocol.states import RunState
 
-STATUS_AFTER_S = 1.0
-STATUS_TICK_S = 0.25
-NOT_STARTED = (None, RunState.ADMITTED, RunState.SENT)
+HAND_RULE = "mind exec [OPTIONS] HAND -- COMMAND (or --hand HAND; --hands SELECTOR for a fleet)"
+
+TTY_NOTICE = "mind: -t: stdin is not a terminal, so the command runs without one (as ssh -t does)"
+"""`mind exec -t` with a pipe or a file as stdin: as `ssh -t`, no terminal is made (a terminal
+would wait for keys that never come: issue 24) and the data is the command's stdin."""
+
+
+def add_parsers(sub: Any) -> None:
+    e = options.command(sub, "exec", help="run a command on a Hand, streaming its output")
+    options.connection(e)
+    which = e.add_mutually_exclusive_group()
+    options.hand(which, required=False, help="the Hand's name (or give it as the first word: mind exec HAND -- CMD)")
+    which.add_argument(
+        "--hands",
+        metavar="SELECTOR",
+        help="a fleet run on every Hand this names: a,b  web*  role=web  role=web+dc=eu1 (README: Fleet runs)",
+    )
+    options.fleet(e)
+    options.timeout(e, options.EXEC_TIMEOUT_S, "the run is killed; stderr says so when it happens")
+    e.add_argument("--grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL (Hand default 5)")
+    options.place(e)
+    e.add_argument(
+        "-t",
+        "--tty",
+        action="store_true",
+        help="run the command in a terminal (as ssh -t): keys go to it, ~. leaves, ~? lists escapes; "
+        "with a stdin that is not a terminal, no terminal (as ssh -t)",
+    )
+    e.add_argument(
+        "-n",
+        "--no-stdin",
+        action="store_true",
+        help="the command reads /dev/null instead of our stdin (as ssh -n: for `while read h; do mind exec -n ...`)",
+    )
+    e.add_argument(
+        "--output-limit",
+        metavar="SIZE",
+        help="bytes per output stream to deliver (default 1G; the Hand may cap it); past it the stream is cut",
+    )
+    options.limits(e)
+    out = e.add_mutually_exclusive_group()
+    options.json_output(out, "print one JSON object at the end instead of the output")
+    out.add_argument("--events", action="store_true", help="print every event as one JSON line (NDJSON)")
+    options.program(e, "HAND (without --hand/--hands), then the command after --: mind exec web1 -- uptime")
+    e.set_defaults(handler=run, resolve=resolve_hand, login=False)
+
+    s = options.command(sub, "shell", help="a login shell on a Hand, in a terminal (as `ssh host`)")
+    options.connection(s)
+    options.hand(s, required=False, help="the Hand's name (or give it as the word: mind shell HAND)")
+    s.add_argument("target", nargs="?", metavar="HAND", help="the Hand's name, as ssh's host")
+    options.place(s)
+    options.timeout(s, 24 * 3600.0, "the session is killed")
+    s.set_defaults(
+        handler=run,
+        resolve=resolve_shell_hand,
+        hands=None,
+        shell=None,
+        argv=[],
+        tty=True,
+        login=True,
+        no_stdin=False,
+        output_limit=None,
+        json=False,
+        events=False,
+        grace=None,
+        cpu_seconds=None,
+        memory=None,
+        max_files=None,
+        max_procs=None,
+    )
+
+
+def resolve_hand(args: argparse.Namespace, words: list[str], extra: list[str]) -> None:
+    """The Hand given as a word (the module's docstring has the rule). `words` is the command line
+    as typed: what follows its first `--` is the command's, whatever it looks like."""
+    named = args.hand is not None or args.hands is not None
+    if not named and extra[:1] == ["--"]:  # options after the Hand (`mind exec web1 -t -- top`): argparse
+        args.argv, extra = [*args.argv, *extra[1:]], []  # left the command after `--` over
+    if extra:
+        where = "" if named else f" (a command with options goes after --: {HAND_RULE})"
+        die(f"unrecognized arguments: {' '.join(extra)}{where}", EXIT_USAGE)
+    if named:
+        return
+    after = len(words) - words.index("--") - 1 if "--" in words else 0
+    before = args.argv[: len(args.argv) - after]
+    if not before:
+        die(f"which Hand? {HAND_RULE}", EXIT_USAGE)
+    args.hand = before[0]
+    args.argv = args.argv[1:]
+
+
+def resolve_shell_hand(args: argparse.Namespace, words: list[str], extra: list[str]) -> None:
+    if extra:
+        die(f"unrecognized arguments: {' '.join(extra)}", EXIT_USAGE)
+    if args.hand is not None and args.target is not None and args.target != args.hand:
+        die(f"two Hands: --hand {args.hand} and {args.target}; give one", EXIT_USAGE)
+    args.hand = args.hand or args.target
+    if args.hand is None:
+        die("which Hand? mind shell HAND (or --hand HAND)", EXIT_USAGE)
 
 
 def check_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], int, int | None]:
@@ -80,14 +150,24 @@ def check_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], int, int 
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.hands is not None:
+        from mind.cli import fleet
+
+        return fleet.run(args)
+    from mind.cli.execloop import ExecSession
+    from mind.client.blocking import Link
+
     tool, tool_args, timeout_ms, grace_ms = check_args(args)
+    if args.tty and not args.login and not os.isatty(0):
+        args.tty = False
+        print(TTY_NOTICE, file=sys.stderr, flush=True)
     url, cred_path, ca, pin = connection_params(args)
     try:
         link = Link.connect(url, load_credential(cred_path), ca=ca, pin=pin)
     except ClientError as exc:
         die(exc.message, kind=exc.code)
     session = ExecSession(link, args)
-    session.hand_names = lambda: _hand_names(url, cred_path, ca, pin)
+    session.hand_names = lambda: hand_names(url, cred_path, ca, pin)
     try:
         return session.run(tool, tool_args, timeout_ms, grace_ms)
     except BrokenPipeError:  # our stdout's reader went away (`| head`): stop like a piped command does
@@ -99,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         link.close()
 
 
-def _hand_names(url: str, cred_path: str, ca: str | None, pin: str | None) -> list[str]:
+def hand_names(url: str, cred_path: str, ca: str | None, pin: str | None) -> list[str]:
     """The Hands this client may see, for a "did you mean" after an `unknown_hand` refusal: a second,
     short connection through the full client (the fast path has no hand list), only on that error."""
     import asyncio
@@ -117,409 +197,3 @@ def _hand_names(url: str, cred_path: str, ca: str | None, pin: str | None) -> li
         return asyncio.run(names())
     except (ClientError, OSError):
         return []
-
-
-class _Interrupts:
-    """Ctrl-C as a counter plus a wakeup of the link's `select` (`signal.set_wakeup_fd`), so the loop
-    acts on it between frames rather than a KeyboardInterrupt landing in the middle of one."""
-
-    def __init__(self, link: Link) -> None:
-        self.count = 0
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
-        self._old_fd = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
-        self._old = signal.signal(signal.SIGINT, self._on_sigint)
-        link.add_wakeup(self._r)
-
-    def _on_sigint(self, signum: int, frame: object) -> None:
-        self.count += 1
-
-    def take(self) -> int:
-        n, self.count = self.count, 0
-        return n
-
-    def restore(self, link: Link) -> None:
-        signal.signal(signal.SIGINT, self._old)
-        signal.set_wakeup_fd(self._old_fd)
-        link.remove_wakeup(self._r)
-        os.close(self._r)
-        os.close(self._w)
-
-
-class ExecSession:
-    def __init__(self, link: Link, args: argparse.Namespace) -> None:
-        self.link = link
-        self.args = args
-        self.status = Status(sys.stderr, enabled=not (args.json or args.events))
-        self.printer = _StreamPrinter()
-        self.run_id: str | None = None
-        self.state: RunState | None = None
-        self.interrupts = 0
-        self.cancel_wanted = False
-        self.cancel_id: str | None = None
-        self.t0 = time.monotonic()
-        self.xid = ""
-        self.hand_names: Callable[[], list[str]] | None = None
-        """The Hands this client may see (asked only after an `unknown_hand` refusal)."""
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        quiet = args.json or args.events
-        self.tty = bool(getattr(args, "tty", False))
-        self.local_tty = self.tty and os.isatty(0)
-        """A terminal run from a terminal: raw mode, the window size, `~` escapes."""
-        if self.tty:  # a terminal has one output stream: stdout and stderr are one on the Hand
-            self.outs = {"pty": OutputStream("pty", None if quiet else _fileno(sys.stdout, 1), self._wake_w)}
-        else:
-            self.outs = {
-                "stdout": OutputStream("stdout", None if quiet else _fileno(sys.stdout, 1), self._wake_w),
-                "stderr": OutputStream("stderr", None if quiet else _fileno(sys.stderr, 2), self._wake_w),
-            }
-        escapes = EscapeFilter() if self.local_tty else None
-        self.stdin = None if args.no_stdin and not self.tty else InputStream(0, escapes)
-        self.stdin_watched = False
-        self.left = False
-
-    def run(self, tool: str, tool_args: dict[str, Any], timeout_ms: int, grace_ms: int | None) -> int:
-        # Per-state updates only when someone reads them: the status line needs to know when the
-        # Hand accepted; without it the Mind sends just `admitted`, the output and the end.
-        watch = bool(self.args.events or self.status.enabled)
-        pty = None
-        if self.tty:
-            size = window_size(0) or window_size(1) or DEFAULT_SIZE
-            pty = {
-                "term": _term(),
-                "rows": max(1, size.rows),
-                "cols": max(1, size.cols),
-                "login": bool(getattr(self.args, "login", False)),
-            }
-        streams = {"stdin": self.stdin is not None, "pty": pty, "output_limit": self._output_limit()}
-        msg = wire.exec_(
-            hand=self.args.hand,
-            tool=tool,
-            args=tool_args,
-            timeout_ms=timeout_ms,
-            grace_ms=grace_ms,
-            streams=streams,
-            watch=watch,
-        )
-        interrupts = _Interrupts(self.link)
-        self.link.add_wakeup(self._wake_r)
-        raw = RawMode(0) if self.local_tty else None
-        winch = WindowWatch(0) if self.local_tty else None
-        try:
-            if raw is not None and winch is not None:
-                raw.enter()
-                winch.__enter__()
-            try:
-                xid = self.xid = self.link.start_run(msg)
-            except ClientError as exc:
-                die(exc.message, kind=exc.code)
-            self.t0 = time.monotonic()
-            while True:
-                sin = self.stdin
-                busy = sin is not None and sin.always_ready and sin.wants_data() and self.run_id is not None
-                try:
-                    events = self.link.poll(0 if busy else STATUS_TICK_S if self.status.enabled else None)
-                except ClientError as exc:
-                    return self._lost(exc)
-                for ev in events:
-                    code = self._on_event(ev, xid)
-                    if code is not None:
-                        return code
-                try:
-                    self._pump()
-                except ClientError as exc:
-                    return self._lost(exc)
-                if self.left:
-                    return self._leave(raw)
-                if winch is not None and self.run_id is not None:
-                    now = winch.changed()
-                    if now is not None and now.rows > 0 and now.cols > 0:
-                        self._send_stream(wire.resize(run_id=self.run_id, rows=now.rows, cols=now.cols))
-                n = interrupts.take()
-                if n and self._on_interrupts(n):
-                    return EXIT_CANCELLED
-                self._tick()
-        finally:
-            if winch is not None:
-                winch.__exit__(None, None, None)
-            if raw is not None:
-                raw.restore()
-            interrupts.restore(self.link)
-            self.link.remove_wakeup(self._wake_r)
-            if self.stdin_watched:
-                self.link.unwatch(0)
-
-    def _output_limit(self) -> int:
-        if self.args.output_limit is None:
-            return limits.OUTPUT_LIMIT_DEFAULT
-        from protocol.units import parse_size
-
-        try:
-            return parse_size(self.args.output_limit)
-        except ValueError as exc:
-            die(f"--output-limit: {exc}", EXIT_USAGE)
-
-    # --- streams ---
-
-    def _pump(self) -> None:
-        """Acknowledge what our writers wrote; forward stdin while the Hand grants credit."""
-        for name, out in self.outs.items():
-            ack = out.ack_due()
-            if out.broken and not out.closed_sent and self.run_id is not None:
-                out.closed_sent = True
-                self._send_stream(wire.stream_ack(run_id=self.run_id, stream=name, offset=out.consumed(), closed=True))
-            elif ack is not None and self.run_id is not None:
-                self._send_stream(wire.stream_ack(run_id=self.run_id, stream=name, offset=ack))
-        sin = self.stdin
-        if sin is None or self.run_id is None:
-            return
-        if sin.wants_data() and (sin.always_ready or self.link.ready(0)):
-            for action in sin.read():
-                if action is Escape.LEAVE:
-                    self.left = True
-                    return
-                os.write(_fileno(sys.stderr, 2), help_text().encode())
-        while (chunk := sin.next_chunk()) is not None:
-            offset, data, eof = chunk
-            self._send_stream(wire.stream_data(run_id=self.run_id, stream="stdin", offset=offset, data=data, eof=eof))
-        want = sin.wants_data() and not sin.always_ready
-        if want and not self.stdin_watched:
-            try:
-                self.link.watch(0)
-            except PermissionError:  # /dev/null and other files epoll refuses: they never block
-                sin.always_ready = True
-                want = False
-        elif not want and self.stdin_watched:
-            self.link.unwatch(0)
-        self.stdin_watched = want
-
-    def _leave(self, raw: RawMode | None) -> int:
-        """`~.`: close the connection at once; the Mind cancels the run as for any client that went
-        away (as ssh's `~.`, exit 255)."""
-        if raw is not None:
-            raw.restore()
-        self.link.abort()
-        self._say(f"mind: left the session with ~.; run {self.run_id} is cancelled on hand {self.args.hand}")
-        return EXIT_LOST
-
-    def _send_stream(self, msg: Any) -> None:
-        self.link.send(msg, self.xid)
-
-    def _on_stream(self, msg: Any) -> None:
-        if msg.TYPE == "stream_ack":
-            if self.stdin is not None and msg.stream == "stdin":
-                try:
-                    self.stdin.tx.on_ack(msg.offset)
-                except Exception:  # the Mind checked it; a wrong one opens no credit
-                    pass
-                if msg.closed:  # the command closed its stdin: stop reading ours
-                    self.stdin.done = True
-            return
-        out = self.outs.get(msg.stream)
-        if out is None:
-            return
-        if self.args.events:
-            if msg.data:
-                print(json.dumps(_stream_line(msg)), flush=True)
-        if msg.data or msg.eof:
-            self.status.clear()
-        out.feed(msg.offset, msg.data, msg.eof)
-
-    def _stream_report(self, end: Any) -> bool:
-        """After the end: wait for the writers, then say on stderr what was not delivered. True
-        if every byte the command wrote reached us (and, when it says, matches its digest)."""
-        complete = True
-        for name, out in self.outs.items():
-            out.finish()
-            tail = getattr(end, name, None)
-            sent = getattr(tail, "sent", None)
-            if tail is None or sent is None:  # the Hand's account never came (the run is lost)
-                if not out.eof:
-                    complete = False
-                    self._say(
-                        f"mind: {name}: delivered up to offset {out.rx.offset}; whether more was written is unknown"
-                    )
-                continue
-            if out.gap is not None:
-                complete = False
-                self._say(f"mind: {name}: bytes from offset {out.gap} were not delivered (the stream broke)")
-            elif out.rx.offset < sent:
-                complete = False
-                self._say(f"mind: {name}: bytes from offset {out.rx.offset} of {sent} were not delivered")
-            elif tail.sha256 is not None and out.hash.hexdigest() != tail.sha256:
-                complete = False
-                self._say(f"mind: {name}: the bytes delivered do not match the Hand's digest")
-            if tail.total > sent and not out.broken:
-                complete = False
-                self._say(
-                    f"mind: {name}: cut at offset {sent} by the output limit; "
-                    f"{tail.total - sent} bytes of {tail.total} were not delivered"
-                )
-        return complete
-
-    # --- events ---
-
-    def _on_event(self, ev: Routed, xid: str) -> int | None:
-        """The exit code once the run is over (its end, a refusal, the connection lost), else None.
-        The session core (mind/client/session.py) has already routed `ev` and checked that every
-        event of the run names the same run."""
-        if ev.id == self.cancel_id:
-            if isinstance(ev, Failed) and not ev.lost:  # lost: the run's own event says so
-                self._say(f"mind: cancel request failed: {printable(ev.error.message)}")
-            return None
-        if ev.id != xid:
-            return None
-        if isinstance(ev, Failed):
-            if ev.lost:
-                return self._lost(ev.error)
-            self.status.clear()
-            die(ev.error.message)
-        msg = ev.msg
-        if self.run_id is None:
-            self.run_id = msg.run_id
-            self._send_cancel()
-        if msg.TYPE in ("stream_data", "stream_ack"):
-            self._on_stream(msg)
-            return None
-        if self.args.events:
-            print(json.dumps(_event_line(msg)), flush=True)
-        if msg.TYPE == "run_update":
-            self.state = msg.state
-        elif msg.TYPE == "run_output":
-            if not self.args.json and not self.args.events:
-                self.status.clear()
-                self.printer.chunk(msg.stream, msg.offset, msg.data)
-        elif isinstance(ev, RunEnded):
-            return self._finish(msg)
-        return None
-
-    def _suggest(self, end: Any) -> list[str]:
-        if end.reject_code is not RejectCode.UNKNOWN_HAND or self.hand_names is None:
-            return []
-        return close_names(self.args.hand, self.hand_names())
-
-    def _finish(self, end: Any) -> int:
-        self.status.clear()
-        close = self._suggest(end)
-        streamed = end.stdout.sent is not None or self.run_id is not None and end.state is RunState.LOST
-        complete = self._stream_report(end) if streamed else True
-        if self.args.json:
-            summary = end_summary(end)
-            summary["stdout"] = _text(end.stdout.data)
-            summary["stderr"] = _text(end.stderr.data)
-            if streamed:
-                summary["delivered"] = {
-                    name: {"bytes": out.rx.offset, "sha256": out.hash.hexdigest(), "complete": complete}
-                    for name, out in self.outs.items()
-                }
-            if close:
-                summary["did_you_mean"] = close
-            print(json.dumps(summary))
-        elif not self.args.events:
-            if not streamed:
-                self.printer.finish("stdout", end.stdout)
-                self.printer.finish("stderr", end.stderr)
-            if not (end.signal == signal.SIGPIPE and any(out.broken for out in self.outs.values())):
-                _explain(end)  # (a SIGPIPE after our reader went away is `cmd | head` working as it should)
-            if close:
-                print(f"mind: {did_you_mean(close)}", file=sys.stderr)
-        code = exit_code_for(end)
-        return EXIT_INCOMPLETE if code == 0 and not complete else code
-
-    def _lost(self, exc: ClientError) -> int:
-        """The connection ended before the run did. Refused if the Mind said why before admitting
-        it; otherwise nobody here can know what ran: 255, as for a run that ended `lost`."""
-        self.status.clear()
-        if self.run_id is None and exc.code != "closed":
-            die(exc.message, kind=exc.code)
-        which = f"run {self.run_id}" if self.run_id else "the run (not yet confirmed by the Mind)"
-        print(f"mind: {printable(exc.message)}; the outcome of {which} is unknown", file=sys.stderr)
-        if output.JSON_ERRORS:
-            output.json_error(f"{exc.message}; the outcome of {which} is unknown", EXIT_LOST, exc.code)
-        for name, out in self.outs.items():
-            out.finish(timeout=5.0)
-            if out.rx.offset:
-                print(f"mind: {name}: delivered up to offset {out.rx.offset}", file=sys.stderr)
-        return EXIT_LOST
-
-    # --- Ctrl-C ---
-
-    def _on_interrupts(self, n: int) -> bool:
-        """True when the user asked to detach (a second Ctrl-C)."""
-        for _ in range(n):
-            self.interrupts += 1
-            if self.interrupts == 1:
-                self._say("\nmind: cancel requested (Ctrl-C again to detach)")
-                self.cancel_wanted = True
-                self._send_cancel()
-            else:
-                self._say(f"mind: detached from run {self.run_id}; the cancel still proceeds on the Hand")
-                return True
-        return False
-
-    def _send_cancel(self) -> None:
-        """Once the run id is known (a Ctrl-C may come before `admitted` arrives)."""
-        if not self.cancel_wanted or self.cancel_id is not None or self.run_id is None:
-            return
-        try:
-            self.cancel_id = self.link.request(wire.cancel_run(run_id=self.run_id), "cancel_run_result")
-        except ClientError as exc:
-            self._say(f"mind: cancel request failed: {exc.message}")
-
-    # --- the status line ---
-
-    def _tick(self) -> None:
-        if not self.status.enabled:
-            return
-        waited = time.monotonic() - self.t0
-        hand = self.args.hand
-        if waited < STATUS_AFTER_S:
-            return
-        if self.cancel_wanted:
-            text = f"cancel requested; waiting for hand {hand} to stop the command... {elapsed(waited)} (Ctrl-C again to detach)"
-        elif self.state in NOT_STARTED:
-            text = f"waiting for hand {hand} to accept... {elapsed(waited)}"
-        elif self.state is RunState.ACCEPTED:
-            text = f"hand {hand} accepted; waiting for the command to start... {elapsed(waited)}"
-        else:  # running: its silence is the command's own
-            self.status.clear()
-            return
-        self.status.show(text)
-
-    def _say(self, line: str) -> None:
-        self.status.clear()
-        print(line, file=sys.stderr, flush=True)
-
-
-def _term() -> str:
-    term = os.environ.get("TERM", "") or "dumb"
-    return term if len(term) <= 64 and all(c.isalnum() or c in "._+-" for c in term) else "xterm"
-
-
-def _fileno(stream: Any, default: int) -> int:
-    """The descriptor behind `sys.stdout`/`sys.stderr` (the process's own when it was replaced)."""
-    try:
-        return int(stream.fileno())
-    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
-        return default
-
-
-def _stream_line(ev: Any) -> dict[str, Any]:
-    return {"event": "output", "run_id": ev.run_id, "stream": ev.stream, "offset": ev.offset, "data": _text(ev.data)}
-
-
-def _event_line(ev: Any) -> dict[str, Any]:
-    if ev.TYPE == "run_update":
-        return {"event": "state", "run_id": ev.run_id, "state": ev.state.value, "gen": ev.gen}
-    if ev.TYPE == "run_output":
-        return {
-            "event": "output",
-            "run_id": ev.run_id,
-            "stream": ev.stream,
-            "offset": ev.offset,
-            "data": _text(ev.data),
-        }
-    return {"event": "end", **end_summary(ev), "stdout": _text(ev.stdout.data), "stderr": _text(ev.stderr.data)}

@@ -26,22 +26,14 @@ import signal
 import sys
 from typing import Any
 
-from mind.cli.connection import connection_params
-from mind.cli.output import (
-    EXIT_CANCELLED,
-    EXIT_LOST,
-    EXIT_REFUSED,
-    EXIT_USAGE,
-    _table,
-    _text,
-    die,
-    end_summary,
-    printable,
-    tool_args_from,
-)
+from mind.cli.connection import open_client
+from mind.cli.exits import EXIT_CANCELLED, EXIT_LOST, EXIT_REFUSED, EXIT_USAGE, die
+from mind.cli.formatting import end_summary, json_text, printable, table
+from mind.cli.toolargs import tool_args_from
 from mind.core import fleet as plan_core
-from mind.errors import ClientError
+from mind.errors import ClientCode, ClientError
 from protocol import limits
+from protocol.codes import ErrorCode
 from protocol.messages import SelectedHand
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
@@ -98,13 +90,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _connect(args: argparse.Namespace) -> Any:
-    from mind.client.aio import MindClient, load_credential
-
-    url, cred_path, ca, pin = connection_params(args)
     try:
-        return await MindClient.connect(url, load_credential(cred_path), ca=ca, pin=pin)
+        return await open_client(args)
     except ClientError as exc:
-        die(exc.message)
+        die(exc.message, kind=exc.code)
 
 
 async def select(client: Any, selector: str) -> list[SelectedHand]:
@@ -112,7 +101,7 @@ async def select(client: Any, selector: str) -> list[SelectedHand]:
     try:
         hands: list[SelectedHand] = await client.select_hands(selector)
     except ClientError as exc:
-        if exc.code == "invalid_payload":
+        if exc.code == ErrorCode.INVALID_PAYLOAD:
             die(f"--hands: {exc.message}", EXIT_USAGE)
         raise
     if not hands:
@@ -124,7 +113,7 @@ def dry_run(args: argparse.Namespace, hands: list[SelectedHand]) -> int:
     if args.json:
         print(json.dumps({"selector": args.hands, "hands": [h.model_dump(mode="json") for h in hands]}, indent=2))
         return 0
-    _table(
+    table(
         ["NAME", "CONNECTED", "GEN", "LABELS"],
         [[h.name, "yes" if h.connected else "no", str(h.generation), _labels(h.labels) or "-"] for h in hands],
     )
@@ -242,9 +231,9 @@ class Printer:
             async for ev in self.fleet:
                 self._on_event(ev)
         except ClientError as exc:
-            if exc.code == "empty_selection":
+            if exc.code == ClientCode.EMPTY_SELECTION:
                 die(exc.message, EXIT_USAGE)
-            if exc.code == "invalid_request":
+            if exc.code == ClientCode.INVALID_REQUEST:
                 die(exc.message, EXIT_USAGE)
             die(exc.message, EXIT_LOST if self.fleet.plan is not None else EXIT_REFUSED)
         agg = self.fleet.aggregate
@@ -252,7 +241,7 @@ class Printer:
         if self.args.json:
             print(json.dumps(self._json(agg)))
         elif not self.args.events:
-            self._summary(agg)
+            self.summary(agg)
         return agg.exit_code
 
     def _on_event(self, ev: Any) -> None:
@@ -310,20 +299,29 @@ class Printer:
 
     # --- the end ---
 
-    def _summary(self, agg: plan_core.Aggregate) -> None:
+    def summary(self, agg: plan_core.Aggregate) -> None:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(agg.counts.items(), key=lambda kv: (-kv[1], kv[0])))
         self._say(f"mind: fleet {self.fleet.fleet_id}: {agg.total} hands: {counts}")
         if agg.abandoned:
             self._say(f"mind: {printable(self.fleet._lost.message)}; the runs in flight ended lost (outcome unknown)")
         elif agg.budget_spent:
             budget = "fail-fast" if self.args.fail_fast else f"error budget of {self.fleet.plan.max_errors}"
-            self._say(f"mind: errors {agg.errors}, over the {budget}: no new run started after that (not_started)")
+            unstarted = agg.counts.get(plan_core.NOT_STARTED, 0)
+            after = (
+                f"no new run started after that ({unstarted} not_started)" if unstarted else "every Hand had started"
+            )
+            self._say(f"mind: errors {agg.errors}, over the {budget}: {after}")
         if agg.not_succeeded:
             width = max(len(h) for h in agg.not_succeeded)
             for hand, state in agg.not_succeeded.items():
                 r = self.fleet.results.get(hand)
                 code = f" (exit {r.exit_code})" if r is not None and r.exit_code is not None else ""
                 self._say(f"mind:   {printable(hand).ljust(width)}  {state}{code}")
+        if agg.counts.get("timed_out"):
+            self._say(
+                f"mind: timed_out: killed because --timeout {self.args.timeout:g} s passed; give a longer "
+                f"--timeout SECONDS (at most {limits.RUN_TIMEOUT_MAX_MS // 1000}), or `mind task start --hands`"
+            )
 
     def _json(self, agg: plan_core.Aggregate) -> dict[str, Any]:
         hands = {}
@@ -336,7 +334,7 @@ class Printer:
                     {k: e[k] for k in ("run_id", "exit_code", "signal", "reason", "reject_code", "duration_ms")}
                 )
             item["bytes"] = {s: (r.bytes.get(s, 0) if r else 0) for s in ("stdout", "stderr")}
-            item["tails"] = {s: _text(self.tails.get((name, s), b"")) for s in ("stdout", "stderr")}
+            item["tails"] = {s: json_text(self.tails.get((name, s), b"")) for s in ("stdout", "stderr")}
             hands[name] = item
         return {
             "fleet": self.fleet.fleet_id,
@@ -371,7 +369,7 @@ class Printer:
                 "run_id": m.run_id,
                 "stream": m.stream,
                 "offset": m.offset,
-                "data": _text(m.data),
+                "data": json_text(m.data),
             }
         if ev.kind == "state":
             m = ev.msg

@@ -20,7 +20,9 @@ import hashlib
 import os
 import queue
 import stat
+import sys
 import threading
+from typing import Any
 
 from mind.cli.escapes import Escape, EscapeFilter
 from protocol import limits
@@ -167,3 +169,36 @@ class InputStream:
             self.done = True
             return self.tx.close(), b"", True
         return None
+
+
+class StreamPrinter:
+    """The output of a run that was not streamed (`run_output` progress, an older Hand): written
+    live, gaps left by dropped progress marked, and completed from the result's tail so the user
+    always sees how the command ended."""
+
+    def __init__(self) -> None:
+        self.upto = {"stdout": 0, "stderr": 0}
+        self.out = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+
+    def chunk(self, stream: str, offset: int, data: bytes) -> None:
+        if offset < self.upto[stream]:
+            data = data[self.upto[stream] - offset :]
+            offset = self.upto[stream]
+            if not data:
+                return
+        if offset > self.upto[stream]:
+            self._gap(stream, offset - self.upto[stream])
+        f = self.out[stream]
+        f.write(data)
+        f.flush()
+        self.upto[stream] = offset + len(data)
+
+    def _gap(self, stream: str, n: int) -> None:
+        sys.stderr.buffer.write(f"\n[mindhand: {n} bytes of {stream} not shown: progress cap]\n".encode())
+        sys.stderr.buffer.flush()
+
+    def finish(self, stream: str, tail: Any) -> None:
+        total, data = tail.total, tail.data
+        if self.upto[stream] >= total or not data:
+            return
+        self.chunk(stream, total - len(data), data)

@@ -5,7 +5,7 @@ snapshot" and "cancel recorded for delivery"); 125 refused / unknown task / Hand
 255 when a start's outcome is unknown (sent, no answer); 2 bad usage.
 
 `mind task wait ID` and `mind task logs ID --follow` end with the TASK's outcome instead (issue 14),
-by the table of `mind exec` (`mind.cli.output.task_exit_code`), so `mind task wait ID && deploy`
+by the table of `mind exec` (`mind.cli.exits.task_exit_code`), so `mind task wait ID && deploy`
 means what it says:
 
     succeeded   0
@@ -34,22 +34,15 @@ import sys
 import time
 from typing import Any
 
-from mind.cli.output import (
-    EXIT_LOST,
-    EXIT_REFUSED,
-    EXIT_USAGE,
-    EXIT_WAIT_TIMEOUT,
-    _table,
-    _ts,
-    did_you_mean,
-    die,
-    hand_suggestions,
-    printable,
-    task_exit_code,
-    tool_args_from,
-)
+from mind.cli import options
+from mind.cli.connection import with_client
+from mind.cli.exits import EXIT_LOST, EXIT_REFUSED, EXIT_USAGE, EXIT_WAIT_TIMEOUT, die, task_exit_code
+from mind.cli.formatting import printable, table, timestamp
+from mind.cli.hints import did_you_mean, hand_suggestions
 from mind.cli.progress import Status, elapsed
+from mind.cli.toolargs import tool_args_from
 from mind.client.aio import ClientError, MindClient
+from mind.errors import ClientCode
 from protocol import limits
 from protocol.codes import RejectCode, TaskCancelStatus
 from protocol.ids import new_id
@@ -94,23 +87,90 @@ def view_json(v: TaskView) -> dict[str, Any]:
 
 def freshness(v: TaskView) -> str:
     if not v.stale:
-        return f"fresh (synced {_ts(v.last_synced_at)})"
-    when = _ts(v.last_synced_at) if v.last_synced_at else "never"
+        return f"fresh (synced {timestamp(v.last_synced_at)})"
+    when = timestamp(v.last_synced_at) if v.last_synced_at else "never"
     return f"STALE: hand {v.hand!r} is not connected; this is what the Mind last heard (synced {when})"
 
 
-async def run(client: MindClient, args: argparse.Namespace) -> int:
-    try:
-        return await {
-            "start": start,
-            "get": get,
-            "logs": logs,
-            "wait": wait,
-            "cancel": cancel,
-            "list": list_,
-        }[args.action](client, args)
-    except ClientError as exc:
-        die(exc.message, EXIT_REFUSED, kind=exc.code)
+WAIT_HELP = """Wait until the task ends (polling the Mind), print its final state on stderr
+(--json: its view on stdout), and exit with its outcome, as `mind exec` does:
+
+  succeeded   0
+  failed      the command's exit code (128+N: killed by signal N; 127/126: could not start)
+  timed_out   124 (its --max-runtime passed)
+  cancelled   130
+  lost        255 (nobody can know how it ended)
+  121         --timeout passed first; the task goes on
+  125         unknown task, Mind unreachable
+
+While the Hand is offline the Mind's view is stale: it keeps waiting (and says so on a terminal)."""
+
+
+def add_parsers(sub: Any) -> None:
+    t = options.command(sub, "task", help="durable background tasks: start, get, logs, wait, cancel, list")
+    ts = t.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def action(name: str, help: str, handler: Any, **kwargs: Any) -> argparse.ArgumentParser:
+        a = options.command(ts, name, help=help, **kwargs)
+        options.connection(a)
+        a.set_defaults(handler=with_client(handler))
+        return a
+
+    st = action("start", "start a background task; prints its id at once", start)
+    which = st.add_mutually_exclusive_group(required=True)
+    options.hand(which, required=False)
+    which.add_argument("--hands", metavar="SELECTOR", help="one task on every Hand this names (README: Fleet runs)")
+    options.max_concurrency(st, "with --hands: starts at a time")
+    st.add_argument("--id", dest="task_id", help="name the task (retrying the same start is then safe)")
+    st.add_argument(
+        "--max-runtime", default="24h", help="the Hand kills it after this long (e.g. 90s, 30m, 2h; max 24h)"
+    )
+    options.place(st)
+    options.json_output(st)
+    options.limits(st)
+    options.program(st)
+
+    tg = action("get", "a task's state, times, exit code, log size, and how fresh that is", get)
+    tg.add_argument("task_id")
+    options.json_output(tg)
+
+    tl = action("logs", "a task's log (from the Hand)", logs)
+    tl.add_argument("task_id")
+    tl.add_argument("--offset", type=int, default=0, help="start at this byte (of the stream read)")
+    tl.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="keep streaming until the task ends, then exit with its outcome (as `task wait`); without it, 0",
+    )
+    tl.add_argument(
+        "--stream",
+        choices=["stdout", "stderr", "both"],
+        default="both",
+        help="one stream's own log, offsets in its bytes; default both, in arrival order. Bytes go to stdout",
+    )
+
+    tw = action(
+        "wait",
+        "wait until a task ends; exit with its outcome",
+        wait,
+        formatter_class=options.TableHelp,
+        description=WAIT_HELP,
+    )
+    tw.add_argument("task_id")
+    tw.add_argument("--timeout", metavar="D", help="give up after D (e.g. 90s, 30m, 2h): exit 121")
+    options.json_output(tw)
+
+    tc = action("cancel", "request a cancel, then wait for the authoritative end", cancel)
+    tc.add_argument("task_id")
+    tc.add_argument("--no-wait", action="store_true", help="return after the request is acknowledged")
+    tc.add_argument("--wait-timeout", type=float, default=60.0, help="seconds to wait for the end (default 60)")
+
+    tli = action("list", "tasks the Mind knows (with staleness)", list_)
+    options.hand(tli, required=False, help="only this Hand's tasks")
+    tli.add_argument("--state", choices=["queued", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"])
+    tli.add_argument("--limit", type=int, default=1000)
+    options.json_output(tli)
 
 
 async def start(client: MindClient, args: argparse.Namespace) -> int:
@@ -133,7 +193,7 @@ async def start(client: MindClient, args: argparse.Namespace) -> int:
     try:
         res = await client.task_start(args.hand, tool, tool_args, max_runtime=max_runtime, task_id=task_id)
     except ClientError as exc:
-        if exc.code != "closed":
+        if exc.code != ClientCode.CLOSED:
             raise
         # Sent (or being sent) when the connection ended: nobody here knows whether the Hand
         # committed it. 255, as the README promises, never 125 ("refused, nothing stored").
@@ -194,7 +254,9 @@ async def get(client: MindClient, args: argparse.Namespace) -> int:
     print(f"freshness {freshness(v)}")
     if v.cancel_pending:
         print("cancel    requested; will be delivered when the hand reconnects")
-    print(f"created   {_ts(d['created_at'])}\nstarted   {_ts(d['started_at'])}\nfinished  {_ts(d['finished_at'])}")
+    print(
+        f"created   {timestamp(d['created_at'])}\nstarted   {timestamp(d['started_at'])}\nfinished  {timestamp(d['finished_at'])}"
+    )
     exit_line = d["exit_code"] if d["exit_code"] is not None else "-"
     if d["signal"] is not None:
         exit_line = f"{exit_line} (signal {d['signal']})"
@@ -288,7 +350,7 @@ def waiting_on(v: TaskView) -> str:
     if v.task is not None and v.task.uncommitted:
         text += f"; the hand says it {printable(v.task.uncommitted)}"
     if v.stale:
-        when = _ts(v.last_synced_at) if v.last_synced_at else "never"
+        when = timestamp(v.last_synced_at) if v.last_synced_at else "never"
         text += f"; hand {v.hand!r} is offline (last heard {when}), waiting for it to reconnect"
     if v.cancel_pending:
         text += "; a cancel waits for its delivery"
@@ -386,10 +448,10 @@ async def list_(client: MindClient, args: argparse.Namespace) -> int:
                 v.hand,
                 v.state.value,
                 "stale" if v.stale else "fresh",
-                _ts(d["created_at"]),
+                timestamp(d["created_at"]),
                 "-" if d["exit_code"] is None else str(d["exit_code"]),
                 str(d["log_bytes"]),
             ]
         )
-    _table(["TASK", "HAND", "STATE", "SYNC", "CREATED", "EXIT", "LOG BYTES"], rows)
+    table(["TASK", "HAND", "STATE", "SYNC", "CREATED", "EXIT", "LOG BYTES"], rows)
     return 0

@@ -1,4 +1,5 @@
-"""The library users import: `from mind.client import MindClient, ClientError, load_credential`.
+"""The library users import: `from mind.client import MindClient, ClientError, load_credential`
+(`ClientError.code` is a `ClientCode`, or the Mind's own `protocol.codes.ErrorCode`).
 
 The names are loaded on first use (PEP 562), so that the CLI's fast path, which imports
 `mind.client.blocking`, does not pay for asyncio, websockets and pydantic through this package.
@@ -11,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from mind.client.aio import MindClient, RunFailed, RunHandle
     from mind.client.credentials import load_credential
-    from mind.errors import ClientError
+    from mind.errors import ClientCode, ClientError
 
-__all__ = ["ClientError", "MindClient", "RunFailed", "RunHandle", "load_credential"]
+__all__ = ["ClientCode", "ClientError", "MindClient", "RunFailed", "RunHandle", "load_credential"]
 
 _WHERE = {
     "MindClient": "mind.client.aio",
@@ -21,6 +22,7 @@ _WHERE = {
     "RunFailed": "mind.client.aio",
     "load_credential": "mind.client.credentials",
     "ClientError": "mind.errors",
+    "ClientCode": "mind.errors",
 }
 
 

@@ -27,7 +27,7 @@ from mind.client import files
 from mind.client import session as core
 from mind.client.credentials import load_credential
 from mind.client.endpoint import check_pin, parse_url, tls_context, unreachable, verification_failed
-from mind.errors import ClientError
+from mind.errors import ClientCode, ClientError
 from protocol import limits
 from protocol.auth import Credential
 from protocol.codes import ErrorCode
@@ -81,7 +81,7 @@ if TYPE_CHECKING:
 class RunFailed(ClientError):
     def __init__(self, end: RunEnd) -> None:
         why = end.error or end.reason or end.state.value
-        super().__init__(end.state.value, f"run {end.run_id} on {end.hand} ended {end.state.value}: {why}")
+        super().__init__(ClientCode(end.state.value), f"run {end.run_id} on {end.hand} ended {end.state.value}: {why}")
         self.end = end
 
 
@@ -126,7 +126,7 @@ class RunHandle:
             try:
                 rx.on_data(item.offset, len(item.data), item.eof)
             except ProtocolError as exc:
-                item = ClientError("protocol", f"stream {item.stream}: {exc.message}")
+                item = ClientError(ClientCode.PROTOCOL, f"stream {item.stream}: {exc.message}")
         if isinstance(item, ClientError):
             self._failed = item
             self._id_known.set()  # a `cancel` waiting for the id learns there is nothing to cancel
@@ -209,7 +209,7 @@ class RunHandle:
                 on_event(ev)
             if isinstance(ev, RunEnd):
                 return ev
-        raise ClientError("internal_error", "event stream ended without run_end")  # pragma: no cover
+        raise ClientError(ErrorCode.INTERNAL_ERROR, "event stream ended without run_end")  # pragma: no cover
 
     async def cancel(self) -> CancelRunResult:
         await self._id_known.wait()
@@ -285,7 +285,7 @@ class MindClient:
                     try:
                         events = session.receive_data(await ws.recv())
                     except ConnectionClosed as exc:
-                        events = session.connection_lost(ClientError("closed", str(exc)))
+                        events = session.connection_lost(ClientError(ClientCode.CLOSED, str(exc)))
                     for ev in events:
                         if isinstance(ev, core.Closed):
                             raise ev.error
@@ -326,7 +326,7 @@ class MindClient:
                 try:
                     await self._ws.send(frame)
                 except ConnectionClosed:
-                    raise ClientError("closed", "connection to the Mind closed") from None
+                    raise ClientError(ClientCode.CLOSED, "connection to the Mind closed") from None
 
     async def _read(self) -> None:
         try:
@@ -401,7 +401,7 @@ class MindClient:
         if stream is None:
             stream = tool in ("exec", "shell")
         if stdin is not None and not stream:
-            raise ClientError("invalid_request", "stdin= needs a streamed run (stream=True)")
+            raise ClientError(ClientCode.INVALID_REQUEST, "stdin= needs a streamed run (stream=True)")
         req = Exec(
             hand=hand,
             tool=tool,

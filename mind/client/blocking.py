@@ -28,7 +28,7 @@ from mind.client import wire
 from mind.client.endpoint import Endpoint, check_pin, parse_url, tls_context, unreachable, verification_failed
 from mind.client.session import ClientSession, Closed, Event, Failed, Reply, Routed, RunEnded, RunEvent
 from mind.client.ws import CLOSED, MESSAGE, PONG, WsClient, WsError
-from mind.errors import ClientError
+from mind.errors import ClientCode, ClientError
 from protocol import limits
 from protocol.auth import Credential
 
@@ -284,7 +284,7 @@ class Link:
     def _keepalive(self, timeout: float | None) -> float | None:
         now = time.monotonic()
         if self._ping is not None and now >= self._ping[1]:
-            self._lost(ClientError("closed", "the Mind stopped answering (keepalive ping timed out)"))
+            self._lost(ClientError(ClientCode.CLOSED, "the Mind stopped answering (keepalive ping timed out)"))
             return 0
         if self._ping is None and now >= self._ping_due and self._error is None and self._ws.state == "open":
             payload = os.urandom(4)
@@ -303,7 +303,7 @@ class Link:
             except self._would_block:
                 return
             except OSError as exc:
-                self._lost(ClientError("closed", f"connection to the Mind failed: {exc}"))
+                self._lost(ClientError(ClientCode.CLOSED, f"connection to the Mind failed: {exc}"))
                 return
             try:
                 if data:
@@ -312,7 +312,7 @@ class Link:
                     self._ws.receive_eof()
             except WsError as exc:
                 self._ws.send_close(exc.code, exc.message)
-                self._lost(ClientError("closed", f"the Mind broke the WebSocket protocol: {exc.message}"))
+                self._lost(ClientError(ClientCode.CLOSED, f"the Mind broke the WebSocket protocol: {exc.message}"))
                 return
             self._on_events(self._ws.events())
             if not data:
@@ -357,7 +357,7 @@ class Link:
             try:
                 self._ws.send_binary(frame)
             except WsError:
-                raise ClientError("closed", "connection to the Mind closed") from None
+                raise ClientError(ClientCode.CLOSED, "connection to the Mind closed") from None
         self._flush()
 
     def _flush(self) -> None:
@@ -371,4 +371,4 @@ class Link:
             finally:
                 self._sock.setblocking(False)
         except OSError as exc:
-            self._write_error = ClientError("closed", f"connection to the Mind failed: {exc}")
+            self._write_error = ClientError(ClientCode.CLOSED, f"connection to the Mind failed: {exc}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mind.errors import ClientError
+from mind.errors import ClientCode, ClientError
 from protocol.auth import Credential
 
 
@@ -14,8 +14,8 @@ def load_credential(path: str | os.PathLike[str]) -> Credential:
     try:
         text = p.read_text()
     except OSError as exc:
-        raise ClientError("config", f"cannot read credential file {p}: {exc.strerror}") from None
+        raise ClientError(ClientCode.CONFIG, f"cannot read credential file {p}: {exc.strerror}") from None
     try:
         return Credential.parse(text)
     except ValueError as exc:
-        raise ClientError("config", f"bad credential file {p}: {exc}") from None
+        raise ClientError(ClientCode.CONFIG, f"bad credential file {p}: {exc}") from None

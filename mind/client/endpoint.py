@@ -5,7 +5,7 @@ blocking socket) open their connections differently, but they must accept the sa
 Mind the same way and say the same thing when they refuse. So each step is here once:
 - `parse_url`: a `ws://` or `wss://` URL, its host, port, `Host` header and path;
 - `tls_context`: the policy of `protocol.io.tls.client_context` (system trust or a CA file, TLS >=
-  1.2, hostname; a pin alone trusts the pinned certificate), its refusals as `ClientError("config")`;
+  1.2, hostname; a pin alone trusts the pinned certificate), its refusals as `ClientError(ClientCode.CONFIG)`;
 - `check_pin`: right after the TLS handshake, before the credential is used at all;
 - `unreachable` and `verification_failed`: the sentences for a Mind that cannot be reached or
   failed certificate verification.
@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from mind.errors import ClientError
+from mind.errors import ClientCode, ClientError
 from protocol.record import Frozen
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class Endpoint(Frozen):
 
 
 def parse_url(url: str) -> Endpoint:
-    """The Mind's URL, or `ClientError("unreachable")` naming what is wrong with it."""
+    """The Mind's URL, or `ClientError(ClientCode.UNREACHABLE)` naming what is wrong with it."""
     try:
         parts = urlsplit(url)
         if parts.scheme not in ("ws", "wss"):
@@ -75,11 +75,11 @@ def tls_context(url: str, ca: str | None, pin: str | None) -> ssl.SSLContext | N
     try:
         return client_context(url, ca, pin)
     except TLSConfigError as exc:
-        raise ClientError("config", str(exc)) from None
+        raise ClientError(ClientCode.CONFIG, str(exc)) from None
 
 
 def check_pin(ssl_object: Any, pin: str | None) -> None:
-    """`ClientError("tls")` unless the Mind's certificate matches `pin` (nothing to do without one)."""
+    """`ClientError(ClientCode.TLS)` unless the Mind's certificate matches `pin` (nothing to do without one)."""
     if pin is None:
         return
     from protocol.io.tls import TLSConfigError
@@ -88,12 +88,12 @@ def check_pin(ssl_object: Any, pin: str | None) -> None:
     try:
         check(ssl_object, pin)
     except TLSConfigError as exc:
-        raise ClientError("tls", str(exc)) from None
+        raise ClientError(ClientCode.TLS, str(exc)) from None
 
 
 def verification_failed(url: str, exc: ssl.SSLCertVerificationError) -> ClientError:
-    return ClientError("tls", f"the Mind at {url} failed certificate verification: {exc.verify_message}")
+    return ClientError(ClientCode.TLS, f"the Mind at {url} failed certificate verification: {exc.verify_message}")
 
 
 def unreachable(url: str, why: object) -> ClientError:
-    return ClientError("unreachable", f"cannot reach the Mind at {url}: {why}")
+    return ClientError(ClientCode.UNREACHABLE, f"cannot reach the Mind at {url}: {why}")

@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from mind.client import localfs
-from mind.errors import ClientError
+from mind.errors import ClientCode, ClientError
 from protocol import copy as rules
 from protocol import limits
-from protocol.codes import RejectCode
+from protocol.codes import ErrorCode, RejectCode
 from protocol.messages import RunEnd, StreamData
 from protocol.states import RunState
 
@@ -99,7 +99,7 @@ class _Link:
         self.reconnect = reconnect
 
     async def recover(self, exc: ClientError) -> bool:
-        if exc.code != "closed" or self.reconnect is None:
+        if exc.code != ClientCode.CLOSED or self.reconnect is None:
             return False
         try:
             self.mc = await self.reconnect()
@@ -111,12 +111,10 @@ class _Link:
 def _failure(end: RunEnd) -> CopyError:
     if end.state is RunState.REJECTED:
         code = end.reject_code.value if end.reject_code else "rejected"
-        return CopyError("rejected", f"{end.error or end.reason} ({code})")
+        return CopyError(ClientCode.REJECTED, f"{end.error or end.reason} ({code})")
     if end.state is RunState.FAILED:
-        return CopyError("failed", end.error or end.reason or "failed")
-    return CopyError(
-        "lost" if end.state is RunState.LOST else end.state.value, f"the copy ended {end.state.value}: {end.reason}"
-    )
+        return CopyError(ClientCode.FAILED, end.error or end.reason or "failed")
+    return CopyError(ClientCode(end.state.value), f"the copy ended {end.state.value}: {end.reason}")
 
 
 def _retryable(end: RunEnd) -> bool:
@@ -182,7 +180,7 @@ async def upload(
     try:
         st, size, sha, f = await asyncio.to_thread(_open_source, local)
     except OSError as exc:
-        raise CopyError("local", f"cannot read {os.fspath(local)!r}: {exc.strerror or exc}") from None
+        raise CopyError(ClientCode.LOCAL, f"cannot read {os.fspath(local)!r}: {exc.strerror or exc}") from None
     cid = rules.copy_id(hand, remote, size, sha)
     args: dict[str, Any] = {
         "path": remote,
@@ -229,7 +227,7 @@ async def upload(
                 finally:
                     result.sent += handle.stdin_sent
             except CopyError as exc:
-                if exc.code == "rejected" and "hand_offline" in exc.message and attempt < attempts:
+                if exc.code == ClientCode.REJECTED and "hand_offline" in exc.message and attempt < attempts:
                     await _pause(attempt)
                     ask = True
                     continue
@@ -239,7 +237,7 @@ async def upload(
                     await _pause(attempt)
                     ask = True
                     continue
-                raise CopyError("lost", f"cannot copy to {hand}: {exc.message}") from None
+                raise CopyError(ClientCode.LOST, f"cannot copy to {hand}: {exc.message}") from None
             if end.state is RunState.SUCCEEDED:
                 result.duration_s = time.monotonic() - started
                 return result
@@ -247,7 +245,7 @@ async def upload(
                 raise _failure(end)
             ask = True
             await _pause(attempt)
-        raise CopyError("lost", "the copy did not complete")  # pragma: no cover
+        raise CopyError(ClientCode.LOST, "the copy did not complete")  # pragma: no cover
     finally:
         f.close()
 
@@ -255,7 +253,7 @@ async def upload(
 def _open_source(local: str | os.PathLike[str]) -> tuple[os.stat_result, int, str, BinaryIO]:
     st = os.stat(local)
     if not stat.S_ISREG(st.st_mode):
-        raise CopyError("local", f"cannot copy {os.fspath(local)!r}: not a regular file")
+        raise CopyError(ClientCode.LOCAL, f"cannot copy {os.fspath(local)!r}: not a regular file")
     size, sha = file_digest(local)
     return st, size, sha, open(local, "rb")
 
@@ -309,7 +307,7 @@ async def _get_attempt(
             got += len(ev.data)
         elif isinstance(ev, RunEnd):
             return ev, got
-    raise ClientError("internal_error", "event stream ended without run_end")  # pragma: no cover
+    raise ClientError(ErrorCode.INTERNAL_ERROR, "event stream ended without run_end")  # pragma: no cover
 
 
 async def download_iter(
@@ -323,7 +321,7 @@ async def download_iter(
 ) -> AsyncIterator[bytes]:
     """The bytes of `remote` on `hand`, in order, each exactly once (a lost run is resumed where
     the last chunk ended). The whole file's sha256 is checked at the end: a mismatch raises
-    `CopyError("mismatch")` after the last chunk (a consumer that must not act on unverified
+    `CopyError(ClientCode.MISMATCH)` after the last chunk (a consumer that must not act on unverified
     bytes should use `download`, which renames only verified files)."""
     link = _Link(mc, reconnect)
     h = hashlib.sha256()
@@ -350,7 +348,7 @@ async def download_iter(
             if attempt < attempts and await link.recover(exc):
                 await _pause(attempt)
                 continue
-            raise CopyError("lost", f"cannot copy from {hand}: {exc.message}") from None
+            raise CopyError(ClientCode.LOST, f"cannot copy from {hand}: {exc.message}") from None
         assert end is not None
         if end.state is RunState.SUCCEEDED:
             value = end.value or {}
@@ -359,7 +357,7 @@ async def download_iter(
             res.duration_s = time.monotonic() - started
             if pos != res.size or h.hexdigest() != res.sha256:
                 raise CopyError(
-                    "mismatch",
+                    ClientCode.MISMATCH,
                     f"{remote}: got {pos} bytes with sha256 {h.hexdigest()[:16]}..., the Hand says {res.size} bytes, {res.sha256[:16]}...",
                 )
             return
@@ -390,7 +388,7 @@ def _final_mode_time(result: CopyResult, preserve: bool) -> tuple[int, float | N
     try:
         return mode, rules.check_mtime(float(result.mtime))
     except (TypeError, ValueError) as exc:
-        raise CopyError("failed", f"{result.path}: the Hand sent a bad modification time ({exc})") from None
+        raise CopyError(ClientCode.FAILED, f"{result.path}: the Hand sent a bad modification time ({exc})") from None
 
 
 async def download(
@@ -418,13 +416,13 @@ async def download(
     except CopyError:
         raise
     except ClientError as exc:
-        raise CopyError("lost", f"cannot copy from {hand}: {exc.message}") from None
+        raise CopyError(ClientCode.LOST, f"cannot copy from {hand}: {exc.message}") from None
     if info.get("type") is None:
-        raise CopyError("failed", f"cannot read {remote!r} on {hand}: no such file")
+        raise CopyError(ClientCode.FAILED, f"cannot read {remote!r} on {hand}: no such file")
     if info["type"] != "file":
         kind = KINDS.get(info["type"], "not a regular file")
         hint = " (use -r)" if info["type"] == "dir" else ""
-        raise CopyError("failed", f"cannot read {remote!r} on {hand}: it is {kind}{hint}")
+        raise CopyError(ClientCode.FAILED, f"cannot read {remote!r} on {hand}: it is {kind}{hint}")
     cid = rules.copy_id(f"{hand}:{remote}", local, int(info["size"]), f"mtime:{info['mtime']!r}")
     try:
         if into is None:
@@ -432,7 +430,7 @@ async def download(
         else:
             dir_fd, name = os.dup(into), os.path.basename(local)
     except localfs.LocalRefused as exc:
-        raise CopyError("local", exc.message) from None
+        raise CopyError(ClientCode.LOCAL, exc.message) from None
     try:
         part = localfs.LocalPart(dir_fd, name, local, cid)
     finally:
@@ -441,7 +439,7 @@ async def download(
         pos = await asyncio.to_thread(part.open, resume)
     except OSError as exc:
         part.close()
-        raise CopyError("local", f"cannot write {local!r}: {exc.strerror or exc}") from None
+        raise CopyError(ClientCode.LOCAL, f"cannot write {local!r}: {exc.strerror or exc}") from None
     result = CopyResult(path=local, size=int(info["size"]), sha256="", attempts=0)
     if pos:
         result.resumed_from.append(pos)
@@ -460,12 +458,12 @@ async def download(
             try:
                 end, _ = await _get_attempt(link.mc, hand, remote, part.pos, write)
             except OSError as exc:
-                raise CopyError("local", f"cannot write {local!r}: {exc.strerror or exc}") from None
+                raise CopyError(ClientCode.LOCAL, f"cannot write {local!r}: {exc.strerror or exc}") from None
             except ClientError as exc:
                 if attempt < attempts and await link.recover(exc):
                     await _pause(attempt)
                     continue
-                raise CopyError("lost", f"cannot copy from {hand}: {exc.message}") from None
+                raise CopyError(ClientCode.LOST, f"cannot copy from {hand}: {exc.message}") from None
             if end.state is RunState.SUCCEEDED:
                 value = end.value or {}
                 result.size, result.sha256 = int(value["size"]), str(value["sha256"])
@@ -474,10 +472,11 @@ async def download(
                 try:
                     verified = await asyncio.to_thread(part.finish, result.size, result.sha256, mode, mtime)
                 except OSError as exc:
-                    raise CopyError("local", f"cannot write {local!r}: {exc.strerror or exc}") from None
+                    raise CopyError(ClientCode.LOCAL, f"cannot write {local!r}: {exc.strerror or exc}") from None
                 if not verified:
                     raise CopyError(
-                        "mismatch", f"{local}: sha256 mismatch (the file changed on the Hand, or bytes were damaged)"
+                        ClientCode.MISMATCH,
+                        f"{local}: sha256 mismatch (the file changed on the Hand, or bytes were damaged)",
                     )
                 result.duration_s = time.monotonic() - started
                 return result
@@ -486,7 +485,7 @@ async def download(
                     part.drop()  # a failure, not an interruption: nothing to resume
                 raise _failure(end)
             await _pause(attempt)
-        raise CopyError("lost", "the copy did not complete")  # pragma: no cover
+        raise CopyError(ClientCode.LOST, "the copy did not complete")  # pragma: no cover
     finally:
         part.close()
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mind.core import fleet as plan_core
-from mind.errors import ClientError
+from mind.errors import ClientCode, ClientError
 from protocol import limits
 from protocol.codes import RejectCode
 from protocol.messages import RunEnd, RunOutput, RunUpdate, SelectedHand, StreamData
@@ -74,7 +74,7 @@ class HandResult:
 
 class EmptySelection(ClientError):
     def __init__(self, selector: str) -> None:
-        super().__init__("empty_selection", f"no Hand matches {selector!r} (within this client's scope)")
+        super().__init__(ClientCode.EMPTY_SELECTION, f"no Hand matches {selector!r} (within this client's scope)")
         self.selector = selector
 
 
@@ -146,7 +146,7 @@ class FleetRun:
 
     def __aiter__(self) -> AsyncIterator[FleetEvent]:
         if self._iterated:
-            raise ClientError("invalid_request", "a fleet run can be iterated once")
+            raise ClientError(ClientCode.INVALID_REQUEST, "a fleet run can be iterated once")
         self._iterated = True
         return self._run()
 
@@ -162,7 +162,7 @@ class FleetRun:
             concurrency = plan_core.resolve_concurrency(self.max_concurrency, total)
             errors = plan_core.resolve_errors(self.max_errors, total)
         except plan_core.LimitError as exc:
-            raise ClientError("invalid_request", str(exc)) from None
+            raise ClientError(ClientCode.INVALID_REQUEST, str(exc)) from None
         plan = self.plan = plan_core.FleetPlan(
             [(h.name, h.connected) for h in self.selection],
             max_concurrency=concurrency,
@@ -204,7 +204,10 @@ class FleetRun:
                     yield ev
                 elif kind == "failed":
                     failure: ClientError = payload
-                    if failure.code in ("closed", "protocol"):  # the connection is gone: every run with it
+                    if failure.code in (
+                        ClientCode.CLOSED,
+                        ClientCode.PROTOCOL,
+                    ):  # the connection is gone: every run with it
                         self._lost = self._lost or failure
                         if not plan.abandoned:
                             pending = plan.abandon(now)

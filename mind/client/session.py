@@ -28,9 +28,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mind.errors import ClientError
+from mind.errors import ClientCode, ClientError
 from protocol import limits
 from protocol.auth import ClientHandshake, Credential
+from protocol.codes import ErrorCode
 from protocol.envelope import Channel, Envelope
 from protocol.envelope import decode as decode_envelope
 from protocol.errors import ProtocolError
@@ -156,7 +157,7 @@ class ClientSession:
         """The `hello` is ready to send at once (`data_to_send`). Raises `ClientError` for a
         credential no client may use, before anything is sent."""
         if credential.role != "client":
-            raise ClientError("auth_failed", f"a {credential.role} credential cannot be used by a client")
+            raise ClientError(ErrorCode.AUTH_FAILED, f"a {credential.role} credential cannot be used by a client")
         self.label = credential.label
         self.state = AWAIT_CHALLENGE
         self.gen: int | None = None
@@ -201,7 +202,7 @@ class ClientSession:
         try:
             self._out.append(self._channel.stamp(msg, id))
         except ProtocolError as exc:
-            raise ClientError(exc.code.value, exc.message) from None
+            raise ClientError(exc.code, exc.message) from None
 
     def start_run(self, msg: Any) -> str:
         """`expect_run` and `send` in one: the id whose events will be the run's."""
@@ -232,7 +233,7 @@ class ClientSession:
         if self.error is not None:
             raise self.error
         if self.state != OPEN:
-            raise ClientError("protocol", "the handshake with the Mind is not complete")
+            raise ClientError(ClientCode.PROTOCOL, "the handshake with the Mind is not complete")
 
     # --- the shell's side: input ---
 
@@ -259,19 +260,19 @@ class ClientSession:
         msg = env.msg
         if env.id is None:  # about the connection
             if msg.TYPE == "error":
-                self._reason = ClientError(msg.code.value, msg.message)
+                self._reason = ClientError(msg.code, msg.message)
             return []
         waiting = self._waiting.get(env.id)
         if waiting is None:
             return []  # a late answer to something given up on, or nothing we asked for
         if msg.TYPE == "error":
             del self._waiting[env.id]
-            return [Failed(env.id, ClientError(msg.code.value, msg.message))]
+            return [Failed(env.id, ClientError(msg.code, msg.message))]
         if waiting.reply is not None:
             del self._waiting[env.id]
             if msg.TYPE != waiting.reply:
                 why = f"expected {waiting.reply} in reply to {waiting.sent}, got {msg.TYPE}"
-                return [Failed(env.id, ClientError("protocol", why))]
+                return [Failed(env.id, ClientError(ClientCode.PROTOCOL, why))]
             return [Reply(env.id, msg)]
         return self._run_event(env.id, waiting, msg)
 
@@ -283,23 +284,25 @@ class ClientSession:
             return []
         if self.state != OPEN:
             why = error.message if error is not None else "connection closed"
-            return self._end(ClientError("closed", f"the Mind closed the connection during the handshake ({why})"))
-        return self._end(self._reason or error or ClientError("closed", "connection to the Mind closed"))
+            return self._end(
+                ClientError(ClientCode.CLOSED, f"the Mind closed the connection during the handshake ({why})")
+            )
+        return self._end(self._reason or error or ClientError(ClientCode.CLOSED, "connection to the Mind closed"))
 
     def handshake_timed_out(self) -> list[Event]:
         """The shell's handshake deadline (`limits.HANDSHAKE_TIMEOUT_S`) passed."""
         if self.state in (OPEN, CLOSED):
             return []
-        return self._end(ClientError("handshake_timeout", "the Mind did not complete the handshake in time"))
+        return self._end(ClientError(ErrorCode.HANDSHAKE_TIMEOUT, "the Mind did not complete the handshake in time"))
 
     # --- the rules ---
 
     def _handshake(self, msg: Any) -> list[Event]:
         if msg.TYPE == "error":  # refused: busy, rate limited, wrong credential
-            return self._end(ClientError(msg.code.value, msg.message))
+            return self._end(ClientError(msg.code, msg.message))
         want = "challenge" if self.state == AWAIT_CHALLENGE else "welcome"
         if msg.TYPE != want:
-            return self._end(ClientError("protocol", f"expected {want}, got {msg.TYPE}"))
+            return self._end(ClientError(ClientCode.PROTOCOL, f"expected {want}, got {msg.TYPE}"))
         try:
             if want == "challenge":
                 self._out.append(self._channel.stamp(self._hs.on_challenge(msg)))
@@ -307,20 +310,20 @@ class ClientSession:
                 return []
             self.gen = self._channel.gen = self._hs.on_welcome(msg)  # checks the Mind's MAC
         except ProtocolError as exc:
-            return self._end(ClientError(exc.code.value, exc.message))
+            return self._end(ClientError(exc.code, exc.message))
         self.state = OPEN
         return [Opened(self.gen)]
 
     def _run_event(self, id: str, waiting: _Waiting, msg: Any) -> list[Event]:
         if msg.TYPE not in RUN_EVENTS:
             del self._waiting[id]
-            return [Failed(id, ClientError("protocol", f"the Mind answered a run with {msg.TYPE}"))]
+            return [Failed(id, ClientError(ClientCode.PROTOCOL, f"the Mind answered a run with {msg.TYPE}"))]
         if waiting.run_id is None:
             waiting.run_id = msg.run_id
         elif msg.run_id != waiting.run_id:
             del self._waiting[id]
             why = f"the Mind sent events of run {msg.run_id} for run {waiting.run_id}"
-            return [Failed(id, ClientError("protocol", why))]
+            return [Failed(id, ClientError(ClientCode.PROTOCOL, why))]
         if msg.TYPE == "run_end":
             del self._waiting[id]
             return [RunEnded(id, msg)]
@@ -328,7 +331,7 @@ class ClientSession:
 
     def _bad_frame(self, exc: ProtocolError) -> list[Event]:
         """Nothing after a frame that breaks the rules can be trusted to mean what the Mind meant."""
-        error = ClientError(exc.code.value, f"the Mind sent a bad frame: {exc.message}")
+        error = ClientError(exc.code, f"the Mind sent a bad frame: {exc.message}")
         return self._end(error, CLOSE_PROTOCOL_ERROR, exc.code.value)
 
     def _end(self, error: ClientError, close_code: int | None = None, close_reason: str = "") -> list[Event]:

@@ -2,9 +2,10 @@
 scope (which Hands, which tools, whose runs and tasks), the handshake rate limit, and what a task
 start is told when the Mind's own records already answer it.
 
-`mind.daemon.server` and `mind.daemon.taskservice` perform these verdicts (log, count, answer,
-send); the deterministic simulation (`tests/sim/mind_shell.py`) calls the same functions, so the
-rules it checks are the rules the Mind ships.
+`mind.daemon.door` and `mind.daemon.dispatch` perform these verdicts (log, count, answer, send), and
+`mind.core.taskstart` decides a task start with them (the task service performs it); the
+deterministic simulation (`tests/sim/mind_shell.py`) drives the same functions, so the rules it
+checks are the rules the Mind ships.
 """
 
 from __future__ import annotations
@@ -108,43 +109,6 @@ class AuthFailures:
     def recent(self) -> int:
         """Failures remembered now, over every address (for `mind status`)."""
         return sum(len(v) for v in self._failures.values())
-
-
-class PendingHandshakes:
-    """Handshakes in progress, per peer address, in arrival order (issue 13, item 8).
-
-    One address may hold at most `per_address` of them, so strangers on a few addresses cannot fill
-    the table; when the table is full anyway (many addresses), the newcomer still gets a slot and the
-    oldest handshake of the address holding the most is evicted: a handshake that would succeed
-    takes milliseconds, so it is never the oldest, and silent strangers are. The caller closes the
-    evicted connection."""
-
-    def __init__(self) -> None:
-        self._slots: dict[int, str] = {}
-
-    def __len__(self) -> int:
-        return len(self._slots)
-
-    def held(self, addr: str) -> int:
-        return sum(1 for a in self._slots.values() if a == addr)
-
-    def admit(self, key: int, addr: str, total: int, per_address: int) -> tuple[bool, int | None]:
-        """`(admitted, evicted key or None)`: refused only when `addr` itself holds `per_address`."""
-        if self.held(addr) >= min(per_address, total):
-            return False, None
-        evicted = None
-        if len(self._slots) >= total:
-            counts: dict[str, int] = {}
-            for a in self._slots.values():
-                counts[a] = counts.get(a, 0) + 1
-            busiest = max(counts, key=lambda a: counts[a])
-            evicted = next(k for k, a in self._slots.items() if a == busiest)
-            del self._slots[evicted]
-        self._slots[key] = addr
-        return True, evicted
-
-    def done(self, key: int) -> None:
-        self._slots.pop(key, None)
 
 
 # --- task starts the Mind answers itself --------------------------------------------------------------

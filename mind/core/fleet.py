@@ -41,7 +41,7 @@ PLAN_ENDS = frozenset({NOT_STARTED, UNDELIVERABLE, HAND_OFFLINE, LOST})
 DEFAULT_MAX_CONCURRENCY = "50"
 DEFAULT_MAX_ERRORS = "0"
 
-# --- the aggregate exit codes (README "Fleet runs"; mind/cli/output.py holds the same numbers) ---
+# --- the aggregate exit codes (README "Fleet runs"; mind/cli/exits.py holds the same numbers) ---
 EXIT_OK = 0
 EXIT_FLEET_UNREACHED = 118
 """Every run that started succeeded, but some Hands were never reached (offline, undeliverable)."""

@@ -123,6 +123,10 @@ class RunRegistry:
     def get(self, run_id: str) -> Run | None:
         return self._runs.get(run_id)
 
+    def __len__(self) -> int:
+        """Runs held: the active ones and the retained finished ones (`--retain-runs`)."""
+        return len(self._runs)
+
     def active(self) -> list[Run]:
         return list(self._active.values())
 

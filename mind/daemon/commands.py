@@ -1,15 +1,73 @@
 """The daemon side of the `mind` command: `mind serve` and the local credential admin
-(`mind hand add`, `mind client rotate`, ...), which open the Mind's own database. The client
-commands never import this module (tests/layout); `mind.main` dispatches here."""
+(`mind hand add`, `mind client rotate`, ...), which open the Mind's own database: their parsers
+(`add_parsers`, the shape of every command module in mind/cli) and what they do. The client
+commands never import this module (tests/layout); `mind.main` adds these parsers to theirs."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from typing import Any
 
-from mind.cli.output import EXIT_USAGE, _table, _ts, die
-from mind.config import settings_source as _settings_source
+from mind.cli import options
+from mind.cli.config import FILE_HELP
+from mind.cli.exits import EXIT_USAGE, die
+from mind.cli.formatting import table, timestamp
+from mind.config import settings_source
+
+
+def add_parsers(sub: Any) -> None:
+    """`mind serve`, `mind hand ...` and `mind client ...`."""
+    from mind.config import GROUPS, KEYS
+    from protocol.io.settings import add_flags
+
+    s = sub.add_parser(
+        "serve",
+        help="run the Mind daemon",
+        description="Run the Mind. SIGTERM/SIGINT stop it cleanly; SIGHUP re-reads the config file "
+        "and applies the log level and handshake limits without dropping connections.",
+    )
+    add_flags(s, KEYS, GROUPS, {}, file_help=FILE_HELP)
+    s.set_defaults(handler=cmd_serve)
+    for role in ("hand", "client"):
+        _add_role(sub, role)
+
+
+def _add_role(sub: Any, role: str) -> None:
+    r = sub.add_parser(role, help=f"manage {role} credentials (local, no daemon needed)")
+    r.set_defaults(handler=cmd_credentials)
+    rs = r.add_subparsers(dest="action", required=True, metavar="ACTION")
+    out_help = "write the credential to this file (mode 0600) instead of printing it"
+    a = rs.add_parser("add", help=f"create a {role} credential and print it once (or write it: --out)")
+    a.add_argument("name")
+    a.add_argument("--out", help=out_help)
+    if role == "hand":
+        options.labels(a, "a label fleet selectors match (`--hands role=web`); repeatable")
+    if role == "client":
+        a.add_argument("--hands", help="Hands it may use: names or globs, comma-separated (default: all)")
+        a.add_argument("--tools", help="tools it may use: names or globs, comma-separated (default: all)")
+        a.add_argument(
+            "--read-others",
+            action="store_true",
+            help="may read and cancel other clients' runs and tasks (default: its own only)",
+        )
+    ls = rs.add_parser("list", help=f"list {role} credentials")
+    options.json_output(ls)
+    rv = rs.add_parser("revoke", help=f"revoke a {role} credential; its live connections are closed at once")
+    rv.add_argument("name")
+    ro = rs.add_parser("rotate", help=f"give a {role} a new secret (printed once); the old one stops working at once")
+    ro.add_argument("name")
+    ro.add_argument("--out", help=out_help)
+    if role == "hand":
+        lb = rs.add_parser(
+            "label",
+            help="set or remove a Hand's labels (the Mind's facts that --hands selectors match)",
+            description="Set labels with K=V, remove one with K- (or -K after --). "
+            "A running Mind uses the new labels at the next selection.",
+        )
+        lb.add_argument("name")
+        lb.add_argument("edits", nargs="+", metavar="K=V|K-")
 
 
 def _reloader(source, started):
@@ -37,7 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from protocol.io.settings import ConfigError
 
     home = paths.home(args.home)
-    source = _settings_source(args)
+    source = settings_source(args)
     try:
         s = source.load()
         if bool(s["tls_cert"]) != bool(s["tls_key"]):
@@ -120,19 +178,25 @@ def cmd_credentials(args: argparse.Namespace) -> None:
         a.close()
 
     def show(cred, verb: str) -> None:
-        """Shown first, written second: if the write still fails (a full disk), the secret is not lost."""
-        print(f"# {args.cmd} credential for {args.name!r} {verb}, shown once; keep it private", file=sys.stderr)
-        print(cred.token(), flush=True)
+        """With `--out`, the secret goes to that file only: a terminal's scrollback, a CI log or a
+        shell's `$(...)` never holds it (issue 24). Should that write still fail (the place was
+        tried first: `_check_out`; a full disk), it is shown on stdout instead, so it is never lost."""
         if args.out:
             try:
                 paths.write_private(_path(args.out), cred.token() + "\n")
             except OSError as exc:
+                print(cred.token(), flush=True)
                 die(
                     f"the credential was {verb.split(' ')[0]} and is shown above, but --out {args.out} could not be "
                     f"written: {exc.strerror or exc}",
                     1,
                 )
-            print(f"# also written to {args.out} (mode 0600)", file=sys.stderr)
+            print(
+                f"# {args.cmd} credential for {args.name!r} {verb}, written to {args.out} (mode 0600)", file=sys.stderr
+            )
+            return
+        print(f"# {args.cmd} credential for {args.name!r} {verb}, shown once; keep it private", file=sys.stderr)
+        print(cred.token(), flush=True)
 
     if getattr(args, "out", None) and args.action in ("add", "rotate"):
         _check_out(args.out)
@@ -195,15 +259,15 @@ def cmd_credentials(args: argparse.Namespace) -> None:
                     json.dumps([{**r.__dict__, "scope": scope_of(r), "labels": r.label_map()} for r in rows], indent=2)
                 )
             else:
-                _table(
+                table(
                     ["NAME", "STATE", "GENERATION", "CREATED", "LAST SEEN", "SCOPE", "LABELS"],
                     [
                         [
                             r.label,
                             "revoked" if r.revoked_at else "active",
                             str(r.generation),
-                            _ts(r.created_at),
-                            _ts(r.last_seen_at),
+                            timestamp(r.created_at),
+                            timestamp(r.last_seen_at),
                             scope_of(r),
                             ",".join(f"{k}={v}" for k, v in r.label_map().items()) or "-",
                         ]

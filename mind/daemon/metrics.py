@@ -41,6 +41,7 @@ class MindMetrics:
         self.loop_lag = Gauge(
             "mindhand_event_loop_lag_seconds", "Event-loop lag, sampled every 10 ms (last)", registry=r
         )
+        self._lag_max = 0.0
         self.loop_lag_max = Gauge(
             "mindhand_event_loop_lag_max_seconds", "Largest event-loop lag since start", registry=r
         )
@@ -49,7 +50,8 @@ class MindMetrics:
 
     def observe_lag(self, lag: float) -> None:
         self.loop_lag.set(lag)
-        if lag > self.loop_lag_max._value.get():  # prometheus_client has no getter
+        if lag > self._lag_max:  # kept here: prometheus_client has no public getter
+            self._lag_max = lag
             self.loop_lag_max.set(lag)
 
     def render(self) -> bytes:

@@ -68,6 +68,11 @@ class Outbox:
         self.drained = asyncio.Event()
         self.drained.set()
 
+    @property
+    def channel(self) -> Channel:
+        """The connection's channel: the reader decodes with it what the writer stamps."""
+        return self._channel
+
     def put(self, msg: Message, id: str | None = None, droppable: bool = False) -> None:
         if self._closed:
             return

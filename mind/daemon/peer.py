@@ -27,6 +27,22 @@ INTERNAL_ERROR = Error(
 )
 """The answer to a request whose handling raised: that request ends, nothing else does."""
 
+CLOSE_PROTOCOL = 1002
+CLOSE_POLICY = 1008
+CLOSE_REPLACED = 4001
+CLOSE_REVOKED = 4003
+CLOSE_TRY_LATER = 1013
+CLOSE_INTERNAL = 1011
+"""The close codes the Mind ends a connection with (the reason names the error code)."""
+
+
+async def close_quietly(ws: Connection, code: int, reason: str) -> None:
+    """Close `ws`; a socket already gone is nothing to report."""
+    try:
+        await ws.close(code, reason)
+    except Exception:  # the socket may already be gone; nothing to do
+        pass
+
 
 @dataclass
 class Peer:
@@ -83,6 +99,16 @@ class Peer:
         finally:
             self.in_flight -= 1
             self.room.set()
+
+    def answered(self, id_: str, msg: Message) -> bool:
+        """`msg` answers our request `id_` to this peer (a Hand): its waiter gets it. False if no
+        request of ours waits under that id (it gave up, or the id is the peer's own)."""
+        fut = self.pending.pop(id_, None)
+        if fut is None:
+            return False
+        if not fut.done():
+            fut.set_result(msg)
+        return True
 
     def fail_request(self, id_: str, why: ProtocolError) -> None:
         """Our request `id_` to this peer (a Hand) could not be sent: its waiter learns it now,

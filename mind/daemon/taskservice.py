@@ -1,9 +1,10 @@
 """The Mind's side of background tasks: starts, queries, cancels and the reconciliation pass.
 
-The asyncio glue around `mind/core/snapshots.py` (the rules) and `mind/store/snapshots.py` (the table): it asks the
-Hand when the Hand is connected (the authority), answers from the snapshot when it is not (saying so:
-`stale`, `last_synced_at`), records cancels for later delivery, and realigns every snapshot of a Hand
-after each `welcome`.
+The asyncio glue around `mind/core/taskstart.py` (how a start is decided), `mind/core/snapshots.py`
+(the rules of a snapshot) and `mind/store/snapshots.py` (the table): it performs each step of a
+start, asks the Hand when the Hand is connected (the authority), answers from the snapshot when it
+is not (saying so: `stale`, `last_synced_at`), records cancels for later delivery, and realigns
+every snapshot of a Hand after each `welcome`.
 """
 
 from __future__ import annotations
@@ -12,38 +13,23 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import structlog
-from pydantic import ValidationError
 
-from mind.core.admission import (
-    AskHand,
-    JoinStart,
-    StartReply,
-    existing_start,
-    hand_offline,
-    id_taken,
-    joined_outcome,
-    start_without_snapshot,
-    touch_denial,
-    use_denial,
-)
+from mind.core import taskstart
 from mind.core.paging import PAGE_ITEMS, page, parse_task_cursor, task_cursor
-from mind.core.registry import Action, RunRegistry, StartEnded
+from mind.core.registry import Log, StartEnded
 from mind.core.snapshots import Snapshot
-from mind.daemon.peer import INTERNAL_ERROR
+from mind.core.taskstart import Ending, Facts, Start, Step, TaskStarts
+from mind.daemon.host import Host
+from mind.daemon.peer import INTERNAL_ERROR, Peer
 from protocol.audit import AuditEvent
-from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
-from protocol.digest import args_digest, binding_digest
+from protocol.codes import CancelReason, ErrorCode, TaskCancelStatus
 from protocol.envelope import payload_size
 from protocol.ids import new_id
 from protocol.messages import (
-    Background,
     Error,
-    Exec,
-    Message,
-    StartOutcome,
     TaskCancel,
     TaskCancelReply,
     TaskCancelRequest,
@@ -57,23 +43,12 @@ from protocol.messages import (
     TaskLogPage,
     TaskLogs,
     TaskStart,
-    TaskStartResult,
-    TaskStartValue,
     TaskStatus,
-    TaskView,
 )
-from protocol.states import RunState, TaskState
-
-if TYPE_CHECKING:
-    from mind.daemon.metrics import MindMetrics
-    from mind.daemon.peer import Peer
-    from mind.store.credentials import Store
-    from mind.store.snapshots import SnapshotStore
 
 log = structlog.get_logger(component="mind.tasks")
 
-START_TIMEOUT_MS = 30_000
-"""Bounds only the Hand's durable admission of a task (row committed), never the task itself."""
+LOG_LEVELS = {"task_start_bad_value": "warning"}
 ASK_TIMEOUT_S = 10.0
 INVENTORY_PAGE = 1000
 RECONCILE_MAX_TASKS = 20_000
@@ -87,6 +62,8 @@ HAND_TASKS_QUOTA = RECONCILE_MAX_TASKS
 """Snapshots one Hand may have in the Mind's database: reported ids beyond it are not adopted."""
 
 T = TypeVar("T")
+Waiter = tuple[Peer, str]
+"""Who waits for a task start's answer: the connection and its request's envelope id."""
 
 
 def _run_all(calls: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:
@@ -101,31 +78,12 @@ def _run_all(calls: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:
     return out
 
 
-class Host(Protocol):
-    """What the task service needs of the daemon that owns it (`mind.daemon.server.Mind`): its
-    database thread, its asks to Hands, its connections, the run registry and the metrics. A
-    Protocol, so this module does not import the server that imports it."""
-
-    hands: dict[str, Peer]
-    registry: RunRegistry
-    snapshots: SnapshotStore
-    store: Store
-    metrics: MindMetrics
-
-    async def db(self, fn: Callable[..., T], *args: Any) -> T: ...
-    async def creds(self, fn: Callable[..., T], *args: Any) -> T: ...
-    async def ask(self, peer: Peer, msg: Message, timeout: float = ...) -> Message: ...
-    def deny(self, peer: Peer, what: str, **fields: Any) -> str: ...
-    def spawn(self, coro: Any) -> None: ...
-    def perform(self, actions: list[Action]) -> None: ...
-
-
 class TaskService:
     def __init__(self, mind: Host) -> None:
+        """`mind`: the daemon that owns this service (`mind.daemon.host.Host`)."""
         self.mind = mind
-        self._starts: dict[str, list[tuple[Peer, str]]] = {}
-        """Task starts in flight to the Hand: who waits for each answer (the sender first, then any
-        start of the same id and binding that joined it)."""
+        self.starts: TaskStarts[Waiter] = TaskStarts()
+        """Task starts in flight to the Hand: who waits for each answer (`mind.core.taskstart`)."""
         self._calls: list[tuple[Callable[[], Any], str | None, asyncio.Future[Any]]] = []
         self._flushing = False
 
@@ -200,213 +158,83 @@ class TaskService:
     # --- start ---
 
     async def start(self, peer: Peer, id_: str, req: TaskStart) -> None:
-        m = self.mind
+        """A client's task start: the decisions are `mind.core.taskstart`'s, performed here."""
         task_id = req.task_id or new_id("t")
-        binding = binding_digest(req.tool, req.args, req.max_runtime_ms)
-
-        def reply(outcome: StartOutcome, code: RejectCode | None = None, message: str = "", view=None) -> None:
-            if outcome == "rejected":  # the Mind's own refusals; the Hand's are audited by it (`start_ended`)
-                log.info(
-                    AuditEvent.TASK_START_REJECTED,
-                    task_id=task_id,
-                    hand=req.hand,
-                    client=peer.ident.label,
-                    tool=req.tool,
-                    args_digest=args_digest(req.tool, req.args),
-                    code=code.value if code is not None else None,
-                    reason=message,
-                )
-            peer.outbox.put(
-                TaskStartResult(
-                    task_id=task_id, hand=req.hand, outcome=outcome, reject_code=code, message=message, view=view
-                ),
-                id_,
-            )
-
-        def answer(r: StartReply) -> None:
-            if r.outcome == "duplicate":
-                log.info(AuditEvent.TASK_START_DUPLICATE, task_id=task_id, hand=req.hand, client=peer.ident.label)
-            reply(r.outcome, r.code, r.message, r.view)
-
-        async def settle_existing(existing: Snapshot) -> None:
-            denial = touch_denial(
-                peer.scope, peer.ident.label, existing.hand, existing.owner, f"reuse task id {task_id}", task_id=task_id
-            )
-            if denial is not None:
-                # Task ids are one namespace (the Hands key tasks by id): a taken id outside the
-                # client's scope is answered exactly as a conflicting one inside it, so the answer
-                # says only "taken", never which Hand or whose (audited as a scope denial).
-                m.deny(peer, denial.what, **denial.fields)
-                return answer(id_taken(task_id))
-            verdict = existing_start(
-                existing,
-                task_id,
-                req.hand,
-                binding,
-                in_flight=task_id in self._starts,
-                hand_connected=m.hands.get(req.hand) is not None,
-            )
-            if isinstance(verdict, JoinStart):
-                self._starts[task_id].append((peer, id_))
-                return None
-            if isinstance(verdict, AskHand):
-                # Claimed before the first await, so two retries cannot both send; later ones join.
-                self._starts[task_id] = [(peer, id_)]
-                try:
-                    written = await self._db(m.snapshots.retry_start, verdict.snapshot)
-                except BaseException:
-                    self._starts.pop(task_id, None)
-                    raise
-                if written is None:  # the row changed meanwhile (reported, or forgotten): decide again
-                    for p_, i_ in self._starts.pop(task_id, []):
-                        m.spawn(self.start(p_, i_, req))
-                    return None
-                log.info(AuditEvent.TASK_START_ASKED_AGAIN, task_id=task_id, hand=req.hand, client=peer.ident.label)
-                return await send(written)
-            return answer(verdict)
-
-        async def send(snap: Snapshot) -> None:
-            live = m.hands.get(req.hand)
-            if live is None:  # gone while the retry was written: whether the task exists is still unknown
-                waiters = self._starts.pop(task_id, [])
-                await self._db(m.snapshots.finish_start, task_id)
-                message = (
-                    f"hand {req.hand!r} went away before the start could be sent again; retry when it is connected"
-                )
-                return self._answer_starts(task_id, req.hand, "unknown", None, message, snap.view(), waiters)
-            self._starts.setdefault(task_id, [(peer, id_)])
-            exec_req = Exec(hand=req.hand, tool=req.tool, args=req.args, timeout_ms=START_TIMEOUT_MS)
-            m.perform(
-                m.registry.admit(
-                    task_id,
-                    exec_req,
-                    None,
-                    id_,
-                    live.gen,
-                    True,
-                    time.monotonic(),
-                    time.time(),
-                    background=Background(max_runtime_ms=req.max_runtime_ms),
-                    owner=peer.ident.label,
-                )
-            )
-
-        denial = use_denial(peer.scope, req.hand, req.tool)
-        if denial is not None:
-            return reply("rejected", RejectCode.DENIED_BY_SCOPE, m.deny(peer, denial.what, **denial.fields))
-        used_by_run, connected = self._used_by_run(task_id), m.hands.get(req.hand) is not None
-        if used_by_run or not connected:
-            # The rare paths look first; the common one (hand connected, fresh id) goes straight to
-            # `insert_new`, which answers the same existing snapshot, in one database call.
-            existing = await m.db(m.snapshots.get, task_id)
-            if existing is not None:
-                return await settle_existing(existing)
-            # looked at again: the registry and the connections may have changed while we waited
-            used_by_run, connected = self._used_by_run(task_id), m.hands.get(req.hand) is not None
-            known = connected or used_by_run or await m.creds(m.store.secret, "hand", req.hand) is not None
-            refused = start_without_snapshot(
-                task_id, req.hand, used_by_run=used_by_run, hand_connected=connected, hand_known=known
-            )
-            if refused is not None:
-                return answer(refused)
-        snap = Snapshot(
-            task_id=task_id,
-            hand=req.hand,
-            tool=req.tool,
-            args_digest=args_digest(req.tool, req.args),
-            binding_digest=binding,
-            state=TaskState.QUEUED,
-            stale=True,
-            created_at=time.time(),
-            start_pending=True,
-            owner=peer.ident.label,
+        start, step = self.starts.begin(
+            (peer, id_), req, task_id, peer.scope, peer.ident.label, time.time(), self._facts(req.hand, task_id)
         )
-        existing = await self._db(m.snapshots.insert_new, snap)  # written stale before the start is sent
-        if existing is not None:
-            return await settle_existing(existing)
-        if m.hands.get(req.hand) is None:  # the Hand may have gone while we waited on the database
-            await self._db(m.snapshots.delete, task_id)
-            return answer(hand_offline(req.hand))
-        self._starts[task_id] = [(peer, id_)]
-        await send(snap)
-
-    def _used_by_run(self, task_id: str) -> bool:
-        """A foreground run holds this id. A task's own start run does not: a refused start leaves
-        nothing that blocks a retry (issue 14, item 4), and an unanswered one is settled by asking
-        the Hand again."""
-        run = self.mind.registry.get(task_id)
-        return run is not None and run.background is None
-
-    def _answer_starts(
-        self,
-        task_id: str,
-        hand: str,
-        outcome: StartOutcome,
-        code: RejectCode | None,
-        message: str,
-        view: TaskView | None,
-        waiters: list[tuple[Peer, str]],
-    ) -> None:
-        """The first waiter sent the start; the others joined it (same id and binding) and hear the
-        same truth, with `accepted` read as `duplicate` (their start ran nothing new)."""
-        for i, (peer, id_) in enumerate(waiters):
-            said = outcome if i == 0 else joined_outcome(outcome)
-            peer.outbox.put(
-                TaskStartResult(task_id=task_id, hand=hand, outcome=said, reject_code=code, message=message, view=view),
-                id_,
-            )
+        await self._drive(start, step)
 
     async def start_ended(self, a: StartEnded) -> None:
-        """Settle the snapshot and answer the waiting client. If settling fails, the client hears
+        """Settle the snapshot and answer the waiting clients. If settling fails, they hear
         `internal_error` rather than silence; the failure goes on to the Mind's spawn guard (logged
         with its traceback)."""
-        waiters = self._starts.pop(a.run_id, [])
-        try:
-            outcome, code, message, view = await self._settle_start(a)
-        except Exception:
-            for peer, id_ in waiters:
-                peer.outbox.put(INTERNAL_ERROR, id_)
-            raise
-        log.info(
-            AuditEvent.TASK_START_ENDED,
-            task_id=a.run_id,
-            hand=a.hand,
-            outcome=outcome,
-            reject_code=code.value if code is not None else None,
-            reason=message,
-            start_run=a.end.state.value,
-        )
-        self._answer_starts(a.run_id, a.hand, outcome, code, message, view, waiters)
+        ending, step = self.starts.ended(a)
+        await self._drive(ending, step)
 
-    async def _settle_start(self, a: StartEnded) -> tuple[StartOutcome, RejectCode | None, str, TaskView | None]:
-        m = self.mind
-        end = a.end
-        outcome: StartOutcome
-        outcome, code, message, view = "unknown", None, "", None
-        if end.state is RunState.SUCCEEDED:
+    def _facts(self, hand: str, task_id: str) -> Facts:
+        """What a start decides on, read at the moment: the Hand's live generation, and whether a
+        foreground run holds the id (a task's own start run does not)."""
+        live = self.mind.hands.get(hand)
+        run = self.mind.registry.get(task_id)
+        return Facts(live.gen if live is not None else None, run is not None and run.background is None)
+
+    async def _drive(self, proc: Start[Waiter] | Ending[Waiter], step: Step) -> None:
+        """Perform each step of `proc` and feed it the answer of the step's need, until it is done."""
+        while True:
             try:
-                value = TaskStartValue.model_validate(end.value)
-            except ValidationError:
-                log.warning("task_start_bad_value", task_id=a.run_id, hand=a.hand)
-                value = None
-            if value is not None and value.task.task_id == a.run_id:
-                snap, what = await self._db(m.snapshots.report, a.hand, value.task, time.time(), hand=a.hand)
-                outcome = "duplicate" if value.duplicate else "accepted"
-                view = snap.view() if snap is not None else None
-            else:
-                snap = await self._db(m.snapshots.finish_start, a.run_id)
-                message = "the hand accepted the start but its answer was malformed"
-        elif end.state is RunState.REJECTED:
-            await self._db(m.snapshots.delete, a.run_id)  # nothing stored for a refused start
-            outcome, code, message = "rejected", end.reject_code, end.reason
+                for act in step.actions:
+                    await self._perform(act)
+                if step.need is None:
+                    return
+                value = await self._perform(step.need)
+            except Exception:
+                for act in proc.failed(error=True):
+                    await self._perform(act)
+                raise
+            except BaseException:
+                proc.failed(error=False)
+                raise
+            step = proc.on_result(value, self._facts(proc.hand, proc.task_id))
+
+    async def _perform(self, act: taskstart.Action | taskstart.Need) -> Any:
+        """One action or need of a task start: replies and logs at once, store calls awaited (the
+        snapshot writes batched, `_db`), their answer returned."""
+        m = self.mind
+        if isinstance(act, taskstart.Reply):
+            peer, id_ = act.waiter
+            peer.outbox.put(act.msg, id_)
+        elif isinstance(act, Log):
+            getattr(log, LOG_LEVELS.get(act.event, "info"))(act.event, **act.fields)
+        elif isinstance(act, taskstart.Denied):
+            m.deny(act.waiter[0], act.denial.what, **act.denial.fields)
+        elif isinstance(act, taskstart.Admit):
+            id_ = act.waiter[1]
+            now, wall = time.monotonic(), time.time()
+            bg, owner = act.background, act.owner
+            m.perform(m.registry.admit(act.task_id, act.exec, None, id_, act.gen, True, now, wall, bg, owner))
+        elif isinstance(act, taskstart.Restart):
+            m.spawn(self.start(act.waiter[0], act.waiter[1], act.req))
+        elif isinstance(act, taskstart.InternalError):
+            peer, id_ = act.waiter
+            peer.outbox.put(INTERNAL_ERROR, id_)
+        elif isinstance(act, taskstart.ReadSnapshot):
+            return await m.db(m.snapshots.get, act.task_id)
+        elif isinstance(act, taskstart.LookUpHand):
+            return await m.creds(m.store.secret, "hand", act.hand) is not None
+        elif isinstance(act, taskstart.InsertSnapshot):
+            return await self._db(m.snapshots.insert_new, act.snapshot)  # written stale before it is sent
+        elif isinstance(act, taskstart.RetryStart):
+            return await self._db(m.snapshots.retry_start, act.snapshot)
+        elif isinstance(act, taskstart.ReportStart):
+            return await self._db(m.snapshots.report, act.hand, act.info, time.time(), hand=act.hand)
+        elif isinstance(act, taskstart.FinishStart):
+            return await self._db(m.snapshots.finish_start, act.task_id)
+        elif isinstance(act, taskstart.DeleteSnapshot):
+            return await self._db(m.snapshots.delete, act.task_id)
         else:
-            snap = await self._db(m.snapshots.finish_start, a.run_id)
-            view = snap.view() if snap is not None else None
-            message = (
-                f"the start was sent but its answer never came ({end.state.value}: {end.reason}); "
-                "the task may exist: `mind task get` tells once the hand is connected"
-            )
-        return outcome, code, message, view
+            raise AssertionError(f"unknown task-start action {act!r}")
+        return None
 
     # --- queries ---
 

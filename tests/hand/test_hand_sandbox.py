@@ -385,7 +385,7 @@ async def test_the_kernels_cpu_limit_is_a_backstop_that_also_means_budget_exhaus
     async def blind(*_args, **_kwargs):  # a Hand too starved to poll: only RLIMIT_CPU is left
         await asyncio.Event().wait()
 
-    monkeypatch.setattr("hand.aio.runs.watch_cpu", blind)
+    monkeypatch.setattr("hand.aio.activerun.watch_cpu", blind)  # where a run meters its CPU
     hand = boxed()
     r = await hand.wait(hand.rpc("exec", {"argv": ["sh", "-c", BURN], "limits": {"cpu_seconds": 1}}), timeout=20)
     assert r.state is RunState.BUDGET_EXHAUSTED and r.signal == signal.SIGXCPU, r

@@ -7,7 +7,6 @@ import stat
 
 import pytest
 
-from hand.aio.tasks import LogSink
 from hand.core.rows import TaskRow, to_info
 from hand.core.tasks import (
     Admission,
@@ -23,6 +22,7 @@ from hand.core.tasks import (
 )
 from hand.system.process import ProcessOutcome, Tail
 from hand.system.taskdb import TaskStore
+from hand.system.tasklogs import LogSink
 from protocol.codes import CancelReason, KillStage
 from protocol.states import IllegalTransition, TaskState
 

@@ -92,7 +92,7 @@ def test_a_mind_that_vanishes_mid_run_leaves_the_outcome_unknown(tmp_path):
 def test_a_frozen_mind_is_noticed_by_the_keepalive(tmp_path, monkeypatch, capsys):
     """In-process, with the keepalive shortened: the Mind freezes right after the run is sent (its
     TCP connection stays open, nothing answers); the ping timeout ends the wait with 255."""
-    from mind.cli import exec as exec_cli
+    from mind.cli import execloop
     from mind.cli import main as cli
     from mind.cli.connection import connection_params
     from mind.client import blocking as link
@@ -102,7 +102,7 @@ def test_a_frozen_mind_is_noticed_by_the_keepalive(tmp_path, monkeypatch, capsys
     monkeypatch.setattr(link, "PING_TIMEOUT_S", 0.5)
     with running(tmp_path) as cl:
         monkeypatch.setenv("MINDHAND_HOME", str(cl.home))
-        args = cli._parse(["exec", "--hand", "box", "--", "sleep", "60"])
+        args = cli.parse(["exec", "--hand", "box", "--", "sleep", "60"])
         url, cred_path, ca, pin = connection_params(args)
         lk = link.Link.connect(url, load_credential(cred_path), ca=ca, pin=pin)
         send = lk.send
@@ -113,7 +113,7 @@ def test_a_frozen_mind_is_noticed_by_the_keepalive(tmp_path, monkeypatch, capsys
 
         lk.send = send_then_freeze
         try:
-            code = exec_cli.ExecSession(lk, args).run("exec", {"argv": ["sleep", "60"]}, 60_000, None)
+            code = execloop.ExecSession(lk, args).run("exec", {"argv": ["sleep", "60"]}, 60_000, None)
         finally:
             lk.abort()
             cl.mind.signal(signal.SIGCONT)

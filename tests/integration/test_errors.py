@@ -23,6 +23,7 @@ from hand.aio.agent import Agent, AgentConfig
 from hand.core.backoff import Backoff
 from mind.client.aio import ClientError, MindClient, load_credential
 from mind.core.registry import RunRegistry
+from mind.daemon.dispatch import Dispatch
 from mind.daemon.server import Mind, MindConfig
 from mind.daemon.taskservice import TaskService
 from protocol.auth import Credential
@@ -101,14 +102,14 @@ def failures(events: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
 
 
 async def test_a_failing_client_request_gets_internal_error_and_nothing_else_stops(world, monkeypatch):
-    original = Mind._on_client_message
+    original = Dispatch.on_client_message
 
     def failing(self, peer, id_, msg):
         if isinstance(msg, ListRuns) and msg.hand == "boom":
             raise Injected("the list handler broke")
         return original(self, peer, id_, msg)
 
-    monkeypatch.setattr(Mind, "_on_client_message", failing)
+    monkeypatch.setattr(Dispatch, "on_client_message", failing)
     mc = await world.client()
     gen = {n: p.gen for n, p in world.mind.hands.items()}
     try:

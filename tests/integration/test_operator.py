@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from mind.client.credentials import load_credential
 from mind.testing.cluster import BIN, Cluster, running, wait_until
 
 pytestmark = pytest.mark.slow  # real Minds, Hands, CLIs and scripts/mkcerts
@@ -157,7 +158,9 @@ def test_hand_add_out_to_an_unwritable_place_creates_nothing_and_a_retry_works(t
     good = tmp_path / "web1.cred"
     r = cl.cli("hand", "add", "web1", "--out", str(good))
     assert r.returncode == 0, r.stderr
-    assert good.read_text().strip() == r.stdout.decode().strip() and mode(good) == 0o600
+    # with --out the secret goes to the file only, never to stdout (a log or a terminal: issue 24)
+    assert r.stdout == b"" and b"written to" in r.stderr and mode(good) == 0o600
+    assert load_credential(good).label == "web1"
     # rotate checks first too: a new secret that cannot be written would lock the Hand out
     before = good.read_text()
     r = cl.cli("hand", "rotate", "web1", "--out", str(tmp_path))

@@ -219,7 +219,7 @@ async def test_a_hands_escape_sequences_never_reach_the_operators_terminal(tmp_p
 
 
 def test_printable_escapes_every_control_character_and_keeps_the_rest():
-    from mind.cli.output import printable
+    from mind.cli.formatting import printable
 
     assert printable("héllo wörld ✓") == "héllo wörld ✓"
     assert printable("a\x1b]0;x\x07b\x7f\x9b\nc\td") == "a\\x1b]0;x\\x07b\\x7f\\x9b\\nc\\td"

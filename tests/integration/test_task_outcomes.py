@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hand.aio.tasks import TaskLog, read_log, stream_log_size
 from hand.core.tasks import stream_truncated
-from mind.cli.output import EXIT_CANCELLED, EXIT_LOST, EXIT_TIMED_OUT, EXIT_WAIT_TIMEOUT, task_exit_code
+from hand.system.tasklogs import TaskLog, read_log, stream_log_size
+from mind.cli.exits import EXIT_CANCELLED, EXIT_LOST, EXIT_TIMED_OUT, EXIT_WAIT_TIMEOUT, task_exit_code
 from mind.cli.task import final_line, waiting_on
 from mind.client.aio import ClientError
 from mind.testing.cluster import running, wait_until

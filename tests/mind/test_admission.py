@@ -8,7 +8,6 @@ from mind.core.admission import (
     AuthFailures,
     Denial,
     JoinStart,
-    PendingHandshakes,
     StartReply,
     args_problem,
     denial_message,
@@ -107,22 +106,6 @@ def test_a_start_with_no_snapshot() -> None:
     assert verdict(used_by_run=True, hand_connected=False) is RejectCode.CONFLICTING_DUPLICATE
     assert verdict(hand_connected=False) is RejectCode.HAND_OFFLINE
     assert verdict(hand_connected=False, hand_known=False) is RejectCode.UNKNOWN_HAND
-
-
-def test_pending_handshakes_are_bounded_per_address_and_a_full_table_evicts_the_busiest() -> None:
-    p = PendingHandshakes()
-    assert p.admit(1, "a", total=4, per_address=2) == (True, None)
-    assert p.admit(2, "a", total=4, per_address=2) == (True, None)
-    assert p.admit(3, "a", total=4, per_address=2) == (False, None), "one address holds its share, no more"
-    assert p.admit(4, "b", total=4, per_address=2) == (True, None)
-    assert p.admit(5, "c", total=4, per_address=2) == (True, None)
-    # full: the newcomer gets in, the oldest slot of the busiest address ("a") makes room
-    assert p.admit(6, "d", total=4, per_address=2) == (True, 1)
-    assert len(p) == 4 and p.held("a") == 1
-    p.done(2)
-    p.done(2)  # twice is harmless
-    assert p.held("a") == 0 and len(p) == 3
-    assert p.admit(7, "e", total=2, per_address=8) == (True, 4), "the share is never more than the table"
 
 
 def test_arguments_are_bounded_by_their_count_of_values_before_any_work() -> None:

@@ -223,7 +223,7 @@ def test_properties(n, offline, conc, budget, outcomes, order, fail_fast):
 
 
 def test_the_cli_exit_code_table_agrees_with_the_plan():
-    from mind.cli import output
+    from mind.cli import exits as output
 
     assert output.EXIT_FLEET_UNREACHED == f.EXIT_FLEET_UNREACHED
     assert output.EXIT_FLEET_FAILED == f.EXIT_FLEET_FAILED

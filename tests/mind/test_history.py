@@ -79,7 +79,7 @@ def test_the_start_run_of_a_task_still_hands_its_value_to_the_task_service():
 
 
 def pages(reg: RunRegistry, limit: int, between=None, size=payload_size, max_bytes=1 << 20):
-    """Every page of the history as the Mind sends them (`Mind._list_runs`), run ids per page."""
+    """Every page of the history as the Mind sends them (`Views.list_runs`), run ids per page."""
     out, before = [], None
     while True:
         items = ((r, r.info()) for r in reg.history(before=before))

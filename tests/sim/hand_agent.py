@@ -24,9 +24,9 @@ from sim.hand_runs import HandRuns
 from sim.network import Frame, Link
 from sim.runtime import Fut
 
-from hand.aio.runs import RecentRuns
 from hand.core.backoff import Backoff
 from hand.core.policy import Policy
+from hand.core.runs import RecentRuns
 from protocol.codes import CancelReason
 from protocol.messages import Cancel, Message, Rpc, TaskCancel, TaskInventory, TaskStatus
 

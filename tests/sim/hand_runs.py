@@ -5,8 +5,12 @@ before `accepted`; the run is registered before `accepted` goes out, so a `cance
 the ordered stream finds it; `RunControl(finish_on_cancel=False)` so the truth wins (a command that
 exited on its own reports its exit even if a cancel raced it); the Hand's deadline kills the tree
 and reports `timed_out`; progress is dropped past the caps and never sent after the result;
-`cancel_all(connection_lost)` when the connection ends. Called for real: `RecentRuns`,
-`RunControl`, `check_active`, `REASON_TO_STATE`, `_fits`.
+`cancel_all(connection_lost)` when the connection ends. The rules are called for real, from
+`hand.core.runs`: the refusals in their one order (`refusal`), the run's budget and grace, the
+progress caps (`progress_pieces`), how a process ended (`process_end`), a stopped run (`stopped`) and
+the first terminal (`final`), the table's bookkeeping (`RunBook`: active and recent ids, closing,
+the answer to a cancel); and `RunControl`, `check_active`. What is modelled by
+hand is the glue: the order in which the shell performs them.
 
 Not modelled: streamed runs (`rpc.streams`: stdin, complete output, terminals). The simulated
 clients ask for none; streams never move a state, their arithmetic is `protocol.streams`' (unit
@@ -20,17 +24,16 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgpack
 from sim.jobs import PROGRAM, JobSpec, VProcess
 from sim.runtime import Cancelled, Fut, Proc, first_of
 
-from hand.aio.runs import PROGRESS_BYTES, PROGRESS_EVENTS, _fits
-from hand.core.policy import KNOWN_TOOLS
+from hand.core.runs import RunBook, RunEnd, final, kill_grace, process_end, progress_pieces, run_limits, stopped
 from hand.core.spawn import spawn_failure
 from hand.system.process import ProcessOutcome
 from hand.system.tools import Refusal
-from protocol import limits
-from protocol.codes import CancelReason, CancelStatus, RejectCode
-from protocol.control import REASON_TO_STATE, Budget, RunAborted, RunControl, check_active
+from protocol.codes import CancelReason, RejectCode
+from protocol.control import Budget, RunAborted, RunControl, check_active
 from protocol.messages import Accepted, Cancel, CancelResult, Message, Progress, Rejected, Result, Rpc, Started
 from protocol.states import RunState
 
@@ -53,8 +56,7 @@ class HandRuns:
     def __init__(self, hand: HandProcess, send: Callable[[Message], None]) -> None:
         self.hand = hand
         self._send = send
-        self._active: dict[str, _Run] = {}
-        self._closing: CancelReason | None = None
+        self._book: RunBook[_Run] = RunBook(hand.recent)
         self._idle = Fut()
         self._idle.resolve(None)
 
@@ -70,26 +72,19 @@ class HandRuns:
         except Refusal as refusal:
             self._send(Rejected(run_id=rpc.run_id, code=refusal.code, message=refusal.message))
             return
-        budget = Budget({PROGRESS_BYTES: limits.PROGRESS_BYTES_MAX, PROGRESS_EVENTS: limits.PROGRESS_EVENTS_MAX})
-        ctl = RunControl(budget, deadline=self.now + rpc.timeout_ms / 1000, finish_on_cancel=False)
-        kill_grace = self.hand.kill_grace
-        grace = kill_grace if rpc.grace_ms is None else min(rpc.grace_ms / 1000, kill_grace)
-        run = _Run(rpc, ctl, spec, grace)
-        self._active[rpc.run_id] = run  # before `accepted`: a following cancel finds it
+        ctl = RunControl(Budget(run_limits(None)), deadline=self.now + rpc.timeout_ms / 1000, finish_on_cancel=False)
+        run = _Run(rpc, ctl, spec, kill_grace(rpc.grace_ms, self.hand.kill_grace))
+        self._book.active[rpc.run_id] = run  # before `accepted`: a following cancel finds it
         if self._idle.done:
             self._idle = Fut()
         self._send(Accepted(run_id=rpc.run_id))
         run.task = self.hand.loop.spawn(self._execute(run), f"run {rpc.run_id}")
 
     def _admit(self, rpc: Rpc) -> JobSpec:
-        if rpc.run_id in self._active or rpc.run_id in self.hand.recent:
-            raise Refusal(RejectCode.DUPLICATE_RUN, f"run {rpc.run_id} is already known to this hand")
-        if self._closing is not None:
-            raise Refusal(RejectCode.SHUTTING_DOWN, "this hand is shutting down")
-        if rpc.tool not in KNOWN_TOOLS:
-            raise Refusal(RejectCode.UNKNOWN_TOOL, f"this hand has no tool {rpc.tool!r}")
-        if not self.hand.policy.allowed(rpc.tool):
-            raise Refusal(RejectCode.DENIED_BY_POLICY, f"tool {rpc.tool!r} is denied by this hand's policy")
+        size = len(msgpack.packb(rpc.args, use_bin_type=True))
+        refused = self._book.refusal(rpc.run_id, rpc.tool, args_size=size, allowed=self.hand.policy.allowed(rpc.tool))
+        if refused is not None:
+            raise Refusal(refused.code, refused.message)
         spec = JobSpec.from_args(rpc.args)
         if spec is None:
             raise Refusal(RejectCode.INVALID_REQUEST, "bad arguments")
@@ -98,30 +93,26 @@ class HandRuns:
     # --- cancellation ---
 
     def on_cancel(self, cancel: Cancel) -> None:
-        run = self._active.get(cancel.run_id)
+        status = self._book.cancel_status(cancel.run_id)
+        run = self._book.active.get(cancel.run_id)
         if run is not None:
-            self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.CANCEL_REQUESTED))
             self._cancel(run, cancel.reason)
-        elif cancel.run_id in self.hand.recent:
-            self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.ALREADY_DONE))
-        else:
-            self._send(CancelResult(run_id=cancel.run_id, status=CancelStatus.UNKNOWN_RUN))
+        self._send(CancelResult(run_id=cancel.run_id, status=status))
 
     def cancel_all(self, reason: CancelReason) -> None:
-        self._closing = self._closing or reason
-        for run in list(self._active.values()):
+        for run in self._book.close(reason):
             self._cancel(run, reason)
 
     def _cancel(self, run: _Run, reason: CancelReason) -> None:
         run.ctl.cancel(reason, self.now)
 
     def wait_idle(self, timeout: float) -> Generator[Any, Any, bool]:
-        if not self._active:
+        if not self._book.active:
             return True
         yield first_of(self._idle, self.hand.loop.sleep(timeout, "wait_idle"))
-        if not self._active:
+        if not self._book.active:
             return True
-        for run in list(self._active.values()):  # past the bound: the task is cancelled, reports what it knows
+        for run in list(self._book.active.values()):  # past the bound: the task is cancelled, reports what it knows
             if run.task is not None:
                 run.task.cancel()
         return False
@@ -168,28 +159,23 @@ class HandRuns:
     def _progress(self, run: _Run, stream: str, data: bytes) -> None:
         if not self.hand.loop.alive:
             return  # an orphan of a crashed Hand writes into a dead pipe
-        base = run.offsets[stream]
-        run.offsets[stream] = base + len(data)
-        if run.ctl.cancellation.cancelled or run.ctl.lifecycle.done or not _fits(run.ctl.budget, len(data)):
-            run.dropped += 1
-            return
-        self._send(Progress(run_id=run.rpc.run_id, stream=stream, offset=base, data=data))  # type: ignore[arg-type]
+        stopped = run.ctl.cancellation.cancelled or run.ctl.lifecycle.done
+        for offset, piece, sent in progress_pieces(run.offsets, stream, data, run.ctl.budget, stopped=stopped):
+            if sent:
+                self._send(Progress(run_id=run.rpc.run_id, stream=stream, offset=offset, data=piece))  # type: ignore[arg-type]
+            else:
+                run.dropped += 1
 
     # --- results ---
 
     def _from_process(self, run: _Run, out: ProcessOutcome) -> Result:
-        reason = run.ctl.cancellation.reason
-        if out.killed and reason is not None:
-            state, why = REASON_TO_STATE[reason], reason.value
-        elif out.exit_code == 0:
-            state, why = RunState.SUCCEEDED, ""
-        else:
-            state = RunState.FAILED
-            why = f"exit status {out.exit_code}" if out.exit_code is not None else f"killed by signal {out.signal}"
+        end = process_end(
+            killed=out.killed, exit_code=out.exit_code, signal=out.signal, cancel=run.ctl.cancellation.reason
+        )
         return Result(
             run_id=run.rpc.run_id,
-            state=state,
-            reason=why,
+            state=end.state,
+            reason=end.reason,
             exit_code=out.exit_code,
             signal=out.signal,
             stage=out.stage if out.killed else None,
@@ -199,24 +185,18 @@ class HandRuns:
         return Result(run_id=run.rpc.run_id, state=RunState.FAILED, reason=reason, exit_code=exit_code, error=error)
 
     def _stopped(self, run: _Run) -> Result:
-        term = run.ctl.lifecycle.termination
-        reason = run.ctl.cancellation.reason or CancelReason.SHUTDOWN
-        state = term.state if term is not None else REASON_TO_STATE[reason]
-        return Result(run_id=run.rpc.run_id, state=state, reason=reason.value)
+        end = stopped(run.ctl.lifecycle.termination, run.ctl.cancellation.reason)
+        return Result(run_id=run.rpc.run_id, state=end.state, reason=end.reason)
 
     def _conclude(self, run: _Run, result: Result) -> None:
         """Record the one terminal, forget the run, send the one result."""
-        if self._active.get(run.rpc.run_id) is not run:
+        if not self._book.end(run.rpc.run_id, run):
             return
-        if not run.ctl.lifecycle.finish(result.state, result.reason or result.state.value, self.now):
-            term = run.ctl.lifecycle.termination
-            assert term is not None
-            if term.state != result.state:
-                result = result.model_copy(update={"state": term.state, "reason": term.reason})
+        fact = final(run.ctl.lifecycle, RunEnd(result.state, result.reason), self.now)
+        if fact is not None:
+            result = result.model_copy(update={"state": fact.state, "reason": fact.reason})
         result = result.model_copy(update={"progress_dropped": run.dropped})
-        del self._active[run.rpc.run_id]
-        self.hand.recent.add(run.rpc.run_id)
-        if not self._active:
+        if not self._book.active:
             self._idle.resolve(None)
         self.hand.world.checker.on_hand_run_end(self.hand.label, run.rpc.run_id, result.state)
         self._send(result)

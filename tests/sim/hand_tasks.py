@@ -1,12 +1,15 @@
 """The Hand's background tasks: `hand.aio.tasks.TaskManager`, as generators on the Hand's loop.
 
-The rules are the REAL ones of `hand/core/tasks.py`: the decisions (`admit_batch`, `answer_for`,
-`background_refusal`, `store_failed`, `next_to_start`, `ending`, `cancel_action`, `lost_reason`,
-`purge_cutoff`) and the ORDER of admission (`Admissions`: one drainer, one batch at a time, a batch
-is what arrived meanwhile). Rows are real `TaskRow`s reported with the real `to_info`, writes are
-the real `Insert`/`Change`. What is still modelled by hand is the asyncio glue between them (a
-`yield` at every `await`), and `tests/sim/test_mirrors.py` fails when `TaskManager`, `GroupCommit`
-or `LogSink` change without this model being checked again (`tests/sim/mirrors.py`):
+The rules are the REAL ones of `hand/core/tasks.py` and `hand/core/runs.py`: the decisions
+(`admit_batch`, `answer_for`, `started`, `background_refusal` (the refusals of a foreground run, in
+their order), `store_failed`, `next_to_start`, `ending`, `starts_first`, `cancel_action`,
+`lost_reason`, `purge_cutoff`) and the ORDER of admission (`Admissions`: one drainer, one batch at a
+time, a batch is what arrived meanwhile). Rows are real `TaskRow`s reported with the real `to_info`,
+writes are the real `Insert`/`Change`, a task in memory is the real `LiveTask` (its `kill` and
+`final`). What is still modelled by hand is the asyncio glue between them (a `yield` at every
+`await`), and `tests/sim/test_mirrors.py` fails when `TaskManager`, `TaskStarts`, `LiveTask`,
+`recover`, `GroupCommit` or `LogSink` change without this model being checked again
+(`tests/sim/mirrors.py`):
 - starts are taken in on arrival (`on_start` never waits): a policy/argument refusal is answered at
   once with nothing stored, the others are queued; one drainer in the Hand's owner takes every
   queued start as ONE batch under the admission lock, decides it with `admit_batch` (arrival order;
@@ -24,7 +27,7 @@ or `LogSink` change without this model being checked again (`tests/sim/mirrors.p
 - the truth wins on cancel and on `max_runtime_ms`; a queued task is cancelled without running;
 - restart (`open`): every queued/running row becomes `lost`, nothing re-runs, the orphan is killed.
 Executions belong to the Hand (its loop), not to a connection: a dropped connection touches no task.
-Not modelled: clean shutdown (`_closing`), the argument size check, `ADMIT_BACKLOG` (never reached),
+Not modelled: clean shutdown (`_closing`), the argument size check (the simulated starts are small), `ADMIT_BACKLOG` (never reached),
 a terminal commit that fails (the shell keeps the outcome, `_keep_outcome`, and `_recommit`s it: the
 simulated store fails only insert-only commits, so a conclude failure here is a bug, as it was), and
 the per-stream log files (the model keeps log sizes only).
@@ -41,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from sim.jobs import PROGRAM, JobSpec, VProcess
 from sim.runtime import Fut, Loop, Proc, SimLock
 
+from hand.aio.taskrun import LiveTask
 from hand.core.rows import Change, Insert, TaskRow, Write, to_info
 from hand.core.spawn import spawn_failure
 from hand.core.tasks import (
@@ -62,28 +66,27 @@ from hand.core.tasks import (
     next_to_start,
     not_started,
     purge_cutoff,
+    start_request,
+    started,
+    starts_first,
     store_failed,
 )
 from hand.system.tools import Refusal
 from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
-from protocol.digest import args_digest, binding_digest
 from protocol.messages import (
-    Accepted,
     Error,
     Message,
     Rejected,
-    Result,
     Rpc,
     TaskCancel,
     TaskCancelResult,
     TaskInfo,
     TaskInventory,
     TaskInventoryPage,
-    TaskStartValue,
     TaskStatus,
     TaskUpdate,
 )
-from protocol.states import TASK_TRANSITIONS, RunState, TaskState
+from protocol.states import TaskState
 
 if TYPE_CHECKING:
     from sim.hand_agent import HandProcess
@@ -93,7 +96,7 @@ Send = Callable[[Message], None]
 
 
 class LogSink:
-    """`hand.tasks.LogSink` as a size: opened with O_TRUNC, head-bounded at `cap`."""
+    """`hand.system.tasklogs.LogSink` as a size: opened with O_TRUNC, head-bounded at `cap`."""
 
     def __init__(self, sizes: dict[str, int], task_id: str, cap: int) -> None:
         self._sizes = sizes
@@ -121,13 +124,11 @@ class LogSink:
 
 
 @dataclass(eq=False)
-class _Live:
-    row: TaskRow
-    spec: JobSpec
-    cancel: CancelReason | None = None
-    proc: VProcess | None = None
-    sink: LogSink | None = None
-    runner: Proc | None = None
+class _Live(LiveTask):
+    """The REAL `hand.aio.taskrun.LiveTask` (its `kill` and `final`), holding a `JobSpec`, a
+    `VProcess` and a `LogSink` model; its asyncio `run` is modelled by `HandTasks._run`."""
+
+    log: Any = None
 
 
 @dataclass(eq=False)
@@ -140,7 +141,7 @@ class _Start:
 
 
 class GroupCommit:
-    """`hand.tasks.GroupCommit`: the one writer. Writes wait in `_waiting`; one drainer commits all
+    """`hand.aio.groupcommit.GroupCommit`: the one writer. Writes wait in `_waiting`; one drainer commits all
     that are waiting in one `write_many` (one I/O), then wakes each writer with ITS result."""
 
     def __init__(self, store: Any, loop: Loop) -> None:
@@ -257,16 +258,8 @@ class HandTasks:
         """Refused at once, or queued for the drainer's next batch; returns before it is decided."""
         task_id = rpc.run_id
         try:
-            assert rpc.background is not None
             spec = self._prepare(rpc)
-            max_runtime_ms = rpc.background.max_runtime_ms
-            req = StartRequest(
-                task_id=task_id,
-                tool=rpc.tool,
-                args_digest=args_digest(rpc.tool, rpc.args),
-                binding_digest=binding_digest(rpc.tool, rpc.args, max_runtime_ms),
-                max_runtime_ms=max_runtime_ms,
-            )
+            req = start_request(rpc)
         except Refusal as refusal:
             send(Rejected(run_id=task_id, code=refusal.code, message=refusal.message))
             return
@@ -379,21 +372,17 @@ class HandTasks:
         if isinstance(answer, Refused):
             self._refuse([start], answer)
         elif isinstance(answer, Duplicate):
-            self._started(start.send, req.task_id, self._info(answer.row), duplicate=True)
+            for msg in started(req.task_id, self._info(answer.row), duplicate=True):
+                start.send(msg)
         else:
             self._queued[req.task_id] = _Live(answer.row, start.spec)  # committed: it will run
-            self._started(start.send, req.task_id, to_info(answer.row), duplicate=False)
+            for msg in started(req.task_id, to_info(answer.row), duplicate=False):
+                start.send(msg)
 
     @staticmethod
     def _refuse(starts: list[_Start], refused: Refused) -> None:
         for start in starts:
             start.send(Rejected(run_id=start.req.task_id, code=refused.code, message=refused.message))
-
-    @staticmethod
-    def _started(send: Send, task_id: str, info: TaskInfo, *, duplicate: bool) -> None:
-        send(Accepted(run_id=task_id))
-        value = TaskStartValue(task=info, duplicate=duplicate).model_dump(mode="python")
-        send(Result(run_id=task_id, state=RunState.SUCCEEDED, value=value))
 
     def _pump(self) -> None:
         for task_id in next_to_start(list(self._queued), len(self._running), self.limits.max_running):
@@ -407,7 +396,7 @@ class HandTasks:
         row = live.row
         timer = self.loop.call_at(
             self.now + row.max_runtime_ms / 1000,
-            lambda: self._kill(live, CancelReason.DEADLINE_EXCEEDED),
+            lambda: live.kill(CancelReason.DEADLINE_EXCEEDED),
             label="task_deadline",
         )
         try:
@@ -448,30 +437,10 @@ class HandTasks:
     def _on_spawn(self, live: _Live, pid: int) -> Generator[Any, Any, None]:
         yield from self._commit(live, state=TaskState.RUNNING, started_at=self.now, pid=pid, pid_start_time=pid)
 
-    def _kill(self, live: _Live, reason: CancelReason) -> None:
-        if live.cancel is None:
-            live.cancel = reason
-        if live.proc is not None:
-            live.proc.kill()
-
-    def _final(self, live: _Live, end: Ending) -> dict[str, Any]:
-        sink = live.sink
-        return dict(
-            state=end.state,
-            finished_at=self.now,
-            reason=end.reason,
-            exit_code=end.exit_code,
-            signal=end.signal,
-            stage=end.stage,
-            error=end.error,
-            log_bytes=sink.size if sink is not None else live.row.log_bytes,
-            truncated=sink.truncated if sink is not None else live.row.truncated,
-        )
-
     def _conclude(self, live: _Live, end: Ending) -> Generator[Any, Any, None]:
-        if live.row.state is TaskState.QUEUED and end.state not in TASK_TRANSITIONS[TaskState.QUEUED]:
+        if starts_first(live.row.state, end.state):
             yield from self._commit(live, state=TaskState.RUNNING, started_at=self.now)
-        yield from self._commit(live, **self._final(live, end))
+        yield from self._commit(live, **live.final(end, self.now))
 
     def _commit(self, live: _Live, **changes: Any) -> Generator[Any, Any, TaskRow]:
         """Commit a change of the row (version + 1), THEN push it."""
@@ -532,7 +501,7 @@ class HandTasks:
             return TaskCancelResult(task_id=task_id, status=TaskCancelStatus.CANCEL_REQUESTED, task=self._info(row))
         if action is CancelAction.KILL:
             assert running is not None
-            self._kill(running, msg.reason)
+            running.kill(msg.reason)
             return TaskCancelResult(
                 task_id=task_id, status=TaskCancelStatus.CANCEL_REQUESTED, task=self._info(running.row)
             )

@@ -1,17 +1,19 @@
 """The Mind, simulated: the REAL `mind.core.registry.RunRegistry`, the REAL `mind.core.snapshots`
-rules (through `SnapshotTable`) and the REAL task-start and scope verdicts of `mind.core.admission`,
-inside a synchronous copy of the asyncio shell around them. `tests/sim/test_mirrors.py` fails when
-`mind.daemon.server.Mind` or `mind.daemon.taskservice.TaskService` change without this copy being
-checked again.
+rules (through `SnapshotTable`), the REAL task-start decisions of `mind.core.taskstart` (driven here
+as the task service drives them) and the REAL scope verdicts of `mind.core.admission`, inside a
+synchronous copy of the asyncio glue around them. `tests/sim/test_mirrors.py` fails when the
+mirrored classes of `mind/daemon/` change without this copy being checked again.
 
 What is mirrored, and from where (keep in step with the real files):
-- `mind/daemon/server.py`: `perform` (SendToHand only onto the live connection of that generation),
-  `_serve_hand` (a newer connection replaces the older one at once: its runs `lost`; the older
-  one's pending asks fail when its reader ends), the end of a Hand connection (pending asks fail,
-  runs `lost`, snapshots stale), `_on_hand_message`, `_on_client_message`, the ticker, and restart
-  (`mark_all_stale` before serving).
-- `mind/daemon/taskservice.py`: `start`, `start_ended`, `get` (`_refresh`), `cancel`, `on_update` and
-  `reconcile`, as generators that yield where the real coroutines await (`m.db`, `m.ask`).
+- `mind/daemon/server.py` (`Mind`): `perform` (SendToHand only onto the live connection of that
+  generation), `ask`, the ticker, and restart (`mark_all_stale` before serving).
+- `mind/daemon/connections.py` (`Connections`): `serve_hand` (a newer connection replaces the older
+  one at once: its runs `lost`; the older one's pending asks fail when its reader ends), the end of
+  a Hand connection (pending asks fail, runs `lost`, snapshots stale), the end of a client's.
+- `mind/daemon/dispatch.py` (`Dispatch`): `on_hand_message`, `on_client_message`, `_admit_offline`.
+- `mind/daemon/taskservice.py`: `start` and `start_ended` (`_drive`, `_perform`: the decisions are
+  the core's), `get` (`_refresh`), `cancel`, `on_update` and `reconcile`, as generators that yield
+  where the real coroutines await (`m.db`, `m.ask`).
 
 A Mind crash is the loss of this object: its registry, asks, starts in flight and connections.
 What survives is outside it: the snapshot table and the generation counter (both on disk).
@@ -23,27 +25,15 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
 from sim.network import Link
 from sim.runtime import Fut
 
-from mind.core.admission import (
-    AskHand,
-    JoinStart,
-    StartReply,
-    existing_start,
-    hand_offline,
-    joined_outcome,
-    start_without_snapshot,
-    touch_denial,
-    use_denial,
-)
+from mind.core import taskstart
 from mind.core.registry import Action, Log, SendToClient, SendToHand, StartEnded
 from mind.core.scope import FULL
 from mind.core.snapshots import Snapshot
-from mind.daemon.taskservice import ASK_TIMEOUT_S, START_TIMEOUT_MS
-from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
-from protocol.digest import args_digest, binding_digest
+from mind.daemon.taskservice import ASK_TIMEOUT_S
+from protocol.codes import CancelReason, ErrorCode, TaskCancelStatus
 from protocol.messages import (
     Accepted,
     Background,
@@ -65,22 +55,20 @@ from protocol.messages import (
     TaskInventory,
     TaskInventoryPage,
     TaskStart,
-    TaskStartResult,
-    TaskStartValue,
     TaskStatus,
     TaskUpdate,
 )
-from protocol.states import RunState, TaskState
 
 if TYPE_CHECKING:
     from sim.simulation import World
 
 REPLY_TYPES = (TaskInfo, TaskCancelResult, TaskInventoryPage)
+STORE_CALLS = {taskstart.ReadSnapshot: "get", taskstart.FinishStart: "finish_start", taskstart.DeleteSnapshot: "delete"}
 
 
 @dataclass(eq=False)
 class HandPeer:
-    """`server.Peer` of a Hand connection."""
+    """`mind.daemon.peer.Peer` of a Hand connection."""
 
     label: str
     gen: int
@@ -110,7 +98,7 @@ class SimMind:
         """Set when a Hand connects or goes (the checker then looks at every snapshot)."""
         self.peers: dict[Link, HandPeer] = {}
         """Every Hand connection whose reader still runs, replaced ones included."""
-        self.starts: dict[str, list[tuple[str, str]]] = {}
+        self.starts: taskstart.TaskStarts[tuple[str, str]] = taskstart.TaskStarts()
         self.snapshots.mark_all_stale()  # Mind.run(): before serving anything
 
     # --- plumbing -------------------------------------------------------------------------------
@@ -173,7 +161,7 @@ class SimMind:
     def tick(self) -> None:
         self.perform(self.registry.on_tick(self.now, self.now))
 
-    # --- hand connections (server._serve_hand) ------------------------------------------------
+    # --- hand connections (Connections.serve_hand) --------------------------------------------
 
     def hand_connected(self, link: Link) -> None:
         label = link.hand
@@ -200,7 +188,7 @@ class SimMind:
             self.db(self.snapshots.mark_hand_stale, link.hand)
 
     def on_hand_message(self, link: Link, env_id: str | None, msg: Message) -> None:
-        """`server._on_hand_message`."""
+        """`Dispatch.on_hand_message`."""
         peer = self.peers.get(link)
         assert peer is not None, f"a frame on {link} whose reader has ended"
         label, gen = peer.label, peer.gen
@@ -240,7 +228,7 @@ class SimMind:
             raise AssertionError(f"a hand may not send {msg.TYPE} here")
         self.perform(acts)
 
-    # --- clients (server._serve_client, _on_client_message) -----------------------------------
+    # --- clients (Connections.serve_client, Dispatch.on_client_message) -----------------------
 
     def client_gone(self, conn: str) -> None:
         self._gone_clients.add(conn)
@@ -284,134 +272,48 @@ class SimMind:
 
     def start(self, conn: str, req_id: str, req: TaskStart) -> Generator[Any, Any, None]:
         task_id = req.task_id or self.world.next_id("tm")
-        binding = binding_digest(req.tool, req.args, req.max_runtime_ms)
-
-        def answer(r: StartReply) -> None:
-            self._answer_starts(task_id, req.hand, r.outcome, r.code, r.message, r.view, [(conn, req_id)])
-
-        def settle_existing(existing: Snapshot) -> Generator[Any, Any, None]:
-            # the simulated clients hold the full scope: the REAL check, which always passes here
-            assert touch_denial(FULL, conn, existing.hand, existing.owner, f"reuse task id {task_id}") is None
-            verdict = existing_start(
-                existing,
-                task_id,
-                req.hand,
-                binding,
-                in_flight=task_id in self.starts,
-                hand_connected=self.hands.get(req.hand) is not None,
-            )
-            if isinstance(verdict, JoinStart):
-                self.starts[task_id].append((conn, req_id))
-                return None
-            if isinstance(verdict, AskHand):
-                self.starts[task_id] = [(conn, req_id)]
-                written = yield self.db(self.snapshots.retry_start, verdict.snapshot)
-                if written is None:  # the row changed meanwhile (reported, or forgotten): decide again
-                    for c_, r_ in self.starts.pop(task_id, []):
-                        self.loop.spawn(self.start(c_, r_, req), f"start {task_id} again")
-                    return None
-                yield from send(written)
-                return None
-            return answer(verdict)
-
-        def send(snap: Snapshot) -> Generator[Any, Any, None]:
-            live = self.hands.get(req.hand)
-            if live is None:
-                waiters = self.starts.pop(task_id, [])
-                yield self.db(self.snapshots.finish_start, task_id)
-                return self._answer_starts(task_id, req.hand, "unknown", None, "gone", snap.view(), waiters)
-            self.starts.setdefault(task_id, [(conn, req_id)])
-            exec_req = Exec(hand=req.hand, tool=req.tool, args=req.args, timeout_ms=START_TIMEOUT_MS)
-            self._admit(task_id, exec_req, None, req_id, live.gen, True, Background(max_runtime_ms=req.max_runtime_ms))
-
-        assert use_denial(FULL, req.hand, req.tool) is None
-        used_by_run, connected = self._used_by_run(task_id), self.hands.get(req.hand) is not None
-        if used_by_run or not connected:
-            existing = yield self.db(self.snapshots.get, task_id)
-            if existing is not None:
-                yield from settle_existing(existing)
-                return
-            used_by_run, connected = self._used_by_run(task_id), self.hands.get(req.hand) is not None
-            known = connected or used_by_run or (yield self.db(lambda: req.hand in self.world.hand_labels))
-            refused = start_without_snapshot(
-                task_id, req.hand, used_by_run=used_by_run, hand_connected=connected, hand_known=known
-            )
-            if refused is not None:
-                return answer(refused)
-        snap = Snapshot(
-            task_id=task_id,
-            hand=req.hand,
-            tool=req.tool,
-            args_digest=args_digest(req.tool, req.args),
-            binding_digest=binding,
-            state=TaskState.QUEUED,
-            stale=True,
-            created_at=self.now,
-            start_pending=True,
-        )
-        existing = yield self.db(self.snapshots.insert_new, snap)  # written stale before the start is sent
-        if existing is not None:
-            yield from settle_existing(existing)
-            return
-        if self.hands.get(req.hand) is None:
-            yield self.db(self.snapshots.delete, task_id)
-            return answer(hand_offline(req.hand))
-        self.starts[task_id] = [(conn, req_id)]
-        yield from send(snap)
-
-    def _used_by_run(self, task_id: str) -> bool:
-        run = self.registry.get(task_id)
-        return run is not None and run.background is None
-
-    def _answer_starts(
-        self,
-        task_id: str,
-        hand: str,
-        outcome: str,
-        code: RejectCode | None,
-        message: str,
-        view: Any,
-        waiters: list[tuple[str, str]],
-    ) -> None:
-        for i, (conn, req_id) in enumerate(waiters):
-            said = outcome if i == 0 else joined_outcome(outcome)
-            self.world.to_client(
-                conn,
-                req_id,
-                TaskStartResult(
-                    task_id=task_id,
-                    hand=hand,
-                    outcome=said,  # type: ignore[arg-type]
-                    reject_code=code,
-                    message=message,
-                    view=view,
-                ),
-            )
+        # the simulated clients hold the full scope: the REAL checks, which always pass here
+        facts = self._facts(req.hand, task_id)
+        start, step = self.starts.begin((conn, req_id), req, task_id, FULL, conn, self.now, facts)
+        yield from self._drive(start, step)
 
     def start_ended(self, a: StartEnded) -> Generator[Any, Any, None]:
-        end = a.end
-        waiters = self.starts.pop(a.run_id, [])
-        outcome, code, message, view = "unknown", None, "", None
-        if end.state is RunState.SUCCEEDED:
-            try:
-                value: TaskStartValue | None = TaskStartValue.model_validate(end.value)
-            except ValidationError:
-                value = None
-            if value is not None and value.task.task_id == a.run_id:
-                snap, _ = yield self.db(self.snapshots.report, a.hand, value.task, self.now)
-                outcome = "duplicate" if value.duplicate else "accepted"
-                view = snap.view() if snap is not None else None
-            else:
-                yield self.db(self.snapshots.finish_start, a.run_id)
-                message = "the hand accepted the start but its answer was malformed"
-        elif end.state is RunState.REJECTED:
-            yield self.db(self.snapshots.delete, a.run_id)
-            outcome, code, message = "rejected", end.reject_code, end.reason
-        else:
-            snap = yield self.db(self.snapshots.finish_start, a.run_id)
-            view = snap.view() if snap is not None else None
-            message = f"the start was sent but its answer never came ({end.state.value})"
-        self._answer_starts(a.run_id, a.hand, outcome, code, message, view, waiters)
+        ending, step = self.starts.ended(a)
+        yield from self._drive(ending, step)
+
+    def _facts(self, hand: str, task_id: str) -> taskstart.Facts:
+        live, run = self.hands.get(hand), self.registry.get(task_id)
+        return taskstart.Facts(live.gen if live else None, run is not None and run.background is None)
+
+    def _drive(self, proc: Any, step: taskstart.Step) -> Generator[Any, Any, None]:
+        """`TaskService._drive` (a store call that fails is not simulated)."""
+        while True:
+            for act in step.actions:
+                yield from self._perform_start(act)
+            if step.need is None:
+                return
+            value = yield from self._perform_start(step.need)
+            step = proc.on_result(value, self._facts(proc.hand, proc.task_id))
+
+    def _perform_start(self, act: Any) -> Generator[Any, Any, Any]:
+        """`TaskService._perform`: every store call on the one database thread."""
+        if isinstance(act, taskstart.Reply):
+            self.world.to_client(act.waiter[0], act.waiter[1], act.msg)
+        elif isinstance(act, taskstart.Admit):
+            self._admit(act.task_id, act.exec, None, act.waiter[1], act.gen, True, act.background)
+        elif isinstance(act, taskstart.Restart):
+            self.loop.spawn(self.start(act.waiter[0], act.waiter[1], act.req), f"start {act.req.task_id} again")
+        elif isinstance(act, taskstart.LookUpHand):
+            return (yield self.db(lambda: act.hand in self.world.hand_labels))
+        elif isinstance(act, taskstart.ReportStart):
+            return (yield self.db(self.snapshots.report, act.hand, act.info, self.now))
+        elif isinstance(act, (taskstart.InsertSnapshot, taskstart.RetryStart)):
+            insert = isinstance(act, taskstart.InsertSnapshot)
+            return (yield self.db(self.snapshots.insert_new if insert else self.snapshots.retry_start, act.snapshot))
+        elif isinstance(act, (taskstart.ReadSnapshot, taskstart.FinishStart, taskstart.DeleteSnapshot)):
+            call = STORE_CALLS[type(act)]
+            return (yield self.db(getattr(self.snapshots, call), act.task_id))
+        return None  # logs, denials (never, with the full scope)
 
     def _refresh(self, snap: Snapshot) -> Generator[Any, Any, Snapshot]:
         live = self.hands.get(snap.hand)

@@ -1,0 +1,88 @@
+"""What the `mind` command prints for a person or a script: text made safe for a terminal, tables,
+times, a run's end as a JSON object and as the one line that explains it."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def printable(text: object) -> str:
+    """`text` safe for a terminal: every control character (C0, DEL, C1) becomes a visible escape
+    (`\\x1b`, `\\n`), so a Hand's claim or reason cannot move the cursor, retitle the window or hide
+    itself (issue 13). Only for human output: JSON output is escaped by `json.dumps` already."""
+    s = str(text)
+    if all(" " <= c < "\x7f" or c > "\x9f" for c in s):
+        return s
+    return "".join(c if " " <= c < "\x7f" or c > "\x9f" else repr(c)[1:-1] for c in s)
+
+
+def json_text(b: bytes) -> Any:
+    """Bytes for a JSON document: the text when they are UTF-8, else `{"base64": ...}`."""
+    try:
+        return b.decode()
+    except UnicodeDecodeError:
+        import base64
+
+        return {"base64": base64.b64encode(b).decode()}
+
+
+def jsonable(v: Any) -> Any:
+    """A model dump with bytes in it, ready for `json.dumps` (bytes by `json_text`)."""
+    if isinstance(v, (bytes, bytearray)):
+        return json_text(bytes(v))
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    return v
+
+
+def end_summary(end: Any) -> dict[str, Any]:
+    return {
+        "run_id": end.run_id,
+        "hand": end.hand,
+        "tool": end.tool,
+        "state": end.state.value,
+        "reason": end.reason,
+        "reject_code": end.reject_code.value if end.reject_code else None,
+        "exit_code": end.exit_code,
+        "signal": end.signal,
+        "stage": end.stage.value if end.stage else None,
+        "progress_dropped": end.progress_dropped,
+        "truncated": end.truncated,
+        "duration_ms": end.duration_ms,
+        "error": end.error,
+    }
+
+
+def explain(end: Any) -> None:
+    """One line on stderr for any end that is not the command's own exit, and for a program that
+    could not start (127 / 126: the OS's message, as a shell prints it)."""
+    from protocol.states import RunState
+
+    s = end.state
+    if s is RunState.SUCCEEDED or (s is RunState.FAILED and end.exit_code is not None and not end.error):
+        return
+    detail = end.error or end.reason
+    code = f" ({end.reject_code.value})" if end.reject_code else ""
+    stage = f", stopped by SIG{end.stage.value.upper()}" if end.stage else ""
+    print(f"mind: run {end.run_id} {s.value}{code}{stage}: {printable(detail)}", file=sys.stderr)
+
+
+def timestamp(t: float | None) -> str:
+    """A wall-clock time for a table, local time to the second; `-` for none."""
+    if not t:
+        return "-"
+    import datetime
+
+    return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def table(headers: list[str], rows: list[list[str]]) -> None:
+    """Columns aligned by their widest cell, every cell `printable`, no trailing blanks."""
+    rows = [[printable(c) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

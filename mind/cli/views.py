@@ -1,0 +1,199 @@
+"""Looking at the Mind: `mind hands`, `mind status`, `mind runs` and `mind run get` (a run, or a
+fleet run's members). Read-only views over the asyncio client; tables for a person, `--json` for a
+script."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from mind.cli import options
+from mind.cli.connection import with_client
+from mind.cli.exits import EXIT_USAGE, die
+from mind.cli.formatting import jsonable, printable, table, timestamp
+from protocol.states import RunState
+
+
+def add_parsers(sub: Any) -> None:
+    h = options.command(sub, "hands", help="list Hands known to the Mind, live")
+    options.connection(h)
+    options.json_output(h)
+    options.labels(h, "only Hands with this label")
+    h.set_defaults(handler=with_client(list_hands))
+
+    stt = options.command(sub, "status", help="one screen: the Mind, its Hands, running runs, tasks, recent failures")
+    options.connection(stt)
+    options.json_output(stt)
+    stt.set_defaults(handler=with_client(show_status))
+
+    rn = options.command(sub, "runs", help="foreground run history (newest first; retained per the Mind's settings)")
+    options.connection(rn)
+    options.hand(rn, required=False, help="only this Hand's runs")
+    rn.add_argument("--state", choices=[s.value for s in RunState])
+    rn.add_argument("--since", metavar="DURATION", help="only runs started within this long ago (e.g. 30m, 2h)")
+    rn.add_argument("--limit", type=int, default=50)
+    rn.add_argument("--fleet", metavar="ID", help="only the member runs of this fleet run")
+    options.json_output(rn)
+    rn.set_defaults(handler=with_client(list_runs))
+
+    r = options.command(sub, "run", help="look at foreground runs")
+    rs = r.add_subparsers(dest="action", required=True, metavar="ACTION")
+    rg = rs.add_parser("get", help="show one run (state, times, outcome)", formatter_class=options.Help)
+    options.connection(rg)
+    rg.add_argument("run_id")
+    options.json_output(rg)
+    rg.set_defaults(handler=with_client(run_get))
+
+
+async def list_hands(client: Any, args: argparse.Namespace) -> int:
+    hands = await client.hands()
+    if args.labels:
+        from mind.core.selector import SelectorError, parse_label
+
+        want = []
+        for item in args.labels:
+            try:
+                want.append(parse_label(item))
+            except SelectorError as exc:
+                die(str(exc), EXIT_USAGE)
+        hands = [h for h in hands if all(h.labels.get(k) == v for k, v in want)]
+    if args.json:
+        print(json.dumps([h.model_dump(mode="json") for h in hands], indent=2))
+        return 0
+    rows = []
+    for h in hands:
+        c = h.claims
+        rows.append(
+            [
+                h.name,
+                "yes" if h.connected else "no",
+                str(h.generation),
+                timestamp(h.since),
+                c.hostname if c else "-",
+                f"{c.platform}/{c.machine}" if c else "-",
+                str(h.running),
+                ",".join(f"{k}={v}" for k, v in h.labels.items()) or "-",
+            ]
+        )
+    table(["NAME", "CONNECTED", "GEN", "SINCE", "HOST", "PLATFORM", "RUNNING", "LABELS"], rows)
+    return 0
+
+
+def limits_id_ok(text: str) -> bool:
+    from protocol import limits
+
+    return bool(limits.ID_RE.fullmatch(text))
+
+
+async def run_get(client: Any, args: argparse.Namespace) -> int:
+    if args.run_id.startswith("fleet-"):
+        return await fleet_get(client, args)
+    info = await client.get_run(args.run_id)
+    if args.json:
+        d = info.model_dump(mode="python")
+        print(json.dumps(jsonable(d), indent=2, default=str))
+        return 0
+    print(
+        f"run      {info.run_id}\nhand     {info.hand} (gen {info.gen})\ntool     {printable(info.tool)}\n"
+        f"state    {info.state.value}"
+    )
+    print(f"created  {timestamp(info.created_at)}\nended    {timestamp(info.ended_at)}")
+    if info.end is not None:
+        e = info.end
+        print(f"exit     {e.exit_code}  signal {e.signal}  duration {e.duration_ms} ms  dropped {e.progress_dropped}")
+        if e.reason:
+            print(f"reason   {printable(e.reason)}")
+        if e.error:
+            print(f"error    {printable(e.error)}")
+    if info.value_not_retained:
+        print("value    not retained (it went to the waiting client; the Mind keeps run metadata, not payloads)")
+    return 0
+
+
+async def fleet_get(client: Any, args: argparse.Namespace) -> int:
+    """`mind run get fleet-...`: the fleet's member runs (its aggregate is theirs: DESIGN §12)."""
+    if not limits_id_ok(args.run_id):
+        die(f"no run {args.run_id}", EXIT_USAGE)
+    runs = await client.list_runs(fleet=args.run_id, limit=100_000)
+    if not runs:
+        die(f"no fleet run {args.run_id} in the Mind's history (or none of its runs is visible to this client)")
+    if args.json:
+        members = [jsonable(r.model_dump(mode="python")) for r in runs]
+        print(json.dumps({"fleet": args.run_id, "members": members}, indent=2, default=str))
+        return 0
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.state.value] = counts.get(r.state.value, 0) + 1
+    print(f"fleet    {args.run_id}\nmembers  {len(runs)}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    print("(Hands the fleet never started, offline or not_started, have no run and are not listed)\n")
+    table(RUN_HEADERS, [run_row(r) for r in runs])
+    return 0
+
+
+def run_row(r: Any) -> list[str]:
+    e = r.end
+    exit_ = "-" if e is None or e.exit_code is None else str(e.exit_code)
+    dur = "-" if e is None else f"{e.duration_ms / 1000:.2f}s"
+    return [r.run_id, r.hand, r.tool, r.state.value, timestamp(r.created_at), dur, exit_]
+
+
+RUN_HEADERS = ["RUN", "HAND", "TOOL", "STATE", "CREATED", "DURATION", "EXIT"]
+
+
+async def list_runs(client: Any, args: argparse.Namespace) -> int:
+    import time as _time
+
+    from protocol.units import positive_duration as parse_duration
+
+    since = None
+    if args.since:
+        try:
+            since = _time.time() - parse_duration(args.since)
+        except ValueError as exc:
+            die(f"--since: {exc}", EXIT_USAGE)
+    if args.limit <= 0:
+        die("--limit must be positive", EXIT_USAGE)
+    if args.fleet is not None and not limits_id_ok(args.fleet):
+        die("--fleet wants a fleet id (fleet-...)", EXIT_USAGE)
+    runs = await client.list_runs(
+        args.hand, RunState(args.state) if args.state else None, since, args.limit, fleet=args.fleet
+    )
+    if args.json:
+        print(json.dumps([jsonable(r.model_dump(mode="python")) for r in runs], indent=2, default=str))
+        return 0
+    table(RUN_HEADERS, [run_row(r) for r in runs])
+    return 0
+
+
+async def show_status(client: Any, args: argparse.Namespace) -> int:
+    st = await client.status()
+    if args.json:
+        print(json.dumps(jsonable(st.model_dump(mode="python")), indent=2, default=str))
+        return 0
+    up = int(st.uptime_s)
+    print(
+        f"mind {st.mind_id}  version {st.version}  up {up // 3600}h{up % 3600 // 60:02d}m{up % 60:02d}s  "
+        f"retained runs {st.retained_runs}"
+    )
+    live = st.hands_connected if st.hands_connected is not None else sum(1 for h in st.hands if h.connected)
+    print(f"\nHANDS ({live} of {st.hands_total or len(st.hands)} connected)")
+    table(
+        ["NAME", "CONNECTED", "GEN", "SINCE", "RUNNING"],
+        [
+            [h.name, "yes" if h.connected else "no", str(h.generation), timestamp(h.since), str(h.running)]
+            for h in st.hands
+        ],
+    )
+    if st.hands_total is not None and st.hands_total > len(st.hands):
+        print(f"... and {st.hands_total - len(st.hands)} more: `mind hands` lists them all")
+    active = st.active_runs_total if st.active_runs_total is not None else len(st.active_runs)
+    print(f"\nRUNNING ({active})")
+    table(RUN_HEADERS, [run_row(r) for r in st.active_runs])
+    if active > len(st.active_runs):
+        print(f"... and {active - len(st.active_runs)} more: `mind runs` lists them all")
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(st.task_counts.items())) or "none"
+    print(f"\nTASKS  {counts};  stale snapshots {st.stale_snapshots}")
+    print(f"\nRECENT FAILURES ({len(st.recent_failures)})")
+    table(RUN_HEADERS, [run_row(r) for r in st.recent_failures])
+    return 0

@@ -1,0 +1,150 @@
+"""The Mind's authenticated connections, from `welcome` to their end: the connection table, one
+task group per connection (its writer and its requests), the reader, and what a Hand's arrival
+and departure mean for its runs and snapshots.
+
+A Hand has one live connection: a newer one replaces the older at once (the old may be a dead
+socket nobody noticed yet), its runs end `lost`, and when the live one ends, the Hand's snapshots
+are marked stale (DESIGN §8). Every frame read goes to `Dispatch`; a protocol error from a peer
+ends its connection with an `error` it can read, a bug while serving one frame ends that frame's
+request only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import structlog
+from websockets.exceptions import ConnectionClosed
+
+from mind.core.budgets import CLIENT_REQUESTS_IN_FLIGHT, ClientRates
+from mind.daemon import heap
+from mind.daemon.dispatch import Dispatch
+from mind.daemon.host import Host
+from mind.daemon.peer import CLOSE_INTERNAL, CLOSE_PROTOCOL, CLOSE_REPLACED, Peer, close_quietly
+from mind.daemon.taskservice import TaskService
+from protocol.errors import ProtocolError
+from protocol.messages import Error, Message, StreamAck, StreamData
+
+log = structlog.get_logger(component="mind")
+
+
+class Connections:
+    def __init__(self, mind: Host, dispatch: Dispatch, tasks: TaskService) -> None:
+        self.mind = mind
+        self.dispatch = dispatch
+        self.tasks = tasks
+        self.rates = ClientRates()
+        """Each client credential's request rate, shared by its connections (`mind.core.budgets`)."""
+
+    async def serve(self, peer: Peer) -> None:
+        """Serve a welcomed peer until its connection ends: its writer and its requests on one task
+        group. Every request is guarded; a failure here is the last resort, logged where we look."""
+        ident, outbox = peer.ident, peer.outbox
+        try:
+            async with asyncio.TaskGroup() as tg:
+                peer.tg = tg
+                writer = tg.create_task(outbox.run())
+                try:
+                    if ident.role == "hand":
+                        await self.serve_hand(peer)
+                    else:
+                        await self.serve_client(peer)
+                finally:
+                    outbox.close()
+                    try:
+                        async with asyncio.timeout(2):
+                            await asyncio.shield(writer)
+                    except (TimeoutError, ConnectionClosed):
+                        writer.cancel()
+        except Exception:  # every request is guarded; this is the last resort, logged where we look
+            log.exception("connection_failed", role=ident.role, label=ident.label, gen=peer.gen, conn=peer.conn_id)
+            await close_quietly(peer.ws, CLOSE_INTERNAL, "internal error")
+
+    # --- hands ---
+
+    async def serve_hand(self, peer: Peer) -> None:
+        m = self.mind
+        label, gen = peer.ident.label, peer.gen
+        hlog = log.bind(hand=label, gen=gen)
+        old = m.hands.get(label)
+        m.hands[label] = peer
+        if old is not None:
+            # The newer connection wins at once: the old one may be a dead socket nobody noticed yet.
+            hlog.info("hand_replaced", old_gen=old.gen)
+            m.last_seen[label] = time.time()
+            m.perform(m.registry.on_hand_gone(label, old.gen, time.monotonic(), time.time()))
+            old.outbox.close()
+            m.spawn(close_quietly(old.ws, CLOSE_REPLACED, "replaced by a newer connection"))
+        hlog.info("hand_connected", claims=peer.ident.claims.model_dump() if peer.ident.claims else None)
+        m.metrics.hands_connected.set(len(m.hands))
+        peer.spawn(self.tasks.reconcile(peer))
+        try:
+            await self.read_loop(peer, self.dispatch.on_hand_message)
+        finally:
+            peer.fail_pending("hand disconnected")
+            if m.hands.get(label) is peer:
+                del m.hands[label]
+                m.last_seen[label] = time.time()
+                m.perform(m.registry.on_hand_gone(label, gen, time.monotonic(), time.time()))
+                m.metrics.hands_connected.set(len(m.hands))
+                staled = await m.db(m.snapshots.mark_hand_stale, label)
+                hlog.info("hand_disconnected", snapshots_marked_stale=staled)
+            else:
+                hlog.info("hand_disconnected", replaced=True)
+
+    # --- clients ---
+
+    async def serve_client(self, peer: Peer) -> None:
+        m = self.mind
+        m.clients[peer.conn_id] = peer
+        peer.rate = self.rates.join(peer.ident.label, time.monotonic())
+        m.metrics.clients_connected.set(len(m.clients))
+        clog = log.bind(client=peer.ident.label, conn=peer.conn_id)
+        clog.debug("client_connected")
+        try:
+            await self.read_loop(peer, self.dispatch.on_client_message)
+        finally:
+            self.rates.leave(peer.ident.label)
+            m.clients.pop(peer.conn_id, None)
+            m.metrics.clients_connected.set(len(m.clients))
+            m.perform(m.registry.on_client_gone(peer.conn_id, time.monotonic(), time.time()))
+            clog.debug("client_disconnected")
+
+    # --- the reader ---
+
+    async def read_loop(self, peer: Peer, on_message: Callable[[Peer, str | None, Message], None]) -> None:
+        channel = peer.outbox.channel
+        try:
+            async for data in peer.ws:
+                if len(data) >= heap.LARGE_FRAME:
+                    self.mind.large_frames = True
+                env = None
+                try:
+                    env = channel.receive(data)
+                    on_message(peer, env.id, env.msg)
+                    if peer.rate is not None:  # a client: its rate, and its requests in flight (issue 23)
+                        stream = isinstance(env.msg, (StreamData, StreamAck))
+                        if (wait := peer.rate.take(len(data), time.monotonic(), stream)) > 0:
+                            await asyncio.sleep(wait)  # over its rate: the client waits, its socket unread
+                        await peer.wait_for_room(CLIENT_REQUESTS_IN_FLIGHT)
+                except ProtocolError as exc:
+                    log.warning(
+                        "peer_protocol_error",
+                        role=peer.ident.role,
+                        label=peer.ident.label,
+                        gen=peer.gen,
+                        code=exc.code.value,
+                        reason=exc.message,
+                    )
+                    peer.outbox.put(Error(code=exc.code, message=exc.message))
+                    peer.outbox.close()
+                    await peer.outbox.drained.wait()
+                    await close_quietly(peer.ws, CLOSE_PROTOCOL, exc.code.value)
+                    return
+                except Exception:
+                    self.dispatch.failed(peer, env)
+                del data, env  # hold no frame while waiting for the next: a 4 MiB result would stay alive
+        except ConnectionClosed:
+            return

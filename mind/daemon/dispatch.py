@@ -1,0 +1,252 @@
+"""What the Mind does with each frame an authenticated peer sends: a Hand's reports to the run
+registry (or to the ask that waits for them), a client's requests to the registry, the task service
+or the views, and a failure while serving one frame to that frame's request only.
+
+Fast and synchronous where it can be (the registry decides at once, and its actions are performed
+before the next frame is read); anything that waits on a store or a Hand runs on the connection's
+task group, guarded, so one slow or failing request holds up nothing else (`Peer.spawn`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+
+from mind.core.admission import args_problem, touch_denial, use_denial
+from mind.core.budgets import stream_budget_problem, stream_windows
+from mind.core.fleetids import FleetOwners
+from mind.daemon.host import Host
+from mind.daemon.peer import INTERNAL_ERROR, Peer
+from mind.daemon.taskservice import TaskService
+from mind.daemon.views import Views
+from protocol import limits
+from protocol.codes import CancelReason, ErrorCode, RejectCode
+from protocol.envelope import Envelope
+from protocol.errors import ProtocolError
+from protocol.ids import new_id
+from protocol.messages import (
+    Accepted,
+    CancelResult,
+    CancelRun,
+    CancelRunResult,
+    ConnectedNames,
+    Error,
+    Exec,
+    FleetOpen,
+    FleetOpened,
+    GetRun,
+    GetStatus,
+    ListHands,
+    ListRuns,
+    Message,
+    Progress,
+    Rejected,
+    Resize,
+    Result,
+    SelectHands,
+    Started,
+    StreamAck,
+    StreamData,
+    TaskCancelRequest,
+    TaskCancelResult,
+    TaskGet,
+    TaskInfo,
+    TaskInventoryPage,
+    TaskList,
+    TaskLogPage,
+    TaskLogs,
+    TaskStart,
+    TaskUpdate,
+    WhichConnected,
+)
+
+log = structlog.get_logger(component="mind")
+
+REPLY_TYPES = (TaskInfo, TaskLogPage, TaskCancelResult, TaskInventoryPage)
+
+
+class Dispatch:
+    def __init__(self, mind: Host, tasks: TaskService, views: Views) -> None:
+        self.mind = mind
+        self.tasks = tasks
+        self.views = views
+        self.fleets = FleetOwners()
+        """Which client opened each fleet id (`fleet_open`): only its runs may be members (issue 23)."""
+
+    # --- hands ---
+
+    def on_hand_message(self, peer: Peer, id_: str | None, msg: Message) -> None:
+        m = self.mind
+        label, gen = peer.ident.label, peer.gen
+        now, wall = time.monotonic(), time.time()
+        r = m.registry
+        if isinstance(msg, Progress):
+            acts = r.on_progress(msg, label, gen)
+        elif isinstance(msg, (StreamData, StreamAck)):
+            acts = r.on_hand_stream(msg, label, gen)
+        elif isinstance(msg, Accepted):
+            acts = r.on_accepted(msg.run_id, label, gen, now)
+        elif isinstance(msg, Started):
+            acts = r.on_started(msg.run_id, label, gen, now)
+        elif isinstance(msg, Rejected):
+            acts = r.on_rejected(msg.run_id, label, gen, msg.code, msg.message, now, wall)
+        elif isinstance(msg, Result):
+            acts = r.on_result(msg, label, gen, now, wall)
+        elif isinstance(msg, CancelResult):
+            acts = r.on_cancel_result(msg.run_id, label, gen, msg.status, now, wall)
+        elif id_ is not None and peer.answered(id_, msg):
+            return
+        elif isinstance(msg, TaskUpdate):
+            peer.spawn(self.tasks.on_update(peer, msg.task))
+            return
+        elif isinstance(msg, REPLY_TYPES) and id_ is not None:
+            # A reply whose request already gave up (timeout): harmless, and not a protocol error.
+            log.info("late_reply", hand=label, gen=gen, type=msg.TYPE)
+            return
+        elif isinstance(msg, Error):
+            log.warning("hand_error", hand=label, gen=gen, code=msg.code.value, reason=msg.message)
+            return
+        else:
+            raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, f"a hand may not send {msg.TYPE} here")
+        m.perform(acts)
+
+    # --- clients ---
+
+    def on_client_message(self, peer: Peer, id_: str | None, msg: Message) -> None:
+        m = self.mind
+        if isinstance(msg, (StreamData, StreamAck, Resize)):  # a run's bytes, not a request: no answer
+            m.perform(m.registry.on_client_stream(msg, peer.conn_id))
+            return
+        if id_ is None:
+            raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"a {msg.TYPE} request needs an envelope id")
+        if isinstance(msg, (Exec, TaskStart)) and (problem := args_problem(msg.args)) is not None:
+            # before any digest, record or re-encode: their cost grows with the values (item 5)
+            peer.outbox.put(Error(code=ErrorCode.INVALID_PAYLOAD, message=f"invalid {msg.TYPE}: {problem}"), id_)
+            return
+        now, wall = time.monotonic(), time.time()
+        me, scope = peer.ident.label, peer.scope
+        if isinstance(msg, Exec):
+            refusal = None
+            denial = use_denial(scope, msg.hand, msg.tool)
+            if denial is not None:
+                refusal = (RejectCode.DENIED_BY_SCOPE, m.deny(peer, denial.what, **denial.fields))
+            elif msg.fleet is not None and self.fleets.problem(msg.fleet, me) is not None:
+                refusal = (RejectCode.DENIED_BY_SCOPE, m.deny(peer, f"join fleet {msg.fleet}", fleet=msg.fleet))
+                msg = msg.model_copy(update={"fleet": None})  # refused, and never listed as a member
+            elif msg.streams is not None:
+                want = stream_windows(msg.streams.stdin, msg.streams.pty is not None)
+                held = sum(len(r.relays) for r in m.registry.active() if r.owner == me) * limits.STREAM_WINDOW
+                if (problem := stream_budget_problem(held, want)) is not None:
+                    refusal = (RejectCode.QUOTA_EXCEEDED, problem)
+            live = m.hands.get(msg.hand)
+            if live is None and refusal is None:
+                # Offline or unknown: the credentials table says which, read on the database thread.
+                peer.spawn(self._admit_offline(peer, id_, msg), reply_to=id_)
+                return
+            self._admit(peer, id_, msg, live, True, refusal)
+        elif isinstance(msg, (CancelRun, GetRun)):
+            run = m.registry.get(msg.run_id)
+            if run is None:
+                peer.outbox.put(Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {msg.run_id}"), id_)
+                return
+            verb = "cancel" if isinstance(msg, CancelRun) else "read"
+            denial = touch_denial(scope, me, run.hand, run.owner, f"{verb} run {msg.run_id}", run_id=msg.run_id)
+            if denial is not None:
+                why = m.deny(peer, denial.what, **denial.fields)
+                peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+                return
+            if isinstance(msg, GetRun):
+                peer.outbox.put(run.info(), id_)
+                return
+            status, acts = m.registry.on_cancel(msg.run_id, CancelReason.USER_REQUESTED, now, wall)
+            m.perform(acts)  # the Hand's `cancel` is queued (and written) before the acknowledgement
+            peer.outbox.put(CancelRunResult(run_id=msg.run_id, status=status, state=run.state), id_)
+        elif isinstance(msg, ListHands):
+            peer.spawn(self.views.list_hands(peer, id_, msg), reply_to=id_)
+        elif isinstance(msg, ListRuns):
+            self.views.list_runs(peer, id_, msg)
+        elif isinstance(msg, SelectHands):
+            peer.spawn(self.views.select_hands(peer, id_, msg), reply_to=id_)
+        elif isinstance(msg, WhichConnected):
+            up = [n for n in dict.fromkeys(msg.names) if n in m.hands and scope.allows_hand(n)]
+            peer.outbox.put(ConnectedNames(names=up), id_)
+        elif isinstance(msg, FleetOpen):
+            fleet = new_id("fleet-")
+            self.fleets.opened(fleet, me)
+            peer.outbox.put(FleetOpened(fleet=fleet), id_)
+        elif isinstance(msg, GetStatus):
+            peer.spawn(self.views.status(peer, id_), reply_to=id_)
+        elif isinstance(msg, TaskStart):
+            peer.spawn(self.tasks.start(peer, id_, msg), reply_to=id_)
+        elif isinstance(msg, TaskGet):
+            peer.spawn(self.tasks.get(peer, id_, msg), reply_to=id_)
+        elif isinstance(msg, TaskLogs):
+            peer.spawn(self.tasks.logs(peer, id_, msg), reply_to=id_)
+        elif isinstance(msg, TaskCancelRequest):
+            peer.spawn(self.tasks.cancel(peer, id_, msg), reply_to=id_)
+        elif isinstance(msg, TaskList):
+            peer.spawn(self.tasks.list(peer, id_, msg), reply_to=id_)
+        else:
+            raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, f"a client may not send {msg.TYPE}")
+
+    def _admit(
+        self, peer: Peer, id_: str, msg: Exec, live: Peer | None, known: bool, refusal: tuple[RejectCode, str] | None
+    ) -> None:
+        m = self.mind
+        m.perform(
+            m.registry.admit(
+                new_id("r"),
+                msg,
+                peer.conn_id,
+                id_,
+                live.gen if live else None,
+                known,
+                time.monotonic(),
+                time.time(),
+                owner=peer.ident.label,
+                refusal=refusal,
+            )
+        )
+
+    async def _admit_offline(self, peer: Peer, id_: str, msg: Exec) -> None:
+        """An exec for a Hand with no connection: `unknown_hand` or `hand_offline` by the store. If
+        the Hand connected meanwhile, the run goes to it; if the client left, nothing is admitted."""
+        m = self.mind
+        known = await m.creds(m.store.secret, "hand", msg.hand) is not None
+        if m.clients.get(peer.conn_id) is not peer:
+            return
+        live = m.hands.get(msg.hand)
+        self._admit(peer, id_, msg, live, known or live is not None, None)
+
+    # --- failures ---
+
+    def failed(self, peer: Peer, env: Envelope[Message] | None) -> None:
+        """A bug while serving one frame ends that request only; the connection and the daemon go
+        on. A client's request gets `internal_error`. A Hand's report on a run ends that run `lost`
+        (the Mind could not take in how it went: nobody can know) and the Hand is told to stop it;
+        a Hand can only end its own runs this way, on its own generation."""
+        m = self.mind
+        msg = env.msg if env is not None else None
+        log.exception(
+            "request_failed",
+            role=peer.ident.role,
+            label=peer.ident.label,
+            gen=peer.gen,
+            conn=peer.conn_id,
+            type=msg.TYPE if msg is not None else None,
+            req=env.id if env is not None else None,
+        )
+        if env is None or msg is None:
+            return  # the frame did not decode: nothing names what to answer
+        try:
+            if peer.ident.role == "client":
+                if env.id is not None:
+                    peer.outbox.put(INTERNAL_ERROR, env.id)
+                return
+            run_id = getattr(msg, "run_id", None)
+            if isinstance(run_id, str):
+                now, wall = time.monotonic(), time.time()
+                m.perform(m.registry.on_internal_failure(run_id, peer.ident.label, peer.gen, msg.TYPE, now, wall))
+        except Exception:
+            log.exception("request_failure_unanswered", role=peer.ident.role, label=peer.ident.label, gen=peer.gen)

@@ -1,0 +1,79 @@
+"""What the rooms of the daemon need of the Mind that owns them (`mind.daemon.server.Mind`).
+
+The server builds its rooms (the door, the connections, the dispatch, the views, the task service,
+the HTTP answers) and hands each of them itself; each room sees it through `Host`, a Protocol, so
+no room imports the server that imports it (the layering test counts every import, so a cycle
+would fail it). What a room changes on the Mind is named here, never reached for by a private name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from mind.core.registry import Action, RunRegistry
+    from mind.daemon.metrics import MindMetrics
+    from mind.daemon.peer import Peer
+    from mind.store.credentials import Store
+    from mind.store.snapshots import SnapshotStore
+    from protocol.messages import Message
+
+try:
+    from importlib.metadata import version as _v
+
+    VERSION = _v("mindhand")
+except Exception:  # running from a source tree that is not installed
+    VERSION = "unknown"
+"""The version `mind status` and `/healthz` report: the installed distribution's."""
+
+T = TypeVar("T")
+
+
+@dataclass
+class MindConfig:
+    home: Path
+    host: str = "127.0.0.1"
+    port: int = 7470
+    ping_interval: float = 10.0
+    ping_timeout: float = 10.0
+    tick_interval: float = 0.25
+    retain_runs: int = 10_000
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    max_pending_handshakes: int = 1024
+    auth_fail_limit: int = 10
+    auth_fail_window: float = 60.0
+
+
+class Host(Protocol):
+    """The Mind as its rooms see it: its settings, stores and their threads, the connection table,
+    the run registry, the metrics, and the few things every room does through it."""
+
+    cfg: MindConfig
+    mind_id: str
+    started: float
+    """Wall-clock time the Mind started (uptime for `status` and `/healthz`)."""
+    hands: dict[str, Peer]
+    """The live connection of each Hand."""
+    clients: dict[str, Peer]
+    """Every client connection, by connection id."""
+    last_seen: dict[str, float]
+    """When each Hand's last connection ended (`mind hands` for an offline Hand)."""
+    registry: RunRegistry
+    snapshots: SnapshotStore
+    store: Store
+    metrics: MindMetrics
+    epoch: int
+    """The credential table's epoch the last sweep saw (`Mind.check_credentials`)."""
+    large_frames: bool
+    """A large frame came in since the last tick: the ticker gives its freed memory back (`heap`)."""
+
+    async def db(self, fn: Callable[..., T], *args: Any) -> T: ...
+    async def creds(self, fn: Callable[..., T], *args: Any) -> T: ...
+    async def ask(self, peer: Peer, msg: Message, timeout: float = ...) -> Message: ...
+    def deny(self, peer: Peer, what: str, **fields: Any) -> str: ...
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
+    def perform(self, actions: list[Action]) -> None: ...

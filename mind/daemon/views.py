@@ -1,0 +1,165 @@
+"""The Mind's answers that only read: the run history (`list_runs`), the Hands (`list_hands`,
+`select_hands`) and the one-screen `status`.
+
+Every answer is one bounded frame whatever the fleet (`mind.core.paging`: pages bounded in count
+and bytes, cursors that never repeat an item), and shows only what the client's scope allows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from mind.core import selector
+from mind.core.paging import page
+from mind.daemon.host import VERSION, Host
+from mind.daemon.peer import Peer
+from protocol.codes import ErrorCode
+from protocol.envelope import payload_size
+from protocol.messages import (
+    Error,
+    HandClaims,
+    HandInfo,
+    HandsList,
+    HandsSelected,
+    ListHands,
+    ListRuns,
+    RunList,
+    SelectedHand,
+    SelectHands,
+    StatusReply,
+)
+from protocol.states import RUN_TERMINAL, RunState
+
+STATUS_LIST_MAX = 50
+STATUS_FAILURES = 10
+STATUS_LIST_BYTES = 256 << 10
+"""Each list of `status` is cut at these (count, bytes), so the reply stays one bounded frame."""
+FAILURE_STATES = RUN_TERMINAL - {RunState.SUCCEEDED}
+
+
+class Views:
+    def __init__(self, mind: Host) -> None:
+        self.mind = mind
+
+    def list_runs(self, peer: Peer, id_: str, msg: ListRuns) -> None:
+        """One page of run history, newest first, bounded in count and bytes (`mind.core.paging`);
+        the cursor is the admission number of the last run sent, so pages never repeat a run."""
+        if msg.after is not None and not (msg.after.isascii() and msg.after.isdigit()):
+            peer.outbox.put(Error(code=ErrorCode.INVALID_PAYLOAD, message="after: not a cursor of run_list"), id_)
+            return
+        scope, me = peer.scope, peer.ident.label
+        before = None if msg.after is None else int(msg.after)
+        runs = (
+            (r, r.info())
+            for r in self.mind.registry.history(msg.hand, msg.state, msg.since, before, msg.fleet)
+            if scope.allows_hand(r.hand) and scope.may_touch(r.owner, me)
+        )
+        taken, more = page(runs, msg.limit, lambda item: payload_size(item[1]))
+        cursor = str(taken[-1][0].seq) if more and taken else None
+        peer.outbox.put(RunList(runs=[info for _, info in taken], next_after=cursor), id_)
+
+    async def select_hands(self, peer: Peer, id_: str, msg: SelectHands) -> None:
+        """A fleet selector resolved here, over the credential table (names and the operator's
+        labels, read afresh, so `mind hand label` applies at once) and the live connections; only
+        Hands in the client's scope can match (DESIGN §12). A Hand's claims play no part."""
+        m = self.mind
+        try:
+            sel = selector.parse(msg.selector)
+        except selector.SelectorError as exc:
+            peer.outbox.put(Error(code=ErrorCode.INVALID_PAYLOAD, message=str(exc)), id_)
+            return
+        after, scope = msg.after, peer.scope
+        needs_labels = sel.needs_labels
+
+        def candidates() -> list[tuple[str, int, dict[str, str]]]:
+            """On the credential thread, off the loop: the rows read and matched (issue 23)."""
+            out = []
+            for row in m.store.list("hand"):
+                if row.revoked_at is not None or (after is not None and row.label <= after):
+                    continue
+                if not scope.allows_hand(row.label):
+                    continue
+                labels = row.label_map() if needs_labels else {}
+                if sel.matches(row.label, labels):
+                    out.append((row.label, row.generation, labels or row.label_map()))
+            return out
+
+        found = await m.creds(candidates)
+
+        def matching() -> Iterator[SelectedHand]:
+            for name, generation, labels in found:
+                live = m.hands.get(name)
+                gen = live.gen if live else generation
+                yield SelectedHand(name=name, connected=live is not None, generation=gen, labels=labels)
+
+        hands = matching()
+        taken, more = page(hands, msg.limit, payload_size)
+        peer.outbox.put(HandsSelected(hands=taken, next_after=taken[-1].name if more and taken else None), id_)
+
+    async def list_hands(self, peer: Peer, id_: str, msg: ListHands) -> None:
+        """One page of the Hands, by name (the cursor is the last name sent)."""
+        after, scope = msg.after, peer.scope
+        hands = (h for h in await self.hand_infos() if scope.allows_hand(h.name) and (after is None or h.name > after))
+        taken, more = page(hands, msg.limit, payload_size)
+        peer.outbox.put(HandsList(hands=taken, next_after=taken[-1].name if more and taken else None), id_)
+
+    async def status(self, peer: Peer, id_: str) -> None:
+        """One screen, bounded whatever the fleet: the first Hands and the longest-running runs, with
+        their totals; `mind hands` and `mind runs` page through the rest."""
+        m = self.mind
+        scope, me = peer.scope, peer.ident.label
+        visible = lambda r: scope.allows_hand(r.hand) and scope.may_touch(r.owner, me)
+        failed = (r.info() for r in m.registry.history() if r.state in FAILURE_STATES and visible(r))
+        failures, _ = page(failed, STATUS_FAILURES, payload_size, STATUS_LIST_BYTES)
+        active = [r for r in m.registry.active() if visible(r)]
+        active_infos, _ = page((r.info() for r in active), STATUS_LIST_MAX, payload_size, STATUS_LIST_BYTES)
+        all_hands = [h for h in await self.hand_infos() if scope.allows_hand(h.name)]
+        first = sorted(all_hands, key=lambda h: not h.connected)  # (stable: by name within each)
+        hands = sorted(page(first, STATUS_LIST_MAX, payload_size, STATUS_LIST_BYTES)[0], key=lambda h: h.name)
+        if scope.read_others and scope.hands == ("*",):
+            counts = await m.db(m.snapshots.counts_by_state)
+            stale = await m.db(m.snapshots.count_stale)
+        else:  # a scoped client counts only the tasks it could list (issue 13)
+            counts, stale = await m.db(
+                m.snapshots.counts_visible,
+                lambda hand, owner: scope.allows_hand(hand) and scope.may_touch(owner, me),
+            )
+        peer.outbox.put(
+            StatusReply(
+                version=VERSION,
+                mind_id=m.mind_id,
+                uptime_s=round(time.time() - m.started, 3),
+                hands=hands,
+                active_runs=active_infos,
+                recent_failures=failures,
+                task_counts=counts,
+                stale_snapshots=stale,
+                retained_runs=len(m.registry),
+                hands_total=len(all_hands),
+                hands_connected=sum(1 for h in all_hands if h.connected),
+                active_runs_total=len(active),
+            ),
+            id_,
+        )
+
+    async def hand_infos(self) -> list[HandInfo]:
+        m = self.mind
+        out = []
+        for row in await m.creds(m.store.list, "hand"):
+            if row.revoked_at is not None and row.label not in m.hands:
+                continue
+            live = m.hands.get(row.label)
+            claims: HandClaims | None = live.ident.claims if live else None
+            out.append(
+                HandInfo(
+                    name=row.label,
+                    connected=live is not None,
+                    generation=live.gen if live else row.generation,
+                    since=live.since if live else (m.last_seen.get(row.label) or row.last_seen_at),
+                    claims=claims,
+                    running=m.registry.running_on(row.label),
+                    labels=row.label_map(),
+                )
+            )
+        return out

@@ -1,0 +1,333 @@
+"""The `mind` command line, parsed in-process without starting anything: every command's `--help`,
+every `mind ...` line the README shows, the ssh habit `mind exec HAND -- CMD` and its rule, and the
+house rules of mind/cli (one shape per command, no private names across files)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import shlex
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from mind.cli import exits, main, options
+from mind.cli.exits import EXIT_USAGE
+from mind.cli.hints import shell_hint
+from mind.main import add_daemon_parsers
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def parse(*words: str) -> argparse.Namespace:
+    return main.parse(list(words), daemon=[add_daemon_parsers])
+
+
+def usage_error(capsys: pytest.CaptureFixture[str], *words: str) -> str:
+    with pytest.raises(SystemExit) as exc:
+        parse(*words)
+    assert exc.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+# --- every command's --help ----------------------------------------------------------------------
+
+
+def commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command path (`("task", "wait")`, ...) under `parser`, from its subparsers."""
+    found = []
+    for action in parser._actions:  # argparse keeps its subparsers here; no public walk exists
+        if isinstance(action.choices, dict):
+            for name, sub in action.choices.items():
+                found.append((*prefix, name))
+                found += commands(sub, (*prefix, name))
+    return found
+
+
+ALL = commands(main.parser([add_daemon_parsers]))
+
+
+def test_the_walk_sees_every_family():
+    tops = {c[0] for c in ALL}
+    assert {"serve", "hand", "client", "config", "hands", "status", "runs", "run", "exec", "shell"} <= tops
+    assert {"cp", "call", "task"} <= tops
+    assert ("task", "wait") in ALL and ("hand", "label") in ALL and ("config", "show") in ALL
+
+
+@pytest.mark.parametrize("path", [(), *ALL], ids=lambda p: " ".join(p) or "mind")
+def test_every_command_has_help_that_exits_0(path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse(*path, "--help")
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: mind") and " ".join(("mind", *path)) in out.splitlines()[0] + out
+
+
+def test_every_leaf_command_has_a_handler():
+    """One shape: a subcommand that runs something names its handler; dispatch has no table."""
+    leaves = [p for p in ALL if not any(q[: len(p)] == p and len(q) > len(p) for q in ALL)]
+    for path in leaves:
+        words = {
+            ("exec",): ["exec", "h", "--", "true"],
+            ("shell",): ["shell", "h"],
+            ("cp",): ["cp", "a", "h:b"],
+            ("call",): ["call", "--hand", "h", "list_dir"],
+            ("task", "start"): ["task", "start", "--hand", "h", "--", "true"],
+            ("hand", "label"): ["hand", "label", "h", "k=v"],
+        }.get(path)
+        if words is None:
+            words = [
+                *path,
+                *(["x"] if path[-1] in ("get", "logs", "wait", "cancel", "revoke", "rotate", "add") else []),
+            ]
+        args = parse(*words)
+        assert callable(args.handler), path
+
+
+# --- the README's command lines -----------------------------------------------------------------
+
+
+def readme_lines() -> list[str]:
+    """Every `mind ...` command in the README's code blocks (also after `|`, `;`, `&&`), with its
+    optional `[...]` parts included, as the shell would split it."""
+    found: list[str] = []
+    in_block = False
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("```"):
+            in_block = not in_block
+            continue
+        if not in_block or "mind " not in line:  # (prose names commands in fragments: `mind exec --hand`)
+            continue
+        lexer = shlex.shlex(line.replace("[", "").replace("]", ""), posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        command: list[str] = []
+        skip = False
+        for token in [*lexer, ";"]:
+            if skip:
+                skip = False
+            elif token and set(token) <= set("|;&()<>"):
+                if command[:1] == ["mind"] and len(command) > 1 and "|" not in command[1]:
+                    found.append(shlex.join(command))
+                command, skip = [], token in (">", "<", ">>")
+            else:
+                command.append(token)
+    return found
+
+
+README = readme_lines()
+
+
+def test_the_readme_has_command_lines_to_check():
+    assert len(README) >= 30, README
+
+
+@pytest.mark.parametrize("line", README)
+def test_every_readme_command_line_parses(line):
+    placeholders = {"fleet-3f0c...": "fleet-3f0c", "N": "10", "D": "30m", "S": "running", "fleet-...": "fleet-1"}
+    words = [placeholders.get(w, w) for w in shlex.split(line.replace("[", "").replace("]", ""))[1:]]
+    args = parse(*words)
+    assert callable(args.handler)
+
+
+# --- `mind exec HAND -- CMD`, as ssh takes a host ------------------------------------------------
+
+
+def same(a: argparse.Namespace, b: argparse.Namespace) -> bool:
+    return {k: v for k, v in vars(a).items() if k != "resolve"} == {k: v for k, v in vars(b).items() if k != "resolve"}
+
+
+def test_the_hand_as_the_first_word_is_hand_flag():
+    assert same(parse("exec", "web1", "--", "uptime"), parse("exec", "--hand", "web1", "--", "uptime"))
+    assert same(parse("exec", "web1", "uptime"), parse("exec", "--hand", "web1", "--", "uptime"))
+    a = parse("exec", "-t", "--timeout", "5", "web1", "--", "top", "-d", "1", "--", "x")
+    assert (a.hand, a.argv, a.tty, a.timeout) == ("web1", ["top", "-d", "1", "--", "x"], True, 5.0)
+
+
+def test_options_may_follow_the_hand_before_the_command():
+    a = parse("exec", "web1", "--timeout", "5", "-n", "--", "ls", "-l")
+    assert (a.hand, a.argv, a.timeout, a.no_stdin) == ("web1", ["ls", "-l"], 5.0, True)
+
+
+def test_words_after_the_double_dash_are_never_the_hand(capsys):
+    err = usage_error(capsys, "exec", "--", "web1", "uptime")
+    assert "which Hand?" in err and "mind exec [OPTIONS] HAND -- COMMAND" in err
+
+
+def test_with_hand_or_hands_every_word_is_the_commands():
+    a = parse("exec", "--hand", "web1", "echo", "--", "hi")
+    assert (a.hand, a.argv) == ("web1", ["echo", "hi"])
+    f = parse("exec", "--hands", "web*", "uptime")
+    assert (f.hand, f.hands, f.argv) == (None, "web*", ["uptime"])
+
+
+def test_a_hand_named_like_a_subcommand_is_just_a_name():
+    for name in ("exec", "shell", "cp", "task"):
+        a = parse("exec", name, "--", "ls")
+        assert (a.cmd, a.hand, a.argv) == ("exec", name, ["ls"])
+    assert parse("shell", "exec").hand == "exec"
+
+
+def test_a_hand_that_looks_like_an_option_is_refused_not_guessed(capsys):
+    err = usage_error(capsys, "exec", "-web1", "--", "ls")
+    assert "-web1" in err
+    a = parse("exec", "--hand=-web1", "--", "ls")  # argparse takes it; no Hand may be named so
+    from mind.cli.exec import check_args
+
+    with pytest.raises(SystemExit) as exc:
+        check_args(a)
+    assert exc.value.code == EXIT_USAGE and "--hand wants a Hand's name" in capsys.readouterr().err
+
+
+def test_a_command_with_options_and_no_double_dash_says_where_they_go(capsys):
+    err = usage_error(capsys, "exec", "web1", "ls", "-l")
+    assert "unrecognized arguments: -l" in err and "goes after --" in err
+
+
+def test_exec_is_parsed_by_its_own_parser_the_same_as_by_the_whole():
+    words = ["exec", "web1", "--cwd", "src", "--env", "A=1", "--json", "--", "make", "-j4"]
+    full = main.parser([add_daemon_parsers])
+    args, extra = full.parse_known_args(words)
+    args.resolve(args, words, extra)
+    assert same(parse(*words), args)
+
+
+def test_shell_takes_the_hand_as_ssh_takes_a_host(capsys):
+    assert parse("shell", "web1").hand == "web1" and parse("shell", "--hand", "web1").hand == "web1"
+    assert "which Hand?" in usage_error(capsys, "shell")
+    assert "two Hands" in usage_error(capsys, "shell", "--hand", "a", "b")
+
+
+# --- shared options: one definition ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["exec", "--hand", "h", "--env", "A=1", "--cwd", "d", "--", "x"],
+        ["shell", "h", "--env", "A=1", "--cwd", "d"],
+        ["task", "start", "--hand", "h", "--env", "A=1", "--cwd", "d", "--", "x"],
+    ],
+)
+def test_env_and_cwd_read_the_same_everywhere(words):
+    a = parse(*words)
+    assert (a.env, a.cwd) == (["A=1"], "d")
+
+
+@pytest.mark.parametrize(
+    "cmd", [["hands"], ["status"], ["runs"], ["run", "get", "r"], ["call", "--hand", "h", "t"], ["cp", "a", "h:b"]]
+)
+def test_connection_options_are_the_same_on_every_client_command(cmd):
+    a = parse(*cmd[:1], *cmd[1:], "--mind", "ws://m:1", "--credential", "c", "--ca", "ca", "--pin", "sha256:00")
+    assert (a.mind, a.credential, a.ca, a.pin) == ("ws://m:1", "c", "ca", "sha256:00")
+
+
+def test_exec_default_timeout_is_the_documented_one():
+    assert parse("exec", "h", "--", "x").timeout == options.EXEC_TIMEOUT_S == 3600.0
+    readme = (ROOT / "README.md").read_text()
+    assert "default --timeout is 3600 s" in readme
+
+
+# --- hints -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("word", ["a | b", "ls *.py", "echo hi", "cd /tmp && make", "x>y"])
+def test_a_one_word_command_with_shell_syntax_that_did_not_start_gets_the_shell_hint(word):
+    hint = shell_hint({"argv": [word]}, 127)
+    assert hint is not None and f"--shell {word!r}" in hint
+
+
+@pytest.mark.parametrize(
+    "tool_args,code",
+    [
+        ({"argv": ["a | b"]}, 1),  # it started: whatever it did is its own
+        ({"argv": ["ls", "|", "wc"]}, 127),  # several words: an argv on purpose
+        ({"argv": ["nosuchprogram"]}, 127),  # nothing a shell would read differently
+        ({"command": "a | b"}, 127),  # already --shell
+    ],
+)
+def test_no_shell_hint_where_it_would_not_help(tool_args, code):
+    assert shell_hint(tool_args, code) is None
+
+
+# --- exit codes and client codes ---------------------------------------------------------------
+
+
+def test_client_codes_are_strings_and_distinct_from_the_minds():
+    from mind.errors import ClientCode, ClientError
+    from protocol.codes import ErrorCode
+
+    assert not {c.value for c in ClientCode} & {c.value for c in ErrorCode}
+    err = ClientError(ClientCode.CLOSED, "gone")
+    assert err.code == "closed" and f"{err.code}" == "closed"
+    import json
+
+    assert json.dumps({"code": err.code}) == '{"code": "closed"}'
+
+
+def test_every_end_a_run_or_copy_can_fail_with_has_a_client_code():
+    from mind.errors import ClientCode
+    from protocol.states import RUN_TERMINAL, RunState
+
+    for state in RUN_TERMINAL:
+        if state is not RunState.SUCCEEDED:
+            assert ClientCode(state.value).value == state.value
+
+
+def test_fleet_summary_says_not_started_only_when_a_hand_was_not_started(capsys):
+    from mind.cli.fleet import Printer
+    from mind.core import fleet as plan_core
+
+    def summary(counts: dict[str, int]) -> str:
+        args = SimpleNamespace(json=False, events=False, group=False, fail_fast=False, timeout=3600.0)
+        fleet = SimpleNamespace(fleet_id="fleet-1", plan=SimpleNamespace(max_errors=0), results={})
+        p = Printer(args, [SimpleNamespace(name="a"), SimpleNamespace(name="b")], fleet)  # type: ignore[arg-type]
+        not_ok = {h: s for h, s in (("a", "failed"), ("b", "not_started")) if counts.get(s)}
+        p.summary(plan_core.Aggregate(2, counts, not_ok, 1, True, False, 119))
+        return capsys.readouterr().err
+
+    every_started = summary({"failed": 1, "succeeded": 1})
+    assert "not_started" not in every_started and "every Hand had started" in every_started
+    some_not = summary({"failed": 1, "not_started": 1})
+    assert "(1 not_started)" in some_not
+    assert "--timeout" not in some_not
+    assert "killed because --timeout 3600 s passed" in summary({"timed_out": 1, "not_started": 1})
+
+
+# --- the house rules of mind/cli -------------------------------------------------------------------
+
+
+def cli_modules() -> list[Path]:
+    return [*sorted((ROOT / "mind" / "cli").glob("*.py")), ROOT / "mind" / "main.py", ROOT / "mind/daemon/commands.py"]
+
+
+@pytest.mark.parametrize("path", cli_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_private_name_is_imported_across_files(path):
+    tree = ast.parse(path.read_text())
+    bad = [
+        f"{node.module}.{a.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("mind", "protocol", "hand")
+        for a in node.names
+        if a.name.startswith("_") and not a.name.endswith("__")
+    ]
+    assert not bad, f"{path.name} imports private names {bad}"
+
+
+def test_exit_table_has_no_two_names_for_one_code():
+    codes: dict[int, list[str]] = {}
+    for name, value in vars(exits).items():
+        if name.startswith("EXIT_") and isinstance(value, int):
+            codes.setdefault(value, []).append(name)
+    assert {v: n for v, n in codes.items() if len(n) > 1} == {}
+
+
+def test_task_exit_codes_follow_the_exec_table():
+    from protocol.states import TaskState
+
+    assert exits.task_exit_code(TaskState.SUCCEEDED, 0, None) == 0
+    assert exits.task_exit_code(TaskState.FAILED, None, 9) == 137
+    assert exits.task_exit_code(TaskState.TIMED_OUT, None, None) == exits.EXIT_TIMED_OUT
+    assert exits.task_exit_code(TaskState.RUNNING, None, None) is None
