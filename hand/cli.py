@@ -358,7 +358,7 @@ def config_show(args: argparse.Namespace) -> int:
 
 
 def reloader(source: Any, started: Settings) -> Any:
-    """SIGHUP (`protocol.settings.Reloader`): a new log level is applied here; a new tool policy
+    """SIGHUP (`protocol.io.settings.Reloader`): a new log level is applied here; a new tool policy
     is returned to the agent, which swaps it in for every later request."""
     from protocol.io import logs
     from protocol.io.settings import Reloader

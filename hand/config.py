@@ -1,5 +1,5 @@
 """The Hand's settings: one table that makes the `hand run` flags, the `MINDHAND_*` variables and
-the keys of `hand.toml` (precedence and errors: `protocol.settings`).
+the keys of `hand.toml` (precedence and errors: `protocol.io.settings`).
 
 The file is `--config FILE` or `$MINDHAND_CONFIG`, else `hand.toml` in the state directory if it
 exists. Each key is the flag's name with underscores: `--max-running-tasks 8` is

@@ -1,5 +1,5 @@
 """The Mind's settings: one table that makes the `mind serve` flags, the `MINDHAND_*` variables and
-the keys of `mind.toml` (precedence and errors: `protocol.settings`).
+the keys of `mind.toml` (precedence and errors: `protocol.io.settings`).
 
 The file is `--config FILE` or `$MINDHAND_CONFIG`, else `mind.toml` in the Mind's home if it
 exists. Each key is the flag's name with underscores: `--retain-runs 500` is `retain_runs = 500`.

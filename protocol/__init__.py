@@ -8,6 +8,8 @@ __version__ = "0.1.0"
 """The one version of mindhand: pyproject.toml reads it (`[tool.setuptools.dynamic]`), `mind --version`
 and `hand --version` print it. The wire has its own number, below, because releases and wire changes differ."""
 
-PROTOCOL_VERSION = 2
-"""Bumped on any incompatible wire change (2: the fields of issues 14-17, which a version-1 peer, forbidding
-unknown fields, would refuse mid-connection). Peers never downgrade: a mismatch is refused at `hello`."""
+PROTOCOL_VERSION = 3
+"""Bumped on any incompatible wire change: a peer forbids unknown fields, so one built before a new field
+would refuse it mid-connection (2: the fields of issues 14-17; 3: the continuity fields and messages, the
+window of a stream's opening, the fleet and connected-Hands requests). Peers never downgrade: a mismatch
+is refused at `hello`."""

@@ -18,7 +18,7 @@ Rules (DESIGN §4, §8, §9):
 - A frame we cannot decode, or a message a Mind may not send, gets an `error` frame and a close.
 - SIGTERM/SIGINT (`request_stop`): runs are cancelled with `shutdown`, their results are sent while
   the connection is still up (bounded by the kill grace + 1 s), then the socket is closed.
-- Background tasks (`hand.tasks`) belong to the agent, not to a connection: the task manager is
+- Background tasks (`hand.aio.tasks`) belong to the agent, not to a connection: the task manager is
   opened (restart recovery) before the first dial, its executions live in an agent-level task group,
   and a dropped connection only detaches where `task_update`s go. Task messages (a background
   `rpc`, `task_status`, `task_logs`, `task_cancel`, `task_inventory`) are handled IN ORDER by the
@@ -97,7 +97,7 @@ CLOSE_TIMEOUT_S = 2.0
 
 
 class BatchingConnection(BatchedWrites, ClientConnection):
-    """The Hand's connection: frames queued together leave in one write (`protocol.batching`)."""
+    """The Hand's connection: frames queued together leave in one write (`protocol.io.batching`)."""
 
 
 @dataclass(frozen=True)
@@ -114,12 +114,12 @@ class AgentConfig:
     ping_interval: float = 10.0
     kill_grace: float = DEFAULT_GRACE_S
     sandbox: Sandbox = field(default_factory=Sandbox)
-    """What every child sees and may use: environment, resource caps, user (`hand.sandbox`)."""
+    """What every child sees and may use: environment, resource caps, user (`hand.system.sandbox`)."""
     ca: Path | None = None
     pin: str | None = None
     """How a wss:// Mind is verified (`protocol.tls`): checked before the credential is ever used."""
     metrics_listen: tuple[str, int] | None = None
-    """(host, port) of the local `/healthz` and `/metrics` (`hand.health`); None: not served."""
+    """(host, port) of the local `/healthz` and `/metrics` (`hand.aio.health`); None: not served."""
 
 
 class MindRefused(MindhandError):

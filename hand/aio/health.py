@@ -11,7 +11,7 @@ Rules:
   dropped on accept). Garbage or an oversized head gets `400`, a head that never completes `408`,
   a method other than GET `405`, any other path `404`: always an answer and a close, never an
   exception that reaches the agent.
-- A scrape only renders what is in memory (`hand.metrics`), so it never waits on the database or
+- A scrape only renders what is in memory (`hand.aio.metrics`), so it never waits on the database or
   the Mind, and it works just as well while the Hand is disconnected.
 - `/healthz` is 200 whenever the process can answer (liveness); whether it is connected to a
   Mind is in the body (`connected`, and `status` is `ok`, `degraded` or `disconnected`), so a probe that only

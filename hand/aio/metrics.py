@@ -1,9 +1,9 @@
-"""What a Hand counts, for its optional local `/metrics` and `/healthz` (`hand.health`).
+"""What a Hand counts, for its optional local `/metrics` and `/healthz` (`hand.aio.health`).
 
 One registry per Hand (never prometheus_client's global one), so tests and embedders can run
 several agents in one process and a library that registers on the global registry cannot leak
 into our output. Everything here is a counter bump or a gauge set, done synchronously where the
-thing happens (`hand.agent`, `hand.runs`, `hand.tasks`): nothing in this module awaits, reads
+thing happens (`hand.aio.agent`, `hand.aio.runs`, `hand.aio.tasks`): nothing in this module awaits, reads
 the database or blocks, so counting can never slow a run down, and a scrape only renders what
 is already in memory.
 

@@ -13,7 +13,7 @@ own line to the parent's cutime, but one reaped by someone outside the tree (an 
 init), or that left the session with `setsid`, is no longer seen. So the meter charges a high-water
 mark: what was seen once is spent for good, and only increases are reserved. The overshoot is at
 most one poll interval of the tree's CPU (plus RLIMIT_CPU as a per-process backstop, see
-`hand.sandbox.rlimit_plan`).
+`hand.system.sandbox.rlimit_plan`).
 
 `parse_stat`, `tree_ticks` and `CpuMeter` are pure and unit-tested; `read_tree_seconds` reads
 /proc (in a thread); `watch_cpu` is the small asyncio loop around them.

@@ -15,10 +15,10 @@
   lifetime and logs. (Python 3.11's `Process.wait()` would wait for the pipes to close as well, i.e.
   hang on `sleep 100 &`; hence the protocol below, which sees the exit and the pipes separately.)
 
-- Sandboxing (`hand.sandbox`) is applied by `subprocess` in the child before `exec`: the user and
+- Sandboxing (`hand.system.sandbox`) is applied by `subprocess` in the child before `exec`: the user and
   groups of `--run-as`, and `setrlimit` for the run's limits (a `preexec_fn` only when there are
-  limits; see `hand.sandbox` for why that is safe enough). The tree-wide CPU budget is not here:
-  the caller watches the tree (`hand.cputime`) and calls `kill()`.
+  limits; see `hand.system.sandbox` for why that is safe enough). The tree-wide CPU budget is not here:
+  the caller watches the tree (`hand.system.cputime`) and calls `kill()`.
 
 "Gone" means no member of the group is alive. Zombies count as gone: where PID 1 does not reap
 orphans (some containers), a killed grandchild stays a zombie forever, and it runs nothing.

@@ -38,7 +38,7 @@ gives none of that, which is why a terminal run allocates a pty on the Hand inst
 - **The sandbox** is `ProcessRun`'s: the caller's scrubbed environment (plus TERM), the rlimit plan,
   `run_as`. Unlike `ProcessRun`, a preexec function always runs, because `TIOCSCTTY` must be done
   in the child between `setsid` and `exec` and `subprocess` has no option for it; it calls only
-  functions bound in the parent (the rlimit plan, then one `ioctl`), which is what `hand.sandbox`
+  functions bound in the parent (the rlimit plan, then one `ioctl`), which is what `hand.system.sandbox`
   asks of a preexec function. With `run_as`, the slave is given to that user (mode 0620, group
   `tty`), as sshd and login do, so programs that open their terminal by name (`tty`, `ssh`, `sudo`)
   can.

@@ -18,7 +18,7 @@ a cap is refused before anything runs; a limit the request leaves out while the 
 the cap (a cap that could be dodged by omission would not be one). They are applied with
 `setrlimit` in the child between `fork` and `exec` (a `preexec_fn`): see `rlimit_plan` for what
 each one means and where it falls short. The CPU limit is also a budget for the whole process tree
-(`hand.cputime`), which is what normally ends a run `budget_exhausted`.
+(`hand.system.cputime`), which is what normally ends a run `budget_exhausted`.
 
 Why `preexec_fn` at all: it is documented as unsafe with threads (the forked child may find a lock
 held by a thread that does not exist there), and the Hand has threads (`asyncio.to_thread`).
@@ -33,7 +33,7 @@ uid, primary gid and supplementary groups (set by `subprocess` in the child, aft
 before `exec`), and see HOME, USER and LOGNAME for that user and a standard PATH (`RUN_AS_PATH`), not
 the Hand's (root's) own. What the Hand writes itself (its
 database, task logs, files written by `write_file`) stays the Hand's: the file tools run inside the
-Hand, with its privileges, confined by the root directory (`hand.paths`), not by the user. Nothing
+Hand, with its privileges, confined by the root directory (`hand.system.paths`), not by the user. Nothing
 is chowned: the root directory must already be usable by that user (search permission for `cwd`,
 write permission where commands write).
 """
@@ -187,7 +187,7 @@ def rlimit_plan(limits: ResourceLimits | None) -> RlimitPlan:
     Limits only ever tighten: soft and hard are the smaller of the request and the Hand's own, so
     a child never gets more than the Hand has (raising a hard limit needs privilege anyway).
     - RLIMIT_CPU: per process, soft at budget + CPU_BACKSTOP_S (SIGXCPU), hard one second later
-      (SIGKILL). A backstop only: the tree budget is enforced by polling (`hand.cputime`).
+      (SIGKILL). A backstop only: the tree budget is enforced by polling (`hand.system.cputime`).
     - RLIMIT_AS: per process; an allocation past it fails (MemoryError in Python, ENOMEM in C), it
       does not kill. An `exec` whose image does not fit fails to start.
     - RLIMIT_NOFILE: per process; opening past it fails with EMFILE.

@@ -5,7 +5,7 @@ arguments, every path against the root) and returns what to execute: a `ProcessS
 command tools, a `FileCall` (run in a thread) for the file tools. Refusals raise `Refusal` with
 the reject code, so the run table answers `rejected` BEFORE `accepted` and nothing half-starts.
 
-Command tools run sandboxed (`hand.sandbox`): a scrubbed environment (`child_env`), the run's
+Command tools run sandboxed (`hand.system.sandbox`): a scrubbed environment (`child_env`), the run's
 resource `limits` within the Hand's caps (a request over a cap is refused here, before anything
 runs), and the `--run-as` user. File tools refuse special files (devices, FIFOs, sockets): a read
 must never block on a FIFO or stream a device forever, and a write never goes through a symlink.
@@ -229,7 +229,7 @@ DEFAULT_SANDBOX = Sandbox()
 def child_env(extra: dict[str, str] | None, sandbox: Sandbox = DEFAULT_SANDBOX) -> dict[str, str]:
     """The environment a command gets (DESIGN §9): the allowed part of the Hand's own environment
     (never `MINDHAND_*`, never a value holding a secret), the `--run-as` identity, then the run's
-    `env` on top. See `hand.sandbox`."""
+    `env` on top. See `hand.system.sandbox`."""
     return sandbox.child_env(extra)
 
 

@@ -38,7 +38,7 @@ MAX_BATCH = 64
 
 
 class BatchingConnection(BatchedWrites, ServerConnection):
-    """The Mind's connections: frames queued together leave in one write (`protocol.batching`)."""
+    """The Mind's connections: frames queued together leave in one write (`protocol.io.batching`)."""
 
 
 class Outbox:

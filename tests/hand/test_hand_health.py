@@ -1,4 +1,4 @@
-"""The Hand's local HTTP port (`hand.health`): the pure parser and router fed bytes, then the shell
+"""The Hand's local HTTP port (`hand.aio.health`): the pure parser and router fed bytes, then the shell
 on a loopback port with short bounds (a head that never completes, too many connections)."""
 
 import asyncio

@@ -130,8 +130,10 @@ def test_the_remote_terminal_has_our_size_type_and_is_controlling(term):
 
 def test_a_resize_reaches_the_remote_program(term):
     prog = (
-        "import signal, shutil, sys, time\n"
-        "signal.signal(signal.SIGWINCH, lambda *a: print('SIZE', *shutil.get_terminal_size(), flush=True))\n"
+        "import os, signal, shutil, sys, time\n"
+        # os.write, not print: a SIGWINCH that lands while `print` holds stdout's buffer would make a
+        # reentrant call into it (RuntimeError), which is the test's own bug, not a lost resize.
+        "signal.signal(signal.SIGWINCH, lambda *a: os.write(1, b'SIZE %d %d\\n' % shutil.get_terminal_size()))\n"
         "print('READY', flush=True)\n"
         "time.sleep(20)\n"
     )

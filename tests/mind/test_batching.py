@@ -1,4 +1,4 @@
-"""Frames queued together leave in one write (`protocol.batching`), intact and in order, over a real
+"""Frames queued together leave in one write (`protocol.io.batching`), intact and in order, over a real
 WebSocket on loopback; closing still works as websockets does it."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""One life of a simulated Hand process: `hand.agent.Agent`, synchronously.
+"""One life of a simulated Hand process: `hand.aio.agent.Agent`, synchronously.
 
 Mirrored from `hand/aio/agent.py` (keep in step): the task manager is opened (restart recovery) before
-the first dial; the Hand dials forever with the REAL `hand.backoff.Backoff` (seeded); per
+the first dial; the Hand dials forever with the REAL `hand.core.backoff.Backoff` (seeded); per
 connection it has its own run table and reader; task messages are handled IN ORDER by the reader
 (each awaited before the next frame is read), foreground `rpc`/`cancel` synchronously. Frames that
 arrived in one read (a burst, see `World._step`) wait in `inbox` and the reader takes them without

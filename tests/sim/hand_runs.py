@@ -1,4 +1,4 @@
-"""The Hand's foreground runs of one connection: `hand.runs.RunTable`, synchronously.
+"""The Hand's foreground runs of one connection: `hand.aio.runs.RunTable`, synchronously.
 
 Mirrored rule by rule from `hand/aio/runs.py` (keep in step): everything that refuses a run is decided
 before `accepted`; the run is registered before `accepted` goes out, so a `cancel` that follows on

@@ -1,4 +1,4 @@
-"""The Hand's task database, in memory: `hand.taskstore.TaskStore`'s semantics without SQLite.
+"""The Hand's task database, in memory: `hand.system.taskdb.TaskStore`'s semantics without SQLite.
 
 It survives Hand crashes (it is the disk). Same rules as the real store: `version` starts at 1 and
 grows by one on every change; a state change goes through `protocol.states.advance`, so a terminal

@@ -7,7 +7,7 @@ counted here, where the side effect happens, not inferred from states.
 
 Like a real process group started in its own session, a job outlives the Hand that started it: a
 Hand crash leaves it running (an orphan) until it ends or the restarted Hand kills it. Its timers
-belong to the machine, not to the Hand's loop. Killing follows `hand.process.ProcessRun`: the
+belong to the machine, not to the Hand's loop. Killing follows `hand.system.process.ProcessRun`: the
 truth wins (a job that exited before the kill request was observed is not `killed`), SIGTERM ends
 a cooperative job after a short delay, otherwise SIGKILL after the grace.
 """
@@ -79,7 +79,7 @@ OnSpawn = Callable[[int], Generator[Any, Any, Any]]
 
 
 class VProcess:
-    """One command as `hand.process.ProcessRun` runs it: `kill()` only records the request."""
+    """One command as `hand.system.process.ProcessRun` runs it: `kill()` only records the request."""
 
     def __init__(
         self,

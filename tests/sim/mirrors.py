@@ -18,7 +18,7 @@ simulated links are authenticated by construction), the views and the HTTP answe
 read). The task-start decisions are not mirrored either: they are a core (`mind.core.taskstart`)
 that the simulation drives itself.
 
-(This is the test that would have failed when the Hand's group commit changed `hand/tasks.py` by
+(This is the test that would have failed when the Hand's group commit changed `hand/aio/tasks.py` by
 342 lines and no simulation file changed.)
 """
 

@@ -1,5 +1,5 @@
-"""The Mind's `task_snapshots` table, in memory: `mind.snapshots.SnapshotStore`'s operations over a
-dict, with the REAL pure rules of `mind.tasks` (`apply_report`, `from_report`, `mark_stale`,
+"""The Mind's `task_snapshots` table, in memory: `mind.store.snapshots.SnapshotStore`'s operations over a
+dict, with the REAL pure rules of `mind.core.snapshots` (`apply_report`, `from_report`, `mark_stale`,
 `reconcile`) in between, exactly where the store calls them.
 
 It survives Mind crashes (it is the disk). `CheckedSnapshots` runs every operation against this

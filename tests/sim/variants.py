@@ -2,7 +2,7 @@
 
 `scripts/sim --variant NAME` and the tests run these to show that the checker finds each bug, and
 that the fix is what makes the seeds pass:
-- `mind-before-fix`: `mind.tasks` before this change. The reconciliation pass declared `lost` a task
+- `mind-before-fix`: `mind.daemon.taskservice` before this change. The reconciliation pass declared `lost` a task
   started DURING the pass whose id sorted into an inventory page already read, and a Mind-decided
   `lost` could later be overwritten by a report (its version was > 0): a terminal changed.
 - `hand-before-fix`: `hand/aio/tasks.py` before its inventory waited for admissions: a start still in admission
