@@ -12,17 +12,20 @@ known amount:
   streamed runs a client holds at once is bounded (attack 4: 1,000 downloads read one frame per
   0.5 s took the Mind from 45 to 1,052 MiB);
 - a byte bound on its **outbox** (`OutboxBound`): a peer that does not read is closed, not
-  buffered. The bound is above the stream budget, so a client within its budget never meets it.
+  buffered.
 """
 
 from __future__ import annotations
 
 from protocol import limits
 
-STREAM_BUDGET_BYTES = 32 * limits.STREAM_WINDOW
-"""Stream bytes one client (one credential, over all its connections) may have in flight."""
-OUTBOX_MAX_BYTES = STREAM_BUDGET_BYTES + (16 << 20)
-"""Bytes queued for one connection before it is closed as a peer that does not read."""
+STREAM_BUDGET_BYTES = 128 * limits.STREAM_WINDOW
+"""Stream bytes one client (one credential, over all its connections) may have in flight: 64
+streamed runs of `exec` at once (two windows each), above a fleet's default concurrency (50)."""
+OUTBOX_MAX_BYTES = 48 << 20
+"""Bytes queued for one connection before it is closed as a peer that does not read: a client
+reading its streams keeps this near zero whatever its budget, since the Mind sends a window's
+bytes only as fast as the client's acknowledgements allow."""
 OUTBOX_FRAME_OVERHEAD = 256
 """What a queued frame is counted at, on top of the bytes it carries (its envelope and fields)."""
 CLIENT_FRAMES_PER_S = 4000.0
