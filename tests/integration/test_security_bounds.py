@@ -30,7 +30,7 @@ from protocol import limits
 from protocol.auth import ClientHandshake, Credential
 from protocol.codes import ErrorCode, RejectCode
 from protocol.envelope import Channel, decode
-from protocol.messages import Error, Exec, ListHands, RunEnd, Streams
+from protocol.messages import Error, Exec, ListHands, RunEnd, StreamAck, Streams
 
 pytestmark = pytest.mark.slow  # real Mind and Hand processes
 
@@ -210,6 +210,27 @@ async def test_attack6_a_scoped_clients_refusal_flood_writes_a_bounded_audit_fil
         print(f"attack 6: 300 refusals wrote {grown} bytes of audit and {lines} console lines")
         assert lines <= 4 * 10 + 5, "a burst of each kind of line, then counted (was 3 lines per refusal)"
         assert grown < 40_000, "not three lines per refusal"
+
+
+async def test_attack6_bad_stream_acks_from_a_client_are_not_a_log_line_each(tmp_path):
+    with running(tmp_path) as cl:
+        ws, ch = await handshake(cl.url, client_cred(cl, "acker"))
+        start = Exec(hand="box", tool="exec", args={"argv": ["sleep", "5"]}, timeout_ms=30_000, streams=Streams())
+        await ws.send(ch.stamp(start, "s1"))
+        run_id = None
+        while run_id is None:
+            msg = decode(await asyncio.wait_for(ws.recv(), 10)).msg
+            run_id = getattr(msg, "run_id", None)
+        out0 = len(cl.mind.output())
+        for _ in range(500):  # acknowledging bytes never sent: refused, each one
+            await ws.send(ch.stamp(StreamAck(run_id=run_id, stream="stdout", offset=1 << 40)))
+        await ws.send(ch.stamp(ListHands(), "l1"))  # answered after all of the above were read
+        while getattr(decode(await asyncio.wait_for(ws.recv(), 10)).msg, "TYPE", "") != "hands_list":
+            pass
+        logged = cl.mind.output()[out0:]
+        print(f"attack 6: 500 bad stream_acks wrote {logged.count(chr(10))} log lines")
+        assert logged.count("stream_refused") == 0, "at debug: a client's own bad frames"
+        await ws.close()
 
 
 # --- attack 7: silent connections renewed from one address --------------------------------------------
