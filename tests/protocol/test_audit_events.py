@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 
 import structlog
+from support.sources import python_files
+from support.sources import tree as parsed
 
 from protocol.audit import AUDITED, AuditEvent
 from protocol.io import logs
@@ -18,11 +20,7 @@ LOG_METHODS = {"debug", "info", "msg", "warning", "warn", "error", "exception", 
 
 
 def sources() -> list[tuple[Path, ast.Module]]:
-    return [
-        (p, ast.parse(p.read_text(), str(p)))
-        for package in ("protocol", "mind", "hand")
-        for p in sorted((ROOT / package).rglob("*.py"))
-    ]
+    return [(p, parsed(p)) for p in python_files("protocol", "mind", "hand")]
 
 
 def test_no_audited_event_is_logged_by_its_string():
