@@ -27,13 +27,29 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hand.system.paths import Located, PathRefused, describe_kind, entry_type, locate, open_root, wire_name
+from hand.system.paths import (
+    PATH_MAX_BYTES,
+    Located,
+    PathRefused,
+    describe_kind,
+    entry_type,
+    locate,
+    open_root,
+    wire_name,
+)
 from protocol import copy as rules
 from protocol.errors import MindhandError
 from protocol.io import tree
 
 READ_CHUNK = 256 << 10
 TREE_MAX_ENTRIES = 20_000
+TREE_MAX_BYTES = 4 << 20
+"""What a listing may weigh, counted while it is built (each entry's path and target plus
+`TREE_ENTRY_BYTES`): 250 nested 250-character directories with 19,000 files at the bottom once cost
+the Hand 3.5 GiB and its loop 5-9 s of encoding before the answer was refused as too large to send.
+A listing over this is refused early, having held at most this much."""
+TREE_ENTRY_BYTES = 64
+"""An entry's keys, type, mode, size and mtime as msgpack encodes them, rounded up."""
 """Entries of one `list_tree` answer (it must fit in one frame): a larger tree is refused, not cut."""
 
 
@@ -378,6 +394,8 @@ def list_tree(root: Path, user_path: str, shown: str) -> dict[str, Any]:
     reported with their target, never followed; special files as `fifo`, `socket` or `device` (the
     client refuses them by name). More than `TREE_MAX_ENTRIES` is refused: a copy must not miss files."""
     entries: list[dict[str, Any]] = []
+    weight = 0
+    base = len(user_path.encode("utf-8", "surrogateescape")) + 1
     with _locate("list", root, user_path, shown, follow_last=True) as at:
         try:
             st = os.stat(at.name, dir_fd=at.parent, follow_symlinks=False)
@@ -396,6 +414,11 @@ def list_tree(root: Path, user_path: str, shown: str) -> dict[str, Any]:
                 for name in names:
                     shown_name = wire_name(name)
                     path = f"{rel}{shown_name}"
+                    if base + len(path.encode("utf-8", "surrogateescape")) > PATH_MAX_BYTES:
+                        raise CopyFailed(
+                            f"cannot list {shown}: {path[:60]}... is longer than {PATH_MAX_BYTES} bytes,"
+                            " which no file tool takes, so it could not be copied"
+                        )
                     try:
                         est = os.stat(name, dir_fd=fd, follow_symlinks=False)
                     except FileNotFoundError:
@@ -415,6 +438,9 @@ def list_tree(root: Path, user_path: str, shown: str) -> dict[str, Any]:
                         entry["target"] = wire_name(link_target)
                         if entry["target"] != link_target:
                             entry["lossy"] = True
+                    weight += len(path) + len(entry.get("target", "")) + TREE_ENTRY_BYTES
+                    if weight > TREE_MAX_BYTES:
+                        raise CopyFailed(f"cannot list {shown}: the listing is over {TREE_MAX_BYTES >> 20} MiB")
                     entries.append(entry)
                     if len(entries) > TREE_MAX_ENTRIES:
                         raise CopyFailed(f"cannot list {shown}: more than {TREE_MAX_ENTRIES} entries")
