@@ -65,7 +65,7 @@ from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
 from protocol.envelope import Channel, Envelope
 from protocol.errors import MindhandError, ProtocolError
 from protocol.io import logs
-from protocol.io.batching import BatchedWrites
+from protocol.io.batching import MAX_BATCH, BatchedWrites, write_frames
 from protocol.io.loop import probe_lag
 from protocol.io.tls import TLSConfigError, check_pin, client_context, verify_failure
 from protocol.messages import (
@@ -182,16 +182,11 @@ class _Wire:
         """Frames queued together (a quick tool's `accepted` and `result`) leave in one write."""
         while True:
             frames = [await self._queue.get()]
-            while not self._queue.empty() and frames[-1] is not None and len(frames) < 64:
+            while not self._queue.empty() and frames[-1] is not None and len(frames) < MAX_BATCH:
                 frames.append(self._queue.get_nowait())
             last = frames[-1]
-            batch = [f for f in frames if f is not None]
             try:
-                if len(batch) == 1 or not isinstance(self.ws, BatchingConnection):
-                    for data in batch:
-                        await self.ws.send(data)
-                elif batch:
-                    await self.ws.send_many(batch)
+                await write_frames(self.ws, [f for f in frames if f is not None])
             except ConnectionClosed:
                 self.open = False
                 return

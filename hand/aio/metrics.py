@@ -107,6 +107,9 @@ class HandMetrics:
             "mindhand_hand_event_loop_lag_max_seconds", "Largest event-loop lag since start", registry=r
         )
         self._run_started: dict[str, float] = {}
+        self._connected = False
+        self._lag_max = 0.0
+        """What the gauges were last set to, kept here: prometheus_client has no public getter."""
 
     # --- one-line calls from where things happen ---
 
@@ -124,7 +127,7 @@ class HandMetrics:
             self.run_seconds.observe(time.monotonic() - began)
 
     def runs_running(self) -> int:
-        return int(self.runs_active._value.get())  # a private attribute: prometheus_client has no getter
+        return len(self._run_started)
 
     def watch_tasks(self, live: Callable[[], dict[str, int]]) -> None:
         """Read the live task counts (`TaskManager.live`, memory only) at each scrape."""
@@ -136,19 +139,22 @@ class HandMetrics:
         self.progress_dropped_bytes.inc(nbytes)
 
     def welcomed(self) -> None:
+        self._connected = True
         self.connected.set(1)
         self.connects.inc()
         self.backoff.set(0)
 
     def session_ended(self) -> None:
         """After every connection attempt; counts a disconnect only if the attempt was welcomed."""
-        if self.connected._value.get():  # prometheus_client has no getter
+        if self._connected:
+            self._connected = False
             self.connected.set(0)
             self.disconnects.inc()
 
     def observe_lag(self, lag: float) -> None:
         self.loop_lag.set(lag)
-        if lag > self.loop_lag_max._value.get():
+        if lag > self._lag_max:
+            self._lag_max = lag
             self.loop_lag_max.set(lag)
 
     def render(self) -> bytes:

@@ -264,7 +264,7 @@ class _Run:
 
         end = await self.mc.exec(hand, tool, targs, timeout=60)
         if end.state is not RunState.SUCCEEDED:
-            self.fail(what, files._failure(end))
+            self.fail(what, files.failure(end))
             return None
         return end.value
 

@@ -454,7 +454,7 @@ async def task_start_many(client: Any, args: argparse.Namespace) -> int:
             except ClientError as exc:
                 results[hand] = {"task_id": None, "outcome": "unknown", "message": exc.message}
 
-    starts = [a.hand for a in plan.next(0) if isinstance(a, plan_core.Start)] + plan._waiting
+    starts = [a.hand for a in plan.next(0) if isinstance(a, plan_core.Start)] + plan.waiting()
     for a in list(plan.ends.items()):
         results[a[0]] = {"task_id": None, "outcome": a[1], "message": "not connected"}
     await asyncio.gather(*(one(h) for h in starts))

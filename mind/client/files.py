@@ -108,7 +108,7 @@ class _Link:
         return True
 
 
-def _failure(end: RunEnd) -> CopyError:
+def failure(end: RunEnd) -> CopyError:
     if end.state is RunState.REJECTED:
         code = end.reject_code.value if end.reject_code else "rejected"
         return CopyError(ClientCode.REJECTED, f"{end.error or end.reason} ({code})")
@@ -146,7 +146,7 @@ async def stat_remote(mc: MindClient, hand: str, path: str, copy_id: str | None 
         args["copy_id"] = copy_id
     end = await mc.exec(hand, "stat_file", args, timeout=60)
     if end.state is not RunState.SUCCEEDED:
-        raise _failure(end)
+        raise failure(end)
     value: dict[str, Any] = end.value
     return value
 
@@ -242,7 +242,7 @@ async def upload(
                 result.duration_s = time.monotonic() - started
                 return result
             if not _retryable(end) or attempt == attempts:
-                raise _failure(end)
+                raise failure(end)
             ask = True
             await _pause(attempt)
         raise CopyError(ClientCode.LOST, "the copy did not complete")  # pragma: no cover
@@ -362,7 +362,7 @@ async def download_iter(
                 )
             return
         if not _retryable(end) or attempt == attempts:
-            raise _failure(end)
+            raise failure(end)
         await _pause(attempt)
 
 
@@ -483,7 +483,7 @@ async def download(
             if not _retryable(end) or attempt == attempts:
                 if end.state is not RunState.LOST:
                     part.drop()  # a failure, not an interruption: nothing to resume
-                raise _failure(end)
+                raise failure(end)
             await _pause(attempt)
         raise CopyError(ClientCode.LOST, "the copy did not complete")  # pragma: no cover
     finally:

@@ -189,7 +189,7 @@ class FleetRun:
                 now = time.monotonic()
                 if item is None:  # a timer: delivery windows, or who connected
                     pending = plan.next(now)
-                    if plan._offline and not plan.stopped:
+                    if plan.offline() and not plan.stopped:
                         pending += await self._poll_online(plan, now)
                     continue
                 kind, hand, payload = item
@@ -258,12 +258,13 @@ class FleetRun:
         of offline Hands costs the Mind one lookup each (issue 23: past ~455 names the selector
         this used to build was too long, and the fleet died with a traceback)."""
         acts: list[plan_core.Action] = []
+        offline = plan.offline()
         try:
-            found = await self.client.which_connected(sorted(plan._offline))
+            found = await self.client.which_connected(offline)
         except ClientError:
             return acts
         for name in sorted(found):
-            if name in plan._offline:
+            if name in offline:
                 acts += plan.on_online(name, now)
         return acts
 

@@ -177,6 +177,14 @@ class FleetPlan:
     def done(self) -> bool:
         return len(self.ends) == len(self.hands)
 
+    def waiting(self) -> list[str]:
+        """Connected Hands not started yet, in the order they will be (a copy)."""
+        return list(self._waiting)
+
+    def offline(self) -> list[str]:
+        """Hands still waiting to come online within the delivery window, sorted."""
+        return sorted(self._offline)
+
     def pending(self) -> list[str]:
         """Hands with no end yet (waiting, offline or in flight)."""
         return [name for name, _ in self.hands if name not in self.ends]

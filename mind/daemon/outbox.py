@@ -28,13 +28,10 @@ from mind.core.budgets import OutboxBound
 from protocol.codes import ErrorCode
 from protocol.envelope import Channel
 from protocol.errors import ProtocolError
-from protocol.io.batching import BatchedWrites
+from protocol.io.batching import MAX_BATCH, BatchedWrites, write_frames
 from protocol.messages import Error, Message
 
 log = structlog.get_logger(component="mind.outbox")
-
-MAX_BATCH = 64
-"""Frames written together at most: a long queue still yields to the loop between batches."""
 
 
 class BatchingConnection(BatchedWrites, ServerConnection):
@@ -131,11 +128,7 @@ class Outbox:
                         frame = self._stamp(msg, id_)
                         if frame is not None:
                             frames.append(frame)
-                    if len(frames) == 1 or not isinstance(self._ws, BatchingConnection):
-                        for data in frames:
-                            await self._ws.send(data)
-                    elif frames:
-                        await self._ws.send_many(frames)
+                    await write_frames(self._ws, frames)
                 self.drained.set()
                 if self._closed:
                     return

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
+MAX_BATCH = 64
+"""Frames written together at most: a long queue still yields to the loop between batches."""
+
 
 class BatchedWrites:
     protocol: Any
@@ -43,3 +46,14 @@ class BatchedWrites:
         async with self.send_context():  # type: ignore[attr-defined]
             for frame in frames:
                 self.protocol.send_binary(frame)
+
+
+async def write_frames(ws: Any, frames: list[bytes]) -> None:
+    """The one frame writer of both shells (the Mind's outbox, the Hand's wire): frames queued
+    together go under one `send_context` when the connection batches (`BatchedWrites`), else one
+    `send` each. Either way in order; `ConnectionClosed` reaches the caller, who owns the queue."""
+    if len(frames) > 1 and isinstance(ws, BatchedWrites):
+        await ws.send_many(frames)
+        return
+    for frame in frames:
+        await ws.send(frame)
