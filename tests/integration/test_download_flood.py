@@ -28,7 +28,6 @@ from protocol.codes import RejectCode
 from protocol.envelope import Channel, decode
 from protocol.messages import Exec, Streams
 
-
 pytestmark = pytest.mark.slow  # real Mind and Hand processes, hundreds of MiB moved
 
 STARTS = 1000
@@ -140,9 +139,8 @@ async def test_attack4_a_thousand_downloads_read_slowly_hold_no_memory_and_delay
             assert other.returncode == 0, other.stderr
             assert other.stdout == b"ok\n" + bytes(100_000)
             # the Mind closes the client that does not keep up (or, failing that, the client leaves)
-            async with asyncio.timeout(15):
-                while "outbox_overflow" not in cl.mind.output():
-                    await asyncio.sleep(0.2)
+            overflow = lambda: "outbox_overflow" in cl.mind.output()
+            await asyncio.to_thread(wait_until, overflow, 15, "the Mind to close the client that does not read")
         finally:
             for t in tasks:
                 t.cancel()
@@ -174,3 +172,52 @@ async def test_attack4_a_thousand_downloads_read_slowly_hold_no_memory_and_delay
         )
         print(f"attack 4 ({reads}): Mind RSS {kept:.0f} MiB once the client left (before {before:.0f})")
         assert cl.cli("exec", "--hand", "box", "--", "echo", "ok").stdout == b"ok\n"
+
+
+async def test_attack4_downloads_spread_over_connections_hold_no_more_memory(tmp_path):
+    """The stream budget is the credential's, the outbox bound a connection's: the same 1,000
+    downloads over 4 connections that read nothing (about 32 MiB of windows each, under one
+    outbox's bound) must hold the Mind's memory no higher, and cost nobody anything."""
+    with running(tmp_path) as cl:
+        big = cl.hands["box"].root / "big.bin"
+        big.write_bytes(os.urandom(4 << 20))
+        getter = client_cred(cl, "getter", "--tools", "get_file")
+        assert cl.cli("exec", "--hand", "box", "--", "echo", "warm").stdout == b"warm\n"
+        before = status_mib(cl.mind.pid, "VmRSS")
+        peak = Peak(cl.mind.pid)
+        conns = [await handshake(cl.url, getter, max_queue=1) for _ in range(4)]
+
+        async def flood(k: int) -> None:
+            ws, ch = conns[k]
+            try:
+                for i in range(STARTS // len(conns)):
+                    await ws.send(ch.stamp(download(i, big.name), f"g{k}-{i}"))
+            except ConnectionClosed:
+                pass
+
+        try:
+            async with asyncio.timeout(30):
+                await asyncio.gather(*(flood(k) for k in range(len(conns))))
+            await asyncio.sleep(5)  # what the Mind holds now, it holds for as long as the client stays
+            t0 = time.monotonic()
+            other = await asyncio.to_thread(cl.cli, "exec", "--hand", "box", "--", "echo", "ok", timeout=30)
+            took = time.monotonic() - t0
+            assert other.returncode == 0 and other.stdout == b"ok\n", other.stderr
+            held = status_mib(cl.mind.pid, "VmRSS")
+        finally:
+            for ws, _ in conns:
+                ws.transport.abort()
+        top = peak.stop()
+        print(
+            f"attack 4 (4 connections): Mind RSS {before:.0f} -> peak {top:.0f} MiB, {held:.0f} MiB 5 s later; "
+            f"the other client's exec took {took:.2f}s"
+        )
+        assert top - before < RSS_BOUND_MIB, f"the Mind grew {top - before:.0f} MiB"
+        assert took < 10
+        kept = wait_until(
+            lambda: (m := status_mib(cl.mind.pid, "VmRSS")) - before < KEPT_BOUND_MIB and m,
+            30,
+            "the Mind to give the flood's memory back",
+            interval=0.5,
+        )
+        print(f"attack 4 (4 connections): Mind RSS {kept:.0f} MiB once the client left (before {before:.0f})")
