@@ -97,7 +97,7 @@ def client_cred(cl, name: str, *flags: str) -> Credential:
     return load_credential(path)
 
 
-def download(i: int, name: str) -> Exec:
+def download(name: str) -> Exec:
     return Exec(
         hand="box",
         tool="get_file",
@@ -124,7 +124,7 @@ async def test_attack4_a_thousand_downloads_read_slowly_hold_no_memory_and_delay
         async def flood() -> None:
             try:
                 for i in range(STARTS):
-                    await ws.send(ch.stamp(download(i, big.name), f"g{i}"))
+                    await ws.send(ch.stamp(download(big.name), f"g{i}"))
             except ConnectionClosed:
                 pass  # the Mind closed us: what the test waits for
 
@@ -204,7 +204,7 @@ async def test_attack4_downloads_spread_over_connections_hold_no_more_memory(tmp
             ws, ch = conns[k]
             try:
                 for i in range(STARTS // len(conns)):
-                    await ws.send(ch.stamp(download(i, big.name), f"g{k}-{i}"))
+                    await ws.send(ch.stamp(download(big.name), f"g{k}-{i}"))
             except ConnectionClosed:
                 pass
 
