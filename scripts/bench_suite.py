@@ -29,6 +29,7 @@ import traceback  # noqa: E402
 from benchlib import core  # noqa: E402
 from benchlib import cp as _cp  # noqa: E402, F401 - registers the `mind cp` figure
 from benchlib import fleet as _fleet  # noqa: E402, F401 - registers the fleet figures
+from benchlib import flood as _flood  # noqa: E402, F401 - registers the flood figure
 from benchlib import streams as _streams  # noqa: E402, F401 - registers the data-plane figures
 from benchlib.figures import ABOUT, FIGURES, release_unused  # noqa: E402
 
@@ -45,6 +46,12 @@ def main() -> int:
         action="store_true",
         help="full mode only: apt-get install openssh-server if there is no sshd (for the ssh references)",
     )
+    ap.add_argument(
+        "--hands",
+        type=int,
+        metavar="N",
+        help="simulated Hands for the `hands` figure (default 1,000, --quick 100); e.g. 10000",
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the machine, rows and notes as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs of every process)")
     ap.add_argument("--list", action="store_true", help="list the figures and exit")
@@ -60,6 +67,8 @@ def main() -> int:
     rounds = args.rounds or (1 if args.quick else 3)
     if rounds < 1:
         ap.error("--rounds must be at least 1")
+    if args.hands is not None and not 1 <= args.hands <= 100_000:
+        ap.error("--hands must be between 1 and 100000")
 
     def terminated(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)  # unwinds through the cleanup below
@@ -73,7 +82,7 @@ def main() -> int:
     )
     print(head, flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="mindhand-bench."))
-    ctx = core.Ctx(quick=args.quick, rounds=rounds, tmp=tmp, install_ssh=args.install_ssh)
+    ctx = core.Ctx(quick=args.quick, rounds=rounds, tmp=tmp, install_ssh=args.install_ssh, hands=args.hands)
     rows: list[core.Row] = []
     errors = 0
     t_start = time.monotonic()

@@ -125,16 +125,20 @@ def stream_budget_problem(in_flight: int, want: int, budget: int = STREAM_BUDGET
 
 
 class OutboxBound:
-    """Bytes queued for one peer: `add` says False once they pass `limit` (close the peer)."""
+    """Bytes queued for one peer: `add` says False once they pass `limit` (close the peer).
+    `peak` is the most ever queued: a connection that held megabytes leaves that much of the heap
+    free when it goes, for the shell to give back (`mind.daemon.heap`)."""
 
-    __slots__ = ("limit", "queued")
+    __slots__ = ("limit", "queued", "peak")
 
     def __init__(self, limit: int = OUTBOX_MAX_BYTES) -> None:
         self.limit = limit
         self.queued = 0
+        self.peak = 0
 
     def add(self, size: int) -> bool:
         self.queued += size + OUTBOX_FRAME_OVERHEAD
+        self.peak = max(self.peak, self.queued)
         return self.queued <= self.limit
 
     def sent(self, size: int) -> None:

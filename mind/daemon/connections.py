@@ -107,6 +107,10 @@ class Connections:
             await self.read_loop(peer, self.dispatch.on_client_message)
         finally:
             self.rates.leave(peer.ident.label)
+            if peer.outbox.bound.peak >= heap.LARGE_FRAME:
+                # its queue's buffers are free now (a reader that kept up never queues this much):
+                # give them back, as after a large frame (issue 23 attack 4: held after it left)
+                m.large_frames = True
             m.clients.pop(peer.conn_id, None)
             m.metrics.clients_connected.set(len(m.clients))
             m.perform(m.registry.on_client_gone(peer.conn_id, time.monotonic(), time.time()))

@@ -6,7 +6,8 @@
 - `handsim`: a light Hand simulator (N WebSocket Hands in one process, real handshake).
 - `sshd`: our own sshd on a free loopback port, for the ssh references (optional).
 - `reconcile`: seeding a Hand's task database and probing the Mind's responsiveness.
-- `figures`: the figures themselves.
+- `figures`: the figures themselves (`fleet`, `cp`, `streams` and `flood` register more on import;
+  `flood` is also the flooding client, run as its own process).
 
 Importers put the repository root first on sys.path and `tests/` last (tests/protocol would shadow
 the real package otherwise); `scripts/bench_suite.py` does that before importing this package.

@@ -226,6 +226,8 @@ class Ctx:
     rounds: int
     tmp: Path
     install_ssh: bool = False
+    hands: int | None = None
+    """Simulated Hands for the `hands` figure (`--hands N`), or its default."""
     notes: dict[str, list[str]] = field(default_factory=dict)
     _cleanups: list[Callable[[], None]] = field(default_factory=list)
     shared: dict[str, Any] = field(default_factory=dict)

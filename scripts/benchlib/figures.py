@@ -717,10 +717,11 @@ def _sims(ctx: Ctx, cl_url: str, args: list[list[str]], d: Path) -> tuple[list, 
 def fig_hands(ctx: Ctx) -> list[Row]:
     from mind.store.credentials import Store
 
-    n = 100 if ctx.quick else 1000
+    n = ctx.hands or (100 if ctx.quick else 1000)
     nprocs = 1 if n <= 200 else 2
-    conc = 60 // nprocs  # the Mind refuses past 64 handshakes in progress (--max-pending-handshakes)
+    conc = 60 // nprocs  # handshakes in progress at once per simulator, as a restarting fleet behind a NAT
     idle = 1.0 if ctx.quick else 2.0
+    connect_target = max(2.0, 2.0 * n / 1000)  # issue 23: 1,000 Hands in <= 2 s, 10,000 in <= 20 s
     calls = 100 if ctx.quick else 300
     tpl = ctx.dir("hands-template")
     store = Store(tpl / "mind.db")
@@ -734,7 +735,7 @@ def fig_hands(ctx: Ctx) -> list[Row]:
         os.chmod(f, 0o600)
         cred_files.append(f)
     t_r, rss_r, rss0_r, call_r, ref_t_r, ref_rss_r, ref_rss0_r = [], [], [], [], [], [], []
-    busy = failed = 0
+    busy = failed = log_lines = refused_lines = 0
     for _ in range(ctx.rounds):
         cl = ctx.cluster("hands")
         cl.home.mkdir(parents=True, mode=0o700)
@@ -773,6 +774,9 @@ def fig_hands(ctx: Ctx) -> list[Row]:
             t_r.append(dt)
             busy += tot["busy"]
             failed += tot["errors"]
+            logged = cl.mind.output()
+            log_lines += logged.count("\n")
+            refused_lines += logged.count("handshake_refused")
         finally:
             for s in sims:
                 s.stop()
@@ -804,7 +808,8 @@ def fig_hands(ctx: Ctx) -> list[Row]:
         "hands",
         f"{nprocs} simulator process(es) (benchlib/handsim.py), at most {conc} handshakes in progress "
         f"each, real ClientHandshake + answers; Mind --ping-interval 10 (the default); timed from 'go' "
-        f"to every simulated Hand welcomed; busy refusals {busy}, other failed attempts {failed} (all rounds)",
+        f"to every simulated Hand welcomed; busy refusals {busy}, other failed attempts {failed} (all rounds); "
+        f"the Mind's log: {log_lines:,} lines, {refused_lines:,} of them handshake_refused (all rounds)",
     )
     ctx.note(
         "hands",
@@ -820,8 +825,19 @@ def fig_hands(ctx: Ctx) -> list[Row]:
             spread(t_r, secs),
             f"{secs(ref_t)} (raw ws connects, bare server)",
             ratio(t, ref_t),
-            "<= 3 s",
-            verdict(t <= 3.0),
+            f"<= {connect_target:g} s",
+            verdict(t <= connect_target),
+        ),
+        Row(
+            "hands",
+            f"{label}: handshakes refused busy / failed",
+            f"{busy} / {failed}",
+            "",
+            f"{ctx.rounds} round(s)",
+            "",
+            "",
+            "0 / 0 (one address, prompt handshakes)",
+            verdict(busy == 0 and failed == 0),
         ),
         Row(
             "hands",

@@ -75,3 +75,14 @@ def test_an_outbox_over_its_bound_says_close_and_sent_bytes_are_given_back():
     ob.sent(1)
     assert ob.queued == 0
     assert ob.add(10_000 - OUTBOX_FRAME_OVERHEAD)
+
+
+def test_an_outbox_remembers_the_most_it_ever_queued():
+    """What the Mind gives back to the system when the connection goes (issue 23 attack 4)."""
+    ob = OutboxBound(limit=1 << 20)
+    ob.add(300_000)
+    ob.add(300_000)
+    ob.sent(300_000)
+    ob.add(100)
+    assert ob.peak == 600_000 + 2 * OUTBOX_FRAME_OVERHEAD
+    assert ob.queued < ob.peak
