@@ -104,9 +104,19 @@ async def _flooder(url: str, cred_path: str, kind: str) -> None:
             sent += 1
     except ConnectionClosed:
         pass
+    except AttributeError:
+        # websockets 17 aborting a transport that connection_lost already cleared (the Mind closed a
+        # flooder it stopped reading, 1011): the connection is gone either way, which ends the flood
+        pass
     reader.cancel()
+    await asyncio.gather(reader, return_exceptions=True)
     print(json.dumps({"sent": sent, "closed": ws.close_code}), flush=True)
-    await ws.close()
+    try:
+        async with asyncio.timeout(5):
+            await ws.close()
+    except (TimeoutError, ConnectionClosed, OSError):
+        pass  # closed by the Mind already (keepalive timeout, 1011: it stopped reading a flooder)
+    ws.transport.abort()  # nothing of the connection outlives the loop (a late abort once failed exit)
 
 
 def main() -> None:
