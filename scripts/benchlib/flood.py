@@ -138,12 +138,29 @@ def _bound(p50: float, p99: float, ref50: float, ref99: float) -> tuple[bool, bo
     )
 
 
+def _measure(cl, n: int, warm: int, lapses: list[str]) -> list[float]:
+    """The victim's calls. A call refused because the Hand is away is retried once the Hand is back
+    (once), and the lapse is kept: a Hand that dropped during a flood fails the figure's bound below
+    (MISS, with the reason in the notes) instead of ending the whole figure in an ERROR."""
+    for attempt in (1, 2):
+        cl.wait_connected("bench", timeout=30)
+        try:
+            return run(sequential_calls(cl, "bench", *READ, n=n, warm=warm), 120)  # type: ignore[no-any-return]
+        except RuntimeError as exc:
+            if attempt == 2 or "not connected" not in str(exc):
+                raise
+            lapses.append(str(exc))
+    raise AssertionError("unreachable")
+
+
 @figure("flood", "another client's read_file of 100 B, p50/p99, without and with one client flooding")
 def fig_flood(ctx: Ctx) -> list[Row]:
     n = 200 if ctx.quick else 1000
     cl = ctx.cluster("flood")
     samples: dict[str, list[list[float]]] = {"none": [], "frames": [], "refused": []}
     sent: dict[str, int] = {"frames": 0, "refused": 0}
+    lapses: list[str] = []
+    connects = 0
     try:
         cl.start_mind()
         cl.start_hand("bench")
@@ -157,7 +174,7 @@ def fig_flood(ctx: Ctx) -> list[Row]:
                 raise RuntimeError(f"client add: {r.stderr.decode(errors='replace')}")
             creds[kind] = path
         for _ in range(ctx.rounds):
-            samples["none"].append(run(sequential_calls(cl, "bench", *READ, n=n, warm=50), 120))
+            samples["none"].append(_measure(cl, n, 50, lapses))
             for kind in ("frames", "refused"):
                 argv = [PY, __file__, "--url", cl.url, "--cred", str(creds[kind]), "--kind", kind]
                 f = ctx.child(f"flood-{kind}", argv, stdin=True, log=cl.tmp / f"flood-{kind}.log")
@@ -165,14 +182,22 @@ def fig_flood(ctx: Ctx) -> list[Row]:
                     f.read_json(30)
                     f.tell("go")
                     time.sleep(1.0)  # past the flooder's burst: the sustained rate is what is measured
-                    samples[kind].append(run(sequential_calls(cl, "bench", *READ, n=n, warm=20), 120))
+                    samples[kind].append(_measure(cl, n, 20, lapses))
                     assert f.p.stdin is not None
                     f.p.stdin.close()
                     sent[kind] += int(f.read_json(30).get("sent", 0))
                 finally:
                     f.stop()
+        connects = sum(1 for e in cl.mind.events() if e.get("event") == "hand_connected" and e.get("hand") == "bench")
     finally:
         cl.stop_all()
+    steady = not lapses and connects <= 1
+    if not steady:
+        ctx.note(
+            "flood",
+            f"the Hand was away during the figure: connected {connects} times, {len(lapses)} phase(s) "
+            f"retried ({'; '.join(lapses)[:300]}); every flood row is a MISS",
+        )
     ref = [x for r in samples["none"] for x in r]
     ref50, ref99 = med(ref), pct(ref, 99)
     ctx.note(
@@ -210,7 +235,7 @@ def fig_flood(ctx: Ctx) -> list[Row]:
                 f"{ms(ref50)} (unflooded p50)",
                 f"{p50 / ref50:.2f}x" if ref50 > 0 else "",
                 f"<= {BOUND_P50_FACTOR:g}x + {BOUND_P50_PLUS_MS:g} ms",
-                verdict(ok50),
+                verdict(ok50 and steady),
             )
         )
         rows.append(
@@ -223,7 +248,7 @@ def fig_flood(ctx: Ctx) -> list[Row]:
                 f"{ms(ref99)} (unflooded p99)",
                 f"{p99 / ref99:.2f}x" if ref99 > 0 else "",
                 f"<= {BOUND_P99_FACTOR:g}x + {BOUND_P99_PLUS_MS:g} ms",
-                verdict(ok99),
+                verdict(ok99 and steady),
             )
         )
     return rows

@@ -17,15 +17,15 @@ import time
 from pathlib import Path
 
 import pytest
-from websockets.asyncio.client import connect
+from support.rawpeer import handshake
 from websockets.exceptions import ConnectionClosed
 
 from mind.client.aio import load_credential
 from mind.core.budgets import STREAM_BUDGET_BYTES, stream_windows
 from mind.testing.cluster import running, wait_until
-from protocol.auth import ClientHandshake, Credential
+from protocol.auth import Credential
 from protocol.codes import RejectCode
-from protocol.envelope import Channel, decode
+from protocol.envelope import decode
 from protocol.messages import Exec, Streams
 
 pytestmark = pytest.mark.slow  # real Mind and Hand processes, hundreds of MiB moved
@@ -65,18 +65,6 @@ class Peak:
         self._stop.set()
         self._t.join(5)
         return self.peak
-
-
-async def handshake(url: str, cred: Credential, **kw):
-    """A client's handshake by hand (`(ws, channel)` once welcomed): the attacker's own script."""
-    ws = await connect(url, compression=None, max_size=None, open_timeout=15, **kw)
-    ch = Channel()
-    hs = ClientHandshake(cred, os.urandom(32))
-    async with asyncio.timeout(15):
-        await ws.send(ch.stamp(hs.hello()))
-        await ws.send(ch.stamp(hs.on_challenge(ch.receive(await ws.recv()).msg)))
-        ch.gen = hs.on_welcome(ch.receive(await ws.recv()).msg)
-    return ws, ch
 
 
 async def gone(*conns) -> None:

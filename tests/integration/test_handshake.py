@@ -5,6 +5,7 @@ import os
 
 import msgpack
 import pytest
+from support.rawpeer import admin
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -24,10 +25,6 @@ CLAIMS = HandClaims(hostname="test", platform="linux", machine="x", python="3.11
 def mind(cluster):
     cluster.start_mind()
     return cluster
-
-
-def admin(cluster) -> Credential:
-    return load_credential(cluster.home / "admin.cred")
 
 
 async def still_serving(cluster) -> None:

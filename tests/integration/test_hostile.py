@@ -11,6 +11,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.rawpeer import admin
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
@@ -74,10 +75,6 @@ async def refused(ws, ch=None, timeout=10):
 def c(tmp_path):
     with running(tmp_path) as cl:
         yield cl
-
-
-def admin(cl):
-    return load_credential(cl.home / "admin.cred")
 
 
 async def test_a_hand_cannot_answer_or_claim_another_hands_runs_and_tasks(c):

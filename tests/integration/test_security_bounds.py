@@ -19,18 +19,18 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from support.rawpeer import admin, closed_with, handshake
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
 
 from mind import home as mind_home
 from mind.client.aio import ClientError, MindClient, load_credential
 from mind.core.selector import MAX_PATTERN_ATOMS
 from mind.testing.cluster import running, wait_until
 from protocol import limits
-from protocol.auth import ClientHandshake, Credential
+from protocol.auth import Credential
 from protocol.codes import ErrorCode, RejectCode
-from protocol.envelope import Channel, decode
-from protocol.messages import Error, Exec, ListHands, RunEnd, StreamAck, Streams
+from protocol.envelope import decode
+from protocol.messages import Exec, ListHands, RunEnd, StreamAck, Streams
 
 pytestmark = pytest.mark.slow  # real Mind and Hand processes
 
@@ -40,35 +40,6 @@ def lag_max(cl) -> float:
         text = r.read().decode()
     line = next(ln for ln in text.splitlines() if ln.startswith("mindhand_event_loop_lag_max_seconds "))
     return float(line.split()[1])
-
-
-def admin(cl) -> Credential:
-    return load_credential(cl.home / "admin.cred")
-
-
-async def handshake(url: str, cred: Credential, **kw):
-    """A client's handshake by hand (`(ws, channel)` once welcomed), from any local address."""
-    ws = await connect(url, compression=None, max_size=None, **kw)
-    ch = Channel()
-    hs = ClientHandshake(cred, os.urandom(32))
-    await ws.send(ch.stamp(hs.hello()))
-    await ws.send(ch.stamp(hs.on_challenge(ch.receive(await ws.recv()).msg)))
-    ch.gen = hs.on_welcome(ch.receive(await ws.recv()).msg)
-    return ws, ch
-
-
-async def closed_with(ws, timeout: float = 15) -> tuple[str | None, int | None]:
-    """Read until the Mind closes us: the error code it sent (if any) and the close code."""
-    code = None
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                env = decode(await ws.recv())
-                if isinstance(env.msg, Error):
-                    code = env.msg.code.value
-    except ConnectionClosed as exc:
-        return code, exc.rcvd.code if exc.rcvd else None
-    raise AssertionError("the Mind did not close the connection")
 
 
 def seed_hands(home: Path, names: list[str], labels: dict[str, str] | None = None) -> None:
@@ -247,7 +218,7 @@ async def test_attack7_silent_connections_renewed_from_one_address_never_keep_th
                 for ws in silent:
                     await ws.close()
                 silent = [await connect(cl.url, compression=None, local_addr=("127.0.0.7", 0)) for _ in range(8)]
-                ws, _ = await handshake(cl.url, admin(cl), local_addr=("127.0.0.7", 0), open_timeout=10)
+                ws, _ = await handshake(cl.url, admin(cl), timeout=10, local_addr=("127.0.0.7", 0))
                 await ws.close()
                 admitted += 1
         finally:
@@ -332,7 +303,7 @@ async def test_a_reconnect_storm_from_one_address_is_served_without_a_refusal(tm
 
         async def one() -> str:
             try:
-                ws, _ = await handshake(cl.url, cred, local_addr=("127.0.0.5", 0), open_timeout=30)
+                ws, _ = await handshake(cl.url, cred, timeout=30, local_addr=("127.0.0.5", 0))
             except Exception as exc:  # the refusal, whatever its form
                 return type(exc).__name__
             await ws.close()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
+from support.rawpeer import admin, closed_with, handshake
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -42,35 +43,6 @@ def peak_rss_mib(pid: int) -> float:
     status = Path(f"/proc/{pid}/status").read_text()
     kib = next(int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("VmHWM:"))
     return kib / 1024
-
-
-def admin(cl) -> Credential:
-    return load_credential(cl.home / "admin.cred")
-
-
-async def handshake(url: str, cred: Credential, **kw):
-    """A client's handshake by hand: `(ws, channel)` once welcomed."""
-    ws = await connect(url, compression=None, max_size=None, **kw)
-    ch = Channel()
-    hs = ClientHandshake(cred, os.urandom(32))
-    await ws.send(ch.stamp(hs.hello()))
-    await ws.send(ch.stamp(hs.on_challenge(ch.receive(await ws.recv()).msg)))
-    ch.gen = hs.on_welcome(ch.receive(await ws.recv()).msg)
-    return ws, ch
-
-
-async def closed_with(ws, timeout: float = 15) -> tuple[str | None, int | None]:
-    """Read until the Mind closes us: the error code it sent (if any) and the close code."""
-    code = None
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                env = decode(await ws.recv())
-                if isinstance(env.msg, Error):
-                    code = env.msg.code.value
-    except ConnectionClosed as exc:
-        return code, exc.rcvd.code if exc.rcvd else None
-    raise AssertionError("the Mind did not close the connection")
 
 
 def raw_frame(port: int, payload: bytes, host: str = "127.0.0.1") -> int | None:
