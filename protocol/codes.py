@@ -29,6 +29,10 @@ class ErrorCode(StrEnum):
     DENIED_BY_SCOPE = "denied_by_scope"
     RATE_LIMITED = "rate_limited"
     BUSY = "busy"
+    RESUME_PENDING = "resume_pending"
+    """`attach` named a run this Mind does not hold yet, within its resume window after a start:
+    the Mind restarted and the run's Hand may still present it. Ask again (backing off) until the
+    window the `welcome` announced has passed; after it, `unknown_run` is the answer."""
     NO_STREAM_LOG = "no_stream_log"
     """`task_logs` named a stream of a task logged before the Hand kept stdout and stderr apart:
     only its combined log exists (ask without `stream`)."""

@@ -214,6 +214,10 @@ class Rpc(Message):
     """Set for the start run of a background task: `task_id == run_id`. The run succeeds once the
     Hand has durably accepted the task (row committed); `timeout_ms` bounds only that admission,
     never the task, whose own limit is `background.max_runtime_ms`."""
+    owner: Label | None = None
+    """The client identity the run belongs to (DESIGN §15). The Hand keeps it with the run and
+    presents it after a cut, so a Mind that restarted (and remembers nothing) gives the run back to
+    its owner and to nobody else. Never used by the Hand to decide anything."""
 
 
 class Background(Message):
@@ -316,6 +320,15 @@ class PresentedRun(Message):
     """Each stream of the run: output as sent and acknowledged, `stdin` as received and consumed."""
     result_pending: Bool = False
     """The run ended and its result is not acknowledged yet: the Hand sends it again after this."""
+    owner: Label | None = None
+    """`Rpc.owner` as the run was sent: a Mind that restarted adopts the run for this client only."""
+    tool: Label | None = None
+    remaining_ms: NonNeg | None = None
+    """Milliseconds until the Hand's own deadline for the run (0: passed): a Mind that restarted
+    sets its deadline from it (plus the grace and its slack), as it would have at admission."""
+    grace_ms: Annotated[int, Strict(), Field(ge=0, le=600_000)] | None = None
+    spec: Streams | None = None
+    """The run's streams as opened (`Rpc.streams`): which relays a Mind that restarted rebuilds."""
 
 
 RUNS_PRESENT_MAX = 10_000
