@@ -13,6 +13,7 @@ from typing import Any
 
 from mind.home import DEFAULT_LISTEN
 from protocol.io.settings import Key, between, listen_address, log_levels, one_of
+from protocol.messages import RESUME_WINDOW_MAX_S
 
 CONFIG_NAME = "mind.toml"
 
@@ -42,6 +43,23 @@ KEYS: tuple[Key, ...] = (
         "finished foreground runs kept in memory for `mind runs`/`run get`",
         check=between(0, 10_000_000),
         metavar="N",
+    ),
+    Key(
+        "resume_window",
+        float,
+        60.0,
+        "seconds a run rides out an absent client or Hand (a cut, a restart of the Mind) before it "
+        "ends: client away -> cancelled, Hand away -> lost; 0 ends it at once",
+        check=between(0, RESUME_WINDOW_MAX_S, " seconds"),
+        metavar="S",
+    ),
+    Key(
+        "keep_max",
+        float,
+        3600.0,
+        "the longest a detached run is kept unattended (`mind exec --detach --keep`)",
+        check=between(1, RESUME_WINDOW_MAX_S, " seconds"),
+        metavar="S",
     ),
     Key(
         "max_pending_handshakes",

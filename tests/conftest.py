@@ -21,6 +21,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 
 GUARD = install()
 
+# The suite's Minds run without continuity (`--resume-window 0`, the rules of DESIGN §5 and §8 as
+# written) unless a test names its window: the continuity tests do, and one checks the default.
+Cluster.resume_window = 0
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):

@@ -76,6 +76,7 @@ from protocol.messages import (
     Message,
     Rejected,
     Resize,
+    ResultAck,
     Rpc,
     StreamAck,
     StreamData,
@@ -520,6 +521,8 @@ class Agent:
                         table.on_stream(msg)
                     elif isinstance(msg, Resize):
                         table.on_resize(msg)
+                    elif isinstance(msg, ResultAck):
+                        pass  # results are not kept for a resume yet (issue 22: the Hand leg)
                     elif isinstance(msg, (TaskStatus, TaskLogs, TaskCancel, TaskInventory)):
                         wire.send(await self._task_answer(msg), id=env.id)
                     elif isinstance(msg, Cancel):

@@ -137,6 +137,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         max_pending_handshakes=s["max_pending_handshakes"],
         auth_fail_limit=s["auth_fail_limit"],
         retain_runs=s["retain_runs"],
+        resume_window=s["resume_window"],
+        keep_max=s["keep_max"],
     )
     try:
         mind = Mind(cfg)

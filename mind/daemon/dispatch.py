@@ -27,10 +27,12 @@ from protocol.errors import ProtocolError
 from protocol.ids import new_id
 from protocol.messages import (
     Accepted,
+    Attach,
     CancelResult,
     CancelRun,
     CancelRunResult,
     ConnectedNames,
+    Detach,
     Error,
     Exec,
     FleetOpen,
@@ -162,6 +164,16 @@ class Dispatch:
             status, acts = m.registry.on_cancel(msg.run_id, CancelReason.USER_REQUESTED, now, wall)
             m.perform(acts)  # the Hand's `cancel` is queued (and written) before the acknowledgement
             peer.outbox.put(CancelRunResult(run_id=msg.run_id, status=status, state=run.state), id_)
+        elif isinstance(msg, Attach):
+            run = m.registry.get(msg.run_id)
+            if run is not None and not scope.allows_hand(run.hand):
+                why = m.deny(peer, f"attach to run {msg.run_id}", run_id=msg.run_id)
+                peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+                return
+            # only the run's owner may take it over; the newest attachment wins (DESIGN §15)
+            m.perform(m.registry.on_attach(msg.run_id, peer.conn_id, me, id_, now, wall, msg.streams))
+        elif isinstance(msg, Detach):
+            m.perform(m.registry.on_detach(msg.run_id, peer.conn_id, id_, msg.keep_s, now, wall))
         elif isinstance(msg, ListHands):
             peer.spawn(self.views.list_hands(peer, id_, msg), reply_to=id_)
         elif isinstance(msg, ListRuns):

@@ -292,6 +292,6 @@ class Door:
         ws.protocol.max_message_size = limits.MAX_FRAME_BYTES if ident.role == "hand" else limits.CLIENT_MAX_FRAME_BYTES
         if isinstance(ws, CountedConnection):
             ws.welcomed()
-        await ws.send(channel.stamp(hs.welcome(gen, m.cfg.ping_interval)))
+        await ws.send(channel.stamp(hs.welcome(gen, m.cfg.ping_interval, m.cfg.resume_window)))
         assert secret is not None  # a verified proof implies a known secret
         return ident, gen, secret

@@ -41,6 +41,11 @@ class MindConfig:
     ping_timeout: float = 10.0
     tick_interval: float = 0.25
     retain_runs: int = 10_000
+    resume_window: float = 0.0
+    """Seconds a run may be unattended on either leg before the seed's rule fires (DESIGN §15);
+    `mind serve` defaults to 60, this record to 0 (the rules before continuity)."""
+    keep_max: float = 3600.0
+    """The longest a detached run is kept (`mind exec --detach --keep`)."""
     tls_cert: Path | None = None
     tls_key: Path | None = None
     max_pending_handshakes: int = 1024

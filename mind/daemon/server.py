@@ -117,7 +117,9 @@ class Mind:
         reconciliation's snapshot batches on the database thread (measured: a client's round trip
         went from ~40 ms to ~200 ms during a reconcile when both shared one thread)."""
         self.mind_id = self.store.mind_id()
-        self.registry = RunRegistry(retain_finished=cfg.retain_runs)
+        self.registry = RunRegistry(
+            retain_finished=cfg.retain_runs, resume_window=cfg.resume_window, keep_max=cfg.keep_max
+        )
         self.hands: dict[str, Peer] = {}
         self.clients: dict[str, Peer] = {}
         self.last_seen: dict[str, float] = {}

@@ -206,6 +206,11 @@ class Cluster:
     """A Mind and its Hands in `tmp` (see the module docstring). Everything it starts, `stop_all`
     stops: processes by PID and group, fault proxies, in reverse order of start."""
 
+    resume_window: float | None = None
+    """`mind serve --resume-window` for every Mind started (a later flag in `mind_args` wins); None:
+    the Mind's default (60 s). mindhand's own suite sets 0 for the tests of the rules without
+    continuity, and each continuity test names its window."""
+
     def __init__(self, tmp: Path) -> None:
         self.tmp = Path(tmp)
         self.home = self.tmp / "mind-home"
@@ -265,7 +270,19 @@ class Cluster:
             url_file.unlink()
         listen = f"127.0.0.1:{self.port if port is None else port}"
         self.mind_args = extra
-        argv = [*program("mind"), "serve", "--listen", listen, "--log-format", "json", "--ping-interval", "1", *extra]
+        pin = ("--resume-window", f"{self.resume_window:g}") if self.resume_window is not None else ()
+        argv = [
+            *program("mind"),
+            "serve",
+            "--listen",
+            listen,
+            "--log-format",
+            "json",
+            "--ping-interval",
+            "1",
+            *pin,
+            *extra,
+        ]
         log = self.tmp / "mind.log"
         start = log.stat().st_size if log.exists() else 0
         p = Mind("mind", argv, self.env, log)
