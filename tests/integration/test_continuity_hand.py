@@ -1,0 +1,202 @@
+"""Issue 22, the Hand leg: a run outlives a blink of the Hand <-> Mind link (DESIGN §15).
+
+Real processes: a Mind with a resume window, a Hand behind the fault proxy, `mind exec` as the
+client. Each test asserts what a user relies on: the exit code and the sha256 of the complete
+output (0 bytes lost, 0 duplicated), or, past the window, `lost` with the command's tree gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import select
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from mind.testing.cluster import Cluster, pid_alive, running, wait_until
+
+pytestmark = pytest.mark.slow  # a real Mind, Hand and fault proxy
+
+LINES = 36
+TICKER = f"echo $$ > tick.pid; i=1; while [ $i -le {LINES} ]; do echo line $i; i=$((i+1)); sleep 0.25; done; exit 3"
+"""About 9 s of a numbered line every 0.25 s, then exit 3 (a real exit code, not 0)."""
+EXPECTED = b"".join(b"line %d\n" % i for i in range(1, LINES + 1))
+
+
+@pytest.fixture
+def cl(tmp_path) -> Iterator[Cluster]:
+    with running(tmp_path, "box", via_proxy=True, mind_args=("--resume-window", "60")) as c:
+        yield c
+
+
+class Reader:
+    """The stdout of a `mind exec` child, read as it comes, each read's time noted: how long
+    output stopped around a cut is the largest gap between two reads."""
+
+    def __init__(self, p) -> None:
+        self.p = p
+        self.data = b""
+        self.times: list[tuple[float, int]] = []
+
+    def until(self, needle: bytes, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while needle not in self.data:
+            left = deadline - time.monotonic()
+            assert left > 0, f"timed out waiting for {needle!r}; got {self.data[-200:]!r}"
+            self._read(left)
+
+    def rest(self, timeout: float) -> tuple[int, bytes, bytes]:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"mind exec did not end; got {self.data[-200:]!r}"
+            if not self._read(left):
+                break
+        err = self.p.stderr.read()
+        return self.p.wait(timeout=max(1.0, deadline - time.monotonic())), self.data, err
+
+    def _read(self, left: float) -> bool:
+        ready, _, _ = select.select([self.p.stdout], [], [], left)
+        if not ready:
+            return True
+        chunk = os.read(self.p.stdout.fileno(), 65536)
+        if chunk:
+            self.data += chunk
+            self.times.append((time.monotonic(), len(self.data)))
+        return bool(chunk)
+
+    def stalled_after(self, t: float) -> float:
+        """Seconds from `t` to the first output read after it."""
+        later = [when for when, _ in self.times if when >= t]
+        return later[0] - t if later else float("inf")
+
+
+def exec_ticker(cl: Cluster, *extra: str):
+    root = cl.hands["box"].root
+    (root / "tick.pid").unlink(missing_ok=True)
+    p = cl.cli_popen("exec", "--hand", "box", "-n", *extra, "--", "sh", "-c", TICKER)
+    return p, Reader(p)
+
+
+def generation(cl: Cluster) -> int:
+    info = cl.hand_info("box")
+    assert info is not None and info["connected"], info
+    return int(info["generation"])
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_hand_leg_blackholed_20s_mid_run_every_line_and_the_real_exit_code(cl):
+    assert cl.proxy is not None
+    gen = generation(cl)
+    p, r = exec_ticker(cl)
+    r.until(b"line 4\n", 15)
+    cl.proxy.blackhole()
+    time.sleep(20)
+    cl.proxy.clear()
+    healed = time.monotonic()
+    code, out, err = r.rest(40)
+    assert code == 3, err
+    assert sha(out) == sha(EXPECTED), out
+    assert generation(cl) > gen  # a new connection carried the run's end, not the old one
+    print(f"output flowed again {r.stalled_after(healed):.2f} s after the heal")
+
+
+def test_hand_leg_reset_mid_run_link_back_at_once_every_line_and_the_real_exit_code(cl):
+    assert cl.proxy is not None
+    gen = generation(cl)
+    p, r = exec_ticker(cl)
+    r.until(b"line 6\n", 15)
+    cl.proxy.cut("rst")
+    cut = time.monotonic()
+    code, out, err = r.rest(40)
+    assert code == 3, err
+    assert sha(out) == sha(EXPECTED), out
+    assert generation(cl) > gen
+    print(f"output flowed again {r.stalled_after(cut):.2f} s after the reset")
+
+
+def test_window_shorter_than_the_outage_the_run_is_lost_and_its_tree_killed_on_the_hand(tmp_path):
+    with running(tmp_path, "box", via_proxy=True, mind_args=("--resume-window", "3")) as cl:
+        assert cl.proxy is not None
+        p, r = exec_ticker(cl, "--json")
+        pidfile = cl.hands["box"].root / "tick.pid"
+        pid = int(wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), 15, "the command to start"))
+        time.sleep(1)
+        cl.proxy.blackhole()
+        cut = time.monotonic()
+        # The Hand notices the silence (pings, ~2 s), waits its window (3 s), kills the tree.
+        wait_until(lambda: not pid_alive(pid), 9, "the Hand to kill the run's tree at the window's end")
+        killed = time.monotonic() - cut
+        cl.proxy.clear()
+        code, out, err = r.rest(20)
+        assert code == 255, err
+        assert json.loads(out)["state"] == "lost"
+        assert time.monotonic() - cut < 10  # long before the command would have ended by itself
+        print(f"tree killed {killed:.2f} s after the cut")
+
+
+def test_hand_killed_and_restarted_the_run_is_lost_as_soon_as_the_new_hand_is_welcomed(cl):
+    assert cl.proxy is not None
+    gen = generation(cl)
+    p, r = exec_ticker(cl, "--json")
+    pidfile = cl.hands["box"].root / "tick.pid"
+    pid = int(wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), 15, "the command to start"))
+    t0 = time.monotonic()
+    try:
+        cl.hands["box"].kill9()
+        cl.start_hand("box", via=cl.proxy)
+        code, out, err = r.rest(30)
+        elapsed = time.monotonic() - t0
+        assert code == 255, err
+        end = json.loads(out)
+        assert end["state"] == "lost", end
+        assert "hand restarted" in json.dumps(end), end  # its presentation said so, not the window
+        assert elapsed < 20, elapsed  # the restarted Hand presents nothing: lost at once, not at 60 s
+        assert generation(cl) > gen
+        print(f"lost {elapsed:.2f} s after the kill")
+    finally:
+        if pid_alive(pid):  # the crashed Hand's orphan (a crash cleans nothing up)
+            os.kill(pid, signal.SIGKILL)
+
+
+BIG = 64 << 20
+
+
+def test_a_64mib_stream_with_two_hand_leg_resets_arrives_whole(cl):
+    assert cl.proxy is not None
+    gen = generation(cl)
+    # Bytes that differ everywhere (a lost, repeated or misplaced chunk changes the digest).
+    cmd = f"seq 1 20000000 | head -c {BIG}"
+    p = cl.cli_popen("exec", "--hand", "box", "-n", "--", "sh", "-c", cmd)
+    digest = hashlib.sha256()
+    got = 0
+    cuts = [BIG // 5, BIG // 2]
+    deadline = time.monotonic() + 90
+    assert p.stdout is not None
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"the stream stalled at {got} bytes"
+        ready, _, _ = select.select([p.stdout], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(p.stdout.fileno(), 1 << 20)
+        if not chunk:
+            break
+        digest.update(chunk)
+        got += len(chunk)
+        if cuts and got >= cuts[0]:
+            cuts.pop(0)
+            cl.proxy.cut("rst")
+    assert p.wait(timeout=10) == 0, p.stderr.read() if p.stderr else b""
+    expected = hashlib.sha256(b"".join(b"%d\n" % i for i in range(1, 20000001))[:BIG]).hexdigest()
+    assert got == BIG
+    assert digest.hexdigest() == expected
+    assert not cuts
+    assert generation(cl) >= gen + 2  # two resets, two new connections
