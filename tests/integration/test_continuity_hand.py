@@ -98,7 +98,15 @@ def test_hand_leg_blackholed_20s_mid_run_every_line_and_the_real_exit_code(cl):
     p, r = exec_ticker(cl)
     r.until(b"line 4\n", 15)
     cl.proxy.blackhole()
-    time.sleep(20)
+    t0 = time.monotonic()
+    # While the Hand is away the run is still running, and the views say which leg is away.
+    listed = wait_until(lambda: b"hand away since" in (out := cl.cli("runs").stdout) and out, 15, "mind runs to say so")
+    line = next(ln for ln in listed.decode().splitlines() if "hand away since" in ln)
+    assert " running " in f" {line} ", line
+    run_id = line.split()[0]
+    got = cl.cli("run", "get", run_id)
+    assert got.returncode == 0 and b"away     hand away since" in got.stdout, got
+    time.sleep(max(0.0, 20 - (time.monotonic() - t0)))
     cl.proxy.clear()
     healed = time.monotonic()
     code, out, err = r.rest(40)
