@@ -575,7 +575,7 @@ class Agent:
         if self._table is table:
             self._table = None
             self._expiry = None
-        log.warning("runs_expired", window_s=table.window)
+        log.warning("runs_expired", window_s=table.window, runs=table.holding)
         table.expire()
 
     async def _read_loop(self, wire: _Wire, table: RunTable, log: Any) -> str:

@@ -274,6 +274,11 @@ class RunTable:
             runs = runs[:RUNS_PRESENT_MAX]
         return RunsPresent(runs=runs)
 
+    @property
+    def holding(self) -> int:
+        """Runs live or with a result not acknowledged: what a cut leaves waiting."""
+        return len(self._book.active) + len(self._kept)
+
     def rewire(self, send: Send) -> None:
         """A new connection (after `runs_present` is queued on it): frames go there from now on,
         and the kept results whose streams need no resume go out again."""
