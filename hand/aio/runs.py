@@ -232,7 +232,7 @@ class RunTable:
     def on_stream(self, msg: StreamData | StreamAck) -> None:
         """stdin from the client, or its acknowledgement of output, for a streamed run."""
         run = self._book.active.get(msg.run_id)
-        if run is None:
+        if run is None and isinstance(msg, StreamAck):
             kept = self._kept.get(msg.run_id)  # ended, its output maybe not all acknowledged yet
             run = kept.run if kept is not None else None
         if run is None or run.streams is None:

@@ -13,8 +13,10 @@ from scripted_mind import Conn, ScriptedMind
 from websockets.asyncio.server import serve
 
 from hand.aio.agent import Agent, AgentConfig
+from hand.aio.runs import RunTable
 from hand.aio.streams import RunStreams
 from hand.core.backoff import Backoff
+from hand.core.policy import Policy
 from protocol import limits
 from protocol.auth import Credential
 from protocol.codes import CancelReason
@@ -251,3 +253,74 @@ async def test_a_cancel_for_a_presented_run_kills_it_and_window_0_sends_no_prese
     await conn.send(Cancel(run_id="r4", reason=CancelReason.USER_REQUESTED))
     result = (await conn.until(lambda env: isinstance(env.msg, Result))).msg
     assert result.state is RunState.CANCELLED and not pid_alive(pid4)
+
+
+# --- the run table: a streamed run's result follows its resumed bytes -------------------------------
+
+
+class Table:
+    def __init__(self, root) -> None:
+        self.sent: list = []
+        self.tasks: list[asyncio.Task] = []
+        self.table = RunTable(root=root, policy=Policy(), send=self.sent.append, spawn=self._spawn, kill_grace=0.5)
+        self.table.window = 30.0
+
+    def _spawn(self, coro):
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.append(task)
+        return task
+
+    def frames(self) -> list[tuple[str, object]]:
+        out: list[tuple[str, object]] = []
+        for m in self.sent:
+            if isinstance(m, StreamData):
+                out.append((m.stream, (m.offset, m.data, m.eof)))
+            elif isinstance(m, Result):
+                out.append(("result", m.exit_code))
+        return out
+
+    async def close(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+def resume_all(t: Table, run_id: str, stdout: int) -> None:
+    t.table.on_resume(StreamResume(run_id=run_id, stream="stdout", offset=stdout, consumed=stdout))
+    t.table.on_resume(StreamResume(run_id=run_id, stream="stderr", offset=0, consumed=0))
+
+
+@pytest.mark.slow
+async def test_a_streamed_run_that_ends_in_the_cut_sends_its_bytes_end_and_result_only_after_the_resume(tmp_path):
+    t = Table(tmp_path)
+    try:
+        cmd = "echo $$ > s1.pid; sleep 0.3; echo hi; exit 5"
+        t.table.on_rpc(Rpc(run_id="s1", tool="shell", args={"command": cmd}, timeout_ms=20_000, streams=Streams()))
+        pid = await until(lambda: read_pid(tmp_path / "s1.pid"), 10, "the command to start")
+        t.table.on_cut()
+        await until(lambda: not pid_alive(pid), 10, "the command to end")
+        await asyncio.sleep(0.2)
+        t.sent.clear()
+        t.table.rewire(t.sent.append)
+        (run,) = t.table.present().runs
+        assert run.run_id == "s1" and not run.result_pending  # it waits for its bytes to be taken
+        assert t.frames() == []  # nothing before the Mind says where the client stands
+        resume_all(t, "s1", 0)
+        assert await until(lambda: t.frames()[-1:] == [("result", 5)], 5, "the result")
+        frames = t.frames()
+        assert [f for f in frames if f[0] == "stdout"] == [("stdout", (0, b"hi\n", False)), ("stdout", (3, b"", True))]
+        assert [f for f in frames if f[0] == "stderr"] == [("stderr", (0, b"", True))]
+        assert frames[-1] == ("result", 5) and len(frames) == 4  # the result last, once
+        # Sent, not acknowledged: another cut presents it again, and it follows its streams again.
+        t.table.on_cut()
+        t.sent.clear()
+        t.table.rewire(t.sent.append)
+        (run,) = t.table.present().runs
+        assert run.result_pending and {p.stream: p.offset for p in run.streams} == {"stdout": 3, "stderr": 0}
+        assert t.frames() == []
+        resume_all(t, "s1", 3)
+        assert t.frames() == [("stdout", (3, b"", True)), ("stderr", (0, b"", True)), ("result", 5)]
+        t.table.on_result_ack("s1")
+        assert t.table.present().runs == []
+    finally:
+        await t.close()
