@@ -7,6 +7,7 @@ output (0 bytes lost, 0 duplicated), or, past the window, `lost` with the comman
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -16,8 +17,12 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from support.rawpeer import admin, handshake
 
 from mind.testing.cluster import Cluster, pid_alive, running, wait_until
+from protocol import limits
+from protocol.messages import Exec, Pty, RunEnd, RunUpdate, StreamAck, StreamData, StreamResume, Streams
+from protocol.streams import Incoming, Outgoing
 
 pytestmark = pytest.mark.slow  # a real Mind, Hand and fault proxy
 
@@ -208,3 +213,110 @@ def test_a_64mib_stream_with_two_hand_leg_resets_arrives_whole(cl):
     assert digest.hexdigest() == expected
     assert not cuts
     assert generation(cl) >= gen + 2  # two resets, two new connections
+
+
+# --- stdin through a Hand-leg reset, with a client that drives the one stream endpoint -----------------
+
+
+class RawRun:
+    """One streamed run from a client written against `protocol.streams` alone (`Outgoing` for
+    stdin, `Incoming` for output), as every shell is meant to drive it: stdin fed within its
+    credit (from the moment `ready` shows in the output), resent from where the Hand says on a
+    `stream_resume`; the Hand leg reset once `cut_at` bytes of stdin went out."""
+
+    def __init__(self, cl: Cluster, req: Exec, data: bytes, cut_at: int, ready: bytes = b"") -> None:
+        self.cl, self.req, self.data, self.cut_at, self.ready = cl, req, data, cut_at, ready
+        self.got: dict[str, bytes] = {}
+        self.resumes = 0
+        self.cut = False
+
+    async def run(self, timeout: float = 60) -> RunEnd:
+        assert self.cl.proxy is not None
+        ws, ch = await handshake(self.cl.url, admin(self.cl))
+        window = limits.STREAM_WINDOW
+        stdin = Outgoing(window)
+        incoming: dict[str, Incoming] = {}
+        run_id: str | None = None
+        fed = 0
+        data = self.data
+
+        async def send(msg) -> None:
+            await ws.send(ch.stamp(msg))
+
+        async def chunks(out: list) -> None:
+            assert run_id is not None
+            for offset, piece, eof in out:
+                await send(StreamData(run_id=run_id, stream="stdin", offset=offset, data=piece, eof=eof))
+
+        try:
+            await ws.send(ch.stamp(self.req, id="r1"))
+            async with asyncio.timeout(timeout):
+                while True:
+                    feeding = run_id is not None and self.ready in b"".join(self.got.values())
+                    while feeding and fed < len(data) and stdin.credit() > 0:
+                        n = min(stdin.credit(), len(data) - fed, limits.STREAM_CHUNK_MAX)
+                        await chunks(stdin.send(data[fed : fed + n]))
+                        fed += n
+                        if not self.cut and fed >= self.cut_at:
+                            self.cut = True
+                            self.cl.proxy.cut("rst")
+                    if feeding and fed == len(data) and not stdin.eof:
+                        await chunks([stdin.close()])
+                    msg = ch.receive(await ws.recv()).msg
+                    if isinstance(msg, RunUpdate):
+                        run_id = msg.run_id
+                    elif isinstance(msg, StreamAck) and msg.stream == "stdin":
+                        stdin.on_ack(msg.offset)
+                    elif isinstance(msg, StreamResume) and msg.stream == "stdin":
+                        self.resumes += 1
+                        await chunks(stdin.resume(msg.offset, msg.consumed))
+                    elif isinstance(msg, StreamData):
+                        rx = incoming.setdefault(msg.stream, Incoming(window))
+                        if rx.on_data(msg.offset, len(msg.data), msg.eof):
+                            self.got[msg.stream] = self.got.get(msg.stream, b"") + msg.data
+                            rx.consume(len(msg.data))
+                            if (ack := rx.ack_due()) is not None:
+                                await send(StreamAck(run_id=msg.run_id, stream=msg.stream, offset=ack))
+                    elif isinstance(msg, RunEnd):
+                        return msg
+        finally:
+            await ws.close()
+
+
+async def test_stdin_through_sha256sum_with_a_hand_leg_reset_in_the_middle_arrives_once(cl):
+    """6 MiB into `sha256sum` on the Hand, the Hand leg reset after 2 MiB: the Hand presents its
+    stdin position, the Mind tells the client, the client resends from there. The digest the
+    command prints is the digest of the bytes sent: 0 lost, 0 duplicated."""
+    data = os.urandom(6 << 20)
+    req = Exec(hand="box", tool="shell", args={"command": "sha256sum"}, timeout_ms=60_000, streams=Streams(stdin=True))
+    raw = RawRun(cl, req, data, cut_at=2 << 20)
+    end = await raw.run()
+    assert raw.cut and raw.resumes == 1  # the Hand came back once and said where its stdin stood
+    assert end.state.value == "succeeded" and end.exit_code == 0, end
+    assert raw.got["stdout"] == f"{hashlib.sha256(data).hexdigest()}  -\n".encode(), raw.got
+
+
+async def test_a_terminal_session_through_a_hand_leg_reset_keys_and_screen_arrive_once(cl):
+    """The same through a terminal (`pty`: one output stream, keys as stdin): the session switches
+    its terminal to raw (every byte a key, no echo), then 2 MiB of keys go to `sha256sum`, the Hand
+    leg reset after 1 MiB. The screen shows the digest of exactly the keys typed, and the numbered
+    lines printed around the cut arrive once each."""
+    data = os.urandom(2 << 20)
+    command = (
+        "stty raw -echo -iexten; for i in 1 2 3 4 5; do echo screen $i; done; echo ready; "
+        f"head -c {len(data)} | sha256sum; for i in 6 7 8; do echo screen $i; done"
+    )
+    req = Exec(
+        hand="box",
+        tool="shell",
+        args={"command": command},
+        timeout_ms=60_000,
+        streams=Streams(pty=Pty(rows=24, cols=80)),
+    )
+    raw = RawRun(cl, req, data, cut_at=1 << 20, ready=b"ready\n")
+    end = await raw.run()
+    assert raw.cut and raw.resumes == 1
+    assert end.state.value == "succeeded" and end.exit_code == 0, end
+    screen = b"".join(b"screen %d\n" % i for i in range(1, 6)) + b"ready\n"
+    screen += f"{hashlib.sha256(data).hexdigest()}  -\n".encode() + b"".join(b"screen %d\n" % i for i in (6, 7, 8))
+    assert raw.got["pty"] == screen, raw.got["pty"][-300:]
