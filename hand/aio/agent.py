@@ -494,12 +494,20 @@ class Agent:
         self.metrics.welcomed()
         log.info("welcome", mind_ping_interval_s=welcome.ping_interval_s, resume_window_s=welcome.resume_window_s)
         wire = _Wire(ws, channel, log)
-        reason = CancelReason.CONNECTION_LOST
-        why = "?"
         table = self._table_for(welcome, log)
         if welcome.resume_window_s > 0:
             wire.send(table.present())  # the first frame after welcome: what this Hand still holds
         table.rewire(wire.send)
+        try:
+            await self._serve_wire(ws, wire, table, log)
+        finally:
+            if self._table is table and self._expiry is None:  # left by an error: never unowned
+                self._after_cut(table, log)
+
+    async def _serve_wire(self, ws: ClientConnection, wire: _Wire, table: RunTable, log: Any) -> None:
+        """Read and write this connection until it ends, then end or keep its runs."""
+        reason = CancelReason.CONNECTION_LOST
+        why = "?"
         kept = False
         async with asyncio.TaskGroup() as tg:
             wire.writer = tg.create_task(wire.write_loop())
@@ -514,10 +522,8 @@ class Agent:
                     why = reader.result()
                 else:
                     reason, why = CancelReason.SHUTDOWN, "shutdown"
-                kept = reason is CancelReason.CONNECTION_LOST and table.window > 0
-                if kept:  # the runs wait for the Mind, within its window
-                    table.on_cut()
-                    self._expiry = asyncio.get_running_loop().call_later(table.window, self._expire, table, log)
+                if reason is CancelReason.CONNECTION_LOST:
+                    kept = self._after_cut(table, log)
                 else:
                     self._table = None
                     table.cancel_all(reason)  # foreground runs only: tasks outlive the connection
@@ -537,6 +543,18 @@ class Agent:
                     self.tasks.attach(None)
         event = "connection_lost" if reason is CancelReason.CONNECTION_LOST else "connection_closed"
         log.info(event, reason=why, runs_kept_s=table.window if kept else 0)
+
+    def _after_cut(self, table: RunTable, log: Any) -> bool:
+        """The connection is gone (not a shutdown). With a window the runs wait for the Mind (True);
+        without one they are cancelled, `connection_lost`, as before continuity."""
+        if table.window > 0:
+            table.on_cut()
+            self._expiry = asyncio.get_running_loop().call_later(table.window, self._expire, table, log)
+            return True
+        if self._table is table:
+            self._table = None
+        table.cancel_all(CancelReason.CONNECTION_LOST)
+        return False
 
     def _table_for(self, welcome: Welcome, log: Any) -> RunTable:
         """The run table a new connection serves: the one kept from the cut (its window stopped),
