@@ -358,7 +358,7 @@ class Agent:
             self._expiry = None
         table, self._table = self._table, None
         if table is not None:
-            table.cancel_all(CancelReason.SHUTDOWN)  # nobody is connected to receive the results
+            table.expire(CancelReason.SHUTDOWN)  # nobody is connected to receive the results
             await table.wait_idle(self.cfg.kill_grace + 1)
 
     async def _dial_forever(self) -> int:

@@ -219,6 +219,8 @@ class RunTable:
         if run is not None:
             run.told_to_stop = True
             self._cancel(run, cancel.reason)  # first: the SIGTERM goes out before any frame or log
+            if run.streams is not None:  # ended by the Mind while held: no resume will come for it
+                run.streams.forsake()
         self._send(CancelResult(run_id=cancel.run_id, status=status))
         if run is not None:
             run.log.info("run_cancel_requested", reason=cancel.reason.value)
@@ -305,14 +307,18 @@ class RunTable:
         """The Mind took the result: it is let go (with its streams' kept bytes)."""
         self._kept.pop(run_id, None)
 
-    def expire(self) -> None:
-        """No Mind came back within the window: cancel every run (`connection_lost`, tree killed)
-        and forget their results (nobody is left to take them). The table serves no connection
-        any more."""
+    def expire(self, reason: CancelReason = CancelReason.CONNECTION_LOST) -> None:
+        """No Mind came back within the window (or the Hand stops while cut off): cancel every run
+        (tree killed), let go of their held output and forget their results (nobody is left to
+        take them). The table serves no connection any more."""
         self._send_to = None
         self.window = 0.0
         self._kept.clear()
-        self.cancel_all(CancelReason.CONNECTION_LOST)
+        runs = list(self._book.active.values())
+        self.cancel_all(reason)
+        for run in runs:
+            if run.streams is not None:
+                run.streams.forsake()
 
     def _keep(self, run: ActiveRun, result: Result) -> KeptResult:
         kept = KeptResult(run, result)

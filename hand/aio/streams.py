@@ -172,6 +172,20 @@ class RunStreams:
         self._flush(msg.stream, out)
         return True
 
+    def forsake(self) -> None:
+        """Nobody will resume this run's output (the window passed, or the Mind ended the run while
+        its streams were held): stop keeping what the child writes and close our ends of its pipes,
+        so a killed tree's pipes end and the run can conclude. Call it after the kill, so the
+        child's end is the kill's, not a broken pipe's."""
+        for stream, out in self._out.items():
+            if not out.awaiting or out.reader_gone:
+                continue
+            out.reader_gone = True
+            out.cut += len(out.pending)
+            out.pending.clear()
+            if self._pipes is not None:
+                self._pipes.close_output(stream)
+
     def positions(self) -> list[StreamPosition]:
         """Where each stream stands, for the run's presentation: output as sent and acknowledged,
         stdin as received and consumed (that point acknowledges what was consumed, and repeats of

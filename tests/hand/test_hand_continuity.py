@@ -213,7 +213,17 @@ async def test_past_the_window_without_a_mind_the_run_is_killed_and_forgotten(wo
     mind.resume_window = 1.0
     conn = await mind.next_conn()
     await first(conn)
-    await conn.send(Rpc(run_id="r2", tool="shell", args={"command": "echo $$ > r2.pid; sleep 60"}, timeout_ms=90_000))
+    # A streamed run that writes without end: its output is held (the pipe paused) when the window
+    # ends, and the killed tree's run must still conclude (the agent's stop below waits for it).
+    await conn.send(
+        Rpc(
+            run_id="r2",
+            tool="shell",
+            args={"command": "echo $$ > r2.pid; exec yes"},
+            timeout_ms=90_000,
+            streams=Streams(),
+        )
+    )
     pid = await until(lambda: read_pid(root / "r2.pid"), 10, "the command to start")
     mind.script = ["hold"]  # the next handshake waits: the Hand stays away past its window
     await conn.ws.close()
@@ -245,7 +255,15 @@ async def test_a_cancel_for_a_presented_run_kills_it_and_window_0_sends_no_prese
     await until(lambda: not pid_alive(pid5), 8, "the run of a window-0 connection to be cancelled")
     conn = await mind.next_conn()
     assert (await first(conn)).runs == []
-    await conn.send(Rpc(run_id="r4", tool="shell", args={"command": "echo $$ > r4.pid; sleep 60"}, timeout_ms=90_000))
+    await conn.send(
+        Rpc(
+            run_id="r4",
+            tool="shell",
+            args={"command": "echo $$ > r4.pid; exec yes"},
+            timeout_ms=90_000,
+            streams=Streams(),
+        )
+    )
     pid4 = await until(lambda: read_pid(root / "r4.pid"), 10, "the command to start")
     await conn.ws.close()
     conn = await mind.next_conn()
