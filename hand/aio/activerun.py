@@ -69,6 +69,7 @@ class ActiveRun:
             remaining_ms=max(0, int((deadline - now) * 1000)),
             grace_ms=self.rpc.grace_ms,
             spec=self.rpc.streams,
+            args_digest=self.digest,
         )
 
     async def run_process(self, spec: ProcessSpec, send: Send, metrics: HandMetrics) -> ProcessOutcome | PtyOutcome:
@@ -203,6 +204,7 @@ class KeptResult:
             remaining_ms=0,
             grace_ms=run.rpc.grace_ms,
             spec=run.rpc.streams,
+            args_digest=run.digest,
         )
 
 
