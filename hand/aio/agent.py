@@ -102,6 +102,7 @@ T = TypeVar("T")
 M = TypeVar("M", bound=Message)
 
 OPEN_TIMEOUT_S = 10.0
+REDIAL_AT_ONCE_AFTER_S = 1.0
 CLOSE_TIMEOUT_S = 2.0
 
 
@@ -400,6 +401,11 @@ class Agent:
                 break
             self._backoff.connection_ended(lived)
             delay = self._backoff.next_delay()
+            if lived is not None and lived >= REDIAL_AT_ONCE_AFTER_S and self._expiry is not None:
+                # Runs wait for us: the first redial after a connection that served is at once (a
+                # blink costs its length, not a backoff draw); the next ones back off as usual, and
+                # a connection that flaps gets this at most once a second.
+                delay = 0.0
             self.metrics.backoff.set(delay)
             self._log.info("reconnect_wait", delay=round(delay, 3), attempt=self._backoff.attempt)
             with suppress(TimeoutError):

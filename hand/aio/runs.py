@@ -314,11 +314,7 @@ class RunTable:
         self._send_to = None
         self.window = 0.0
         self._kept.clear()
-        runs = list(self._book.active.values())
         self.cancel_all(reason)
-        for run in runs:
-            if run.streams is not None:
-                run.streams.forsake()
 
     def _keep(self, run: ActiveRun, result: Result) -> KeptResult:
         kept = KeptResult(run, result)
@@ -346,9 +342,12 @@ class RunTable:
         return self._book.knows(run_id)
 
     def cancel_all(self, reason: CancelReason) -> None:
-        """Cancel every run and refuse new ones (`shutdown`, `connection_lost`)."""
+        """Cancel every run and refuse new ones (`shutdown`, `connection_lost`). Output held for a
+        resume that cannot come any more is let go after the kill (`RunStreams.forsake`)."""
         for run in self._book.close(reason):
             self._cancel(run, reason)
+            if run.streams is not None:
+                run.streams.forsake()
 
     def _cancel(self, run: ActiveRun, reason: CancelReason) -> None:
         try:

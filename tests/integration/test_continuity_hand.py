@@ -74,6 +74,11 @@ class Reader:
             self.times.append((time.monotonic(), len(self.data)))
         return bool(chunk)
 
+    def longest_gap(self) -> float:
+        """The longest silence between two reads (the command prints every 0.25 s)."""
+        times = [when for when, _ in self.times]
+        return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+
     def stalled_after(self, t: float) -> float:
         """Seconds from `t` to the first output read after it."""
         later = [when for when, _ in self.times if when >= t]
@@ -132,7 +137,7 @@ def test_hand_leg_reset_mid_run_link_back_at_once_every_line_and_the_real_exit_c
     assert code == 3, err
     assert sha(out) == sha(EXPECTED), out
     assert generation(cl) > gen
-    print(f"output flowed again {r.stalled_after(cut):.2f} s after the reset")
+    print(f"output flowed again {r.stalled_after(cut):.2f} s after the reset; longest gap {r.longest_gap():.2f} s")
 
 
 def test_window_shorter_than_the_outage_the_run_is_lost_and_its_tree_killed_on_the_hand(tmp_path):
