@@ -27,8 +27,6 @@ class ClientCode(StrEnum):
     """The Mind sent something this client cannot accept (a broken frame, a reply of the wrong kind)."""
     INVALID_REQUEST = "invalid_request"
     """The call was refused here before anything was sent (bad arguments)."""
-    REPLACED = "replaced"
-    """A newer attachment of the same owner took the run over (`mind attach`, DESIGN §15)."""
     EMPTY_SELECTION = "empty_selection"
     """A fleet selector matched no Hand within this client's scope (`mc.exec_many`)."""
     # a run's or a copy's end (`RunFailed`, `CopyError`): the run states of the same name

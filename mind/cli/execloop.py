@@ -10,7 +10,14 @@ on the socket, the Ctrl-C wakeup and the status timer.
 - On a terminal (stderr), while the Hand has not started the command yet, or a cancel is pending, a
   status line appears after a second; it is erased before any output and at the end. Never with
   `--json`/`--events`, never when stderr is not a terminal.
-- If the connection to the Mind is lost after the run was sent, the outcome is unknown: 255.
+- If the connection to the Mind is lost after the run was sent and the Mind keeps runs for a resume
+  window (its `welcome` says; DESIGN §15), the run is not over: we reconnect (mind/client/reconnect.py:
+  backoff with jitter, within the window counted from the last frame heard), authenticate afresh,
+  `attach` with where each output stream stands, resend stdin from where the Hand stands, and go on.
+  Ctrl-C and resizes during the outage wait and go once, in order, after `attached`. Past the window,
+  or without one, the outcome is unknown here: 255.
+- `mind attach RUN_ID` is the same loop started by an `attach` instead of an `exec`; `--detach` and
+  `--wait` leave a run running unattended (`detach`) for a later `mind attach`.
 """
 
 from __future__ import annotations
@@ -26,7 +33,15 @@ from typing import Any
 
 from mind.cli import exits
 from mind.cli.escapes import Escape, EscapeFilter, help_text
-from mind.cli.exits import EXIT_CANCELLED, EXIT_INCOMPLETE, EXIT_LOST, EXIT_USAGE, die, exit_code_for
+from mind.cli.exits import (
+    EXIT_CANCELLED,
+    EXIT_INCOMPLETE,
+    EXIT_LOST,
+    EXIT_USAGE,
+    EXIT_WAIT_TIMEOUT,
+    die,
+    exit_code_for,
+)
 from mind.cli.formatting import end_summary, explain, json_text, printable
 from mind.cli.hints import close_names, did_you_mean, shell_hint
 from mind.cli.options import EXEC_TIMEOUT_S
@@ -35,13 +50,18 @@ from mind.cli.streamio import InputStream, OutputStream, StreamPrinter
 from mind.cli.terminal import DEFAULT_SIZE, RawMode, WindowWatch, window_size
 from mind.client import wire
 from mind.client.blocking import Link
-from mind.client.session import Failed, Routed, RunEnded
+from mind.client.reconnect import Backoff
+from mind.client.session import Failed, Reply, Routed, RunEnded
 from mind.errors import ClientCode, ClientError
 from protocol import limits
-from protocol.codes import RejectCode
+from protocol.codes import ErrorCode, RejectCode
 from protocol.states import RunState
 
+Connect = Callable[[float], Link]
+"""A new authenticated link to the same Mind with the same credential, opened within a timeout."""
+
 STATUS_AFTER_S = 1.0
+DETACH_REPLY_S = 5.0
 STATUS_TICK_S = 0.25
 NOT_STARTED = (None, RunState.ADMITTED, RunState.SENT)
 
@@ -62,6 +82,10 @@ class Interrupts:
     def _on_sigint(self, signum: int, frame: object) -> None:
         self.count += 1
 
+    @property
+    def fd(self) -> int:
+        return self._r
+
     def take(self) -> int:
         n, self.count = self.count, 0
         return n
@@ -75,9 +99,11 @@ class Interrupts:
 
 
 class ExecSession:
-    def __init__(self, link: Link, args: argparse.Namespace) -> None:
+    def __init__(self, link: Link, args: argparse.Namespace, connect: Connect | None = None) -> None:
+        """`connect`: how to reach the Mind again after a cut (None: a cut ends the session)."""
         self.link = link
         self.args = args
+        self.connect = connect
         self.status = Status(sys.stderr, enabled=not (args.json or args.events))
         self.printer = StreamPrinter()
         self.run_id: str | None = None
@@ -87,6 +113,18 @@ class ExecSession:
         self.cancel_id: str | None = None
         self.t0 = time.monotonic()
         self.xid = ""
+        """The envelope id the run's events come under on the current link (its exec or attach)."""
+        self.live = False
+        """The run's events flow on the current link: stdin, acknowledgements and resizes may go."""
+        self.window = 0.0
+        """The Mind's resume window, from the first link's welcome (0: a cut ends the session)."""
+        self.outage: Backoff | None = None
+        """Set while the link is down (or re-attaching): the pauses and the deadline."""
+        self.hand_away: float | None = None
+        """Wall-clock time the run's Hand went away, while the Mind waits for it."""
+        self.detach_id: str | None = None
+        self.wait_until: float | None = None
+        """`--wait`: when to leave the run running and exit 121."""
         self.tool_args: dict[str, Any] = {}
         self.last_output = float("-inf")
         """When the command's output last arrived (the status line waits for a quiet moment)."""
@@ -95,21 +133,29 @@ class ExecSession:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        quiet = args.json or args.events
+        self.quiet = bool(args.json or args.events)
+        self.attaching = bool(getattr(args, "attach", False))
+        """`mind attach`: the run exists; its streams are known from `attached`."""
         self.tty = bool(getattr(args, "tty", False))
         self.local_tty = self.tty and os.isatty(0)
         """A terminal run from a terminal: raw mode, the window size, `~` escapes."""
-        if self.tty:  # a terminal has one output stream: stdout and stderr are one on the Hand
-            self.outs = {"pty": OutputStream("pty", None if quiet else _fileno(sys.stdout, 1), self._wake_w)}
+        self.outs: dict[str, OutputStream] = {}
+        if self.attaching:
+            pass  # made from the positions `attached` gives
+        elif self.tty:  # a terminal has one output stream: stdout and stderr are one on the Hand
+            self.outs = {"pty": self._output("pty", 0)}
         else:
-            self.outs = {
-                "stdout": OutputStream("stdout", None if quiet else _fileno(sys.stdout, 1), self._wake_w),
-                "stderr": OutputStream("stderr", None if quiet else _fileno(sys.stderr, 2), self._wake_w),
-            }
+            self.outs = {"stdout": self._output("stdout", 0), "stderr": self._output("stderr", 0)}
         escapes = EscapeFilter() if self.local_tty else None
-        self.stdin = None if args.no_stdin and not self.tty else InputStream(0, escapes)
+        no_stdin = (args.no_stdin and not self.tty) or self.attaching
+        self.stdin = None if no_stdin else InputStream(0, escapes)
         self.stdin_watched = False
         self.left = False
+        self._interrupts: Interrupts | None = None
+
+    def _output(self, name: str, start: int) -> OutputStream:
+        fd = None if self.quiet else _fileno(sys.stderr, 2) if name == "stderr" else _fileno(sys.stdout, 1)
+        return OutputStream(name, fd, self._wake_w, start=start)
 
     def run(self, tool: str, tool_args: dict[str, Any], timeout_ms: int, grace_ms: int | None) -> int:
         self.tool_args = tool_args
@@ -135,7 +181,19 @@ class ExecSession:
             streams=streams,
             watch=watch,
         )
-        interrupts = Interrupts(self.link)
+        wait = getattr(self.args, "wait", None)
+        if wait is not None:
+            self.wait_until = time.monotonic() + wait
+        return self._drive(msg)
+
+    def attach(self, run_id: str) -> int:
+        """`mind attach RUN_ID`: take the run over from where its previous consumer acknowledged."""
+        self.run_id = run_id
+        return self._drive(wire.attach(run_id=run_id))
+
+    def _drive(self, first: Any) -> int:
+        self.window = self.link.resume_window
+        interrupts = self._interrupts = Interrupts(self.link)
         self.link.add_wakeup(self._wake_r)
         raw = RawMode(0) if self.local_tty else None
         winch = WindowWatch(0) if self.local_tty else None
@@ -144,34 +202,49 @@ class ExecSession:
                 raw.enter()
                 winch.__enter__()
             try:
-                xid = self.xid = self.link.start_run(msg)
+                self.xid = self.link.start_run(first)
             except ClientError as exc:
                 die(exc.message, kind=exc.code)
+            self.live = not self.attaching
             self.t0 = time.monotonic()
             while True:
                 sin = self.stdin
                 busy = sin is not None and sin.always_ready and sin.wants_data() and self.run_id is not None
+                timeout = 0 if busy else STATUS_TICK_S if self.status.enabled else None
+                timeout = self._bound(timeout, self.wait_until)
+                if self.outage is not None:
+                    timeout = self._bound(timeout, self.outage.deadline)
                 try:
-                    events = self.link.poll(0 if busy else STATUS_TICK_S if self.status.enabled else None)
+                    events = self.link.poll(timeout)
                 except ClientError as exc:
-                    return self._lost(exc)
-                for ev in events:
-                    code = self._on_event(ev, xid)
+                    code = self._cut(exc)
                     if code is not None:
                         return code
+                    continue
+                for ev in events:
+                    code = self._on_event(ev, self.xid)
+                    if code is not None:
+                        return code
+                if self.outage is not None and not self.live and time.monotonic() >= self.outage.deadline:
+                    return self._gone()
                 try:
                     self._pump()
                 except ClientError as exc:
-                    return self._lost(exc)
+                    code = self._cut(exc)
+                    if code is not None:
+                        return code
+                    continue
                 if self.left:
                     return self._leave(raw)
-                if winch is not None and self.run_id is not None:
+                if winch is not None and self.run_id is not None and self.live:
                     now = winch.changed()
                     if now is not None and now.rows > 0 and now.cols > 0:
                         self._send_stream(wire.resize(run_id=self.run_id, rows=now.rows, cols=now.cols))
                 n = interrupts.take()
                 if n and self._on_interrupts(n):
                     return EXIT_CANCELLED
+                if self.wait_until is not None and time.monotonic() >= self.wait_until and self.live:
+                    return self._still_running()
                 self._tick()
         finally:
             if winch is not None:
@@ -182,6 +255,13 @@ class ExecSession:
             self.link.remove_wakeup(self._wake_r)
             if self.stdin_watched:
                 self.link.unwatch(0)
+
+    @staticmethod
+    def _bound(timeout: float | None, until: float | None) -> float | None:
+        if until is None:
+            return timeout
+        left = max(0.0, until - time.monotonic())
+        return left if timeout is None else min(timeout, left)
 
     def _output_limit(self) -> int:
         if self.args.output_limit is None:
@@ -197,6 +277,8 @@ class ExecSession:
 
     def _pump(self) -> None:
         """Acknowledge what our writers wrote; forward stdin while the Hand grants credit."""
+        if not self.live:  # the link is down or the attachment not yet ours: all of it waits
+            return
         for name, out in self.outs.items():
             ack = out.ack_due()
             if out.broken and not out.closed_sent and self.run_id is not None:
@@ -240,6 +322,10 @@ class ExecSession:
         self.link.send(msg, self.xid)
 
     def _on_stream(self, msg: Any) -> None:
+        if msg.TYPE == "stream_resume":  # the Hand came back: stdin goes on from where it stands
+            if self.stdin is not None and msg.stream == "stdin":
+                self._resend_stdin(msg.offset, msg.consumed)
+            return
         if msg.TYPE == "stream_ack":
             if self.stdin is not None and msg.stream == "stdin":
                 try:
@@ -281,7 +367,7 @@ class ExecSession:
             elif out.rx.offset < sent:
                 complete = False
                 self._say(f"mind: {name}: bytes from offset {out.rx.offset} of {sent} were not delivered")
-            elif tail.sha256 is not None and out.hash.hexdigest() != tail.sha256:
+            elif tail.sha256 is not None and out.start == 0 and out.hash.hexdigest() != tail.sha256:
                 complete = False
                 self._say(f"mind: {name}: the bytes delivered do not match the Hand's digest")
             if tail.total > sent and not out.broken:
@@ -302,24 +388,30 @@ class ExecSession:
             if isinstance(ev, Failed) and not ev.lost:  # lost: the run's own event says so
                 self._say(f"mind: cancel request failed: {printable(ev.error.message)}")
             return None
+        if ev.id == self.detach_id:
+            return self._detached(ev)
         if ev.id != xid:
             return None
         if isinstance(ev, Failed):
             if ev.lost:
-                return self._lost(ev.error)
-            self.status.clear()
-            die(ev.error.message)
+                return self._cut(ev.error)
+            return self._refused(ev.error)
         msg = ev.msg
         if self.run_id is None:
             self.run_id = msg.run_id
+            if getattr(self.args, "detach", False):
+                return self._detach_now()
             self._send_cancel()
-        if msg.TYPE in ("stream_data", "stream_ack"):
+        if msg.TYPE == "attached":
+            return self._on_attached(msg)
+        if msg.TYPE in ("stream_data", "stream_ack", "stream_resume"):
             self._on_stream(msg)
             return None
         if self.args.events:
             print(json.dumps(_event_line(msg)), flush=True)
         if msg.TYPE == "run_update":
             self.state = msg.state
+            self._hand_away(msg.hand_away_since)
         elif msg.TYPE == "run_output":
             if not self.args.json and not self.args.events:
                 self.status.clear()
@@ -338,6 +430,8 @@ class ExecSession:
         self.status.clear()
         close = self._suggest(end)
         streamed = end.stdout.sent is not None or self.run_id is not None and end.state is RunState.LOST
+        if self.attaching and not self.outs:  # it had ended: what the Mind retained is all there is
+            streamed = False
         complete = self._stream_report(end) if streamed else True
         if self.args.json:
             summary = end_summary(end)
@@ -386,11 +480,255 @@ class ExecSession:
         print(f"mind: {printable(exc.message)}; the outcome of {which} is unknown", file=sys.stderr)
         if exits.JSON_ERRORS:
             exits.json_error(f"{exc.message}; the outcome of {which} is unknown", EXIT_LOST, exc.code)
+        self._delivered()
+        return EXIT_LOST
+
+    def _delivered(self) -> None:
         for name, out in self.outs.items():
             out.finish(timeout=5.0)
             if out.rx.offset:
                 print(f"mind: {name}: delivered up to offset {out.rx.offset}", file=sys.stderr)
+
+    # --- continuity: a cut, the outage, the re-attachment (DESIGN §15) ---
+
+    def _cut(self, exc: ClientError) -> int | None:
+        """The link ended while the run is ours. With a resume window, reconnect and `attach`
+        (None: the loop goes on with the new link); without one, or past it, the exit code."""
+        if self.run_id is None or self.connect is None or self.window <= 0 or self.left:
+            return self._lost(exc)
+        if self.detach_id is not None:  # leaving anyway: the Mind keeps the run unattended
+            return self._lost(exc)
+        if self.outage is None:
+            self.outage = Backoff(self.link.last_heard + self.window)
+            left = max(0.0, self.outage.deadline - time.monotonic())
+            self._notice(f"mind unreachable, reconnecting (up to {left:.0f} s)")
+        self.live = False
+        self._drop_link()
+        outage = self.outage
+        while True:
+            if (code := self._outage_interrupts()) is not None:
+                return code
+            now = time.monotonic()
+            if outage.left(now) <= 0:
+                return self._gone()
+            self._sleep(outage.pause(now))
+            if (code := self._outage_interrupts()) is not None:
+                return code
+            left = outage.left(time.monotonic())
+            if left <= 0:
+                return self._gone()
+            try:
+                link = self.connect(min(10.0, left))
+            except ClientError:
+                continue  # not yet: the next try after a longer pause
+            self._take_link(link)
+            positions = []
+            for name, out in self.outs.items():
+                offset, consumed = out.resume_point()
+                positions.append({"stream": name, "offset": offset, "consumed": consumed})
+            try:
+                self.xid = link.start_run(wire.attach(run_id=self.run_id, streams=positions))
+            except ClientError:
+                self._drop_link()
+                continue
+            return None  # `attached` (or the run's end, or a refusal) comes through the loop
+
+    def _drop_link(self) -> None:
+        self.link.abort()
+        if self._interrupts is not None:
+            self.link.remove_wakeup(self._interrupts.fd)
+        self.link.remove_wakeup(self._wake_r)
+        if self.stdin_watched:
+            self.link.unwatch(0)
+            self.stdin_watched = False
+
+    def _take_link(self, link: Link) -> None:
+        self.link = link
+        if self._interrupts is not None:
+            link.add_wakeup(self._interrupts.fd)
+        link.add_wakeup(self._wake_r)
+
+    def _sleep(self, seconds: float) -> None:
+        """A pause of the outage, cut short by Ctrl-C (its wakeup fd)."""
+        import select
+
+        fds = [self._interrupts.fd] if self._interrupts is not None else []
+        if seconds > 0:
+            select.select(fds, [], [], seconds)
+        for fd in fds:
+            try:
+                while os.read(fd, 512):
+                    pass
+            except (BlockingIOError, InterruptedError):
+                pass
+
+    def _outage_interrupts(self) -> int | None:
+        """Ctrl-C while the link is down: the first is kept for `attached`; a second stops waiting."""
+        n = self._interrupts.take() if self._interrupts is not None else 0
+        if n and self._on_interrupts(n):
+            return EXIT_CANCELLED
+        return None
+
+    def _on_attached(self, msg: Any) -> int | None:
+        """The run is ours again (or, for `mind attach`, for the first time): output resumes where
+        each stream stands, stdin is resent from where the Hand's leg stands, and what waited
+        during the outage (a cancel, a resize) goes now, once."""
+        positions = {p.stream: p for p in msg.streams}
+        first = self.attaching and not self.outs and self.outage is None
+        if first:
+            self.args.hand = msg.hand
+            for p in msg.streams:
+                if p.stream != "stdin":
+                    self.outs[p.stream] = self._output(p.stream, p.offset)
+            if self.args.json:
+                streams = {p.stream: {"offset": p.offset, "consumed": p.consumed} for p in msg.streams}
+                print(
+                    json.dumps({"attached": msg.run_id, "hand": msg.hand, "state": msg.state.value, "streams": streams})
+                )
+                sys.stdout.flush()
+            stdin = positions.get("stdin")
+            if stdin is not None:  # the run's stdin was its first client's: it ends here
+                self.link.send(
+                    wire.stream_data(run_id=msg.run_id, stream="stdin", offset=stdin.offset, eof=True), self.xid
+                )
+        self.state = msg.state
+        self.live = True
+        if self.outage is not None:
+            self.outage = None
+            self.status.clear()
+            if not self.status.enabled and not self.quiet:
+                self._say(f"mind: reconnected; run {self.run_id} goes on")
+        stdin_pos = positions.get("stdin")
+        if self.stdin is not None and stdin_pos is not None:
+            self._resend_stdin(stdin_pos.offset, stdin_pos.consumed)
+        self.cancel_id = None  # a cancel sent before the cut may not have arrived: asking again is harmless
+        self._send_cancel()
+        self._hand_away(msg.hand_away_since)
+        return None
+
+    def _resend_stdin(self, offset: int, consumed: int) -> None:
+        assert self.stdin is not None and self.run_id is not None
+        try:
+            chunks = self.stdin.tx.resume(offset, consumed)
+        except Exception as exc:  # a position we cannot have: nothing can be placed any more
+            self._say(f"mind: stdin cannot resume from offset {offset}: {exc}")
+            self.stdin.done = True
+            return
+        for off, data, eof in chunks:
+            self._send_stream(wire.stream_data(run_id=self.run_id, stream="stdin", offset=off, data=data, eof=eof))
+
+    def _hand_away(self, since: float | None) -> None:
+        if since == self.hand_away:
+            return
+        hand = self.args.hand
+        if since is not None:
+            left = max(0.0, self.window - (time.time() - since))
+            self._notice(f"hand {hand} unreachable, waiting up to {left:.0f} s")
+        elif self.hand_away is not None:
+            self._notice(f"hand {hand} is back")
+        self.hand_away = since
+
+    def _notice(self, text: str) -> None:
+        """Once on stderr, or as the status line on a terminal."""
+        if self.status.enabled:
+            self.status.show(text, force=True)
+        elif not self.quiet or exits.JSON_ERRORS:
+            self._say(f"mind: {text}")
+
+    def _refused(self, error: ClientError) -> int | None:
+        """The Mind answered the run's request with an error (or a newer attachment took it)."""
+        self.status.clear()
+        if error.code == ErrorCode.REPLACED:
+            self._say(f"mind: {printable(error.message)}; exit {EXIT_LOST}")
+            if exits.JSON_ERRORS:
+                exits.json_error(error.message, EXIT_LOST, error.code)
+            return EXIT_LOST
+        if self.outage is not None:  # re-attaching after a cut
+            if error.code == ErrorCode.RESUME_PENDING:  # the Mind has not got the run back yet
+                return self._retry(error)
+            why = f"cannot re-attach to run {self.run_id}: {error.message}; its fate: mind run get {self.run_id}"
+            self._say(f"mind: {printable(why)}")
+            if exits.JSON_ERRORS:
+                exits.json_error(why, EXIT_LOST, error.code)
+            return EXIT_LOST
+        die(error.message, kind=error.code)
+
+    def _retry(self, error: ClientError) -> int | None:
+        self.live = False
+        code = self._cut(error)
+        return code
+
+    def _gone(self) -> int:
+        """Past the window: the Mind has applied the seed's rule by now; what it was is not known here."""
+        self.status.clear()
+        why = (
+            "mind unreachable for longer than the resume window; "
+            f"the run's fate is unknown here: mind run get {self.run_id}"
+        )
+        print(f"mind: {why}", file=sys.stderr, flush=True)
+        if exits.JSON_ERRORS:
+            exits.json_error(why, EXIT_LOST, ClientCode.CLOSED)
+        self._delivered()
         return EXIT_LOST
+
+    # --- detach, wait ---
+
+    def _detach_now(self) -> int:
+        """`--detach`: the run is admitted; say its id and leave it running unattended."""
+        assert self.run_id is not None
+        print(self.run_id, flush=True)
+        return self._send_detach()
+
+    def _still_running(self) -> int:
+        """`--wait`: the time passed and the run goes on. What we wrote is acknowledged first, so a
+        `mind attach` resumes exactly after it."""
+        for name, out in self.outs.items():
+            out.finish()
+            out.ack_due()
+            if self.run_id is not None and out.consumed() > out.start:
+                self._send_stream(wire.stream_ack(run_id=self.run_id, stream=name, offset=out.consumed()))
+        self.wait_until = None
+        return self._send_detach()
+
+    def _send_detach(self) -> int:
+        assert self.run_id is not None
+        keep = getattr(self.args, "keep", None)
+        try:
+            self.detach_id = self.link.request(wire.detach(run_id=self.run_id, keep_s=keep), "detached")
+        except ClientError as exc:
+            return self._lost(exc)
+        self.live = False  # nothing more of the run is ours
+        self.wait_until = None
+        deadline = time.monotonic() + DETACH_REPLY_S
+        while True:
+            try:
+                events = self.link.poll(max(0.0, deadline - time.monotonic()))
+            except ClientError as exc:
+                return self._lost(exc)
+            for ev in events:
+                if ev.id == self.detach_id:
+                    return self._detached(ev)
+            if time.monotonic() >= deadline:
+                return self._lost(ClientError(ClientCode.CLOSED, "the Mind did not answer the detach"))
+
+    def _detached(self, ev: Routed) -> int:
+        self.status.clear()
+        if isinstance(ev, Failed):
+            if ev.lost:
+                return self._lost(ev.error)
+            die(f"detach: {ev.error.message}", kind=ev.error.code)
+        keep = ev.msg.keep_s if isinstance(ev, Reply) else 0
+        if getattr(self.args, "detach", False):
+            if not self.quiet:
+                print(
+                    f"mind: run {self.run_id} left running, kept {keep:g} s unattended: mind attach {self.run_id}",
+                    file=sys.stderr,
+                )
+            return 0
+        print(f"still running: mind attach {self.run_id}", file=sys.stderr, flush=True)
+        if self.args.json:
+            print(json.dumps({"still_running": self.run_id, "keep_s": keep}), flush=True)
+        return EXIT_WAIT_TIMEOUT
 
     # --- Ctrl-C ---
 
@@ -399,7 +737,8 @@ class ExecSession:
         for _ in range(n):
             self.interrupts += 1
             if self.interrupts == 1:
-                self._say("\nmind: cancel requested (Ctrl-C again to detach)")
+                later = "; it goes to the Mind once it is back" if not self.live else ""
+                self._say(f"\nmind: cancel requested{later} (Ctrl-C again to detach)")
                 self.cancel_wanted = True
                 self._send_cancel()
             else:
@@ -409,8 +748,8 @@ class ExecSession:
 
     def _send_cancel(self) -> None:
         """Once the run id is known (a Ctrl-C may come before `admitted` arrives)."""
-        if not self.cancel_wanted or self.cancel_id is not None or self.run_id is None:
-            return
+        if not self.cancel_wanted or self.cancel_id is not None or self.run_id is None or not self.live:
+            return  # (during an outage it waits for `attached`)
         try:
             self.cancel_id = self.link.request(wire.cancel_run(run_id=self.run_id), "cancel_run_result")
         except ClientError as exc:
@@ -424,6 +763,14 @@ class ExecSession:
         now = time.monotonic()
         waited = now - self.t0
         hand = self.args.hand
+        if self.outage is not None:
+            left = max(0.0, self.outage.deadline - now)
+            self.status.show(f"mind unreachable, reconnecting (up to {left:.0f} s)")
+            return
+        if self.hand_away is not None:
+            left = max(0.0, self.window - (time.time() - self.hand_away))
+            self.status.show(f"hand {hand} unreachable, waiting up to {left:.0f} s")
+            return
         if waited < STATUS_AFTER_S:
             return
         if now - self.last_output < STATUS_AFTER_S:

@@ -310,6 +310,7 @@ class Link:
             payload = os.urandom(4)
             self._ws.send_ping(payload)
             self._ping = (payload, now + min(PING_TIMEOUT_S, self._ping_every))
+            self._flush()  # now, not after the wait below: the pong's deadline runs from here
         due = self._ping[1] if self._ping is not None else self._ping_due
         wait = max(0.0, due - now)
         return wait if timeout is None else min(timeout, wait)

@@ -341,7 +341,7 @@ class ClientSession:
         if msg.TYPE == "replaced":
             del self._waiting[id]
             why = f"another attachment took run {msg.run_id} over (mind attach): this one gets nothing more of it"
-            return [Failed(id, ClientError(ClientCode.REPLACED, why))]
+            return [Failed(id, ClientError(ErrorCode.REPLACED, why))]
         return [RunEvent(id, msg)]
 
     def _bad_frame(self, exc: ProtocolError) -> list[Event]:
