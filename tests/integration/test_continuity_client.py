@@ -6,15 +6,17 @@ suite's Minds run with 0 unless told)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import select
+import signal
 import subprocess
 import time
 
 import pytest
 
 from mind.testing import reaper
-from mind.testing.cluster import program, running, track
+from mind.testing.cluster import pid_alive, program, running, track, wait_until
 
 pytestmark = pytest.mark.slow  # a real Mind, Hand and fault proxy (mind.testing.cluster)
 
@@ -76,3 +78,136 @@ def test_client_leg_reset_mid_run_all_lines_and_the_exit_code(tmp_path):
         assert p.returncode == 7, err
         assert hashlib.sha256(out).hexdigest() == hashlib.sha256(EXPECTED).hexdigest(), (out, err)
         assert b"mind unreachable, reconnecting (up to" in err
+
+
+def drain(p: subprocess.Popen[bytes], timeout: float = 10) -> bytes:
+    """What is left in a (killed) child's stdout, to its end."""
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            continue
+        chunk = os.read(p.stdout.fileno(), 65536)
+        if not chunk:
+            return buf
+        buf += chunk
+    raise AssertionError("the child's stdout did not end")
+
+
+def run_info(cl, run_id: str) -> dict:
+    r = cl.cli("run", "get", run_id, "--json", timeout=30)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def unattended(cl) -> list[str]:
+    r = cl.cli("runs", "--unattended", "--json", timeout=30)
+    assert r.returncode == 0, r.stderr
+    return [run["run_id"] for run in json.loads(r.stdout)]
+
+
+def test_client_leg_blackholed_20s_mid_run_all_lines_and_the_exit_code(tmp_path):
+    # still running when the link heals (a run that ends while its client is away is the Hand leg's
+    # and the Mind's to hold: its output must wait for the client, not be cut)
+    slow = "for i in $(seq 1 56); do echo line $i; sleep 0.5; done; exit 7"
+    expected = b"".join(f"line {i}\n".encode() for i in range(1, 57))
+    with running(tmp_path, mind_args=window(60)) as cl:
+        fp = cl.start_proxy()
+        p = popen(cl, "exec", "--mind", fp.url, "box", "--", "sh", "-c", slow)
+        head = read_until(p.stdout, b"line 4\n", 20)
+        fp.blackhole()
+        time.sleep(20)
+        fp.resume()
+        out, err = finish(p, head, 60)
+        assert p.returncode == 7, err
+        assert hashlib.sha256(out).hexdigest() == hashlib.sha256(expected).hexdigest(), (out, err)
+        assert err.count(b"mind unreachable, reconnecting") == 1, err
+
+
+def test_stdin_through_sha256sum_with_a_reset_in_the_middle(tmp_path):
+    data = tmp_path / "in.bin"
+    data.write_bytes(os.urandom(8 << 20))
+    want = hashlib.sha256(data.read_bytes()).hexdigest()
+    with running(tmp_path, mind_args=window(30)) as cl:
+        fp = cl.start_proxy()
+        fp.bandwidth(4096, "up")  # 8 MiB take about 2 s: the reset lands in the middle
+        with open(data, "rb") as f:
+            p = popen(cl, "exec", "--mind", fp.url, "box", "--", "sha256sum", stdin=f)
+        time.sleep(1.0)
+        fp.cut("rst")
+        out, err = finish(p, b"", 60)
+        assert p.returncode == 0, err
+        assert out.split()[0].decode() == want, (out, err)
+
+
+def test_a_window_shorter_than_the_outage_cancels_the_run_and_kills_its_tree(tmp_path):
+    with running(tmp_path, mind_args=window(3)) as cl:
+        fp = cl.start_proxy()
+        pidfile = cl.tmp / "root-box" / "w.pid"
+        p = popen(cl, "exec", "--mind", fp.url, "box", "--", "sh", "-c", "echo $$ > w.pid; echo up; sleep 60")
+        head = read_until(p.stdout, b"up\n", 20)
+        pid = int(wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), 10, "the pid file"))
+        fp.blackhole()
+        out, err = finish(p, head, 20)
+        assert p.returncode == 255, err
+        assert b"mind unreachable for longer than the resume window" in err, err
+        run_id = err.split(b"mind run get ")[1].split()[0].decode()
+        info = wait_until(lambda: (i := run_info(cl, run_id))["state"] == "cancelled" and i, 20, "the run cancelled")
+        assert info["end"]["reason"] and "client" in info["end"]["reason"], info
+        wait_until(lambda: not pid_alive(pid), 15, "the run's tree gone")
+        fp.resume()
+
+
+def test_mind_attach_after_the_first_cli_was_killed_gets_the_rest_and_the_exit_code(tmp_path):
+    with running(tmp_path, mind_args=window(30)) as cl:
+        p = popen(cl, "exec", "box", "--", "sh", "-c", NUMBERED)
+        head = read_until(p.stdout, b"line 6\n", 20)
+        os.kill(p.pid, signal.SIGKILL)
+        head += drain(p)
+        p.wait(10)
+        run_id = wait_until(lambda: unattended(cl), 10, "the run listed as unattended")[0]
+        r = cl.cli("attach", run_id, timeout=60)
+        assert r.returncode == 7, r.stderr
+        assert head + r.stdout == EXPECTED, (head, r.stdout, r.stderr)
+
+
+def test_detach_then_attach(tmp_path):
+    with running(tmp_path, mind_args=window(30)) as cl:
+        r = cl.cli("exec", "--detach", "box", "--", "sh", "-c", NUMBERED, timeout=30)
+        assert r.returncode == 0, r.stderr
+        run_id = r.stdout.decode().strip()
+        assert run_id in unattended(cl)
+        a = cl.cli("attach", run_id, "--json", timeout=60)
+        assert a.returncode == 7, a.stderr
+        first, end = (json.loads(line) for line in a.stdout.splitlines())
+        assert first["attached"] == run_id and first["streams"]["stdout"]["offset"] == 0, first
+        assert end["exit_code"] == 7 and end["delivered"]["stdout"]["bytes"] == len(EXPECTED), end
+        again = cl.cli("attach", run_id, timeout=30)  # it ended: its retained end, its code
+        assert again.returncode == 7, again.stderr
+        assert run_id not in unattended(cl)
+
+
+def test_wait_leaves_the_run_running_and_attach_gets_the_rest(tmp_path):
+    with running(tmp_path, mind_args=window(30)) as cl:
+        r = cl.cli("exec", "--wait", "1s", "box", "--", "sh", "-c", NUMBERED, timeout=30)
+        assert r.returncode == 121, r.stderr
+        run_id = r.stderr.split(b"still running: mind attach ")[1].split()[0].decode()
+        a = cl.cli("attach", run_id, timeout=60)
+        assert a.returncode == 7, a.stderr
+        assert r.stdout + a.stdout == EXPECTED, (r.stdout, a.stdout)
+
+
+def test_two_attaches_at_once_the_older_is_told_it_was_replaced(tmp_path):
+    with running(tmp_path, mind_args=window(30)) as cl:
+        r = cl.cli("exec", "--detach", "box", "--", "sh", "-c", NUMBERED, timeout=30)
+        run_id = r.stdout.decode().strip()
+        older = popen(cl, "attach", run_id)
+        head = read_until(older.stdout, b"line 4\n", 20)
+        newer = popen(cl, "attach", run_id)
+        out_old, err_old = finish(older, head, 20)
+        assert older.returncode == 255, err_old
+        assert b"another attachment took run" in err_old, err_old
+        out_new, err_new = finish(newer, b"", 30)
+        assert newer.returncode == 7, err_new
+        assert out_old + out_new == EXPECTED, (out_old, out_new)
