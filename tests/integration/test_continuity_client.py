@@ -211,3 +211,89 @@ def test_two_attaches_at_once_the_older_is_told_it_was_replaced(tmp_path):
         out_new, err_new = finish(newer, b"", 30)
         assert newer.returncode == 7, err_new
         assert out_old + out_new == EXPECTED, (out_old, out_new)
+
+
+def test_ctrl_c_during_an_outage_is_delivered_once_on_return(tmp_path):
+    with running(tmp_path, mind_args=window(30)) as cl:
+        fp = cl.start_proxy()
+        pidfile = cl.tmp / "root-box" / "c.pid"
+        p = popen(cl, "exec", "--mind", fp.url, "box", "--", "sh", "-c", "echo $$ > c.pid; echo up; sleep 60")
+        head = read_until(p.stdout, b"up\n", 20)
+        pid = int(wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), 10, "the pid file"))
+        fp.blackhole()
+        time.sleep(3)  # the CLI has noticed (its keepalive) and is reconnecting
+        os.kill(p.pid, signal.SIGINT)
+        time.sleep(1)
+        assert pid_alive(pid)  # nothing reached the Mind yet
+        fp.resume()
+        out, err = finish(p, head, 30)
+        assert p.returncode == 130, err
+        assert err.count(b"cancel requested") == 1, err
+        wait_until(lambda: not pid_alive(pid), 15, "the run's tree gone")
+
+
+class Term:
+    """The CLI on the slave side of a fresh pty; the test types on the master side."""
+
+    def __init__(self, env: dict[str, str], argv: list[str]) -> None:
+        import pty
+
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: the CLI, with the pty as its controlling terminal
+            try:
+                os.execve(argv[0], argv, env)
+            finally:
+                os._exit(127)
+        self.out = b""
+
+    def pump(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            r, _, _ = select.select([self.fd], [], [], min(left, 0.2))
+            if r:
+                try:
+                    self.out += os.read(self.fd, 65536)
+                except OSError:
+                    return
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.pump(0.2)
+            pid, st = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                os.close(self.fd)
+                return os.waitstatus_to_exitcode(st)
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        os.close(self.fd)
+        raise AssertionError(f"the CLI did not end; output: {self.out[-800:]!r}")
+
+
+def test_keys_typed_before_during_and_after_a_blackhole_arrive_exactly_once(tmp_path):
+    with running(tmp_path, mind_args=window(30)) as cl:
+        fp = cl.start_proxy()
+        keys = cl.tmp / "root-box" / "keys.txt"
+        mind = program("mind")
+        t = Term(cl.env, [*mind, "exec", "--mind", fp.url, "-t", "box", "--", "sh", "-c", "cat > keys.txt"])
+        try:
+            wait_until(lambda: keys.exists(), 20, "the remote cat to start")
+            os.write(t.fd, b"before\n")
+            wait_until(lambda: keys.read_bytes() == b"before\n", 10, "the first keys")
+            fp.blackhole()
+            os.write(t.fd, b"during-1\n")  # read and sent at once: into the void, kept until acknowledged
+            t.pump(3)  # the CLI notices and reconnects (the keys below wait in the local terminal)
+            os.write(t.fd, b"during-2\n")
+            t.pump(1)
+            fp.resume()
+            os.write(t.fd, b"after\n")
+            want = b"before\nduring-1\nduring-2\nafter\n"
+            wait_until(lambda: keys.read_bytes() == want, 20, "every key once")
+            os.write(t.fd, b"\x04")  # end of input for cat: the run ends 0
+            code, t.pid = t.wait(20), 0
+            assert code == 0, t.out
+        finally:
+            if t.pid:  # not reaped: the test failed before the end
+                os.kill(t.pid, signal.SIGKILL)
+                os.waitpid(t.pid, 0)
+        assert keys.read_bytes() == want
