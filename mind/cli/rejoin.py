@@ -27,7 +27,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mind.cli import exits
 from mind.cli.exits import EXIT_CANCELLED, EXIT_LOST, EXIT_WAIT_TIMEOUT, die
@@ -42,13 +42,24 @@ from mind.errors import ClientCode, ClientError
 from protocol.codes import ErrorCode
 from protocol.states import RunState
 
-if TYPE_CHECKING:
-    from mind.cli.execloop import Interrupts
+
+class Interrupted(Protocol):
+    """Ctrl-C as the loop counts it (mind/cli/execloop.py `Interrupts`): a count, and a wakeup fd."""
+
+    @property
+    def fd(self) -> int: ...
+
+    def take(self) -> int: ...
+
 
 Connect = Callable[[float], Link]
 """A new authenticated link to the same Mind with the same credential, opened within a timeout."""
 
 DETACH_REPLY_S = 5.0
+
+FINAL = frozenset({ErrorCode.REVOKED, ErrorCode.AUTH_FAILED, ClientCode.TLS, ClientCode.CONFIG})
+"""Why a link ended or a new one was refused that no retry can change: the credential was revoked or
+is refused, the Mind's certificate fails verification, our own configuration is wrong."""
 
 
 class Rejoin:
@@ -74,7 +85,7 @@ class Rejoin:
     outs: dict[str, OutputStream]
     stdin: InputStream | None
     stdin_watched: bool
-    _interrupts: Interrupts | None
+    _interrupts: Interrupted | None
     _wake_r: int
 
     if TYPE_CHECKING:  # what the loop (mind/cli/execloop.py) provides
@@ -92,7 +103,7 @@ class Rejoin:
         (None: the loop goes on with the new link); without one, or past it, the exit code."""
         if self.run_id is None or self.connect is None or self.window <= 0 or self.left:
             return self._lost(exc)
-        if self.detach_id is not None:  # leaving anyway: the Mind keeps the run unattended
+        if self.detach_id is not None or exc.code in FINAL:  # leaving anyway, or no coming back
             return self._lost(exc)
         if self.outage is None:
             self.outage = Backoff(self.link.last_heard + self.window)
@@ -115,7 +126,9 @@ class Rejoin:
                 return self._gone()
             try:
                 link = self.connect(min(10.0, left))
-            except ClientError:
+            except ClientError as refused:
+                if refused.code in FINAL:  # trying again cannot help: say why now
+                    return self._lost(refused)
                 continue  # not yet: the next try after a longer pause
             self._take_link(link)
             positions = []
@@ -272,7 +285,8 @@ class Rejoin:
     def _detach_now(self) -> int:
         """`--detach`: the run is admitted; say its id and leave it running unattended."""
         assert self.run_id is not None
-        print(self.run_id, flush=True)
+        if not self.args.json:  # (with --json: one object once the Mind said how long it keeps it)
+            print(self.run_id, flush=True)
         return self._send_detach()
 
     def _still_running(self) -> int:
@@ -315,7 +329,9 @@ class Rejoin:
             die(f"detach: {ev.error.message}", kind=ev.error.code)
         keep = ev.msg.keep_s if isinstance(ev, Reply) else 0
         if getattr(self.args, "detach", False):
-            if not self.quiet:
+            if self.args.json:
+                print(json.dumps({"run_id": self.run_id, "detached": True, "keep_s": keep}), flush=True)
+            elif not self.quiet:
                 print(
                     f"mind: run {self.run_id} left running, kept {keep:g} s unattended: mind attach {self.run_id}",
                     file=sys.stderr,

@@ -178,6 +178,10 @@ def test_detach_then_attach(tmp_path):
         assert r.returncode == 0, r.stderr
         run_id = r.stdout.decode().strip()
         assert run_id in unattended(cl)
+        other = cl.client_credential("other")
+        refused = cl.cli("attach", "--credential", str(other), run_id, timeout=30)
+        assert refused.returncode == 125, refused.stderr
+        assert b"only its owner may attach" in refused.stderr, refused.stderr
         a = cl.cli("attach", run_id, "--json", timeout=60)
         assert a.returncode == 7, a.stderr
         first, end = (json.loads(line) for line in a.stdout.splitlines())
@@ -186,6 +190,18 @@ def test_detach_then_attach(tmp_path):
         again = cl.cli("attach", run_id, timeout=30)  # it ended: its retained end, its code
         assert again.returncode == 7, again.stderr
         assert run_id not in unattended(cl)
+
+
+def test_detach_json_says_the_run_and_how_long_it_is_kept(tmp_path):
+    with running(tmp_path, mind_args=window(30)) as cl:
+        r = cl.cli("exec", "--detach", "--keep", "2m", "--json", "box", "--", "sh", "-c", "exit 3", timeout=30)
+        assert r.returncode == 0, r.stderr
+        said = json.loads(r.stdout)
+        assert said["detached"] is True and said["keep_s"] == 120, said
+        a = cl.cli("attach", said["run_id"], timeout=30)
+        assert a.returncode == 3, a.stderr
+        bad = cl.cli("exec", "--keep", "2m", "box", "--", "true", timeout=30)
+        assert bad.returncode == 2 and b"--keep goes with --detach or --wait" in bad.stderr
 
 
 def test_wait_leaves_the_run_running_and_attach_gets_the_rest(tmp_path):
