@@ -442,7 +442,9 @@ class ExecSession(Rejoin):
                 summary["did_you_mean"] = close
             print(json.dumps(summary))
         elif not self.args.events:
-            if not streamed:
+            if self.attaching and not self.outs:
+                self._retained(end)
+            elif not streamed:
                 self.printer.finish("stdout", end.stdout)
                 self.printer.finish("stderr", end.stderr)
             if not (end.signal == signal.SIGPIPE and any(out.broken for out in self.outs.values())):
@@ -453,6 +455,18 @@ class ExecSession(Rejoin):
                 print(f"mind: {line}", file=sys.stderr)
         code = exit_code_for(end)
         return EXIT_INCOMPLETE if code == 0 and not complete else code
+
+    def _retained(self, end: Any) -> None:
+        """`mind attach` of a run that had ended: what the Mind retained of its output (its tails)."""
+        for name, f in (("stdout", sys.stdout.buffer), ("stderr", sys.stderr.buffer)):
+            tail = getattr(end, name)
+            if tail.total > len(tail.data):
+                self._say(
+                    f"mind: run {end.run_id} had ended; {tail.total - len(tail.data)} bytes of its {name} were "
+                    f"not retained (the last {len(tail.data)} follow)"
+                )
+            f.write(tail.data)
+            f.flush()
 
     def _hints(self, end: Any) -> list[str]:
         """What to do about an end the user may not expect: their own deadline (ssh has none, so a
