@@ -313,3 +313,19 @@ def test_keys_typed_before_during_and_after_a_blackhole_arrive_exactly_once(tmp_
                 os.kill(t.pid, signal.SIGKILL)
                 os.waitpid(t.pid, 0)
         assert keys.read_bytes() == want
+
+
+def test_the_cli_says_when_the_runs_hand_is_away_and_back(tmp_path):
+    with running(tmp_path, via_proxy=True, mind_args=window(30)) as cl:
+        hand_leg = cl.proxy
+        assert hand_leg is not None
+        p = popen(cl, "exec", "box", "--", "sh", "-c", NUMBERED)
+        head = read_until(p.stdout, b"line 5\n", 20)
+        hand_leg.blackhole()
+        time.sleep(4)  # the Mind notices (its keepalive) and tells the attached client
+        hand_leg.resume()
+        out, err = finish(p, head, 40)
+        assert p.returncode == 7, err
+        assert out == EXPECTED, (out, err)
+        assert b"mind: hand box unreachable, waiting up to" in err, err
+        assert b"mind: hand box is back" in err, err
