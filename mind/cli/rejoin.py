@@ -98,7 +98,7 @@ class Rejoin:
         def _on_interrupts(self, n: int) -> bool: ...
         def _say(self, line: str) -> None: ...
 
-    def _cut(self, exc: ClientError) -> int | None:
+    def _cut(self, exc: ClientError, why: str = "mind unreachable, reconnecting") -> int | None:
         """The link ended while the run is ours. With a resume window, reconnect and `attach`
         (None: the loop goes on with the new link); without one, or past it, the exit code."""
         if self.run_id is None or self.connect is None or self.window <= 0 or self.left:
@@ -108,7 +108,7 @@ class Rejoin:
         if self.outage is None:
             self.outage = Backoff(self.link.last_heard + self.window)
             left = max(0.0, self.outage.deadline - time.monotonic())
-            self._notice(f"mind unreachable, reconnecting (up to {left:.0f} s)")
+            self._notice(f"{why} (up to {left:.0f} s)")
         self.live = False
         self._drop_link()
         outage = self.outage
@@ -252,20 +252,17 @@ class Rejoin:
             if exits.JSON_ERRORS:
                 exits.json_error(error.message, EXIT_LOST, error.code)
             return EXIT_LOST
+        if error.code == ErrorCode.RESUME_PENDING and self.window > 0:
+            # the Mind (restarted) has not got the run back from its Hand yet: ask again, within the window
+            self.live = False
+            return self._cut(error, f"run {self.run_id} is not back on the mind yet, asking again")
         if self.outage is not None:  # re-attaching after a cut
-            if error.code == ErrorCode.RESUME_PENDING:  # the Mind has not got the run back yet
-                return self._retry(error)
             why = f"cannot re-attach to run {self.run_id}: {error.message}; its fate: mind run get {self.run_id}"
             self._say(f"mind: {printable(why)}")
             if exits.JSON_ERRORS:
                 exits.json_error(why, EXIT_LOST, error.code)
             return EXIT_LOST
         die(error.message, kind=error.code)
-
-    def _retry(self, error: ClientError) -> int | None:
-        self.live = False
-        code = self._cut(error)
-        return code
 
     def _gone(self) -> int:
         """Past the window: the Mind has applied the seed's rule by now; what it was is not known here."""
