@@ -329,3 +329,20 @@ def test_the_cli_says_when_the_runs_hand_is_away_and_back(tmp_path):
         assert out == EXPECTED, (out, err)
         assert b"mind: hand box unreachable, waiting up to" in err, err
         assert b"mind: hand box is back" in err, err
+
+
+@pytest.mark.parametrize("how", ["sigterm", "kill9"])
+def test_mind_exec_rides_out_a_restart_of_the_mind(tmp_path, how):
+    with running(tmp_path, mind_args=window(30)) as cl:
+        p = popen(cl, "exec", "box", "--", "sh", "-c", NUMBERED)
+        head = read_until(p.stdout, b"line 5\n", 20)
+        mind = cl.mind
+        assert mind is not None
+        if how == "kill9":
+            mind.kill9()
+        else:
+            mind.stop()
+        cl.start_mind(*window(30), port=cl.port)
+        out, err = finish(p, head, 40)
+        assert p.returncode == 7, err
+        assert out == EXPECTED, (out, err)
