@@ -23,6 +23,11 @@ def db_path(h: Path) -> Path:
     return h / "mind.db"
 
 
+def endings_path(h: Path) -> Path:
+    """The endings the Mind decided by itself (`mind.store.endings`)."""
+    return h / "endings.db"
+
+
 def url_file(h: Path) -> Path:
     return h / "mind.url"
 

@@ -329,6 +329,8 @@ class PresentedRun(Message):
     grace_ms: Annotated[int, Strict(), Field(ge=0, le=600_000)] | None = None
     spec: Streams | None = None
     """The run's streams as opened (`Rpc.streams`): which relays a Mind that restarted rebuilds."""
+    args_digest: Str | None = None
+    """The digest of the run's tool and arguments (never the arguments), for its history."""
 
 
 RUNS_PRESENT_MAX = 10_000

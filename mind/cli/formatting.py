@@ -79,6 +79,13 @@ def timestamp(t: float | None) -> str:
     return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def away(info: Any) -> str | None:
+    """What a person needs to know of a running run whose Hand is away (DESIGN §15): it waits for
+    the Hand within the Mind's resume window, and since when."""
+    since = getattr(info, "hand_away_since", None)
+    return f"hand away since {timestamp(since)}" if since else None
+
+
 def table(headers: list[str], rows: list[list[str]]) -> None:
     """Columns aligned by their widest cell, every cell `printable`, no trailing blanks."""
     rows = [[printable(c) for c in r] for r in rows]

@@ -11,7 +11,7 @@ from typing import Any
 from mind.cli import options
 from mind.cli.connection import with_client
 from mind.cli.exits import EXIT_USAGE, die
-from mind.cli.formatting import jsonable, printable, table, timestamp
+from mind.cli.formatting import away, jsonable, printable, table, timestamp
 from protocol.states import RunState
 
 
@@ -104,6 +104,8 @@ async def run_get(client: Any, args: argparse.Namespace) -> int:
         f"run      {info.run_id}\nhand     {info.hand} (gen {info.gen})\ntool     {printable(info.tool)}\n"
         f"state    {info.state.value}"
     )
+    if (note := away(info)) is not None:
+        print(f"away     {note}")
     print(f"created  {timestamp(info.created_at)}\nended    {timestamp(info.ended_at)}")
     if info.end is not None:
         e = info.end
@@ -141,7 +143,8 @@ def run_row(r: Any) -> list[str]:
     e = r.end
     exit_ = "-" if e is None or e.exit_code is None else str(e.exit_code)
     dur = "-" if e is None else f"{e.duration_ms / 1000:.2f}s"
-    return [r.run_id, r.hand, r.tool, r.state.value, timestamp(r.created_at), dur, exit_]
+    state = r.state.value if (note := away(r)) is None else f"{r.state.value} ({note})"
+    return [r.run_id, r.hand, r.tool, state, timestamp(r.created_at), dur, exit_]
 
 
 RUN_HEADERS = ["RUN", "HAND", "TOOL", "STATE", "CREATED", "DURATION", "EXIT"]

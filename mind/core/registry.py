@@ -36,6 +36,7 @@ from mind.core.runs import (
     SendToHand,
     StartEnded,
     relays_for,
+    relays_for_spec,
 )
 from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, CancelStatus, ErrorCode, RejectCode
@@ -50,6 +51,7 @@ from protocol.messages import (
     Detached,
     Error,
     Exec,
+    PresentedRun,
     Progress,
     Replaced,
     Resize,
@@ -115,6 +117,9 @@ class RunRegistry:
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._retain = retain_finished
         self._seq = 0
+        self._presentations_until: float | None = None
+        """Until then (a Mind that just started) a run this registry does not know may still be
+        presented by its Hand: an attach to it is told to wait, not that the run is unknown."""
         self.late_inputs = 0
         self.foreign_inputs = 0
 
@@ -182,7 +187,7 @@ class RunRegistry:
         kept = retained(end)
         acts: list[Action] = []
         if mind_decided and self.resume_window > 0:
-            acts.append(PersistEnding(run.run_id, kept))
+            acts.append(PersistEnding(run.run_id, kept, run.owner, run.cancel_reason, run.args_digest))
         acts += self._move(run, end.state)
         run.end = kept
         run.value_not_retained = end.value is not None
@@ -326,6 +331,7 @@ class RunRegistry:
                     grace_ms=grace,
                     streams=req.streams if background is None else None,
                     background=background,
+                    owner=run.owner or None,
                 ),
             )
         )
@@ -537,6 +543,9 @@ class RunRegistry:
         for p in msg.runs:
             presented.add(p.run_id)
             run = self._runs.get(p.run_id)
+            if run is None and p.owner is not None and p.tool is not None:
+                acts += self._adopt(hand, gen, p, now, wall)
+                continue
             if run is None or run.hand != hand or run.terminal:
                 acts.append(SendToHand(hand, gen, Cancel(run_id=p.run_id, reason=self._kill_reason(run))))
                 if run is not None and run.hand == hand:
@@ -556,6 +565,94 @@ class RunRegistry:
             why = "hand restarted: it no longer has this run"
             acts += self._terminate(run, self._end(run, RunState.LOST, why, now), now, wall, mind_decided=True)
         return acts
+
+    def _adopt(self, hand: str, gen: int, p: PresentedRun, now: float, wall: float) -> list[Action]:
+        """A run this registry never admitted, presented by its Hand with its owner: the Mind
+        restarted (SIGTERM or a crash) while the run went on. Had this Mind's earlier life ended it
+        by itself, the durable ending would be here (`restore`) and the run would be killed
+        instead; so the run is adopted as it stands on the Hand (accepted or running, its streams
+        at the positions the Hand gives, its deadline from the time the Hand has left), unattended
+        until its owner re-attaches within the window. A result pending on the Hand follows the
+        presentation and ends it as any result does."""
+        assert p.owner is not None and p.tool is not None
+        grace = p.grace_ms if p.grace_ms is not None else DEFAULT_GRACE_MS
+        remaining = p.remaining_ms if p.remaining_ms is not None else 0
+        run = Run(
+            run_id=p.run_id,
+            hand=hand,
+            tool=p.tool,
+            args_digest=p.args_digest or "",
+            client=None,
+            req_id="",
+            owner=p.owner,
+            watch=True,
+            timeout_ms=max(1, remaining),
+            grace_ms=grace,
+            created_at=now,
+            created_wall=wall,
+            mind_deadline=now + (remaining + grace) / 1000 + MIND_DEADLINE_SLACK_S,
+            state=RunState.RUNNING if p.started else RunState.ACCEPTED,
+            gen=gen,
+            client_away_since=now,
+            client_away_wall=wall,
+        )
+        given: dict[str, StreamPosition] = {s.stream: s for s in p.streams}
+        if p.spec is not None:
+            for name, relay in relays_for_spec(p.spec).items():
+                pos = given.get(name)
+                if pos is not None:  # where the Hand stands: sent/acknowledged, or received/consumed
+                    relay.offset, relay.acked = pos.offset, pos.consumed
+                    relay.resumed = True
+                run.relays[name] = relay
+        self._seq += 1
+        run.seq = self._seq
+        self._runs[run.run_id] = run
+        self._active[run.run_id] = run
+        return [
+            self._log(
+                "run_adopted", run, owner=p.owner, state=run.state.value, result_pending=p.result_pending, to_gen=gen
+            )
+        ]
+
+    def restore(
+        self, end: RunEnd, owner: str, cancel_reason: CancelReason | None, args_digest: str, wall: float, now: float
+    ) -> None:
+        """A run this Mind ended by itself in an earlier life (`PersistEnding`, read back from the
+        durable store at start): held as finished, so its Hand presenting it is told to kill it, and
+        its owner attaching gets this ending, not a second one. Emits nothing."""
+        if end.run_id in self._runs:
+            return
+        run = Run(
+            run_id=end.run_id,
+            hand=end.hand,
+            tool=end.tool,
+            args_digest=args_digest,
+            client=None,
+            req_id="",
+            owner=owner,
+            watch=False,
+            timeout_ms=1,
+            grace_ms=0,
+            created_at=now,
+            created_wall=wall,
+            mind_deadline=now,
+            state=end.state,
+            cancel_reason=cancel_reason,
+            end=end,
+            ended_at=now,
+            ended_wall=wall,
+        )
+        self._seq += 1
+        run.seq = self._seq
+        self._runs[run.run_id] = run
+        self._finished[run.run_id] = None
+        self._prune()
+
+    def expect_presentations(self, until: float) -> None:
+        """The Mind has just started: until `until` (its start plus the window) a Hand may still
+        present a run this registry does not know, so an attach to such a run is told to wait
+        (`resume_pending`), not that the run is unknown (DESIGN §15)."""
+        self._presentations_until = until
 
     def _tell_away(self, run: Run) -> list[Action]:
         """The attached client hears that the Hand went away or came back (whatever its `watch`):
@@ -647,6 +744,9 @@ class RunRegistry:
         from the position this client gives, or from what the previous consumer acknowledged; the
         answer says where every stream stands. A run that has ended answers with its retained end."""
         run = self._runs.get(run_id)
+        if run is None and self._presentations_until is not None and now < self._presentations_until:
+            why = f"the mind has just started and does not hold run {run_id} yet: its hand may still present it"
+            return [SendToClient(client, req_id, Error(code=ErrorCode.RESUME_PENDING, message=why))]
         if run is None:
             return [SendToClient(client, req_id, Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {run_id}"))]
         if run.owner != owner:

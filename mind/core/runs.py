@@ -12,7 +12,7 @@ from typing import Any
 from protocol import limits
 from protocol.codes import CancelReason
 from protocol.control import Budget
-from protocol.messages import Background, Exec, Message, Resize, RunEnd, RunInfo
+from protocol.messages import Background, Exec, Message, Resize, RunEnd, RunInfo, Streams
 from protocol.states import RUN_TERMINAL, RunState
 from protocol.streams import Relay
 
@@ -50,6 +50,11 @@ class PersistEnding:
 
     run_id: str
     end: RunEnd
+    owner: str = ""
+    """Who may attach and read the ending after a restart."""
+    cancel_reason: CancelReason | None = None
+    """What the Hand is told when it presents the run (`cancel` with this reason)."""
+    args_digest: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,9 +72,10 @@ Action = SendToHand | SendToClient | Log | StartEnded | PersistEnding
 
 def relays_for(req: Exec) -> dict[str, Relay]:
     """The streams a run carries: output (`stdout`+`stderr`, or one `pty`), and `stdin` if asked."""
-    spec = req.streams
-    if spec is None:
-        return {}
+    return relays_for_spec(req.streams) if req.streams is not None else {}
+
+
+def relays_for_spec(spec: Streams) -> dict[str, Relay]:
     names = ["pty"] if spec.pty is not None else ["stdout", "stderr"]
     if spec.stdin or spec.pty is not None:
         names.append("stdin")

@@ -15,6 +15,7 @@ import hashlib
 import os
 import resource
 import signal
+import sqlite3
 import ssl
 import time
 from collections.abc import Callable, Coroutine
@@ -28,7 +29,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from mind import home as paths
 from mind.core.admission import Denial, denial_message
-from mind.core.registry import Action, Log, RunRegistry, SendToClient, SendToHand, StartEnded
+from mind.core.registry import Action, Log, PersistEnding, RunRegistry, SendToClient, SendToHand, StartEnded
 from mind.daemon import heap, http
 from mind.daemon.connections import Connections
 from mind.daemon.dispatch import Dispatch
@@ -39,10 +40,11 @@ from mind.daemon.peer import CLOSE_REVOKED, Peer, close_quietly
 from mind.daemon.taskservice import TaskService
 from mind.daemon.views import Views
 from mind.store.credentials import Store
+from mind.store.endings import Ending, EndingStore
 from mind.store.snapshots import SnapshotStore
 from protocol import limits
 from protocol.audit import AuditEvent
-from protocol.codes import ErrorCode
+from protocol.codes import CancelReason, ErrorCode
 from protocol.ids import new_id
 from protocol.io.loop import probe_lag
 from protocol.io.tls import fingerprint, server_context
@@ -120,6 +122,9 @@ class Mind:
         self.registry = RunRegistry(
             retain_finished=cfg.retain_runs, resume_window=cfg.resume_window, keep_max=cfg.keep_max
         )
+        self.endings = EndingStore(paths.endings_path(cfg.home))
+        """The endings this Mind decided by itself, written before anyone hears of them."""
+        self._restore_endings()
         self.hands: dict[str, Peer] = {}
         self.clients: dict[str, Peer] = {}
         self.last_seen: dict[str, float] = {}
@@ -140,6 +145,23 @@ class Mind:
         self.dispatch = Dispatch(self, self.tasks, self.views)
         self.door = Door(self)
         self.connections = Connections(self, self.dispatch, self.tasks)
+
+    def _restore_endings(self) -> None:
+        """A Mind that starts again knows what its earlier life ended by itself (a Hand presenting
+        one of those runs is told to kill it), and, for a window, that a run it does not know may
+        still be presented by its Hand (an attach to it is told to wait)."""
+        now, wall = time.monotonic(), time.time()
+        restored = self.endings.load(self.cfg.resume_window, wall)
+        for e in restored:
+            try:
+                reason = CancelReason(e.cancel_reason) if e.cancel_reason else None
+            except ValueError:  # written by a newer Mind: the Hand is told the generic reason
+                reason = None
+            self.registry.restore(e.end, e.owner, reason, e.args_digest, e.ended_at, now)
+        if self.cfg.resume_window > 0:
+            self.registry.expect_presentations(now + self.cfg.resume_window)
+        if restored:
+            log.info("run_endings_restored", count=len(restored))
 
     # --- scopes ---
 
@@ -261,8 +283,13 @@ class Mind:
                 ticker = tg.create_task(self._ticker())
                 lag_probe = tg.create_task(self._lag_probe())
                 await self._stop.wait()
-                log.info("mind_stopping")
-                self.perform(self.registry.on_shutdown(time.monotonic(), time.time()))
+                if self.cfg.resume_window > 0:
+                    # Runs go on: the Hands keep them for the window and present them to the Mind
+                    # that starts next, the clients re-attach to it. An upgrade costs a pause.
+                    log.info("mind_stopping", runs_resumable=len(self.registry.active()))
+                else:
+                    log.info("mind_stopping")
+                    self.perform(self.registry.on_shutdown(time.monotonic(), time.time()))
                 await self._flush_all(timeout=2.0)
                 ticker.cancel()
                 lag_probe.cancel()
@@ -270,6 +297,7 @@ class Mind:
                 await server.wait_closed()
         self.store.close()
         self.snapshots.close()
+        self.endings.close()
         self._db_thread.shutdown(wait=True)
         self._creds_thread.shutdown(wait=True)
         log.info("mind_stopped")
@@ -352,6 +380,13 @@ class Mind:
                 peer = self.clients.get(a.client)
                 if peer is not None:
                     peer.outbox.put(a.msg, a.req_id, droppable=a.droppable)
+            elif isinstance(a, PersistEnding):
+                # before the actions after it, which tell the client and the Hand (DESIGN §15)
+                reason = a.cancel_reason.value if a.cancel_reason else None
+                try:
+                    self.endings.put(Ending(a.end, a.owner, time.time(), reason, a.args_digest))
+                except sqlite3.Error as exc:  # the ending stands in memory; only a crash could now forget it
+                    log.error("run_ending_not_persisted", run_id=a.run_id, error=str(exc))
             elif isinstance(a, StartEnded):
                 self.spawn(self.tasks.start_ended(a))
             elif isinstance(a, Log):

@@ -1,0 +1,105 @@
+"""The endings the Mind decided by itself, kept durably (DESIGN §15: first terminal wins across a
+crash).
+
+A terminal state nobody reported (`lost` at the window's end or at a Hand's restart, `timed_out` at
+deadline + grace, `cancelled` when both legs stayed away) is written here BEFORE the client or the
+Hand hears of it (`mind.core.runs.PersistEnding`). A Mind that crashes right after telling someone
+then still knows, when it starts again, that the run ended: if the run's Hand presents it, it is
+killed, not adopted, and its owner attaching gets this ending, not a second, different one.
+
+Its own file (`endings.db` in the Mind's home), written from the event loop: one small insert in WAL
+mode with `synchronous=NORMAL` costs tens of microseconds and survives a kill -9 of the process
+(the WAL is in the kernel's cache; a power cut is the operating system's to survive, as for every
+store here). A separate file, because mind.db's writer is the database thread, and a snapshot
+batch holding its lock must never make the event loop wait.
+
+Bounded: an ending matters only while some Hand may still present its run, that is up to the
+longest run timeout plus a window; older rows are deleted at start, and at most `MAX_ROWS` newest
+are kept.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgpack
+
+from protocol import limits
+from protocol.io.files import private_file
+from protocol.messages import RunEnd
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS run_endings (
+    run_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    ended_at REAL NOT NULL,
+    cancel_reason TEXT,
+    args_digest TEXT NOT NULL DEFAULT '',
+    run_end BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS run_endings_age ON run_endings(ended_at);
+"""
+
+MAX_ROWS = 100_000
+"""Endings kept at most (the newest): 10,000 runs lost at once, ten times over."""
+
+
+@dataclass(frozen=True)
+class Ending:
+    """One run the Mind ended by itself, as a restarted Mind needs it back."""
+
+    end: RunEnd
+    owner: str
+    ended_at: float
+    """Wall-clock time."""
+    cancel_reason: str | None = None
+    args_digest: str = ""
+
+
+class EndingStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_file(path)
+        self._db = sqlite3.connect(path, isolation_level=None, timeout=1)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def put(self, ending: Ending) -> None:
+        """Write one ending, durably, before returning (raises `sqlite3.Error` if it cannot)."""
+        blob = msgpack.packb(ending.end.model_dump(mode="python"), use_bin_type=True)
+        self._db.execute(
+            "INSERT OR REPLACE INTO run_endings (run_id, owner, ended_at, cancel_reason, args_digest, run_end) "
+            "VALUES (?,?,?,?,?,?)",
+            (ending.end.run_id, ending.owner, ending.ended_at, ending.cancel_reason, ending.args_digest, blob),
+        )
+
+    def load(self, window: float, now: float | None = None) -> list[Ending]:
+        """The endings that still matter, oldest first, after deleting those that no longer can
+        (older than the longest run timeout plus `window`, or past the newest `MAX_ROWS`). A row
+        that does not decode (a damaged file) is skipped, not fatal: it is one run's memory."""
+        now = time.time() if now is None else now
+        horizon = now - limits.RUN_TIMEOUT_MAX_MS / 1000 - window
+        self._db.execute("DELETE FROM run_endings WHERE ended_at < ?", (horizon,))
+        self._db.execute(
+            "DELETE FROM run_endings WHERE run_id NOT IN "
+            "(SELECT run_id FROM run_endings ORDER BY ended_at DESC LIMIT ?)",
+            (MAX_ROWS,),
+        )
+        out: list[Ending] = []
+        for run_id, owner, ended_at, reason, digest, blob in self._db.execute(
+            "SELECT run_id, owner, ended_at, cancel_reason, args_digest, run_end FROM run_endings ORDER BY ended_at"
+        ):
+            try:
+                end = RunEnd.model_validate(msgpack.unpackb(blob, raw=False))
+            except Exception:
+                continue
+            if end.run_id == run_id:
+                out.append(Ending(end, owner, ended_at, reason, digest))
+        return out

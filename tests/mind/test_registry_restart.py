@@ -1,0 +1,160 @@
+"""A restart of the Mind in the registry (DESIGN §15): a new registry knows nothing but the endings
+its earlier life persisted; a Hand presents the runs it kept, each with its owner, and the new
+registry adopts those it has no ending for, kills those it has, and gives each back to its owner
+only. The durable store round-trips what the registry needs (mind/store/endings.py)."""
+
+from mind.core.registry import MIND_DEADLINE_SLACK_S, PersistEnding, RunRegistry, SendToClient, SendToHand
+from mind.store.endings import Ending, EndingStore
+from protocol.codes import CancelReason, ErrorCode
+from protocol.messages import (
+    Attached,
+    Cancel,
+    Error,
+    Exec,
+    PresentedRun,
+    Result,
+    ResultAck,
+    RunEnd,
+    RunsPresent,
+    StreamData,
+    StreamPosition,
+    StreamResume,
+    Streams,
+)
+from protocol.states import RunState
+
+HAND = "box"
+WINDOW = 60.0
+
+
+def to_hand(acts):
+    return [a.msg for a in acts if isinstance(a, SendToHand)]
+
+
+def to_client(acts, client=None):
+    return [a.msg for a in acts if isinstance(a, SendToClient) and (client is None or a.client == client)]
+
+
+def presented(run_id="r1", owner="alice", started=True, streams=(), spec=None, remaining_ms=30_000, **kw):
+    return PresentedRun(
+        run_id=run_id,
+        started=started,
+        owner=owner,
+        tool="exec",
+        remaining_ms=remaining_ms,
+        grace_ms=1_000,
+        streams=list(streams),
+        spec=spec,
+        **kw,
+    )
+
+
+def restarted(now=100.0):
+    reg = RunRegistry(resume_window=WINDOW)
+    reg.expect_presentations(now + WINDOW)
+    return reg
+
+
+def test_a_presented_run_is_adopted_for_its_owner_with_its_deadline_and_streams():
+    reg = restarted()
+    spec = Streams(stdin=True)
+    streams = [
+        StreamPosition(stream="stdout", offset=700, consumed=500),
+        StreamPosition(stream="stderr", offset=0, consumed=0),
+        StreamPosition(stream="stdin", offset=40, consumed=40),
+    ]
+    acts = reg.on_runs_present(HAND, 3, RunsPresent(runs=[presented(streams=streams, spec=spec)]), 100.0, 5000.0)
+    assert not to_hand(acts)  # nothing killed
+    run = reg.get("r1")
+    assert run is not None and run.state is RunState.RUNNING and run.gen == 3 and run.owner == "alice"
+    assert run.mind_deadline == 100.0 + 31.0 + MIND_DEADLINE_SLACK_S
+    assert (run.relays["stdout"].offset, run.relays["stdout"].acked) == (700, 500)
+    assert run.info().client_away_since == 5000.0  # unattended until its owner comes back
+
+    # another client identity may not take it; the owner may, from what it holds (600 of 700)
+    refused = reg.on_attach("r1", "c9", "mallory", "q9", 101.0, 5001.0)
+    assert [m.code for m in to_client(refused)] == [ErrorCode.NOT_ALLOWED]
+    pos = [StreamPosition(stream="stdout", offset=600, consumed=600)]
+    acts = reg.on_attach("r1", "c1", "alice", "q1", 101.0, 5001.0, streams=pos)
+    attached = [m for m in to_client(acts, "c1") if isinstance(m, Attached)]
+    assert attached and {p.stream: (p.offset, p.consumed) for p in attached[0].streams}["stdin"] == (40, 40)
+    assert StreamResume(run_id="r1", stream="stdout", offset=600, consumed=600) in to_hand(acts)
+    # the resent bytes flow to the owner
+    data = StreamData(run_id="r1", stream="stdout", offset=600, data=b"x" * 100)
+    assert to_client(reg.on_hand_stream(data, HAND, 3), "c1") == [data]
+
+
+def test_a_pending_result_after_adoption_ends_the_run_and_the_owner_gets_it():
+    reg = restarted()
+    reg.on_runs_present(HAND, 2, RunsPresent(runs=[presented(result_pending=True)]), 100.0, 5000.0)
+    acts = reg.on_result(Result(run_id="r1", state="succeeded", exit_code=7), HAND, 2, 100.5, 5000.5)
+    assert ResultAck(run_id="r1") in to_hand(acts)
+    assert reg.get("r1").state is RunState.SUCCEEDED
+    acts = reg.on_attach("r1", "c1", "alice", "q1", 101.0, 5001.0)
+    (end,) = to_client(acts)
+    assert isinstance(end, RunEnd) and end.exit_code == 7
+
+
+def test_a_run_the_earlier_life_ended_is_killed_not_adopted_and_its_ending_stands(tmp_path):
+    # the earlier life: the Hand stayed away past the window (and its client left too)
+    old = RunRegistry(resume_window=WINDOW)
+    req = Exec(hand=HAND, tool="exec", args={"argv": ["sleep", "99"]}, timeout_ms=600_000)
+    old.admit("r1", req, "c1", "q1", 1, True, now=0.0, wall=1000.0, owner="alice")
+    old.on_accepted("r1", HAND, 1, 0.1)
+    old.on_hand_gone(HAND, 1, 1.0, 1001.0)
+    old.on_client_gone("c1", 1.0, 1001.0)
+    acts = old.on_tick(1.0 + WINDOW + 0.1, 1062.0)
+    persisted = [a for a in acts if isinstance(a, PersistEnding)]
+    assert persisted and persisted[0].end.state is RunState.LOST and persisted[0].owner == "alice"
+    told = [i for i, a in enumerate(acts) if isinstance(a, SendToClient | SendToHand)]
+    assert all(acts.index(persisted[0]) < i for i in told)  # written before anyone is told
+
+    store = EndingStore(tmp_path / "endings.db")
+    p = persisted[0]
+    store.put(Ending(p.end, p.owner, 1002.0, p.cancel_reason.value if p.cancel_reason else None, p.args_digest))
+    store.close()
+
+    # a crash, a new life
+    reg = restarted()
+    for e in EndingStore(tmp_path / "endings.db").load(WINDOW, now=1003.0):
+        reg.restore(e.end, e.owner, None, e.args_digest, e.ended_at, 100.0)
+    acts = reg.on_runs_present(HAND, 2, RunsPresent(runs=[presented()]), 100.0, 5000.0)
+    assert [m for m in to_hand(acts) if isinstance(m, Cancel)] == [
+        Cancel(run_id="r1", reason=CancelReason.CONNECTION_LOST)
+    ]
+    assert reg.get("r1").state is RunState.LOST
+    (end,) = to_client(reg.on_attach("r1", "c1", "alice", "q1", 101.0, 5001.0))
+    assert isinstance(end, RunEnd) and end.state is RunState.LOST  # the first ending, not a second
+
+
+def test_an_attach_before_the_hand_presents_is_told_to_wait_until_the_window_passes():
+    reg = restarted(now=100.0)
+    (err,) = to_client(reg.on_attach("r1", "c1", "alice", "q1", 110.0, 5010.0))
+    assert isinstance(err, Error) and err.code is ErrorCode.RESUME_PENDING
+    (err,) = to_client(reg.on_attach("r1", "c1", "alice", "q1", 100.0 + WINDOW + 0.1, 5070.0))
+    assert isinstance(err, Error) and err.code is ErrorCode.UNKNOWN_RUN
+
+
+def test_an_adopted_run_nobody_attaches_to_is_cancelled_at_the_windows_end():
+    reg = restarted()
+    reg.on_runs_present(HAND, 2, RunsPresent(runs=[presented(remaining_ms=600_000)]), 100.0, 5000.0)
+    assert not to_hand(reg.on_tick(100.0 + WINDOW - 1, 5059.0)) and reg.get("r1").state is RunState.RUNNING
+    acts = reg.on_tick(100.0 + WINDOW + 0.1, 5060.1)
+    assert Cancel(run_id="r1", reason=CancelReason.CLIENT_DISCONNECTED) in to_hand(acts)
+    assert reg.get("r1").state is RunState.CANCEL_REQUESTED
+
+
+def test_a_presented_run_without_an_owner_is_killed_as_before():
+    reg = restarted()
+    bare = PresentedRun(run_id="r1", started=True)
+    acts = reg.on_runs_present(HAND, 2, RunsPresent(runs=[bare]), 100.0, 5000.0)
+    assert [type(m) for m in to_hand(acts)] == [Cancel] and reg.get("r1") is None
+
+
+def test_the_store_keeps_only_what_can_still_matter(tmp_path):
+    store = EndingStore(tmp_path / "endings.db")
+    end = RunEnd(run_id="r1", hand=HAND, tool="exec", state=RunState.LOST, reason="x")
+    store.put(Ending(end, "alice", 1000.0))
+    store.put(Ending(end.model_copy(update={"run_id": "r2"}), "bob", 1000.0 + 10 * 24 * 3600))
+    kept = store.load(WINDOW, now=1000.0 + 10 * 24 * 3600)
+    assert [(e.end.run_id, e.owner) for e in kept] == [("r2", "bob")]
