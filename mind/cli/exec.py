@@ -237,7 +237,9 @@ def run(args: argparse.Namespace) -> int:
         link = Link.connect(url, credential, ca=ca, pin=pin)
     except ClientError as exc:
         die(exc.message, kind=exc.code)
-    session = ExecSession(link, args, lambda t: Link.connect(url, credential, ca=ca, pin=pin, open_timeout=t))
+    session = ExecSession(
+        link, args, lambda t: Link.connect(url, credential, ca=ca, pin=pin, open_timeout=t, handshake_timeout=t)
+    )
     session.hand_names = lambda: hand_names(url, cred_path, ca, pin)
     try:
         return session.run(tool, tool_args, timeout_ms, grace_ms)
@@ -263,7 +265,9 @@ def attach(args: argparse.Namespace) -> int:
         link = Link.connect(url, credential, ca=ca, pin=pin)
     except ClientError as exc:
         die(exc.message, kind=exc.code)
-    session = ExecSession(link, args, lambda t: Link.connect(url, credential, ca=ca, pin=pin, open_timeout=t))
+    session = ExecSession(
+        link, args, lambda t: Link.connect(url, credential, ca=ca, pin=pin, open_timeout=t, handshake_timeout=t)
+    )
     try:
         return session.attach(args.run_id)
     except BrokenPipeError:

@@ -82,15 +82,17 @@ class Link:
         ca: str | None = None,
         pin: str | None = None,
         open_timeout: float = 10.0,
+        handshake_timeout: float = limits.HANDSHAKE_TIMEOUT_S,
     ) -> Link:
-        """Connect and authenticate, as `MindClient.connect` does (same checks, same errors)."""
+        """Connect and authenticate, as `MindClient.connect` does (same checks, same errors).
+        A reconnection within a resume window passes shorter timeouts: what is left of it."""
         session = ClientSession(
             credential, os.urandom(limits.NONCE_BYTES), decode=wire.decode, handshake=wire.Handshake
         )
         where = parse_url(url)
         link = cls._open(where, tls_context(url, ca, pin), pin, open_timeout, session)
         try:
-            link._handshake()
+            link._handshake(handshake_timeout)
         except BaseException:
             link.abort()
             raise
@@ -160,8 +162,8 @@ class Link:
             )
             raise unreachable(where.url, why) from None
 
-    def _handshake(self) -> None:
-        deadline = time.monotonic() + limits.HANDSHAKE_TIMEOUT_S
+    def _handshake(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         try:
             self._write()  # our hello
         except ClientError:
