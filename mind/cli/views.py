@@ -34,6 +34,12 @@ def add_parsers(sub: Any) -> None:
     rn.add_argument("--since", metavar="DURATION", help="only runs started within this long ago (e.g. 30m, 2h)")
     rn.add_argument("--limit", type=int, default=50)
     rn.add_argument("--fleet", metavar="ID", help="only the member runs of this fleet run")
+    rn.add_argument(
+        "--unattended",
+        action="store_true",
+        help="only runs still going with a leg away: detached, left by their client, or waiting for their Hand "
+        "(mind attach RUN_ID takes one up)",
+    )
     options.json_output(rn)
     rn.set_defaults(handler=with_client(list_runs))
 
@@ -159,9 +165,17 @@ async def list_runs(client: Any, args: argparse.Namespace) -> int:
         die("--limit must be positive", EXIT_USAGE)
     if args.fleet is not None and not limits_id_ok(args.fleet):
         die("--fleet wants a fleet id (fleet-...)", EXIT_USAGE)
-    runs = await client.list_runs(
-        args.hand, RunState(args.state) if args.state else None, since, args.limit, fleet=args.fleet
-    )
+    if args.unattended:  # (the client filters: its `list_runs` has no `unattended` yet; the Mind's has)
+        every = await client.list_runs(
+            args.hand, RunState(args.state) if args.state else None, since, 100_000, fleet=args.fleet
+        )
+        runs = [
+            r for r in every if r.end is None and (r.client_away_since is not None or r.hand_away_since is not None)
+        ][: args.limit]
+    else:
+        runs = await client.list_runs(
+            args.hand, RunState(args.state) if args.state else None, since, args.limit, fleet=args.fleet
+        )
     if args.json:
         print(json.dumps([jsonable(r.model_dump(mode="python")) for r in runs], indent=2, default=str))
         return 0
