@@ -80,7 +80,10 @@ class RunStreams:
         self._early: list[StreamData] = []
         """stdin that came before the process existed (at most a window: `Incoming` checks)."""
         self.flushed = asyncio.Event()
-        """Every output stream has sent its end: the result may follow."""
+        """Every output stream has sent its end and its receiver consumed every byte of it (or
+        closed its reader): the result may follow. Not before the consumption: a result ends the
+        run at the Mind, and a client whose link was cut while the last bytes were in flight could
+        then never get them back (DESIGN §15); one acknowledgement's round trip is the price."""
 
     @property
     def wants_stdin(self) -> bool:
@@ -138,6 +141,7 @@ class RunStreams:
             if self._pipes is not None:
                 self._pipes.close_output(ack.stream)
         self._flush(ack.stream, out)
+        self._check_done()
 
     # --- continuity (DESIGN §15) ---
 
@@ -185,6 +189,7 @@ class RunStreams:
             out.pending.clear()
             if self._pipes is not None:
                 self._pipes.close_output(stream)
+        self._check_done()
 
     def positions(self) -> list[StreamPosition]:
         """Where each stream stands, for the run's presentation: output as sent and acknowledged,
@@ -217,8 +222,11 @@ class RunStreams:
             out.closed = True
             offset, _data, _eof = sender.close()
             self._send(StreamData(run_id=self.run_id, stream=stream, offset=offset, eof=True))  # type: ignore[arg-type]
-            if all(o.closed for o in self._out.values()):
-                self.flushed.set()
+            self._check_done()
+
+    def _check_done(self) -> None:
+        if all(o.closed and (o.sender.drained or o.reader_gone) for o in self._out.values()):
+            self.flushed.set()
 
     def abandon(self) -> None:
         """The run is ending without its output delivered (cancelled, failed to start): whatever

@@ -109,6 +109,8 @@ def test_after_a_cut_output_is_held_then_resent_from_the_clients_offset_once():
     assert data[:20_000] + body == data
     assert resent[-1] == (len(data), b"", True)  # then the end, once
     assert [o for o, _, _ in resent] == sorted({o for o, _, _ in resent})  # no offset twice
+    assert not rs.flushed.is_set()  # sent, not yet consumed: a cut now would still need these bytes
+    rs.on_ack(StreamAck(run_id="r1", stream="stdout", offset=len(data)))
     assert rs.flushed.is_set() and not log.warnings
 
 
@@ -324,6 +326,9 @@ async def test_a_streamed_run_that_ends_in_the_cut_sends_its_bytes_end_and_resul
         assert run.run_id == "s1" and not run.result_pending  # it waits for its bytes to be taken
         assert t.frames() == []  # nothing before the Mind says where the client stands
         resume_all(t, "s1", 0)
+        await asyncio.sleep(0.2)
+        assert ("result", 5) not in t.frames()  # sent, not yet consumed: a cut now would need them again
+        t.table.on_stream(StreamAck(run_id="s1", stream="stdout", offset=3))
         assert await until(lambda: t.frames()[-1:] == [("result", 5)], 5, "the result")
         frames = t.frames()
         assert [f for f in frames if f[0] == "stdout"] == [("stdout", (0, b"hi\n", False)), ("stdout", (3, b"", True))]
