@@ -77,12 +77,14 @@ T = TypeVar("T")
 class Reasker:
     """Asks the Mind again across an outage (a restart, a cut), for at most the resume window the
     Mind announced (RIDE_OUT_S if none) from when the outage began: the reads it repeats change
-    nothing, so asking twice is safe. `hand_offline`: also wait out the Hand being away (after a
-    restart of the Mind its Hands come back a moment after its clients)."""
+    nothing, so asking twice is safe. `hand_offline`: after an outage, also wait out the Hand
+    being away (a restarted Mind sees its Hands come back a moment after its clients); before any
+    outage an offline Hand is an answer, as it always was."""
 
     def __init__(self, client: MindClient, hand_offline: bool = False) -> None:
         self.client = client
-        self.codes = CUT | {ErrorCode.HAND_OFFLINE} if hand_offline else CUT
+        self.hand_offline = hand_offline
+        self.outage = False
         self.since: float | None = None
 
     async def ask(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -90,8 +92,10 @@ class Reasker:
             try:
                 result = await call()
             except ClientError as exc:
-                if exc.code not in self.codes:
+                offline = exc.code is ErrorCode.HAND_OFFLINE and self.hand_offline and self.outage
+                if exc.code not in CUT and not offline:
                     raise
+                self.outage = True
                 await self._again(exc)
                 continue
             self.since = None
