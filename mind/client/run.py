@@ -106,6 +106,8 @@ class RunHandle:
         cut, set again when the Mind answers the re-attachment (after the resend is queued)."""
         self._settled = asyncio.Event()  # ready again, or failed, or ended: a waiting cancel goes on
         self._cancel: asyncio.Future[CancelRunResult] | None = None  # one request at a time
+        self._handed: StreamData | None = None
+        """The chunk `events()` handed over last; consumed when its consumer asks for the next."""
         self.attaching = False
         """An `attach` of this handle is waiting for its answer."""
         if run_id is None:  # started on this connection: its `exec` is the attachment
@@ -278,11 +280,17 @@ class RunHandle:
             self._queue([self._tx.close()])
             await self._client.flush_quietly()
 
-    async def _consumed(self, item: StreamData) -> None:
+    def _consume(self, item: StreamData) -> Incoming | None:
         rx = self._rx.get(item.stream)
-        if rx is None or self.run_id is None or not item.data:
-            return
+        if rx is None or not item.data:
+            return None
         rx.consume(len(item.data))
+        return rx
+
+    async def _consumed(self, item: StreamData) -> None:
+        rx = self._consume(item)
+        if rx is None or self.run_id is None:
+            return
         offset = rx.ack_due()
         if offset is not None and self.end is None and self._ready.is_set():  # else the resume point says it
             try:
@@ -306,9 +314,11 @@ class RunHandle:
             if isinstance(item, MindhandError):
                 self._events.put_nowait(item)  # a later `wait()` says the same
                 raise item
+            self._handed = item if isinstance(item, StreamData) else None
             yield item
-            if isinstance(item, StreamData):
-                await self._consumed(item)
+            if self._handed is not None:
+                self._handed = None
+                await self._consumed(item)  # type: ignore[arg-type]
             if isinstance(item, RunEnd):
                 return
 
@@ -373,6 +383,9 @@ class RunHandle:
         if self.run_id is None:
             assert self._failed is not None
             raise self._failed
+        if self._handed is not None:  # handed over, its consumer not back yet: it counts
+            self._consume(self._handed)
+            self._handed = None
         self._ack_all()  # what was handed over is acknowledged: the next consumer starts after it
         keep_s = await self._client.detach_run(self, keep)
         self.detached = True
