@@ -241,6 +241,11 @@ class MindClient:
         """The connection is open now (False during an outage, while the client reconnects)."""
         return self._session.is_open
 
+    @property
+    def riding_out(self) -> bool:
+        """Connected, or reconnecting after a cut: the live runs go on (a fleet keeps going)."""
+        return self._session.is_open or (self._reconnect is not None and not self._reconnect.done())
+
     async def reconnect(self, within: float | None = None) -> None:
         """Make sure the connection is open: if it ended, connect again (backoff with jitter)
         until `within` seconds (default: the resume window) have passed since it ended, then

@@ -176,6 +176,20 @@ async def test_a_cancel_asked_during_an_outage_is_sent_once_on_return(cl: Cluste
     assert end.state is RunState.CANCELLED
 
 
+async def test_a_fleet_run_rides_out_a_cut_of_the_client_leg(cl: Cluster):
+    fp = cl.start_proxy()
+    async with await cl.client(url=fp.url) as mc:
+        fleet = mc.exec_many("box", "exec", {"argv": ["sh", "-c", "sleep 2; echo fleet"]}, stream=False)
+        waiting = asyncio.ensure_future(fleet.wait())
+        await until(lambda: bool(fleet.results) and all(r.run_id for r in fleet.results.values()), 10, "the run")
+        before = newest_connection(fp)
+        fp.cut("rst")
+        await until(lambda: newest_connection(fp) > before, 10, "the client to reconnect")
+        aggregate = await asyncio.wait_for(waiting, 20)
+    assert aggregate.ok and not aggregate.abandoned and aggregate.counts == {"succeeded": 1}
+    assert fleet.results["box"].end.stdout.data == b"fleet\n"
+
+
 @pytest.fixture
 def short(tmp_path):
     """A window that outlasts the faults of a test, and no more: a failure costs that long."""
