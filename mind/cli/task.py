@@ -162,7 +162,9 @@ WAIT_HELP = """Wait until the task ends (polling the Mind), print its final stat
   121         --timeout passed first; the task goes on
   125         unknown task, Mind unreachable
 
-While the Hand is offline the Mind's view is stale: it keeps waiting (and says so on a terminal)."""
+While the Hand is offline the Mind's view is stale: it keeps waiting (and says so on a terminal).
+A restart of the Mind or a cut of the connection is ridden out: it reconnects and asks again for up
+to the Mind's resume window (60 s if it has none), then gives up with 125."""
 
 
 def add_parsers(sub: Any) -> None:
@@ -200,7 +202,8 @@ def add_parsers(sub: Any) -> None:
         "--follow",
         "-f",
         action="store_true",
-        help="keep streaming until the task ends, then exit with its outcome (as `task wait`); without it, 0",
+        help="keep streaming until the task ends, then exit with its outcome (as `task wait`); without it, 0. "
+        "Rides out a restart of the Mind, printing nothing twice",
     )
     tl.add_argument(
         "--stream",

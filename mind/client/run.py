@@ -110,6 +110,7 @@ class RunHandle:
         """The chunk `events()` handed over last; consumed when its consumer asks for the next."""
         self.attaching = False
         """An `attach` of this handle is waiting for its answer."""
+        self._id_given = run_id is not None  # made by `attach`, not by `start`
         if run_id is None:  # started on this connection: its `exec` is the attachment
             self._ready.set()
 
@@ -127,6 +128,9 @@ class RunHandle:
             if msg.code is ErrorCode.RESUME_PENDING and self.attaching:
                 self._client.attach_later(self)  # the Mind has not heard from the run's Hand yet
                 return True
+            if msg.code is ErrorCode.UNKNOWN_RUN and self.attaching and self._followed():
+                why = f"the Mind no longer knows run {self.run_id} (it restarted without it): its fate is unknown here"
+                return self._fail(ClientError(msg.code, why))
             return self._fail(ClientError(msg.code, msg.message))
         if not isinstance(msg, RUN_MESSAGES):
             return self._fail(ClientError(ClientCode.PROTOCOL, f"the Mind answered a run with {msg.TYPE}"))
@@ -176,6 +180,10 @@ class RunHandle:
             self._settle()
             return True
         return False
+
+    def _followed(self) -> bool:
+        """This handle followed the run before (this is a re-attachment, not a first `attach`)."""
+        return not self._id_given or self.hand is not None
 
     def on_cut(self) -> None:
         """The connection this run was attached on ended; the client is reconnecting. Everything

@@ -221,3 +221,20 @@ async def test_detach_acknowledges_exactly_what_was_handed_over_not_what_was_onl
     assert client.acks() == [("stdout", 8)]  # "two " was handed over too; "three" was only received
     with pytest.raises(StillRunning):
         await anext(events)
+
+
+async def test_a_run_the_mind_forgot_across_a_cut_is_said_to_have_an_unknown_fate():
+    h = RunHandle(FakeClient(), "x1")  # type: ignore[arg-type]
+    h.on_message(RunUpdate(run_id=RUN, hand="box", state=RunState.RUNNING))
+    h.on_cut()
+    h.attach_request()
+    h.on_message(Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {RUN}"))
+    with pytest.raises(ClientError) as forgot:
+        await h.wait()
+    assert forgot.value.code is ErrorCode.UNKNOWN_RUN and "fate is unknown here" in forgot.value.message
+    fresh = RunHandle(FakeClient(), "", run_id=RUN)  # type: ignore[arg-type]
+    fresh.attach_request()
+    fresh.on_message(Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {RUN}"))
+    with pytest.raises(ClientError) as unknown:
+        await fresh.attached()
+    assert unknown.value.message == f"no run {RUN}"  # a first attach of a wrong id: the Mind's own words
