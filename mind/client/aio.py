@@ -24,18 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-import ssl
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
 from mind.client import files
 from mind.client import session as core
 from mind.client.credentials import load_credential
-from mind.client.endpoint import check_pin, parse_url, tls_context, unreachable, verification_failed
+from mind.client.dial import Dial, open_connection
 from mind.client.retry import Backoff, retryable
 from mind.client.run import RunEvent, RunFailed, RunHandle, Stdin, StillRunning
 from mind.errors import ClientCode, ClientError
@@ -81,7 +80,6 @@ from protocol.messages import (
     TaskStart,
     TaskStartResult,
     TaskView,
-    Welcome,
     WhichConnected,
 )
 from protocol.states import RunState, TaskState
@@ -92,15 +90,6 @@ if TYPE_CHECKING:
 R = TypeVar("R", bound=Message)
 CUT = frozenset({ClientCode.CLOSED, ErrorCode.SHUTDOWN})
 """How a request fails when its connection ends under it (`shutdown`: the Mind said it was stopping)."""
-
-
-class Dial:
-    """How this client reached the Mind, kept to reach it again after a cut."""
-
-    __slots__ = ("url", "credential", "open_timeout", "ca", "pin")
-
-    def __init__(self, url: str, credential: Credential, open_timeout: float, ca: str | None, pin: str | None) -> None:
-        self.url, self.credential, self.open_timeout, self.ca, self.pin = url, credential, open_timeout, ca, pin
 
 
 class MindClient:
@@ -142,76 +131,10 @@ class MindClient:
         """Connect and authenticate. `wss://` URLs are verified (system trust or `ca`), and the
         certificate must match `pin` if given, before the credential is used at all."""
         dial = Dial(url, credential, open_timeout, None if ca is None else os.fspath(ca), pin)
-        ws, session, window = await cls._open(dial, open_timeout)
+        ws, session, window = await open_connection(dial, open_timeout)
         self = cls(ws, session, dial, window)
         self._reader = asyncio.get_running_loop().create_task(self._read(ws, session))
         return self
-
-    @classmethod
-    async def _open(cls, dial: Dial, open_timeout: float) -> tuple[ClientConnection, core.ClientSession, float]:
-        """A new authenticated connection: the WebSocket, its session, and the resume window."""
-        session = core.ClientSession(dial.credential, os.urandom(limits.NONCE_BYTES))
-        url = dial.url
-        parse_url(url)  # refused as the fast path refuses it, before websockets reads it
-        ssl_ctx = tls_context(url, dial.ca, dial.pin)
-        try:
-            ws = await connect(
-                url,
-                compression=None,
-                max_size=limits.MAX_FRAME_BYTES,
-                open_timeout=open_timeout,
-                ping_interval=20,
-                ping_timeout=20,
-                close_timeout=2,
-                ssl=ssl_ctx,
-            )
-        except ssl.SSLCertVerificationError as exc:
-            raise verification_failed(url, exc) from None
-        except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ValueError) as exc:  # ValueError: a bad port
-            raise unreachable(url, exc) from None
-        try:
-            check_pin(ws.transport.get_extra_info("ssl_object"), dial.pin)
-            window = await cls._handshake(ws, session)
-        except BaseException:
-            await ws.close()
-            raise
-        return ws, session, window
-
-    @staticmethod
-    async def _handshake(ws: ClientConnection, session: core.ClientSession) -> float:
-        """Feed the session until it is open (or raise why not), within the handshake deadline.
-        Returns the resume window the Mind's `welcome` announced."""
-        window = 0.0
-        try:
-            async with asyncio.timeout(limits.HANDSHAKE_TIMEOUT_S):
-                while True:
-                    try:
-                        for frame in session.data_to_send():
-                            await ws.send(frame)
-                    except ConnectionClosed:
-                        pass  # refused before it read ours (busy, rate limited): its reason is queued
-                    try:
-                        data = await ws.recv()
-                    except ConnectionClosed as exc:
-                        events = session.connection_lost(ClientError(ClientCode.CLOSED, str(exc)))
-                    else:
-                        try:
-                            env = decode_envelope(data)
-                        except ProtocolError:
-                            events = session.receive_data(data)  # the session says what is wrong with it
-                        else:
-                            events = session.receive_frame(env)
-                            if isinstance(env.msg, Welcome):
-                                window = env.msg.resume_window_s
-                    for ev in events:
-                        if isinstance(ev, core.Closed):
-                            raise ev.error
-                        if isinstance(ev, core.Opened):
-                            return window
-        except TimeoutError:
-            session.handshake_timed_out()
-            assert session.error is not None
-            raise session.error from None
 
     async def close(self) -> None:
         self._closing = True
@@ -275,7 +198,9 @@ class MindClient:
             if remaining <= 0:
                 break
             try:
-                ws, session, window = await self._open(self._dial, min(self._dial.open_timeout, max(remaining, 0.5)))
+                ws, session, window = await open_connection(
+                    self._dial, min(self._dial.open_timeout, max(remaining, 0.5))
+                )
             except ClientError as exc:
                 last = exc
                 if not retryable(exc):
@@ -321,11 +246,6 @@ class MindClient:
             await self._flush()
         except ClientError:
             pass
-
-    async def _stream(self, msg: Message, id_: str) -> None:
-        """A stream frame of the run under envelope `id_` (no answer comes for it)."""
-        self._session.send(msg, id_)
-        await self._flush()
 
     async def _flush(self) -> None:
         """Write what the session queued, in its order (the lock keeps two writers from reordering
