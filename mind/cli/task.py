@@ -89,13 +89,17 @@ class Reasker:
 
     async def ask(self, call: Callable[[], Awaitable[T]]) -> T:
         while True:
+            asked = time.monotonic()
             try:
                 result = await call()
             except ClientError as exc:
-                offline = exc.code is ErrorCode.HAND_OFFLINE and self.hand_offline and self.outage
+                outage = self.outage or self.client.reconnects > 0  # (the client may ride a cut out itself)
+                offline = exc.code is ErrorCode.HAND_OFFLINE and self.hand_offline and outage
                 if exc.code not in CUT and not offline:
                     raise
                 self.outage = True
+                if self.since is None:  # the outage counts from the ask that met it (the client
+                    self.since = asked  # may have spent its window reconnecting inside it)
                 await self._again(exc)
                 continue
             self.since = None
@@ -103,10 +107,8 @@ class Reasker:
 
     async def _again(self, exc: ClientError) -> None:
         bound = self.client.resume_window or RIDE_OUT_S
-        now = time.monotonic()
-        if self.since is None:
-            self.since = now
-        remaining = self.since + bound - now
+        assert self.since is not None
+        remaining = self.since + bound - time.monotonic()
         if remaining <= 0:
             raise ClientError(exc.code, f"{exc.message}; could not reach the Mind again within {bound:g} s")
         if exc.code is ErrorCode.HAND_OFFLINE:

@@ -114,6 +114,8 @@ class MindClient:
         self._cut_at: float | None = None
         """When the connection ended (monotonic): the window counts from there."""
         self._reconnect: asyncio.Task[None] | None = None
+        self.reconnects = 0
+        """Connections made again after a cut (0: this is the first)."""
         self._later: set[asyncio.Task[Any]] = set()  # flushes and delayed re-attachments this client owns
 
     # --- connecting ---
@@ -208,6 +210,7 @@ class MindClient:
                 continue
             self._ws, self._session, self.resume_window = ws, session, window
             self._cut_at = None
+            self.reconnects += 1
             self._reader = asyncio.get_running_loop().create_task(self._read(ws, session))
             for handle in list(self._live):
                 self._attach(handle)

@@ -286,12 +286,15 @@ def test_task_wait_gives_up_past_its_bound_with_a_clear_error(tmp_path):
         try:
             time.sleep(1)
             cl.mind.kill9()
+            t0 = time.monotonic()
             out, err = waiter.communicate(timeout=20)
+            gave_up = time.monotonic() - t0
         finally:
             if waiter.poll() is None:
                 waiter.kill()
         assert waiter.returncode == 125
         assert b"could not reach the Mind again within 2 s" in err and b"Traceback" not in err
+        assert gave_up < 5  # the bound, and a poll
 
 
 async def test_a_client_without_a_window_fails_its_runs_at_a_cut_as_before(tmp_path):
