@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Callable
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO, Protocol
 
 from mind.errors import ClientCode, ClientError
 from protocol import limits
@@ -38,8 +38,26 @@ from protocol.messages import (
 )
 from protocol.streams import Chunk, Incoming, Outgoing
 
-if TYPE_CHECKING:
-    from mind.client.aio import MindClient
+
+class RunClient(Protocol):
+    """What a `RunHandle` asks of the client that carries it (`mind.client.aio.MindClient`)."""
+
+    def queue(self, msg: Message, id_: str) -> None:
+        """Queue a frame on the live connection now, in order; `ClientError` if there is none."""
+
+    def kick(self) -> None:
+        """Write what is queued soon."""
+
+    async def flush_quietly(self) -> None:
+        """Write what is queued; a cut is not an error here (the resume repairs it)."""
+
+    def attach_later(self, handle: RunHandle) -> None:
+        """Attach `handle` again shortly (the Mind said `resume_pending`)."""
+
+    async def cancel(self, run_id: str) -> CancelRunResult: ...
+
+    async def detach_run(self, handle: RunHandle, keep: float | None) -> float: ...
+
 
 RunEvent = RunUpdate | RunOutput | StreamData | RunEnd
 Stdin = bytes | BinaryIO | AsyncIterable[bytes]
@@ -73,7 +91,7 @@ class RunHandle:
 
     def __init__(
         self,
-        client: MindClient,
+        client: RunClient,
         req_id: str,
         stdin: Stdin | None = None,
         *,

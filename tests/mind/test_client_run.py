@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 from mind.client.run import RunHandle, StillRunning
-from mind.errors import ClientError
-from protocol.codes import ErrorCode
+from mind.errors import ClientCode, ClientError
+from protocol.codes import CancelStatus, ErrorCode
 from protocol.messages import (
     Attached,
     CancelRunResult,
+    DataStream,
     Error,
     Replaced,
     RunEnd,
@@ -43,7 +44,7 @@ class FakeClient:
 
     def queue(self, msg: Any, id_: str) -> None:
         if not self.up:
-            raise ClientError("closed", "connection to the Mind closed")
+            raise ClientError(ClientCode.CLOSED, "connection to the Mind closed")
         self.sent.append((msg, id_))
 
     def kick(self) -> None:
@@ -57,7 +58,7 @@ class FakeClient:
 
     async def cancel(self, run_id: str) -> CancelRunResult:
         self.cancels += 1
-        return CancelRunResult(run_id=run_id, status="cancel_requested", state=RunState.RUNNING)
+        return CancelRunResult(run_id=run_id, status=CancelStatus.CANCEL_REQUESTED, state=RunState.RUNNING)
 
     async def detach_run(self, handle: RunHandle, keep: float | None) -> float:
         self.detached.append(keep)
@@ -70,7 +71,7 @@ class FakeClient:
         return [(m.stream, m.offset) for m, _ in self.sent if isinstance(m, StreamAck)]
 
 
-def data(offset: int, payload: bytes, stream: str = "stdout", eof: bool = False) -> StreamData:
+def data(offset: int, payload: bytes, stream: DataStream = "stdout", eof: bool = False) -> StreamData:
     return StreamData(run_id=RUN, stream=stream, offset=offset, data=payload, eof=eof)
 
 
@@ -88,7 +89,7 @@ async def drain(handle: RunHandle) -> bytes:
 
 async def test_output_resent_after_a_cut_is_handed_over_once_and_the_attach_says_where_it_stands():
     client = FakeClient()
-    h = RunHandle(client, "x1")  # type: ignore[arg-type]
+    h = RunHandle(client, "x1")
     h.on_message(RunUpdate(run_id=RUN, hand="box", state=RunState.RUNNING))
     h.on_message(data(0, b"abc"))
     h.on_message(data(3, b"def"))
@@ -104,7 +105,7 @@ async def test_output_resent_after_a_cut_is_handed_over_once_and_the_attach_says
 
 async def test_stdin_is_resent_from_the_attached_position_before_anything_new():
     client = FakeClient()
-    h = RunHandle(client, "x1", stdin=b"0123456789" * 100)  # type: ignore[arg-type]
+    h = RunHandle(client, "x1", stdin=b"0123456789" * 100)
     h.on_message(RunUpdate(run_id=RUN, hand="box", state=RunState.RUNNING))
     for _ in range(10):
         await asyncio.sleep(0)
@@ -122,7 +123,7 @@ async def test_stdin_is_resent_from_the_attached_position_before_anything_new():
 
 async def test_a_stdin_resume_from_the_mind_resends_exactly_the_missing_bytes():
     client = FakeClient()
-    h = RunHandle(client, "x1", stdin=b"x" * 50)  # type: ignore[arg-type]
+    h = RunHandle(client, "x1", stdin=b"x" * 50)
     h.on_message(RunUpdate(run_id=RUN, hand="box", state=RunState.RUNNING))
     for _ in range(10):
         await asyncio.sleep(0)
@@ -138,7 +139,7 @@ async def test_a_stdin_resume_from_the_mind_resends_exactly_the_missing_bytes():
 
 async def test_a_cancel_asked_during_an_outage_is_sent_once_after_the_reattachment():
     client = FakeClient()
-    h = RunHandle(client, "x1")  # type: ignore[arg-type]
+    h = RunHandle(client, "x1")
     h.on_message(RunUpdate(run_id=RUN, hand="box", state=RunState.RUNNING))
     h.on_cut()
     asks = [asyncio.ensure_future(h.cancel()) for _ in range(3)]
@@ -154,7 +155,7 @@ async def test_a_cancel_asked_during_an_outage_is_sent_once_after_the_reattachme
 
 async def test_replaced_fails_the_handle_plainly_and_resume_pending_asks_to_attach_later():
     client = FakeClient()
-    h = RunHandle(client, "x1")  # type: ignore[arg-type]
+    h = RunHandle(client, "x1")
     h.on_message(RunUpdate(run_id=RUN, hand="box", state=RunState.RUNNING))
     h.on_cut()
     h.attach_request()
@@ -171,7 +172,7 @@ async def test_replaced_fails_the_handle_plainly_and_resume_pending_asks_to_atta
 
 
 async def test_events_of_another_run_are_refused():
-    h = RunHandle(FakeClient(), "x1")  # type: ignore[arg-type]
+    h = RunHandle(FakeClient(), "x1")
     h.on_message(RunUpdate(run_id=RUN, hand="box", state=RunState.RUNNING))
     assert h.on_message(RunUpdate(run_id="r-2", hand="box", state=RunState.RUNNING))
     with pytest.raises(ClientError) as bad:
@@ -181,7 +182,7 @@ async def test_events_of_another_run_are_refused():
 
 async def test_a_wait_bound_detaches_after_acknowledging_what_was_handed_over():
     client = FakeClient()
-    h = RunHandle(client, "x1")  # type: ignore[arg-type]
+    h = RunHandle(client, "x1")
     h.on_message(RunUpdate(run_id=RUN, hand="box", state=RunState.RUNNING))
     h.on_message(data(0, b"seen"))
     got: list[bytes] = []
@@ -197,7 +198,7 @@ async def test_a_wait_bound_detaches_after_acknowledging_what_was_handed_over():
 
 async def test_a_new_consumer_starts_where_the_mind_says_each_stream_stands():
     client = FakeClient()
-    h = RunHandle(client, "", run_id=RUN)  # type: ignore[arg-type]
+    h = RunHandle(client, "", run_id=RUN)
     assert h.attach_request() == []
     at = StreamPosition(stream="stdout", offset=1000, consumed=1000)
     h.on_message(Attached(run_id=RUN, hand="box", state=RunState.RUNNING, streams=[at]))
@@ -209,13 +210,13 @@ async def test_a_new_consumer_starts_where_the_mind_says_each_stream_stands():
 
 async def test_detach_acknowledges_exactly_what_was_handed_over_not_what_was_only_received():
     client = FakeClient()
-    h = RunHandle(client, "x1")  # type: ignore[arg-type]
+    h = RunHandle(client, "x1")
     h.on_message(data(0, b"one "))
     h.on_message(data(4, b"two "))
     h.on_message(data(8, b"three"))
     events = h.events()
-    assert (await anext(events)).data == b"one "  # type: ignore[union-attr]
-    assert (await anext(events)).data == b"two "  # type: ignore[union-attr]  ("one " is consumed now)
+    assert (await anext(events)) == data(0, b"one ")
+    assert (await anext(events)) == data(4, b"two ")  # ("one " is consumed now)
     assert client.acks() == []  # a small amount: acknowledgements are paced
     assert await h.detach() == 30
     assert client.acks() == [("stdout", 8)]  # "two " was handed over too; "three" was only received
@@ -224,7 +225,7 @@ async def test_detach_acknowledges_exactly_what_was_handed_over_not_what_was_onl
 
 
 async def test_a_run_the_mind_forgot_across_a_cut_is_said_to_have_an_unknown_fate():
-    h = RunHandle(FakeClient(), "x1")  # type: ignore[arg-type]
+    h = RunHandle(FakeClient(), "x1")
     h.on_message(RunUpdate(run_id=RUN, hand="box", state=RunState.RUNNING))
     h.on_cut()
     h.attach_request()
@@ -232,7 +233,7 @@ async def test_a_run_the_mind_forgot_across_a_cut_is_said_to_have_an_unknown_fat
     with pytest.raises(ClientError) as forgot:
         await h.wait()
     assert forgot.value.code is ErrorCode.UNKNOWN_RUN and "fate is unknown here" in forgot.value.message
-    fresh = RunHandle(FakeClient(), "", run_id=RUN)  # type: ignore[arg-type]
+    fresh = RunHandle(FakeClient(), "", run_id=RUN)
     fresh.attach_request()
     fresh.on_message(Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {RUN}"))
     with pytest.raises(ClientError) as unknown:
