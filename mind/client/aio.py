@@ -360,6 +360,7 @@ class MindClient:
         """A request whose one reply must be a `kind` (an `error` reply raises `ClientError`).
         During an outage it waits for the reconnect (within the window). `read`: it changes
         nothing, so one whose answer a cut lost is asked again on the new connection."""
+        first_cut: float | None = None
         while True:
             if not self._session.is_open and self.resume_window > 0:
                 await self.reconnect()
@@ -370,8 +371,10 @@ class MindClient:
                 await self._flush()
                 reply = await fut
             except ClientError as exc:
-                if read and exc.code in CUT and self.resume_window > 0 and not self._closing:
-                    continue
+                now = time.monotonic()
+                first_cut = now if first_cut is None else first_cut
+                if read and exc.code in CUT and not self._closing and now - first_cut < self.resume_window:
+                    continue  # asked again on the new connection (a Mind that keeps dropping it: once per window)
                 raise
             finally:
                 if self._waiters.pop(id_, None) is not None:  # given up on (cancelled) or not sent

@@ -190,6 +190,23 @@ async def test_a_fleet_run_rides_out_a_cut_of_the_client_leg(cl: Cluster):
     assert fleet.results["box"].end.stdout.data == b"fleet\n"
 
 
+async def test_a_read_whose_answer_a_cut_lost_is_asked_again_and_a_cancel_in_flight_fails(cl: Cluster):
+    fp = cl.start_proxy()
+    async with await cl.client(url=fp.url) as mc:
+        handle = await mc.start("box", "exec", {"argv": ["sleep", "30"]}, stream=False)
+        await until(lambda: handle.run_id is not None, 10, "the run's id")
+        fp.frame("cut", "run_info", direction="down")  # RST instead of get_run's answer
+        info = await asyncio.wait_for(mc.get_run(handle.run_id), 15)  # asked again on the new connection
+        assert info.run_id == handle.run_id and info.state is RunState.RUNNING and mc.reconnects == 1
+        await until(lambda: mc.connected, 10, "the new connection")
+        fp.frame("cut", "cancel_run_result", direction="down")
+        with pytest.raises(ClientError) as cut:  # not a read: its answer is lost, nobody says it twice
+            await asyncio.wait_for(mc.cancel(handle.run_id), 15)
+        assert cut.value.code == "closed"
+        end = await asyncio.wait_for(handle.wait(), 20)  # the run itself rode it out: its real end
+    assert end.state is RunState.CANCELLED and mc.reconnects == 2
+
+
 @pytest.fixture
 def short(tmp_path):
     """A window that outlasts the faults of a test, and no more: a failure costs that long."""
