@@ -296,13 +296,17 @@ class MindClient:
     def _cut(self, error: ClientError) -> None:
         """The connection ended. Runs whose id is known wait for a reconnect if the Mind keeps
         them (a window) and this client may dial again; any other run fails with `error`, as a
-        request in flight does."""
+        request in flight does. A run whose start was cut before its answer fails too (nobody
+        here knows whether it started), but the client reconnects for the runs that come next
+        (a fleet goes on)."""
+        starting = False
         for handle in self._runs.values():
             if handle.run_id is None:  # its `exec` may or may not have reached the Mind: nobody here knows
+                starting = True
                 handle.fail(error)
         self._runs.clear()
         self._live = {h for h in self._live if h.live}
-        if self._closing or self.resume_window <= 0 or self._dial is None or not self._live:
+        if self._closing or self.resume_window <= 0 or self._dial is None or not (self._live or starting):
             for handle in self._live:
                 handle.fail(error)
             self._live.clear()

@@ -103,6 +103,9 @@ class RunHandle:
         """The envelope id the run's events come under (a new one at each attachment)."""
         self.run_id: str | None = run_id
         self.hand: str | None = None
+        self.hand_away_since: float | None = None
+        """Wall time since which the run's Hand has been away (its leg cut, or the Mind restarted),
+        as the Mind last said; None while it is there. The run waits for it within the window."""
         self._events: asyncio.Queue[RunEvent | MindhandError] = asyncio.Queue()
         self._id_known = asyncio.Event()
         if run_id is not None:
@@ -161,6 +164,8 @@ class RunHandle:
             return self._fail(
                 ClientError(ClientCode.PROTOCOL, f"the Mind sent events of run {msg.run_id} for run {self.run_id}")
             )
+        if isinstance(msg, (Attached, RunUpdate)):
+            self.hand_away_since = msg.hand_away_since
         if isinstance(msg, Attached):
             return self._attached(msg)
         if isinstance(msg, Replaced):

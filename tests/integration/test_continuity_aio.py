@@ -209,6 +209,17 @@ async def test_a_read_whose_answer_a_cut_lost_is_asked_again_and_a_cancel_in_fli
     assert end.state is RunState.CANCELLED and mc.reconnects == 2
 
 
+async def test_a_fleet_start_cut_before_its_answer_is_that_hands_lost_run_not_the_fleet_abandoned(cl: Cluster):
+    fp = cl.start_proxy()
+    async with await cl.client(url=fp.url) as mc:
+        fp.frame("cut", "run_update", direction="down")  # RST before the run's first event: its id never comes
+        aggregate = await asyncio.wait_for(mc.exec_many("box", "exec", {"argv": ["true"]}, stream=False).wait(), 20)
+        assert not aggregate.abandoned and aggregate.counts == {"lost": 1}  # nobody here knows whether it ran
+        await until(lambda: mc.connected, 10, "the client to reconnect for what comes next")
+        end = await asyncio.wait_for(mc.exec("box", "exec", {"argv": ["echo", "next"]}, stream=False), 20)
+    assert end.stdout.data == b"next\n" and mc.reconnects == 1
+
+
 @pytest.fixture
 async def fake(tmp_path):
     """A Mind with a window, and a Hand that resumes its streams (tests/support/resuminghand.py):

@@ -96,7 +96,10 @@ async def test_output_resent_after_a_cut_is_handed_over_once_and_the_attach_says
     h.on_cut()
     points = h.attach_request()
     assert [(p.stream, p.offset, p.consumed) for p in points] == [("stdout", 6, 0)]
-    h.on_message(Attached(run_id=RUN, hand="box", state=RunState.RUNNING, streams=points))
+    h.on_message(Attached(run_id=RUN, hand="box", state=RunState.RUNNING, streams=points, hand_away_since=5.0))
+    assert h.hand_away_since == 5.0  # the Hand's leg is away too: the run waits for it
+    h.on_message(RunUpdate(run_id=RUN, hand="box", state=RunState.RUNNING))
+    assert h.hand_away_since is None  # and it is back
     assert not h.on_message(data(3, b"def"))  # a chunk in flight before the resume, sent again: dropped
     h.on_message(data(6, b"ghi", eof=True))
     assert h.on_message(end())
