@@ -186,7 +186,13 @@ class MindClient:
                 self._cut_at = time.monotonic()
             bound = self.resume_window if within is None else within
             self._reconnect = asyncio.get_running_loop().create_task(self._redial(self._cut_at + bound))
-        await asyncio.shield(self._reconnect)
+        task = self._reconnect
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled() and self._closing:  # `close` stopped it, not our caller
+                raise ClientError(ClientCode.CLOSED, "the client was closed") from None
+            raise
 
     async def _redial(self, deadline: float) -> None:
         """Connect again before `deadline` (monotonic), or fail every live run: past the window
