@@ -149,7 +149,8 @@ class Mind:
     def _restore_endings(self) -> None:
         """A Mind that starts again knows what its earlier life ended by itself (a Hand presenting
         one of those runs is told to kill it), and, for a window, that a run it does not know may
-        still be presented by its Hand (an attach to it is told to wait)."""
+        still be presented by its Hand (an attach to it is told to wait), if its earlier life may
+        have left runs (it crashed, or stopped with runs resumable)."""
         now, wall = time.monotonic(), time.time()
         restored = self.endings.load(self.cfg.resume_window, wall)
         for e in restored:
@@ -158,7 +159,7 @@ class Mind:
             except ValueError:  # written by a newer Mind: the Hand is told the generic reason
                 reason = None
             self.registry.restore(e.end, e.owner, reason, e.args_digest, e.ended_at, now)
-        if self.cfg.resume_window > 0:
+        if self.endings.begin_life() and self.cfg.resume_window > 0:
             self.registry.expect_presentations(now + self.cfg.resume_window)
         if restored:
             log.info("run_endings_restored", count=len(restored))
@@ -297,6 +298,10 @@ class Mind:
                 await server.wait_closed()
         self.store.close()
         self.snapshots.close()
+        try:
+            self.endings.end_life(len(self.registry.active()))
+        except sqlite3.Error as exc:  # the next start then waits for presentations it need not
+            log.error("mind_life_not_recorded", error=str(exc))
         self.endings.close()
         self._db_thread.shutdown(wait=True)
         self._creds_thread.shutdown(wait=True)

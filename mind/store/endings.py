@@ -41,6 +41,11 @@ CREATE TABLE IF NOT EXISTS run_endings (
     run_end BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS run_endings_age ON run_endings(ended_at);
+CREATE TABLE IF NOT EXISTS life (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    running INTEGER NOT NULL,
+    live_runs INTEGER NOT NULL
+);
 """
 
 MAX_ROWS = 100_000
@@ -70,6 +75,18 @@ class EndingStore:
 
     def close(self) -> None:
         self._db.close()
+
+    def begin_life(self) -> bool:
+        """This Mind starts. True if its previous life may have left runs going on Hands: it
+        crashed (never said it stopped), or it stopped with runs resumable. Only then may a Hand
+        still present a run this Mind does not know, and an attach to one is told to wait."""
+        row = self._db.execute("SELECT running, live_runs FROM life WHERE id = 1").fetchone()
+        self._db.execute("INSERT OR REPLACE INTO life (id, running, live_runs) VALUES (1, 1, 0)")
+        return row is not None and (bool(row[0]) or row[1] > 0)
+
+    def end_life(self, live_runs: int) -> None:
+        """This Mind stops, leaving `live_runs` runs resumable on their Hands."""
+        self._db.execute("INSERT OR REPLACE INTO life (id, running, live_runs) VALUES (1, 0, ?)", (live_runs,))
 
     def put(self, ending: Ending) -> None:
         """Write one ending, durably, before returning (raises `sqlite3.Error` if it cannot)."""

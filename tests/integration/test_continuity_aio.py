@@ -33,9 +33,6 @@ WINDOW = ("--resume-window", "30")
 LINES = 40
 TICKER = f"for i in $(seq 1 {LINES}); do echo line $i; sleep 0.1; done; exit 3"
 EXPECTED = b"".join(b"line %d\n" % i for i in range(1, LINES + 1))
-NEEDS_HAND_LEG = pytest.mark.xfail(
-    strict=True, reason="the Hand must resend output from a resume point (stream_resume: the Hand leg of issue 22)"
-)
 
 
 @pytest.fixture
@@ -299,7 +296,6 @@ def short(tmp_path):
         yield c
 
 
-@NEEDS_HAND_LEG
 async def test_streamed_exec_through_a_reset_and_a_blackhole_loses_and_repeats_nothing(short: Cluster):
     cl = short
     fp = cl.start_proxy()
@@ -323,7 +319,6 @@ async def test_streamed_exec_through_a_reset_and_a_blackhole_loses_and_repeats_n
     assert hashlib.sha256(bytes(got)).hexdigest() == hashlib.sha256(EXPECTED).hexdigest() == end.stdout.sha256
 
 
-@NEEDS_HAND_LEG
 async def test_stdin_through_sha256sum_with_a_cut_arrives_once(short: Cluster):
     cl = short
     fp = cl.start_proxy()

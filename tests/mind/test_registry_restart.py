@@ -158,3 +158,21 @@ def test_the_store_keeps_only_what_can_still_matter(tmp_path):
     store.put(Ending(end.model_copy(update={"run_id": "r2"}), "bob", 1000.0 + 10 * 24 * 3600))
     kept = store.load(WINDOW, now=1000.0 + 10 * 24 * 3600)
     assert [(e.end.run_id, e.owner) for e in kept] == [("r2", "bob")]
+
+
+def test_only_a_life_that_may_have_left_runs_makes_the_next_start_wait_for_presentations(tmp_path):
+    path = tmp_path / "endings.db"
+    store = EndingStore(path)
+    assert store.begin_life() is False  # the first start: nobody can present anything
+    store.end_life(0)
+    store.close()
+    store = EndingStore(path)
+    assert store.begin_life() is False  # stopped cleanly with nothing running
+    store.end_life(2)
+    store.close()
+    store = EndingStore(path)
+    assert store.begin_life() is True  # stopped leaving two runs resumable
+    store.close()  # ... and then crashed: it never said it stopped
+    store = EndingStore(path)
+    assert store.begin_life() is True
+    store.close()
