@@ -36,7 +36,7 @@ from mind.cli.progress import Status
 from mind.cli.streamio import InputStream, OutputStream
 from mind.client import wire
 from mind.client.blocking import Link
-from mind.client.reconnect import Backoff
+from mind.client.reconnect import PERMANENT, Backoff
 from mind.client.session import Failed, Reply, Routed
 from mind.errors import ClientCode, ClientError
 from protocol.codes import ErrorCode
@@ -56,10 +56,6 @@ Connect = Callable[[float], Link]
 """A new authenticated link to the same Mind with the same credential, opened within a timeout."""
 
 DETACH_REPLY_S = 5.0
-
-FINAL = frozenset({ErrorCode.REVOKED, ErrorCode.AUTH_FAILED, ClientCode.TLS, ClientCode.CONFIG})
-"""Why a link ended or a new one was refused that no retry can change: the credential was revoked or
-is refused, the Mind's certificate fails verification, our own configuration is wrong."""
 
 
 class Rejoin:
@@ -103,7 +99,7 @@ class Rejoin:
         (None: the loop goes on with the new link); without one, or past it, the exit code."""
         if self.run_id is None or self.connect is None or self.window <= 0 or self.left:
             return self._lost(exc)
-        if self.detach_id is not None or exc.code in FINAL:  # leaving anyway, or no coming back
+        if self.detach_id is not None or exc.code in PERMANENT:  # leaving anyway, or no coming back
             return self._lost(exc)
         if self.outage is None:
             self.outage = Backoff(self.link.last_heard + self.window)
@@ -127,7 +123,7 @@ class Rejoin:
             try:
                 link = self.connect(min(10.0, left))
             except ClientError as refused:
-                if refused.code in FINAL:  # trying again cannot help: say why now
+                if refused.code in PERMANENT:  # trying again cannot help: say why now
                     return self._lost(refused)
                 continue  # not yet: the next try after a longer pause
             self._take_link(link)

@@ -50,7 +50,7 @@ from mind.cli.hints import did_you_mean, hand_suggestions
 from mind.cli.progress import Status, elapsed
 from mind.cli.toolargs import tool_args_from
 from mind.client.aio import ClientError, MindClient
-from mind.client.retry import retryable
+from mind.client.reconnect import retryable
 from mind.errors import ClientCode
 from protocol import limits
 from protocol.codes import ErrorCode, RejectCode, TaskCancelStatus

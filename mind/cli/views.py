@@ -165,17 +165,14 @@ async def list_runs(client: Any, args: argparse.Namespace) -> int:
         die("--limit must be positive", EXIT_USAGE)
     if args.fleet is not None and not limits_id_ok(args.fleet):
         die("--fleet wants a fleet id (fleet-...)", EXIT_USAGE)
-    if args.unattended:  # (the client filters: its `list_runs` has no `unattended` yet; the Mind's has)
-        every = await client.list_runs(
-            args.hand, RunState(args.state) if args.state else None, since, 100_000, fleet=args.fleet
-        )
-        runs = [
-            r for r in every if r.end is None and (r.client_away_since is not None or r.hand_away_since is not None)
-        ][: args.limit]
-    else:
-        runs = await client.list_runs(
-            args.hand, RunState(args.state) if args.state else None, since, args.limit, fleet=args.fleet
-        )
+    runs = await client.list_runs(
+        args.hand,
+        RunState(args.state) if args.state else None,
+        since,
+        args.limit,
+        fleet=args.fleet,
+        unattended=args.unattended,
+    )
     if args.json:
         print(json.dumps([jsonable(r.model_dump(mode="python")) for r in runs], indent=2, default=str))
         return 0

@@ -14,7 +14,7 @@ the blocking fast path of `mind exec` (mind/client/blocking.py) is the other she
 
 Continuity (DESIGN §15): the client remembers how it connected. When its connection ends while
 runs are live and the Mind's `welcome` announced a resume window, it reconnects (backoff with
-jitter, mind/client/retry.py) within the window, authenticates afresh and re-attaches every live
+jitter, mind/client/reconnect.py) within the window, authenticates afresh and re-attaches every live
 run from where its streams stand; the runs' events go on in the same handles. A request in flight
 at the cut fails with `closed` (its answer is lost), except the idempotent reads, which are asked
 again on the new connection; a request made during the outage waits for it (within the window).
@@ -35,7 +35,7 @@ from mind.client import files
 from mind.client import session as core
 from mind.client.credentials import load_credential
 from mind.client.dial import Dial, open_connection
-from mind.client.retry import Backoff, retryable
+from mind.client.reconnect import Backoff, retryable
 from mind.client.run import RunEvent, RunFailed, RunHandle, Stdin, StillRunning
 from mind.errors import ClientCode, ClientError
 from protocol import limits
@@ -198,10 +198,10 @@ class MindClient:
         """Connect again before `deadline` (monotonic), or fail every live run: past the window
         nobody here can know how they end."""
         assert self._dial is not None
-        backoff = Backoff()
+        backoff = Backoff(deadline)
         last: ClientError = self._session.error or ClientError(ClientCode.CLOSED, "connection to the Mind closed")
         while (remaining := deadline - time.monotonic()) > 0:
-            await asyncio.sleep(backoff.next(remaining))
+            await asyncio.sleep(backoff.pause(time.monotonic()))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -340,9 +340,9 @@ class MindClient:
         deadline = time.monotonic() + max(self.resume_window, 1.0)
 
         async def again() -> None:
-            backoff = Backoff()
-            while (remaining := deadline - time.monotonic()) > 0:
-                await asyncio.sleep(backoff.next(remaining) + 0.1)
+            backoff = Backoff(deadline)
+            while deadline - time.monotonic() > 0:
+                await asyncio.sleep(backoff.pause(time.monotonic()) + 0.1)
                 if not handle.live:
                     return
                 if self._session.is_open and not handle.attaching:
@@ -587,15 +587,21 @@ class MindClient:
         since: float | None = None,
         limit: int = 100,
         fleet: str | None = None,
+        unattended: bool = False,
     ) -> list[RunInfo]:
         """The newest `limit` runs of the history (any number), fetched page by page: the Mind
-        bounds each reply in count and bytes and says where the next page starts."""
+        bounds each reply in count and bytes and says where the next page starts. `unattended`:
+        only runs going on with a leg away (detached, client gone, or Hand away: DESIGN §15)."""
         out: list[RunInfo] = []
         after: str | None = None
         while len(out) < limit:
             want = min(limit - len(out), PAGE_LIMIT_MAX)
             reply = await self._ask(
-                ListRuns(hand=hand, state=state, since=since, limit=want, after=after, fleet=fleet), RunList, read=True
+                ListRuns(
+                    hand=hand, state=state, since=since, limit=want, after=after, fleet=fleet, unattended=unattended
+                ),
+                RunList,
+                read=True,
             )
             out += reply.runs[:want]
             if reply.next_after is None or reply.next_after == after:  # (a cursor that does not move ends it)

@@ -14,6 +14,18 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from mind.errors import ClientCode, ClientError
+from protocol.codes import ErrorCode
+
+PERMANENT = frozenset({ErrorCode.AUTH_FAILED, ErrorCode.REVOKED, ClientCode.TLS, ClientCode.CONFIG})
+"""Refusals another try cannot change: the credential or the Mind's identity is wrong."""
+
+
+def retryable(exc: ClientError) -> bool:
+    """Whether another try to connect may succeed where this one failed."""
+    return exc.code not in PERMANENT
+
+
 FIRST_S = 0.05
 CAP_S = 1.0
 JITTER = 0.2

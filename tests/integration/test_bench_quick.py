@@ -26,6 +26,9 @@ FIGURES = [
     "memory",
     "payloads",
     "cp",
+    "resume",
+    "cuts",
+    "unattended",
 ]
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mind.client.reconnect import Backoff
+from mind.client.reconnect import Backoff, retryable
+from mind.errors import ClientCode, ClientError
+from protocol.codes import ErrorCode
 
 
 def test_pauses_double_from_50ms_to_1s_without_jitter():
@@ -26,3 +28,10 @@ def test_no_pause_reaches_past_the_window():
     assert b.pause(9.7) == pytest.approx(0.3)
     assert b.pause(10.0) == 0.0
     assert b.left(10.5) < 0
+
+
+def test_a_refused_credential_is_not_retried_a_busy_or_absent_mind_is():
+    for code in (ErrorCode.AUTH_FAILED, ErrorCode.REVOKED, ClientCode.TLS, ClientCode.CONFIG):
+        assert not retryable(ClientError(code, "no"))
+    for code in (ClientCode.UNREACHABLE, ClientCode.CLOSED, ErrorCode.BUSY, ErrorCode.RATE_LIMITED, ErrorCode.SHUTDOWN):
+        assert retryable(ClientError(code, "later"))
