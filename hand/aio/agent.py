@@ -39,6 +39,7 @@ import asyncio
 import dataclasses
 import os
 import platform
+import random
 import signal
 import socket
 import ssl
@@ -103,6 +104,10 @@ M = TypeVar("M", bound=Message)
 
 OPEN_TIMEOUT_S = 10.0
 REDIAL_AT_ONCE_AFTER_S = 1.0
+HOLDING_BACKOFF_CAP_S = 1.0
+"""While runs wait for the Mind (within the window), no pause between redials is longer than this:
+a Mind back after a restart is reached within about a second, not after a 30 s backoff draw. The
+draw stays random (full jitter), so many Hands cut by one restart still spread their knocks."""
 CLOSE_TIMEOUT_S = 2.0
 
 
@@ -406,6 +411,8 @@ class Agent:
                 # blink costs its length, not a backoff draw); the next ones back off as usual, and
                 # a connection that flaps gets this at most once a second.
                 delay = 0.0
+            elif self._expiry is not None:
+                delay = min(delay, random.uniform(0, HOLDING_BACKOFF_CAP_S))
             self.metrics.backoff.set(delay)
             self._log.info("reconnect_wait", delay=round(delay, 3), attempt=self._backoff.attempt)
             with suppress(TimeoutError):
