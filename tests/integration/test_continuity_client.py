@@ -80,6 +80,24 @@ def test_client_leg_reset_mid_run_all_lines_and_the_exit_code(tmp_path):
         assert b"mind unreachable, reconnecting (up to" in err
 
 
+def test_a_run_that_ends_while_the_client_leg_is_cut_still_delivers_its_tail(tmp_path):
+    """The command finishes during the outage: its last lines were sent by the Hand but never
+    consumed by the CLI. The result waits for their consumption, so the re-attached CLI gets them,
+    then the exit code (not a cut tail and 122)."""
+    with running(tmp_path, mind_args=window(30)) as cl:
+        fp = cl.start_proxy()
+        short = "for i in $(seq 1 10); do echo line $i; sleep 0.2; done; exit 7"
+        p = popen(cl, "exec", "--mind", fp.url, "box", "--", "sh", "-c", short)
+        head = read_until(p.stdout, b"line 3\n", 20)
+        fp.blackhole()
+        time.sleep(6)  # the command ends meanwhile
+        fp.clear()
+        out, err = finish(p, head, 30)
+        assert p.returncode == 7, err
+        assert out == b"".join(f"line {i}\n".encode() for i in range(1, 11)), (out, err)
+        assert b"not delivered" not in err
+
+
 def drain(p: subprocess.Popen[bytes], timeout: float = 10) -> bytes:
     """What is left in a (killed) child's stdout, to its end."""
     buf = b""
