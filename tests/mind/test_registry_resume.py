@@ -403,3 +403,18 @@ def test_any_order_of_outages_and_returns_keeps_one_terminal_persisted_first(eve
     assert state(reg) in (RunState.SUCCEEDED, RunState.LOST, RunState.CANCELLED, RunState.TIMED_OUT) or (
         state(reg) in (RunState.RUNNING, RunState.CANCEL_REQUESTED) and live and reg.get("r1").client is not None
     ), "past every window only an attached run on a live Hand may still be going"
+
+
+def test_the_rpc_names_the_runs_owner_so_a_restarted_mind_can_adopt_it():
+    """Found by the simulation (issue 22): the Hand presents `PresentedRun.owner` from the `rpc`
+    it was sent, and a Mind that restarted adopts only a run presented with its owner. Without the
+    owner in the `rpc`, every run of a Mind that restarted was killed instead of adopted."""
+    req = Exec(hand=HAND, tool="exec", args={"argv": ["sleep", "20"]}, timeout_ms=600_000)
+    reg = RunRegistry(resume_window=WINDOW)
+    acts = reg.admit("r1", req, "c1", "q1", 1, True, now=0.0, wall=1000.0, owner="alice")
+    (rpc,) = to_hand(acts)
+    assert rpc.owner == "alice"
+    # a run nobody owns (the registry's own callers) says so with no owner, not an empty label
+    anon = RunRegistry(resume_window=WINDOW)
+    (rpc,) = to_hand(anon.admit("r2", req, "c1", "q2", 1, True, now=0.0, wall=1000.0))
+    assert rpc.owner is None

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from sim.continuity_hand import ContinuityHand, HandResultBeforeAck
+from sim.continuity_mind import ContinuityMind
 from sim.hand_agent import HandProcess
 from sim.hand_tasks import HandTasks
 from sim.simulation import Rules
+from sim.stream_clients import Continuity
 
 from mind.core.snapshots import Snapshot, reconcile
 from protocol.messages import TaskInfo
@@ -68,6 +71,17 @@ class HandCancelAtOnce(HandProcess):
     cancel_waits_for_starts = False
 
 
+RESUME_WINDOWS = (5.0, 20.0, 60.0)
+"""The continuity variant's windows, one per seed: most outages outlast 5 s, few outlast 60 s."""
+
+CONTINUITY = Rules(
+    hand_cls=ContinuityHand,
+    mind_cls=ContinuityMind,
+    resume_windows=RESUME_WINDOWS,
+    extension=Continuity,
+    variant="continuity",
+)
+
 VARIANTS: dict[str, Rules] = {
     "fixed": Rules(),
     "mind-before-fix": Rules(
@@ -76,5 +90,9 @@ VARIANTS: dict[str, Rules] = {
     "hand-before-fix": Rules(hand_tasks_cls=HandBeforeFix, variant="hand-before-fix"),
     "hand-batch-before-fix": Rules(
         hand_tasks_cls=HandTasksAdmittingInCaller, hand_cls=HandCancelAtOnce, variant="hand-batch-before-fix"
+    ),
+    "continuity": CONTINUITY,
+    "continuity-result-before-ack": replace(
+        CONTINUITY, hand_cls=HandResultBeforeAck, variant="continuity-result-before-ack"
     ),
 }
