@@ -107,6 +107,9 @@ class Continuity:
         """The Mind's durable endings (`mind/store/endings.py`): they survive its crashes."""
         self.checker = ContinuityChecker(self)
         self._gen = 0
+        self.return_after: float | str | None = None
+        """Scripted scenarios: how long every client stays away after losing its link ("never":
+        it does not come back); None: picked per outage."""
 
     # --- the world's hooks -------------------------------------------------------------------
 
@@ -223,14 +226,18 @@ class Continuity:
     def _plan_return(self, c: StreamClient) -> None:
         """The client noticed its link went: it comes back after a while, or never."""
         w, window = self.world, self.world.window
-        when = pick(self.rng, (("soon", 30), ("half", 20), ("edge", 15), ("late", 10), ("never", 10)))
-        delay = {
-            "soon": self.rng.choice((0.05, 0.5, 2.0)),
-            "half": window * 0.5,
-            "edge": window + self.rng.uniform(-0.3, 0.3),
-            "late": window * 1.5,
-        }.get(when)
-        self.checker.notes[f"client_return:{when}"] += 1
+        delay: float | None
+        if self.return_after is not None:
+            delay = None if self.return_after == "never" else float(self.return_after)
+        else:
+            when = pick(self.rng, (("soon", 30), ("half", 20), ("edge", 15), ("late", 10), ("never", 10)))
+            delay = {
+                "soon": self.rng.choice((0.05, 0.5, 2.0)),
+                "half": window * 0.5,
+                "edge": window + self.rng.uniform(-0.3, 0.3),
+                "late": window * 1.5,
+            }.get(when)
+            self.checker.notes[f"client_return:{when}"] += 1
         if delay is None:
             for run in c.runs.values():
                 run.gave_up = True
@@ -311,21 +318,44 @@ class Continuity:
             term=rng.random() < 0.8,
             nostart=rng.random() < 0.02,
         )
-        stdin = rng.choice((0, 0, 0, 5000, 150_000))
-        args = stream_args(spec, rng.choice((1000, 9000, 40_000)), stdin)
         hand = rng.choice(self.world.config.hands)
+        self.exec(
+            c,
+            hand,
+            spec,
+            size=rng.choice((1000, 9000, 40_000)),
+            stdin=rng.choice((0, 0, 0, 5000, 150_000)),
+            timeout_ms=rng.choice((5000, 30_000, 120_000)),
+            grace_ms=rng.choice((None, 200, 1000)),
+        )
+        return hand
+
+    def exec(
+        self,
+        c: StreamClient,
+        hand: str,
+        spec: JobSpec,
+        *,
+        size: int,
+        stdin: int = 0,
+        timeout_ms: int = 60_000,
+        grace_ms: int | None = None,
+    ) -> str:
+        """Ask for a streamed run (`chunks` of `size` bytes of output, `stdin` bytes of input);
+        returns the request id (the run id comes in the first `run_update`)."""
+        assert c.link is not None
         req = self.world.next_id("q")
         c.execs[req] = {"stdin": stdin}
         msg = Exec(
             hand=hand,
             tool="exec",
-            args=args,
-            timeout_ms=rng.choice((5000, 30_000, 120_000)),
-            grace_ms=rng.choice((None, 200, 1000)),
+            args=stream_args(spec, size, stdin),
+            timeout_ms=timeout_ms,
+            grace_ms=grace_ms,
             streams=Streams(stdin=stdin > 0, window=WINDOW),
         )
-        self._send(link, msg, req)
-        return hand
+        self._send(c.link, msg, req)
+        return req
 
     def inject_fault(self) -> str:
         """A fault of the client leg (the fault proxy in front of the Mind for clients)."""
@@ -370,6 +400,13 @@ class Continuity:
         if isinstance(msg, Replaced):
             link.replaced.add(msg.run_id)
             self.checker.notes["replaced"] += 1
+            if run is not None and run.link is link:
+                # its own older connection's attach arrived last and took the run: take it back
+                run.link = None
+                if link is c.link and run.end is None and run.attaching is None:
+                    self.checker.notes["replaced_current"] += 1
+                    link.replaced.discard(msg.run_id)
+                    self.attach(c, run)
             return
         if run is None:
             return
