@@ -43,6 +43,8 @@ class ContinuityChecker:
         self.persisted: dict[str, RunState] = {}
         self.client_runs: dict[str, tuple[StreamClient, ClientRun, int]] = {}
         """run id -> (its client, the client's run, the Mind's life that admitted it)."""
+        self.unattended_end: set[str] = set()
+        """Runs that ended with no client attached (their `run_end` told to nobody)."""
         self.jobs: dict[str, Any] = {}
         """run id -> the Hand's streams of it (`sim.continuity_hand.RunStreams`)."""
 
@@ -82,6 +84,9 @@ class ContinuityChecker:
             )
         if first[0] != life:
             self.notes["ended_again_after_crash"] += 1
+        run = self.world.mind.registry.get(run_id) if self.world.mind is not None else None
+        if run is not None and run.client is None:
+            self.unattended_end.add(run_id)
         if state is RunState.LOST:
             self._lost(run_id)
 
@@ -173,7 +178,8 @@ class ContinuityChecker:
             # An ending the Hand reported is not persisted (only those the Mind decides are): a
             # client that missed it (away, or its `run_end` lost in a cut) and comes back after
             # a Mind crash cannot learn it. Not a second ending, so not a violation; counted.
-            self.notes["owner_missed_ending_across_crash"] += 1
+            kind = "unattended" if run.run_id in self.unattended_end else "run_end_lost_in_a_cut"
+            self.notes[f"owner_missed_ending_across_crash:{kind}"] += 1
         self.notes["client_run_unknown"] += 1
 
     # --- after every event, and once settled ---------------------------------------------------

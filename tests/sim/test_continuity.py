@@ -16,12 +16,14 @@ from hypothesis import settings
 from sim.checker import InvariantViolation
 from sim.jobs import JobSpec
 from sim.network import Link
-from sim.simulation import Config, World, run_seed
+from sim.simulation import Config, Rules, World, run_seed
 from sim.stream_clients import ClientRun, StreamClient
 from sim.variants import VARIANTS
 
+from mind.core.registry import RunRegistry
+from mind.core.runs import PersistEnding
 from protocol.codes import CancelReason
-from protocol.messages import Cancel, CancelRun
+from protocol.messages import Cancel, CancelRun, RunsPresent, StreamPosition
 from protocol.states import RunState
 
 CONTINUITY = VARIANTS["continuity"]
@@ -79,8 +81,9 @@ def test_a_result_sent_before_the_output_is_acknowledged_is_caught() -> None:
 # --- the race matrix: continuity rows -----------------------------------------------------------
 
 
-def world() -> World:
-    w = World(0, 0, config=Config(hands=("h1",), clients=1), rules=replace(CONTINUITY, resume_windows=(W,)))
+def world(rules: Rules | None = None) -> World:
+    rules = rules or replace(CONTINUITY, resume_windows=(W,))
+    w = World(0, 0, config=Config(hands=("h1",), clients=1), rules=rules)
     w.quiesce("setup")
     assert w.mind is not None and w.hands["h1"].proc is not None
     w.mind.loop._latency = lambda: 0.0
@@ -258,17 +261,23 @@ def test_race_two_attachments_at_once_the_newest_wins() -> None:
 
 @pytest.mark.parametrize("crash", [False, True], ids=["same-life", "after-a-mind-crash"])
 def test_race_hand_represents_a_run_the_mind_ended(crash: bool) -> None:
+    race_hand_represents(crash)
+
+
+def race_hand_represents(crash: bool, rules: Rules | None = None, persisted: bool = True) -> None:
     """The Mind sees the Hand's leg go at once, the Hand only much later (a half-open link): the
     Mind's window fires (`lost`, persisted), and the Hand, still running the command, presents
     it when it is back (after a Mind crash: to a Mind that restored the ending from its disk).
     The Hand is told to kill it, not adopted: the ending stays `lost`, and the owner re-attaching
     gets that ending, not a second one."""
-    w = recording(world())
+    w = recording(world(rules))
     c, run = start(w, 60.0)
     link = hand_link(w)
     w.close_link(link, "half-open", 0.0, None)  # the Hand does not notice
     run_for(w, W + 1.0)
-    assert state(w, run) is RunState.LOST and w.ext.disk[run.run_id].end.state is RunState.LOST
+    assert state(w, run) is RunState.LOST
+    if persisted:  # durable before anyone was told
+        assert w.ext.disk[run.run_id].end.state is RunState.LOST
     if crash:
         w.faults.crash_mind()
         run_for(w, 1.0)
@@ -302,3 +311,69 @@ def test_race_a_mind_crash_mid_run_the_command_goes_on_and_finishes() -> None:
     assert run.end is not None and run.end.state is RunState.FAILED and run.end.exit_code == 5
     assert run.outs["stdout"].offset == produced(w, run) and run.outs["stderr"].offset == produced(w, run, "stderr")
     assert run.stdin is not None and run.stdin.acked == 150_000
+
+
+# --- the continuity checker trips on broken rules -----------------------------------------------
+
+
+class ForgetfulRegistry(RunRegistry):
+    """Broken: a Hand's presentation counts for nothing, so every run of that Hand ends `lost`
+    when it comes back, though it holds them all."""
+
+    def on_runs_present(self, hand: str, gen: int, msg: Any, now: float, wall: float) -> list[Any]:
+        return super().on_runs_present(hand, gen, RunsPresent(runs=[]), now, wall)
+
+
+class FarRelayRegistry(RunRegistry):
+    """Broken: an attaching client's output resumes from what the relay forwarded, not from what
+    the client says it holds: the bytes lost with the client's leg are never sent again."""
+
+    def on_attach(
+        self, run_id: str, client: str, owner: str, req_id: str, now: float, wall: float, streams: Any = ()
+    ) -> list[Any]:
+        run = self.get(run_id)
+        if run is not None and not run.terminal:
+            streams = [
+                StreamPosition(stream=name, offset=relay.offset, consumed=relay.acked)  # type: ignore[arg-type]
+                for name, relay in run.relays.items()
+                if name != "stdin"
+            ]
+        return super().on_attach(run_id, client, owner, req_id, now, wall, streams)
+
+
+class UnpersistedRegistry(RunRegistry):
+    """Broken: the endings the Mind decides are not written before anyone is told (nor at all)."""
+
+    def _terminate(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return [a for a in super()._terminate(*args, **kwargs) if not isinstance(a, PersistEnding)]
+
+
+def continuity_violation(registry: type[RunRegistry], invariant: str, seeds: int = 150) -> InvariantViolation:
+    rules = replace(CONTINUITY, registry_cls=registry)
+    seen = []
+    for seed in range(seeds):
+        try:
+            run_seed(seed, 300, rules=rules)
+        except InvariantViolation as violation:
+            if violation.invariant == invariant:
+                return violation
+            seen.append(violation.invariant)
+    pytest.fail(f"no seed out of {seeds} broke '{invariant}' (others broke: {sorted(set(seen))})")
+
+
+def test_a_run_lost_while_its_hand_holds_it_is_caught() -> None:
+    violation = continuity_violation(ForgetfulRegistry, "lost only when nobody can know")
+    assert "while h" in violation.detail and "holds it" in violation.detail
+
+
+def test_output_resumed_from_the_wrong_offset_is_caught() -> None:
+    continuity_violation(FarRelayRegistry, "no byte lost or duplicated")
+
+
+def test_an_ending_the_mind_did_not_persist_is_caught_across_a_crash() -> None:
+    """The scripted row with a Mind crash, on a registry that persists nothing: the restarted Mind
+    adopts the run its earlier life ended `lost`, and it ends again another way."""
+    with pytest.raises(InvariantViolation) as caught:
+        rules = replace(CONTINUITY, registry_cls=UnpersistedRegistry, resume_windows=(W,))
+        race_hand_represents(True, rules, persisted=False)
+    assert caught.value.invariant == "first terminal wins"
