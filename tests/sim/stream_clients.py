@@ -35,6 +35,8 @@ from protocol.messages import (
     Attached,
     CancelRun,
     CancelRunResult,
+    Detach,
+    Detached,
     Error,
     Exec,
     Message,
@@ -55,6 +57,8 @@ if TYPE_CHECKING:
 WINDOW = 64 << 10
 """Every stream's window (`Streams.window`, its minimum): outputs of a few hundred KiB fill it."""
 CHUNK = 16 << 10
+TYPING_S = 0.3
+TYPING_BURST = 4000
 
 
 class ClientLink(Link):
@@ -80,6 +84,8 @@ class ClientRun:
     """The request id of an `attach` not yet answered, and the connection it went on."""
     attach_link: ClientLink | None = None
     end: RunEnd | None = None
+    paced: bool = False
+    """A person typing (a burst every `TYPING_S`) rather than a pipe (as fast as credit allows)."""
     retrying: bool = False
     """An attach the Mind asked to repeat (`resume_pending`) is due again."""
     gave_up: bool = False
@@ -161,6 +167,8 @@ class Continuity:
             if run.attach_link is link:
                 run.attaching = run.attach_link = None
                 left.append(run)
+        for run in left:
+            self._type(run)  # the user goes on typing through the outage
         if c.link is link:
             c.link = None
             self._plan_return(c)
@@ -289,13 +297,22 @@ class Continuity:
                 return f"sclient:offline {c.name}"
             return f"sclient:connect {c.name}"
         mine = [r for r in c.runs.values() if r.end is None and not r.gave_up]
-        kind = pick(self.rng, (("exec", 50), ("cancel", 8 if mine else 0), ("second", 8 if mine else 0)))
+        kind = pick(
+            self.rng,
+            (("exec", 50), ("cancel", 8 if mine else 0), ("second", 8 if mine else 0), ("detach", 6 if mine else 0)),
+        )
         if kind == "exec":
             return f"sclient:exec {c.name} {self._exec(c, c.link)}"
         run = self.rng.choice(mine)
         if kind == "cancel":
             self._send(c.link, CancelRun(run_id=run.run_id), self.world.next_id("q"))
             return f"sclient:cancel {c.name} {run.run_id}"
+        if kind == "detach":
+            if run.link is not c.link or run.attaching is not None:
+                return f"sclient:none {c.name}"
+            keep = self.rng.choice((None, 2.0, 3 * self.world.window))
+            self._send(c.link, Detach(run_id=run.run_id, keep_s=keep), self.world.next_id("q"))
+            return f"sclient:detach {c.name} {run.run_id} keep {keep}"
         # two attachments at once: a new connection takes every run while the old one is open
         old = c.link
         if self.connect(c) is None:
@@ -423,7 +440,9 @@ class Continuity:
                 return
         if run.link is not link:
             return  # an attachment this run has left
-        if isinstance(msg, RunEnd):
+        if isinstance(msg, Detached):
+            self._detached(c, run, msg.keep_s)
+        elif isinstance(msg, RunEnd):
             run.ends += 1
             self.checker.on_client_end(c, run, msg)
             run.end = msg
@@ -450,6 +469,9 @@ class Continuity:
         )
         c.runs[run_id] = run
         self.checker.on_client_run(c, run)
+        if run.stdin is not None and self.rng.random() < 0.5:
+            run.paced = True
+            self._typing(run)
         if c.link is not None and link is not c.link:  # asked on a connection it has left since
             self.attach(c, run)
             return
@@ -462,6 +484,26 @@ class Continuity:
             if pos.stream == "stdin" and run.stdin is not None:
                 self._resend_stdin(c, run, pos.offset, pos.consumed)
         self._type(run)
+
+    def _detached(self, c: StreamClient, run: ClientRun, keep: float) -> None:
+        """`mind exec --detach`: the run goes on unattended; the owner comes back for it within
+        what the Mind keeps it, or after (it then finds its ending), or never."""
+        run.link = None
+        w = self.world
+        after = pick(self.rng, (("within", 50), ("after", 30), ("never", 20)))
+        self.checker.notes[f"detached:{after}"] += 1
+        if after == "never":
+            run.gave_up = True
+            return
+        run.retrying = True
+
+        def back() -> None:
+            run.retrying = False
+            if c.link is not None and run.end is None and run.attaching is None and run.link is None:
+                self.attach(c, run)
+
+        delay = keep * 0.5 if after == "within" else keep + 1.0
+        w.clock.at(w.clock.now + delay, back, label="client_reattach")
 
     def _attach_refused(self, c: StreamClient, run: ClientRun, msg: Error) -> None:
         self.checker.notes[f"attach_refused:{msg.code.value}"] += 1
@@ -503,19 +545,40 @@ class Continuity:
     # --- stdin ---------------------------------------------------------------------------------
 
     def _type(self, run: ClientRun) -> None:
-        """Type stdin as fast as credit allows, then its end (`cat file | mind exec ...`)."""
-        out, link = run.stdin, run.link
-        if out is None or link is None or run.attaching is not None or run.end is not None or out.eof:
+        """Type stdin as fast as credit allows, then its end (`cat file | mind exec ...`). While
+        the run is not attached (an outage, an attach not yet answered) what is typed is kept by
+        the endpoint and goes when the Mind says where to resume from: once, in order."""
+        out = run.stdin
+        if out is None or run.end is not None or run.gave_up or out.eof:
             return
+        link = run.link if run.attaching is None else None
         left = run.stdin_total - out.offset
-        n = min(left, out.credit())
+        n = min(left, out.credit(), TYPING_BURST if run.paced else left)
         if n > 0:
             data = pattern(run.run_id, "stdin", out.offset, n)
-            for offset, piece, _ in out.send(data, CHUNK):
-                self._send(link, StreamData(run_id=run.run_id, stream="stdin", offset=offset, data=piece))
+            chunks = out.send(data, CHUNK)
+            if link is None:
+                self.checker.notes["stdin_typed_while_away"] += n
+            else:
+                for offset, piece, _ in chunks:
+                    self._send(link, StreamData(run_id=run.run_id, stream="stdin", offset=offset, data=piece))
         if out.offset == run.stdin_total:
             offset, _, _ = out.close()
-            self._send(link, StreamData(run_id=run.run_id, stream="stdin", offset=offset, eof=True))
+            if link is not None:
+                self._send(link, StreamData(run_id=run.run_id, stream="stdin", offset=offset, eof=True))
+
+    def _typing(self, run: ClientRun) -> None:
+        """The next burst a person types, on and on until the end of input or of the run."""
+        out = run.stdin
+        if out is None or run.end is not None or run.gave_up or out.eof:
+            return
+        w = self.world
+
+        def burst() -> None:
+            self._type(run)
+            self._typing(run)
+
+        w.clock.at(w.clock.now + TYPING_S, burst, label="typing")
 
     def _resend_stdin(self, c: StreamClient, run: ClientRun, offset: int, consumed: int) -> None:
         assert run.stdin is not None and run.link is not None

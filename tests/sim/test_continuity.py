@@ -40,7 +40,7 @@ def test_continuity_seeds_hold_every_invariant(chunk: int) -> None:
 def test_the_seeds_exercise_continuity() -> None:
     """The mix reaches every path the invariants are about."""
     notes: Counter[str] = Counter()
-    for seed in range(20):
+    for seed in range(40):
         notes.update(run_seed(seed, 300, rules=CONTINUITY).checker.notes)
     for what in (
         "rebound",  # a Hand back within the window
@@ -57,6 +57,9 @@ def test_the_seeds_exercise_continuity() -> None:
         "complete_outputs",
         "attach_refused:resume_pending",
         "client_return:edge",
+        "detached:within",  # `--detach`, then `attach` within the keep
+        "detached:after",
+        "stdin_typed_while_away",  # typed during an outage: delivered once, in order, on resume
     ):
         assert notes[what] > 0, what
 
