@@ -45,6 +45,7 @@ class ContinuityChecker:
         """run id -> (its client, the client's run, the Mind's life that admitted it)."""
         self.unattended_end: set[str] = set()
         """Runs that ended with no client attached (their `run_end` told to nobody)."""
+        self.full: set[tuple[str, str]] = set()
         self.jobs: dict[str, Any] = {}
         """run id -> the Hand's streams of it (`sim.continuity_hand.RunStreams`)."""
 
@@ -194,6 +195,9 @@ class ContinuityChecker:
                 for o in st.outs.values():
                     if o.out.kept > st.window:
                         self.fail("memory: a sender keeps at most its window", f"{slot.label} {st.run_id} {o.name}")
+                    if o.out.kept == st.window and (st.run_id, o.name) not in self.full:
+                        self.full.add((st.run_id, o.name))  # the credit rule stopped it there
+                        self.notes["hand_sender_full"] += 1
         for c in self.ext.clients:
             for run in c.runs.values():
                 if run.stdin is not None and run.stdin.kept > run.stdin.sender.window:

@@ -55,6 +55,7 @@ def test_the_seeds_exercise_continuity() -> None:
         "stdin_resumed",
         "client_repeat_dropped",  # a chunk in flight before a resume, and its resent copy
         "complete_outputs",
+        "hand_sender_full",  # a window's worth kept, unacknowledged: the credit rule stopped the Hand
         "attach_refused:resume_pending",
         "client_return:edge",
         "detached:within",  # `--detach`, then `attach` within the keep
