@@ -213,6 +213,8 @@ class Continuity:
         for c in self.clients:
             if c.returning:
                 out.append(f"{c.name} returning")
+            if c.link is not None and not c.link.open:
+                out.append(f"{c.name} has not noticed {c.link.conn} closed")
             for run in c.runs.values():
                 if run.attaching is not None or run.retrying:
                     out.append(f"{c.name} attaching {run.run_id}")
