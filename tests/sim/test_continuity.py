@@ -112,6 +112,7 @@ def run_for(w: World, seconds: float) -> None:
     """Let `seconds` pass with every frame delivered as soon as it can be (a loopback network)."""
     end = w.clock.now + seconds
     while w.clock.now < end:
+        w.drain()
         w.deliver_all()
         w.advance(min(0.05, end - w.clock.now))
     w.deliver_all()
@@ -261,6 +262,23 @@ def test_race_two_attachments_at_once_the_newest_wins() -> None:
     assert run.end is not None and run.end.state is RunState.SUCCEEDED and run.ends == 1
     assert run.outs["stdout"].offset == produced(w, run)
     assert run.stdin is not None and run.stdin.acked == 100_000  # the command read all of its stdin
+
+
+def test_race_a_hand_restart_presents_nothing_and_the_run_is_lost_at_once() -> None:
+    """kill -9 of the Hand mid-run: the new Hand process presents nothing, so the run is `lost`
+    the moment it is back ("hand restarted"), not at the window's end, and the client hears it."""
+    w = world()
+    c, run = start(w, 30.0)
+    slot = w.hands["h1"]
+    w.faults.crash_hand(slot)
+    run_for(w, 0.5)
+    assert state(w, run) is RunState.RUNNING  # waiting for its Hand, within the window
+    w.start_hand(slot)
+    run_for(w, 0.5)
+    assert state(w, run) is RunState.LOST and w.clock.now < W
+    assert run.end is not None and run.end.state is RunState.LOST and "restarted" in (run.end.reason or "")
+    assert w.ext.disk[run.run_id].end.state is RunState.LOST
+    settle(w)
 
 
 @pytest.mark.parametrize("crash", [False, True], ids=["same-life", "after-a-mind-crash"])
