@@ -179,14 +179,19 @@ class RunRegistry:
             )
         return acts
 
-    def _terminate(self, run: Run, end: RunEnd, now: float, wall: float, mind_decided: bool = False) -> list[Action]:
+    def _terminate(
+        self, run: Run, end: RunEnd, now: float, wall: float, mind_decided: bool = False, durable: bool = False
+    ) -> list[Action]:
         """Set the one terminal state of `run`. Callers have checked the transition is legal.
         `mind_decided`: nobody reported it, the Mind decided it; with continuity on, it is written
-        durably first (`PersistEnding`). With the window 0 no run outlives its connections, so no
-        Hand can ever re-present one and there is nothing to persist."""
+        durably first (`PersistEnding`). `durable`: a Hand's result, written first too, because the
+        Hand lets it go at the `result_ack` that follows: a Mind that crashed after acknowledging
+        would otherwise adopt the run when it is presented again and could end it a second way.
+        With the window 0 no run outlives its connections, so no Hand can ever re-present one and
+        there is nothing to persist."""
         kept = retained(end)
         acts: list[Action] = []
-        if mind_decided and self.resume_window > 0:
+        if (mind_decided or durable) and self.resume_window > 0:
             acts.append(PersistEnding(run.run_id, kept, run.owner, run.cancel_reason, run.args_digest))
         acts += self._move(run, end.state)
         run.end = kept
@@ -469,7 +474,7 @@ class RunRegistry:
         fields = {k: getattr(res, k) for k in OUTCOME_FIELDS}
         fields["progress_dropped"] = res.progress_dropped + run.dropped
         end = RunEnd(hand=run.hand, tool=run.tool, **fields)
-        return self._terminate(run, end, now, wall) + ack
+        return self._terminate(run, end, now, wall, durable=run.background is None) + ack
 
     def on_cancel_result(
         self, run_id: str, hand: str, gen: int, status: CancelStatus, now: float, wall: float

@@ -395,10 +395,8 @@ def test_any_order_of_outages_and_returns_keeps_one_terminal_persisted_first(eve
             assert not ended and state(reg) is terminal, "first terminal wins"
         elif ended:
             terminal = state(reg)
-            if terminal is not RunState.SUCCEEDED:  # the Mind decided it: persisted before anything else
-                assert isinstance(acts[0], PersistEnding) and acts[0].end.state is terminal
-            else:
-                assert not any(isinstance(a, PersistEnding) for a in acts)
+            # decided by the Mind, or the Hand's result (acknowledged after): persisted before anything else
+            assert isinstance(acts[0], PersistEnding) and acts[0].end.state is terminal
     reg.on_tick(now + 10 * WINDOW + 700, 99_999.0)
     assert state(reg) in (RunState.SUCCEEDED, RunState.LOST, RunState.CANCELLED, RunState.TIMED_OUT) or (
         state(reg) in (RunState.RUNNING, RunState.CANCEL_REQUESTED) and live and reg.get("r1").client is not None
@@ -418,3 +416,37 @@ def test_the_rpc_names_the_runs_owner_so_a_restarted_mind_can_adopt_it():
     anon = RunRegistry(resume_window=WINDOW)
     (rpc,) = to_hand(anon.admit("r2", req, "c1", "q2", 1, True, now=0.0, wall=1000.0))
     assert rpc.owner is None
+
+
+def test_a_result_taken_with_a_window_is_durable_before_its_ack_so_a_crash_cannot_end_it_twice():
+    """Found by the simulation (seed 4418 of `scripts/sim --variant continuity`): the Mind takes a
+    Hand's result and tells the client (`cancelled`), then crashes before its `result_ack` reaches
+    the Hand. The Hand presents the run again with the result pending; the restarted Mind, which
+    remembered nothing, adopts it, and when the Hand's leg then stays away past the window it
+    decides `lost`: a second, different ending. With a window, a result the Mind takes is written
+    durably (`PersistEnding`) before the client and the Hand hear of it, like the endings it decides
+    itself, so the next life kills the re-presented run and gives the owner the first ending."""
+    reg = setup()
+    acts = reg.on_result(ok("cancelled"), HAND, 1, 5.0, 1005.0)
+    persisted = [a for a in acts if isinstance(a, PersistEnding)]
+    assert persisted and persisted[0].end.state is RunState.CANCELLED and persisted[0].owner == "alice"
+    told = [i for i, a in enumerate(acts) if isinstance(a, SendToClient | SendToHand)]
+    assert ResultAck(run_id="r1") in to_hand(acts) and all(acts.index(persisted[0]) < i for i in told)
+
+    # the crash: a new life restores the ending; the Hand presents the run with its result pending
+    new = RunRegistry(resume_window=WINDOW)
+    p = persisted[0]
+    new.restore(p.end, p.owner, p.cancel_reason, p.args_digest, 1006.0, 100.0)
+    new.expect_presentations(100.0 + WINDOW)
+    pending = PresentedRun(run_id="r1", started=True, result_pending=True, owner="alice", tool="exec", remaining_ms=0)
+    acts = new.on_runs_present(HAND, 2, RunsPresent(runs=[pending]), 100.0, 5000.0)
+    assert [m.run_id for m in to_hand(acts) if isinstance(m, Cancel)] == ["r1"]  # killed, not adopted
+    new.on_hand_gone(HAND, 2, 101.0, 5001.0)
+    new.on_tick(101.0 + WINDOW + 1, 5100.0)
+    (end,) = to_client(new.on_attach("r1", "c1", "alice", "q1", 120.0, 5020.0))
+    assert isinstance(end, RunEnd) and end.state is RunState.CANCELLED  # the first ending, still
+
+
+def test_without_a_window_no_result_is_persisted():
+    reg = setup(window=0.0)
+    assert not any(isinstance(a, PersistEnding) for a in reg.on_result(ok(), HAND, 1, 5.0, 1005.0))

@@ -15,7 +15,9 @@ Beside `sim.checker` (which still checks every rule of §3, §5, §7 and §8):
 - memory: what each sender keeps (`Outgoing.kept`: the Hand's output, the client's stdin) and
   what the Mind relays unacknowledged never exceeds the stream's window;
 - a client hears one `run_end` per run, agreeing with the registry, and nothing for a run on a
-  connection told it was `replaced`.
+  connection told it was `replaced`;
+- the owner learns how its run ended, across a Mind crash too: an attach is answered "unknown run"
+  only for a run no life of the Mind ever ended (or one refused before it ran).
 """
 
 from __future__ import annotations
@@ -175,12 +177,17 @@ class ContinuityChecker:
         life = self.world.mind.life if self.world.mind is not None else -1
         if known is not None and known[2] == life:
             self.fail("attach finds its run", f"{c.name} attaching {run.run_id}: {msg.code.value} {msg.message}")
-        if run.run_id in self.first_end:
-            # An ending the Hand reported is not persisted (only those the Mind decides are): a
-            # client that missed it (away, or its `run_end` lost in a cut) and comes back after
-            # a Mind crash cannot learn it. Not a second ending, so not a violation; counted.
-            kind = "unattended" if run.run_id in self.unattended_end else "run_end_lost_in_a_cut"
-            self.notes[f"owner_missed_ending_across_crash:{kind}"] += 1
+        first = self.first_end.get(run.run_id)
+        if first is not None:
+            # Every ending of a run that reached its Hand is durable (the Mind's own, and with a
+            # window the Hand's results): a crash cannot make its owner's run unknown. A refused
+            # run never ran; its `run_end` lost in a cut before a crash is the one thing forgotten.
+            if first[1] is not RunState.REJECTED:
+                self.fail(
+                    "the owner learns how its run ended",
+                    f"{c.name} attaching {run.run_id} in life {life}: {msg.code.value}; life {first[0]} ended it {first[1]}",
+                )
+            self.notes["owner_missed_refusal_across_crash"] += 1
         self.notes["client_run_unknown"] += 1
 
     # --- after every event, and once settled ---------------------------------------------------

@@ -187,7 +187,7 @@ def test_race_result_vs_window_expiry(back: float) -> None:
     if back < W:
         assert run.end.state is RunState.FAILED and run.end.exit_code == 3
         assert run.outs["stdout"].offset == produced(w, run) > 0
-        assert run.run_id not in w.ext.disk  # the Hand reported it: nothing the Mind decided
+        assert w.ext.disk[run.run_id].end.exit_code == 3  # the Hand's result, durable before its ack
     else:
         assert run.end.state is RunState.LOST
         assert w.ext.disk[run.run_id].end.state is RunState.LOST  # durable before anyone was told
