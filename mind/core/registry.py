@@ -548,7 +548,7 @@ class RunRegistry:
         for p in msg.runs:
             presented.add(p.run_id)
             run = self._runs.get(p.run_id)
-            if run is None and p.owner is not None and p.tool is not None:
+            if run is None and p.owner is not None and p.tool is not None and self._adopting(now):
                 acts += self._adopt(hand, gen, p, now, wall)
                 continue
             if run is None or run.hand != hand or run.terminal:
@@ -570,6 +570,11 @@ class RunRegistry:
             why = "hand restarted: it no longer has this run"
             acts += self._terminate(run, self._end(run, RunState.LOST, why, now), now, wall, mind_decided=True)
         return acts
+
+    def _adopting(self, now: float) -> bool:
+        """A Mind that restarted adopts unknown runs only within its window: past it, an attach to
+        such a run was told `unknown_run`, and a run adopted later would end unheard of."""
+        return self._presentations_until is not None and now < self._presentations_until
 
     def _adopt(self, hand: str, gen: int, p: PresentedRun, now: float, wall: float) -> list[Action]:
         """A run this registry never admitted, presented by its Hand with its owner: the Mind

@@ -450,3 +450,24 @@ def test_a_result_taken_with_a_window_is_durable_before_its_ack_so_a_crash_canno
 def test_without_a_window_no_result_is_persisted():
     reg = setup(window=0.0)
     assert not any(isinstance(a, PersistEnding) for a in reg.on_result(ok(), HAND, 1, 5.0, 1005.0))
+
+
+def test_a_run_presented_after_the_restarted_minds_window_is_killed_not_adopted():
+    """Found by the simulation (seeds 1163, 1447, 1497, ... of the continuity variant): a Mind
+    that restarted tells an attach `resume_pending` for its window, then `unknown_run`. A Hand
+    that comes back only after that (a partition) presented the run, and the Mind adopted it and
+    ended it: its owner, told the run was unknown, never hears that ending. Past the window a
+    presented run the Mind does not know is killed, as the attach was told."""
+    reg = RunRegistry(resume_window=WINDOW)
+    reg.expect_presentations(100.0 + WINDOW)
+    (refused,) = to_client(reg.on_attach("r1", "c1", "alice", "q1", 100.0 + WINDOW + 1, 5061.0))
+    assert isinstance(refused, Error) and refused.code is ErrorCode.UNKNOWN_RUN
+    late = PresentedRun(run_id="r1", started=True, result_pending=True, owner="alice", tool="exec", remaining_ms=0)
+    acts = reg.on_runs_present(HAND, 2, RunsPresent(runs=[late]), 100.0 + WINDOW + 2, 5062.0)
+    assert [m.run_id for m in to_hand(acts) if isinstance(m, Cancel)] == ["r1"]
+    assert reg.get("r1") is None  # still unknown, as the owner was told
+    # within the window the same presentation is adopted
+    early = RunRegistry(resume_window=WINDOW)
+    early.expect_presentations(100.0 + WINDOW)
+    assert not to_hand(early.on_runs_present(HAND, 2, RunsPresent(runs=[late]), 101.0, 5001.0))
+    assert early.get("r1") is not None
