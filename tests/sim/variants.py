@@ -14,6 +14,15 @@ that the fix is what makes the seeds pass:
   start `lost` and kept a stale `queued` snapshot), and waiting starts were decided in the CALLER's
   task, so a reader cancelled mid-commit stranded a committed batch (`HandProcess.
   cancel_waits_for_starts`, `HandTasks.admit_in_owner`, both False here).
+
+And the code as issue 22 ("Continuity") is being built:
+- `continuity`: each seed's Mind has a resume window (5, 20 or 60 s); Hands keep their runs across a
+  drop (`sim.continuity_hand`), clients on links of their own resume and re-attach
+  (`sim.stream_clients`), streamed runs go through the real stream endpoints, and the continuity
+  invariants are checked too (`sim.continuity_checker`).
+- `continuity-result-before-ack`: the same, with a Hand that sends its result once its output's end
+  is SENT (as `hand/aio/streams.py` does today) instead of acknowledged: a client away at that
+  moment loses the tail (about half the seeds).
 """
 
 from __future__ import annotations
