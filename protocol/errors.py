@@ -14,9 +14,10 @@ them by it (`ValueError`).
     ├── ConfigError (ValueError)       protocol/io/settings.py     a setting the operator must fix
     ├── TLSConfigError (ValueError)    protocol/io/tls.py          a certificate, key, CA or pin unusable
     ├── ClientError(code, message)     mind/errors.py              a client call could not be made or answered
-    │   ├── RunFailed                  mind/client/aio.py          a run that did not succeed, for `call`
+    │   ├── RunFailed                  mind/client/run.py          a run that did not succeed, for `call`
     │   ├── EmptySelection             mind/client/fleet.py        a fleet selector that matches no Hand
     │   └── CopyError                  mind/client/files.py        a copy (`mind cp`) that failed, was refused or lost
+    ├── StillRunning                   mind/client/run.py          not an error: a wait bound passed, the run goes on detached
     ├── SelectorError                  mind/core/selector.py       a fleet selector or label that does not parse
     ├── LimitError                     mind/core/fleet.py          a --max-concurrency / --max-errors that is not N or P%
     ├── WsError, Invalid               mind/client/                the fast path: transport, reply checks

@@ -799,6 +799,9 @@ class ListRuns(Message):
     """The `next_after` of the previous page: the runs admitted before those already listed."""
     fleet: Id | None = None
     """Only the members of this fleet run."""
+    unattended: Bool = False
+    """Only runs still going with a leg away: detached or left by their client, or waiting for their
+    Hand (DESIGN §15; `mind runs --unattended`)."""
 
 
 class RunList(Message):

@@ -45,8 +45,12 @@ INBOUND = (
     "stream_ack",
     "run_end",
     "cancel_run_result",
+    "stream_resume",
+    "attached",
+    "replaced",
+    "detached",
 )
-OUTBOUND = ("hello", "proof", "exec", "cancel_run", "stream_data", "stream_ack", "resize")
+OUTBOUND = ("hello", "proof", "exec", "cancel_run", "stream_data", "stream_ack", "resize", "attach", "detach")
 
 
 class Unsupported(Exception):
@@ -146,6 +150,11 @@ class Generator:
         if t == "any":
             _allow(s, where, set())
             return self.use("any_value")
+        if t == "list":
+            _allow(s, where, {"items_schema", "max_length", "min_length", "strict"})
+            inner = self.check(s["items_schema"], f"{where}[]")
+            bounds = kwargs(min_len=s.get("min_length"), max_len=s.get("max_length"))
+            return f"{self.use('list_of')}({inner}{', ' + bounds if bounds else ''})"
         if t in ("model", "function-after"):
             return self.nested_model(s, where)
         raise Unsupported(f"{where}: a {t!r} schema is not supported by scripts/gen_wire.py")
@@ -197,7 +206,13 @@ class Generator:
             _allow(field, at, {"schema"})
             fs = field["schema"]
             default = self.use("REQUIRED")
-            if fs["type"] == "default":
+            if fs["type"] == "default" and "default_factory" in fs:
+                _allow(fs, at, {"schema", "default_factory", "default_factory_takes_data"})
+                if fs["default_factory"] is not list or fs.get("default_factory_takes_data"):
+                    raise Unsupported(f"{at}: only `default_factory=list` is supported")
+                default = f"{self.use('Factory')}(list)"
+                fs = fs["schema"]
+            elif fs["type"] == "default":
                 _allow(fs, at, {"schema", "default"})
                 default = self.default(fs["default"], at)
                 fs = fs["schema"]
@@ -237,6 +252,10 @@ class Generator:
         for field, info in model.model_fields.items():
             if info.is_required():
                 params.append(f"    {field}: Any,")
+            elif info.default_factory is list:  # a fresh list each time, as the model makes it
+                params.append(f"    {field}: Any = None,")
+                items.append(f"            {py(field)}: [] if {field} is None else {field},")
+                continue
             else:
                 params.append(
                     f"    {field}: Any = {self.default(info.get_default(call_default_factory=False), model.TYPE)},"

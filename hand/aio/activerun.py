@@ -9,6 +9,9 @@ the kill. `hand.aio.runs.RunTable` owns it, decides its result by `hand.core.run
   then the cancel broadcast that kills the tree: SIGTERM, grace, SIGKILL).
 - Progress is observation only: past the caps it is dropped and counted (`progress_dropped`),
   execution goes on, and no progress is sent after the result.
+- Continuity (DESIGN §15): with a resume window a run outlives its connection, and its result is
+  kept (`KeptResult`) until the Mind acknowledges it; `presented` is how either is described to the
+  Mind on the next connection (`runs_present`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from hand.system.process import ProcessOutcome, ProcessRun, Stream
 from hand.system.pty import PtyOutcome, PtyRun
 from hand.system.tools import Prepared, ProcessSpec
 from protocol.control import RunAborted, RunControl
-from protocol.messages import Message, Progress, Rpc
+from protocol.messages import Message, PresentedRun, Progress, Result, Rpc
 
 Send = Callable[[Message], None]
 
@@ -48,6 +51,26 @@ class ActiveRun:
     task: asyncio.Task[None] | None = None
     streams: RunStreams | None = None
     """Set when the run's bytes are streams (the client is attached): output is never dropped."""
+    started: bool = False
+    """`started` was sent (the process exists): what the run's presentation says."""
+    told_to_stop: bool = False
+    """The Mind sent a `cancel` for it: its result goes out at once, whatever its streams wait for
+    (the Mind ended the run, or wants the truth now)."""
+
+    def presented(self, now: float) -> PresentedRun:
+        """The run as the Hand presents it after a cut: enough for a Mind that restarted to adopt it."""
+        deadline = self.ctl.deadline if self.ctl.deadline is not None else now
+        return PresentedRun(
+            run_id=self.rpc.run_id,
+            started=self.started,
+            streams=self.streams.positions() if self.streams is not None else [],
+            owner=self.rpc.owner,
+            tool=self.rpc.tool,
+            remaining_ms=max(0, int((deadline - now) * 1000)),
+            grace_ms=self.rpc.grace_ms,
+            spec=self.rpc.streams,
+            args_digest=self.digest,
+        )
 
     async def run_process(self, spec: ProcessSpec, send: Send, metrics: HandMetrics) -> ProcessOutcome | PtyOutcome:
         """Run the command, on a terminal or not, with its output as progress (or streams)."""
@@ -149,6 +172,40 @@ class ActiveRun:
             else:
                 self.dropped += 1
                 metrics.progress_dropped(len(piece))
+
+
+@dataclass(eq=False)
+class KeptResult:
+    """A result the Mind has not acknowledged yet (kept only with a resume window): presented and
+    sent again after a cut. A streamed run's result goes out only after its output streams were
+    resumed (their bytes first, then the end, then the result: the Mind takes no bytes of a run
+    that has ended)."""
+
+    run: ActiveRun
+    result: Result
+    sent: bool = False
+    """Sent on the current connection."""
+
+    @property
+    def held(self) -> bool:
+        """Its output waits for the Mind to say where the client stands (`stream_resume`)."""
+        streams = self.run.streams
+        return streams is not None and streams.awaiting and not self.run.told_to_stop
+
+    def presented(self) -> PresentedRun:
+        run = self.run
+        return PresentedRun(
+            run_id=run.rpc.run_id,
+            started=run.started,
+            streams=run.streams.positions() if run.streams is not None else [],
+            result_pending=True,
+            owner=run.rpc.owner,
+            tool=run.rpc.tool,
+            remaining_ms=0,
+            grace_ms=run.rpc.grace_ms,
+            spec=run.rpc.streams,
+            args_digest=run.digest,
+        )
 
 
 def cpu_limit(prepared: Prepared) -> int | None:

@@ -9,10 +9,17 @@ Rules (DESIGN §4, §8, §9):
   verification (CA file, hostname) or its pin, and the Mind refuses our credential (`auth_failed`:
   unknown or wrong secret, `revoked`). Local errors (files, flags) the CLI catches before this loop.
 - Keepalive both ways (`ping_interval`/`ping_timeout`): a dead peer is noticed within about two
-  intervals, and the connection's runs are then cancelled (`connection_lost`): nobody can receive
-  their results, and the Mind has already marked them `lost`.
-- Never resend an RPC or a result of an earlier connection: each connection has its own channel
-  (seq, gen), run table and task group, and what was queued for a dead connection dies with it.
+  intervals. With the Mind's resume window at 0 the connection's runs are then cancelled
+  (`connection_lost`): nobody can receive their results, and the Mind has already marked them `lost`.
+- Continuity (DESIGN §15): with a resume window above 0 (the last `welcome`'s), the foreground run
+  table outlives the connection: its runs go on (their output held, as for a slow reader), and if no
+  new `welcome` comes within the window they are cancelled (`connection_lost`, tree killed) and
+  their results forgotten. After the next `welcome` the first frame is `runs_present` (live runs and
+  results not acknowledged), then the kept results again, then normal traffic. The runs' tasks
+  belong to an agent-level task group (`_connect_forever`), not to a connection's.
+- Never resend an RPC of an earlier connection: each connection has its own channel (seq, gen) and
+  task group, and what was queued for a dead connection dies with it (a run's kept bytes and result
+  are the run's, and go out again only when the Mind asks or acknowledges).
 - One writer path per connection (`_Wire.send` stamps and queues in one synchronous step), so seq
   order == wire order whatever task sends.
 - A frame we cannot decode, or a message a Mind may not send, gets an `error` frame and a close.
@@ -49,7 +56,7 @@ from websockets.uri import parse_uri
 
 from hand.aio.health import ADDR_FILE, HealthServer
 from hand.aio.metrics import HandMetrics
-from hand.aio.runs import RecentRuns, RunTable
+from hand.aio.runs import RecentRuns, RunTable, Spawn
 from hand.aio.tasks import TaskManager
 from hand.core.backoff import Backoff
 from hand.core.http import shown_url
@@ -80,6 +87,7 @@ from protocol.messages import (
     Rpc,
     StreamAck,
     StreamData,
+    StreamResume,
     TaskCancel,
     TaskCancelResult,
     TaskInventory,
@@ -94,6 +102,7 @@ T = TypeVar("T")
 M = TypeVar("M", bound=Message)
 
 OPEN_TIMEOUT_S = 10.0
+REDIAL_AT_ONCE_AFTER_S = 1.0
 CLOSE_TIMEOUT_S = 2.0
 
 
@@ -222,6 +231,11 @@ class Agent:
         self.gen: int | None = None
         """The generation of the live connection (None between connections), for tests and logs."""
         self.tasks: TaskManager | None = None
+        self._table: RunTable | None = None
+        """The foreground runs; kept across a cut while the Mind's resume window lasts."""
+        self._expiry: asyncio.TimerHandle | None = None
+        """The end of the window after a cut: the kept runs are cancelled then."""
+        self._spawn_run: Spawn | None = None
         self.policy = LivePolicy(config.policy)
         self.metrics = HandMetrics()
         self.metrics.build.info({"version": self._claims.version})
@@ -329,6 +343,26 @@ class Agent:
         self._stop.set()
 
     async def _connect_forever(self) -> int:
+        """Dial and serve until stopped. The foreground runs' tasks are owned here, not by one
+        connection: with a resume window they outlive it. Whatever is still kept at the end (a
+        stop during a cut) is cancelled with `shutdown` and waited for, bounded."""
+        async with asyncio.TaskGroup() as runs:
+            self._spawn_run = runs.create_task
+            try:
+                return await self._dial_forever()
+            finally:
+                await self._drop_kept()
+
+    async def _drop_kept(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        table, self._table = self._table, None
+        if table is not None:
+            table.expire(CancelReason.SHUTDOWN)  # nobody is connected to receive the results
+            await table.wait_idle(self.cfg.kill_grace + 1)
+
+    async def _dial_forever(self) -> int:
         loop = asyncio.get_running_loop()
         uri = self._uri
         while not self._stop.is_set():
@@ -367,6 +401,11 @@ class Agent:
                 break
             self._backoff.connection_ended(lived)
             delay = self._backoff.next_delay()
+            if lived is not None and lived >= REDIAL_AT_ONCE_AFTER_S and self._expiry is not None:
+                # Runs wait for us: the first redial after a connection that served is at once (a
+                # blink costs its length, not a backoff draw); the next ones back off as usual, and
+                # a connection that flaps gets this at most once a second.
+                delay = 0.0
             self.metrics.backoff.set(delay)
             self._log.info("reconnect_wait", delay=round(delay, 3), attempt=self._backoff.attempt)
             with suppress(TimeoutError):
@@ -459,23 +498,24 @@ class Agent:
         log = self._log.bind(gen=welcome.gen)
         self.gen = welcome.gen
         self.metrics.welcomed()
-        log.info("welcome", mind_ping_interval_s=welcome.ping_interval_s)
+        log.info("welcome", mind_ping_interval_s=welcome.ping_interval_s, resume_window_s=welcome.resume_window_s)
         wire = _Wire(ws, channel, log)
+        table = self._table_for(welcome, log)
+        if welcome.resume_window_s > 0:
+            wire.send(table.present())  # the first frame after welcome: what this Hand still holds
+        table.rewire(wire.send)
+        try:
+            await self._serve_wire(ws, wire, table, log)
+        finally:
+            if self._table is table and self._expiry is None:  # left by an error: never unowned
+                self._after_cut(table, log)
+
+    async def _serve_wire(self, ws: ClientConnection, wire: _Wire, table: RunTable, log: Any) -> None:
+        """Read and write this connection until it ends, then end or keep its runs."""
         reason = CancelReason.CONNECTION_LOST
         why = "?"
+        kept = False
         async with asyncio.TaskGroup() as tg:
-            table = RunTable(
-                root=self.cfg.root,
-                policy=self.policy,  # a LivePolicy: a SIGHUP reload swaps what it holds
-                send=wire.send,
-                spawn=tg.create_task,
-                sanitize=self._sanitize,
-                recent=self._recent,
-                kill_grace=self.cfg.kill_grace,
-                log=log,
-                sandbox=self._sandbox,
-                metrics=self.metrics,
-            )
             wire.writer = tg.create_task(wire.write_loop())
             if self.tasks is not None:
                 self.tasks.attach(wire.send)
@@ -488,7 +528,11 @@ class Agent:
                     why = reader.result()
                 else:
                     reason, why = CancelReason.SHUTDOWN, "shutdown"
-                table.cancel_all(reason)  # foreground runs only: tasks outlive the connection
+                if reason is CancelReason.CONNECTION_LOST:
+                    kept = self._after_cut(table, log)
+                else:
+                    self._table = None
+                    table.cancel_all(reason)  # foreground runs only: tasks outlive the connection
                 if reason is CancelReason.SHUTDOWN:  # the results and task updates can still go out
                     ending: list[Awaitable[object]] = [table.wait_idle(self.cfg.kill_grace + 1)]
                     if self.tasks is not None:
@@ -498,11 +542,65 @@ class Agent:
                 await wire.finish(CLOSE_TIMEOUT_S)
                 with suppress(Exception):
                     await ws.close()
-                await table.wait_idle(self.cfg.kill_grace + 1)
+                if not kept:
+                    await table.wait_idle(self.cfg.kill_grace + 1)
             finally:
                 if self.tasks is not None:
                     self.tasks.attach(None)
-        log.info("connection_lost" if reason is CancelReason.CONNECTION_LOST else "connection_closed", reason=why)
+        event = "connection_lost" if reason is CancelReason.CONNECTION_LOST else "connection_closed"
+        log.info(event, reason=why, runs_kept_s=table.window if kept else 0)
+
+    def _after_cut(self, table: RunTable, log: Any) -> bool:
+        """The connection is gone (not a shutdown). With a window the runs wait for the Mind (True);
+        without one they are cancelled, `connection_lost`, as before continuity."""
+        if table.window > 0:
+            table.on_cut()
+            self._expiry = asyncio.get_running_loop().call_later(table.window, self._expire, table, log)
+            return True
+        if self._table is table:
+            self._table = None
+        table.cancel_all(CancelReason.CONNECTION_LOST)
+        return False
+
+    def _table_for(self, welcome: Welcome, log: Any) -> RunTable:
+        """The run table a new connection serves: the one kept from the cut (its window stopped),
+        or a new one. A Mind that now keeps nothing (window 0) gets today's rule for the kept runs:
+        cancelled, `connection_lost`."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        table = self._table
+        if table is not None and welcome.resume_window_s <= 0:
+            log.warning("runs_dropped", why="the mind keeps no runs across a cut (resume window 0)")
+            self._table = None
+            table.expire()
+            table = None
+        if table is None:
+            assert self._spawn_run is not None  # set by `_connect_forever`, which calls us
+            table = RunTable(
+                root=self.cfg.root,
+                policy=self.policy,  # a LivePolicy: a SIGHUP reload swaps what it holds
+                send=None,
+                spawn=self._spawn_run,
+                sanitize=self._sanitize,
+                recent=self._recent,
+                kill_grace=self.cfg.kill_grace,
+                log=log,
+                sandbox=self._sandbox,
+                metrics=self.metrics,
+            )
+            self._table = table
+        table.window = welcome.resume_window_s
+        return table
+
+    def _expire(self, table: RunTable, log: Any) -> None:
+        """The window after a cut passed without a `welcome`: the Mind has made the runs `lost`;
+        kill their trees, forget their results."""
+        if self._table is table:
+            self._table = None
+            self._expiry = None
+        log.warning("runs_expired", window_s=table.window, runs=table.holding)
+        table.expire()
 
     async def _read_loop(self, wire: _Wire, table: RunTable, log: Any) -> str:
         """Read and dispatch until the connection ends; return why it ended."""
@@ -522,7 +620,9 @@ class Agent:
                     elif isinstance(msg, Resize):
                         table.on_resize(msg)
                     elif isinstance(msg, ResultAck):
-                        pass  # results are not kept for a resume yet (issue 22: the Hand leg)
+                        table.on_result_ack(msg.run_id)
+                    elif isinstance(msg, StreamResume):
+                        table.on_resume(msg)
                     elif isinstance(msg, (TaskStatus, TaskLogs, TaskCancel, TaskInventory)):
                         wire.send(await self._task_answer(msg), id=env.id)
                     elif isinstance(msg, Cancel):

@@ -21,12 +21,18 @@ Rules this module keeps, each from DESIGN §3-§6:
   per-process CPU limit (SIGXCPU, or SIGKILL at the hard limit) is `budget_exhausted` too.
 - An exception in one run never kills the agent: it becomes `result(failed, error=sanitised)`.
 - Raw arguments never reach a log: only their SHA-256 digest.
+- Continuity (DESIGN §15): the table can outlive its connection. With the Mind's resume window
+  above 0, a cut (`on_cut`) leaves the runs running (their output held, as for a slow reader) and
+  their results kept until `result_ack`; on the next connection the table is presented
+  (`present`), each output stream resends what the client lacks on `stream_resume`, and the kept
+  results go out again. With window 0 none of this happens: the table ends with its connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -35,7 +41,7 @@ import msgpack
 import structlog
 
 from hand.aio import copyrun
-from hand.aio.activerun import ActiveRun, cpu_limit
+from hand.aio.activerun import ActiveRun, KeptResult, cpu_limit
 from hand.aio.metrics import HandMetrics
 from hand.aio.streams import RunStreams, capped_spec
 from hand.core.cpu import CPU_SECONDS
@@ -72,6 +78,7 @@ from protocol.control import Budget, RunAborted, RunControl, check_active
 from protocol.digest import args_digest
 from protocol.errors import ProtocolError
 from protocol.messages import (
+    RUNS_PRESENT_MAX,
     Accepted,
     Cancel,
     CancelResult,
@@ -81,9 +88,11 @@ from protocol.messages import (
     Resize,
     Result,
     Rpc,
+    RunsPresent,
     Started,
     StreamAck,
     StreamData,
+    StreamResume,
 )
 from protocol.states import RunState
 
@@ -99,7 +108,7 @@ class RunTable:
         *,
         root: Path,
         policy: ToolPolicy,
-        send: Send,
+        send: Send | None,
         spawn: Spawn,
         sanitize: Sanitizer | None = None,
         recent: RecentRuns | None = None,
@@ -112,7 +121,8 @@ class RunTable:
         self._sandbox = sandbox
         self._metrics = metrics or HandMetrics()
         self._policy = policy
-        self._send = send
+        self._send_to = send
+        """Where frames go: the current connection's writer, or None while there is none."""
         self._spawn = spawn
         self._sanitize = sanitize or Sanitizer(root)
         self._kill_grace = kill_grace
@@ -120,6 +130,15 @@ class RunTable:
         self._book: RunBook[ActiveRun] = RunBook(recent if recent is not None else RecentRuns())
         self._idle = asyncio.Event()
         self._idle.set()
+        self.window = 0.0
+        """The resume window of the last `welcome`: above 0, results are kept until acknowledged."""
+        self._kept: OrderedDict[str, KeptResult] = OrderedDict()
+
+    def _send(self, msg: Message) -> None:
+        """Stamp and queue one frame on the current connection; nowhere while there is none (the
+        run's output stays in its streams, a result stays kept: both go out after the next welcome)."""
+        if self._send_to is not None:
+            self._send_to(msg)
 
     # --- admission ------------------------------------------------------------------------------
 
@@ -198,16 +217,26 @@ class RunTable:
         status = self._book.cancel_status(cancel.run_id)
         run = self._book.active.get(cancel.run_id)
         if run is not None:
+            run.told_to_stop = True
             self._cancel(run, cancel.reason)  # first: the SIGTERM goes out before any frame or log
+            if run.streams is not None:  # ended by the Mind while held: no resume will come for it
+                run.streams.forsake()
         self._send(CancelResult(run_id=cancel.run_id, status=status))
         if run is not None:
             run.log.info("run_cancel_requested", reason=cancel.reason.value)
+        kept = self._kept.get(cancel.run_id)
+        if kept is not None and not kept.sent:  # it ended in the cut: the Mind wants the truth now
+            kept.run.told_to_stop = True
+            self._deliver(kept)
 
     # --- streams --------------------------------------------------------------------------------
 
     def on_stream(self, msg: StreamData | StreamAck) -> None:
         """stdin from the client, or its acknowledgement of output, for a streamed run."""
         run = self._book.active.get(msg.run_id)
+        if run is None and isinstance(msg, StreamAck):
+            kept = self._kept.get(msg.run_id)  # ended, its output maybe not all acknowledged yet
+            run = kept.run if kept is not None else None
         if run is None or run.streams is None:
             return  # the run ended: whatever it still gets is of no use
         if isinstance(msg, StreamData):
@@ -222,14 +251,103 @@ class RunTable:
         if run is not None and run.streams is not None:
             run.streams.on_resize(msg.rows, msg.cols)
 
+    # --- continuity (DESIGN §15) ---------------------------------------------------------------
+
+    def on_cut(self) -> None:
+        """The connection dropped and the Mind keeps runs for a window: the runs go on, every
+        output stream is held until the Mind says where its client stands, nothing is sent."""
+        self._send_to = None
+        for run in self._book.active.values():
+            if run.streams is not None:
+                run.streams.cut()
+        for kept in self._kept.values():
+            kept.sent = False
+            if kept.run.streams is not None:
+                kept.run.streams.cut()
+
+    def present(self) -> RunsPresent:
+        """Every live run and every result not acknowledged, for `runs_present`: the first frame
+        after `welcome` on a new connection (an empty one says "this Hand holds nothing")."""
+        now = asyncio.get_running_loop().time()
+        runs = [run.presented(now) for run in self._book.active.values()]
+        runs += [kept.presented() for kept in self._kept.values()]
+        if len(runs) > RUNS_PRESENT_MAX:  # unreachable within the bounds below; never an unsendable frame
+            self._log.error("runs_present_truncated", runs=len(runs), max=RUNS_PRESENT_MAX)
+            runs = runs[:RUNS_PRESENT_MAX]
+        return RunsPresent(runs=runs)
+
+    @property
+    def holding(self) -> int:
+        """Runs live or with a result not acknowledged: what a cut leaves waiting."""
+        return len(self._book.active) + len(self._kept)
+
+    def rewire(self, send: Send) -> None:
+        """A new connection (after `runs_present` is queued on it): frames go there from now on,
+        and the kept results whose streams need no resume go out again."""
+        self._send_to = send
+        for kept in list(self._kept.values()):
+            if not kept.sent and not kept.held:
+                self._deliver(kept)
+
+    def on_resume(self, msg: StreamResume) -> None:
+        """`stream_resume` from the Mind: the output stream resends what the client lacks; a kept
+        result whose streams are all resumed goes out after them."""
+        run = self._book.active.get(msg.run_id)
+        kept = self._kept.get(msg.run_id) if run is None else None
+        if kept is not None:
+            run = kept.run
+        if run is None or run.streams is None:
+            self._log.info("stream_resume_unknown", run_id=msg.run_id, stream=msg.stream)
+            return
+        run.streams.on_resume(msg)
+        if kept is not None and not kept.sent and not kept.held:
+            self._deliver(kept)
+
+    def on_result_ack(self, run_id: str) -> None:
+        """The Mind took the result: it is let go (with its streams' kept bytes)."""
+        self._kept.pop(run_id, None)
+
+    def expire(self, reason: CancelReason = CancelReason.CONNECTION_LOST) -> None:
+        """No Mind came back within the window (or the Hand stops while cut off): cancel every run
+        (tree killed), let go of their held output and forget their results (nobody is left to
+        take them). The table serves no connection any more."""
+        self._send_to = None
+        self.window = 0.0
+        self._kept.clear()
+        self.cancel_all(reason)
+
+    def _keep(self, run: ActiveRun, result: Result) -> KeptResult:
+        kept = KeptResult(run, result)
+        self._kept[run.rpc.run_id] = kept
+        while len(self._kept) + len(self._book.active) > RUNS_PRESENT_MAX and self._kept:
+            old_id, _old = self._kept.popitem(last=False)
+            self._log.warning("result_forgotten", run_id=old_id, why="too many results not acknowledged")
+        return kept
+
+    def _deliver(self, kept: KeptResult) -> None:
+        kept.sent = self._send_to is not None
+        try:
+            self._send(kept.result)
+        except ProtocolError as exc:  # e.g. the value does not fit in a frame
+            kept.run.log.warning("run_result_unsendable", code=exc.code.value)
+            kept.result = self._failed(kept.run, "the result was too large to send").model_copy(
+                update={"duration_ms": kept.result.duration_ms, "progress_dropped": kept.run.dropped}
+            )
+            self._send(kept.result)
+        except Exception:
+            kept.run.log.exception("run_result_send_failed")
+
     def knows(self, run_id: str) -> bool:
         """This table has taken the run in (it is active, or recently finished)."""
         return self._book.knows(run_id)
 
     def cancel_all(self, reason: CancelReason) -> None:
-        """Cancel every run and refuse new ones (`shutdown`, `connection_lost`)."""
+        """Cancel every run and refuse new ones (`shutdown`, `connection_lost`). Output held for a
+        resume that cannot come any more is let go after the kill (`RunStreams.forsake`)."""
         for run in self._book.close(reason):
             self._cancel(run, reason)
+            if run.streams is not None:
+                run.streams.forsake()
 
     def _cancel(self, run: ActiveRun, reason: CancelReason) -> None:
         try:
@@ -275,6 +393,7 @@ class RunTable:
         if isinstance(run.prepared, ProcessSpec):
             # A process has a start worth reporting (spawned, or not); a file call has only an end.
             self._send(Started(run_id=run.rpc.run_id))
+            run.started = True
         started = loop.time()
         try:
             if isinstance(run.prepared, ProcessSpec):
@@ -375,17 +494,9 @@ class RunTable:
         self._metrics.run_finished(run.rpc.run_id, result.state.value)
         if not self._book.active:
             self._idle.set()
-        try:
-            self._send(result)
-        except ProtocolError as exc:  # e.g. the value does not fit in a frame
-            run.log.warning("run_result_unsendable", code=exc.code.value)
-            self._send(
-                self._failed(run, "the result was too large to send").model_copy(
-                    update={"duration_ms": result.duration_ms, "progress_dropped": run.dropped}
-                )
-            )
-        except Exception:
-            run.log.exception("run_result_send_failed")
+        kept = self._keep(run, result) if self.window > 0 else KeptResult(run, result)
+        if not kept.held:  # else it follows its streams' resume (`on_resume`)
+            self._deliver(kept)
         run.log.info(
             AuditEvent.RUN_TERMINAL,
             state=result.state.value,

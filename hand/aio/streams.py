@@ -1,12 +1,18 @@
 """A streamed run's bytes on the Hand (DESIGN §11): its output as flow-controlled `stream_data`, its
 stdin from the client's `stream_data`, acknowledgements both ways.
 
-The arithmetic is `protocol.streams`' (`Sender`, `Receiver`); this module connects it to one
-process: output read from a pipe is sent while the client has credit, and once the credit is spent
+The arithmetic is `protocol.streams`' (`Outgoing`, `Incoming`: the one stream endpoint every peer
+drives); this module connects it to one process: output read from a pipe is sent while the client has credit, and once the credit is spent
 the pipe is paused (the child blocks on write, as over ssh) until an acknowledgement opens it again.
 Nothing is dropped to keep up. What the Hand will not deliver is only what passes the run's
 `output_limit`: the command keeps running, its pipe keeps being read, and those bytes are counted
 (the result's `total` exceeds `sent`), so the client can say where the stream was cut.
+
+Continuity (DESIGN §15): each output stream keeps what it sent until the client acknowledges it
+(`Outgoing`, at most the window). When the connection drops (`cut`), nothing more is sent until the
+Mind says where the client stands (`on_resume`): the chunks from there are sent again, and output
+waits for credit meanwhile, exactly as for a slow reader. `positions()` is what the Hand presents
+for the run on its next connection.
 """
 
 from __future__ import annotations
@@ -18,8 +24,8 @@ from typing import Any, Protocol
 
 from protocol import limits
 from protocol.errors import ProtocolError
-from protocol.messages import Message, OutputTail, StreamAck, StreamData, Streams
-from protocol.streams import Receiver, Sender
+from protocol.messages import Message, OutputTail, StreamAck, StreamData, StreamPosition, StreamResume, Streams
+from protocol.streams import Incoming, Outgoing
 
 Send = Callable[[Message], None]
 
@@ -35,10 +41,10 @@ class Pipes(Protocol):
 
 
 class _Out:
-    __slots__ = ("closed", "cut", "eof", "hash", "pending", "reader_gone", "sender")
+    __slots__ = ("awaiting", "closed", "cut", "eof", "hash", "pending", "reader_gone", "sender")
 
-    def __init__(self) -> None:
-        self.sender = Sender()
+    def __init__(self, window: int) -> None:
+        self.sender = Outgoing(window)
         self.pending = bytearray()
         """Read from the pipe but not yet sent (the credit ran out mid-read): at most one read."""
         self.hash = hashlib.sha256()
@@ -49,6 +55,8 @@ class _Out:
         self.closed = False
         """The end of the stream has been sent."""
         self.reader_gone = False
+        self.awaiting = False
+        """The connection was cut: nothing is sent until the Mind says where to resume from."""
 
 
 def capped_spec(spec: Streams, cap: int | None) -> Streams:
@@ -66,13 +74,16 @@ class RunStreams:
         self._send = send
         self._log = log
         names = ("pty",) if spec.pty is not None else ("stdout", "stderr")
-        self._out = {name: _Out() for name in names}
-        self._stdin = Receiver() if spec.stdin or spec.pty is not None else None
+        self._out = {name: _Out(spec.window) for name in names}
+        self._stdin = Incoming(spec.window) if spec.stdin or spec.pty is not None else None
         self._pipes: Pipes | None = None
         self._early: list[StreamData] = []
-        """stdin that came before the process existed (at most a window: `Receiver` checks)."""
+        """stdin that came before the process existed (at most a window: `Incoming` checks)."""
         self.flushed = asyncio.Event()
-        """Every output stream has sent its end: the result may follow."""
+        """Every output stream has sent its end and its receiver consumed every byte of it (or
+        closed its reader): the result may follow. Not before the consumption: a result ends the
+        run at the Mind, and a client whose link was cut while the last bytes were in flight could
+        then never get them back (DESIGN §15); one acknowledgement's round trip is the price."""
 
     @property
     def wants_stdin(self) -> bool:
@@ -130,27 +141,92 @@ class RunStreams:
             if self._pipes is not None:
                 self._pipes.close_output(ack.stream)
         self._flush(ack.stream, out)
+        self._check_done()
+
+    # --- continuity (DESIGN §15) ---
+
+    def cut(self) -> None:
+        """The connection dropped: hold every output stream until its `stream_resume` (what was
+        sent is kept; what the child writes waits for credit, as for a slow reader)."""
+        for out in self._out.values():
+            out.awaiting = True
+
+    @property
+    def awaiting(self) -> bool:
+        """Some output stream has not been resumed since the last cut."""
+        return any(out.awaiting for out in self._out.values())
+
+    def on_resume(self, msg: StreamResume) -> bool:
+        """The Mind says where the client stands on an output stream: send again exactly the
+        chunks it lacks (and the end, if it was sent), then go on. A point the stream cannot have
+        reached is refused with a log: the run goes on, the stream stays held. True if the stream
+        was resumed."""
+        out = self._out.get(msg.stream)
+        if out is None:
+            self._log.warning("stream_resume_refused", stream=msg.stream, why="no such output stream")  # type: ignore[attr-defined]
+            return False
+        try:
+            chunks = out.sender.resume(msg.offset, msg.consumed)
+        except ProtocolError as exc:
+            self._log.warning("stream_resume_refused", stream=msg.stream, why=exc.message)  # type: ignore[attr-defined]
+            return False
+        out.awaiting = False
+        for offset, data, eof in chunks:
+            self._send(StreamData(run_id=self.run_id, stream=msg.stream, offset=offset, data=data, eof=eof))
+        self._flush(msg.stream, out)
+        return True
+
+    def forsake(self) -> None:
+        """Nobody will resume this run's output (the window passed, or the Mind ended the run while
+        its streams were held): stop keeping what the child writes and close our ends of its pipes,
+        so a killed tree's pipes end and the run can conclude. Call it after the kill, so the
+        child's end is the kill's, not a broken pipe's."""
+        for stream, out in self._out.items():
+            if not out.awaiting or out.reader_gone:
+                continue
+            out.reader_gone = True
+            out.cut += len(out.pending)
+            out.pending.clear()
+            if self._pipes is not None:
+                self._pipes.close_output(stream)
+        self._check_done()
+
+    def positions(self) -> list[StreamPosition]:
+        """Where each stream stands, for the run's presentation: output as sent and acknowledged,
+        stdin as received and consumed (that point acknowledges what was consumed, and repeats of
+        chunks from before it are dropped from now on)."""
+        out = [
+            StreamPosition(stream=name, offset=o.sender.offset, consumed=o.sender.acked)  # type: ignore[arg-type]
+            for name, o in self._out.items()
+        ]
+        if self._stdin is not None:
+            offset, consumed = self._stdin.resume_point()
+            out.append(StreamPosition(stream="stdin", offset=offset, consumed=consumed))
+        return out
 
     def _flush(self, stream: str, out: _Out) -> None:
         sender = out.sender
-        while out.pending and sender.credit() > 0:
+        while out.pending and sender.credit() > 0 and not out.awaiting:
             n = min(len(out.pending), sender.credit(), limits.STREAM_CHUNK_MAX)
             piece = bytes(out.pending[:n])
             del out.pending[:n]
-            offset = sender.take(n)
             out.hash.update(piece)
-            self._send(StreamData(run_id=self.run_id, stream=stream, offset=offset, data=piece))  # type: ignore[arg-type]
+            for offset, data, _eof in sender.send(piece, limits.STREAM_CHUNK_MAX):
+                self._send(StreamData(run_id=self.run_id, stream=stream, offset=offset, data=data))  # type: ignore[arg-type]
         if self._pipes is not None and not out.eof and not out.reader_gone:
             if out.pending or sender.credit() == 0:
                 self._pipes.pause_output(stream)
             else:
                 self._pipes.resume_output(stream)
-        if out.eof and not out.pending and not out.closed:
+        if out.eof and not out.pending and not out.closed and not out.awaiting:
             out.closed = True
-            offset = sender.close()
+            offset, _data, _eof = sender.close()
             self._send(StreamData(run_id=self.run_id, stream=stream, offset=offset, eof=True))  # type: ignore[arg-type]
-            if all(o.closed for o in self._out.values()):
-                self.flushed.set()
+            self._check_done()
+
+    def _check_done(self) -> None:
+        if all(o.closed and (o.sender.drained or o.reader_gone) for o in self._out.values()):
+            self.flushed.set()
 
     def abandon(self) -> None:
         """The run is ending without its output delivered (cancelled, failed to start): whatever
@@ -180,10 +256,12 @@ class RunStreams:
         if rx is None:
             return
         try:
-            rx.on_data(msg.offset, len(msg.data), msg.eof)
+            fresh = rx.on_data(msg.offset, len(msg.data), msg.eof)
         except ProtocolError as exc:
             self._log.warning("stream_refused", stream="stdin", why=exc.message)  # type: ignore[attr-defined]
             return
+        if not fresh:
+            return  # sent before the client heard where the Hand stood, and sent again: once is enough
         if self._pipes is None:
             self._early.append(msg)
         else:

@@ -70,6 +70,25 @@ def add_parsers(sub: Any) -> None:
         help="bytes per output stream to deliver (default 1G; the Hand may cap it); past it the stream is cut",
     )
     options.limits(e)
+    away = e.add_mutually_exclusive_group()
+    away.add_argument(
+        "--detach",
+        action="store_true",
+        help="print the run id once admitted and exit 0, leaving the run running unattended (as with -n: "
+        "no stdin); `mind attach RUN_ID` takes it up",
+    )
+    away.add_argument(
+        "--wait",
+        metavar="DURATION",
+        help="stream as usual; if the run still goes after DURATION (30, 30s, 5m, 2h), leave it running, "
+        "say `still running: mind attach RUN_ID` on stderr and exit 121",
+    )
+    e.add_argument(
+        "--keep",
+        metavar="DURATION",
+        help="with --detach/--wait: how long the Mind keeps the run unattended (default its resume window; "
+        "capped by its --keep-max)",
+    )
     out = e.add_mutually_exclusive_group()
     options.json_output(out, "print one JSON object at the end instead of the output")
     out.add_argument("--events", action="store_true", help="print every event as one JSON line (NDJSON)")
@@ -99,6 +118,36 @@ def add_parsers(sub: Any) -> None:
         memory=None,
         max_files=None,
         max_procs=None,
+        detach=False,
+        wait=None,
+        keep=None,
+    )
+
+    a = options.command(
+        sub,
+        "attach",
+        help="take up a run again (after --detach, --wait, or a client that died): the rest of its output, "
+        "then its exit code",
+    )
+    options.connection(a)
+    a.add_argument("run_id", metavar="RUN_ID", help="the run (mind exec --detach printed it; mind runs --unattended)")
+    options.json_output(
+        a, "print the attached positions as one JSON object first, then the end as with mind exec --json"
+    )
+    a.set_defaults(
+        handler=attach,
+        attach=True,
+        hand=None,
+        hands=None,
+        tty=False,
+        login=False,
+        no_stdin=True,
+        output_limit=None,
+        events=False,
+        timeout=options.EXEC_TIMEOUT_S,
+        detach=False,
+        wait=None,
+        keep=None,
     )
 
 
@@ -146,7 +195,28 @@ def check_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], int, int 
     if not limits.LABEL_RE.fullmatch(args.hand):
         die("--hand wants a Hand's name: 1-64 of A-Z a-z 0-9 . _ - (not starting with . _ -)", EXIT_USAGE)
     tool, tool_args = tool_args_from(args)
+    check_away(args)
     return tool, tool_args, timeout_ms, grace_ms
+
+
+def check_away(args: argparse.Namespace) -> None:
+    """`--detach` / `--wait` / `--keep` as numbers, or a usage error."""
+    from protocol.units import positive_duration
+
+    for name in ("wait", "keep"):
+        text = getattr(args, name, None)
+        if text is None:
+            continue
+        try:
+            setattr(args, name, positive_duration(text))
+        except ValueError as exc:
+            die(f"--{name}: {exc} (for example 30, 30s, 5m, 2h)", EXIT_USAGE)
+    if args.keep is not None and not (args.detach or args.wait is not None):
+        die("--keep goes with --detach or --wait (how long the Mind keeps the run unattended)", EXIT_USAGE)
+    if args.detach and args.tty:
+        die("--detach leaves nobody at the terminal: drop -t (mind attach shows the output later)", EXIT_USAGE)
+    if args.detach:
+        args.no_stdin = True  # nobody will be there to type: as -n
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,15 +232,45 @@ def run(args: argparse.Namespace) -> int:
         args.tty = False
         print(TTY_NOTICE, file=sys.stderr, flush=True)
     url, cred_path, ca, pin = connection_params(args)
+    credential = load_credential(cred_path)
     try:
-        link = Link.connect(url, load_credential(cred_path), ca=ca, pin=pin)
+        link = Link.connect(url, credential, ca=ca, pin=pin)
     except ClientError as exc:
         die(exc.message, kind=exc.code)
-    session = ExecSession(link, args)
+    session = ExecSession(
+        link, args, lambda t: Link.connect(url, credential, ca=ca, pin=pin, open_timeout=t, handshake_timeout=t)
+    )
     session.hand_names = lambda: hand_names(url, cred_path, ca, pin)
     try:
         return session.run(tool, tool_args, timeout_ms, grace_ms)
     except BrokenPipeError:  # our stdout's reader went away (`| head`): stop like a piped command does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    finally:
+        session.status.clear()
+        link.close()
+
+
+def attach(args: argparse.Namespace) -> int:
+    """`mind attach RUN_ID`: the fast path's loop, started by an `attach` instead of an `exec`."""
+    from mind.cli.execloop import ExecSession
+    from mind.client.blocking import Link
+
+    if not limits.ID_RE.fullmatch(args.run_id):
+        die(f"not a run id: {args.run_id!r}", EXIT_USAGE)
+    url, cred_path, ca, pin = connection_params(args)
+    credential = load_credential(cred_path)
+    try:
+        link = Link.connect(url, credential, ca=ca, pin=pin)
+    except ClientError as exc:
+        die(exc.message, kind=exc.code)
+    session = ExecSession(
+        link, args, lambda t: Link.connect(url, credential, ca=ca, pin=pin, open_timeout=t, handshake_timeout=t)
+    )
+    try:
+        return session.attach(args.run_id)
+    except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 128 + signal.SIGPIPE

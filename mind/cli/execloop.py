@@ -10,7 +10,14 @@ on the socket, the Ctrl-C wakeup and the status timer.
 - On a terminal (stderr), while the Hand has not started the command yet, or a cancel is pending, a
   status line appears after a second; it is erased before any output and at the end. Never with
   `--json`/`--events`, never when stderr is not a terminal.
-- If the connection to the Mind is lost after the run was sent, the outcome is unknown: 255.
+- If the connection to the Mind is lost after the run was sent and the Mind keeps runs for a resume
+  window (its `welcome` says; DESIGN §15), the run is not over: we reconnect (mind/client/reconnect.py:
+  backoff with jitter, within the window counted from the last frame heard), authenticate afresh,
+  `attach` with where each output stream stands, resend stdin from where the Hand stands, and go on.
+  Ctrl-C and resizes during the outage wait and go once, in order, after `attached`. Past the window,
+  or without one, the outcome is unknown here: 255.
+- `mind attach RUN_ID` is the same loop started by an `attach` instead of an `exec`; `--detach` and
+  `--wait` leave a run running unattended (`detach`) for a later `mind attach`.
 """
 
 from __future__ import annotations
@@ -26,15 +33,24 @@ from typing import Any
 
 from mind.cli import exits
 from mind.cli.escapes import Escape, EscapeFilter, help_text
-from mind.cli.exits import EXIT_CANCELLED, EXIT_INCOMPLETE, EXIT_LOST, EXIT_USAGE, die, exit_code_for
-from mind.cli.formatting import end_summary, explain, json_text, printable
+from mind.cli.exits import (
+    EXIT_CANCELLED,
+    EXIT_INCOMPLETE,
+    EXIT_LOST,
+    EXIT_USAGE,
+    die,
+    exit_code_for,
+)
+from mind.cli.formatting import end_summary, event_line, explain, json_text, printable, stream_line
 from mind.cli.hints import close_names, did_you_mean, shell_hint
 from mind.cli.options import EXEC_TIMEOUT_S
 from mind.cli.progress import Status, elapsed
+from mind.cli.rejoin import Connect, Rejoin
 from mind.cli.streamio import InputStream, OutputStream, StreamPrinter
 from mind.cli.terminal import DEFAULT_SIZE, RawMode, WindowWatch, window_size
 from mind.client import wire
 from mind.client.blocking import Link
+from mind.client.reconnect import Backoff
 from mind.client.session import Failed, Routed, RunEnded
 from mind.errors import ClientCode, ClientError
 from protocol import limits
@@ -62,6 +78,10 @@ class Interrupts:
     def _on_sigint(self, signum: int, frame: object) -> None:
         self.count += 1
 
+    @property
+    def fd(self) -> int:
+        return self._r
+
     def take(self) -> int:
         n, self.count = self.count, 0
         return n
@@ -74,10 +94,12 @@ class Interrupts:
         os.close(self._w)
 
 
-class ExecSession:
-    def __init__(self, link: Link, args: argparse.Namespace) -> None:
+class ExecSession(Rejoin):
+    def __init__(self, link: Link, args: argparse.Namespace, connect: Connect | None = None) -> None:
+        """`connect`: how to reach the Mind again after a cut (None: a cut ends the session)."""
         self.link = link
         self.args = args
+        self.connect = connect
         self.status = Status(sys.stderr, enabled=not (args.json or args.events))
         self.printer = StreamPrinter()
         self.run_id: str | None = None
@@ -87,6 +109,18 @@ class ExecSession:
         self.cancel_id: str | None = None
         self.t0 = time.monotonic()
         self.xid = ""
+        """The envelope id the run's events come under on the current link (its exec or attach)."""
+        self.live = False
+        """The run's events flow on the current link: stdin, acknowledgements and resizes may go."""
+        self.window = 0.0
+        """The Mind's resume window, from the first link's welcome (0: a cut ends the session)."""
+        self.outage: Backoff | None = None
+        """Set while the link is down (or re-attaching): the pauses and the deadline."""
+        self.hand_away: float | None = None
+        """Wall-clock time the run's Hand went away, while the Mind waits for it."""
+        self.detach_id: str | None = None
+        self.wait_until: float | None = None
+        """`--wait`: when to leave the run running and exit 121."""
         self.tool_args: dict[str, Any] = {}
         self.last_output = float("-inf")
         """When the command's output last arrived (the status line waits for a quiet moment)."""
@@ -95,21 +129,29 @@ class ExecSession:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        quiet = args.json or args.events
+        self.quiet = bool(args.json or args.events)
+        self.attaching = bool(getattr(args, "attach", False))
+        """`mind attach`: the run exists; its streams are known from `attached`."""
         self.tty = bool(getattr(args, "tty", False))
         self.local_tty = self.tty and os.isatty(0)
         """A terminal run from a terminal: raw mode, the window size, `~` escapes."""
-        if self.tty:  # a terminal has one output stream: stdout and stderr are one on the Hand
-            self.outs = {"pty": OutputStream("pty", None if quiet else _fileno(sys.stdout, 1), self._wake_w)}
+        self.outs: dict[str, OutputStream] = {}
+        if self.attaching:
+            pass  # made from the positions `attached` gives
+        elif self.tty:  # a terminal has one output stream: stdout and stderr are one on the Hand
+            self.outs = {"pty": self._output("pty", 0)}
         else:
-            self.outs = {
-                "stdout": OutputStream("stdout", None if quiet else _fileno(sys.stdout, 1), self._wake_w),
-                "stderr": OutputStream("stderr", None if quiet else _fileno(sys.stderr, 2), self._wake_w),
-            }
+            self.outs = {"stdout": self._output("stdout", 0), "stderr": self._output("stderr", 0)}
         escapes = EscapeFilter() if self.local_tty else None
-        self.stdin = None if args.no_stdin and not self.tty else InputStream(0, escapes)
+        no_stdin = (args.no_stdin and not self.tty) or self.attaching
+        self.stdin = None if no_stdin else InputStream(0, escapes)
         self.stdin_watched = False
         self.left = False
+        self._interrupts: Interrupts | None = None
+
+    def _output(self, name: str, start: int) -> OutputStream:
+        fd = None if self.quiet else _fileno(sys.stderr, 2) if name == "stderr" else _fileno(sys.stdout, 1)
+        return OutputStream(name, fd, self._wake_w, start=start)
 
     def run(self, tool: str, tool_args: dict[str, Any], timeout_ms: int, grace_ms: int | None) -> int:
         self.tool_args = tool_args
@@ -135,7 +177,19 @@ class ExecSession:
             streams=streams,
             watch=watch,
         )
-        interrupts = Interrupts(self.link)
+        wait = getattr(self.args, "wait", None)
+        if wait is not None:
+            self.wait_until = time.monotonic() + wait
+        return self._drive(msg)
+
+    def attach(self, run_id: str) -> int:
+        """`mind attach RUN_ID`: take the run over from where its previous consumer acknowledged."""
+        self.run_id = run_id
+        return self._drive(wire.attach(run_id=run_id))
+
+    def _drive(self, first: Any) -> int:
+        self.window = self.link.resume_window
+        interrupts = self._interrupts = Interrupts(self.link)
         self.link.add_wakeup(self._wake_r)
         raw = RawMode(0) if self.local_tty else None
         winch = WindowWatch(0) if self.local_tty else None
@@ -144,34 +198,49 @@ class ExecSession:
                 raw.enter()
                 winch.__enter__()
             try:
-                xid = self.xid = self.link.start_run(msg)
+                self.xid = self.link.start_run(first)
             except ClientError as exc:
                 die(exc.message, kind=exc.code)
+            self.live = not self.attaching
             self.t0 = time.monotonic()
             while True:
                 sin = self.stdin
                 busy = sin is not None and sin.always_ready and sin.wants_data() and self.run_id is not None
+                timeout = 0 if busy else STATUS_TICK_S if self.status.enabled else None
+                timeout = self._bound(timeout, self.wait_until)
+                if self.outage is not None:
+                    timeout = self._bound(timeout, self.outage.deadline)
                 try:
-                    events = self.link.poll(0 if busy else STATUS_TICK_S if self.status.enabled else None)
+                    events = self.link.poll(timeout)
                 except ClientError as exc:
-                    return self._lost(exc)
-                for ev in events:
-                    code = self._on_event(ev, xid)
+                    code = self._cut(exc)
                     if code is not None:
                         return code
+                    continue
+                for ev in events:
+                    code = self._on_event(ev, self.xid)
+                    if code is not None:
+                        return code
+                if self.outage is not None and not self.live and time.monotonic() >= self.outage.deadline:
+                    return self._gone()
                 try:
                     self._pump()
                 except ClientError as exc:
-                    return self._lost(exc)
+                    code = self._cut(exc)
+                    if code is not None:
+                        return code
+                    continue
                 if self.left:
                     return self._leave(raw)
-                if winch is not None and self.run_id is not None:
+                if winch is not None and self.run_id is not None and self.live:
                     now = winch.changed()
                     if now is not None and now.rows > 0 and now.cols > 0:
                         self._send_stream(wire.resize(run_id=self.run_id, rows=now.rows, cols=now.cols))
                 n = interrupts.take()
                 if n and self._on_interrupts(n):
                     return EXIT_CANCELLED
+                if self.wait_until is not None and time.monotonic() >= self.wait_until and self.live:
+                    return self._still_running()
                 self._tick()
         finally:
             if winch is not None:
@@ -182,6 +251,13 @@ class ExecSession:
             self.link.remove_wakeup(self._wake_r)
             if self.stdin_watched:
                 self.link.unwatch(0)
+
+    @staticmethod
+    def _bound(timeout: float | None, until: float | None) -> float | None:
+        if until is None:
+            return timeout
+        left = max(0.0, until - time.monotonic())
+        return left if timeout is None else min(timeout, left)
 
     def _output_limit(self) -> int:
         if self.args.output_limit is None:
@@ -197,6 +273,8 @@ class ExecSession:
 
     def _pump(self) -> None:
         """Acknowledge what our writers wrote; forward stdin while the Hand grants credit."""
+        if not self.live:  # the link is down or the attachment not yet ours: all of it waits
+            return
         for name, out in self.outs.items():
             ack = out.ack_due()
             if out.broken and not out.closed_sent and self.run_id is not None:
@@ -240,6 +318,10 @@ class ExecSession:
         self.link.send(msg, self.xid)
 
     def _on_stream(self, msg: Any) -> None:
+        if msg.TYPE == "stream_resume":  # the Hand came back: stdin goes on from where it stands
+            if self.stdin is not None and msg.stream == "stdin":
+                self._resend_stdin(msg.offset, msg.consumed)
+            return
         if msg.TYPE == "stream_ack":
             if self.stdin is not None and msg.stream == "stdin":
                 try:
@@ -254,7 +336,7 @@ class ExecSession:
             return
         if self.args.events:
             if msg.data:
-                print(json.dumps(_stream_line(msg)), flush=True)
+                print(json.dumps(stream_line(msg)), flush=True)
         if msg.data or msg.eof:
             self.status.clear()
             self.last_output = time.monotonic()
@@ -281,7 +363,7 @@ class ExecSession:
             elif out.rx.offset < sent:
                 complete = False
                 self._say(f"mind: {name}: bytes from offset {out.rx.offset} of {sent} were not delivered")
-            elif tail.sha256 is not None and out.hash.hexdigest() != tail.sha256:
+            elif tail.sha256 is not None and out.start == 0 and out.hash.hexdigest() != tail.sha256:
                 complete = False
                 self._say(f"mind: {name}: the bytes delivered do not match the Hand's digest")
             if tail.total > sent and not out.broken:
@@ -302,24 +384,30 @@ class ExecSession:
             if isinstance(ev, Failed) and not ev.lost:  # lost: the run's own event says so
                 self._say(f"mind: cancel request failed: {printable(ev.error.message)}")
             return None
+        if ev.id == self.detach_id:
+            return self._detached(ev)
         if ev.id != xid:
             return None
         if isinstance(ev, Failed):
             if ev.lost:
-                return self._lost(ev.error)
-            self.status.clear()
-            die(ev.error.message)
+                return self._cut(ev.error)
+            return self._refused(ev.error)
         msg = ev.msg
         if self.run_id is None:
             self.run_id = msg.run_id
+            if getattr(self.args, "detach", False):
+                return self._detach_now()
             self._send_cancel()
-        if msg.TYPE in ("stream_data", "stream_ack"):
+        if msg.TYPE == "attached":
+            return self._on_attached(msg)
+        if msg.TYPE in ("stream_data", "stream_ack", "stream_resume"):
             self._on_stream(msg)
             return None
         if self.args.events:
-            print(json.dumps(_event_line(msg)), flush=True)
+            print(json.dumps(event_line(msg)), flush=True)
         if msg.TYPE == "run_update":
             self.state = msg.state
+            self._hand_away(msg.hand_away_since)
         elif msg.TYPE == "run_output":
             if not self.args.json and not self.args.events:
                 self.status.clear()
@@ -338,6 +426,8 @@ class ExecSession:
         self.status.clear()
         close = self._suggest(end)
         streamed = end.stdout.sent is not None or self.run_id is not None and end.state is RunState.LOST
+        if self.attaching and not self.outs:  # it had ended: what the Mind retained is all there is
+            streamed = False
         complete = self._stream_report(end) if streamed else True
         if self.args.json:
             summary = end_summary(end)
@@ -352,7 +442,9 @@ class ExecSession:
                 summary["did_you_mean"] = close
             print(json.dumps(summary))
         elif not self.args.events:
-            if not streamed:
+            if self.attaching and not self.outs:
+                self._retained(end)
+            elif not streamed:
                 self.printer.finish("stdout", end.stdout)
                 self.printer.finish("stderr", end.stderr)
             if not (end.signal == signal.SIGPIPE and any(out.broken for out in self.outs.values())):
@@ -363,6 +455,18 @@ class ExecSession:
                 print(f"mind: {line}", file=sys.stderr)
         code = exit_code_for(end)
         return EXIT_INCOMPLETE if code == 0 and not complete else code
+
+    def _retained(self, end: Any) -> None:
+        """`mind attach` of a run that had ended: what the Mind retained of its output (its tails)."""
+        for name, f in (("stdout", sys.stdout.buffer), ("stderr", sys.stderr.buffer)):
+            tail = getattr(end, name)
+            if tail.total > len(tail.data):
+                self._say(
+                    f"mind: run {end.run_id} had ended; {tail.total - len(tail.data)} bytes of its {name} were "
+                    f"not retained (the last {len(tail.data)} follow)"
+                )
+            f.write(tail.data)
+            f.flush()
 
     def _hints(self, end: Any) -> list[str]:
         """What to do about an end the user may not expect: their own deadline (ssh has none, so a
@@ -386,11 +490,14 @@ class ExecSession:
         print(f"mind: {printable(exc.message)}; the outcome of {which} is unknown", file=sys.stderr)
         if exits.JSON_ERRORS:
             exits.json_error(f"{exc.message}; the outcome of {which} is unknown", EXIT_LOST, exc.code)
+        self._delivered()
+        return EXIT_LOST
+
+    def _delivered(self) -> None:
         for name, out in self.outs.items():
             out.finish(timeout=5.0)
             if out.rx.offset:
                 print(f"mind: {name}: delivered up to offset {out.rx.offset}", file=sys.stderr)
-        return EXIT_LOST
 
     # --- Ctrl-C ---
 
@@ -399,7 +506,8 @@ class ExecSession:
         for _ in range(n):
             self.interrupts += 1
             if self.interrupts == 1:
-                self._say("\nmind: cancel requested (Ctrl-C again to detach)")
+                later = "; it goes to the Mind once it is back" if not self.live else ""
+                self._say(f"\nmind: cancel requested{later} (Ctrl-C again to detach)")
                 self.cancel_wanted = True
                 self._send_cancel()
             else:
@@ -409,8 +517,8 @@ class ExecSession:
 
     def _send_cancel(self) -> None:
         """Once the run id is known (a Ctrl-C may come before `admitted` arrives)."""
-        if not self.cancel_wanted or self.cancel_id is not None or self.run_id is None:
-            return
+        if not self.cancel_wanted or self.cancel_id is not None or self.run_id is None or not self.live:
+            return  # (during an outage it waits for `attached`)
         try:
             self.cancel_id = self.link.request(wire.cancel_run(run_id=self.run_id), "cancel_run_result")
         except ClientError as exc:
@@ -424,6 +532,14 @@ class ExecSession:
         now = time.monotonic()
         waited = now - self.t0
         hand = self.args.hand
+        if self.outage is not None:
+            left = max(0.0, self.outage.deadline - now)
+            self.status.show(f"mind unreachable, reconnecting (up to {left:.0f} s)")
+            return
+        if self.hand_away is not None:
+            left = max(0.0, self.window - (time.time() - self.hand_away))
+            self.status.show(f"hand {hand} unreachable, waiting up to {left:.0f} s")
+            return
         if waited < STATUS_AFTER_S:
             return
         if now - self.last_output < STATUS_AFTER_S:
@@ -459,27 +575,3 @@ def _fileno(stream: Any, default: int) -> int:
         return int(stream.fileno())
     except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
         return default
-
-
-def _stream_line(ev: Any) -> dict[str, Any]:
-    return {
-        "event": "output",
-        "run_id": ev.run_id,
-        "stream": ev.stream,
-        "offset": ev.offset,
-        "data": json_text(ev.data),
-    }
-
-
-def _event_line(ev: Any) -> dict[str, Any]:
-    if ev.TYPE == "run_update":
-        return {"event": "state", "run_id": ev.run_id, "state": ev.state.value, "gen": ev.gen}
-    if ev.TYPE == "run_output":
-        return {
-            "event": "output",
-            "run_id": ev.run_id,
-            "stream": ev.stream,
-            "offset": ev.offset,
-            "data": json_text(ev.data),
-        }
-    return {"event": "end", **end_summary(ev), "stdout": json_text(ev.stdout.data), "stderr": json_text(ev.stderr.data)}

@@ -17,8 +17,9 @@ EXIT_INCOMPLETE = 122
 limit, or lost): never 0 when part of the output is missing."""
 EXIT_LOST = 255
 EXIT_WAIT_TIMEOUT = 121
-"""`mind task wait --timeout D`: D passed and the task had not ended (it goes on). Not 124, which is
-a task that ended `timed_out`: a script must tell "still running" from "killed at its deadline"."""
+"""`mind task wait --timeout D`, `mind exec --wait D`: D passed and the task or run had not ended (it
+goes on: `mind attach RUN_ID` takes a run up again). Not 124, which is one that ended `timed_out`: a
+script must tell "still running" from "killed at its deadline"."""
 EXIT_USAGE = 2
 
 # Fleet runs (`mind exec --hands`; README "Fleet runs"). The numbers are decided in mind/core/fleet.py
@@ -41,6 +42,7 @@ EXIT_MEANINGS = {
     EXIT_REFUSED: "refused: nothing ran or was stored (Mind unreachable, authentication failed, Hand "
     "offline or unknown, bad request)",
     EXIT_LOST: "lost: the request was sent but its answer never came; nobody here knows how it ended",
+    EXIT_WAIT_TIMEOUT: "still running: the wait ended before the run did (mind attach RUN_ID)",
     EXIT_USAGE: "bad command-line usage",
     1: "failed: the local operation did not complete",
 }

@@ -79,6 +79,13 @@ def timestamp(t: float | None) -> str:
     return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def away(info: Any) -> str | None:
+    """What a person needs to know of a running run whose Hand is away (DESIGN §15): it waits for
+    the Hand within the Mind's resume window, and since when."""
+    since = getattr(info, "hand_away_since", None)
+    return f"hand away since {timestamp(since)}" if since else None
+
+
 def table(headers: list[str], rows: list[list[str]]) -> None:
     """Columns aligned by their widest cell, every cell `printable`, no trailing blanks."""
     rows = [[printable(c) for c in r] for r in rows]
@@ -86,3 +93,29 @@ def table(headers: list[str], rows: list[list[str]]) -> None:
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def stream_line(ev: Any) -> dict[str, Any]:
+    """A `stream_data` chunk as one `--events` line."""
+    return {
+        "event": "output",
+        "run_id": ev.run_id,
+        "stream": ev.stream,
+        "offset": ev.offset,
+        "data": json_text(ev.data),
+    }
+
+
+def event_line(ev: Any) -> dict[str, Any]:
+    """A run event as one `--events` line."""
+    if ev.TYPE == "run_update":
+        return {"event": "state", "run_id": ev.run_id, "state": ev.state.value, "gen": ev.gen}
+    if ev.TYPE == "run_output":
+        return {
+            "event": "output",
+            "run_id": ev.run_id,
+            "stream": ev.stream,
+            "offset": ev.offset,
+            "data": json_text(ev.data),
+        }
+    return {"event": "end", **end_summary(ev), "stdout": json_text(ev.stdout.data), "stderr": json_text(ev.stderr.data)}

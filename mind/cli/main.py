@@ -15,7 +15,10 @@ cannot tell you):
   123                       budget exhausted
   125                       refused: rejected by the Hand, Hand offline or unknown, bad request,
                             Mind unreachable, authentication failed
-  255                       lost: the outcome is unknown (the Hand's connection or the Mind went away)
+  255                       lost: the outcome is unknown (the Hand's connection or the Mind went away
+                            for longer than the Mind's resume window), or a newer `mind attach` took
+                            the run over
+  121                       `mind exec --wait D`: D passed and the run goes on (`mind attach RUN_ID`)
   2                         bad command-line usage
 `mind exec --hands` (a fleet run) exits 0 when every selected Hand succeeded, else one aggregate code:
   118 some Hands unreached (offline / undeliverable), every run that started succeeded;
@@ -39,7 +42,7 @@ from mind.cli.options import Help
 AddParsers = Callable[[Any], None]
 """A command module's `add_parsers(sub)`: adds its subcommands to the `mind` parser's subparsers."""
 
-FAST = ("exec", "shell")
+FAST = ("exec", "shell", "attach")
 """The commands parsed by a parser that knows only them (mind/cli/exec.py)."""
 
 

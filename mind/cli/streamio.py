@@ -27,17 +27,19 @@ from typing import Any
 from mind.cli.escapes import Escape, EscapeFilter
 from protocol import limits
 from protocol.errors import ProtocolError
-from protocol.streams import Receiver, Sender
+from protocol.streams import Incoming, Outgoing
 
 
 class OutputStream:
     """One remote output stream written to a local file descriptor by its own thread."""
 
-    def __init__(self, name: str, fd: int | None, wake_fd: int) -> None:
-        """`fd` None: the bytes are counted and hashed, not written (`--json`)."""
+    def __init__(self, name: str, fd: int | None, wake_fd: int, start: int = 0) -> None:
+        """`fd` None: the bytes are counted and hashed, not written (`--json`). `start`: the offset
+        this consumer begins at (`mind attach` takes over a stream under way)."""
         self.name = name
         self.fd = fd
-        self.rx = Receiver()
+        self.rx = Incoming(start=start)
+        self.start = start
         self.hash = hashlib.sha256()
         self.delivered = 0
         """Bytes written to `fd` (what the run's sha256 covers, when nothing was lost)."""
@@ -55,11 +57,13 @@ class OutputStream:
         self._thread.start()
 
     def feed(self, offset: int, data: bytes, eof: bool) -> None:
-        """A chunk from the Mind, in order (checked): queued for the writer thread."""
+        """A chunk from the Mind, in order (checked): queued for the writer thread. A repeat of
+        bytes already here (resent after a resume) is dropped: every byte is written once."""
         if self.gap is not None:
             return
         try:
-            self.rx.on_data(offset, len(data), eof)
+            if not self.rx.on_data(offset, len(data), eof):
+                return
         except ProtocolError:
             self.gap = self.rx.offset  # nothing from here on can be placed: say so at the end
             return
@@ -71,14 +75,22 @@ class OutputStream:
 
     def consumed(self) -> int:
         with self._lock:
-            return self._written
+            return self.start + self._written
 
     def ack_due(self) -> int | None:
         """The offset to acknowledge now (what the writer has written), if one is due."""
+        self._sync()
+        return self.rx.ack_due()
+
+    def resume_point(self) -> tuple[int, int]:
+        """(offset, consumed) for an `attach` after a cut: what arrived, and what is written."""
+        self._sync()
+        return self.rx.resume_point()
+
+    def _sync(self) -> None:
         written = self.consumed()
         if written > self.rx.consumed:
             self.rx.consume(written - self.rx.consumed)
-        return self.rx.ack_due()
 
     def finish(self, timeout: float | None = None) -> None:
         """Wait until everything queued is written (or the reader went away)."""
@@ -117,7 +129,9 @@ class InputStream:
 
     def __init__(self, fd: int = 0, escapes: EscapeFilter | None = None) -> None:
         self.fd = fd
-        self.tx = Sender()
+        self.tx = Outgoing()
+        """Keeps what was sent until the Hand consumed it: resent from where the Hand stands after
+        a cut (`Outgoing.resume`), so no byte of stdin is lost or doubled."""
         self.escapes = escapes
         self.pending = bytearray()
         """Read and filtered, not yet sent (the filter may give back a held `~`)."""
@@ -164,10 +178,11 @@ class InputStream:
             n = min(len(self.pending), credit, limits.STREAM_CHUNK_MAX)
             data = bytes(self.pending[:n])
             del self.pending[:n]
-            return self.tx.take(n), data, False
+            (chunk,) = self.tx.send(data)
+            return chunk
         if self.eof_read and not self.pending:
             self.done = True
-            return self.tx.close(), b"", True
+            return self.tx.close()
         return None
 
 

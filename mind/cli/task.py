@@ -15,6 +15,12 @@ means what it says:
     lost        255 (nobody can know how it ended: the Hand restarted before it finished)
     121         `wait --timeout` passed first; the task goes on (not 124: that one ended timed_out)
 
+Both ride out a restart of the Mind and a cut of the connection: task state lives on the Hand and
+in the Mind's snapshot store, so asking again is safe. They reconnect (backoff with jitter) and ask
+again for as long as the Mind's resume window (60 s if it announced none), then give up with 125
+and the reason; `logs --follow` goes on from the byte offset it printed up to, so nothing is
+printed twice and nothing is skipped.
+
 Only a terminal state the Mind reports is an outcome: a stale view (the Hand is offline) or an
 ending the Hand has not recorded yet (`uncommitted`) keeps waiting and says so on a terminal.
 `task logs` without --follow exits 0: it shows a log, not an outcome.
@@ -29,10 +35,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from mind.cli import options
 from mind.cli.connection import with_client
@@ -42,9 +50,10 @@ from mind.cli.hints import did_you_mean, hand_suggestions
 from mind.cli.progress import Status, elapsed
 from mind.cli.toolargs import tool_args_from
 from mind.client.aio import ClientError, MindClient
+from mind.client.retry import retryable
 from mind.errors import ClientCode
 from protocol import limits
-from protocol.codes import RejectCode, TaskCancelStatus
+from protocol.codes import ErrorCode, RejectCode, TaskCancelStatus
 from protocol.ids import new_id
 from protocol.messages import TaskView
 from protocol.states import TASK_TERMINAL, TaskState
@@ -58,6 +67,58 @@ WAIT_STATUS_AFTER_S = 1.0
 WAIT_POLL_S = (0.2, 1.0)
 """`wait` asks the Mind (which asks the Hand) first after this long, then less often, up to the
 second number: a task of hours costs one small request a second, a short one is seen ending soon."""
+RIDE_OUT_S = 60.0
+"""How long `wait` and `logs --follow` try to reach the Mind again when it announced no resume window."""
+CUT = frozenset({ClientCode.CLOSED, ClientCode.UNREACHABLE, ErrorCode.SHUTDOWN, ErrorCode.BUSY})
+"""What a restart of the Mind or a cut of the connection looks like to a request."""
+T = TypeVar("T")
+
+
+class Reasker:
+    """Asks the Mind again across an outage (a restart, a cut), for at most the resume window the
+    Mind announced (RIDE_OUT_S if none) from when the outage began: the reads it repeats change
+    nothing, so asking twice is safe. `hand_offline`: after an outage, also wait out the Hand
+    being away (a restarted Mind sees its Hands come back a moment after its clients); before any
+    outage an offline Hand is an answer, as it always was."""
+
+    def __init__(self, client: MindClient, hand_offline: bool = False) -> None:
+        self.client = client
+        self.hand_offline = hand_offline
+        self.outage = False
+        self.since: float | None = None
+
+    async def ask(self, call: Callable[[], Awaitable[T]]) -> T:
+        while True:
+            asked = time.monotonic()
+            try:
+                result = await call()
+            except ClientError as exc:
+                outage = self.outage or self.client.reconnects > 0  # (the client may ride a cut out itself)
+                offline = exc.code is ErrorCode.HAND_OFFLINE and self.hand_offline and outage
+                if exc.code not in CUT and not offline:
+                    raise
+                self.outage = True
+                if self.since is None:  # the outage counts from the ask that met it (the client
+                    self.since = asked  # may have spent its window reconnecting inside it)
+                await self._again(exc)
+                continue
+            self.since = None
+            return result
+
+    async def _again(self, exc: ClientError) -> None:
+        bound = self.client.resume_window or RIDE_OUT_S
+        assert self.since is not None
+        remaining = self.since + bound - time.monotonic()
+        if remaining <= 0:
+            raise ClientError(exc.code, f"{exc.message}; could not reach the Mind again within {bound:g} s")
+        if exc.code is ErrorCode.HAND_OFFLINE:
+            await asyncio.sleep(min(0.5, remaining))
+            return
+        try:
+            await self.client.reconnect(within=remaining)
+        except ClientError as again:
+            if not retryable(again):
+                raise
 
 
 def view_json(v: TaskView) -> dict[str, Any]:
@@ -103,7 +164,9 @@ WAIT_HELP = """Wait until the task ends (polling the Mind), print its final stat
   121         --timeout passed first; the task goes on
   125         unknown task, Mind unreachable
 
-While the Hand is offline the Mind's view is stale: it keeps waiting (and says so on a terminal)."""
+While the Hand is offline the Mind's view is stale: it keeps waiting (and says so on a terminal).
+A restart of the Mind or a cut of the connection is ridden out: it reconnects and asks again for up
+to the Mind's resume window (60 s if it has none), then gives up with 125."""
 
 
 def add_parsers(sub: Any) -> None:
@@ -141,7 +204,8 @@ def add_parsers(sub: Any) -> None:
         "--follow",
         "-f",
         action="store_true",
-        help="keep streaming until the task ends, then exit with its outcome (as `task wait`); without it, 0",
+        help="keep streaming until the task ends, then exit with its outcome (as `task wait`); without it, 0. "
+        "Rides out a restart of the Mind, printing nothing twice",
     )
     tl.add_argument(
         "--stream",
@@ -279,10 +343,14 @@ async def logs(client: MindClient, args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     # On a terminal, a silent log says what it is waiting for: the task's state and its size so far
     # (erased before the next output; nothing at all when stderr is not a terminal).
+    reasker = Reasker(client, hand_offline=True)
     with Status(sys.stderr, enabled=args.follow) as status:
         quiet_since = time.monotonic()
         while True:
-            page = await client.task_logs(args.task_id, offset, stream=stream)
+            if args.follow:  # from `offset`, what is printed up to: nothing twice across an outage
+                page = await reasker.ask(functools.partial(client.task_logs, args.task_id, offset, stream=stream))
+            else:
+                page = await client.task_logs(args.task_id, offset, stream=stream)
             if page.data:
                 status.clear()
                 out.write(page.data)
@@ -328,8 +396,9 @@ async def await_end(client: MindClient, task_id: str, timeout: float | None, sta
     terminal state is the only outcome, so this never guesses; the status line says what it waits for."""
     t0 = time.monotonic()
     interval, longest = WAIT_POLL_S
+    reasker = Reasker(client)
     while True:
-        v = await client.task_get(task_id)
+        v = await reasker.ask(functools.partial(client.task_get, task_id))
         if v.state in TASK_TERMINAL:
             status.clear()
             return v, True

@@ -11,7 +11,7 @@ from typing import Any
 from mind.cli import options
 from mind.cli.connection import with_client
 from mind.cli.exits import EXIT_USAGE, die
-from mind.cli.formatting import jsonable, printable, table, timestamp
+from mind.cli.formatting import away, jsonable, printable, table, timestamp
 from protocol.states import RunState
 
 
@@ -34,6 +34,12 @@ def add_parsers(sub: Any) -> None:
     rn.add_argument("--since", metavar="DURATION", help="only runs started within this long ago (e.g. 30m, 2h)")
     rn.add_argument("--limit", type=int, default=50)
     rn.add_argument("--fleet", metavar="ID", help="only the member runs of this fleet run")
+    rn.add_argument(
+        "--unattended",
+        action="store_true",
+        help="only runs still going with a leg away: detached, left by their client, or waiting for their Hand "
+        "(mind attach RUN_ID takes one up)",
+    )
     options.json_output(rn)
     rn.set_defaults(handler=with_client(list_runs))
 
@@ -98,6 +104,8 @@ async def run_get(client: Any, args: argparse.Namespace) -> int:
         f"run      {info.run_id}\nhand     {info.hand} (gen {info.gen})\ntool     {printable(info.tool)}\n"
         f"state    {info.state.value}"
     )
+    if (note := away(info)) is not None:
+        print(f"away     {note}")
     print(f"created  {timestamp(info.created_at)}\nended    {timestamp(info.ended_at)}")
     if info.end is not None:
         e = info.end
@@ -135,7 +143,8 @@ def run_row(r: Any) -> list[str]:
     e = r.end
     exit_ = "-" if e is None or e.exit_code is None else str(e.exit_code)
     dur = "-" if e is None else f"{e.duration_ms / 1000:.2f}s"
-    return [r.run_id, r.hand, r.tool, r.state.value, timestamp(r.created_at), dur, exit_]
+    state = r.state.value if (note := away(r)) is None else f"{r.state.value} ({note})"
+    return [r.run_id, r.hand, r.tool, state, timestamp(r.created_at), dur, exit_]
 
 
 RUN_HEADERS = ["RUN", "HAND", "TOOL", "STATE", "CREATED", "DURATION", "EXIT"]
@@ -156,9 +165,17 @@ async def list_runs(client: Any, args: argparse.Namespace) -> int:
         die("--limit must be positive", EXIT_USAGE)
     if args.fleet is not None and not limits_id_ok(args.fleet):
         die("--fleet wants a fleet id (fleet-...)", EXIT_USAGE)
-    runs = await client.list_runs(
-        args.hand, RunState(args.state) if args.state else None, since, args.limit, fleet=args.fleet
-    )
+    if args.unattended:  # (the client filters: its `list_runs` has no `unattended` yet; the Mind's has)
+        every = await client.list_runs(
+            args.hand, RunState(args.state) if args.state else None, since, 100_000, fleet=args.fleet
+        )
+        runs = [
+            r for r in every if r.end is None and (r.client_away_since is not None or r.hand_away_since is not None)
+        ][: args.limit]
+    else:
+        runs = await client.list_runs(
+            args.hand, RunState(args.state) if args.state else None, since, args.limit, fleet=args.fleet
+        )
     if args.json:
         print(json.dumps([jsonable(r.model_dump(mode="python")) for r in runs], indent=2, default=str))
         return 0

@@ -10,16 +10,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mind.client.aio import MindClient, RunFailed, RunHandle
+    from mind.client.aio import MindClient
     from mind.client.credentials import load_credential
+    from mind.client.run import RunFailed, RunHandle, StillRunning
     from mind.errors import ClientCode, ClientError
 
-__all__ = ["ClientCode", "ClientError", "MindClient", "RunFailed", "RunHandle", "load_credential"]
+__all__ = ["ClientCode", "ClientError", "MindClient", "RunFailed", "RunHandle", "StillRunning", "load_credential"]
 
 _WHERE = {
     "MindClient": "mind.client.aio",
-    "RunHandle": "mind.client.aio",
-    "RunFailed": "mind.client.aio",
+    "RunHandle": "mind.client.run",
+    "RunFailed": "mind.client.run",
+    "StillRunning": "mind.client.run",
     "load_credential": "mind.client.credentials",
     "ClientError": "mind.errors",
     "ClientCode": "mind.errors",

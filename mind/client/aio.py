@@ -7,36 +7,51 @@ async with await MindClient.connect(url, credential) as mc:
 ```
 Requests are pipelined on one connection: each gets its own envelope id, and a reader task (owned by
 the client, cancelled by `close`) hands every frame to the session core (mind/client/session.py),
-which routes it to the request or run it belongs to. This module is the asyncio shell around that
-core: the `websockets` connection, futures and queues; the blocking fast path of `mind exec`
-(mind/client/blocking.py) is the other shell around the same core.
+which checks it and routes each reply to the request it answers. A run's frames go to its
+`RunHandle` (mind/client/run.py), which drives the stream endpoint of protocol/streams.py. This
+module is the asyncio shell around those cores: the `websockets` connection, futures and queues;
+the blocking fast path of `mind exec` (mind/client/blocking.py) is the other shell around the session.
+
+Continuity (DESIGN §15): the client remembers how it connected. When its connection ends while
+runs are live and the Mind's `welcome` announced a resume window, it reconnects (backoff with
+jitter, mind/client/retry.py) within the window, authenticates afresh and re-attaches every live
+run from where its streams stand; the runs' events go on in the same handles. A request in flight
+at the cut fails with `closed` (its answer is lost), except the idempotent reads, which are asked
+again on the new connection; a request made during the outage waits for it (within the window).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import ssl
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
 from mind.client import files
 from mind.client import session as core
 from mind.client.credentials import load_credential
-from mind.client.endpoint import check_pin, parse_url, tls_context, unreachable, verification_failed
+from mind.client.dial import Dial, open_connection
+from mind.client.retry import Backoff, retryable
+from mind.client.run import RunEvent, RunFailed, RunHandle, Stdin, StillRunning
 from mind.errors import ClientCode, ClientError
 from protocol import limits
 from protocol.auth import Credential
 from protocol.codes import ErrorCode
+from protocol.envelope import decode as decode_envelope
 from protocol.errors import ProtocolError
+from protocol.ids import new_id
 from protocol.messages import (
     PAGE_LIMIT_MAX,
+    Attach,
     CancelRun,
     CancelRunResult,
     ConnectedNames,
+    Detach,
+    Detached,
     Exec,
     FleetOpen,
     FleetOpened,
@@ -51,13 +66,9 @@ from protocol.messages import (
     RunEnd,
     RunInfo,
     RunList,
-    RunOutput,
-    RunUpdate,
     SelectedHand,
     SelectHands,
     StatusReply,
-    StreamAck,
-    StreamData,
     Streams,
     TaskCancelReply,
     TaskCancelRequest,
@@ -72,162 +83,40 @@ from protocol.messages import (
     WhichConnected,
 )
 from protocol.states import RunState, TaskState
-from protocol.streams import Receiver, Sender
 
 if TYPE_CHECKING:
     from mind.client.fleet import FleetRun
 
-
-class RunFailed(ClientError):
-    def __init__(self, end: RunEnd) -> None:
-        why = end.error or end.reason or end.state.value
-        super().__init__(ClientCode(end.state.value), f"run {end.run_id} on {end.hand} ended {end.state.value}: {why}")
-        self.end = end
-
-
-RunEvent = RunUpdate | RunOutput | StreamData | RunEnd
 R = TypeVar("R", bound=Message)
-Stdin = bytes | BinaryIO | AsyncIterable[bytes]
-"""What `MindClient.start(stdin=...)` sends as the run's standard input: all of it, any size."""
-
-
-class RunHandle:
-    """One run in flight: iterate its events, await its end, or request a cancel."""
-
-    def __init__(self, client: MindClient, req_id: str, stdin: Stdin | None = None) -> None:
-        self._client = client
-        self.req_id = req_id
-        self.run_id: str | None = None
-        self._events: asyncio.Queue[RunEvent | ClientError] = asyncio.Queue()
-        self._id_known = asyncio.Event()
-        self._failed: ClientError | None = None
-        self.end: RunEnd | None = None
-        self._rx: dict[str, Receiver] = {}
-        """Output streams: a chunk counts as consumed once `events()` has handed it over, so a
-        caller that reads slowly slows the remote command instead of filling memory."""
-        self._stdin = stdin
-        self._tx = Sender()
-        self._credit = asyncio.Event()
-        self._pump: asyncio.Task[None] | None = None
-
-    def _feed(self, item: Message | ClientError) -> None:
-        if isinstance(item, StreamAck):
-            if item.stream == "stdin":
-                try:
-                    self._tx.on_ack(item.offset)
-                except ProtocolError:
-                    pass
-                if item.closed:
-                    self._tx.eof = True  # the command closed its stdin: nothing more is wanted
-                self._credit.set()
-            return
-        if isinstance(item, StreamData):
-            rx = self._rx.setdefault(item.stream, Receiver())
-            try:
-                rx.on_data(item.offset, len(item.data), item.eof)
-            except ProtocolError as exc:
-                item = ClientError(ClientCode.PROTOCOL, f"stream {item.stream}: {exc.message}")
-        if isinstance(item, ClientError):
-            self._failed = item
-            self._id_known.set()  # a `cancel` waiting for the id learns there is nothing to cancel
-        elif self.run_id is None:
-            self.run_id = item.run_id  # type: ignore[attr-defined]
-            self._id_known.set()
-            if self._stdin is not None and self._pump is None:
-                self._pump = asyncio.get_running_loop().create_task(self._send_stdin())
-        if isinstance(item, RunEnd):
-            self.end = item
-            self._stop_pump()
-        elif isinstance(item, ClientError):
-            self._stop_pump()
-        self._events.put_nowait(item)  # type: ignore[arg-type]
-
-    def _stop_pump(self) -> None:
-        if self._pump is not None and not self._pump.done():
-            self._pump.cancel()
-
-    async def _send_stdin(self) -> None:
-        """The run's stdin, within the credit the Hand grants; then its end. Owned by this handle
-        (cancelled when the run ends: a command that never reads stdin never blocks its result)."""
-        assert self.run_id is not None and self._stdin is not None
-        try:
-            async for data in _chunks(self._stdin):
-                while data:
-                    while self._tx.credit() == 0 and not self._tx.eof:
-                        self._credit.clear()
-                        await self._credit.wait()
-                    if self._tx.eof:
-                        return
-                    n = min(len(data), self._tx.credit(), limits.STREAM_CHUNK_MAX)
-                    offset = self._tx.take(n)
-                    await self._client._stream(
-                        StreamData(run_id=self.run_id, stream="stdin", offset=offset, data=data[:n]), self.req_id
-                    )
-                    data = data[n:]
-            if not self._tx.eof:
-                await self._client._stream(
-                    StreamData(run_id=self.run_id, stream="stdin", offset=self._tx.close(), eof=True), self.req_id
-                )
-        except ClientError:
-            return  # the connection is gone: the run's own end says so
-
-    async def _consumed(self, item: StreamData) -> None:
-        rx = self._rx.get(item.stream)
-        if rx is None or self.run_id is None or not item.data:
-            return
-        rx.consume(len(item.data))
-        offset = rx.ack_due()
-        if offset is not None and self.end is None:
-            try:
-                await self._client._stream(
-                    StreamAck(run_id=self.run_id, stream=item.stream, offset=offset), self.req_id
-                )
-            except ClientError:
-                pass
-
-    @property
-    def stdin_sent(self) -> int:
-        """Bytes of stdin sent so far (what a resumed copy counts: nothing acknowledged is resent)."""
-        return self._tx.offset
-
-    async def events(self) -> AsyncIterator[RunEvent]:
-        """The run's events in order: state changes, output (`StreamData` for a streamed run:
-        every byte, in order, `eof` closing each stream), and last its `RunEnd`."""
-        while True:
-            item = await self._events.get()
-            if isinstance(item, ClientError):
-                raise item
-            yield item
-            if isinstance(item, StreamData):
-                await self._consumed(item)
-            if isinstance(item, RunEnd):
-                return
-
-    async def wait(self, on_event: Callable[[RunEvent], None] | None = None) -> RunEnd:
-        async for ev in self.events():
-            if on_event is not None:
-                on_event(ev)
-            if isinstance(ev, RunEnd):
-                return ev
-        raise ClientError(ErrorCode.INTERNAL_ERROR, "event stream ended without run_end")  # pragma: no cover
-
-    async def cancel(self) -> CancelRunResult:
-        await self._id_known.wait()
-        if self.run_id is None:
-            assert self._failed is not None
-            raise self._failed
-        return await self._client.cancel(self.run_id)
+CUT = frozenset({ClientCode.CLOSED, ErrorCode.SHUTDOWN})
+"""How a request fails when its connection ends under it (`shutdown`: the Mind said it was stopping)."""
 
 
 class MindClient:
-    def __init__(self, ws: ClientConnection, session: core.ClientSession) -> None:
+    def __init__(
+        self, ws: ClientConnection, session: core.ClientSession, dial: Dial | None = None, window: float = 0.0
+    ) -> None:
         self._ws = ws
         self._session = session
         self.label = session.label
+        self._dial = dial
+        self.resume_window = window
+        """Seconds the Mind keeps a run whose client went away (its `welcome` says; 0: none). A cut
+        shorter than this is ridden out: the client reconnects and re-attaches its runs."""
         self._waiters: dict[str, asyncio.Future[Message]] = {}
         self._runs: dict[str, RunHandle] = {}
+        """Envelope id -> the run whose events come under it (on the current connection)."""
+        self._live: set[RunHandle] = set()
+        """Runs this client follows, whichever connection they came on: what a reconnect re-attaches."""
         self._reader: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
+        self._closing = False
+        self._cut_at: float | None = None
+        """When the connection ended (monotonic): the window counts from there."""
+        self._reconnect: asyncio.Task[None] | None = None
+        self.reconnects = 0
+        """Connections made again after a cut (0: this is the first)."""
+        self._later: set[asyncio.Task[Any]] = set()  # flushes and delayed re-attachments this client owns
 
     # --- connecting ---
 
@@ -243,60 +132,17 @@ class MindClient:
     ) -> MindClient:
         """Connect and authenticate. `wss://` URLs are verified (system trust or `ca`), and the
         certificate must match `pin` if given, before the credential is used at all."""
-        session = core.ClientSession(credential, os.urandom(limits.NONCE_BYTES))
-        parse_url(url)  # refused as the fast path refuses it, before websockets reads it
-        ssl_ctx = tls_context(url, None if ca is None else os.fspath(ca), pin)
-        try:
-            ws = await connect(
-                url,
-                compression=None,
-                max_size=limits.MAX_FRAME_BYTES,
-                open_timeout=open_timeout,
-                ping_interval=20,
-                ping_timeout=20,
-                close_timeout=2,
-                ssl=ssl_ctx,
-            )
-        except ssl.SSLCertVerificationError as exc:
-            raise verification_failed(url, exc) from None
-        except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ValueError) as exc:  # ValueError: a bad port
-            raise unreachable(url, exc) from None
-        try:
-            check_pin(ws.transport.get_extra_info("ssl_object"), pin)
-            await cls._handshake(ws, session)
-        except BaseException:
-            await ws.close()
-            raise
-        self = cls(ws, session)
-        self._reader = asyncio.get_running_loop().create_task(self._read())
+        dial = Dial(url, credential, open_timeout, None if ca is None else os.fspath(ca), pin)
+        ws, session, window = await open_connection(dial, open_timeout)
+        self = cls(ws, session, dial, window)
+        self._reader = asyncio.get_running_loop().create_task(self._read(ws, session))
         return self
 
-    @staticmethod
-    async def _handshake(ws: ClientConnection, session: core.ClientSession) -> None:
-        """Feed the session until it is open (or raise why not), within the handshake deadline."""
-        try:
-            async with asyncio.timeout(limits.HANDSHAKE_TIMEOUT_S):
-                while True:
-                    try:
-                        for frame in session.data_to_send():
-                            await ws.send(frame)
-                    except ConnectionClosed:
-                        pass  # refused before it read ours (busy, rate limited): its reason is queued
-                    try:
-                        events = session.receive_data(await ws.recv())
-                    except ConnectionClosed as exc:
-                        events = session.connection_lost(ClientError(ClientCode.CLOSED, str(exc)))
-                    for ev in events:
-                        if isinstance(ev, core.Closed):
-                            raise ev.error
-                        if isinstance(ev, core.Opened):
-                            return
-        except TimeoutError:
-            session.handshake_timed_out()
-            assert session.error is not None
-            raise session.error from None
-
     async def close(self) -> None:
+        self._closing = True
+        for task in (self._reconnect, *self._later):
+            if task is not None:
+                task.cancel()
         if self._reader is not None:
             self._reader.cancel()
             try:
@@ -304,6 +150,10 @@ class MindClient:
             except (asyncio.CancelledError, Exception):  # closing anyway
                 pass
         await self._ws.close()
+        closed = ClientError(ClientCode.CLOSED, "the client was closed")
+        for handle in list(self._live):
+            handle.fail(closed)
+        self._live.clear()
 
     async def __aenter__(self) -> MindClient:
         return self
@@ -311,37 +161,199 @@ class MindClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    @property
+    def connected(self) -> bool:
+        """The connection is open now (False during an outage, while the client reconnects)."""
+        return self._session.is_open
+
+    @property
+    def riding_out(self) -> bool:
+        """Connected, or reconnecting after a cut: the live runs go on (a fleet keeps going)."""
+        return self._session.is_open or (self._reconnect is not None and not self._reconnect.done())
+
+    async def reconnect(self, within: float | None = None) -> None:
+        """Make sure the connection is open: if it ended, connect again (backoff with jitter)
+        until `within` seconds (default: the resume window) have passed since it ended, then
+        re-attach every live run. `ClientError` if that fails: the last attempt's reason."""
+        if self._session.is_open:
+            return
+        if self._closing:
+            raise ClientError(ClientCode.CLOSED, "the client was closed")
+        if self._dial is None:
+            raise self._session.error or ClientError(ClientCode.CLOSED, "connection to the Mind closed")
+        if self._reconnect is None or self._reconnect.done():
+            if self._cut_at is None:
+                self._cut_at = time.monotonic()
+            bound = self.resume_window if within is None else within
+            self._reconnect = asyncio.get_running_loop().create_task(self._redial(self._cut_at + bound))
+        task = self._reconnect
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled() and self._closing:  # `close` stopped it, not our caller
+                raise ClientError(ClientCode.CLOSED, "the client was closed") from None
+            raise
+
+    async def _redial(self, deadline: float) -> None:
+        """Connect again before `deadline` (monotonic), or fail every live run: past the window
+        nobody here can know how they end."""
+        assert self._dial is not None
+        backoff = Backoff()
+        last: ClientError = self._session.error or ClientError(ClientCode.CLOSED, "connection to the Mind closed")
+        while (remaining := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(backoff.next(remaining))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                ws, session, window = await open_connection(
+                    self._dial, min(self._dial.open_timeout, max(remaining, 0.5))
+                )
+            except ClientError as exc:
+                last = exc
+                if not retryable(exc):
+                    break
+                continue
+            self._ws, self._session, self.resume_window = ws, session, window
+            self._cut_at = None
+            self.reconnects += 1
+            self._reader = asyncio.get_running_loop().create_task(self._read(ws, session))
+            for handle in list(self._live):
+                self._attach(handle)
+            await self.flush_quietly()
+            return
+        self._cut_at = None  # a later `reconnect` counts afresh
+        for handle in list(self._live):
+            handle.fail(self._unknown_fate(handle, last))
+        self._live.clear()
+        raise last
+
+    @staticmethod
+    def _unknown_fate(handle: RunHandle, last: ClientError) -> ClientError:
+        return ClientError(
+            ClientCode.CLOSED,
+            f"the connection to the Mind ended and could not be made again within the resume window "
+            f"({last.message}): run {handle.run_id}'s fate is unknown here; `mind run get {handle.run_id}` "
+            "tells once the Mind is reachable",
+        )
+
     # --- plumbing ---
 
-    async def _stream(self, msg: Message, id_: str) -> None:
-        """A stream frame of the run under envelope `id_` (no answer comes for it)."""
+    def queue(self, msg: Message, id_: str) -> None:
+        """Queue a frame of run `id_` on the connection, now, in order (`ClientError` if it is gone)."""
         self._session.send(msg, id_)
-        await self._flush()
+
+    def kick(self) -> None:
+        """Write what is queued soon (from code that cannot await)."""
+        task = asyncio.get_running_loop().create_task(self.flush_quietly())
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
+
+    async def flush_quietly(self) -> None:
+        """`_flush`, for frames whose loss a resume repairs (stream data, acknowledgements)."""
+        try:
+            await self._flush()
+        except ClientError:
+            pass
 
     async def _flush(self) -> None:
         """Write what the session queued, in its order (the lock keeps two writers from reordering
         frames the session numbered)."""
         async with self._send_lock:
+            ws = self._ws
             for frame in self._session.data_to_send():
                 try:
-                    await self._ws.send(frame)
+                    await ws.send(frame)
                 except ConnectionClosed:
                     raise ClientError(ClientCode.CLOSED, "connection to the Mind closed") from None
 
-    async def _read(self) -> None:
+    async def _read(self, ws: ClientConnection, session: core.ClientSession) -> None:
+        """Every frame of one connection: checked by its session, replies to their requests, a
+        run's frames to its handle. Owned by this client; ends with the connection."""
+        error: ClientError | None = None
         try:
-            async for data in self._ws:
-                events = self._session.receive_data(data)
+            async for data in ws:
+                try:
+                    env = decode_envelope(data)
+                except ProtocolError:
+                    events = session.receive_data(data)  # the session says what is wrong, and ends
+                else:
+                    events = session.receive_frame(env)
+                    if session.error is None and env.id is not None and env.id in self._runs:
+                        handle = self._runs[env.id]
+                        if handle.on_message(env.msg):  # its last frame under this id
+                            self._runs.pop(env.id, None)
+                            if not handle.live:
+                                self._live.discard(handle)
                 self._dispatch(events)
-                if self._session.error is not None:
+                if session.error is not None:
                     for ev in events:
                         if isinstance(ev, core.Closed) and ev.close_code is not None:
-                            await self._ws.close(ev.close_code, ev.close_reason)
+                            await ws.close(ev.close_code, ev.close_reason)
                     return
         except ConnectionClosed:
             pass
         finally:
-            self._dispatch(self._session.connection_lost())
+            self._dispatch(session.connection_lost())
+            error = session.error
+            if session is self._session:
+                self._cut(error or ClientError(ClientCode.CLOSED, "connection to the Mind closed"))
+
+    def _cut(self, error: ClientError) -> None:
+        """The connection ended. Runs whose id is known wait for a reconnect if the Mind keeps
+        them (a window) and this client may dial again; any other run fails with `error`, as a
+        request in flight does. A run whose start was cut before its answer fails too (nobody
+        here knows whether it started), but the client reconnects for the runs that come next
+        (a fleet goes on)."""
+        starting = False
+        for handle in self._runs.values():
+            if handle.run_id is None:  # its `exec` may or may not have reached the Mind: nobody here knows
+                starting = True
+                handle.fail(error)
+        self._runs.clear()
+        self._live = {h for h in self._live if h.live}
+        if self._closing or self.resume_window <= 0 or self._dial is None or not (self._live or starting):
+            for handle in self._live:
+                handle.fail(error)
+            self._live.clear()
+            return
+        self._cut_at = time.monotonic()
+        for handle in self._live:
+            handle.on_cut()
+        self._reconnect = asyncio.get_running_loop().create_task(self._redial(self._cut_at + self.resume_window))
+        self._reconnect.add_done_callback(_retrieved)
+
+    def _attach(self, handle: RunHandle) -> None:
+        """Send `attach` for `handle` on the current connection, its events under a new id."""
+        assert handle.run_id is not None
+        id_ = new_id("a")
+        handle.req_id = id_
+        self._runs[id_] = handle
+        try:
+            self._session.send(Attach(run_id=handle.run_id, streams=handle.attach_request()), id_)
+        except ClientError:
+            self._runs.pop(id_, None)  # the connection is gone again: its cut re-attaches
+
+    def attach_later(self, handle: RunHandle) -> None:
+        """The Mind asked to wait (`resume_pending`: it has not heard from the run's Hand since it
+        restarted): attach again shortly, within the window, unless the connection ends first."""
+        deadline = time.monotonic() + max(self.resume_window, 1.0)
+
+        async def again() -> None:
+            backoff = Backoff()
+            while (remaining := deadline - time.monotonic()) > 0:
+                await asyncio.sleep(backoff.next(remaining) + 0.1)
+                if not handle.live:
+                    return
+                if self._session.is_open and not handle.attaching:
+                    self._attach(handle)
+                    await self.flush_quietly()
+                    return
+            handle.fail(ClientError(ErrorCode.RESUME_PENDING, f"run {handle.run_id} was not presented again in time"))
+
+        task = asyncio.get_running_loop().create_task(again())
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
 
     def _dispatch(self, events: list[core.Event]) -> None:
         for ev in events:
@@ -353,27 +365,32 @@ class MindClient:
                 fut = self._waiters.pop(ev.id, None)
                 if fut is not None and not fut.done():
                     fut.set_exception(ev.error)
-                run = self._runs.pop(ev.id, None)
-                if run is not None:
-                    run._feed(ev.error)
-            elif isinstance(ev, (core.RunEvent, core.RunEnded)):
-                run = self._runs.get(ev.id) if isinstance(ev, core.RunEvent) else self._runs.pop(ev.id, None)
-                if run is not None:
-                    run._feed(ev.msg)
 
-    async def _ask(self, msg: Message, kind: type[R]) -> R:
-        """A request whose one reply must be a `kind` (an `error` reply raises `ClientError`)."""
-        id_ = self._session.request(msg, kind.TYPE)
-        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self._waiters[id_] = fut
-        try:
-            await self._flush()
-            reply = await fut
-        finally:
-            if self._waiters.pop(id_, None) is not None:  # given up on (cancelled) or not sent
-                self._session.forget(id_)
-        assert isinstance(reply, kind)  # the session checked its type
-        return reply
+    async def _ask(self, msg: Message, kind: type[R], *, read: bool = False) -> R:
+        """A request whose one reply must be a `kind` (an `error` reply raises `ClientError`).
+        During an outage it waits for the reconnect (within the window). `read`: it changes
+        nothing, so one whose answer a cut lost is asked again on the new connection."""
+        first_cut: float | None = None
+        while True:
+            if not self._session.is_open and self.resume_window > 0:
+                await self.reconnect()
+            id_ = self._session.request(msg, kind.TYPE)
+            fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+            self._waiters[id_] = fut
+            try:
+                await self._flush()
+                reply = await fut
+            except ClientError as exc:
+                now = time.monotonic()
+                first_cut = now if first_cut is None else first_cut
+                if read and exc.code in CUT and not self._closing and now - first_cut < self.resume_window:
+                    continue  # asked again on the new connection (a Mind that keeps dropping it: once per window)
+                raise
+            finally:
+                if self._waiters.pop(id_, None) is not None:  # given up on (cancelled) or not sent
+                    self._session.forget(id_)
+            assert isinstance(reply, kind)  # the session checked its type
+            return reply
 
     # --- API ---
 
@@ -412,16 +429,55 @@ class MindClient:
             watch=watch,
             fleet=fleet,
         )
-        id_ = self._session.start_run(req)
+        if not self._session.is_open and self.resume_window > 0:
+            await self.reconnect()  # an outage: the run starts once the Mind is back (within the window)
+        id_ = new_id("x")
+        self._session.send(req, id_)  # `ClientError` if the connection is gone
         handle = RunHandle(self, id_, stdin)
         self._runs[id_] = handle
+        self._live.add(handle)
         try:
             await self._flush()
         except ClientError:
             self._runs.pop(id_, None)
-            self._session.forget(id_)
+            self._live.discard(handle)
             raise
         return handle
+
+    async def attach(self, run_id: str, *, window: int = limits.STREAM_WINDOW) -> RunHandle:
+        """Take over run `run_id`, started by any client of this one's identity (only the run's
+        owner may; the newest attachment wins and the previous one fails with `replaced`). The
+        handle's output starts where the previous consumer's acknowledgements left it (nothing it
+        handed over comes again, nothing after is missing), and it ends with the run's real end:
+        the retained one if the run already ended. `window`: the run's stream window, if it was
+        opened with another than the default. Raises `ClientError` (`unknown_run`, `not_allowed`,
+        `denied_by_scope`) if the run cannot be attached."""
+        if not self._session.is_open and self.resume_window > 0:
+            await self.reconnect()
+        handle = RunHandle(self, "", window=window, run_id=run_id)
+        self._live.add(handle)
+        self._attach(handle)
+        if handle.req_id not in self._runs:
+            self._live.discard(handle)
+            raise self._session.error or ClientError(ClientCode.CLOSED, "connection to the Mind closed")
+        try:
+            await self._flush()
+        except ClientError:
+            self._runs.pop(handle.req_id, None)
+            self._live.discard(handle)
+            raise
+        await handle.attached()
+        return handle
+
+    async def detach_run(self, handle: RunHandle, keep: float | None) -> float:
+        """`handle.detach`: the Mind keeps the run unattended; this client stops following it."""
+        assert handle.run_id is not None
+        if keep is not None and keep <= 0:
+            raise ClientError(ClientCode.INVALID_REQUEST, "keep= must be a positive number of seconds")
+        reply = await self._ask(Detach(run_id=handle.run_id, keep_s=keep), Detached)
+        self._runs.pop(handle.req_id, None)
+        self._live.discard(handle)
+        return reply.keep_s
 
     async def exec(
         self,
@@ -435,13 +491,17 @@ class MindClient:
         *,
         stdin: Stdin | None = None,
         stream: bool | None = None,
+        wait: float | None = None,
+        keep: float | None = None,
     ) -> RunEnd:
         """Run and wait for the end. Output reaches `on_event` (as `StreamData`, every byte, when
         streamed); the end carries bounded tails, byte counts and the sha256 of what was sent.
         `timeout` (seconds, default 3600 as `mind exec`, at most 24 h) is the run's deadline on the
-        Hand: past it the tree is killed and the run ends `timed_out`."""
+        Hand: past it the tree is killed and the run ends `timed_out`. `wait` (seconds) bounds the
+        wait instead: past it the run is detached and goes on (kept for the Mind's resume window, or
+        `keep` seconds) and `StillRunning` is raised, naming it for `attach`."""
         handle = await self.start(hand, tool, args, timeout, grace, watch=watch, stdin=stdin, stream=stream)
-        return await handle.wait(on_event)
+        return await handle.wait(on_event, timeout=wait, keep=keep)
 
     async def call(self, hand: str, tool: str, args: dict[str, Any] | None = None, timeout: float = 60.0) -> Any:
         """Run a tool and return its value; anything but `succeeded` raises `RunFailed`. The
@@ -518,7 +578,7 @@ class MindClient:
         return FleetRun(self, selector, tool, args, **options)
 
     async def get_run(self, run_id: str) -> RunInfo:
-        return await self._ask(GetRun(run_id=run_id), RunInfo)
+        return await self._ask(GetRun(run_id=run_id), RunInfo, read=True)
 
     async def list_runs(
         self,
@@ -535,7 +595,7 @@ class MindClient:
         while len(out) < limit:
             want = min(limit - len(out), PAGE_LIMIT_MAX)
             reply = await self._ask(
-                ListRuns(hand=hand, state=state, since=since, limit=want, after=after, fleet=fleet), RunList
+                ListRuns(hand=hand, state=state, since=since, limit=want, after=after, fleet=fleet), RunList, read=True
             )
             out += reply.runs[:want]
             if reply.next_after is None or reply.next_after == after:  # (a cursor that does not move ends it)
@@ -563,7 +623,7 @@ class MindClient:
         return await self._ask(req, TaskStartResult)
 
     async def task_get(self, task_id: str) -> TaskView:
-        return await self._ask(TaskGet(task_id=task_id), TaskView)
+        return await self._ask(TaskGet(task_id=task_id), TaskView, read=True)
 
     async def task_logs(
         self, task_id: str, offset: int = 0, limit: int = 64 << 10, stream: Literal["stdout", "stderr"] | None = None
@@ -571,7 +631,8 @@ class MindClient:
         """One page of a task's log: the combined log (both streams in arrival order) or, with
         `stream`, that stream's own file, `offset` counting its bytes (`ClientError` code
         `no_stream_log` for a task logged before the Hand kept them apart)."""
-        return await self._ask(TaskLogs(task_id=task_id, offset=offset, limit=limit, stream=stream), TaskLogPage)
+        req = TaskLogs(task_id=task_id, offset=offset, limit=limit, stream=stream)
+        return await self._ask(req, TaskLogPage, read=True)
 
     async def task_cancel(self, task_id: str) -> TaskCancelReply:
         return await self._ask(TaskCancelRequest(task_id=task_id), TaskCancelReply)
@@ -592,19 +653,11 @@ class MindClient:
         return out
 
 
-__all__ = ["MindClient", "RunHandle", "ClientError", "RunFailed", "load_credential", "ErrorCode"]
+__all__ = ["MindClient", "RunHandle", "ClientError", "RunFailed", "StillRunning", "load_credential", "ErrorCode"]
 
 
-async def _chunks(stdin: Stdin) -> AsyncIterator[bytes]:
-    """Any `Stdin` as an async iterator of chunks (a file is read in a thread: it may block)."""
-    if isinstance(stdin, (bytes, bytearray, memoryview)):
-        data = bytes(stdin)
-        for i in range(0, len(data), limits.STREAM_CHUNK_MAX):
-            yield data[i : i + limits.STREAM_CHUNK_MAX]
-    elif hasattr(stdin, "read"):
-        while chunk := await asyncio.to_thread(stdin.read, limits.STREAM_CHUNK_MAX):
-            yield chunk
-    else:
-        async for chunk in stdin:
-            if chunk:
-                yield bytes(chunk)
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """A background reconnect's failure is told to the runs it fails (and to whoever awaits it):
+    retrieving it here keeps asyncio from reporting it as never retrieved."""
+    if not task.cancelled():
+        task.exception()

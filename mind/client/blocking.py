@@ -10,7 +10,9 @@ own.
   a lost connection means: `mind/client/session.py`, the same session core as the full client's;
 - framing: `mind/client/ws.py` (sans-I/O RFC 6455); payloads: `mind/client/wire.py` (checks
   generated from protocol/messages.py), so every frame is checked before anything reads it;
-- keepalive like the full client's: a ping every 20 s, the connection is dead if no pong in 20 s.
+- keepalive like the full client's: a ping every 20 s, the connection is dead if no pong in 20 s;
+  when the Mind keeps runs for a resume window (DESIGN §15), every quarter window (at most the
+  Mind's own ping interval), so a silent link is noticed while there is still time to come back.
 
 The shell waits in one `select` on the socket and, optionally, a wakeup fd (a signal arrived), so a
 caller's loop can react to Ctrl-C and to its own timers without threads.
@@ -62,9 +64,12 @@ class Link:
         self._write_error: ClientError | None = None  # writing failed; what the Mind sent may still be read
         self._aborted = False
         now = time.monotonic()
+        self._ping_every = PING_INTERVAL_S
         self._ping_due = now + PING_INTERVAL_S
         self._ping: tuple[bytes, float] | None = None
         self.label = session.label
+        self.last_heard = now
+        """When the Mind last sent us anything (a resume window counts from there)."""
 
     # --- connecting ---
 
@@ -77,19 +82,36 @@ class Link:
         ca: str | None = None,
         pin: str | None = None,
         open_timeout: float = 10.0,
+        handshake_timeout: float = limits.HANDSHAKE_TIMEOUT_S,
     ) -> Link:
-        """Connect and authenticate, as `MindClient.connect` does (same checks, same errors)."""
+        """Connect and authenticate, as `MindClient.connect` does (same checks, same errors).
+        A reconnection within a resume window passes shorter timeouts: what is left of it."""
         session = ClientSession(
             credential, os.urandom(limits.NONCE_BYTES), decode=wire.decode, handshake=wire.Handshake
         )
         where = parse_url(url)
         link = cls._open(where, tls_context(url, ca, pin), pin, open_timeout, session)
         try:
-            link._handshake()
+            link._handshake(handshake_timeout)
         except BaseException:
             link.abort()
             raise
+        link._tune_keepalive()
         return link
+
+    @property
+    def resume_window(self) -> float:
+        """The Mind's resume window, from its `welcome` (0: a cut ends the runs)."""
+        return self._session.resume_window_s
+
+    def _tune_keepalive(self) -> None:
+        window = self._session.resume_window_s
+        if window > 0:
+            every = min(PING_INTERVAL_S, max(0.25, window / 4))
+            if self._session.ping_interval_s:
+                every = min(every, max(0.25, float(self._session.ping_interval_s)))
+            self._ping_every = every
+            self._ping_due = min(self._ping_due, time.monotonic() + every)
 
     @classmethod
     def _open(cls, where: Endpoint, ctx: Any, pin: str | None, timeout: float, session: ClientSession) -> Link:
@@ -140,8 +162,8 @@ class Link:
             )
             raise unreachable(where.url, why) from None
 
-    def _handshake(self) -> None:
-        deadline = time.monotonic() + limits.HANDSHAKE_TIMEOUT_S
+    def _handshake(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         try:
             self._write()  # our hello
         except ClientError:
@@ -289,7 +311,8 @@ class Link:
         if self._ping is None and now >= self._ping_due and self._error is None and self._ws.state == "open":
             payload = os.urandom(4)
             self._ws.send_ping(payload)
-            self._ping = (payload, now + PING_TIMEOUT_S)
+            self._ping = (payload, now + min(PING_TIMEOUT_S, self._ping_every))
+            self._flush()  # now, not after the wait below: the pong's deadline runs from here
         due = self._ping[1] if self._ping is not None else self._ping_due
         wait = max(0.0, due - now)
         return wait if timeout is None else min(timeout, wait)
@@ -305,6 +328,8 @@ class Link:
             except OSError as exc:
                 self._lost(ClientError(ClientCode.CLOSED, f"connection to the Mind failed: {exc}"))
                 return
+            if data:
+                self.last_heard = time.monotonic()
             try:
                 if data:
                     self._ws.receive_data(data)
@@ -327,7 +352,7 @@ class Link:
             elif ev[0] == PONG:
                 if self._ping is not None and ev[1] == self._ping[0]:
                     self._ping = None
-                    self._ping_due = time.monotonic() + PING_INTERVAL_S
+                    self._ping_due = time.monotonic() + self._ping_every
             elif ev[0] == CLOSED:
                 self._lost()
 

@@ -56,7 +56,15 @@ class Msg:
         return f"Msg({self.TYPE!r}, {sorted(self._fields)})"  # field names only: values may be secrets
 
     def model_dump(self, mode: str = "python") -> dict[str, Any]:
-        return {k: v.model_dump(mode) if isinstance(v, Msg) else v for k, v in self._fields.items()}
+        return {k: _dump(v, mode) for k, v in self._fields.items()}
+
+
+def _dump(v: Any, mode: str) -> Any:
+    if isinstance(v, Msg):
+        return v.model_dump(mode)
+    if type(v) is list:
+        return [_dump(x, mode) for x in v]
+    return v
 
 
 # --- field checks: value -> value as the model would hold it, or Invalid ------------------------
@@ -169,6 +177,34 @@ def any_value(v: Any) -> Any:
     return v
 
 
+def list_of(inner: Check, min_len: int = 0, max_len: int | None = None) -> Check:
+    """A list (msgpack's arrays; stricter than pydantic, which also takes tuples and sets)."""
+
+    def check_list(v: Any) -> Any:
+        if type(v) is not list:
+            raise Invalid("", "must be a list")
+        if len(v) < min_len or (max_len is not None and len(v) > max_len):
+            raise Invalid("", f"must have between {min_len} and {max_len} items")
+        out = []
+        for i, item in enumerate(v):
+            try:
+                out.append(inner(item))
+            except Invalid as exc:
+                raise Invalid(f"{i}.{exc.loc}" if exc.loc else str(i), exc.why) from None
+        return out
+
+    return check_list
+
+
+class Factory:
+    """A default made fresh for each message (pydantic's `default_factory`): a list field's `[]`."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+
+
 Fields = dict[str, tuple[Check, Any]]
 Rule = Callable[[dict[str, Any]], "str | None"]
 
@@ -191,6 +227,8 @@ def model(type_: str, fields: Fields, rule: Rule | None = None) -> Check:
                     raise Invalid(f"{name}.{exc.loc}" if exc.loc else name, exc.why) from None
             elif default is REQUIRED:
                 raise Invalid(name, "field required")
+            elif type(default) is Factory:
+                out[name] = default.make()
             else:
                 out[name] = default
         if rule is not None and (why := rule(out)) is not None:
@@ -212,7 +250,12 @@ def _stream_data_not_empty(f: dict[str, Any]) -> str | None:
     return None if f["data"] or f["eof"] else "a stream chunk carries data or the end of the stream"
 
 
+def _stream_position_ordered(f: dict[str, Any]) -> str | None:
+    return "consumed cannot be past offset" if f["consumed"] > f["offset"] else None
+
+
 RULES: dict[str, Rule] = {
+    "StreamPosition._ordered": _stream_position_ordered,
     "RunEnd._terminal": _run_end_terminal,
     "StreamData._not_empty": _stream_data_not_empty,
 }

@@ -204,10 +204,9 @@ class FleetRun:
                     yield ev
                 elif kind == "failed":
                     failure: ClientError = payload
-                    if failure.code in (
-                        ClientCode.CLOSED,
-                        ClientCode.PROTOCOL,
-                    ):  # the connection is gone: every run with it
+                    cut = failure.code is ClientCode.CLOSED
+                    if failure.code is ClientCode.PROTOCOL or (cut and not self.client.riding_out):
+                        # the connection is gone for good: every run with it
                         self._lost = self._lost or failure
                         if not plan.abandoned:
                             pending = plan.abandon(now)
@@ -215,8 +214,10 @@ class FleetRun:
                     if hand not in plan.in_flight:
                         continue
                     r = self.results.setdefault(hand, HandResult(hand, RunState.LOST.value))
-                    # refused before admission (an `error` reply): nothing ran; after it, nobody knows
-                    r.state = RunState.LOST.value if r.run_id is not None else RunState.REJECTED.value
+                    # refused before admission (an `error` reply): nothing ran; after it, or a start
+                    # cut before its answer while the client rides the cut out (the others go on
+                    # re-attached), nobody knows
+                    r.state = RunState.LOST.value if r.run_id is not None or cut else RunState.REJECTED.value
                     yield FleetEvent("end", hand, None, r.state)
                     pending = plan.on_end(hand, r.state, now)
         finally:

@@ -41,7 +41,11 @@ from protocol.record import Frozen
 CLOSE_PROTOCOL_ERROR = 1002  # the WebSocket close code for a peer that broke the protocol
 
 AWAIT_CHALLENGE, AWAIT_WELCOME, OPEN, CLOSED = "await_challenge", "await_welcome", "open", "closed"
-RUN_EVENTS = frozenset({"run_update", "run_output", "stream_data", "stream_ack", "run_end"})
+RUN_EVENTS = frozenset(
+    {"run_update", "run_output", "stream_data", "stream_ack", "stream_resume", "attached", "replaced", "run_end"}
+)
+"""A run's events, under the id of the request that holds the run: its `exec`, or the `attach` that
+took it over (whose answer, `attached`, comes first; `replaced` ends it: a newer attachment won)."""
 
 
 # --- what happened (returned by the session's inputs) -----------------------------------------
@@ -74,7 +78,8 @@ class Reply(Event):
 
 
 class RunEvent(Event):
-    """A `run_update`, `run_output`, `stream_data` or `stream_ack` of run `id` (more follow)."""
+    """A `run_update`, `run_output`, `stream_data`, `stream_ack`, `stream_resume` or `attached` of
+    run `id` (more follow)."""
 
     __slots__ = ("id", "msg")
     id: str
@@ -161,6 +166,10 @@ class ClientSession:
         self.label = credential.label
         self.state = AWAIT_CHALLENGE
         self.gen: int | None = None
+        self.resume_window_s = 0.0
+        """The Mind's resume window (its `welcome`): how long a run waits for this client to come
+        back after a cut (DESIGN §15). 0: a cut ends the runs."""
+        self.ping_interval_s: float | None = None
         self.error: ClientError | None = None  # set once the session is over
         self._decode = decode
         self._hs = handshake(credential, nonce)
@@ -311,6 +320,8 @@ class ClientSession:
             self.gen = self._channel.gen = self._hs.on_welcome(msg)  # checks the Mind's MAC
         except ProtocolError as exc:
             return self._end(ClientError(exc.code, exc.message))
+        self.resume_window_s = float(getattr(msg, "resume_window_s", 0.0) or 0.0)
+        self.ping_interval_s = getattr(msg, "ping_interval_s", None)
         self.state = OPEN
         return [Opened(self.gen)]
 
@@ -327,6 +338,10 @@ class ClientSession:
         if msg.TYPE == "run_end":
             del self._waiting[id]
             return [RunEnded(id, msg)]
+        if msg.TYPE == "replaced":
+            del self._waiting[id]
+            why = f"another attachment took run {msg.run_id} over (mind attach): this one gets nothing more of it"
+            return [Failed(id, ClientError(ErrorCode.REPLACED, why))]
         return [RunEvent(id, msg)]
 
     def _bad_frame(self, exc: ProtocolError) -> list[Event]:

@@ -17,7 +17,18 @@ from __future__ import annotations
 from typing import Any
 
 from mind.client.checks import REQUIRED, Invalid, Msg
-from mind.client.wire_gen import INBOUND, cancel_run, exec_, hello, proof, resize, stream_ack, stream_data
+from mind.client.wire_gen import (
+    INBOUND,
+    attach,
+    cancel_run,
+    detach,
+    exec_,
+    hello,
+    proof,
+    resize,
+    stream_ack,
+    stream_data,
+)
 from protocol.auth import ClientHandshake
 from protocol.codes import ErrorCode
 from protocol.envelope import Envelope, check, unpack
@@ -29,7 +40,9 @@ __all__ = [
     "Handshake",
     "Invalid",
     "Msg",
+    "attach",
     "cancel_run",
+    "detach",
     "decode",
     "exec_",
     "hello",

@@ -13,9 +13,11 @@ from typing import Any
 from mind.client.checks import (
     REQUIRED,
     RULES,
+    Factory,
     Msg,
     any_value,
     enum,
+    list_of,
     literal,
     model,
     number,
@@ -35,6 +37,7 @@ _PATTERN_0 = re.compile("^[0-9a-f]{64}$")
 VALIDATORS = {
     "RunEnd._terminal": "ad5994364ed404261f237227d31f00d46bdf717e2c75d5761ebd68d3531704c4",
     "StreamData._not_empty": "023360c59d1f7498a89c47c87c45419d450d3f3cab9d487dad01ef9ea0c661cf",
+    "StreamPosition._ordered": "6ae78d9a6f16d8b87540af430bb0cc777c547464ed118699a43b663489c33125",
 }
 
 CHALLENGE = model(
@@ -150,6 +153,52 @@ CANCEL_RUN_RESULT = model(
     },
 )
 
+STREAM_RESUME = model(
+    "stream_resume",
+    {
+        "run_id": (strict_str(pattern=limits.ID_RE), REQUIRED),
+        "stream": (literal("stdin", "stdout", "stderr", "pty"), REQUIRED),
+        "offset": (strict_int(ge=0), REQUIRED),
+        "consumed": (strict_int(ge=0), REQUIRED),
+    },
+)
+
+STREAM_POSITION = model(
+    "stream_position",
+    {
+        "stream": (literal("stdin", "stdout", "stderr", "pty"), REQUIRED),
+        "offset": (strict_int(ge=0), REQUIRED),
+        "consumed": (strict_int(ge=0), REQUIRED),
+    },
+    rule=RULES["StreamPosition._ordered"],
+)
+
+ATTACHED = model(
+    "attached",
+    {
+        "run_id": (strict_str(pattern=limits.ID_RE), REQUIRED),
+        "hand": (strict_str(pattern=limits.LABEL_VALUE_RE), REQUIRED),
+        "state": (enum(RunState), REQUIRED),
+        "streams": (list_of(STREAM_POSITION, max_len=4), Factory(list)),
+        "hand_away_since": (optional(number()), None),
+    },
+)
+
+REPLACED = model(
+    "replaced",
+    {
+        "run_id": (strict_str(pattern=limits.ID_RE), REQUIRED),
+    },
+)
+
+DETACHED = model(
+    "detached",
+    {
+        "run_id": (strict_str(pattern=limits.ID_RE), REQUIRED),
+        "keep_s": (number(ge=0, le=604800.0), REQUIRED),
+    },
+)
+
 INBOUND = {
     "challenge": CHALLENGE,
     "welcome": WELCOME,
@@ -160,6 +209,10 @@ INBOUND = {
     "stream_ack": STREAM_ACK,
     "run_end": RUN_END,
     "cancel_run_result": CANCEL_RUN_RESULT,
+    "stream_resume": STREAM_RESUME,
+    "attached": ATTACHED,
+    "replaced": REPLACED,
+    "detached": DETACHED,
 }
 
 
@@ -290,5 +343,35 @@ def resize(
             "run_id": run_id,
             "rows": rows,
             "cols": cols,
+        },
+    )
+
+
+def attach(
+    *,
+    run_id: Any,
+    streams: Any = None,
+) -> Msg:
+    """`attach`, as `protocol.messages.Attach(...).model_dump()` holds it."""
+    return Msg(
+        "attach",
+        {
+            "run_id": run_id,
+            "streams": [] if streams is None else streams,
+        },
+    )
+
+
+def detach(
+    *,
+    run_id: Any,
+    keep_s: Any = None,
+) -> Msg:
+    """`detach`, as `protocol.messages.Detach(...).model_dump()` holds it."""
+    return Msg(
+        "detach",
+        {
+            "run_id": run_id,
+            "keep_s": keep_s,
         },
     )

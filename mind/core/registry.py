@@ -336,7 +336,7 @@ class RunRegistry:
                     grace_ms=grace,
                     streams=req.streams if background is None else None,
                     background=background,
-                    owner=run.owner or None,  # presented back after a cut: a restarted Mind adopts it for its owner
+                    owner=run.owner or None,
                 ),
             )
         )

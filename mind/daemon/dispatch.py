@@ -46,6 +46,7 @@ from protocol.messages import (
     Rejected,
     Resize,
     Result,
+    RunsPresent,
     SelectHands,
     Started,
     StreamAck,
@@ -97,6 +98,8 @@ class Dispatch:
             acts = r.on_result(msg, label, gen, now, wall)
         elif isinstance(msg, CancelResult):
             acts = r.on_cancel_result(msg.run_id, label, gen, msg.status, now, wall)
+        elif isinstance(msg, RunsPresent):  # after `welcome` on a new generation (DESIGN §15)
+            acts = r.on_runs_present(label, gen, msg, now, wall)
         elif id_ is not None and peer.answered(id_, msg):
             return
         elif isinstance(msg, TaskUpdate):

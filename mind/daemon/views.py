@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from mind.core import selector
 from mind.core.paging import page
+from mind.core.runs import Run
 from mind.daemon.host import VERSION, Host
 from mind.daemon.peer import Peer
 from protocol.codes import ErrorCode
@@ -53,7 +54,7 @@ class Views:
         runs = (
             (r, r.info())
             for r in self.mind.registry.history(msg.hand, msg.state, msg.since, before, msg.fleet)
-            if scope.allows_hand(r.hand) and scope.may_touch(r.owner, me)
+            if scope.allows_hand(r.hand) and scope.may_touch(r.owner, me) and (not msg.unattended or unattended(r))
         )
         taken, more = page(runs, msg.limit, lambda item: payload_size(item[1]))
         cursor = str(taken[-1][0].seq) if more and taken else None
@@ -163,3 +164,9 @@ class Views:
                 )
             )
         return out
+
+
+def unattended(run: Run) -> bool:
+    """A run still going with a leg away: nobody attached (detached, or its client gone), or its
+    Hand away, while the Mind's resume window (or the detach's keep) lasts (DESIGN §15)."""
+    return not run.terminal and (run.client_away_since is not None or run.hand_away_since is not None)

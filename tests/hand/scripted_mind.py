@@ -71,6 +71,8 @@ class ScriptedMind:
         """A "hold" handshake waits for this before answering the hello (the Hand stays offline)."""
         self.hand_errors: list[Error] = []
         self.url = ""
+        self.resume_window = 0.0
+        """`welcome.resume_window_s` (DESIGN §15): above 0 the Hand keeps its runs across a cut."""
 
     async def handler(self, ws: ServerConnection) -> None:
         ch = Channel()
@@ -101,7 +103,7 @@ class ScriptedMind:
         self.gen += 1
         ch.gen = self.gen
         mac = os.urandom(32) if step == "forge" else mind_mac(self.cred.secret, t, self.gen)
-        await ws.send(ch.stamp(Welcome(gen=self.gen, mac=mac, ping_interval_s=1.0)))
+        await ws.send(ch.stamp(Welcome(gen=self.gen, mac=mac, ping_interval_s=1.0, resume_window_s=self.resume_window)))
         if step == "forge":
             env = decode(await asyncio.wait_for(ws.recv(), 10))
             self.hand_errors.append(env.msg)

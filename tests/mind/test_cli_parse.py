@@ -81,7 +81,7 @@ def test_every_leaf_command_has_a_handler():
         if words is None:
             words = [
                 *path,
-                *(["x"] if path[-1] in ("get", "logs", "wait", "cancel", "revoke", "rotate", "add") else []),
+                *(["x"] if path[-1] in ("get", "logs", "wait", "cancel", "revoke", "rotate", "add", "attach") else []),
             ]
         args = parse(*words)
         assert callable(args.handler), path

@@ -128,8 +128,8 @@ def test_a_change_the_fast_path_does_not_read_leaves_the_checks_alone(tmp_path):
             "CancelRunResult._same has no twin in mind.client.checks.RULES",
         ),
         (
-            replace_in_class("RunUpdate", "gen: Int | None = None", "gen: list[Int]"),
-            "run_update.gen: a 'list' schema",
+            replace_in_class("RunUpdate", "gen: Int | None = None", "gen: dict[str, Int]"),
+            "run_update.gen: a 'dict' schema",
         ),
     ],
 )

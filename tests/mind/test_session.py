@@ -33,7 +33,20 @@ from protocol import PROTOCOL_VERSION, limits
 from protocol.auth import ClientHandshake, Credential
 from protocol.codes import CancelStatus, ErrorCode
 from protocol.envelope import Channel, decode
-from protocol.messages import CancelRun, CancelRunResult, Error, Exec, RunEnd, RunOutput, RunUpdate
+from protocol.messages import (
+    Attach,
+    Attached,
+    CancelRun,
+    CancelRunResult,
+    Error,
+    Exec,
+    Replaced,
+    RunEnd,
+    RunOutput,
+    RunUpdate,
+    StreamPosition,
+    StreamResume,
+)
 from protocol.states import RunState
 
 GEN = 5
@@ -82,10 +95,10 @@ class Mind:
         (hello,) = self.read(session)
         return self.frame(self.hs.on_hello(hello.msg, self.secret, os.urandom(32), now=0.0))
 
-    def welcome(self, session: ClientSession, mac: bytes | None = None) -> bytes:
+    def welcome(self, session: ClientSession, mac: bytes | None = None, window: float = 0.0) -> bytes:
         (proof,) = self.read(session)
         self.hs.on_proof(proof.msg, now=0.0)
-        welcome = self.hs.welcome(GEN, 20.0)
+        welcome = self.hs.welcome(GEN, 20.0, window)
         if mac is not None:
             welcome = welcome.model_copy(update={"mac": mac})
         data = self.frame(welcome)
@@ -357,6 +370,35 @@ def test_a_run_whose_events_name_two_runs_fails_and_so_does_a_non_event(codec):
     run = s.start_run(exec_msg(codec))
     (ev,) = s.receive_data(mind.frame(cancel_result("r3"), run))
     assert isinstance(ev, Failed) and ev.error.message == "the Mind answered a run with cancel_run_result"
+
+
+@CODECS
+def test_the_welcome_says_how_long_the_mind_keeps_a_run_for_a_client_that_comes_back(codec):
+    s, mind = new_session(codec), Mind()
+    assert s.resume_window_s == 0.0
+    s.receive_data(mind.challenge(s))
+    assert s.receive_data(mind.welcome(s, window=30.0)) == [Opened(GEN)]
+    assert (s.resume_window_s, s.ping_interval_s) == (30.0, 20.0)
+
+
+@CODECS
+def test_an_attach_holds_the_run_until_a_newer_attachment_replaces_it(codec):
+    s, mind = opened(codec)
+    positions = [{"stream": "stdout", "offset": 12, "consumed": 10}]
+    msg = wire.attach(run_id="r1", streams=positions) if codec is FAST else Attach(run_id="r1", streams=positions)
+    att = s.start_run(msg)
+    (sent,) = mind.read(s)
+    assert sent.msg.TYPE == "attach" and [p.model_dump() for p in sent.msg.streams] == positions
+    attached = Attached(run_id="r1", hand="box", state=RunState.RUNNING, streams=[StreamPosition(**positions[0])])
+    (ev,) = s.receive_data(mind.frame(attached, att))
+    assert isinstance(ev, RunEvent) and ev.msg.TYPE == "attached" and ev.msg.streams[0].offset == 12
+    resume = StreamResume(run_id="r1", stream="stdin", offset=3, consumed=3)
+    (ev,) = s.receive_data(mind.frame(resume, att))
+    assert isinstance(ev, RunEvent) and (ev.msg.TYPE, ev.msg.offset) == ("stream_resume", 3)
+    (ev,) = s.receive_data(mind.frame(Replaced(run_id="r1"), att))
+    assert isinstance(ev, Failed) and ev.error.code == ErrorCode.REPLACED and not ev.lost
+    assert "another attachment took run r1" in ev.error.message
+    assert s.receive_data(mind.frame(end("r1"), att)) == []  # nothing more of it is ours
 
 
 # --- the end -----------------------------------------------------------------------------------

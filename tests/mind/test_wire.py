@@ -49,6 +49,9 @@ TAIL = st.fixed_dictionaries(
     },
 )
 STREAMS = st.sampled_from(["stdin", "stdout", "stderr", "pty"])
+POSITION = st.tuples(STREAMS, NONNEG, NONNEG).map(
+    lambda t: {"stream": t[0], "offset": max(t[1], t[2]), "consumed": min(t[1], t[2])}
+)
 OUTCOME = {
     "run_id": ID,
     "state": values(RunState),
@@ -120,6 +123,13 @@ VALID = {  # field -> strategy of values the model accepts; `required` as in the
         {"data": st.binary(min_size=1, max_size=200), "eof": st.booleans()},
     ),
     "stream_ack": ({"run_id": ID, "stream": STREAMS, "offset": NONNEG}, {"closed": st.booleans()}),
+    "stream_resume": ({"run_id": ID, "stream": STREAMS, "offset": NONNEG, "consumed": NONNEG}, {}),
+    "attached": (
+        {"run_id": ID, "hand": ID.filter(lambda s: len(s) <= 64), "state": values(RunState)},
+        {"streams": st.lists(POSITION, max_size=4), "hand_away_since": st.none() | st.floats(allow_nan=False)},
+    ),
+    "replaced": ({"run_id": ID}, {}),
+    "detached": ({"run_id": ID, "keep_s": st.floats(min_value=0, max_value=604800.0)}, {}),
 }
 NASTY = (
     st.sampled_from(
@@ -234,6 +244,8 @@ def test_fields_and_defaults_match_the_model(t):
         if default is not wire.REQUIRED:
             want = info.default.model_dump() if isinstance(info.default, pydantic.BaseModel) else info.default
             got = default.model_dump() if isinstance(default, wire.Msg) else default
+            if info.default_factory is not None:  # a fresh value per message, on both sides
+                want, got = info.default_factory(), default.make()  # type: ignore[call-arg]
             assert typed(got) == typed(want), f"{t}.{name}: default differs"
     assert set(VALID[t][0]) == {n for n, f in model.model_fields.items() if f.is_required()}
 
