@@ -1,20 +1,22 @@
 """A Hand that keeps its foreground runs across a dropped connection (DESIGN §15), synchronously.
 
-This models what the Hand's shell is being given (issue 22, "Hand leg"); when `hand/aio` ships it,
-record these as the models of the new classes in `tests/sim/mirrors.py`. The rules are:
+The model of `hand.aio.runs.RunTable` and `hand.aio.agent.Agent` with a window (`tests/sim/mirrors.py`
+names these classes; keep them in step). The rules are:
 - the run table belongs to the Hand process, not to one connection: a connection that drops leaves
-  every run running; if no connection has been welcomed `window` seconds later the Hand kills them
-  itself (`connection_lost`), keeping their results like any other;
+  every run running (`on_cut`); if no connection has been welcomed `window` seconds later the Hand
+  kills them itself (`connection_lost`) and forgets their results (`RunTable.expire`);
 - a result is kept until the Mind answers `result_ack`;
 - after each `welcome` the first frame is `runs_present` (every run it holds: started or not, its
   stream positions, a result pending, its owner, tool, time left, grace and streams as opened),
-  then every result not yet acknowledged, then whatever output is waiting;
+  then every kept result whose streams need no resume (`rewire`);
 - streams are the REAL endpoints: each output stream an `Outgoing` (credit, the bytes kept until
   acknowledged, `resume`), stdin an `Incoming` (order, paced acknowledgements, `resume_point`).
-  Output goes only onto a live connection; a `stream_resume` resends exactly what it names. With
-  a window the result waits until the output is not only sent but acknowledged (the variant
-  `continuity-result-before-ack` sends it once the end is sent, as `hand/aio/streams.py` does
-  today: the checker shows the tail a client away at that moment loses).
+  After a cut every output stream is held until the Mind's `stream_resume` for it, which resends
+  exactly what it names, and a streamed run's result follows its streams (or goes at once when the
+  Mind sends `cancel`). With a window the result waits until the output is not only sent but
+  acknowledged (the variant `continuity-result-before-ack` sends it once the end is sent, as
+  `hand/aio/streams.py` did before main's ca28fd7: the checker shows the tail a client away at
+  that moment loses).
 Everything else (admission, deadlines, the first terminal) is `HandRuns`, i.e. the shipped rules.
 """
 
@@ -71,6 +73,8 @@ class OutStream:
     """Read from the child, not yet sent (no credit, or no connection): the pipe, in effect."""
     ended: bool = False
     """The child's side of the pipe ended."""
+    awaiting: bool = False
+    """Held since a cut until the Mind's `stream_resume` says where the client stands."""
 
 
 @dataclass(eq=False)
@@ -84,6 +88,8 @@ class RunStreams:
     flushed: Fut = field(default_factory=Fut)
     abandoned: bool = False
     """The run ended without its output delivered (cancelled, failed to start)."""
+    told_to_stop: bool = False
+    """The Mind sent `cancel` for it: its result goes out without waiting for a resume."""
 
 
 class KeptRuns(HandRuns):
@@ -98,16 +104,62 @@ class KeptRuns(HandRuns):
         self.records: dict[str, Any] = {}
         """run id -> the run (HandRuns' record), kept until its result is acknowledged."""
         self.unacked: dict[str, Result] = {}
+        self.unsent: set[str] = set()
+        """Kept results not sent on this connection (held behind their streams' resume)."""
         self.started: set[str] = set()
+        self.expired = False
+        """The window passed with no Mind: results are forgotten until the next `welcome`."""
 
     # --- sending ---
 
     def _out(self, msg: Message) -> None:
         if isinstance(msg, Result):
+            if self.expired:  # nobody is left to take it (`RunTable.expire`)
+                self._forget(msg.run_id)
+                return
             self.unacked[msg.run_id] = msg
+            if self._held(msg.run_id) or not self.chand.connected:  # it follows its streams' resume,
+                self.unsent.add(msg.run_id)  # or the next connection (`RunTable._conclude`, `_deliver`)
+                return
         elif isinstance(msg, Started):
             self.started.add(msg.run_id)
         self.chand.send_now(msg)
+
+    def _held(self, run_id: str) -> bool:
+        """`KeptResult.held`: its output waits for a resume, unless the Mind told it to stop."""
+        st = self.streams.get(run_id)
+        return st is not None and not st.told_to_stop and any(o.awaiting for o in st.outs.values())
+
+    def _deliver_if_free(self, run_id: str, told_to_stop: bool = False) -> None:
+        if run_id in self.unsent and (told_to_stop or not self._held(run_id)) and self.chand.connected:
+            self.unsent.discard(run_id)
+            self.chand.send_now(self.unacked[run_id])
+
+    def _forget(self, run_id: str) -> None:
+        self.unacked.pop(run_id, None)
+        self.unsent.discard(run_id)
+        self.records.pop(run_id, None)
+        self.streams.pop(run_id, None)
+        self.started.discard(run_id)
+
+    def on_cut(self) -> None:
+        """`RunTable.on_cut`: every output stream is held until its `stream_resume`, and every
+        kept result waits to be sent again."""
+        for st in self.streams.values():
+            for o in st.outs.values():
+                o.awaiting = True
+        self.unsent |= set(self.unacked)
+
+    def on_cancel(self, cancel: Any) -> None:
+        """`RunTable.on_cancel`: a run ended by the Mind while held is let go of (no resume will
+        come: what waits for credit is not sent); a result kept from the cut goes out at once."""
+        st = self.streams.get(cancel.run_id)
+        if st is not None:
+            st.told_to_stop = True
+            if cancel.run_id in self._book.active and any(o.awaiting for o in st.outs.values()):
+                self._abandon(st)
+        super().on_cancel(cancel)
+        self._deliver_if_free(cancel.run_id, told_to_stop=True)
 
     # --- admission ---
 
@@ -208,6 +260,8 @@ class KeptRuns(HandRuns):
         if self.chand.connected:
             for o in st.outs.values():
                 out = o.out
+                if o.awaiting:
+                    continue
                 while o.pending and out.credit() > 0:
                     n = min(len(o.pending), out.credit())
                     data = bytes(o.pending[:n])
@@ -253,9 +307,12 @@ class KeptRuns(HandRuns):
                     self.chand.send_now(
                         StreamData(run_id=st.run_id, stream=o.name, offset=offset, data=piece, eof=eof)  # type: ignore[arg-type]
                     )
+                o.awaiting = False
         except ProtocolError as exc:
             check.fail("no byte lost or duplicated", f"hand {self.hand.label} {msg.TYPE} {msg.run_id}: {exc.message}")
         self._flush(st)
+        if isinstance(msg, StreamResume):
+            self._deliver_if_free(msg.run_id)
 
     def _feed(self, st: RunStreams, offset: int, data: bytes, eof: bool) -> None:
         """The child reads its stdin at once (while it lives): consumed, acknowledged as paced."""
@@ -276,10 +333,8 @@ class KeptRuns(HandRuns):
     # --- results and presentation ---
 
     def on_result_ack(self, run_id: str) -> None:
-        if self.unacked.pop(run_id, None) is not None:
-            self.records.pop(run_id, None)
-            self.streams.pop(run_id, None)
-            self.started.discard(run_id)
+        if run_id in self.unacked:
+            self._forget(run_id)
 
     def present(self) -> RunsPresent:
         runs: list[PresentedRun] = []
@@ -313,15 +368,24 @@ class KeptRuns(HandRuns):
         return RunsPresent(runs=runs)
 
     def after_present(self) -> None:
-        for result in list(self.unacked.values()):
-            self.chand.send_now(result)
+        """`RunTable.rewire`: the kept results whose streams need no resume go out again."""
+        self.expired = False
+        for run_id in list(self.unsent):
+            self._deliver_if_free(run_id)
         for st in list(self.streams.values()):
             self._flush(st)
 
     def window_over(self) -> None:
-        """No Mind came back within the window: the Hand kills its runs itself."""
+        """`RunTable.expire`: no Mind came back within the window: the Hand kills its runs itself,
+        lets go of their held output and forgets their results (nobody is left to take them)."""
+        self.expired = True
+        for run_id in list(self.unacked):
+            self._forget(run_id)
         for run in list(self._book.active.values()):
             self.chand.world.ext.checker.notes["hand_window_kill"] += 1  # type: ignore[union-attr]
+            st = self.streams.get(run.rpc.run_id)
+            if st is not None:
+                self._abandon(st)
             self._cancel(run, CancelReason.CONNECTION_LOST)
 
     def crashed(self) -> None:
@@ -378,6 +442,7 @@ class ContinuityHand(HandProcess):
         conn.wire_open = False
         self.tasks.attach(None)
         self.conn = None
+        self.kept.on_cut()
         self._away_epoch += 1
         epoch = self._away_epoch
         self.loop.call_at(self.clock.now + self.window, lambda: self._window_over(epoch), label="hand_window")
