@@ -4,6 +4,7 @@
     scripts/sim --seeds 20000 --start 100000
     scripts/sim --seed 1234 --trace  # replay one seed, printing every step
     scripts/sim --variant hand-before-fix --seeds 5000   # the code before a fix: finds the bug
+    scripts/sim --variant continuity --seeds 1000        # resume windows, streams, both legs resuming
 
 Prints seeds/s, steps/s and how often each event, fault and outcome was exercised. On a failure it
 prints the violated invariant and the one-line command that replays the seed exactly, and exits 1.

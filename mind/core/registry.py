@@ -179,14 +179,19 @@ class RunRegistry:
             )
         return acts
 
-    def _terminate(self, run: Run, end: RunEnd, now: float, wall: float, mind_decided: bool = False) -> list[Action]:
+    def _terminate(
+        self, run: Run, end: RunEnd, now: float, wall: float, mind_decided: bool = False, durable: bool = False
+    ) -> list[Action]:
         """Set the one terminal state of `run`. Callers have checked the transition is legal.
         `mind_decided`: nobody reported it, the Mind decided it; with continuity on, it is written
-        durably first (`PersistEnding`). With the window 0 no run outlives its connections, so no
-        Hand can ever re-present one and there is nothing to persist."""
+        durably first (`PersistEnding`). `durable`: a Hand's result, written first too, because the
+        Hand lets it go at the `result_ack` that follows: a Mind that crashed after acknowledging
+        would otherwise adopt the run when it is presented again and could end it a second way.
+        With the window 0 no run outlives its connections, so no Hand can ever re-present one and
+        there is nothing to persist."""
         kept = retained(end)
         acts: list[Action] = []
-        if mind_decided and self.resume_window > 0:
+        if (mind_decided or durable) and self.resume_window > 0:
             acts.append(PersistEnding(run.run_id, kept, run.owner, run.cancel_reason, run.args_digest))
         acts += self._move(run, end.state)
         run.end = kept
@@ -469,7 +474,7 @@ class RunRegistry:
         fields = {k: getattr(res, k) for k in OUTCOME_FIELDS}
         fields["progress_dropped"] = res.progress_dropped + run.dropped
         end = RunEnd(hand=run.hand, tool=run.tool, **fields)
-        return self._terminate(run, end, now, wall) + ack
+        return self._terminate(run, end, now, wall, durable=run.background is None) + ack
 
     def on_cancel_result(
         self, run_id: str, hand: str, gen: int, status: CancelStatus, now: float, wall: float
@@ -543,7 +548,7 @@ class RunRegistry:
         for p in msg.runs:
             presented.add(p.run_id)
             run = self._runs.get(p.run_id)
-            if run is None and p.owner is not None and p.tool is not None:
+            if run is None and p.owner is not None and p.tool is not None and self._adopting(now):
                 acts += self._adopt(hand, gen, p, now, wall)
                 continue
             if run is None or run.hand != hand or run.terminal:
@@ -565,6 +570,11 @@ class RunRegistry:
             why = "hand restarted: it no longer has this run"
             acts += self._terminate(run, self._end(run, RunState.LOST, why, now), now, wall, mind_decided=True)
         return acts
+
+    def _adopting(self, now: float) -> bool:
+        """A Mind that restarted adopts unknown runs only within its window: past it, an attach to
+        such a run was told `unknown_run`, and a run adopted later would end unheard of."""
+        return self._presentations_until is not None and now < self._presentations_until
 
     def _adopt(self, hand: str, gen: int, p: PresentedRun, now: float, wall: float) -> list[Action]:
         """A run this registry never admitted, presented by its Hand with its owner: the Mind

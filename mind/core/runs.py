@@ -43,7 +43,8 @@ class Log:
 
 @dataclass(frozen=True)
 class PersistEnding:
-    """A terminal the Mind decided by itself (`lost`, `timed_out`, `cancelled` at the window's end):
+    """A terminal the Mind decided by itself (`lost`, `timed_out`, `cancelled` at the window's end),
+    or with a window a Hand's result (which the Hand forgets at the `result_ack` that follows):
     the shell writes it durably BEFORE performing the actions after it, which tell the client and
     the Hand. A Mind that crashes between the two then still knows the run ended, and kills the run
     when its Hand re-presents it instead of adopting it: first terminal wins, across a crash too."""

@@ -395,11 +395,79 @@ def test_any_order_of_outages_and_returns_keeps_one_terminal_persisted_first(eve
             assert not ended and state(reg) is terminal, "first terminal wins"
         elif ended:
             terminal = state(reg)
-            if terminal is not RunState.SUCCEEDED:  # the Mind decided it: persisted before anything else
-                assert isinstance(acts[0], PersistEnding) and acts[0].end.state is terminal
-            else:
-                assert not any(isinstance(a, PersistEnding) for a in acts)
+            # decided by the Mind, or the Hand's result (acknowledged after): persisted before anything else
+            assert isinstance(acts[0], PersistEnding) and acts[0].end.state is terminal
     reg.on_tick(now + 10 * WINDOW + 700, 99_999.0)
     assert state(reg) in (RunState.SUCCEEDED, RunState.LOST, RunState.CANCELLED, RunState.TIMED_OUT) or (
         state(reg) in (RunState.RUNNING, RunState.CANCEL_REQUESTED) and live and reg.get("r1").client is not None
     ), "past every window only an attached run on a live Hand may still be going"
+
+
+def test_the_rpc_names_the_runs_owner_so_a_restarted_mind_can_adopt_it():
+    """Found by the simulation (issue 22): the Hand presents `PresentedRun.owner` from the `rpc`
+    it was sent, and a Mind that restarted adopts only a run presented with its owner. Without the
+    owner in the `rpc`, every run of a Mind that restarted was killed instead of adopted."""
+    req = Exec(hand=HAND, tool="exec", args={"argv": ["sleep", "20"]}, timeout_ms=600_000)
+    reg = RunRegistry(resume_window=WINDOW)
+    acts = reg.admit("r1", req, "c1", "q1", 1, True, now=0.0, wall=1000.0, owner="alice")
+    (rpc,) = to_hand(acts)
+    assert rpc.owner == "alice"
+    # a run nobody owns (the registry's own callers) says so with no owner, not an empty label
+    anon = RunRegistry(resume_window=WINDOW)
+    (rpc,) = to_hand(anon.admit("r2", req, "c1", "q2", 1, True, now=0.0, wall=1000.0))
+    assert rpc.owner is None
+
+
+def test_a_result_taken_with_a_window_is_durable_before_its_ack_so_a_crash_cannot_end_it_twice():
+    """Found by the simulation (seed 4418 of `scripts/sim --variant continuity`): the Mind takes a
+    Hand's result and tells the client (`cancelled`), then crashes before its `result_ack` reaches
+    the Hand. The Hand presents the run again with the result pending; the restarted Mind, which
+    remembered nothing, adopts it, and when the Hand's leg then stays away past the window it
+    decides `lost`: a second, different ending. With a window, a result the Mind takes is written
+    durably (`PersistEnding`) before the client and the Hand hear of it, like the endings it decides
+    itself, so the next life kills the re-presented run and gives the owner the first ending."""
+    reg = setup()
+    acts = reg.on_result(ok("cancelled"), HAND, 1, 5.0, 1005.0)
+    persisted = [a for a in acts if isinstance(a, PersistEnding)]
+    assert persisted and persisted[0].end.state is RunState.CANCELLED and persisted[0].owner == "alice"
+    told = [i for i, a in enumerate(acts) if isinstance(a, SendToClient | SendToHand)]
+    assert ResultAck(run_id="r1") in to_hand(acts) and all(acts.index(persisted[0]) < i for i in told)
+
+    # the crash: a new life restores the ending; the Hand presents the run with its result pending
+    new = RunRegistry(resume_window=WINDOW)
+    p = persisted[0]
+    new.restore(p.end, p.owner, p.cancel_reason, p.args_digest, 1006.0, 100.0)
+    new.expect_presentations(100.0 + WINDOW)
+    pending = PresentedRun(run_id="r1", started=True, result_pending=True, owner="alice", tool="exec", remaining_ms=0)
+    acts = new.on_runs_present(HAND, 2, RunsPresent(runs=[pending]), 100.0, 5000.0)
+    assert [m.run_id for m in to_hand(acts) if isinstance(m, Cancel)] == ["r1"]  # killed, not adopted
+    new.on_hand_gone(HAND, 2, 101.0, 5001.0)
+    new.on_tick(101.0 + WINDOW + 1, 5100.0)
+    (end,) = to_client(new.on_attach("r1", "c1", "alice", "q1", 120.0, 5020.0))
+    assert isinstance(end, RunEnd) and end.state is RunState.CANCELLED  # the first ending, still
+
+
+def test_without_a_window_no_result_is_persisted():
+    reg = setup(window=0.0)
+    assert not any(isinstance(a, PersistEnding) for a in reg.on_result(ok(), HAND, 1, 5.0, 1005.0))
+
+
+def test_a_run_presented_after_the_restarted_minds_window_is_killed_not_adopted():
+    """Found by the simulation (seeds 1163, 1447, 1497, ... of the continuity variant): a Mind
+    that restarted tells an attach `resume_pending` for its window, then `unknown_run`. A Hand
+    that comes back only after that (a partition) presented the run, and the Mind adopted it and
+    ended it: its owner, told the run was unknown, never hears that ending. Past the window a
+    presented run the Mind does not know is killed, as the attach was told."""
+    reg = RunRegistry(resume_window=WINDOW)
+    reg.expect_presentations(100.0 + WINDOW)
+    (refused,) = to_client(reg.on_attach("r1", "c1", "alice", "q1", 100.0 + WINDOW + 1, 5061.0))
+    assert isinstance(refused, Error) and refused.code is ErrorCode.UNKNOWN_RUN
+    late = PresentedRun(run_id="r1", started=True, result_pending=True, owner="alice", tool="exec", remaining_ms=0)
+    acts = reg.on_runs_present(HAND, 2, RunsPresent(runs=[late]), 100.0 + WINDOW + 2, 5062.0)
+    assert [m.run_id for m in to_hand(acts) if isinstance(m, Cancel)] == ["r1"]
+    assert reg.get("r1") is None  # still unknown, as the owner was told
+    # within the window the same presentation is adopted
+    early = RunRegistry(resume_window=WINDOW)
+    early.expect_presentations(100.0 + WINDOW)
+    assert not to_hand(early.on_runs_present(HAND, 2, RunsPresent(runs=[late]), 101.0, 5001.0))
+    assert early.get("r1") is not None

@@ -124,6 +124,13 @@ class Checker:
         self.sent_gen.setdefault((life, run_id), gen)
 
     def on_mind_log(self, life: int, log: Log) -> None:
+        ext = self.world.ext
+        if ext is not None:
+            ext.checker.on_mind_log(life, log)
+        if log.event in ("run_rebound", "run_adopted"):
+            # continuity (DESIGN §15): the run speaks on its Hand's new generation from now on
+            self.sent_gen[(life, log.fields["run_id"])] = log.fields["gen"]
+            return
         if log.event == "run_admitted":
             # A task's start run sent again after its first ended unanswered or refused (the only
             # admission of a known id the registry allows) is a new run under the same id.
@@ -212,6 +219,8 @@ class Checker:
     def after_event(self) -> None:
         """Look at every snapshot written since the last event (the table tracks them), and at all
         of them when a Hand connected or went."""
+        if self.world.ext is not None:
+            self.world.ext.checker.after_event()
         table = self.world.snapshots
         mind = self.world.mind
         if mind is not None and mind.hands_changed:
@@ -275,6 +284,8 @@ class Checker:
                     self.fail("every hand task is known to the mind", f"[{phase}] {row.task_id} on {slot.label}")
         for snap in w.snapshots.all():
             self._reconciled_snapshot(snap, phase)
+        if w.ext is not None:
+            w.ext.checker.reconciled(phase)
         for client in w.clients:
             if client.conn is None:
                 continue

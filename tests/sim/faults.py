@@ -41,6 +41,8 @@ class Faults:
         """One random fault; returns what it did (its first word is its kind)."""
         w = self.world
         rng, now = w.rng, w.clock.now
+        if w.ext is not None and rng.random() < 0.35:
+            return str(w.ext.inject_fault())
         kind = pick(
             rng,
             (
@@ -125,6 +127,8 @@ class Faults:
             w.checker.notes["admit_batch:crash_undecided"] += 1
         proc.loop.kill()
         slot.proc = None
+        if w.ext is not None:
+            w.ext.on_hand_crash(proc)
         for link in w.links:
             if link.hand == slot.label and link.open:
                 w.close_link(link, "hand crashed", w.rng.uniform(0, 0.1), None)
@@ -134,6 +138,8 @@ class Faults:
         assert w.mind is not None
         w.mind.loop.kill()
         w.mind = None
+        if w.ext is not None:
+            w.ext.on_mind_crash()
         for link in w.links:
             if link.open:
                 w.close_link(link, "mind crashed", None, w.rng.uniform(0, 0.2))
@@ -169,6 +175,8 @@ class Faults:
             link.twin = None
             if not link.flowing:
                 self.resume(link, link.blackhole_epoch)
+        if w.ext is not None:
+            w.ext.heal()
         for slot in w.hands.values():
             slot.refused_until = 0.0
             slot.store.fail_commits = 0

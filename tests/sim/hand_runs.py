@@ -12,10 +12,9 @@ the first terminal (`final`), the table's bookkeeping (`RunBook`: active and rec
 the answer to a cancel); and `RunControl`, `check_active`. What is modelled by
 hand is the glue: the order in which the shell performs them.
 
-Not modelled: streamed runs (`rpc.streams`: stdin, complete output, terminals). The simulated
-clients ask for none; streams never move a state, their arithmetic is `protocol.streams`' (unit
-and property tested) and the Mind's relay is the real registry's; tests/integration/test_streams.py
-and test_terminals.py check them with real processes.
+Streamed runs (`rpc.streams`) are modelled by the continuity variant (`sim.continuity_hand`, on
+top of this class: the REAL `protocol.streams` endpoints, every byte checked); terminals are not
+(tests/integration/test_terminals.py checks them with real processes).
 """
 
 from __future__ import annotations

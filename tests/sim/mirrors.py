@@ -46,9 +46,9 @@ MIRRORS: dict[str, str] = {
     "hand.aio.taskrecovery:_recover_one": "sim.hand_tasks:HandTasks",
     "hand.aio.groupcommit:GroupCommit": "sim.hand_tasks:GroupCommit",
     "hand.system.tasklogs:LogSink": "sim.hand_tasks:LogSink",
-    "hand.aio.runs:RunTable": "sim.hand_runs:HandRuns",
+    "hand.aio.runs:RunTable": "sim.continuity_hand:KeptRuns",  # HandRuns, and what a window adds
     "hand.aio.activerun:ActiveRun": "sim.hand_runs:HandRuns",
-    "hand.aio.agent:Agent": "sim.hand_agent:HandProcess",
+    "hand.aio.agent:Agent": "sim.continuity_hand:ContinuityHand",  # HandProcess, and what a window adds
     "hand.system.taskdb:TaskStore": "sim.hand_store:HandTaskStore",
     "hand.system.process:ProcessRun": "sim.jobs:VProcess",
     "hand.system.process:Killable": "sim.jobs:VProcess",

@@ -83,6 +83,12 @@ class Rules:
     """Run the real SQLite `SnapshotStore` beside the model and compare every answer (slower)."""
     variant: str = ""
     """The `scripts/sim --variant` name that selects these rules (for the replay command)."""
+    resume_windows: tuple[float, ...] = ()
+    """Continuity (DESIGN §15): each seed picks its Mind's resume window from these (none: 0, the
+    rules before continuity, and no draw, so the other variants' seeds replay unchanged)."""
+    extension: Callable[[World], Any] | None = None
+    """What a variant adds to the world (`sim.stream_clients.Continuity`: clients over links of
+    their own, streamed runs, faults of the client leg, the continuity invariants)."""
 
 
 @dataclass
@@ -135,6 +141,8 @@ class World:
         self.actions = ClientActions(self)
         self.mind: SimMind | None = None
         self.faults = Faults(self)
+        self.window = self.rng.choice(self.rules.resume_windows) if self.rules.resume_windows else 0.0
+        self.ext: Any = self.rules.extension(self) if self.rules.extension is not None else None
         self._guard(self._boot)
 
     # --- plumbing -------------------------------------------------------------------------------
@@ -209,6 +217,8 @@ class World:
             self.start_hand(slot)
         for client in self.clients:
             self.actions.act(client)
+        if self.ext is not None:
+            self.ext.boot()
         self.drain()
         if self.tracer is not None:
             self.tracer.step("boot: the Mind, every Hand and every client start", "0")
@@ -252,26 +262,37 @@ class World:
         self.close_link(link, why, mind_after=self.rng.uniform(0, 0.05), hand_after=self.rng.uniform(0, 0.05))
 
     def notice_mind(self, link: Link) -> None:
+        if self.ext is not None and self.ext.owns(link):
+            self.ext.notice_mind(link)
+            return
         if self.mind is not None and link in self.mind.peers:
             self.mind.hand_link_ended(link)
 
     def notice_hand(self, link: Link) -> None:
+        if self.ext is not None and self.ext.owns(link):
+            self.ext.notice_client(link)
+            return
         proc = self.hands[link.hand].proc
         if proc is not None:
             proc.notice_closed(link)
 
     def _receiver_ready(self, link: Link, d: Direction) -> bool:
+        if self.ext is not None and self.ext.owns(link):
+            return bool(self.ext.receiver_ready(link, d))
         if d is link.up:
             return self.mind is not None and link in self.mind.peers
         proc = self.hands[link.hand].proc
         return proc is not None and proc.conn is not None and proc.conn.link is link and proc.conn.receiving
+
+    def all_links(self) -> list[Link]:
+        return self.links if self.ext is None else self.links + self.ext.links()
 
     def _deliverable(self) -> list[tuple[Link, Direction]]:
         now = self.clock.now
         if any(not lk.open for lk in self.links):
             self.links = [lk for lk in self.links if lk.open]
         out = []
-        for lk in self.links:
+        for lk in self.all_links():
             if not lk.flowing:
                 continue
             for d in (lk.down, lk.up):
@@ -282,7 +303,7 @@ class World:
     def _forced(self) -> tuple[float, Link, Direction] | None:
         """The frame that can wait no longer: a flowing link delivers within `max_latency_s`."""
         best: tuple[float, Link, Direction] | None = None
-        for lk in self.links:
+        for lk in self.all_links():
             if not lk.open or not lk.flowing:
                 continue
             for d in (lk.down, lk.up):
@@ -299,6 +320,8 @@ class World:
         """Deliver the head frame of `d`; returns its description (for the trace)."""
         frame = link.pop(d)
         self.events[f"deliver:{frame.msg.TYPE}"] += 1
+        if self.ext is not None and self.ext.owns(link):
+            return str(self.ext.deliver(link, d, frame, within_step))
         desc = "deliver"
         if self.tracer is not None:
             arrow = "->" if d is link.down else "<-"
@@ -328,6 +351,8 @@ class World:
         return f" (+{n} in the same read)" if n else ""
 
     def to_client(self, conn: str, req_id: str, msg: Message) -> None:
+        if self.ext is not None and self.ext.to_client(conn, req_id, msg):
+            return
         client = self.conn_clients.get(conn)
         if client is None or client.conn != conn:
             return  # disconnected: nobody reads it
@@ -435,6 +460,9 @@ class World:
             self._advance_to(target)
             desc = f"advance to {target:.3f}"
             self.events["advance"] += 1
+        elif kind == "client" and self.ext is not None and self.rng.random() < 0.5:
+            desc = self.ext.act()
+            self.events[desc.split(" ", 1)[0]] += 1
         elif kind == "client":
             client = self.rng.choice(self.clients)
             desc = self.actions.act(client)
@@ -508,6 +536,8 @@ class World:
         active = mind.registry.active()
         if active:
             out.append(f"runs {[(r.run_id, r.state.value) for r in active]}")
+        if self.ext is not None:
+            out += self.ext.busy()
         return out
 
     def quiet(self) -> bool:

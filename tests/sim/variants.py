@@ -14,15 +14,27 @@ that the fix is what makes the seeds pass:
   start `lost` and kept a stale `queued` snapshot), and waiting starts were decided in the CALLER's
   task, so a reader cancelled mid-commit stranded a committed batch (`HandProcess.
   cancel_waits_for_starts`, `HandTasks.admit_in_owner`, both False here).
+
+And the code as issue 22 ("Continuity") is being built:
+- `continuity`: each seed's Mind has a resume window (5, 20 or 60 s); Hands keep their runs across a
+  drop (`sim.continuity_hand`), clients on links of their own resume and re-attach
+  (`sim.stream_clients`), streamed runs go through the real stream endpoints, and the continuity
+  invariants are checked too (`sim.continuity_checker`).
+- `continuity-result-before-ack`: the same, with a Hand that sends its result once its output's end
+  is SENT (as `hand/aio/streams.py` does today) instead of acknowledged: a client away at that
+  moment loses the tail (about half the seeds).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from sim.continuity_hand import ContinuityHand, HandResultBeforeAck
+from sim.continuity_mind import ContinuityMind
 from sim.hand_agent import HandProcess
 from sim.hand_tasks import HandTasks
 from sim.simulation import Rules
+from sim.stream_clients import Continuity
 
 from mind.core.snapshots import Snapshot, reconcile
 from protocol.messages import TaskInfo
@@ -68,6 +80,17 @@ class HandCancelAtOnce(HandProcess):
     cancel_waits_for_starts = False
 
 
+RESUME_WINDOWS = (5.0, 20.0, 60.0)
+"""The continuity variant's windows, one per seed: most outages outlast 5 s, few outlast 60 s."""
+
+CONTINUITY = Rules(
+    hand_cls=ContinuityHand,
+    mind_cls=ContinuityMind,
+    resume_windows=RESUME_WINDOWS,
+    extension=Continuity,
+    variant="continuity",
+)
+
 VARIANTS: dict[str, Rules] = {
     "fixed": Rules(),
     "mind-before-fix": Rules(
@@ -76,5 +99,9 @@ VARIANTS: dict[str, Rules] = {
     "hand-before-fix": Rules(hand_tasks_cls=HandBeforeFix, variant="hand-before-fix"),
     "hand-batch-before-fix": Rules(
         hand_tasks_cls=HandTasksAdmittingInCaller, hand_cls=HandCancelAtOnce, variant="hand-batch-before-fix"
+    ),
+    "continuity": CONTINUITY,
+    "continuity-result-before-ack": replace(
+        CONTINUITY, hand_cls=HandResultBeforeAck, variant="continuity-result-before-ack"
     ),
 }

@@ -1,0 +1,224 @@
+"""The continuity invariants (issue 22, must-hold 7; DESIGN §15), checked while the simulation runs.
+
+Beside `sim.checker` (which still checks every rule of §3, §5, §7 and §8):
+- first terminal wins, across a Mind crash too: a foreground run's every terminal, in any life of
+  the Mind, is its first one; an ending the Mind persisted is never followed by another;
+- generations fence: a Hand's stream bytes are relayed only from the generation the run is bound
+  to now (sent on, re-bound by `runs_present`, or adopted on);
+- `lost` only when nobody can know: never while a live Hand still holds the run, unless the
+  Mind's window for that Hand ran out;
+- no byte lost or duplicated: every chunk a client or a command takes is the one produced (or
+  typed) at that offset; order and contiguity are the endpoints' own checks (`Incoming` refuses
+  a gap or overlap, and any refusal here is a violation); a run whose command exited by itself
+  with its output not abandoned ends with every byte at the client, and stdin ends exactly where
+  the client closed it;
+- memory: what each sender keeps (`Outgoing.kept`: the Hand's output, the client's stdin) and
+  what the Mind relays unacknowledged never exceeds the stream's window;
+- a client hears one `run_end` per run, agreeing with the registry, and nothing for a run on a
+  connection told it was `replaced`;
+- the owner learns how its run ended, across a Mind crash too: an attach is answered "unknown run"
+  only for a run no life of the Mind ever ended (or one refused before it ran).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from sim.stream_jobs import pattern
+
+from mind.core.runs import Log, PersistEnding
+from protocol.messages import Error, RunEnd, RunsPresent
+from protocol.states import RunState
+
+if TYPE_CHECKING:
+    from sim.stream_clients import ClientRun, Continuity, StreamClient
+
+
+class ContinuityChecker:
+    def __init__(self, ext: Continuity) -> None:
+        self.ext = ext
+        self.world = ext.world
+        self.notes: Counter[str] = self.world.checker.notes
+        self.first_end: dict[str, tuple[int, RunState]] = {}
+        """run id -> (life of the Mind, its first terminal)."""
+        self.persisted: dict[str, RunState] = {}
+        self.client_runs: dict[str, tuple[StreamClient, ClientRun, int]] = {}
+        """run id -> (its client, the client's run, the Mind's life that admitted it)."""
+        self.unattended_end: set[str] = set()
+        """Runs that ended with no client attached (their `run_end` told to nobody)."""
+        self.full: set[tuple[str, str]] = set()
+        self.jobs: dict[str, Any] = {}
+        """run id -> the Hand's streams of it (`sim.continuity_hand.RunStreams`)."""
+
+    def fail(self, invariant: str, detail: str) -> None:
+        self.world.checker.fail(invariant, detail)
+
+    # --- the Mind ------------------------------------------------------------------------------
+
+    def on_persist(self, life: int, a: PersistEnding) -> None:
+        self.notes[f"persisted:{a.end.state.value}"] += 1
+        first = self.first_end.get(a.run_id)
+        if first is not None and first[1] is not a.end.state:
+            self.fail(
+                "first terminal wins", f"{a.run_id} persisted {a.end.state} after life {first[0]} ended it {first[1]}"
+            )
+        self.persisted[a.run_id] = a.end.state
+
+    def on_mind_log(self, life: int, log: Log) -> None:
+        if log.event == "run_adopted":
+            self.notes["adopted"] += 1
+        elif log.event == "run_rebound":
+            self.notes["rebound"] += 1
+        elif log.event == "run_presented_after_end":
+            self.notes["presented_after_end"] += 1
+        if log.event != "run_terminal":
+            return
+        run_id = log.fields["run_id"]
+        if not run_id.startswith("r"):
+            return  # a task's start run: its id may be started again (the task's rules hold it)
+        state = RunState(log.fields["state"])
+        first = self.first_end.setdefault(run_id, (life, state))
+        if first[1] is not state:
+            kind = "persisted" if run_id in self.persisted else "reported"
+            self.fail(
+                "first terminal wins",
+                f"{run_id} ended {state} in life {life}; life {first[0]} had ended it {first[1]} ({kind})",
+            )
+        if first[0] != life:
+            self.notes["ended_again_after_crash"] += 1
+        run = self.world.mind.registry.get(run_id) if self.world.mind is not None else None
+        if run is not None and run.client is None:
+            self.unattended_end.add(run_id)
+        if state is RunState.LOST:
+            self._lost(run_id)
+
+    def _lost(self, run_id: str) -> None:
+        """`lost` only when nobody can know: the run's Hand no longer holds it (it restarted, or
+        never got it), or the Mind's window for its Hand ran out."""
+        w = self.world
+        run = w.mind.registry.get(run_id) if w.mind is not None else None
+        if run is None or run.background is not None:
+            return
+        away = run.hand_away_since
+        if away is not None and w.clock.now >= away + w.window - 1e-9:
+            self.notes["lost:window"] += 1
+            return
+        slot = w.hands.get(run.hand)
+        kept = getattr(slot.proc, "kept", None) if slot is not None else None
+        if kept is not None and (run_id in kept._book.active or run_id in kept.unacked):
+            why = run.end.reason if run.end is not None else "?"
+            self.fail("lost only when nobody can know", f"{run_id} lost ({why}) while {run.hand} holds it")
+        self.notes["lost:hand_lost_it"] += 1
+
+    def on_presented(self, hand: str, gen: int, msg: RunsPresent) -> None:
+        self.notes["runs_present"] += 1
+        self.notes["presented_runs"] += len(msg.runs)
+        self.notes["presented_result_pending"] += sum(1 for p in msg.runs if p.result_pending)
+
+    def on_stream_forwarded(self, life: int, run_id: str, gen: int) -> None:
+        bound = self.world.checker.sent_gen.get((life, run_id))
+        if bound != gen:
+            self.fail("generations fence", f"stream of {run_id} from gen{gen} relayed; the run is on gen{bound}")
+
+    # --- bytes ---------------------------------------------------------------------------------
+
+    def on_job(self, st: Any) -> None:
+        self.jobs[st.run_id] = st
+
+    def on_client_run(self, c: StreamClient, run: ClientRun) -> None:
+        life = self.world.mind.life if self.world.mind is not None else -1
+        self.client_runs[run.run_id] = (c, run, life)
+        self.notes["stream_runs"] += 1
+        if run.stdin is not None:
+            self.notes["stream_runs_with_stdin"] += 1
+
+    def on_client_output(self, c: StreamClient, run_id: str, stream: str, offset: int, data: bytes) -> None:
+        if data != pattern(run_id, stream, offset, len(data)):
+            self.fail("no byte lost or duplicated", f"{c.name} got other bytes of {run_id} {stream} at {offset}")
+        self.notes["bytes_to_clients"] += len(data)
+
+    def on_child_stdin(self, run_id: str, offset: int, data: bytes) -> None:
+        if data != pattern(run_id, "stdin", offset, len(data)):
+            self.fail("no byte lost or duplicated", f"the command of {run_id} read other stdin bytes at {offset}")
+        self.notes["bytes_to_commands"] += len(data)
+
+    def on_child_stdin_end(self, run_id: str, offset: int) -> None:
+        known = self.client_runs.get(run_id)
+        if known is not None and offset != known[1].stdin_total:
+            self.fail("no byte lost or duplicated", f"stdin of {run_id} ended at {offset} of {known[1].stdin_total}")
+
+    # --- clients -------------------------------------------------------------------------------
+
+    def on_client_end(self, c: StreamClient, run: ClientRun, end: RunEnd) -> None:
+        if run.ends > 1:
+            self.fail("one run_end per run per client", f"{c.name} got {run.ends} for {run.run_id}")
+        first = self.first_end.get(run.run_id)
+        if first is None or first[1] is not end.state:
+            self.fail("run_end agrees with the registry", f"{c.name} got {end.state} for {run.run_id}, first {first}")
+        self.notes[f"client_end:{end.state.value}"] += 1
+        st = self.jobs.get(run.run_id)
+        exited = end.state is RunState.SUCCEEDED or (
+            end.state is RunState.FAILED and end.exit_code is not None and end.signal is None
+        )
+        if st is None or st.abandoned or not exited:
+            return
+        for name, inc in run.outs.items():
+            produced = st.job.produced[name]
+            if inc.offset != produced:  # (its end may have gone to a client away: the bytes did not)
+                self.fail(
+                    "no byte lost or duplicated",
+                    f"{c.name} ended {run.run_id} ({end.state.value}) with {inc.offset} of {produced} {name} bytes",
+                )
+        self.notes["complete_outputs"] += 1
+
+    def on_client_lost_run(self, c: StreamClient, run: ClientRun, msg: Error) -> None:
+        known = self.client_runs.get(run.run_id)
+        life = self.world.mind.life if self.world.mind is not None else -1
+        if known is not None and known[2] == life:
+            self.fail("attach finds its run", f"{c.name} attaching {run.run_id}: {msg.code.value} {msg.message}")
+        first = self.first_end.get(run.run_id)
+        if first is not None:
+            # Every ending of a run that reached its Hand is durable (the Mind's own, and with a
+            # window the Hand's results): a crash cannot make its owner's run unknown. A refused
+            # run never ran; its `run_end` lost in a cut before a crash is the one thing forgotten.
+            if first[1] is not RunState.REJECTED:
+                self.fail(
+                    "the owner learns how its run ended",
+                    f"{c.name} attaching {run.run_id} in life {life}: {msg.code.value}; life {first[0]} ended it {first[1]}",
+                )
+            self.notes["owner_missed_refusal_across_crash"] += 1
+        self.notes["client_run_unknown"] += 1
+
+    # --- after every event, and once settled ---------------------------------------------------
+
+    def after_event(self) -> None:
+        w = self.world
+        for slot in w.hands.values():
+            kept = getattr(slot.proc, "kept", None)
+            if kept is None:
+                continue
+            for st in kept.streams.values():
+                for o in st.outs.values():
+                    if o.out.kept > st.window:
+                        self.fail("memory: a sender keeps at most its window", f"{slot.label} {st.run_id} {o.name}")
+                    if o.out.kept == st.window and (st.run_id, o.name) not in self.full:
+                        self.full.add((st.run_id, o.name))  # the credit rule stopped it there
+                        self.notes["hand_sender_full"] += 1
+        for c in self.ext.clients:
+            for run in c.runs.values():
+                if run.stdin is not None and run.stdin.kept > run.stdin.sender.window:
+                    self.fail("memory: a sender keeps at most its window", f"{c.name} stdin of {run.run_id}")
+        if w.mind is not None:
+            for r in w.mind.registry.active():
+                for name, relay in r.relays.items():
+                    if relay.in_flight > relay.window:
+                        self.fail("memory: the relay holds at most a window", f"{r.run_id} {name}")
+
+    def reconciled(self, phase: str) -> None:
+        for c in self.ext.clients:
+            if c.link is None:
+                continue
+            for run in c.runs.values():
+                if run.end is None and not run.gave_up:
+                    self.fail("every run a client waits for ends", f"[{phase}] {c.name} {run.run_id}")

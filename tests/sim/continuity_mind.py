@@ -1,0 +1,131 @@
+"""The Mind with a resume window, simulated: `SimMind` (the REAL registry) plus what continuity
+adds to the daemon's glue (DESIGN §15), mirrored from `mind/daemon/server.py` and `dispatch.py`:
+- the registry is built with the window; at start it is given back every ending its earlier
+  lives decided by themselves (`restore`, from the simulated disk) and told that, for a window,
+  a Hand may still present a run it does not know (`expect_presentations`);
+- `PersistEnding` is written to the disk BEFORE the actions after it are performed;
+- a Hand's `runs_present`, `stream_data` and `stream_ack` go to the registry;
+- clients of the continuity variant come over a link of their own (`sim.stream_clients`): their
+  `exec` (with streams, and their identity as owner), `attach`, `detach`, `cancel_run`, stdin and
+  acknowledgements; a client link that ends is `on_client_gone`;
+- the ticker: the real one runs every second; here a tick is set for the moment a window (or a
+  deadline) can fire, which is when the registry would act on it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sim.mind_shell import SimMind
+from sim.network import Link
+
+from mind.core.registry import Action, Log, PersistEnding, SendToClient
+from protocol.messages import (
+    Attach,
+    CancelRun,
+    Detach,
+    Exec,
+    Message,
+    Resize,
+    RunsPresent,
+    StreamAck,
+    StreamData,
+)
+
+if TYPE_CHECKING:
+    from sim.simulation import World
+
+WINDOW_EVENTS = ("run_hand_away", "run_client_away", "run_detached", "run_adopted")
+
+
+class ContinuityMind(SimMind):
+    def __init__(self, world: World) -> None:
+        super().__init__(world)
+        self.ext: Any = world.ext
+        self.window = world.window
+        self.registry = world.rules.registry_cls(resume_window=self.window)
+        for p in self.ext.disk.values():
+            self.registry.restore(p.end, p.owner, p.cancel_reason, p.args_digest, self.now, self.now)
+        self.registry.expect_presentations(self.now + self.window)
+        self.client_links: dict[Link, str] = {}
+        self.conns: dict[str, Link] = {}
+
+    # --- performing ---
+
+    def perform(self, actions: list[Action]) -> None:
+        for a in actions:
+            if isinstance(a, PersistEnding):
+                self.ext.persist(self.life, a)  # durable before anyone is told
+                continue
+            super().perform([a])
+            if isinstance(a, Log) and a.event in WINDOW_EVENTS:
+                keep = a.fields.get("keep_s")
+                self.loop.call_at(self.now + (keep or self.window), self.tick, label="window")
+                run = self.registry.get(a.fields["run_id"])
+                if a.event == "run_adopted" and run is not None:
+                    self.loop.call_at(run.mind_deadline, self.tick, label="mind_deadline")
+
+    # --- hands ---
+
+    def on_hand_message(self, link: Link, env_id: str | None, msg: Message) -> None:
+        peer = self.peers.get(link)
+        assert peer is not None, f"a frame on {link} whose reader has ended"
+        if isinstance(msg, RunsPresent):
+            self.ext.checker.on_presented(peer.label, peer.gen, msg)
+            self.perform(self.registry.on_runs_present(peer.label, peer.gen, msg, self.now, self.now))
+            return
+        if isinstance(msg, (StreamData, StreamAck)):
+            acts = self.registry.on_hand_stream(msg, peer.label, peer.gen)
+            if any(isinstance(a, SendToClient) for a in acts):
+                self.ext.checker.on_stream_forwarded(self.life, msg.run_id, peer.gen)
+            self.perform(acts)
+            return
+        super().on_hand_message(link, env_id, msg)
+
+    # --- clients over their own links ---
+
+    def client_connected(self, link: Link) -> str:
+        conn = self.world.next_id("k")
+        self.client_links[link] = conn
+        self.conns[conn] = link
+        return conn
+
+    def client_link_ended(self, link: Link) -> None:
+        conn = self.client_links.pop(link, None)
+        if conn is None:
+            return
+        del self.conns[conn]
+        self.client_gone(conn)
+
+    def on_client_frame(self, link: Link, env_id: str, msg: Message) -> None:
+        conn = self.client_links.get(link)
+        if conn is None:
+            return  # its reader has ended
+        owner = link.hand  # the client's identity (its credential's label)
+        now = self.now
+        if isinstance(msg, Exec):
+            run_id = self.world.next_id("r")
+            live = self.hands.get(msg.hand)
+            gen = live.gen if live is not None else None
+            self.perform(self.registry.admit(run_id, msg, conn, env_id, gen, True, now, now, owner=owner))
+            run = self.registry.get(run_id)
+            if run is not None and not run.terminal:
+                self.loop.call_at(run.mind_deadline, self.tick, label="mind_deadline")
+        elif isinstance(msg, Attach):
+            self.perform(self.registry.on_attach(msg.run_id, conn, owner, env_id, now, now, msg.streams))
+        elif isinstance(msg, Detach):
+            self.perform(self.registry.on_detach(msg.run_id, conn, env_id, msg.keep_s, now, now))
+        elif isinstance(msg, CancelRun):
+            self.on_cancel_run(conn, env_id, msg.run_id)
+        elif isinstance(msg, (StreamData, StreamAck, Resize)):
+            self.perform(self.registry.on_client_stream(msg, conn))
+        else:
+            raise AssertionError(f"a client may not send {msg.TYPE} here")
+
+    def send_to_client(self, conn: str, req_id: str, msg: Message) -> bool:
+        """`SendToClient` onto a client link (False: not a client of a link; the world's own)."""
+        link = self.conns.get(conn)
+        if link is None:
+            return conn.startswith("k")
+        link.send(link.down, msg, req_id, self.now)
+        return True
