@@ -1,9 +1,10 @@
-"""The endings the Mind decided by itself, kept durably (DESIGN §15: first terminal wins across a
-crash).
+"""The endings a restarted Mind must still know, kept durably (DESIGN §15: first terminal wins
+across a crash).
 
-A terminal state nobody reported (`lost` at the window's end or at a Hand's restart, `timed_out` at
-deadline + grace, `cancelled` when both legs stayed away) is written here BEFORE the client or the
-Hand hears of it (`mind.core.runs.PersistEnding`). A Mind that crashes right after telling someone
+Two kinds, both written here BEFORE anyone hears of them (`mind.core.runs.PersistEnding`): a
+terminal state nobody reported (`lost` at the window's end or at a Hand's restart, `timed_out` at
+deadline + grace, `cancelled` when both legs stayed away), and a Hand's result the Mind took (the
+Hand lets it go at the `result_ack` that follows). A Mind that crashes right after telling someone
 then still knows, when it starts again, that the run ended: if the run's Hand presents it, it is
 killed, not adopted, and its owner attaching gets this ending, not a second, different one.
 
@@ -14,8 +15,10 @@ store here). A separate file, because mind.db's writer is the database thread, a
 batch holding its lock must never make the event loop wait.
 
 Bounded: an ending matters only while some Hand may still present its run, that is up to the
-longest run timeout plus a window; older rows are deleted at start, and at most `MAX_ROWS` newest
-are kept.
+longest run timeout plus a window; older rows are deleted at start and every `PRUNE_EVERY` writes,
+and at most `MAX_ROWS` newest are kept. A row keeps the ending's metadata and at most `TAIL_KEPT`
+bytes of each output tail (the owner who attaches after a restart gets the state, the exit code and
+the last lines; the whole output went to the client that was attached).
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ CREATE TABLE IF NOT EXISTS life (
 
 MAX_ROWS = 100_000
 """Endings kept at most (the newest): 10,000 runs lost at once, ten times over."""
+PRUNE_EVERY = 1000
+TAIL_KEPT = 512
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,8 @@ class EndingStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        self._writes = 0
+        self._window = 0.0
 
     def close(self) -> None:
         self._db.close()
@@ -90,18 +97,27 @@ class EndingStore:
 
     def put(self, ending: Ending) -> None:
         """Write one ending, durably, before returning (raises `sqlite3.Error` if it cannot)."""
-        blob = msgpack.packb(ending.end.model_dump(mode="python"), use_bin_type=True)
+        end = ending.end
+        short = {
+            name: tail.model_copy(update={"data": tail.data[-TAIL_KEPT:]})
+            for name in ("stdout", "stderr")
+            if len((tail := getattr(end, name)).data) > TAIL_KEPT
+        }
+        if short:
+            end = end.model_copy(update=short)
+        blob = msgpack.packb(end.model_dump(mode="python"), use_bin_type=True)
         self._db.execute(
             "INSERT OR REPLACE INTO run_endings (run_id, owner, ended_at, cancel_reason, args_digest, run_end) "
             "VALUES (?,?,?,?,?,?)",
             (ending.end.run_id, ending.owner, ending.ended_at, ending.cancel_reason, ending.args_digest, blob),
         )
+        self._writes += 1
+        if self._writes % PRUNE_EVERY == 0:
+            self.prune(self._window, ending.ended_at)
 
-    def load(self, window: float, now: float | None = None) -> list[Ending]:
-        """The endings that still matter, oldest first, after deleting those that no longer can
-        (older than the longest run timeout plus `window`, or past the newest `MAX_ROWS`). A row
-        that does not decode (a damaged file) is skipped, not fatal: it is one run's memory."""
-        now = time.time() if now is None else now
+    def prune(self, window: float, now: float) -> None:
+        """Delete the endings no Hand can present any more (older than the longest run timeout
+        plus `window`), and all but the newest `MAX_ROWS`."""
         horizon = now - limits.RUN_TIMEOUT_MAX_MS / 1000 - window
         self._db.execute("DELETE FROM run_endings WHERE ended_at < ?", (horizon,))
         self._db.execute(
@@ -109,6 +125,13 @@ class EndingStore:
             "(SELECT run_id FROM run_endings ORDER BY ended_at DESC LIMIT ?)",
             (MAX_ROWS,),
         )
+
+    def load(self, window: float, now: float | None = None) -> list[Ending]:
+        """The endings that still matter, oldest first, after `prune`. A row that does not decode
+        (a damaged file) is skipped, not fatal: it is one run's memory."""
+        now = time.time() if now is None else now
+        self._window = window
+        self.prune(window, now)
         out: list[Ending] = []
         for run_id, owner, ended_at, reason, digest, blob in self._db.execute(
             "SELECT run_id, owner, ended_at, cancel_reason, args_digest, run_end FROM run_endings ORDER BY ended_at"

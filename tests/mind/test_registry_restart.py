@@ -11,6 +11,7 @@ from protocol.messages import (
     Cancel,
     Error,
     Exec,
+    OutputTail,
     PresentedRun,
     Result,
     ResultAck,
@@ -176,3 +177,20 @@ def test_only_a_life_that_may_have_left_runs_makes_the_next_start_wait_for_prese
     store = EndingStore(path)
     assert store.begin_life() is True
     store.close()
+
+
+def test_the_store_trims_tails_and_prunes_as_it_writes(tmp_path, monkeypatch):
+    from mind.store import endings
+
+    monkeypatch.setattr(endings, "PRUNE_EVERY", 10)
+    monkeypatch.setattr(endings, "MAX_ROWS", 5)
+    store = EndingStore(tmp_path / "endings.db")
+    store.load(WINDOW, now=1000.0)
+    tail = OutputTail(data=b"x" * 4000 + b"END", total=4003)
+    for i in range(10):
+        end = RunEnd(run_id=f"r{i}", hand=HAND, tool="exec", state=RunState.SUCCEEDED, exit_code=0, stdout=tail)
+        store.put(Ending(end, "alice", 1000.0 + i))
+    kept = store.load(WINDOW, now=1010.0)
+    assert [e.end.run_id for e in kept] == [f"r{i}" for i in range(5, 10)]  # pruned at the 10th write
+    assert kept[0].end.stdout.data.endswith(b"END") and len(kept[0].end.stdout.data) == endings.TAIL_KEPT
+    assert kept[0].end.stdout.total == 4003
