@@ -1,0 +1,289 @@
+"""Issue 26: `mind mcp`, driven by the official MCP SDK's own client (a real peer, not ours) over stdio
+and streamable HTTP, against a real Mind (with a resume window) and real Hands.
+
+What an agent relies on: the tools are listed; `exec` answers the exit code and stdout and stderr
+apart; a run longer than `wait_s` comes back still running with its id (not an error, not killed)
+and `run_get` / `read_output` then get its real end; `cancel` kills the tree; a cancel from the
+client is a mindhand cancel; a closed HTTP response stream leaves the run going; a scoped credential
+sees only its Hands; a bearer missing or wrong is 401; bad input is a tool error naming the code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from mind.testing.cluster import Cluster, pid_alive, program, running, wait_until
+
+pytestmark = pytest.mark.slow  # a real Mind, Hands, and `mind mcp` as a subprocess
+
+WINDOW = ("--resume-window", "30")
+CALL_TIMEOUT_S = 30.0
+
+
+@pytest.fixture
+def cl(tmp_path: Path) -> Iterator[Cluster]:
+    with running(tmp_path, "box", mind_args=WINDOW) as c:
+        yield c
+
+
+def stdio_params(cl: Cluster, credential: Path | None = None) -> StdioServerParameters:
+    argv = [*program("mind"), "mcp"]
+    if credential is not None:
+        argv += ["--credential", str(credential)]
+    return StdioServerParameters(command=argv[0], args=argv[1:], env=dict(cl.env))
+
+
+def stdio(cl: Cluster, credential: Path | None = None) -> Client:
+    return Client(stdio_params(cl, credential), read_timeout_seconds=CALL_TIMEOUT_S)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def http(cl: Cluster) -> Iterator[str]:
+    """`mind mcp --listen` as a subprocess (stopped by PID); yields its URL."""
+    port = free_port()
+    p = subprocess.Popen(
+        [*program("mind"), "mcp", "--listen", f"127.0.0.1:{port}"],
+        env=cl.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+
+        def listening() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_until(listening, timeout=20, what="mind mcp --listen to listen")
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        p.terminate()
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+
+
+@asynccontextmanager
+async def http_client(url: str, token: str) -> AsyncIterator[Client]:
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as hc:
+        async with Client(streamable_http_client(url, http_client=hc), read_timeout_seconds=CALL_TIMEOUT_S) as c:
+            yield c
+
+
+def token(path: Path) -> str:
+    return next(ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#"))
+
+
+def body(res: Any) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(res.content[0].text)
+    return out
+
+
+async def until(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    """`wait_until` without blocking the loop: the SDK's client writes to `mind mcp` from a task of it
+    (a blocked loop would hold back the very notification the test waits on the effect of)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if cond():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await anyio.sleep(0.05)
+
+
+async def wait_gone(pid_file: Path, timeout: float = 15.0) -> None:
+    pid = int(pid_file.read_text().strip())
+    await until(lambda: not pid_alive(pid), timeout, f"process {pid} to be gone")
+
+
+async def test_stdio_tools_exec_and_bad_input(cl: Cluster) -> None:
+    async with stdio(cl) as c:
+        names = {t.name for t in (await c.list_tools()).tools}
+        assert {"hands", "exec", "read_file", "write_file", "list_dir", "task_start", "task_get"} <= names
+        assert {"task_logs", "task_cancel", "runs", "run_get", "read_output", "cancel"} <= names
+
+        hands = body(await c.call_tool("hands", {}))["hands"]
+        assert [(h["name"], h["online"]) for h in hands] == [("box", True)]
+
+        res = await c.call_tool("exec", {"hand": "box", "command": "echo out; echo err >&2; exit 3"})
+        out = body(res)
+        assert res.is_error and out["state"] == "failed" and out["exit_code"] == 3
+        assert (out["stdout"], out["stderr"]) == ("out\n", "err\n")
+
+        res = await c.call_tool("exec", {"hand": "box", "argv": ["printf", "%s", "hi"]})
+        assert not res.is_error and body(res)["stdout"] == "hi" and body(res)["exit_code"] == 0
+        assert res.structured_content is not None and res.structured_content["state"] == "succeeded"
+
+        res = await c.call_tool("exec", {"hand": "nope", "argv": ["true"]})
+        assert res.is_error and body(res)["code"] == "unknown_hand"
+
+        res = await c.call_tool("write_file", {"hand": "box", "path": "notes.txt", "content": "remember\n"})
+        assert not res.is_error and body(res)["bytes_written"] == 9
+        assert (cl.hands["box"].root / "notes.txt").read_bytes() == b"remember\n"
+        res = await c.call_tool("read_file", {"hand": "box", "path": "notes.txt"})
+        assert body(res)["content"] == "remember\n" and body(res)["eof"] is True
+        res = await c.call_tool("list_dir", {"hand": "box"})
+        assert "notes.txt" in [e["name"] for e in body(res)["entries"]]
+
+        res = await c.call_tool("read_file", {"hand": "box", "path": "../../etc/passwd"})
+        assert res.is_error and body(res)["state"] == "rejected" and body(res)["code"]
+        res = await c.call_tool("exec", {"hand": "box", "argv": ["true"], "command": "true"})
+        assert res.is_error and body(res)["code"] == "invalid_request"
+
+
+async def test_stdio_long_output_is_bounded_with_a_paging_marker(cl: Cluster) -> None:
+    async with stdio(cl) as c:
+        res = await c.call_tool("exec", {"hand": "box", "command": "seq 1 20000"})
+        out = body(res)
+        expected = "".join(f"{i}\n" for i in range(1, 20001)).encode()
+        assert out["state"] == "succeeded" and out["stdout_bytes"] == len(expected)
+        assert "read_output(" in out["stdout"] and len(out["stdout"]) < 10_000
+        assert out["stdout"].startswith("1\n2\n") and out["stdout"].endswith("19999\n20000\n")
+        marker = out["stdout"][out["stdout"].index("offset=") + 7 :]
+        offset = int(marker[: marker.index(")")])
+        got = expected[:offset]
+        while True:
+            page = body(await c.call_tool("read_output", {"run": out["run"], "offset": len(got), "max_bytes": 50_000}))
+            got += page["data"].encode()
+            if page["eof"]:
+                break
+        assert got == expected
+
+
+async def test_stdio_run_longer_than_wait_is_still_running_then_its_end(cl: Cluster) -> None:
+    progress: list[str] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(message or "")
+
+    async with stdio(cl) as c:
+        args = {"hand": "box", "command": "echo started; sleep 3; echo done; exit 4", "wait_s": 1}
+        res = await c.call_tool("exec", args, progress_callback=on_progress)
+        out = body(res)
+        assert not res.is_error and out["still_running"] is True and out["state"] == "running"
+        run = out["run"]
+        assert any(run in m for m in progress), progress
+        res = await c.call_tool("run_get", {"run": run, "wait_s": 20})
+        out = body(res)
+        assert (out["state"], out["exit_code"], out["stdout"]) == ("failed", 4, "started\ndone\n")
+        page = body(await c.call_tool("read_output", {"run": run, "offset": 8}))
+        assert page["data"] == "done\n" and page["eof"] is True
+
+
+async def test_stdio_cancel_tool_kills_the_tree(cl: Cluster) -> None:
+    pid_file = cl.hands["box"].root / "c.pid"
+    async with stdio(cl) as c:
+        res = await c.call_tool("exec", {"hand": "box", "command": "echo $$ > c.pid; sleep 60", "wait_s": 1})
+        run = body(res)["run"]
+        await until(pid_file.exists, 10, "the command to start")
+        res = await c.call_tool("cancel", {"run": run})
+        assert body(res)["state"] == "cancelled"
+        await wait_gone(pid_file)
+
+
+async def test_stdio_client_cancel_is_a_mindhand_cancel(cl: Cluster) -> None:
+    pid_file = cl.hands["box"].root / "p.pid"
+    async with stdio(cl) as c:
+        with anyio.move_on_after(3):  # the SDK sends notifications/cancelled for the abandoned call
+            await c.call_tool("exec", {"hand": "box", "command": "echo $$ > p.pid; sleep 60", "wait_s": 30})
+        await wait_gone(pid_file)
+        runs = body(await c.call_tool("runs", {"hand": "box", "limit": 1}))["runs"]
+        assert runs[0]["state"] in ("cancel_requested", "cancelled")
+        await until(lambda: cl_run_state(cl, runs[0]["run"]) == "cancelled", 10, "the run to end cancelled")
+
+
+def cl_run_state(cl: Cluster, run: str) -> str:
+    r = cl.cli("run", "get", run, "--json", timeout=30)
+    assert r.returncode == 0, r.stderr
+    state: str = json.loads(r.stdout)["state"]
+    return state
+
+
+async def test_stdio_scoped_credential_sees_only_its_hands(cl: Cluster) -> None:
+    cl.start_hand("other")
+    cl.wait_connected("other")
+    scoped = cl.client_credential("agent", "--hands", "box")
+    async with stdio(cl, scoped) as c:
+        assert [h["name"] for h in body(await c.call_tool("hands", {}))["hands"]] == ["box"]
+        res = await c.call_tool("exec", {"hand": "other", "argv": ["true"]})
+        assert res.is_error and body(res)["code"]
+
+
+async def test_http_bearer_scope_and_401(cl: Cluster, http: str) -> None:
+    cl.start_hand("other")
+    cl.wait_connected("other")
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {}}
+    async with httpx2.AsyncClient(timeout=30) as hc:
+        assert (await hc.post(http, json=ping)).status_code == 401
+        wrong = f"mh1:client:tester:{secrets.token_hex(32)}"
+        assert (await hc.post(http, json=ping, headers={"Authorization": f"Bearer {wrong}"})).status_code == 401
+        hand_cred = token(cl.tmp / "box.cred")
+        assert (await hc.post(http, json=ping, headers={"Authorization": f"Bearer {hand_cred}"})).status_code == 401
+    admin = token(cl.client_credential("admin2"))
+    async with http_client(http, admin) as c:
+        assert sorted(h["name"] for h in body(await c.call_tool("hands", {}))["hands"]) == ["box", "other"]
+        res = await c.call_tool("exec", {"hand": "box", "argv": ["sh", "-c", "echo via http; exit 7"]})
+        assert (body(res)["exit_code"], body(res)["stdout"]) == (7, "via http\n")
+    scoped = token(cl.client_credential("agent", "--hands", "box"))
+    async with http_client(http, scoped) as c:
+        assert [h["name"] for h in body(await c.call_tool("hands", {}))["hands"]] == ["box"]
+
+
+async def test_http_closed_stream_leaves_the_run_going(cl: Cluster, http: str) -> None:
+    admin = token(cl.client_credential("admin2"))
+    root = cl.hands["box"].root
+    async with http_client(http, admin) as c:
+        with anyio.move_on_after(2):  # the client gives up: its response stream closes
+            await c.call_tool("exec", {"hand": "box", "command": "echo $$ > h.pid; sleep 3; echo finished"})
+    wait_until((root / "h.pid").exists, timeout=10, what="the command to start")
+    pid = int((root / "h.pid").read_text())
+    assert pid_alive(pid)  # not killed by the closed stream
+    async with http_client(http, admin) as c:
+        runs = body(await c.call_tool("runs", {"hand": "box", "limit": 1}))["runs"]
+        res = await c.call_tool("run_get", {"run": runs[0]["run"], "wait_s": 20})
+        out = body(res)
+        assert (out["state"], out["exit_code"]) == ("succeeded", 0) and out["stdout"].endswith("finished\n")
+
+
+def test_mcp_without_the_extra_says_how_to_install(cl: Cluster, tmp_path: Path) -> None:
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    # the SDK hidden from this one process, as on a machine where the extra was not installed
+    (shadow / "sitecustomize.py").write_text(
+        "import sys\nclass _Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'mcp' or name.startswith('mcp.'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, _Hide())\n"
+    )
+    env = dict(cl.env, PYTHONPATH=str(shadow) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([*program("mind"), "mcp"], env=env, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2, r.stderr
+    assert (
+        r.stderr.decode().strip() == "mind: mind mcp needs the MCP SDK, an optional extra: pip install 'mindhand[mcp]'"
+    )
