@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import time
@@ -287,3 +288,30 @@ def test_mcp_without_the_extra_says_how_to_install(cl: Cluster, tmp_path: Path) 
     assert (
         r.stderr.decode().strip() == "mind: mind mcp needs the MCP SDK, an optional extra: pip install 'mindhand[mcp]'"
     )
+
+
+def restart_mind(cl: Cluster) -> None:
+    """SIGTERM the Mind, then start it again on the same port (blocking: run it in a thread)."""
+    assert cl.mind is not None
+    port = cl.port
+    cl.mind.signal(signal.SIGTERM)
+    cl.mind.p.wait(timeout=20)
+    time.sleep(0.5)
+    cl.start_mind(*WINDOW, port=port)
+
+
+async def test_stdio_a_restart_of_the_mind_mid_call_the_call_gets_the_real_end(cl: Cluster) -> None:
+    ticker = "i=1; while [ $i -le 24 ]; do echo line $i; i=$((i+1)); sleep 0.25; done; exit 3"
+    expected = "".join(f"line {i}\n" for i in range(1, 25))
+    got: dict[str, Any] = {}
+    async with stdio(cl) as c:
+
+        async def call() -> None:
+            got["res"] = await c.call_tool("exec", {"hand": "box", "command": ticker, "wait_s": 40})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await anyio.sleep(1.5)
+            await anyio.to_thread.run_sync(restart_mind, cl)
+    out = body(got["res"])
+    assert (out["state"], out["exit_code"], out["stdout"]) == ("failed", 3, expected)
