@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,27 @@ Progress = Callable[[float, str], Awaitable[None]]
 """Sends one progress notification: a number that only grows, and a message."""
 
 
+class Feed:
+    """A run's standard input kept open for `write_stdin`: what each call gives, in order, then its end."""
+
+    def __init__(self, first: bytes | None = None) -> None:
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.closed = False
+        if first:
+            self._queue.put_nowait(first)
+
+    def write(self, data: bytes, eof: bool) -> None:
+        if data:
+            self._queue.put_nowait(data)
+        if eof:
+            self.closed = True
+            self._queue.put_nowait(None)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while (data := await self._queue.get()) is not None:
+            yield data
+
+
 @dataclass(eq=False)
 class Followed:
     """One run and what this server has seen of it."""
@@ -45,6 +66,7 @@ class Followed:
     hand: str
     stdout: Retained = field(default_factory=Retained)
     stderr: Retained = field(default_factory=Retained)
+    feed: Feed | None = None
     end: RunEnd | None = None
     failure: MindhandError | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -93,8 +115,8 @@ class Runs:
         self._chores.add(task)
         task.add_done_callback(self._chores.discard)
 
-    def follow(self, handle: RunHandle, hand: str) -> Followed:
-        f = Followed(handle, hand)
+    def follow(self, handle: RunHandle, hand: str, feed: Feed | None = None) -> Followed:
+        f = Followed(handle, hand, feed=feed)
         f.task = asyncio.create_task(f.follow(), name=f"mcp-follow-{hand}")
         self._all.add(f)
         return f

@@ -85,7 +85,7 @@ class Pool:
         key = hashlib.sha256(token.encode()).hexdigest()
         async with self._lock:
             runs = self._runs.get(key)
-            if runs is not None and runs.client.connected:
+            if runs is not None and runs.client.riding_out:  # connected, or back within the window
                 return runs
             try:
                 cred = Credential.parse(token)

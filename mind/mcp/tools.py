@@ -21,7 +21,7 @@ from pydantic import Field
 
 from mind.errors import ClientError, MindhandError
 from mind.mcp import results, tasks
-from mind.mcp.runs import Followed, Runs, cancel_for_peer, wait
+from mind.mcp.runs import Feed, Followed, Runs, cancel_for_peer, wait
 from protocol.messages import RunEnd, RunInfo
 from protocol.states import RunState
 
@@ -141,6 +141,13 @@ def register(server: MCPServer, current: Current) -> None:
         cwd: Cwd = None,
         env: Env = None,
         stdin: Annotated[str | None, Field(description="Text given to the command as its standard input.")] = None,
+        stdin_open: Annotated[
+            bool,
+            Field(
+                description="Keep standard input open after `stdin` for write_stdin (for an interactive "
+                "program). A command that reads stdin then waits until write_stdin sends eof."
+            ),
+        ] = False,
         timeout_s: Annotated[
             float, Field(gt=0, le=86400, description="Deadline: past it the Hand kills the command's whole tree.")
         ] = 3600.0,
@@ -168,6 +175,8 @@ def register(server: MCPServer, current: Current) -> None:
         if env:
             args["env"] = env
         runs = current()
+        first = stdin.encode() if stdin is not None else None
+        feed = Feed(first) if stdin_open else None
         try:
             handle = await runs.client.start(
                 hand,
@@ -175,11 +184,11 @@ def register(server: MCPServer, current: Current) -> None:
                 args,
                 timeout=timeout_s,
                 watch=False,
-                stdin=stdin.encode() if stdin is not None else None,
+                stdin=feed.chunks() if feed is not None else first,
             )
         except ClientError as exc:
             return failure(code_of(exc), exc.message)
-        f = runs.follow(handle, hand)
+        f = runs.follow(handle, hand, feed)
         return await waited(runs, f, wait_s, ctx)
 
     async def waited(runs: Runs, f: Followed, wait_s: float, ctx: Context) -> CallToolResult:
@@ -282,6 +291,22 @@ def register(server: MCPServer, current: Current) -> None:
                     return result(of_info(info), error=False)
             await asyncio.sleep(0.1)
         return result({"state": answer.state.value, "run": run, "cancel": answer.status.value}, error=False)
+
+    @server.tool()
+    async def write_stdin(
+        run: RunId,
+        data: Annotated[str, Field(max_length=1 << 20, description="Text to send to the command's stdin.")] = "",
+        eof: Annotated[bool, Field(description="Then close its stdin (the command sees end of input).")] = False,
+    ) -> CallToolResult:
+        """Send text to the standard input of a run started here by exec with stdin_open=true; eof
+        closes it. Then run_get or read_output shows what the command answered."""
+        f = current().get(run)
+        if f is None or f.feed is None:
+            return failure("invalid_request", f"run {run} was not started by exec with stdin_open=true on this server")
+        if f.feed.closed or f.done:
+            return failure("stdin_closed", f"run {run}: its stdin is closed (eof was sent, or the run ended)")
+        f.feed.write(data.encode(), eof)
+        return result({"state": "succeeded", "run": run, "bytes": len(data.encode()), "eof": eof})
 
     @server.tool(annotations=read_only)
     async def runs(

@@ -126,7 +126,7 @@ async def test_stdio_tools_exec_and_bad_input(cl: Cluster) -> None:
     async with stdio(cl) as c:
         names = {t.name for t in (await c.list_tools()).tools}
         assert {"hands", "exec", "read_file", "write_file", "list_dir", "task_start", "task_get"} <= names
-        assert {"task_logs", "task_cancel", "runs", "run_get", "read_output", "cancel"} <= names
+        assert {"task_logs", "task_cancel", "runs", "run_get", "read_output", "cancel", "write_stdin"} <= names
 
         hands = body(await c.call_tool("hands", {}))["hands"]
         assert [(h["name"], h["online"]) for h in hands] == [("box", True)]
@@ -315,3 +315,17 @@ async def test_stdio_a_restart_of_the_mind_mid_call_the_call_gets_the_real_end(c
             await anyio.to_thread.run_sync(restart_mind, cl)
     out = body(got["res"])
     assert (out["state"], out["exit_code"], out["stdout"]) == ("failed", 3, expected)
+
+
+async def test_stdio_write_stdin_to_an_interactive_command(cl: Cluster) -> None:
+    async with stdio(cl) as c:
+        args = {"hand": "box", "command": "read a; echo got $a; cat", "stdin_open": True, "wait_s": 0.5}
+        out = body(await c.call_tool("exec", args))
+        assert out["still_running"] is True
+        res = await c.call_tool("write_stdin", {"run": out["run"], "data": "hello\n"})
+        assert not res.is_error and body(res)["bytes"] == 6
+        await c.call_tool("write_stdin", {"run": out["run"], "data": "more", "eof": True})
+        end = body(await c.call_tool("run_get", {"run": out["run"], "wait_s": 20}))
+        assert (end["state"], end["stdout"]) == ("succeeded", "got hello\nmore")
+        res = await c.call_tool("write_stdin", {"run": out["run"], "data": "late"})
+        assert res.is_error and body(res)["code"] == "stdin_closed"
