@@ -182,15 +182,20 @@ async def test_stdio_run_longer_than_wait_is_still_running_then_its_end(cl: Clus
     async def on_progress(value: float, total: float | None, message: str | None) -> None:
         progress.append(message or "")
 
-    async with stdio(cl) as c:
+    # A client that times a call out at 2.5 s (as most do at 60 s) and a run of 3 s: every call
+    # answers within its timeout, and the run's real end still comes.
+    async with Client(stdio_params(cl), read_timeout_seconds=2.5) as c:
         args = {"hand": "box", "command": "echo started; sleep 3; echo done; exit 4", "wait_s": 1}
         res = await c.call_tool("exec", args, progress_callback=on_progress)
         out = body(res)
         assert not res.is_error and out["still_running"] is True and out["state"] == "running"
         run = out["run"]
         assert any(run in m for m in progress), progress
-        res = await c.call_tool("run_get", {"run": run, "wait_s": 20})
-        out = body(res)
+        for _ in range(20):
+            res = await c.call_tool("run_get", {"run": run, "wait_s": 1})
+            out = body(res)
+            if not out.get("still_running"):
+                break
         assert (out["state"], out["exit_code"], out["stdout"]) == ("failed", 4, "started\ndone\n")
         page = body(await c.call_tool("read_output", {"run": run, "offset": 8}))
         assert page["data"] == "done\n" and page["eof"] is True
@@ -329,3 +334,21 @@ async def test_stdio_write_stdin_to_an_interactive_command(cl: Cluster) -> None:
         assert (end["state"], end["stdout"]) == ("succeeded", "got hello\nmore")
         res = await c.call_tool("write_stdin", {"run": out["run"], "data": "late"})
         assert res.is_error and body(res)["code"] == "stdin_closed"
+
+
+async def test_stdio_a_silent_run_still_sends_progress(cl: Cluster) -> None:
+    """At least one notification every 20 s (PROGRESS_EVERY_S, 15) while a call waits on a silent run:
+    clients that reset their timer on progress keep waiting."""
+    seen: list[float] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        seen.append(time.monotonic())
+
+    async with stdio(cl) as c:
+        started = time.monotonic()
+        res = await c.call_tool(
+            "exec", {"hand": "box", "command": "sleep 17; echo awake", "wait_s": 25}, 40, progress_callback=on_progress
+        )
+        assert body(res)["stdout"] == "awake\n"
+    gaps = [b - a for a, b in zip([started, *seen], [*seen, time.monotonic()], strict=True)]
+    assert len(seen) >= 2 and max(gaps) < 20, gaps
