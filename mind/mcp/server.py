@@ -20,6 +20,8 @@ import contextlib
 import contextvars
 import hashlib
 import json
+import os
+import signal
 import sys
 from typing import Any
 
@@ -61,9 +63,23 @@ async def serve_stdio(args: argparse.Namespace, server: MCPServer) -> int:
         return 125
     runs = Runs(client)
     current_runs.set(runs)
+    loop = asyncio.get_running_loop()
+    exiting: list[asyncio.Task[None]] = []
+
+    async def finish() -> None:
+        with contextlib.suppress(Exception):
+            await runs.close(args.keep)
+            await client.close()
+        os._exit(0)
+
+    # SIGTERM (an agent or a supervisor stopping its server): detach the runs still going, then exit.
+    # Not by cancelling the server: the SDK reads stdin in a worker thread, which a cancel cannot
+    # interrupt, so it would wait for input that never comes.
+    loop.add_signal_handler(signal.SIGTERM, lambda: exiting.append(loop.create_task(finish())))
     try:
         await server.run_stdio_async()
     finally:
+        loop.remove_signal_handler(signal.SIGTERM)
         await runs.close(args.keep)
         await client.close()
     return 0

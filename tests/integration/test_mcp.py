@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import select
 import signal
 import socket
 import subprocess
@@ -352,3 +353,64 @@ async def test_stdio_a_silent_run_still_sends_progress(cl: Cluster) -> None:
         assert body(res)["stdout"] == "awake\n"
     gaps = [b - a for a, b in zip([started, *seen], [*seen, time.monotonic()], strict=True)]
     assert len(seen) >= 2 and max(gaps) < 20, gaps
+
+
+async def test_stdio_a_run_outlives_the_server_and_the_next_one_gets_its_end(cl: Cluster) -> None:
+    """The agent goes away mid-run (its `mind mcp` ends): the run is detached with --keep, not
+    killed, and `run_get` from the next `mind mcp` of the same credential attaches to it."""
+    async with stdio(cl) as c:
+        out = body(await c.call_tool("exec", {"hand": "box", "command": "sleep 2; echo survived", "wait_s": 0.5}))
+        assert out["still_running"] is True
+    async with stdio(cl) as c:
+        end = body(await c.call_tool("run_get", {"run": out["run"], "wait_s": 20}))
+        assert (end["state"], end["stdout"]) == ("succeeded", "survived\n")
+        res = await c.call_tool("run_get", {"run": "rnosuchrun00000000"})
+        assert res.is_error and body(res)["code"] == "unknown_run"
+
+
+async def test_stdio_sigterm_detaches_runs_still_going(cl: Cluster) -> None:
+    """`mind mcp` stopped with SIGTERM mid-run: it detaches the run (kept --keep seconds) and exits 0;
+    the run is not cancelled, and the next `mind mcp` gets its end (its output waited for a reader)."""
+    p = subprocess.Popen(
+        [*program("mind"), "mcp"],
+        env=cl.env,
+        bufsize=0,  # unbuffered: `select` then sees every line not yet read
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert p.stdin is not None and p.stdout is not None
+
+        def rpc(id_: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+            assert p.stdin is not None and p.stdout is not None
+            p.stdin.write(
+                json.dumps({"jsonrpc": "2.0", "id": id_, "method": method, "params": params}).encode() + b"\n"
+            )
+            p.stdin.flush()
+            while True:
+                ready, _, _ = select.select([p.stdout], [], [], 15)
+                assert ready, f"no answer to {method} within 15 s"
+                msg: dict[str, Any] = json.loads(p.stdout.readline())
+                if msg.get("id") == id_:
+                    return msg
+
+        init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        assert "result" in rpc(1, "initialize", init)
+        p.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        p.stdin.flush()
+        args = {"hand": "box", "command": "sleep 2; echo kept", "wait_s": 0.2}
+        out = json.loads(rpc(2, "tools/call", {"name": "exec", "arguments": args})["result"]["content"][0]["text"])
+        assert out["still_running"] is True
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=15) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+    info = json.loads(cl.cli("run", "get", out["run"], "--json").stdout)
+    assert info["state"] == "running" and info["client_away_since"] is not None
+    async with stdio(cl) as c:
+        end = body(await c.call_tool("run_get", {"run": out["run"], "wait_s": 20}))
+        assert (end["state"], end["stdout"]) == ("succeeded", "kept\n")
