@@ -30,6 +30,9 @@ PROGRESS_EVERY_S = 15.0
 PROGRESS_TEXT_MAX = 2 << 10
 """A progress notification carries at most this much of the new output (it is droppable: the whole
 output is in the result and `read_output`)."""
+KEEP_ENDED = 64
+"""Ended runs whose output this server keeps for `read_output` (at most 8 MiB each: `RETAIN_BYTES`
+per stream); an older one is answered from the Mind's record (the last 4 KiB of each stream)."""
 DETACH_KEEP_S = 3600.0
 """When the server ends, a run still going is kept this long by the Mind (capped by its --keep-max)."""
 
@@ -101,12 +104,15 @@ class Followed:
 
 
 class Runs:
-    """The runs followed on one connection to the Mind (one credential), by run id."""
+    """The runs followed on one connection to the Mind (one credential), by run id. Ended runs are
+    kept for `read_output` up to `keep_ended` of them (the oldest forgotten first): a server that
+    lives for weeks holds at most that many runs' retained output, not every run it ever saw."""
 
-    def __init__(self, client: MindClient) -> None:
+    def __init__(self, client: MindClient, keep_ended: int = KEEP_ENDED) -> None:
         self.client = client
+        self.keep_ended = keep_ended
         self._by_id: dict[str, Followed] = {}
-        self._all: set[Followed] = set()
+        self._all: dict[Followed, None] = {}  # insertion-ordered: the oldest first
         self._chores: set[asyncio.Task[None]] = set()
 
     def spawn(self, chore: Coroutine[Any, Any, None]) -> None:
@@ -118,8 +124,16 @@ class Runs:
     def follow(self, handle: RunHandle, hand: str, feed: Feed | None = None) -> Followed:
         f = Followed(handle, hand, feed=feed)
         f.task = asyncio.create_task(f.follow(), name=f"mcp-follow-{hand}")
-        self._all.add(f)
+        self._all[f] = None
+        self._forget_old()
         return f
+
+    def _forget_old(self) -> None:
+        ended = [f for f in self._all if f.done]
+        for f in ended[: max(0, len(ended) - self.keep_ended)]:
+            del self._all[f]
+            if f.run_id is not None and self._by_id.get(f.run_id) is f:
+                del self._by_id[f.run_id]
 
     def get(self, run_id: str) -> Followed | None:
         self._index()
@@ -127,6 +141,8 @@ class Runs:
 
     def _index(self) -> None:
         for f in self._all:
+            if f.run_id is not None and f.run_id in self._by_id:
+                continue
             if f.run_id is not None:
                 self._by_id[f.run_id] = f
 

@@ -264,14 +264,21 @@ async def test_http_bearer_scope_and_401(cl: Cluster, http: str) -> None:
 async def test_http_closed_stream_leaves_the_run_going(cl: Cluster, http: str) -> None:
     admin = token(cl.client_credential("admin2"))
     root = cl.hands["box"].root
+    progress: list[str] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(message or "")
+
     async with http_client(http, admin) as c:
         with anyio.move_on_after(2):  # the client gives up: its response stream closes
-            await c.call_tool("exec", {"hand": "box", "command": "echo $$ > h.pid; sleep 3; echo finished"})
+            args = {"hand": "box", "command": "echo $$ > h.pid; sleep 3; echo finished"}
+            await c.call_tool("exec", args, progress_callback=on_progress)
     wait_until((root / "h.pid").exists, timeout=10, what="the command to start")
     pid = int((root / "h.pid").read_text())
     assert pid_alive(pid)  # not killed by the closed stream
     async with http_client(http, admin) as c:
         runs = body(await c.call_tool("runs", {"hand": "box", "limit": 1}))["runs"]
+        assert progress and progress[0].startswith(f"run {runs[0]['run']} on box")  # the id came first
         res = await c.call_tool("run_get", {"run": runs[0]["run"], "wait_s": 20})
         out = body(res)
         assert (out["state"], out["exit_code"]) == ("succeeded", 0) and out["stdout"].endswith("finished\n")

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 
 import pytest
 
 from mind.cli.main import parse
 from mind.mcp.results import HEAD_KEEP, SHOW_BYTES, Retained, StreamView, is_error, render, run_result
+from mind.mcp.runs import Runs
+from protocol.messages import RunEnd, StreamData
+from protocol.states import RunState
 
 OUTPUT = b"".join(b"%d\n" % i for i in range(1, 30001))
 
@@ -74,3 +78,28 @@ def test_mcp_listen_must_be_host_port(listen: str, capsys: pytest.CaptureFixture
     args = parse(["mcp", "--listen", listen])
     assert args.handler(args) == 2
     assert "--listen wants HOST:PORT" in capsys.readouterr().err
+
+
+class FakeHandle:
+    """What `Runs` reads of a `RunHandle`: its id and its events (here: some output, then the end)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+
+    async def events(self) -> AsyncIterator[object]:
+        yield StreamData(run_id=self.run_id, stream="stdout", offset=0, data=b"out of " + self.run_id.encode())
+        yield RunEnd(run_id=self.run_id, state=RunState.SUCCEEDED, hand="h", tool="exec", exit_code=0)
+
+
+async def test_a_long_lived_server_keeps_only_the_newest_ended_runs() -> None:
+    runs = Runs(client=None, keep_ended=3)  # type: ignore[arg-type]  # the client is not asked here
+    for i in range(6):
+        f = runs.follow(FakeHandle(f"r{i}"), "h")  # type: ignore[arg-type]
+        assert f.task is not None
+        await f.task
+        assert f.end is not None and f.stdout.read(0, 100) == (0, b"out of r%d" % i)
+    last = runs.follow(FakeHandle("r6"), "h")  # type: ignore[arg-type]  # (each follow forgets the oldest ended)
+    assert [r for r in (f"r{i}" for i in range(6)) if runs.get(r) is not None] == ["r3", "r4", "r5"]
+    assert last.task is not None
+    await last.task
+    await runs.close()  # nothing live: nothing to detach
