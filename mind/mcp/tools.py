@@ -30,6 +30,10 @@ Current = Callable[[], Runs]
 WAIT_S_DEFAULT = 30.0
 """Under the 60 s at which most MCP clients time a call out (the official one does not reset its
 timer on progress): a longer run comes back as still running, with its id, and goes on."""
+WAIT_S_MAX = 50.0
+"""A call waits no longer than this, whatever it asks: a client that times the call out first sends
+`notifications/cancelled` (the official SDK does, as a courtesy), which cannot be told from a cancel
+its user meant, and would kill the run. To wait longer, call `run_get` again."""
 FILE_CALL_TIMEOUT_S = 60.0
 
 Hand = Annotated[str, Field(description="The Hand's name (see the `hands` tool).")]
@@ -155,9 +159,9 @@ def register(server: MCPServer, current: Current) -> None:
             float,
             Field(
                 ge=0,
-                le=3600,
-                description="How long this call waits for the end. A run still going then is NOT stopped: the "
-                "answer says still_running with its run id (use run_get / read_output / cancel).",
+                le=WAIT_S_MAX,
+                description="How long this call waits for the end (at most 50). A run still going then is NOT "
+                "stopped: the answer says still_running with its run id (use run_get / read_output / cancel).",
             ),
         ] = WAIT_S_DEFAULT,
     ) -> CallToolResult:
@@ -208,7 +212,8 @@ def register(server: MCPServer, current: Current) -> None:
         run: RunId,
         ctx: Context,
         wait_s: Annotated[
-            float, Field(ge=0, le=3600, description="Wait up to this long for the end (0: answer at once).")
+            float,
+            Field(ge=0, le=WAIT_S_MAX, description="Wait up to this long for the end (0: answer at once; at most 50)."),
         ] = 0.0,
     ) -> CallToolResult:
         """A run's state, exit code and output (bounded, as exec returns it); with wait_s, waits for

@@ -143,6 +143,8 @@ async def test_stdio_tools_exec_and_bad_input(cl: Cluster) -> None:
 
         res = await c.call_tool("exec", {"hand": "nope", "argv": ["true"]})
         assert res.is_error and body(res)["code"] == "unknown_hand"
+        res = await c.call_tool("exec", {"hand": "box", "argv": ["true"], "wait_s": 3600})  # malformed: a tool error
+        assert res.is_error and "wait_s" in res.content[0].text
 
         res = await c.call_tool("write_file", {"hand": "box", "path": "notes.txt", "content": "remember\n"})
         assert not res.is_error and body(res)["bytes_written"] == 9
