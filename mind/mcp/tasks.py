@@ -21,7 +21,7 @@ TaskId = Annotated[str, Field(description="The task's id (returned by task_start
 
 
 def view(v: TaskView) -> dict[str, Any]:
-    out: dict[str, Any] = {"task_id": v.task_id, "hand": v.hand, "state": v.state.value, "stale": v.stale}
+    out: dict[str, Any] = {"task_id": v.task_id, "hand": v.hand, "state": str(v.state), "stale": v.stale}
     if v.task is not None:
         out |= {"exit_code": v.task.exit_code, "signal": v.task.signal, "log_bytes": v.task.log_bytes}
         if v.task.error:
@@ -65,13 +65,13 @@ def register(server: MCPServer, current: Callable[[], Any], result: Result, fail
         res = await ask(current().client.task_start(hand, tool, args, max_runtime=max_runtime_s, task_id=task_id))
         if isinstance(res, CallToolResult):
             return res
-        if res.outcome.value == "rejected":
-            code = res.reject_code.value if res.reject_code else "rejected"
+        if str(res.outcome) == "rejected":
+            code = str(res.reject_code) if res.reject_code else "rejected"
             return failure(code, res.message or f"the task was refused ({code})")
-        out = {"state": res.outcome.value, "task_id": res.task_id, "hand": res.hand}
-        if res.outcome.value == "unknown":
+        out = {"state": str(res.outcome), "task_id": res.task_id, "hand": res.hand}
+        if str(res.outcome) == "unknown":
             out["note"] = "no answer came: task_start again with the same task_id settles it"
-        return result(out, error=res.outcome.value == "unknown")
+        return result(out, error=str(res.outcome) == "unknown")
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=True))
     async def task_get(task_id: TaskId) -> CallToolResult:
@@ -96,7 +96,7 @@ def register(server: MCPServer, current: Callable[[], Any], result: Result, fail
             return page
         out = {
             "task_id": task_id,
-            "state": page.state.value,
+            "state": str(page.state),
             "offset": page.offset,
             "next_offset": page.next_offset,
             "log_bytes": page.log_bytes,
@@ -111,4 +111,4 @@ def register(server: MCPServer, current: Callable[[], Any], result: Result, fail
         r = await ask(current().client.task_cancel(task_id))
         if isinstance(r, CallToolResult):
             return r
-        return result({"task_id": task_id, "state": "succeeded", "cancel": r.status.value}, error=False)
+        return result({"task_id": task_id, "state": "succeeded", "cancel": str(r.status)}, error=False)

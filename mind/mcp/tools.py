@@ -295,7 +295,7 @@ def register(server: MCPServer, current: Current) -> None:
                 if info.end is not None:
                     return result(of_info(info), error=False)
             await asyncio.sleep(0.1)
-        return result({"state": answer.state.value, "run": run, "cancel": answer.status.value}, error=False)
+        return result({"state": str(answer.state), "run": run, "cancel": str(answer.status)}, error=False)
 
     @server.tool()
     async def write_stdin(

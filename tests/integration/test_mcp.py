@@ -423,3 +423,26 @@ async def test_stdio_sigterm_detaches_runs_still_going(cl: Cluster) -> None:
     async with stdio(cl) as c:
         end = body(await c.call_tool("run_get", {"run": out["run"], "wait_s": 20}))
         assert (end["state"], end["stdout"]) == ("succeeded", "kept\n")
+
+
+async def test_stdio_background_task_tools(cl: Cluster) -> None:
+    async with stdio(cl) as c:
+        args = {"hand": "box", "command": "echo building; echo built", "task_id": "build-7"}
+        res = await c.call_tool("task_start", args)
+        assert not res.is_error and body(res)["state"] == "accepted" and body(res)["task_id"] == "build-7"
+        assert body(await c.call_tool("task_start", args))["state"] == "duplicate"  # the same id runs nothing twice
+        deadline = time.monotonic() + 20
+        while (view := body(await c.call_tool("task_get", {"task_id": "build-7"})))["state"] != "succeeded":
+            assert time.monotonic() < deadline, view
+            await anyio.sleep(0.2)
+        assert view["exit_code"] == 0
+        page = body(await c.call_tool("task_logs", {"task_id": "build-7"}))
+        assert (page["data"], page["eof"]) == ("building\nbuilt\n", True)
+
+        await c.call_tool("task_start", {"hand": "box", "argv": ["sleep", "60"], "task_id": "long-7"})
+        res = await c.call_tool("task_cancel", {"task_id": "long-7"})
+        assert not res.is_error and body(res)["cancel"] in ("cancel_requested", "already_done")
+        res = await c.call_tool("task_get", {"task_id": "no-such-task"})
+        assert res.is_error and body(res)["code"] == "unknown_task"
+        res = await c.call_tool("task_start", {"hand": "nope", "argv": ["true"]})
+        assert res.is_error and body(res)["code"]
