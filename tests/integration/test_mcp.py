@@ -124,7 +124,14 @@ async def wait_gone(pid_file: Path, timeout: float = 15.0) -> None:
 
 
 async def test_stdio_tools_exec_and_bad_input(cl: Cluster) -> None:
+    assert cl.cli("exec", "box", "--", "echo", "from the cli").returncode == 0  # a run this server never followed
     async with stdio(cl) as c:
+        (other,) = body(await c.call_tool("runs", {"hand": "box"}))["runs"]
+        page = body(await c.call_tool("read_output", {"run": other["run"]}))  # from the Mind's record of its end
+        assert (page["data"], page["offset"], page["eof"]) == ("from the cli\n", 0, True)
+        out = body(await c.call_tool("run_get", {"run": other["run"]}))
+        assert (out["state"], out["stdout"]) == ("succeeded", "from the cli\n")
+
         names = {t.name for t in (await c.list_tools()).tools}
         assert {"hands", "exec", "read_file", "write_file", "list_dir", "task_start", "task_get"} <= names
         assert {"task_logs", "task_cancel", "runs", "run_get", "read_output", "cancel", "write_stdin"} <= names
