@@ -16,10 +16,11 @@ import secrets
 import select
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +62,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def http(cl: Cluster) -> Iterator[str]:
+@contextmanager
+def listening(cl: Cluster, *extra: str, scheme: str = "http") -> Iterator[str]:
     """`mind mcp --listen` as a subprocess (stopped by PID); yields its URL."""
     port = free_port()
     p = subprocess.Popen(
-        [*program("mind"), "mcp", "--listen", f"127.0.0.1:{port}"],
+        [*program("mind"), "mcp", "--listen", f"127.0.0.1:{port}", *extra],
         env=cl.env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -75,12 +76,12 @@ def http(cl: Cluster) -> Iterator[str]:
     )
     try:
 
-        def listening() -> bool:
+        def up() -> bool:
             with socket.socket() as s:
                 return s.connect_ex(("127.0.0.1", port)) == 0
 
-        wait_until(listening, timeout=20, what="mind mcp --listen to listen")
-        yield f"http://127.0.0.1:{port}/mcp"
+        wait_until(up, timeout=20, what="mind mcp --listen to listen")
+        yield f"{scheme}://127.0.0.1:{port}/mcp"
     finally:
         p.terminate()
         try:
@@ -90,9 +91,16 @@ def http(cl: Cluster) -> Iterator[str]:
             p.wait(timeout=10)
 
 
+@pytest.fixture
+def http(cl: Cluster) -> Iterator[str]:
+    with listening(cl) as url:
+        yield url
+
+
 @asynccontextmanager
-async def http_client(url: str, token: str) -> AsyncIterator[Client]:
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as hc:
+async def http_client(url: str, token: str, verify: Any = True) -> AsyncIterator[Client]:
+    auth = {"Authorization": f"Bearer {token}"}
+    async with httpx2.AsyncClient(headers=auth, timeout=60, verify=verify) as hc:
         async with Client(streamable_http_client(url, http_client=hc), read_timeout_seconds=CALL_TIMEOUT_S) as c:
             yield c
 
@@ -453,3 +461,21 @@ async def test_stdio_background_task_tools(cl: Cluster) -> None:
         assert res.is_error and body(res)["code"] == "unknown_task"
         res = await c.call_tool("task_start", {"hand": "nope", "argv": ["true"]})
         assert res.is_error and body(res)["code"]
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> Path:
+    """A CA and a certificate for 127.0.0.1 (scripts/mkcerts)."""
+    out = tmp_path / "certs"
+    mkcerts = Path(__file__).resolve().parents[2] / "scripts" / "mkcerts"
+    subprocess.run([str(mkcerts), str(out)], capture_output=True, check=True, timeout=60)
+    return out
+
+
+async def test_http_over_tls(cl: Cluster, certs: Path) -> None:
+    tls = ("--tls-cert", str(certs / "mind.crt"), "--tls-key", str(certs / "mind.key"))
+    admin = token(cl.client_credential("admin2"))
+    with listening(cl, *tls, scheme="https") as url:
+        async with http_client(url, admin, verify=ssl.create_default_context(cafile=str(certs / "ca.crt"))) as c:
+            res = await c.call_tool("exec", {"hand": "box", "argv": ["echo", "over tls"]})
+            assert body(res)["stdout"] == "over tls\n"
