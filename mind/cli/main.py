@@ -57,9 +57,17 @@ def top_parser() -> tuple[argparse.ArgumentParser, Any]:
 
 def client_families() -> list[AddParsers]:
     """Every client command module's `add_parsers`, in the order `mind --help` lists them."""
-    from mind.cli import call, config, cp, exec, task, views
+    from mind.cli import call, config, cp, exec, mcp, task, views
 
-    return [config.add_parsers, views.add_parsers, exec.add_parsers, cp.add_parsers, call.add_parsers, task.add_parsers]
+    return [
+        config.add_parsers,
+        views.add_parsers,
+        exec.add_parsers,
+        cp.add_parsers,
+        call.add_parsers,
+        task.add_parsers,
+        mcp.add_parsers,
+    ]
 
 
 def parser(daemon: Sequence[AddParsers] = ()) -> argparse.ArgumentParser:

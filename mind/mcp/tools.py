@@ -1,0 +1,405 @@
+"""The tools an agent sees: each one's JSON schema and description (written for a model: what it
+does, what comes back, what to do next) and what it asks of the Mind, as an ordinary client with the
+server's credential (or, over HTTP, the request's bearer credential), so exactly that scope applies.
+
+Every result is one JSON text block (and the same as structured content); `isError` is set for
+anything but a run that succeeded or is still running, and an error names the mindhand code
+(`unknown_hand`, `path_outside_root`, `denied_by_policy`, ...) with a sentence to act on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import Field
+
+from mind.errors import ClientError, MindhandError
+from mind.mcp import results, tasks
+from mind.mcp.runs import Feed, Followed, Runs, cancel_for_peer, wait
+from protocol.messages import RunEnd, RunInfo
+from protocol.states import RunState
+
+Current = Callable[[], Runs]
+"""The runs (and the Mind client) of the credential this call acts as."""
+WAIT_S_DEFAULT = 30.0
+"""Under the 60 s at which most MCP clients time a call out (the official one does not reset its
+timer on progress): a longer run comes back as still running, with its id, and goes on."""
+WAIT_S_MAX = 50.0
+"""A call waits no longer than this, whatever it asks: a client that times the call out first sends
+`notifications/cancelled` (the official SDK does, as a courtesy), which cannot be told from a cancel
+its user meant, and would kill the run. To wait longer, call `run_get` again."""
+FILE_CALL_TIMEOUT_S = 60.0
+
+Hand = Annotated[str, Field(description="The Hand's name (see the `hands` tool).")]
+RunId = Annotated[str, Field(description="A run id, as returned by `exec` or listed by `runs`.")]
+TaskId = Annotated[str, Field(description="The task's id, as given to or returned by `task_start`.")]
+Argv = Annotated[
+    list[str] | None,
+    Field(description='The program and its arguments, run without a shell, e.g. ["ls", "-la"]. Give argv or command.'),
+]
+Command = Annotated[
+    str | None, Field(description="A shell command line, run with /bin/sh -c (pipes, globs, &&). Give argv or command.")
+]
+Cwd = Annotated[str | None, Field(description="Working directory on the Hand, relative to its root.")]
+Env = Annotated[dict[str, str] | None, Field(description="Extra environment variables for the command.")]
+
+
+def result(out: dict[str, Any], error: bool | None = None) -> CallToolResult:
+    err = results.is_error(out) if error is None else error
+    return CallToolResult(
+        content=[TextContent(type="text", text=results.as_text(out))], structured_content=out, is_error=err
+    )
+
+
+def failure(code: str, message: str) -> CallToolResult:
+    return result(results.error_result(code, message), error=True)
+
+
+def from_end(end: RunEnd, f: Followed | None = None) -> dict[str, Any]:
+    """A run's end as a result: the output this server followed if it did, else the end's tails."""
+    if f is not None:
+        out, err = f.stdout.view(), f.stderr.view()
+    else:
+        out = results.StreamView.of_tail(end.stdout.total, end.stdout.data)
+        err = results.StreamView.of_tail(end.stderr.total, end.stderr.data)
+    return results.run_result(
+        run_id=end.run_id,
+        hand=end.hand,
+        state=end.state.value,
+        stdout=out,
+        stderr=err,
+        exit_code=end.exit_code,
+        signal=end.signal,
+        reason=end.reason,
+        error=end.error,
+        reject_code=end.reject_code.value if end.reject_code else None,
+    )
+
+
+def of_followed(f: Followed) -> dict[str, Any]:
+    if f.end is not None:
+        return from_end(f.end, f)
+    if f.failure is not None:
+        code = getattr(f.failure, "code", "closed")
+        return results.error_result(str(code), f"run {f.run_id}: {f.failure} (run_get tells its fate)")
+    return results.run_result(
+        run_id=f.run_id or "", hand=f.hand, state="running", stdout=f.stdout.view(), stderr=f.stderr.view()
+    )
+
+
+def of_info(info: RunInfo) -> dict[str, Any]:
+    if info.end is not None:
+        return from_end(info.end)
+    empty = results.StreamView(0, b"", b"")
+    out = results.run_result(run_id=info.run_id, hand=info.hand, state=info.state.value, stdout=empty, stderr=empty)
+    out["note"] = "another client is attached to this run: its output goes there; its end will show here"
+    return out
+
+
+def code_of(exc: MindhandError) -> str:
+    return str(getattr(exc, "code", "error"))
+
+
+def peer_cancelled(ctx: Context) -> bool:
+    """Did the agent send `notifications/cancelled` for this call (a cancel it means), rather than
+    its transport going away (a closed HTTP response stream: the run must go on)? The SDK records
+    it on the request's dispatch context (`cancel_requested`), which its `ServerSession` holds."""
+    outbound = getattr(ctx.request_context.session, "_request_outbound", None)
+    event = getattr(outbound, "cancel_requested", None)
+    return bool(event is not None and event.is_set())
+
+
+def register(server: MCPServer, current: Current) -> None:
+    read_only = ToolAnnotations(read_only_hint=True)
+
+    async def guarded(call: Awaitable[CallToolResult]) -> CallToolResult:
+        try:
+            return await call
+        except ClientError as exc:
+            return failure(code_of(exc), exc.message)
+
+    @server.tool(annotations=read_only)
+    async def hands() -> CallToolResult:
+        """The Hands (machines) this credential may use: name, online, labels (role=web ...), runs in
+        flight. Pass a name as `hand` to the other tools."""
+
+        async def go() -> CallToolResult:
+            hs = await current().client.hands()
+            rows = [{"name": h.name, "online": h.connected, "labels": h.labels, "running": h.running} for h in hs]
+            return result({"state": "succeeded", "hands": rows})
+
+        return await guarded(go())
+
+    @server.tool(name="exec")
+    async def exec_(
+        hand: Hand,
+        ctx: Context,
+        argv: Argv = None,
+        command: Command = None,
+        cwd: Cwd = None,
+        env: Env = None,
+        stdin: Annotated[str | None, Field(description="Text given to the command as its standard input.")] = None,
+        stdin_open: Annotated[
+            bool,
+            Field(
+                description="Keep standard input open after `stdin` for write_stdin (for an interactive "
+                "program). A command that reads stdin then waits until write_stdin sends eof."
+            ),
+        ] = False,
+        timeout_s: Annotated[
+            float, Field(gt=0, le=86400, description="Deadline: past it the Hand kills the command's whole tree.")
+        ] = 3600.0,
+        wait_s: Annotated[
+            float,
+            Field(
+                ge=0,
+                le=WAIT_S_MAX,
+                description="How long this call waits for the end (at most 50). A run still going then is NOT "
+                "stopped: the answer says still_running with its run id (use run_get / read_output / cancel).",
+            ),
+        ] = WAIT_S_DEFAULT,
+    ) -> CallToolResult:
+        """Run a command on a Hand and return how it ended: state (succeeded, failed, timed_out,
+        cancelled, rejected, lost), exit_code, stdout and stderr apart. Long output shows its first
+        and last 4 KiB with a marker giving the byte offset to page from with read_output. A command
+        that outlasts wait_s keeps running and comes back as still_running with its run id."""
+        if (argv is None) == (command is None):
+            return failure("invalid_request", "give exactly one of argv (a list of words) or command (a shell line)")
+        if argv is not None and not argv:
+            return failure("invalid_request", "argv is empty: give the program to run as its first word")
+        args: dict[str, Any] = {"argv": argv} if argv is not None else {"command": command}
+        if cwd is not None:
+            args["cwd"] = cwd
+        if env:
+            args["env"] = env
+        runs = current()
+        first = stdin.encode() if stdin is not None else None
+        feed = Feed(first) if stdin_open else None
+        try:
+            handle = await runs.client.start(
+                hand,
+                "exec" if argv is not None else "shell",
+                args,
+                timeout=timeout_s,
+                watch=False,
+                stdin=feed.chunks() if feed is not None else first,
+            )
+        except ClientError as exc:
+            return failure(code_of(exc), exc.message)
+        f = runs.follow(handle, hand, feed)
+        return await waited(runs, f, wait_s, ctx)
+
+    async def waited(runs: Runs, f: Followed, wait_s: float, ctx: Context) -> CallToolResult:
+        async def progress(n: float, message: str) -> None:
+            await ctx.report_progress(n, None, message)
+
+        try:
+            await wait(f, wait_s, progress)
+        except asyncio.CancelledError:
+            if peer_cancelled(ctx):
+                runs.spawn(cancel_for_peer(runs, f))  # the call's own scope is cancelled: not awaited here
+            raise  # a closed stream: the run goes on, followed, for run_get
+        return result(of_followed(f))
+
+    @server.tool()
+    async def run_get(
+        run: RunId,
+        ctx: Context,
+        wait_s: Annotated[
+            float,
+            Field(ge=0, le=WAIT_S_MAX, description="Wait up to this long for the end (0: answer at once; at most 50)."),
+        ] = 0.0,
+    ) -> CallToolResult:
+        """A run's state, exit code and output (bounded, as exec returns it); with wait_s, waits for
+        its end first. Finds runs started by exec here or earlier (by this credential)."""
+        runs = current()
+        f = runs.get(run)
+        if f is None:
+            try:
+                info = await runs.client.get_run(run)
+                if info.end is not None or info.client_away_since is None:
+                    return result(of_info(info))  # ended, or another client of ours follows it
+                f = await runs.adopt(run, info.hand)  # left unattended (a server before this one)
+            except ClientError as exc:
+                return failure(code_of(exc), exc.message)
+        return await waited(runs, f, wait_s, ctx)
+
+    @server.tool(annotations=read_only)
+    async def read_output(
+        run: RunId,
+        stream: Annotated[Literal["stdout", "stderr"], Field(description="Which output stream.")] = "stdout",
+        offset: Annotated[int, Field(ge=0, description="Byte offset in the stream to read from.")] = 0,
+        max_bytes: Annotated[int, Field(gt=0, le=results.READ_MAX, description="At most this many bytes.")] = 64 << 10,
+    ) -> CallToolResult:
+        """Page through a run's output by byte offset (as the marker in a result names). Available:
+        the last 4 MiB of each stream of a run this server followed (started by exec or looked at
+        with run_get); for any other run, only the last 4 KiB the Mind keeps with its end. Answers
+        next_offset to continue from and eof once the run ended and nothing more will come."""
+        runs = current()
+        f = runs.get(run)
+        if f is None:
+            try:
+                info = await runs.client.get_run(run)
+            except ClientError as exc:
+                return failure(code_of(exc), exc.message)
+            if info.end is None:
+                return failure(
+                    "not_followed", f"run {run} is followed by another client: run_get(run) takes it up here"
+                )
+            tail = info.end.stdout if stream == "stdout" else info.end.stderr
+            r = results.Retained(total=tail.total, base=tail.total - len(tail.data))
+            r.window += tail.data
+            total, done = tail.total, True
+        else:
+            r, total, done = f.stream(stream), f.stream(stream).total, f.done
+        start, data = r.read(offset, max_bytes)
+        out: dict[str, Any] = {
+            "state": "succeeded",
+            "run": run,
+            "stream": stream,
+            "offset": start,
+            "next_offset": start + len(data),
+            "total": total,
+            "eof": done and start + len(data) >= total,
+            "data": results.text(data),
+        }
+        if start > offset:
+            out["note"] = f"bytes {offset} to {start} are no longer retained; this page starts at {start}"
+        return result(out)
+
+    @server.tool()
+    async def cancel(run: RunId) -> CallToolResult:
+        """Stop a run: its whole process tree is killed. Answers with the run's authoritative end
+        (cancelled, or how it ended if it ended first) once known, within 10 s."""
+        runs = current()
+        try:
+            answer = await runs.client.cancel(run)
+        except ClientError as exc:
+            return failure(code_of(exc), exc.message)
+        f = runs.get(run)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            if f is not None and f.done:
+                return result(of_followed(f), error=False)
+            if f is None:
+                try:
+                    info = await runs.client.get_run(run)
+                except ClientError as exc:
+                    return failure(code_of(exc), exc.message)
+                if info.end is not None:
+                    return result(of_info(info), error=False)
+            await asyncio.sleep(0.1)
+        return result({"state": str(answer.state), "run": run, "cancel": str(answer.status)}, error=False)
+
+    @server.tool()
+    async def write_stdin(
+        run: RunId,
+        data: Annotated[str, Field(max_length=1 << 20, description="Text to send to the command's stdin.")] = "",
+        eof: Annotated[bool, Field(description="Then close its stdin (the command sees end of input).")] = False,
+    ) -> CallToolResult:
+        """Send text to the standard input of a run started here by exec with stdin_open=true; eof
+        closes it. Then run_get or read_output shows what the command answered."""
+        f = current().get(run)
+        if f is None or f.feed is None:
+            return failure("invalid_request", f"run {run} was not started by exec with stdin_open=true on this server")
+        if f.feed.closed or f.done:
+            return failure("stdin_closed", f"run {run}: its stdin is closed (eof was sent, or the run ended)")
+        f.feed.write(data.encode(), eof)
+        return result({"state": "succeeded", "run": run, "bytes": len(data.encode()), "eof": eof})
+
+    @server.tool(annotations=read_only)
+    async def runs(
+        hand: Annotated[str | None, Field(description="Only this Hand's runs.")] = None,
+        state: Annotated[RunState | None, Field(description="Only runs in this state.")] = None,
+        limit: Annotated[int, Field(gt=0, le=200)] = 20,
+    ) -> CallToolResult:
+        """This credential's recent runs, newest first: run id, Hand, tool, state, exit code, times.
+        Use it to find a run whose answer was lost."""
+
+        async def go() -> CallToolResult:
+            rows = []
+            for info in await current().client.list_runs(hand=hand, state=state, limit=limit):
+                rows.append(
+                    {
+                        "run": info.run_id,
+                        "hand": info.hand,
+                        "tool": info.tool,
+                        "state": info.state.value,
+                        "exit_code": info.end.exit_code if info.end else None,
+                        "created_at": info.created_at,
+                        "ended_at": info.ended_at,
+                    }
+                )
+            return result({"state": "succeeded", "runs": rows})
+
+        return await guarded(go())
+
+    async def tool_call(hand: str, tool: str, args: dict[str, Any]) -> RunEnd | CallToolResult:
+        try:
+            end = await current().client.exec(hand, tool, args, FILE_CALL_TIMEOUT_S)
+        except ClientError as exc:
+            return failure(code_of(exc), exc.message)
+        if end.state is not RunState.SUCCEEDED:
+            return result(from_end(end), error=True)
+        return end
+
+    @server.tool(annotations=read_only)
+    async def read_file(
+        hand: Hand,
+        path: Annotated[str, Field(description="The file, relative to the Hand's root.")],
+        offset: Annotated[int, Field(ge=0)] = 0,
+        max_bytes: Annotated[int, Field(gt=0, le=1 << 20)] = 256 << 10,
+        encoding: Annotated[
+            Literal["utf-8", "base64"], Field(description="utf-8 text (undecodable bytes replaced) or base64.")
+        ] = "utf-8",
+    ) -> CallToolResult:
+        """Read a file on a Hand: its bytes from offset (at most max_bytes), its size, and eof."""
+        end = await tool_call(hand, "read_file", {"path": path, "offset": offset, "limit": max_bytes})
+        if isinstance(end, CallToolResult):
+            return end
+        v = end.value
+        data: bytes = v["data"]
+        content = base64.b64encode(data).decode() if encoding == "base64" else results.text(data)
+        out = {"state": "succeeded", "path": path, "offset": v["offset"], "size": v["size"], "eof": v["eof"]}
+        return result(out | {"next_offset": v["offset"] + len(data), "encoding": encoding, "content": content})
+
+    @server.tool()
+    async def write_file(
+        hand: Hand,
+        path: Annotated[str, Field(description="The file, relative to the Hand's root.")],
+        content: Annotated[str, Field(description="What to write (text, or base64 with encoding=base64).")],
+        encoding: Literal["utf-8", "base64"] = "utf-8",
+        mode: Annotated[
+            Literal["overwrite", "append", "create"], Field(description="create: fail if the file exists.")
+        ] = "overwrite",
+        make_dirs: Annotated[bool, Field(description="Create missing parent directories.")] = False,
+    ) -> CallToolResult:
+        """Write a file on a Hand (never through a symlink). Answers bytes_written."""
+        try:
+            data = base64.b64decode(content, validate=True) if encoding == "base64" else content.encode()
+        except ValueError:
+            return failure("invalid_request", "content is not valid base64")
+        args = {"path": path, "data": data, "mode": mode, "make_dirs": make_dirs}
+        end = await tool_call(hand, "write_file", args)
+        if isinstance(end, CallToolResult):
+            return end
+        return result({"state": "succeeded", "path": path, "bytes_written": end.value["bytes_written"]})
+
+    @server.tool(annotations=read_only)
+    async def list_dir(
+        hand: Hand, path: Annotated[str, Field(description="Directory, relative to the Hand's root.")] = "."
+    ) -> CallToolResult:
+        """List a directory on a Hand: entries with name, type (file, dir, symlink) and size."""
+        end = await tool_call(hand, "list_dir", {"path": path})
+        if isinstance(end, CallToolResult):
+            return end
+        v = end.value
+        return result({"state": "succeeded", "path": path, "entries": v["entries"], "truncated": v["truncated"]})
+
+    tasks.register(server, current, result, failure)

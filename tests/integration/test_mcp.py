@@ -1,0 +1,481 @@
+"""Issue 26: `mind mcp`, driven by the official MCP SDK's own client (a real peer, not ours) over stdio
+and streamable HTTP, against a real Mind (with a resume window) and real Hands.
+
+What an agent relies on: the tools are listed; `exec` answers the exit code and stdout and stderr
+apart; a run longer than `wait_s` comes back still running with its id (not an error, not killed)
+and `run_get` / `read_output` then get its real end; `cancel` kills the tree; a cancel from the
+client is a mindhand cancel; a closed HTTP response stream leaves the run going; a scoped credential
+sees only its Hands; a bearer missing or wrong is 401; bad input is a tool error naming the code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import select
+import signal
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from mind.testing.cluster import Cluster, pid_alive, program, running, wait_until
+
+pytestmark = pytest.mark.slow  # a real Mind, Hands, and `mind mcp` as a subprocess
+
+WINDOW = ("--resume-window", "30")
+CALL_TIMEOUT_S = 30.0
+
+
+@pytest.fixture
+def cl(tmp_path: Path) -> Iterator[Cluster]:
+    with running(tmp_path, "box", mind_args=WINDOW) as c:
+        yield c
+
+
+def stdio_params(cl: Cluster, credential: Path | None = None) -> StdioServerParameters:
+    argv = [*program("mind"), "mcp"]
+    if credential is not None:
+        argv += ["--credential", str(credential)]
+    return StdioServerParameters(command=argv[0], args=argv[1:], env=dict(cl.env))
+
+
+def stdio(cl: Cluster, credential: Path | None = None) -> Client:
+    return Client(stdio_params(cl, credential), read_timeout_seconds=CALL_TIMEOUT_S)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def listening(cl: Cluster, *extra: str, scheme: str = "http") -> Iterator[str]:
+    """`mind mcp --listen` as a subprocess (stopped by PID); yields its URL."""
+    port = free_port()
+    p = subprocess.Popen(
+        [*program("mind"), "mcp", "--listen", f"127.0.0.1:{port}", *extra],
+        env=cl.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+
+        def up() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_until(up, timeout=20, what="mind mcp --listen to listen")
+        yield f"{scheme}://127.0.0.1:{port}/mcp"
+    finally:
+        p.terminate()
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+
+
+@pytest.fixture
+def http(cl: Cluster) -> Iterator[str]:
+    with listening(cl) as url:
+        yield url
+
+
+@asynccontextmanager
+async def http_client(url: str, token: str, verify: Any = True) -> AsyncIterator[Client]:
+    auth = {"Authorization": f"Bearer {token}"}
+    async with httpx2.AsyncClient(headers=auth, timeout=60, verify=verify) as hc:
+        async with Client(streamable_http_client(url, http_client=hc), read_timeout_seconds=CALL_TIMEOUT_S) as c:
+            yield c
+
+
+def token(path: Path) -> str:
+    return next(ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#"))
+
+
+def body(res: Any) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(res.content[0].text)
+    return out
+
+
+async def until(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    """`wait_until` without blocking the loop: the SDK's client writes to `mind mcp` from a task of it
+    (a blocked loop would hold back the very notification the test waits on the effect of)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if cond():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await anyio.sleep(0.05)
+
+
+async def wait_gone(pid_file: Path, timeout: float = 15.0) -> None:
+    pid = int(pid_file.read_text().strip())
+    await until(lambda: not pid_alive(pid), timeout, f"process {pid} to be gone")
+
+
+async def test_stdio_tools_exec_and_bad_input(cl: Cluster) -> None:
+    assert cl.cli("exec", "box", "--", "echo", "from the cli").returncode == 0  # a run this server never followed
+    async with stdio(cl) as c:
+        (other,) = body(await c.call_tool("runs", {"hand": "box"}))["runs"]
+        page = body(await c.call_tool("read_output", {"run": other["run"]}))  # from the Mind's record of its end
+        assert (page["data"], page["offset"], page["eof"]) == ("from the cli\n", 0, True)
+        out = body(await c.call_tool("run_get", {"run": other["run"]}))
+        assert (out["state"], out["stdout"]) == ("succeeded", "from the cli\n")
+
+        names = {t.name for t in (await c.list_tools()).tools}
+        assert {"hands", "exec", "read_file", "write_file", "list_dir", "task_start", "task_get"} <= names
+        assert {"task_logs", "task_cancel", "runs", "run_get", "read_output", "cancel", "write_stdin"} <= names
+
+        hands = body(await c.call_tool("hands", {}))["hands"]
+        assert [(h["name"], h["online"]) for h in hands] == [("box", True)]
+
+        res = await c.call_tool("exec", {"hand": "box", "command": "echo out; echo err >&2; exit 3"})
+        out = body(res)
+        assert res.is_error and out["state"] == "failed" and out["exit_code"] == 3
+        assert (out["stdout"], out["stderr"]) == ("out\n", "err\n")
+
+        res = await c.call_tool("exec", {"hand": "box", "argv": ["printf", "%s", "hi"]})
+        assert not res.is_error and body(res)["stdout"] == "hi" and body(res)["exit_code"] == 0
+        assert res.structured_content is not None and res.structured_content["state"] == "succeeded"
+
+        res = await c.call_tool("exec", {"hand": "nope", "argv": ["true"]})
+        assert res.is_error and body(res)["code"] == "unknown_hand"
+        res = await c.call_tool("exec", {"hand": "box", "argv": ["true"], "wait_s": 3600})  # malformed: a tool error
+        assert res.is_error and "wait_s" in res.content[0].text
+
+        res = await c.call_tool("write_file", {"hand": "box", "path": "notes.txt", "content": "remember\n"})
+        assert not res.is_error and body(res)["bytes_written"] == 9
+        assert (cl.hands["box"].root / "notes.txt").read_bytes() == b"remember\n"
+        res = await c.call_tool("read_file", {"hand": "box", "path": "notes.txt"})
+        assert body(res)["content"] == "remember\n" and body(res)["eof"] is True
+        res = await c.call_tool("list_dir", {"hand": "box"})
+        assert "notes.txt" in [e["name"] for e in body(res)["entries"]]
+
+        res = await c.call_tool("read_file", {"hand": "box", "path": "../../etc/passwd"})
+        assert res.is_error and body(res)["state"] == "rejected" and body(res)["code"]
+        res = await c.call_tool("exec", {"hand": "box", "argv": ["true"], "command": "true"})
+        assert res.is_error and body(res)["code"] == "invalid_request"
+
+
+async def test_stdio_long_output_is_bounded_with_a_paging_marker(cl: Cluster) -> None:
+    async with stdio(cl) as c:
+        res = await c.call_tool("exec", {"hand": "box", "command": "seq 1 20000"})
+        out = body(res)
+        expected = "".join(f"{i}\n" for i in range(1, 20001)).encode()
+        assert out["state"] == "succeeded" and out["stdout_bytes"] == len(expected)
+        assert "read_output(" in out["stdout"] and len(out["stdout"]) < 10_000
+        assert out["stdout"].startswith("1\n2\n") and out["stdout"].endswith("19999\n20000\n")
+        marker = out["stdout"][out["stdout"].index("offset=") + 7 :]
+        offset = int(marker[: marker.index(")")])
+        got = expected[:offset]
+        while True:
+            page = body(await c.call_tool("read_output", {"run": out["run"], "offset": len(got), "max_bytes": 50_000}))
+            got += page["data"].encode()
+            if page["eof"]:
+                break
+        assert got == expected
+
+
+async def test_stdio_run_longer_than_wait_is_still_running_then_its_end(cl: Cluster) -> None:
+    progress: list[str] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(message or "")
+
+    # A client that times a call out at 2.5 s (as most do at 60 s) and a run of 3 s: every call
+    # answers within its timeout, and the run's real end still comes.
+    async with Client(stdio_params(cl), read_timeout_seconds=2.5) as c:
+        args = {"hand": "box", "command": "echo started; sleep 3; echo done; exit 4", "wait_s": 1}
+        res = await c.call_tool("exec", args, progress_callback=on_progress)
+        out = body(res)
+        assert not res.is_error and out["still_running"] is True and out["state"] == "running"
+        run = out["run"]
+        assert any(run in m for m in progress), progress
+        for _ in range(20):
+            res = await c.call_tool("run_get", {"run": run, "wait_s": 1})
+            out = body(res)
+            if not out.get("still_running"):
+                break
+        assert (out["state"], out["exit_code"], out["stdout"]) == ("failed", 4, "started\ndone\n")
+        page = body(await c.call_tool("read_output", {"run": run, "offset": 8}))
+        assert page["data"] == "done\n" and page["eof"] is True
+
+
+async def test_stdio_cancel_tool_kills_the_tree(cl: Cluster) -> None:
+    pid_file = cl.hands["box"].root / "c.pid"
+    async with stdio(cl) as c:
+        res = await c.call_tool("exec", {"hand": "box", "command": "echo $$ > c.pid; sleep 60", "wait_s": 1})
+        run = body(res)["run"]
+        await until(pid_file.exists, 10, "the command to start")
+        res = await c.call_tool("cancel", {"run": run})
+        assert body(res)["state"] == "cancelled"
+        await wait_gone(pid_file)
+
+
+async def test_stdio_client_cancel_is_a_mindhand_cancel(cl: Cluster) -> None:
+    pid_file = cl.hands["box"].root / "p.pid"
+    async with stdio(cl) as c:
+        with anyio.move_on_after(3):  # the SDK sends notifications/cancelled for the abandoned call
+            await c.call_tool("exec", {"hand": "box", "command": "echo $$ > p.pid; sleep 60", "wait_s": 30})
+        await wait_gone(pid_file)
+        runs = body(await c.call_tool("runs", {"hand": "box", "limit": 1}))["runs"]
+        assert runs[0]["state"] in ("cancel_requested", "cancelled")
+        await until(lambda: cl_run_state(cl, runs[0]["run"]) == "cancelled", 10, "the run to end cancelled")
+
+
+def cl_run_state(cl: Cluster, run: str) -> str:
+    r = cl.cli("run", "get", run, "--json", timeout=30)
+    assert r.returncode == 0, r.stderr
+    state: str = json.loads(r.stdout)["state"]
+    return state
+
+
+async def test_stdio_scoped_credential_sees_only_its_hands(cl: Cluster) -> None:
+    cl.start_hand("other")
+    cl.wait_connected("other")
+    scoped = cl.client_credential("agent", "--hands", "box")
+    async with stdio(cl, scoped) as c:
+        assert [h["name"] for h in body(await c.call_tool("hands", {}))["hands"]] == ["box"]
+        res = await c.call_tool("exec", {"hand": "other", "argv": ["true"]})
+        assert res.is_error and body(res)["code"]
+
+
+async def test_http_bearer_scope_and_401(cl: Cluster, http: str) -> None:
+    cl.start_hand("other")
+    cl.wait_connected("other")
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {}}
+    async with httpx2.AsyncClient(timeout=30) as hc:
+        assert (await hc.post(http, json=ping)).status_code == 401
+        wrong = f"mh1:client:tester:{secrets.token_hex(32)}"
+        assert (await hc.post(http, json=ping, headers={"Authorization": f"Bearer {wrong}"})).status_code == 401
+        hand_cred = token(cl.tmp / "box.cred")
+        assert (await hc.post(http, json=ping, headers={"Authorization": f"Bearer {hand_cred}"})).status_code == 401
+    admin = token(cl.client_credential("admin2"))
+    async with http_client(http, admin) as c:
+        assert sorted(h["name"] for h in body(await c.call_tool("hands", {}))["hands"]) == ["box", "other"]
+        res = await c.call_tool("exec", {"hand": "box", "argv": ["sh", "-c", "echo via http; exit 7"]})
+        assert (body(res)["exit_code"], body(res)["stdout"]) == (7, "via http\n")
+    scoped = token(cl.client_credential("agent", "--hands", "box"))
+    async with http_client(http, scoped) as c:
+        assert [h["name"] for h in body(await c.call_tool("hands", {}))["hands"]] == ["box"]
+
+
+async def test_http_closed_stream_leaves_the_run_going(cl: Cluster, http: str) -> None:
+    admin = token(cl.client_credential("admin2"))
+    root = cl.hands["box"].root
+    progress: list[str] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(message or "")
+
+    async with http_client(http, admin) as c:
+        with anyio.move_on_after(2):  # the client gives up: its response stream closes
+            args = {"hand": "box", "command": "echo $$ > h.pid; sleep 3; echo finished"}
+            await c.call_tool("exec", args, progress_callback=on_progress)
+    wait_until((root / "h.pid").exists, timeout=10, what="the command to start")
+    pid = int((root / "h.pid").read_text())
+    assert pid_alive(pid)  # not killed by the closed stream
+    async with http_client(http, admin) as c:
+        runs = body(await c.call_tool("runs", {"hand": "box", "limit": 1}))["runs"]
+        assert progress and progress[0].startswith(f"run {runs[0]['run']} on box")  # the id came first
+        res = await c.call_tool("run_get", {"run": runs[0]["run"], "wait_s": 20})
+        out = body(res)
+        assert (out["state"], out["exit_code"]) == ("succeeded", 0) and out["stdout"].endswith("finished\n")
+
+
+def test_mcp_without_the_extra_says_how_to_install(cl: Cluster, tmp_path: Path) -> None:
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    # the SDK hidden from this one process, as on a machine where the extra was not installed
+    (shadow / "sitecustomize.py").write_text(
+        "import sys\nclass _Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'mcp' or name.startswith('mcp.'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, _Hide())\n"
+    )
+    env = dict(cl.env, PYTHONPATH=str(shadow) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([*program("mind"), "mcp"], env=env, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2, r.stderr
+    assert (
+        r.stderr.decode().strip() == "mind: mind mcp needs the MCP SDK, an optional extra: pip install 'mindhand[mcp]'"
+    )
+
+
+def restart_mind(cl: Cluster) -> None:
+    """SIGTERM the Mind, then start it again on the same port (blocking: run it in a thread)."""
+    assert cl.mind is not None
+    port = cl.port
+    cl.mind.signal(signal.SIGTERM)
+    cl.mind.p.wait(timeout=20)
+    time.sleep(0.5)
+    cl.start_mind(*WINDOW, port=port)
+
+
+async def test_stdio_a_restart_of_the_mind_mid_call_the_call_gets_the_real_end(cl: Cluster) -> None:
+    ticker = "i=1; while [ $i -le 24 ]; do echo line $i; i=$((i+1)); sleep 0.25; done; exit 3"
+    expected = "".join(f"line {i}\n" for i in range(1, 25))
+    got: dict[str, Any] = {}
+    async with stdio(cl) as c:
+
+        async def call() -> None:
+            got["res"] = await c.call_tool("exec", {"hand": "box", "command": ticker, "wait_s": 40})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await anyio.sleep(1.5)
+            await anyio.to_thread.run_sync(restart_mind, cl)
+    out = body(got["res"])
+    assert (out["state"], out["exit_code"], out["stdout"]) == ("failed", 3, expected)
+
+
+async def test_stdio_write_stdin_to_an_interactive_command(cl: Cluster) -> None:
+    async with stdio(cl) as c:
+        args = {"hand": "box", "command": "read a; echo got $a; cat", "stdin_open": True, "wait_s": 0.5}
+        out = body(await c.call_tool("exec", args))
+        assert out["still_running"] is True
+        res = await c.call_tool("write_stdin", {"run": out["run"], "data": "hello\n"})
+        assert not res.is_error and body(res)["bytes"] == 6
+        await c.call_tool("write_stdin", {"run": out["run"], "data": "more", "eof": True})
+        end = body(await c.call_tool("run_get", {"run": out["run"], "wait_s": 20}))
+        assert (end["state"], end["stdout"]) == ("succeeded", "got hello\nmore")
+        res = await c.call_tool("write_stdin", {"run": out["run"], "data": "late"})
+        assert res.is_error and body(res)["code"] == "stdin_closed"
+
+
+async def test_stdio_a_silent_run_still_sends_progress(cl: Cluster) -> None:
+    """At least one notification every 20 s (PROGRESS_EVERY_S, 15) while a call waits on a silent run:
+    clients that reset their timer on progress keep waiting."""
+    seen: list[float] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        seen.append(time.monotonic())
+
+    async with stdio(cl) as c:
+        started = time.monotonic()
+        res = await c.call_tool(
+            "exec", {"hand": "box", "command": "sleep 17; echo awake", "wait_s": 25}, 40, progress_callback=on_progress
+        )
+        assert body(res)["stdout"] == "awake\n"
+    gaps = [b - a for a, b in zip([started, *seen], [*seen, time.monotonic()], strict=True)]
+    assert len(seen) >= 2 and max(gaps) < 20, gaps
+
+
+async def test_stdio_a_run_outlives_the_server_and_the_next_one_gets_its_end(cl: Cluster) -> None:
+    """The agent goes away mid-run (its `mind mcp` ends): the run is detached with --keep, not
+    killed, and `run_get` from the next `mind mcp` of the same credential attaches to it."""
+    async with stdio(cl) as c:
+        out = body(await c.call_tool("exec", {"hand": "box", "command": "sleep 2; echo survived", "wait_s": 0.5}))
+        assert out["still_running"] is True
+    async with stdio(cl) as c:
+        end = body(await c.call_tool("run_get", {"run": out["run"], "wait_s": 20}))
+        assert (end["state"], end["stdout"]) == ("succeeded", "survived\n")
+        res = await c.call_tool("run_get", {"run": "rnosuchrun00000000"})
+        assert res.is_error and body(res)["code"] == "unknown_run"
+
+
+async def test_stdio_sigterm_detaches_runs_still_going(cl: Cluster) -> None:
+    """`mind mcp` stopped with SIGTERM mid-run: it detaches the run (kept --keep seconds) and exits 0;
+    the run is not cancelled, and the next `mind mcp` gets its end (its output waited for a reader)."""
+    p = subprocess.Popen(
+        [*program("mind"), "mcp"],
+        env=cl.env,
+        bufsize=0,  # unbuffered: `select` then sees every line not yet read
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert p.stdin is not None and p.stdout is not None
+
+        def rpc(id_: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+            assert p.stdin is not None and p.stdout is not None
+            p.stdin.write(
+                json.dumps({"jsonrpc": "2.0", "id": id_, "method": method, "params": params}).encode() + b"\n"
+            )
+            p.stdin.flush()
+            while True:
+                ready, _, _ = select.select([p.stdout], [], [], 15)
+                assert ready, f"no answer to {method} within 15 s"
+                msg: dict[str, Any] = json.loads(p.stdout.readline())
+                if msg.get("id") == id_:
+                    return msg
+
+        init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        assert "result" in rpc(1, "initialize", init)
+        p.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        p.stdin.flush()
+        args = {"hand": "box", "command": "sleep 2; echo kept", "wait_s": 0.2}
+        out = json.loads(rpc(2, "tools/call", {"name": "exec", "arguments": args})["result"]["content"][0]["text"])
+        assert out["still_running"] is True
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=15) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+    info = json.loads(cl.cli("run", "get", out["run"], "--json").stdout)
+    assert info["state"] == "running" and info["client_away_since"] is not None
+    async with stdio(cl) as c:
+        end = body(await c.call_tool("run_get", {"run": out["run"], "wait_s": 20}))
+        assert (end["state"], end["stdout"]) == ("succeeded", "kept\n")
+
+
+async def test_stdio_background_task_tools(cl: Cluster) -> None:
+    async with stdio(cl) as c:
+        args = {"hand": "box", "command": "echo building; echo built", "task_id": "build-7"}
+        res = await c.call_tool("task_start", args)
+        assert not res.is_error and body(res)["state"] == "accepted" and body(res)["task_id"] == "build-7"
+        assert body(await c.call_tool("task_start", args))["state"] == "duplicate"  # the same id runs nothing twice
+        deadline = time.monotonic() + 20
+        while (view := body(await c.call_tool("task_get", {"task_id": "build-7"})))["state"] != "succeeded":
+            assert time.monotonic() < deadline, view
+            await anyio.sleep(0.2)
+        assert view["exit_code"] == 0
+        page = body(await c.call_tool("task_logs", {"task_id": "build-7"}))
+        assert (page["data"], page["eof"]) == ("building\nbuilt\n", True)
+
+        await c.call_tool("task_start", {"hand": "box", "argv": ["sleep", "60"], "task_id": "long-7"})
+        res = await c.call_tool("task_cancel", {"task_id": "long-7"})
+        assert not res.is_error and body(res)["cancel"] in ("cancel_requested", "already_done")
+        res = await c.call_tool("task_get", {"task_id": "no-such-task"})
+        assert res.is_error and body(res)["code"] == "unknown_task"
+        res = await c.call_tool("task_start", {"hand": "nope", "argv": ["true"]})
+        assert res.is_error and body(res)["code"]
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> Path:
+    """A CA and a certificate for 127.0.0.1 (scripts/mkcerts)."""
+    out = tmp_path / "certs"
+    mkcerts = Path(__file__).resolve().parents[2] / "scripts" / "mkcerts"
+    subprocess.run([str(mkcerts), str(out)], capture_output=True, check=True, timeout=60)
+    return out
+
+
+async def test_http_over_tls(cl: Cluster, certs: Path) -> None:
+    tls = ("--tls-cert", str(certs / "mind.crt"), "--tls-key", str(certs / "mind.key"))
+    admin = token(cl.client_credential("admin2"))
+    with listening(cl, *tls, scheme="https") as url:
+        async with http_client(url, admin, verify=ssl.create_default_context(cafile=str(certs / "ca.crt"))) as c:
+            res = await c.call_tool("exec", {"hand": "box", "argv": ["echo", "over tls"]})
+            assert body(res)["stdout"] == "over tls\n"
