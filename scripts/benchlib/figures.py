@@ -637,7 +637,9 @@ def lost_once(ctx: Ctx, ping: float, phase: float) -> float:
     cl = ctx.cluster(f"lost-{ping:g}")
     proxy = None
     try:
-        cl.start_mind("--ping-interval", f"{ping:g}")
+        # without continuity: the keepalive's detection ends the run (with a window it marks the
+        # Hand away instead and the run waits: the `resume` figure)
+        cl.start_mind("--ping-interval", f"{ping:g}", "--resume-window", "0")
         proxy = FaultProxy.start(cl.port)
         cl.start_hand("far", "--ping-interval", f"{ping:g}", url=proxy.url)
         cl.wait_connected("far")
@@ -673,7 +675,7 @@ def fig_lost(ctx: Ctx) -> list[Row]:
         rows.append(
             Row(
                 "lost",
-                f"blackhole -> lost s (ping {ping:g} s)",
+                f"blackhole -> lost s (ping {ping:g} s, --resume-window 0)",
                 secs(o),
                 secs(max(xs)),
                 spread(xs, secs),
@@ -685,7 +687,8 @@ def fig_lost(ctx: Ctx) -> list[Row]:
         )
     ctx.note(
         "lost",
-        "Mind and Hand both --ping-interval P (pong timeout 0.75 P, close timeout 0.2 P); a fresh Mind+Hand+fault proxy each "
+        "Mind and Hand both --ping-interval P (pong timeout 0.75 P, close timeout 0.2 P), the Mind with --resume-window 0 "
+        "(with a window the same detection marks the Hand away and the run waits for it: see `resume`); a fresh Mind+Hand+fault proxy each "
         "round; timed from the proxy's blackhole (both ways) to run_end(lost) at a client connected "
         "directly to the Mind; round k of n blackholes at phase (k+0.5)/n of the Mind's ping cycle (from the "
         "Hand's welcome time), so the rounds span the cycle; p99 column = worst round, verdict on the worst"
