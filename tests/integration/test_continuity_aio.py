@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from support.resuminghand import ResumingHand, pattern
 
-from mind.client.aio import ClientError, StillRunning, load_credential
+from mind.client.aio import ClientError, StillRunning
 from mind.testing.cluster import Cluster, running, wait_until
 from protocol.codes import ErrorCode
 from protocol.messages import RunEnd, StreamData
@@ -215,78 +213,6 @@ async def test_a_fleet_start_cut_before_its_answer_is_that_hands_lost_run_not_th
         await until(lambda: mc.connected, 10, "the client to reconnect for what comes next")
         end = await asyncio.wait_for(mc.exec("box", "exec", {"argv": ["echo", "next"]}, stream=False), 20)
     assert end.stdout.data == b"next\n" and mc.reconnects == 1
-
-
-@pytest.fixture
-async def fake(tmp_path):
-    """A Mind with a window, and a Hand that resumes its streams (tests/support/resuminghand.py):
-    the client leg's streams end to end, whatever the real Hand does yet."""
-    with running(tmp_path, None, mind_args=WINDOW) as c:
-        hand = await ResumingHand.connect(c.url, load_credential(c.add_hand("fake")))
-        serving = asyncio.ensure_future(hand.serve())
-        try:
-            await asyncio.to_thread(c.wait_connected, "fake")
-            yield c, hand
-            assert not serving.done(), f"the fake Hand stopped serving: {serving.exception()!r}"
-        finally:
-            serving.cancel()
-            await hand.close()
-
-
-async def test_streamed_output_through_a_reset_and_a_blackhole_arrives_once_in_order(fake):
-    cl, hand = fake
-    fp = cl.start_proxy()
-    size = 3 << 20  # three windows: the faults fall mid-stream
-    got = bytearray()
-
-    def take(ev) -> None:
-        if isinstance(ev, StreamData) and ev.stream == "stdout":
-            got.extend(ev.data)
-
-    async with await cl.client(url=fp.url) as mc:
-        handle = await mc.start("fake", "exec", {"argv": ["pattern"], "size": size})
-        waiting = asyncio.ensure_future(handle.wait(take))
-        await until(lambda: len(got) >= size // 4, 20, "output before the cut")
-        fp.cut("rst")
-        await until(lambda: hand.resumes >= 1, 10, "the re-attachment's resume")
-        await until(lambda: len(got) >= size // 2, 20, "output after the reset")
-        fp.blackhole()
-        await asyncio.sleep(5)
-        fp.resume()
-        end = await asyncio.wait_for(waiting, 30)
-    assert end.state is RunState.SUCCEEDED and end.stdout.sent == size
-    assert bytes(got) == pattern(size)  # 0 lost, 0 duplicated, in order
-    assert hashlib.sha256(got).hexdigest() == end.stdout.sha256
-
-
-async def test_stdin_through_a_resuming_sha256sum_with_a_cut_arrives_once(fake):
-    cl, hand = fake
-    fp = cl.start_proxy()
-    data = os.urandom(4 << 20)  # four windows of stdin: the cut falls mid-stream
-    fed = asyncio.Event()
-
-    async def feed():
-        for i in range(0, len(data), 64 << 10):
-            if i == len(data) // 2:
-                fp.cut("rst")
-                fed.set()
-            yield data[i : i + (64 << 10)]
-
-    out = bytearray()
-    async with await cl.client(url=fp.url) as mc:
-        end = await asyncio.wait_for(
-            mc.exec(
-                "fake",
-                "exec",
-                {"argv": ["sha256sum"]},
-                stdin=feed(),
-                on_event=lambda ev: out.extend(ev.data) if isinstance(ev, StreamData) else None,
-            ),
-            60,
-        )
-        assert mc.reconnects >= 1
-    assert fed.is_set() and end.state is RunState.SUCCEEDED
-    assert bytes(out) == hashlib.sha256(data).hexdigest().encode() + b"  -\n"
 
 
 @pytest.fixture
