@@ -34,6 +34,8 @@ LabelValue = Annotated[str, Strict(), StringConstraints(pattern=limits.LABEL_VAL
 Role = Literal["hand", "client"]
 RESUME_WINDOW_MAX_S = 7 * 24 * 3600.0
 """The longest resume window or `keep` a Mind may announce: past a week the answer is a background task."""
+WallTime = Annotated[float, Field(allow_inf_nan=False)]
+"""A wall-clock time (seconds since the epoch): finite, as the fast path's reader requires too."""
 Window = Annotated[int, Strict(), Field(ge=limits.STREAM_WINDOW_MIN, le=limits.STREAM_WINDOW_MAX)]
 StartOutcome = Literal["accepted", "duplicate", "rejected", "unknown"]
 
@@ -508,7 +510,7 @@ class RunUpdate(Message):
     hand: Label
     state: RunState
     gen: Int | None = None
-    hand_away_since: float | None = None
+    hand_away_since: WallTime | None = None
     """Set while the run's Hand is away (wall-clock time it went): the run waits for it up to the
     Mind's resume window (DESIGN §15). An update with it unset after one with it set: the Hand is back."""
 
@@ -557,7 +559,7 @@ class Attached(Message):
     hand: Label
     state: RunState
     streams: Annotated[list[StreamPosition], Field(max_length=4)] = Field(default_factory=list)
-    hand_away_since: float | None = None
+    hand_away_since: WallTime | None = None
 
 
 class Replaced(Message):
@@ -705,9 +707,9 @@ class RunInfo(Message):
     None here even though the run had one)."""
     fleet: Id | None = None
     """The fleet run it belongs to (`Exec.fleet`), if any."""
-    hand_away_since: float | None = None
+    hand_away_since: WallTime | None = None
     """Wall-clock time the Hand's connection dropped while the run waits for it (DESIGN §15)."""
-    client_away_since: float | None = None
+    client_away_since: WallTime | None = None
     """Wall-clock time the run was left unattended (its client went away or detached)."""
 
 

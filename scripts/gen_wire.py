@@ -125,7 +125,8 @@ class Generator:
             _allow(s, where, {"strict", "ge", "gt", "le", "lt"})
             return f"{self.use('strict_int')}({kwargs(**{k: s.get(k) for k in ('ge', 'gt', 'le', 'lt')})})"
         if t == "float":
-            _allow(s, where, {"strict", "ge", "gt", "le", "lt"})
+            # `number` refuses NaN and infinities always; a model saying so too (allow_inf_nan=False) agrees
+            _allow(s, where, {"strict", "ge", "gt", "le", "lt", "allow_inf_nan"})
             return f"{self.use('number')}({kwargs(**{k: s.get(k) for k in ('ge', 'gt', 'le', 'lt')})})"
         if t == "bool":
             _allow(s, where, {"strict"})
