@@ -126,7 +126,10 @@ VALID = {  # field -> strategy of values the model accepts; `required` as in the
     "stream_resume": ({"run_id": ID, "stream": STREAMS, "offset": NONNEG, "consumed": NONNEG}, {}),
     "attached": (
         {"run_id": ID, "hand": ID.filter(lambda s: len(s) <= 64), "state": values(RunState)},
-        {"streams": st.lists(POSITION, max_size=4), "hand_away_since": st.none() | st.floats(allow_nan=False, allow_infinity=False)},
+        {
+            "streams": st.lists(POSITION, max_size=4),
+            "hand_away_since": st.none() | st.floats(allow_nan=False, allow_infinity=False),
+        },
     ),
     "replaced": ({"run_id": ID}, {}),
     "detached": ({"run_id": ID, "keep_s": st.floats(min_value=0, max_value=604800.0)}, {}),
