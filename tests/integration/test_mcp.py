@@ -330,6 +330,11 @@ def restart_mind(cl: Cluster) -> None:
     cl.start_mind(*WINDOW, port=port)
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="issue 26, open: timed out once in a full CI run (the call got no end within the client's 30 s) "
+    "and passed in the run before; the Python client's re-attach after a Mind restart under load is not understood yet",
+)
 async def test_stdio_a_restart_of_the_mind_mid_call_the_call_gets_the_real_end(cl: Cluster) -> None:
     ticker = "i=1; while [ $i -le 24 ]; do echo line $i; i=$((i+1)); sleep 0.25; done; exit 3"
     expected = "".join(f"line {i}\n" for i in range(1, 25))
