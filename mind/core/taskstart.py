@@ -197,10 +197,18 @@ DONE = Step()
 
 
 class TaskStarts(Generic[W]):
-    """Task starts sent to the Hand and not yet answered, and who waits for each answer."""
+    """Task starts sent to the Hand and not yet answered, and who waits for each answer.
+
+    Each flight has an owner, the `Start` that claimed it. A start that finds the id free (its
+    insert succeeded) while another start's retry of the same id is still in flight takes the id
+    over: that retry rewrites a row that is gone and is bound to fail. The waiters of the flight it
+    displaced stay with their own start (`release` gives them back to it, to decide again), never
+    dropped and never answered with another binding's truth (sim seed 3380, continuity variant)."""
 
     def __init__(self) -> None:
         self._waiting: dict[str, list[W]] = {}
+        self._owner: dict[str, object] = {}
+        self._displaced: dict[object, list[W]] = {}
 
     def in_flight(self, task_id: str) -> bool:
         return task_id in self._waiting
@@ -215,21 +223,32 @@ class TaskStarts(Generic[W]):
     def ended(self, a: StartEnded) -> tuple[Ending[W], Step]:
         """The start run of `a.run_id` reached its terminal: settle the snapshot, then answer every
         waiter. The waiters are taken now; a start of the id that comes later begins afresh."""
+        self._owner.pop(a.run_id, None)
         ending = Ending(a, self._waiting.pop(a.run_id, []))
         return ending, ending.begin()
 
     # used by `Start` only
-    def claim(self, task_id: str, waiter: W) -> None:
+    def claim(self, task_id: str, waiter: W, owner: object) -> None:
+        prev = self._owner.get(task_id)
+        if prev is not None and prev is not owner and task_id in self._waiting:
+            self._displaced.setdefault(prev, []).extend(self._waiting[task_id])
         self._waiting[task_id] = [waiter]
+        self._owner[task_id] = owner
 
-    def keep(self, task_id: str, waiter: W) -> None:
-        self._waiting.setdefault(task_id, [waiter])
+    def keep(self, task_id: str, waiter: W, owner: object) -> None:
+        if task_id not in self._waiting:
+            self.claim(task_id, waiter, owner)
 
     def join(self, task_id: str, waiter: W) -> None:
         self._waiting[task_id].append(waiter)
 
-    def release(self, task_id: str) -> list[W]:
-        return self._waiting.pop(task_id, [])
+    def release(self, task_id: str, owner: object) -> list[W]:
+        """The waiters of `owner`'s flight: the id's current one if it still owns it, else those
+        of its flight that another start displaced."""
+        if self._owner.get(task_id) is owner:
+            del self._owner[task_id]
+            return self._waiting.pop(task_id, [])
+        return self._displaced.pop(owner, [])
 
 
 def start_result(
@@ -323,13 +342,13 @@ class Start(Generic[W]):
             if not facts.connected:  # the Hand went while we waited on the database
                 self.phase = Phase.DONE
                 return Step((DeleteSnapshot(self.task_id),) + self._answer(hand_offline(self.hand)))
-            self.starts.claim(self.task_id, self.waiter)
+            self.starts.claim(self.task_id, self.waiter, self)
             assert self._inserted is not None
             return self._send(self._inserted, facts)
         if phase is Phase.RETRY:
             if value is None:  # the row changed meanwhile (reported, or forgotten): decide again
                 self.phase = Phase.DONE
-                return Step(tuple(Restart(w, self.req) for w in self.starts.release(self.task_id)))
+                return Step(tuple(Restart(w, self.req) for w in self.starts.release(self.task_id, self)))
             logged = Log(
                 AuditEvent.TASK_START_ASKED_AGAIN, {"task_id": self.task_id, "hand": self.hand, "client": self.me}
             )
@@ -339,11 +358,13 @@ class Start(Generic[W]):
 
     def failed(self, error: bool) -> list[Action]:
         """A wait failed (`error`) or was cancelled: a retry's claim is given up, so a later start
-        of the id is not left joining a start nobody sends."""
+        of the id is not left joining a start nobody sends. Starts that joined this one hear
+        `internal_error` (this start's own waiter hears it from the shell that saw the failure)."""
+        joined: list[W] = []
         if self.phase is Phase.RETRY:
-            self.starts.release(self.task_id)
+            joined = [w for w in self.starts.release(self.task_id, self) if w != self.waiter]
         self.phase = Phase.DONE
-        return []
+        return [InternalError(w) for w in joined] if error else []
 
     # --- decisions ---
 
@@ -403,7 +424,7 @@ class Start(Generic[W]):
         if isinstance(verdict, AskHand):
             # Claimed before the write, so two retries cannot both send; later ones join.
             self.phase = Phase.RETRY
-            self.starts.claim(task_id, self.waiter)
+            self.starts.claim(task_id, self.waiter, self)
             return Step(need=RetryStart(verdict.snapshot))
         self.phase = Phase.DONE
         return Step(self._answer(verdict))
@@ -412,10 +433,10 @@ class Start(Generic[W]):
         self.phase = Phase.DONE
         if facts.hand_gen is None:  # gone while the retry was written: whether the task exists is unknown
             message = f"hand {self.hand!r} went away before the start could be sent again; retry when it is connected"
-            waiters = self.starts.release(self.task_id)
+            waiters = self.starts.release(self.task_id, self)
             replies = start_result(self.task_id, self.hand, "unknown", None, message, snap.view(), waiters)
             return Step((FinishStart(self.task_id), *replies))
-        self.starts.keep(self.task_id, self.waiter)
+        self.starts.keep(self.task_id, self.waiter, self)
         req = self.req
         exec_req = Exec(hand=req.hand, tool=req.tool, args=req.args, timeout_ms=START_TIMEOUT_MS)
         background = Background(max_runtime_ms=req.max_runtime_ms)

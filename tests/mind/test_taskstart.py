@@ -254,6 +254,39 @@ def test_a_failed_retry_write_gives_up_its_claim() -> None:
     assert not starts.in_flight("t1")
 
 
+def test_a_failed_retry_write_answers_the_starts_that_joined_it() -> None:
+    starts: TaskStarts[str] = TaskStarts()
+    unanswered = replace(sent(starts, "w0")[1], start_pending=False)
+    starts.ended(ended(RunState.LOST))
+    start, _ = begin(starts, "w1")
+    start.on_result(unanswered, ONLINE)
+    begin(starts, "w2")[0].on_result(unanswered, ONLINE)  # joins the retry
+    assert start.failed(error=True) == [InternalError("w2")]  # w1's own shell answers w1
+
+
+def test_a_fresh_insert_during_a_doomed_retry_takes_the_id_and_the_retry_decides_its_own_again() -> None:
+    """Sim seed 3380 (continuity variant): a retry was claimed on a stale row; reconciliation
+    deleted the row; a new start of the id inserted afresh and was sent. The retry's write then
+    found no row: it decides its own waiters again and leaves the new start's waiter in place, so
+    every start is answered exactly once."""
+    starts: TaskStarts[str] = TaskStarts()
+    unanswered = replace(sent(starts, "w0")[1], start_pending=False)
+    starts.ended(ended(RunState.LOST))
+    retry, _ = begin(starts, "w1")
+    retry.on_result(unanswered, ONLINE)  # claimed, RetryStart asked
+    begin(starts, "w2")[0].on_result(unanswered, ONLINE)  # joins the retry
+    fresh, step = begin(starts, "w3")
+    assert isinstance(step.need, InsertSnapshot)
+    step = fresh.on_result(None, ONLINE)  # the row was gone: inserted
+    assert [(type(a), a.waiter) for a in step.actions] == [(Admit, "w3")]
+    step = retry.on_result(None, ONLINE)  # the retry's row changed
+    assert [(a.waiter, type(a)) for a in step.actions] == [("w1", Restart), ("w2", Restart)]
+    assert starts.in_flight("t1")
+    ending, step = starts.ended(ended(RunState.REJECTED, reject_code=RejectCode.INVALID_REQUEST, reason="no"))
+    assert replies(step) == [("w3", "rejected", RejectCode.INVALID_REQUEST)]
+    assert not starts.in_flight("t1")
+
+
 def test_an_unanswered_start_with_the_hand_away_is_unknown() -> None:
     starts: TaskStarts[str] = TaskStarts()
     unanswered = replace(sent(starts, "w0")[1], start_pending=False)
