@@ -33,6 +33,7 @@ from typing import Any
 import msgpack
 
 from protocol import copy as rules
+from protocol.errors import MindhandError
 
 TAG_HEADER = 0x48  # "H"
 TAG_END = 0x45  # "E"
@@ -46,7 +47,7 @@ TYPES = frozenset({"file", "dir", "symlink", "error"})
 _KEYS = frozenset({"path", "type", "size", "mode", "mtime", "target", "error"})
 
 
-class TreeFrameError(ValueError):
+class TreeFrameError(MindhandError, ValueError):
     """The stream is not a well-formed tree; `message` says what (never a payload)."""
 
     def __init__(self, message: str) -> None:

@@ -12,7 +12,8 @@ file threads (`hand.system.fsuser`) like every other copy:
   complete new one, never a part. Its mode never carries setuid, setgid or sticky (`put_file`'s
   rules: without `preserve` an existing file keeps its mode). Symlinks are made last, each only if
   its target resolves inside the Hand's root on the real tree (as `make_link`). A file larger than
-  `max_upload_bytes` is refused by its header, before a byte of it is written.
+  `max_upload_bytes` is refused by its header, before a byte of it is written (its bytes are read
+  off the stream and dropped; the rest of the tree goes on).
 - Durability: no fsync per file. The tree ends with one `syncfs` of the top's filesystem before the
   run's result is sent (and one when the stream is interrupted, so what was renamed is on disk
   before a re-run compares against it). 5,000 fsyncs cost seconds on a real disk and buy nothing a
@@ -107,7 +108,8 @@ class TreeUpload:
     ) -> None:
         self.root, self.user_path, self.shown = root, user_path, shown
         self.mode, self.mtime, self.preserve = mode, mtime, preserve
-        self.reader = ts.TreeReader(max_file=max_file)
+        self.reader = ts.TreeReader()
+        self.max_file = max_file
         self.top = -1
         self.dirs: _Dirs | None = None
         self.made_dirs: list[tuple[list[str], float | None]] = []
@@ -281,6 +283,12 @@ class TreeUpload:
 
     def _start_file(self, entry: ts.Entry, parts: list[str]) -> None:
         assert self.dirs is not None
+        if self.max_file is not None and entry.size > self.max_file:  # its bytes are read off and dropped
+            self._fail(
+                entry.path, f"not written: {entry.size} bytes, over this hand's max_upload_bytes ({self.max_file})"
+            )
+            self._skip_entry(entry)
+            return
         self.entry, self.skip, self.hash = entry, False, hashlib.sha256()
         try:
             self.parent = self.dirs.get(parts[:-1])

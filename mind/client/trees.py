@@ -37,6 +37,7 @@ from typing import Any
 from mind.client import localfs
 from mind.client.files import (
     ATTEMPTS,
+    RETRYABLE_REJECTS,
     TIMEOUT_S,
     CopyError,
     Reconnect,
@@ -278,6 +279,11 @@ async def _listing(mc: MindClient, hand: str, path: str, checksum: bool) -> dict
     return {e["path"]: e for e in entries if isinstance(e, dict) and isinstance(e.get("path"), str)}
 
 
+def _away(exc: CopyError) -> bool:
+    """A listing refused because the Hand is away (or the Mind stopping): try again after a pause."""
+    return exc.code == ClientCode.REJECTED and any(code.value in exc.message for code in RETRYABLE_REJECTS)
+
+
 # --- up --------------------------------------------------------------------------------------
 
 
@@ -344,7 +350,11 @@ async def upload_tree(
                 end = await handle.wait()
             finally:
                 result.bytes += counter[0]
-        except CopyError:
+        except CopyError as exc:
+            if _away(exc) and attempt < attempts:
+                await _pause(attempt)
+                by_digest = True
+                continue
             raise
         except ClientError as exc:
             if attempt < attempts and await link.recover(exc):
@@ -549,6 +559,11 @@ async def download_tree(
             if not first:
                 try:
                     fresh = await _listing(link.mc, hand, remote, True) or {}
+                except CopyError as exc:
+                    if _away(exc) and attempt < attempts:
+                        await _pause(attempt)
+                        continue
+                    raise
                 except ClientError as exc:
                     if attempt < attempts and await link.recover(exc):
                         await _pause(attempt)
