@@ -120,6 +120,8 @@ class TreeUpload:
         self.files = 0
         self.bytes = 0
         self.consumed = 0
+        self.changed = False
+        """Something was made or renamed (else there is nothing to sync)."""
         # the file being written
         self.entry: ts.Entry | None = None
         self.fd = -1
@@ -133,6 +135,7 @@ class TreeUpload:
     def open(self) -> int:
         with _locate("write", self.root, self.user_path, self.shown, follow_last=False, make_dirs=True) as at:
             try:
+                created = False
                 if at.name == ".":
                     self.top = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=at.parent)
                 else:
@@ -145,6 +148,7 @@ class TreeUpload:
                     kind = describe_kind(existing.st_mode) if existing is not None else "not a directory"
                     raise CopyFailed(f"cannot make {self.shown}: it exists and is {kind} (never followed)") from None
                 raise CopyFailed(f"cannot make {self.shown}: {_why(exc)}") from None
+            self.changed = at.name != "." and created
         self.dirs = _Dirs(self.top)
         return 0
 
@@ -178,7 +182,8 @@ class TreeUpload:
                         self._dir_time(parts, mtime)
                 if self.mtime is not None and self.user_path not in ("", "."):
                     os.utime(self.top, (self.mtime, self.mtime))
-            sync_filesystem(self.top)
+            if self.changed:
+                sync_filesystem(self.top)
         except OSError as exc:
             self.abort()
             raise CopyFailed(f"cannot write {self.shown}: {_why(exc)}") from None
@@ -198,7 +203,7 @@ class TreeUpload:
         """The stream stopped before its end: the file in progress goes (a re-run sends it again,
         whole); what was renamed is synced, so a re-run's comparison sees it as it is."""
         self._drop_part()
-        if self.top >= 0:
+        if self.top >= 0 and self.changed:
             try:
                 sync_filesystem(self.top)
             except OSError:
@@ -260,6 +265,7 @@ class TreeUpload:
             fd, created = tree.make_dir(parent, parts[-1], 0o700)
             try:
                 if created:
+                    self.changed = True
                     os.fchmod(fd, rules.safe_mode(entry.mode if entry.mode is not None else 0o755))
             finally:
                 os.close(fd)
@@ -338,6 +344,7 @@ class TreeUpload:
             return
         self.files += 1
         self.bytes += entry.size
+        self.changed = True
 
     def _make_links(self) -> None:
         if not self.links:
@@ -362,6 +369,7 @@ class TreeUpload:
                             continue
                         os.unlink(parts[-1], dir_fd=parent)
                     os.symlink(entry.target, parts[-1], dir_fd=parent)
+                    self.changed = True
                 except OSError as exc:
                     self._fail(entry.path, f"cannot make it: {_not_dir(exc)}")
         finally:

@@ -328,13 +328,17 @@ async def upload_tree(
     for attempt in range(1, attempts + 1):
         result.attempts = attempt
         try:
-            theirs = await _listing(link.mc, hand, remote, by_digest) or {}
+            listed = await _listing(link.mc, hand, remote, by_digest)
+            theirs = listed or {}
             todo = await asyncio.to_thread(_differ_up, plan.files, theirs, by_digest)
             if first:
                 result.skipped = len(plan.files) - len(todo)
                 first_todo = len(todo)
                 first = False
             last_todo = len(todo)
+            if listed is not None and not todo and _same_shape(plan, theirs, preserve) and not plan.errors:
+                result.duration_s = time.monotonic() - started
+                return result  # nothing to make: no run at all
             counter = [0]
             source = TreeSource(plan, todo, preserve, local_fail)
             handle = await link.mc.start(
@@ -380,6 +384,22 @@ async def upload_tree(
         failed_local[0] = 0
         await _pause(attempt)
     raise CopyError(ClientCode.LOST, "the copy did not complete")  # pragma: no cover
+
+
+def _same_shape(plan: LocalPlan, theirs: dict[str, Any], preserve: bool) -> bool:
+    """Every directory and link of `plan` is already there as it would be made (with `preserve`,
+    a directory's time too)."""
+    for rel, _, mtime in plan.dirs:
+        other = theirs.get(rel)
+        if other is None or other.get("type") != "dir":
+            return False
+        if preserve and not rules.same_file(0, mtime, None, {**other, "type": "file", "size": 0}, False):
+            return False
+    for rel, target in plan.links:
+        other = theirs.get(rel)
+        if other is None or other.get("type") != "symlink" or other.get("target") != target:
+            return False
+    return True
 
 
 def _differ_up(files: list[LocalFile], theirs: dict[str, Any], checksum: bool) -> list[LocalFile]:
@@ -608,7 +628,8 @@ async def download_tree(
                         top.set_mode_time(e["path"].split("/"), e.get("mode"), e.get("mtime"))
                     except localfs.LocalRefused as exc:
                         fail(f"{hand}:{posixpath.join(remote, e['path'])}", exc.message)
-        await asyncio.to_thread(_sync, top.top)
+        if result.sent:  # one flush for the whole tree (nothing written: nothing to flush)
+            await asyncio.to_thread(_sync, top.top)
     result.failed = failed + len(plan.refused)
     result.duration_s = time.monotonic() - started
     return result
