@@ -90,7 +90,7 @@ def add_parsers(sub: Any) -> None:
     cp.add_argument(
         "--resume", action="store_true", help="continue the part file an interrupted `mind cp` of the same file left"
     )
-    options.json_output(cp, "one JSON object per copied file on stdout")
+    options.json_output(cp, "one JSON object per copied file (per tree with -r) on stdout")
     cp.add_argument(
         "operands", nargs="+", metavar="PATH", help="sources, then the destination (HAND:PATH, a local path, or -)"
     )
