@@ -296,7 +296,7 @@ def fig_cptree(ctx: Ctx) -> list[Row]:
         from benchlib.core import med, secs
 
         rows.append(
-            Row("cptree", "s, `tar c | mind exec -- tar x` (reference)", secs(med(tar_up)), "", "", "", "", "", "")
+            Row("cptree", "s, tar c | mind exec bench -- tar x (reference)", secs(med(tar_up)), "", "", "", "", "", "")
         )
     if not have_rsync:
         ctx.note("cptree", "rsync is not installed here: no reference (apt-get install rsync)")
