@@ -240,6 +240,7 @@ class _Run:
                 checksum=self.args.checksum,
                 fail=self.fail,
                 reconnect=self._reconnect,
+                on_progress=self.progress(os.path.basename(local.rstrip("/")) or local, time.monotonic()),
             )
         except CopyError as exc:
             self.fail(f"{local} -> {hand}:{top}", exc)
@@ -261,6 +262,7 @@ class _Run:
                 checksum=self.args.checksum,
                 fail=self.fail,
                 reconnect=self._reconnect,
+                on_progress=self.progress(posixpath.basename(remote.rstrip("/")) or hand, time.monotonic()),
             )
         except CopyError as exc:
             self.fail(f"{hand}:{remote} -> {local}", exc)

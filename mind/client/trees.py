@@ -40,6 +40,7 @@ from mind.client.files import (
     RETRYABLE_REJECTS,
     TIMEOUT_S,
     CopyError,
+    Progress,
     Reconnect,
     _Link,
     _pause,
@@ -253,10 +254,14 @@ class TreeSource:
             self.f = None
 
 
-async def _chunks(source: TreeSource, counter: list[int]) -> AsyncIterator[bytes]:
+async def _chunks(
+    source: TreeSource, counter: list[int], total: int, on_progress: Progress | None
+) -> AsyncIterator[bytes]:
     try:
         while chunk := await asyncio.to_thread(source.read, limits.STREAM_CHUNK_MAX):
             counter[0] += len(chunk)
+            if on_progress is not None:
+                on_progress(min(counter[0], total), total)
             yield chunk
     finally:
         source.close()
@@ -298,6 +303,7 @@ async def upload_tree(
     fail: Fail,
     reconnect: Reconnect | None = None,
     attempts: int = ATTEMPTS,
+    on_progress: Progress | None = None,
 ) -> TreeResult:
     """Copy the local directory `local` to `remote` on `hand` as one run; entries not copied are
     told to `fail` (the copy goes on); raises `CopyError` when the copy as a whole could not run."""
@@ -346,7 +352,7 @@ async def upload_tree(
                 "put_file",
                 top_args,
                 timeout=TIMEOUT_S,
-                stdin=_chunks(source, counter),
+                stdin=_chunks(source, counter, sum(f.size for f in todo), on_progress),
                 stream=True,
                 watch=False,
             )
@@ -534,6 +540,7 @@ async def download_tree(
     fail: Fail,
     reconnect: Reconnect | None = None,
     attempts: int = ATTEMPTS,
+    on_progress: Progress | None = None,
 ) -> TreeResult:
     """Copy the directory `remote` on `hand` to the local `local` (made if missing) as one listing
     and one run (or a few, for a very long list); entries not copied are told to `fail`."""
@@ -591,12 +598,16 @@ async def download_tree(
                     raise CopyError(ClientCode.LOST, f"cannot copy from {hand}: {exc.message}") from None
                 files = [fresh.get(e["path"], e) for e in files]
             todo = await asyncio.to_thread(_differ_down, top, files, by_digest)
+            wanted = set(todo)
+            sizes = sum(int(e.get("size") or 0) for e in files if e["path"] in wanted)
             if first:
                 result.skipped = len(files) - len(todo)
                 first = False
             failures: list[tuple[str, str]] = []
             try:
-                end_ = await _get_batches(link.mc, hand, remote, top, todo, preserve, shown, _collect(failures), result)
+                end_ = await _get_batches(
+                    link.mc, hand, remote, top, todo, preserve, shown, _collect(failures), result, on_progress, sizes
+                )
             except CopyError:
                 raise
             except ClientError as exc:
@@ -694,6 +705,8 @@ async def _get_batches(
     shown: str,
     fail: Fail,
     result: TreeResult,
+    on_progress: Progress | None = None,
+    total: int = 0,
 ) -> RunEnd | None:
     """One `get_file` run per batch of paths; the first end that is not a success, or the last."""
     last: RunEnd | None = None
@@ -713,6 +726,8 @@ async def _get_batches(
             async for ev in handle.events():
                 if isinstance(ev, StreamData) and ev.stream == "stdout" and ev.data:
                     result.bytes += len(ev.data)
+                    if on_progress is not None:
+                        on_progress(min(result.bytes, total), total)
                     await asyncio.to_thread(sink.feed, ev.data)
                 elif isinstance(ev, RunEnd):
                     end = ev
