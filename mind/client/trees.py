@@ -52,6 +52,7 @@ from mind.errors import ClientCode, ClientError
 from protocol import copy as rules
 from protocol import limits
 from protocol import treestream as ts
+from protocol.codes import RejectCode
 from protocol.io import tree
 from protocol.messages import RunEnd, StreamData
 from protocol.states import RunState
@@ -267,15 +268,22 @@ async def _chunks(
         source.close()
 
 
-async def _listing(mc: MindClient, hand: str, path: str, checksum: bool) -> dict[str, Any] | None:
+DENIED = (RejectCode.DENIED_BY_POLICY, RejectCode.DENIED_BY_SCOPE)
+
+
+async def _listing(
+    mc: MindClient, hand: str, path: str, checksum: bool, required: bool = True
+) -> dict[str, Any] | None:
     """`list_tree` of `path` as {relative path: entry}; None when it failed (nothing there, or not
-    a directory: the copy itself will say what)."""
+    a directory: the copy itself will say what). Unless `required`, a listing the Hand's policy or
+    the credential's scope refuses is None too: an upload then sends everything, as it did before
+    it compared (a drop box may allow `put_file` and deny listing)."""
     args: dict[str, Any] = {"path": path}
     if checksum:
         args["sha256"] = True
     end = await mc.exec(hand, "list_tree", args, timeout=TIMEOUT_S)
     if end.state is not RunState.SUCCEEDED:
-        if end.state in (RunState.REJECTED,):
+        if end.state is RunState.REJECTED and (required or end.reject_code not in DENIED):
             raise failure(end)
         return None
     entries = end.value.get("entries") if isinstance(end.value, dict) else None
@@ -334,7 +342,7 @@ async def upload_tree(
     for attempt in range(1, attempts + 1):
         result.attempts = attempt
         try:
-            listed = await _listing(link.mc, hand, remote, by_digest)
+            listed = await _listing(link.mc, hand, remote, by_digest, required=checksum)
             theirs = listed or {}
             todo = await asyncio.to_thread(_differ_up, plan.files, theirs, by_digest)
             if first:

@@ -160,6 +160,12 @@ def test_the_hands_policy_governs_a_tree_as_it_does_each_file(tmp_path):
         r = cl.cli("cp", "-r", str(src), "ro:t")
         assert r.returncode == 125 and b"denied by this hand's policy" in r.stderr, r.stderr
         assert os.listdir(cl.tmp / "root-ro") == []
+    with running(sub(tmp_path, "d"), "drop", "--deny-tools", "list_tree") as cl:  # a drop box: write, never list
+        for _ in range(2):
+            r = cl.cli("cp", "-r", "--json", str(src), "drop:")
+            assert r.returncode == 0 and summary(r.stdout)["sent"] == 5, r.stderr  # no listing: all sent
+        r = cl.cli("cp", "-r", "-c", str(src), "drop:")
+        assert r.returncode == 125 and b"denied by this hand's policy" in r.stderr  # -c needs the digests
     with running(sub(tmp_path, "b"), "wo", "--deny-tools", "get_file") as cl:
         assert cl.cli("cp", "-r", str(src), "wo:t").returncode == 0
         r = cl.cli("cp", "-r", "wo:t", str(tmp_path / "got"))
