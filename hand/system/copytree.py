@@ -51,6 +51,11 @@ DIR_HANDLES = 32
 """Directory handles kept open while a tree is written or read (most recently used)."""
 FAILED_SHOWN = 200
 """Failures named in a result (the count is always exact)."""
+UPLOAD_MAX_ENTRIES = 200_000
+"""Entries of one tree upload: what the Hand keeps per entry until the end (a directory's time, a
+link to make last) stays bounded whatever a client sends."""
+LINKS_MAX_BYTES = 16 << 20
+"""The paths and targets of the links one tree upload defers to its end."""
 _FILE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -108,8 +113,9 @@ class TreeUpload:
     ) -> None:
         self.root, self.user_path, self.shown = root, user_path, shown
         self.mode, self.mtime, self.preserve = mode, mtime, preserve
-        self.reader = ts.TreeReader()
+        self.reader = ts.TreeReader(max_entries=UPLOAD_MAX_ENTRIES)
         self.max_file = max_file
+        self.links_bytes = 0
         self.top = -1
         self.dirs: _Dirs | None = None
         self.made_dirs: list[tuple[list[str], float | None]] = []
@@ -248,7 +254,11 @@ class TreeUpload:
         if entry.type == "dir":
             self._make_dir(entry, parts)
         elif entry.type == "symlink":
-            self.links.append(entry)
+            self.links_bytes += len(entry.path) + len(entry.target or "")
+            if self.links_bytes > LINKS_MAX_BYTES:
+                self._fail(entry.path, f"not made: the tree's links are over {LINKS_MAX_BYTES >> 20} MiB of names")
+            else:
+                self.links.append(entry)
         elif entry.type == "error":
             self._fail(entry.path, entry.error or "the sender could not read it")
         else:

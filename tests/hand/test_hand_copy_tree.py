@@ -190,3 +190,19 @@ def test_list_tree_gives_digests_when_asked(tmp_path):
     [f] = [e for e in entries if e["path"] == "d/f"]
     assert f["sha256"] == hashlib.sha256(b"abc").hexdigest()
     assert "sha256" not in next(e for e in entries if e["path"] == "d")
+
+
+def test_what_an_upload_keeps_until_its_end_is_bounded(tmp_path, monkeypatch):
+    from hand.system import copytree
+
+    monkeypatch.setattr(copytree, "LINKS_MAX_BYTES", 20)
+    monkeypatch.setattr(copytree, "UPLOAD_MAX_ENTRIES", 3)
+    root = tmp_path / "root"
+    root.mkdir()
+    u = up(root)
+    u.write(
+        [ts.header(ts.Entry("a", "symlink", target="b" * 10)) + ts.header(ts.Entry("c", "symlink", target="d" * 10))]
+    )
+    assert [e.path for e in u.links] == ["a"] and "over" in u.failed[0][1]
+    with pytest.raises(copy.CopyFailed, match="more than 3 entries"):
+        u.write([ts.header(ts.Entry("e", "dir")) + ts.header(ts.Entry("f", "dir"))])
