@@ -139,6 +139,58 @@ def check_mtime(mtime: float) -> float:
     return mtime
 
 
+# --- a tree in one run: what is already the same on the other side --------------------------------
+
+TREE_PATHS_MAX = 20_000
+"""Paths one tree download asks for (as many as a `list_tree` answer may list)."""
+TREE_PATHS_BYTES = 512 << 10
+"""The paths of one tree download, summed: a longer list is asked for in several runs, so the
+`get_file` arguments stay well under `ARGS_MAX_BYTES`."""
+MTIME_SLACK = 1e-5
+"""Two modification times within this are the same: a float of seconds since 1970 carries about
+0.25 us, and a time set by `utime` from one and read back may differ by that much."""
+
+
+def same_file(
+    size: int,
+    mtime: float | None,
+    sha256: str | None,
+    other: dict[str, Any] | None,
+    checksum: bool,
+) -> bool:
+    """Whether a file of `size`, `mtime` (and `sha256`, when `checksum`) is already at the other
+    side as `other` describes it (a `list_tree` entry), so a tree copy skips it, as rsync's quick
+    check does: by default the same size and modification time; with `checksum` the same size and
+    sha256 (the other side's digest from `list_tree(sha256=True)`). Anything not a regular file
+    there is never the same."""
+    if other is None or other.get("type") != "file" or other.get("size") != size:
+        return False
+    if checksum:
+        theirs = other.get("sha256")
+        return isinstance(theirs, str) and sha256 is not None and theirs == sha256
+    theirs_t = other.get("mtime")
+    if mtime is None or not isinstance(theirs_t, (int, float)) or isinstance(theirs_t, bool):
+        return False
+    return abs(float(theirs_t) - mtime) <= MTIME_SLACK
+
+
+def batch_paths(paths: list[str]) -> list[list[str]]:
+    """`paths` cut into runs' worth (`TREE_PATHS_MAX`, `TREE_PATHS_BYTES`), order kept."""
+    out: list[list[str]] = []
+    cur: list[str] = []
+    weight = 0
+    for p in paths:
+        w = len(p.encode("utf-8", "surrogatepass")) + 4
+        if cur and (len(cur) >= TREE_PATHS_MAX or weight + w > TREE_PATHS_BYTES):
+            out.append(cur)
+            cur, weight = [], 0
+        cur.append(p)
+        weight += w
+    if cur:
+        out.append(cur)
+    return out
+
+
 # --- a tree copied down: which entries the receiver makes, in which order --------------------------
 
 

@@ -13,6 +13,7 @@ them by it (`ValueError`).
     │   └── BudgetExceeded
     ├── ConfigError (ValueError)       protocol/io/settings.py     a setting the operator must fix
     ├── TLSConfigError (ValueError)    protocol/io/tls.py          a certificate, key, CA or pin unusable
+    ├── TreeFrameError (ValueError)    protocol/treestream.py      a tree's stream (`mind cp -r`) that is not well formed
     ├── ClientError(code, message)     mind/errors.py              a client call could not be made or answered
     │   ├── RunFailed                  mind/client/run.py          a run that did not succeed, for `call`
     │   ├── EmptySelection             mind/client/fleet.py        a fleet selector that matches no Hand

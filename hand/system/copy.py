@@ -389,10 +389,30 @@ def stat_file(root: Path, user_path: str, shown: str, copy_id: str | None) -> di
     }
 
 
-def list_tree(root: Path, user_path: str, shown: str) -> dict[str, Any]:
+def _file_sha256(dir_fd: int, name: str) -> str | None:
+    """The sha256 of the regular file `name` in `dir_fd` (never through a link), None if unreadable."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        h = hashlib.sha256()
+        while chunk := os.read(fd, 1 << 20):
+            h.update(chunk)
+        return h.hexdigest()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def list_tree(root: Path, user_path: str, shown: str, digests: bool = False) -> dict[str, Any]:
     """Every entry under the directory `user_path`, depth first, paths relative to it. Symlinks are
     reported with their target, never followed; special files as `fifo`, `socket` or `device` (the
-    client refuses them by name). More than `TREE_MAX_ENTRIES` is refused: a copy must not miss files."""
+    client refuses them by name). More than `TREE_MAX_ENTRIES` is refused: a copy must not miss files.
+    `digests`: each regular file's `sha256` too (`mind cp --checksum` compares them in one call)."""
     entries: list[dict[str, Any]] = []
     weight = 0
     base = len(user_path.encode("utf-8", "surrogateescape")) + 1
@@ -431,6 +451,8 @@ def list_tree(root: Path, user_path: str, shown: str) -> dict[str, Any]:
                         "size": est.st_size if kind == "file" else 0,
                         "mtime": est.st_mtime,
                     }
+                    if digests and kind == "file":
+                        entry["sha256"] = _file_sha256(fd, name)
                     if shown_name != name:
                         entry["lossy"] = True  # not UTF-8 here: the receiver cannot name it exactly
                     if kind == "symlink":

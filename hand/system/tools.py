@@ -37,7 +37,7 @@ import pydantic
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from hand.core.policy import KNOWN_TOOLS
-from hand.system import copy
+from hand.system import copy, copytree
 from hand.system.fsuser import as_user
 from hand.system.paths import (
     Located,
@@ -143,10 +143,13 @@ CopyId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
 
 class PutFileArgs(_Args):
     """`put_file` (`mind cp` to a Hand): a regular file's bytes come as the run's `stdin` stream
-    from `offset` (a resume point `stat_file` gave); `type` dir/symlink make a tree's other entries."""
+    from `offset` (a resume point `stat_file` gave); `type` dir/symlink make a tree's other entries;
+    `type: "tree"`: a whole tree comes as the stream (`protocol.treestream`), `path` its top, `mode`
+    and `mtime` the top's. A tree is a `put_file` so that the Hand's policy and a credential's
+    scope for `put_file` govern it exactly as they govern its files one by one."""
 
     path: str
-    type: Literal["file", "dir", "symlink"] = "file"
+    type: Literal["file", "dir", "symlink", "tree"] = "file"
     size: int = Field(0, ge=0)
     sha256: Sha256 | None = None
     copy_id: CopyId | None = None
@@ -166,8 +169,12 @@ class PutFileArgs(_Args):
 
 
 class GetFileArgs(_Args):
+    """`paths`: a tree's files below the directory `path`, sent in this order as one stream
+    (`protocol.treestream`); a `get_file` for the same reason a tree upload is a `put_file`."""
+
     path: str
     offset: int = Field(0, ge=0)
+    paths: list[str] | None = Field(None, max_length=copy_rules.TREE_PATHS_MAX)
 
 
 class StatFileArgs(_Args):
@@ -177,6 +184,8 @@ class StatFileArgs(_Args):
 
 class ListTreeArgs(_Args):
     path: str = "."
+    sha256: bool = False
+    """Each file's sha256 too (`mind cp --checksum`: one call hashes the whole tree)."""
 
 
 # --- what prepare() returns ---------------------------------------------------------------------
@@ -218,6 +227,8 @@ class StreamCall:
     executor: Executor | None = None
     guard: Callable[[Callable[[], Any]], Callable[[], Any]] = lambda call: call
     copy_id: str | None = None
+    tree: bool = False
+    """A whole tree in the stream (`hand.system.copytree`)."""
 
 
 Prepared = ProcessSpec | FileCall | StreamCall
@@ -337,11 +348,13 @@ def _never() -> bool:
     return False
 
 
-def _stream_call(kind: Literal["put", "get"], make: Callable[[], Any], sandbox: Sandbox, cid: str | None) -> StreamCall:
+def _stream_call(
+    kind: Literal["put", "get"], make: Callable[[], Any], sandbox: Sandbox, cid: str | None, tree: bool = False
+) -> StreamCall:
     if sandbox.run_as is not None:
         pool = as_user(sandbox.run_as)
-        return StreamCall(kind, make, pool.executor, pool.wrap, cid)
-    return StreamCall(kind, make, copy_id=cid)
+        return StreamCall(kind, make, pool.executor, pool.wrap, cid, tree)
+    return StreamCall(kind, make, copy_id=cid, tree=tree)
 
 
 def _copy_errors(call: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
@@ -365,6 +378,13 @@ def _prepare_put_file(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Pre
             raise Refusal(RejectCode.INVALID_REQUEST, "a symlink needs a target and a path relative to the root")
         target = a.target
         return _file_call(_copy_errors(lambda: copy.make_link(root, a.path, shown, target)), sandbox, _never)
+    if a.type == "tree":
+        cap_tree = sandbox.max_upload_bytes
+
+        def make_tree() -> copytree.TreeUpload:
+            return copytree.TreeUpload(root, a.path, shown, a.mode, a.mtime, a.preserve, cap_tree)
+
+        return _stream_call("put", make_tree, sandbox, None, tree=True)
     if a.sha256 is None or a.copy_id is None:
         raise Refusal(RejectCode.INVALID_REQUEST, "put_file of a file needs size, sha256 and copy_id")
     cap = sandbox.max_upload_bytes
@@ -386,6 +406,14 @@ def _prepare_get_file(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Pre
     a: GetFileArgs = _validate(GetFileArgs, "get_file", args)
     _path(root, a.path)
     shown = show(a.path)
+    if a.paths is not None:
+        bad = next((p for p in a.paths if copy_rules.split_rel(p) is None), None)
+        if bad is not None:
+            raise Refusal(
+                RejectCode.INVALID_REQUEST, f"get_file paths: {show(bad)} is not a plain path inside the tree"
+            )
+        paths = list(a.paths)
+        return _stream_call("get", lambda: copytree.TreeDownload(root, a.path, shown, paths), sandbox, None, tree=True)
     return _stream_call("get", lambda: copy.Download(root, a.path, shown, a.offset), sandbox, None)
 
 
@@ -400,7 +428,7 @@ def _prepare_list_tree(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Pr
     a: ListTreeArgs = _validate(ListTreeArgs, "list_tree", args)
     _path(root, a.path)
     shown = show(a.path)
-    return _file_call(_copy_errors(lambda: copy.list_tree(root, a.path, shown)), sandbox, _never)
+    return _file_call(_copy_errors(lambda: copy.list_tree(root, a.path, shown, a.sha256)), sandbox, _never)
 
 
 _PREPARE: dict[str, Callable[[dict[str, Any], Path, Sandbox], Prepared]] = {

@@ -1,12 +1,14 @@
 """`mind cp`: files to and from Hands with scp's syntax (DESIGN §11 Files; `mind/client/files.py`).
 
-    mind cp [-r] [-p] [--resume] [--json] SRC... DST
+    mind cp [-r] [-p] [-c] [--resume] [--json] SRC... DST
 
 An operand `HAND:PATH` is on a Hand (PATH relative to its root; `HAND:` alone is the root), anything
 else is local (write `./a:b` for a local name with a colon); a remote source's last part may be a
 pattern (`box:logs/*.log`), matched on the Hand. `-` is standard input (as a source) or
 standard output (as the destination). Local to Hand and Hand to local; Hand to Hand goes through
-this machine (downloaded to a temporary file, then uploaded).
+this machine (downloaded to a temporary file, then uploaded). With `-r` a directory travels as one
+run (`mind.client.trees`), skipping files already the same on the other side (size and time, or
+sha256 with `-c`), and says how many it sent and skipped.
 
 Exit codes (with the table in `mind/cli/exits.py`): 0 every file copied and verified; 1 a copy
 failed (no such file, permission denied, disk full on the Hand, digest mismatch, a special file or
@@ -35,10 +37,9 @@ from mind.cli.connection import open_client, with_client
 from mind.cli.exits import EXIT_COPY_FAILED, EXIT_LOST, EXIT_REFUSED, EXIT_USAGE
 from mind.cli.formatting import printable
 from mind.cli.progress import Status, is_terminal
-from mind.client import files, localfs
+from mind.client import files, trees
 from mind.client.files import CopyError, CopyResult
 from mind.errors import ClientCode, Code
-from protocol import copy as rules
 from protocol import limits
 
 EXIT_FAILED = EXIT_COPY_FAILED
@@ -81,9 +82,15 @@ def add_parsers(sub: Any) -> None:
     )
     cp.add_argument("-p", "--preserve", action="store_true", help="keep modes and modification times")
     cp.add_argument(
+        "-c",
+        "--checksum",
+        action="store_true",
+        help="with -r: skip a file only when its sha256 is the same on the other side (default: size and time)",
+    )
+    cp.add_argument(
         "--resume", action="store_true", help="continue the part file an interrupted `mind cp` of the same file left"
     )
-    options.json_output(cp, "one JSON object per copied file on stdout")
+    options.json_output(cp, "one JSON object per copied file (per tree with -r) on stdout")
     cp.add_argument(
         "operands", nargs="+", metavar="PATH", help="sources, then the destination (HAND:PATH, a local path, or -)"
     )
@@ -217,47 +224,64 @@ class _Run:
         return bool(info.get("type") == "dir")
 
     async def put_tree(self, local: str, hand: str, top: str) -> None:
-        """A local directory to `top` on the Hand: directories first (parents before children),
-        files, then symlinks that stay inside the tree (last, so nothing is made through one; the
-        Hand judges each on its real tree too); special files and outside links are refused. What
-        lies below a directory the Hand would not make (a symlink there) is not sent: it would land
-        wherever that link leads."""
+        """A local directory to `top` on the Hand as one run (`mind.client.trees`): one listing of
+        the Hand's side, then every entry that differs in one stream; what is not copied (special
+        files, links leading out, names that are not UTF-8, what the Hand refused) is said, exit 1."""
         if not _utf8(top):
             self.fail(local, NOT_UTF8)
             return
-        if not await self._put_dir(hand, top, local):
+        try:
+            res = await trees.upload_tree(
+                self.mc,
+                hand,
+                local,
+                top,
+                preserve=self.args.preserve,
+                checksum=self.args.checksum,
+                fail=self.fail,
+                reconnect=self._reconnect,
+                on_progress=self.progress(os.path.basename(local.rstrip("/")) or local, time.monotonic()),
+            )
+        except CopyError as exc:
+            self.fail(f"{local} -> {hand}:{top}", exc)
             return
-        dirs: list[tuple[str, str]] = [(local, top)]
-        links: list[tuple[str, str, str]] = []
-        failed: set[str] = set()
-        for kind, src, dst, extra in _plan_tree(local, top):
-            if os.path.dirname(src) in failed:
-                failed.add(src)  # said once, for the directory
-            elif kind == "error":
-                self.fail(src, extra)
-            elif kind == "symlink":
-                links.append((src, dst, extra))
-            elif kind == "dir":
-                if await self._put_dir(hand, dst, src):
-                    dirs.append((src, dst))
-                else:
-                    failed.add(src)
-            else:
-                await self.put(src, hand, dst)
-        for src, dst, target in links:
-            await self.call(src, hand, "put_file", {"path": dst, "type": "symlink", "target": target})
-        if self.args.preserve:  # directory times last: writing into a directory changes its time
-            for src, dst in reversed(dirs):
-                _, mtime = _mode_time(src)
-                await self.call(src, hand, "put_file", {"path": dst, "type": "dir", "mtime": mtime})
+        self.tree_done(res, f"{hand}:{top}")
 
-    async def _put_dir(self, hand: str, dst: str, src: str) -> bool:
-        """A directory of the tree, made with the source's mode; the Hand keeps an existing one's
-        mode, and the root's is not a copy's to ask for."""
-        targs: dict[str, Any] = {"path": dst, "type": "dir", "make_dirs": True}
-        if posixpath.normpath(dst) != ".":
-            targs["mode"], _ = _mode_time(src)
-        return await self.call(src, hand, "put_file", targs) is not None
+    async def get_tree(self, hand: str, remote: str, local: str) -> None:
+        """A Hand's directory to `local` as one listing and one run (`mind.client.trees`), built
+        through directory handles (`mind.client.localfs`): what the Hand lists is ordered and
+        filtered by `protocol.copy.plan_tree`, and the Hand may send only the files asked for, in
+        order. A hostile Hand cannot make this write outside `local` (issue 23, attack 1)."""
+        try:
+            res = await trees.download_tree(
+                self.mc,
+                hand,
+                remote,
+                local,
+                preserve=self.args.preserve,
+                checksum=self.args.checksum,
+                fail=self.fail,
+                reconnect=self._reconnect,
+                on_progress=self.progress(posixpath.basename(remote.rstrip("/")) or hand, time.monotonic()),
+            )
+        except CopyError as exc:
+            self.fail(f"{hand}:{remote} -> {local}", exc)
+            return
+        self.tree_done(res, local)
+
+    def tree_done(self, res: trees.TreeResult, shown: str) -> None:
+        """`N files sent, M skipped (unchanged)` on stderr (stdout is for --json), and the same in
+        the --json line."""
+        self.status.clear()
+        if self.args.json:
+            out = res.summary()
+            out["path"] = shown
+            print(json.dumps(out), flush=True)
+        failed = f", {res.failed} not copied" if res.failed else ""
+        print(
+            f"mind: cp: {printable(shown)}: {res.sent} files sent, {res.skipped} skipped (unchanged){failed}",
+            file=sys.stderr,
+        )
 
     async def call(self, what: str, hand: str, tool: str, targs: dict[str, Any]) -> Any:
         from protocol.states import RunState
@@ -267,69 +291,6 @@ class _Run:
             self.fail(what, files.failure(end))
             return None
         return end.value
-
-    async def get_tree(self, hand: str, remote: str, local: str) -> None:
-        """A Hand's directory to `local`, built through directory handles (`mind.client.localfs`):
-        what the Hand lists is ordered and filtered by `protocol.copy.plan_tree` (a path outside
-        the tree, a name taken twice, an entry whose parent is not a directory of this copy are
-        refused), directories first, files, symlinks last, each judged on the real local tree. A
-        hostile Hand cannot make this write outside `local` (issue 23, attack 1)."""
-        value = await self.call(f"{hand}:{remote}", hand, "list_tree", {"path": remote})
-        if value is None:
-            return
-        entries = value.get("entries") if isinstance(value, dict) else None
-        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-            self.fail(f"{hand}:{remote}", "refused: the Hand's listing is malformed")
-            return
-        plan = rules.plan_tree(entries)
-        for path, why in plan.refused:
-            self.fail(f"{hand}:{posixpath.join(remote, path)}", why)
-        try:
-            top = localfs.LocalTree(local)
-        except localfs.LocalRefused as exc:
-            self.fail(None, exc.message)
-            return
-        with top:
-            made: set[str] = {""}
-            for e in plan.dirs:
-                parts = e["path"].split("/")
-                if "/".join(parts[:-1]) not in made:
-                    continue  # its parent failed (said once)
-                if self._local(f"{hand}:{posixpath.join(remote, e['path'])}", top.make_dir, parts):
-                    made.add(e["path"])
-            for e in plan.files:
-                parts = e["path"].split("/")
-                if "/".join(parts[:-1]) not in made:
-                    continue
-                src = posixpath.join(remote, e["path"])
-                try:
-                    into = top.dir_handle(parts[:-1])
-                except localfs.LocalRefused as exc:
-                    self.fail(f"{hand}:{src}", exc.message)
-                    continue
-                try:
-                    await self.get(hand, src, os.path.join(local, *parts), into=into)
-                finally:
-                    os.close(into)
-            for e in plan.links:
-                parts = e["path"].split("/")
-                if "/".join(parts[:-1]) in made:
-                    target = e.get("target")
-                    self._local(f"{hand}:{posixpath.join(remote, e['path'])}", top.make_link, parts, str(target or ""))
-            if self.args.preserve:  # modes and times last: writing into a directory changes its time
-                for e in reversed(plan.dirs):
-                    if e["path"] in made:
-                        what = f"{hand}:{posixpath.join(remote, e['path'])}"
-                        self._local(what, top.set_mode_time, e["path"].split("/"), e.get("mode"), e.get("mtime"))
-
-    def _local(self, what: str, fn: Callable[..., None], *args: Any) -> bool:
-        """One step of a tree copied down; a refusal is reported (exit 1) and the copy goes on."""
-        try:
-            fn(*args)
-        except localfs.LocalRefused as exc:
-            self.fail(what, exc.message)
-            return False
-        return True
 
 
 # --- local file work (blocking, small: kept out of the coroutines) ---------------------------------
@@ -344,51 +305,6 @@ def _local_kind(path: str) -> str:
     if stat.S_ISDIR(st.st_mode):
         return "dir"
     return "file" if stat.S_ISREG(st.st_mode) else "special"
-
-
-def _mode_time(path: str) -> tuple[int, float]:
-    st = os.stat(path)
-    return st.st_mode & 0o777, st.st_mtime
-
-
-def _plan_tree(local: str, top: str) -> list[tuple[str, str, str, str]]:
-    """The entries of a local tree as (kind, source, destination on the Hand, extra): `dir`,
-    `file`, `symlink` (extra: its target, only inside the tree), or `error` (extra: why not)."""
-    plan: list[tuple[str, str, str, str]] = []
-    for here, subdirs, names in os.walk(local, followlinks=False):
-        rel = os.path.relpath(here, local)
-        rtop = top if rel == "." else posixpath.join(top, rel.replace(os.sep, "/"))
-        every = sorted(subdirs + names)
-        subdirs[:] = [n for n in subdirs if _utf8(n)]  # never walked into: reported below
-        for name in every:
-            src = os.path.join(here, name)
-            dst = posixpath.join(rtop, name)
-            relpath = name if rel == "." else f"{rel}/{name}"
-            if not _utf8(name):
-                plan.append(("error", src, dst, NOT_UTF8))
-                continue
-            try:
-                st = os.lstat(src)
-            except OSError as exc:
-                plan.append(("error", src, dst, exc.strerror or str(exc)))
-                continue
-            if stat.S_ISLNK(st.st_mode):
-                target = os.readlink(src)
-                if not _utf8(target):
-                    plan.append(("error", src, dst, "symlink not copied: its target is not UTF-8"))
-                elif rules.link_stays_inside(relpath, target):
-                    plan.append(("symlink", src, dst, target))
-                else:
-                    plan.append(
-                        ("error", src, dst, f"symlink to {target!r} not copied: it leads outside the copied tree")
-                    )
-            elif stat.S_ISDIR(st.st_mode):
-                plan.append(("dir", src, dst, ""))
-            elif stat.S_ISREG(st.st_mode):
-                plan.append(("file", src, dst, ""))
-            else:
-                plan.append(("error", src, dst, "not copied: it is a special file (FIFO, socket or device)"))
-    return plan
 
 
 NOT_UTF8 = "not copied: its name is not UTF-8 (a Hand's paths travel as UTF-8, and a lossy name would be another)"

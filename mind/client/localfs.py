@@ -174,6 +174,73 @@ class LocalPart:
             self.dir_fd = -1
 
 
+class TreePart:
+    """A file of a tree copied down (`mind.client.trees`): a private part (`O_EXCL | O_NOFOLLOW`,
+    0600, unpredictable name) in the directory handle `dir_fd` (not owned), renamed over `name`
+    only once its size and sha256 match. No fsync per file: the tree ends with one sync."""
+
+    def __init__(self, dir_fd: int, name: str) -> None:
+        self.dir_fd, self.name = dir_fd, name
+        self.part = rules.private_part_name(secrets.token_hex(16), secrets.token_hex(8))
+        self.hash = hashlib.sha256()
+        self.pos = 0
+        try:
+            self.fd = os.open(self.part, _FILE | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)
+        except OSError as exc:
+            raise LocalRefused(f"cannot write {name!r}: {_why(exc)}") from None
+
+    def write(self, data: Any) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self.fd, view)
+            view = view[n:]
+        self.hash.update(data)
+        self.pos += len(data)
+
+    def finish(self, size: int, sha256: str, mode: int, mtime: float | None) -> bool:
+        if self.pos != size or self.hash.hexdigest() != sha256:
+            self.drop()
+            return False
+        os.fchmod(self.fd, rules.safe_mode(mode))
+        if mtime is not None:
+            os.utime(self.fd, (mtime, mtime))
+        os.close(self.fd)
+        self.fd = -1
+        os.replace(self.part, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        self.part = ""
+        return True
+
+    def drop(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        if self.part:
+            try:
+                os.unlink(self.part, dir_fd=self.dir_fd)
+            except OSError:
+                pass
+            self.part = ""
+
+
+def sha256_at(dir_fd: int, name: str) -> str | None:
+    """The sha256 of the regular file `name` in `dir_fd` (never through a link), None if unreadable."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        h = hashlib.sha256()
+        while chunk := os.read(fd, HASH_CHUNK):
+            h.update(chunk)
+        return h.hexdigest()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 class LocalTree:
     """The top of a tree copied down, and the entries made below it through handles. `parts` are a
     path's components below the top, as `protocol.copy.split_rel` gives them."""

@@ -182,3 +182,129 @@ def _resume(ctx: Ctx, src: Path, size: int) -> Row:
         "<= 50 % + 1 window",
         verdict(after <= bound),
     )
+
+
+TREE_FILES = 5000
+TREE_BYTES = 10 << 20
+
+
+def _small_tree(top: Path, files: int = TREE_FILES, total: int = TREE_BYTES) -> Path:
+    """`files` small files of random bytes (`total` in all, sizes 0.5x-1.5x the mean) in 50 directories."""
+    if top.exists():
+        return top
+    rng = __import__("random").Random(25)
+    mean = total // files
+    for i in range(files):
+        d = top / f"d{i % 50:02d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"f{i:05d}.bin").write_bytes(os.urandom(rng.randint(mean // 2, mean * 3 // 2)))
+    return top
+
+
+def _rsync_argv(ssh: object | None, src: str, dst: str) -> list[str]:
+    """rsync -a over our own sshd (as the issue measured it), or local when there is none."""
+    if ssh is None:
+        return ["rsync", "-a", src, dst]
+    shell = " ".join(ssh.argv()[:-1])  # type: ignore[attr-defined]
+    return ["rsync", "-a", "-e", shell, src, f"root@127.0.0.1:{dst}"]
+
+
+def _tree_row(metric: str, ours: list[float], ref: list[float], ref_name: str) -> Row:
+    from benchlib.core import med, ratio, secs, spread
+
+    o = med(ours)
+    fmt = spread(ours, secs)
+    if not ref:
+        return Row("cptree", metric, secs(o), "", fmt, "n/a (no rsync: see notes)", "", "<= 2x rsync", "n/a")
+    r = med(ref)
+    return Row(
+        "cptree", metric, secs(o), "", fmt, f"{secs(r)} ({ref_name})", ratio(o, r), "<= 2x rsync", verdict(o <= 2 * r)
+    )
+
+
+@figure("cptree", "`mind cp -r -p` of 5,000 small files (10 MB) up, down, and again unchanged, against rsync -a")
+def fig_cptree(ctx: Ctx) -> list[Row]:
+    import shutil
+
+    cl = basic(ctx)
+    work = ctx.dir("cptree")
+    src = _small_tree(work / "src")
+    root = cl.tmp / "root-bench"
+    env = dict(cl.env)
+    s = sshd(ctx)
+    ssh = None if isinstance(s, str) else s
+    have_rsync = shutil.which("rsync") is not None
+    up, down, up_again, down_again = [], [], [], []
+    r_up, r_down, r_again, r_down_again, tar_up = [], [], [], [], []
+    for i in range(ctx.rounds):
+        # into a directory both times (scp's rule: `src` lands as `DIR/src`), so "again" is the same tree
+        up_cmd = [MIND, "cp", "-r", "-p", str(src), f"bench:tree-{i}/"]
+        dt, _ = _timed(up_cmd, env)
+        up.append(dt)
+        dt, out = _timed(up_cmd, env)
+        up_again.append(dt)
+        (work / f"down-{i}").mkdir()
+        down_cmd = [MIND, "cp", "-r", "-p", f"bench:tree-{i}/src", str(work / f"down-{i}")]
+        dt, _ = _timed(down_cmd, env)
+        down.append(dt)
+        dt, _ = _timed(down_cmd, env)
+        down_again.append(dt)
+        got = sum(len(fs) for _, _, fs in os.walk(work / f"down-{i}"))
+        if got != TREE_FILES:
+            raise RuntimeError(f"the tree came down with {got} files, not {TREE_FILES}")
+        shutil.rmtree(work / f"down-{i}")
+        shutil.rmtree(root / f"tree-{i}")
+        t0 = time.perf_counter()
+        tar = subprocess.Popen(["tar", "c", "-C", str(work), "src"], stdout=subprocess.PIPE)
+        r = subprocess.run(
+            [MIND, "exec", "--hand", "bench", "--", "sh", "-c", f"mkdir -p tar-{i} && tar x -C tar-{i}"],
+            env=env,
+            stdin=tar.stdout,
+            capture_output=True,
+            timeout=600,
+        )
+        assert tar.stdout is not None
+        tar.stdout.close()
+        tar.wait(60)
+        if r.returncode == 0:
+            tar_up.append(time.perf_counter() - t0)
+        shutil.rmtree(root / f"tar-{i}", ignore_errors=True)
+        if have_rsync:
+            dst = work / f"rsync-{i}"
+            dt, _ = _timed(_rsync_argv(ssh, f"{src}/", str(dst)), ssh.env if ssh else env)
+            r_up.append(dt)
+            dt, _ = _timed(_rsync_argv(ssh, f"{src}/", str(dst)), ssh.env if ssh else env)
+            r_again.append(dt)
+            shutil.rmtree(dst)
+            down_argv = ["rsync", "-a", f"{src}/", str(work / f"rsync-down-{i}")]
+            if ssh is not None:
+                shell = " ".join(ssh.argv()[:-1])
+                down_argv = ["rsync", "-a", "-e", shell, f"root@127.0.0.1:{src}/", str(work / f"rsync-down-{i}")]
+            dt, _ = _timed(down_argv, ssh.env if ssh else env)
+            r_down.append(dt)
+            dt, _ = _timed(down_argv, ssh.env if ssh else env)
+            r_down_again.append(dt)
+            shutil.rmtree(work / f"rsync-down-{i}")
+    name = "rsync -a over ssh" if ssh else "rsync -a, local"
+    rows = [
+        _tree_row(f"s, {TREE_FILES} files up", up, r_up, name),
+        _tree_row(f"s, {TREE_FILES} files down", down, r_down, name),
+        _tree_row("s, the same tree up again (unchanged)", up_again, r_again, name),
+        _tree_row("s, the same tree down again (unchanged)", down_again, r_down_again, name),
+    ]
+    if tar_up:
+        from benchlib.core import med, secs
+
+        rows.append(
+            Row("cptree", "s, tar c | mind exec bench -- tar x (reference)", secs(med(tar_up)), "", "", "", "", "", "")
+        )
+    if not have_rsync:
+        ctx.note("cptree", "rsync is not installed here: no reference (apt-get install rsync)")
+    if ssh is None:
+        ctx.note("cptree", f"rsync ran locally, without ssh ({s}); the issue's reference was over ssh")
+    ctx.note(
+        "cptree",
+        f"load average {open('/proc/loadavg').read().split()[0]} after the figure (2 cores: others' work shows here)",
+    )
+    ctx.note("cptree", "every mind cp verifies a sha256 per file at its receiver and ends with one syncfs")
+    return rows

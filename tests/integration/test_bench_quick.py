@@ -26,6 +26,7 @@ FIGURES = [
     "memory",
     "payloads",
     "cp",
+    "cptree",
     "resume",
     "cuts",
     "unattended",

@@ -19,6 +19,7 @@ from websockets.asyncio.client import connect
 from mind.client.aio import load_credential
 from mind.testing.cluster import running, wait_until
 from protocol import copy as rules
+from protocol import treestream as ts
 from protocol.auth import ClientHandshake
 from protocol.envelope import Channel
 from protocol.messages import Accepted, HandClaims, OutputTail, Result, Rpc, Started, StreamData
@@ -100,9 +101,25 @@ def test_a_directory_meeting_a_dangling_local_link_is_a_clear_error(c, tmp_path)
 CLAIMS = HandClaims(hostname="evil", platform="p", machine="m", python="3", version="0")
 
 
-async def _fake_hand(url: str, cred, entries: list[dict], files: dict[str, bytes], asked: list[tuple[str, dict]]):
+def _tree_stream(files: dict[str, bytes], paths: list[str]) -> bytes:
+    """A tree download's stream (`protocol.treestream`) of `paths`, served from `files`."""
+    out = b""
+    for p in paths:
+        data = files[p]
+        out += ts.header(ts.Entry(p, "file", len(data), 0o644, 1.0)) + data + hashlib.sha256(data).digest()
+    return out + ts.end(len(paths))
+
+
+async def _fake_hand(
+    url: str,
+    cred,
+    entries: list[dict],
+    files: dict[str, bytes],
+    asked: list[tuple[str, dict]],
+    tree_stream=_tree_stream,
+):
     """A Hand that authenticates and then serves `list_tree`, `stat_file` and `get_file` from a
-    crafted listing, as a hostile Hand would."""
+    crafted listing, as a hostile Hand would (`tree_stream`: what it sends for a tree's files)."""
     ws = await connect(url, compression=None, max_size=None)
     ch = Channel()
     hs = ClientHandshake(cred, os.urandom(32), CLAIMS)
@@ -131,7 +148,7 @@ async def _fake_hand(url: str, cred, entries: list[dict], files: dict[str, bytes
                 elif data is not None:
                     value = {"type": "file", "size": len(data), "mode": 0o644, "mtime": 1.0, "part": None}
             elif msg.tool == "get_file":
-                data = files[path]
+                data = tree_stream(files, msg.args["paths"]) if "paths" in msg.args else files[path]
                 digest = hashlib.sha256(data).hexdigest()
                 await ws.send(ch.stamp(StreamData(run_id=rid, stream="stdout", offset=0, data=data)))
                 await ws.send(ch.stamp(StreamData(run_id=rid, stream="stdout", offset=len(data), eof=True)))
@@ -177,7 +194,61 @@ async def test_attack_1_a_hostile_hand_listing_a_link_then_a_file_through_it_wri
     assert "esc" in err and "leads outside the copied tree" in err, err
     assert os.listdir(victim) == []
     assert (work / "proj" / "ok").read_bytes() == b"ok" and not os.path.lexists(work / "proj" / "esc")
-    assert ("get_file", {"path": "tree/esc/x", "offset": 0}) not in asked  # never even asked for
+    got = [a for tool, a in asked if tool == "get_file"]
+    assert got == [{"path": "tree", "paths": ["ok"]}]  # esc/x never even asked for
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        pytest.param(["esc/x"], id="a-path-not-asked-for"),
+        pytest.param(["../victim/x"], id="dotdot"),
+        pytest.param(["ABSOLUTE"], id="absolute"),
+        pytest.param(["ok", "ok"], id="the-same-path-twice"),
+    ],
+)
+async def test_attack_1_a_hostile_hand_sending_other_paths_in_the_tree_stream_writes_nothing_outside(tmp_path, sent):
+    """A tree download's stream may carry only the files asked for, in their order: a Hand that
+    sends another path (one it listed under a link, `..`, an absolute one, one twice) ends the copy
+    with a clear refusal; nothing is written outside, and no part file is left."""
+    entries = [
+        {"path": "esc", "type": "symlink", "target": "../victim", "mode": 0o777, "size": 0, "mtime": 1.0},
+        {"path": "ok", "type": "file", "mode": 0o644, "size": 2, "mtime": 1.0},
+    ]
+    absolute = str(tmp_path / "victim" / "abs")  # inside `victim`, which must stay empty
+    sent = [absolute if p == "ABSOLUTE" else p for p in sent]
+    files = {"ok": b"ok", "esc/x": b"owned", "../victim/x": b"owned", absolute: b"owned"}
+
+    def hostile(files: dict[str, bytes], paths: list[str]) -> bytes:
+        out = b""
+        for p in sent:
+            data = files[p]
+            out += ts.PREFIX.pack(ts.TAG_HEADER, 0)[:1]  # the real header below, built by hand
+            body = __import__("msgpack").packb({"path": p, "type": "file", "size": len(data)})
+            out = out[:-1] + ts.PREFIX.pack(ts.TAG_HEADER, len(body)) + body + data + hashlib.sha256(data).digest()
+        return out + ts.end(len(sent))
+
+    asked: list[tuple[str, dict]] = []
+    with running(tmp_path, None) as cl:
+        cred = load_credential(cl.add_hand("evil"))
+        ws, server = await _fake_hand(cl.url, cred, entries, files, asked, hostile)
+        try:
+            await asyncio.to_thread(cl.wait_connected, "evil")
+            work = tmp_path / "work"
+            work.mkdir()
+            victim = tmp_path / "victim"
+            victim.mkdir()
+            r = await asyncio.to_thread(cl.cli, "cp", "-r", "evil:tree", str(work / "proj"))
+        finally:
+            server.cancel()
+            await ws.close()
+    assert r.returncode == 1, r.stderr
+    assert b"refused" in r.stderr and b"Traceback" not in r.stderr, r.stderr
+    assert os.listdir(victim) == []
+    proj = work / "proj"
+    assert not os.path.lexists(proj / "esc") and parts(proj) == []
+    if sent == ["ok", "ok"]:
+        assert (proj / "ok").read_bytes() == b"ok"  # the first, asked for, arrived verified
 
 
 # --- attack 2: a put_file-only client makes a door out of the root --------------------------------

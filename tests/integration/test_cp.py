@@ -438,6 +438,20 @@ def test_copies_act_as_the_run_user(tmp_path, user):
             r = cl.cli("cp", str(tmp_path / "f"), "box:mine")
             assert r.returncode == 0, r.stderr
             assert (root / "mine").stat().st_uid == user.uid and (root / "mine").read_bytes() == b"payload"
+            tree = tmp_path / "tree"  # a tree in one run: the same user, the same refusals
+            (tree / "d").mkdir(parents=True)
+            (tree / "d" / "g").write_bytes(b"in a tree")
+            r = cl.cli("cp", "-r", str(tree), "box:locked/t")
+            assert r.returncode != 0 and b"Permission denied" in r.stderr and os.listdir(root / "locked") == []
+            r = cl.cli("cp", "-r", str(tree), "box:t")
+            assert r.returncode == 0, r.stderr
+            assert (root / "t" / "d" / "g").stat().st_uid == user.uid
+            (root / "t" / "d" / "h").write_bytes(b"root's")
+            os.chmod(root / "t" / "d" / "h", 0o600)
+            r = cl.cli("cp", "-r", "box:t", str(tmp_path / "back"))
+            assert r.returncode == 1 and b"Permission denied" in r.stderr
+            assert (tmp_path / "back" / "d" / "g").read_bytes() == b"in a tree"
+            assert not (tmp_path / "back" / "d" / "h").exists()
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
