@@ -45,7 +45,7 @@ def main() -> int:
     ap.add_argument(
         "--install-ssh",
         action="store_true",
-        help="full mode only: apt-get install openssh-server if there is no sshd (for the ssh references)",
+        help="full mode only: apt-get install openssh-server and rsync if missing (the ssh, scp and rsync references)",
     )
     ap.add_argument(
         "--hands",

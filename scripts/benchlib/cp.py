@@ -299,7 +299,7 @@ def fig_cptree(ctx: Ctx) -> list[Row]:
             Row("cptree", "s, tar c | mind exec bench -- tar x (reference)", secs(med(tar_up)), "", "", "", "", "", "")
         )
     if not have_rsync:
-        ctx.note("cptree", "rsync is not installed here: no reference (apt-get install rsync)")
+        ctx.note("cptree", "rsync is not installed here: no reference (full mode with --install-ssh installs it)")
     if ssh is None:
         ctx.note("cptree", f"rsync ran locally, without ssh ({s}); the issue's reference was over ssh")
     ctx.note(

@@ -26,13 +26,14 @@ class SshUnavailable(Exception):
 
 
 def ensure_installed(allow_install: bool, quick: bool = False) -> None:
-    if SSHD.exists() and shutil.which("ssh") and shutil.which("ssh-keygen"):
+    """sshd and ssh for the ssh/scp references, and rsync for the tree reference (`cptree`)."""
+    if SSHD.exists() and shutil.which("ssh") and shutil.which("ssh-keygen") and shutil.which("rsync"):
         return
     if not allow_install:
         how = "not installed in --quick mode" if quick else "pass --install-ssh to apt-get install openssh-server"
         raise SshUnavailable(f"no {SSHD} ({how})")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "openssh-server", "openssh-client"]
+    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "openssh-server", "openssh-client", "rsync"]
     r = subprocess.run(cmd, env=env, capture_output=True, timeout=600)
     if r.returncode != 0:
         subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=600)
