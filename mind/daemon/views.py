@@ -7,6 +7,7 @@ and bytes, cursors that never repeat an item), and shows only what the client's 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
@@ -33,6 +34,8 @@ from protocol.messages import (
 from protocol.states import RUN_TERMINAL, RunState
 
 STATUS_LIST_MAX = 50
+MATCH_ON_LOOP_MAX = 500
+"""Hand rows a selector is matched against on the loop; more go to a thread (issue 23)."""
 STATUS_FAILURES = 10
 STATUS_LIST_BYTES = 256 << 10
 """Each list of `status` is cut at these (count, bytes), so the reply stays one bounded frame."""
@@ -73,10 +76,12 @@ class Views:
         after, scope = msg.after, peer.scope
         needs_labels = sel.needs_labels
 
+        rows = await m.creds(m.store.list, "hand")
+
         def candidates() -> list[tuple[str, int, dict[str, str]]]:
-            """On the credential thread, off the loop: the rows read and matched (issue 23)."""
+            """Off the loop: the rows matched (issue 23: thousands of Hands' labels)."""
             out = []
-            for row in m.store.list("hand"):
+            for row in rows:
                 if row.revoked_at is not None or (after is not None and row.label <= after):
                     continue
                 if not scope.allows_hand(row.label):
@@ -86,7 +91,7 @@ class Views:
                     out.append((row.label, row.generation, labels or row.label_map()))
             return out
 
-        found = await m.creds(candidates)
+        found = await asyncio.to_thread(candidates) if len(rows) > MATCH_ON_LOOP_MAX else candidates()
 
         def matching() -> Iterator[SelectedHand]:
             for name, generation, labels in found:
