@@ -45,6 +45,7 @@ from mind.store.engines import open_stores
 from protocol import limits
 from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, ErrorCode
+from protocol.errors import MindhandError
 from protocol.ids import new_id
 from protocol.io.loop import probe_lag
 from protocol.io.tls import fingerprint, server_context
@@ -104,7 +105,7 @@ def raise_open_files_limit(want: int = 65536) -> int:
     return want if soft == resource.RLIM_INFINITY else soft
 
 
-class CannotOpen(Exception):
+class CannotOpen(MindhandError):
     """The Mind's state could not be opened: the sentence for the operator and the exit code."""
 
     def __init__(self, message: str, code: int) -> None:
@@ -407,6 +408,7 @@ class Mind:
         """Deadlines, credential changes and gauges. A failing tick is logged and the next one comes:
         the ticker is on the server's task group, where an exception would stop `mind serve`."""
         last_epoch_check = last_gauges = last_trim = 0.0
+        store_away = False
         while True:
             await asyncio.sleep(self.cfg.tick_interval)
             now = time.monotonic()
@@ -423,8 +425,16 @@ class Mind:
                     self.metrics.runs_active.set(len(self.registry.active()))
                     self.metrics.runs_retained.set(len(self.registry))
                     self.metrics.snapshots_stale.set(await self.db(self.snapshots.count_stale))
+            except StoreUnavailable as exc:  # once per outage, not a traceback every tick
+                if not store_away:
+                    store_away = True
+                    log.error("store_unavailable", error=str(exc))
+                continue
             except Exception:
                 log.exception("tick_failed")
+            if store_away:
+                store_away = False
+                log.info("store_available")
 
     async def _check_credentials(self) -> None:
         """Close, at once, every connection whose credential was revoked or rotated (by `mind hand

@@ -34,6 +34,13 @@ class StoreUnavailable(MindhandError):
     """The shared database did not answer in time or is gone: the message says which and where."""
 
 
+STORE_UNAVAILABLE_MESSAGE = (
+    "this Mind cannot reach its database right now; nothing was started: try again (or another Mind node)"
+)
+"""What a peer is told when its handshake or request needed the database and it was away (the
+operator's log has the database's own words)."""
+
+
 class SchemaTooNew(MindhandError):
     """The database was migrated by a newer Mind than this one: refused at start, never written."""
 
