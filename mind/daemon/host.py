@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from mind.core.registry import Action, RunRegistry
     from mind.daemon.metrics import MindMetrics
     from mind.daemon.peer import Peer
-    from mind.store.api import Credentials, Snapshots
+    from mind.store.api import Credentials, History, Snapshots
     from protocol.messages import Message
 
 try:
@@ -71,6 +71,8 @@ class Host(Protocol):
     registry: RunRegistry
     snapshots: Snapshots
     store: Credentials
+    history: History | None
+    """Finished runs' metadata in the shared database (PostgreSQL), None on SQLite."""
     metrics: MindMetrics
     epoch: int
     """The credential table's epoch the last sweep saw (`Mind.check_credentials`)."""

@@ -39,7 +39,7 @@ from mind.daemon.metrics import MindMetrics
 from mind.daemon.peer import CLOSE_REVOKED, Peer, close_quietly
 from mind.daemon.taskservice import TaskService
 from mind.daemon.views import Views
-from mind.store.api import Credentials, Endings, SchemaTooNew, Snapshots, Stores, StoreUnavailable
+from mind.store.api import Credentials, Endings, History, SchemaTooNew, Snapshots, Stores, StoreUnavailable
 from mind.store.endings import Ending
 from mind.store.engines import open_stores
 from protocol import limits
@@ -49,7 +49,7 @@ from protocol.errors import MindhandError
 from protocol.ids import new_id
 from protocol.io.loop import probe_lag
 from protocol.io.tls import fingerprint, server_context
-from protocol.messages import Error, Message, build_all
+from protocol.messages import Error, Message, RunInfo, build_all
 
 __all__ = [
     "CannotOpen",
@@ -113,6 +113,8 @@ class CannotOpen(MindhandError):
         self.code = code
 
 
+HISTORY_FLUSH_S = 0.2
+HISTORY_QUEUE_MAX = 100_000
 EXIT_STATE = 1
 """`mind serve` could not open its home or reach its database."""
 EXIT_SCHEMA_TOO_NEW = 3
@@ -170,6 +172,9 @@ class Mind:
         self.registry = RunRegistry(
             retain_finished=cfg.retain_runs, resume_window=cfg.resume_window, keep_max=cfg.keep_max
         )
+        self.history: History | None = None
+        """Finished runs' metadata in the shared database (PostgreSQL); None: this Mind's memory only."""
+        self._history_queue: list[tuple[str, RunInfo]] = []
         self._deferred: collections.deque[Action] | None = None
         """Actions waiting behind an ending being written to a database over the network (`perform`)."""
         self.hands: dict[str, Peer] = {}
@@ -200,6 +205,7 @@ class Mind:
         try:
             self.stores = stores = await open_stores(self.cfg.home, self.cfg.database)
             self.store, self.snapshots, self.endings = stores.credentials, stores.snapshots, stores.endings
+            self.history = stores.history
             self.mind_id = await self.store.mind_id()
             await self._restore_endings()
         except SchemaTooNew as exc:
@@ -364,6 +370,7 @@ class Mind:
                 if on_ready:
                     on_ready(self.url)
                 ticker = tg.create_task(self._ticker())
+                history = tg.create_task(self._write_history()) if self.history is not None else None
                 lag_probe = tg.create_task(self._lag_probe())
                 await self._stop.wait()
                 if self.cfg.resume_window > 0:
@@ -376,6 +383,8 @@ class Mind:
                 await self._flush_all(timeout=2.0)
                 ticker.cancel()
                 lag_probe.cancel()
+                if history is not None:
+                    history.cancel()
                 server.close(close_connections=True)
                 await server.wait_closed()
 
@@ -435,6 +444,26 @@ class Mind:
             if store_away:
                 store_away = False
                 log.info("store_available")
+
+    async def _write_history(self) -> None:
+        """Finished runs' metadata to the shared database, in batches (one round trip every
+        `HISTORY_FLUSH_S` at most, whatever the rate of runs). A database away keeps the batch for
+        the next try, up to `HISTORY_QUEUE_MAX` runs; past it the oldest are dropped and counted:
+        the history of a run is worth less than the Mind's memory."""
+        assert self.history is not None
+        while True:
+            await asyncio.sleep(HISTORY_FLUSH_S)
+            if not self._history_queue:
+                continue
+            batch, self._history_queue = self._history_queue, []
+            try:
+                await self.history.put_many(batch)
+            except (StoreUnavailable, Exception) as exc:  # kept for the next try, bounded
+                self._history_queue = batch + self._history_queue
+                over = len(self._history_queue) - HISTORY_QUEUE_MAX
+                if over > 0:
+                    del self._history_queue[:over]
+                    log.warning("run_history_dropped", count=over, error=str(exc))
 
     async def _check_credentials(self) -> None:
         """Close, at once, every connection whose credential was revoked or rotated (by `mind hand
@@ -517,6 +546,8 @@ class Mind:
             getattr(log, LOG_LEVELS.get(a.event, "info"))(a.event, **a.fields)
             if a.event == AuditEvent.RUN_TERMINAL:
                 f = a.fields
+                if self.history is not None and (run := self.registry.get(f["run_id"])) is not None:
+                    self._history_queue.append((run.owner, run.info()))
                 self.metrics.runs.labels(f["state"]).inc()
                 self.metrics.run_seconds.observe(f["duration_ms"] / 1000)
                 if f["progress_dropped"]:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 from mind.core import selector
+from mind.core.admission import touch_denial
 from mind.core.paging import page
 from mind.core.runs import Run
 from mind.daemon.host import VERSION, Host
@@ -62,6 +63,23 @@ class Views:
         taken, more = page(runs, msg.limit, lambda item: payload_size(item[1]))
         cursor = str(taken[-1][0].seq) if more and taken else None
         peer.outbox.put(RunList(runs=[info for _, info in taken], next_after=cursor), id_)
+
+    async def run_from_history(self, peer: Peer, id_: str, run_id: str) -> None:
+        """`run get` of a run this node does not hold: the shared database's history (DESIGN §16),
+        under the same scope rule as a run held here (its Hand and its owner)."""
+        m = self.mind
+        assert m.history is not None
+        found = await m.history.get(run_id)
+        if found is None:
+            peer.outbox.put(Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {run_id}"), id_)
+            return
+        owner, info = found
+        denial = touch_denial(peer.scope, peer.ident.label, info.hand, owner, f"read run {run_id}", run_id=run_id)
+        if denial is not None:
+            why = m.deny(peer, denial.what, **denial.fields)
+            peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+            return
+        peer.outbox.put(info, id_)
 
     async def select_hands(self, peer: Peer, id_: str, msg: SelectHands) -> None:
         """A fleet selector resolved here, over the credential table (names and the operator's

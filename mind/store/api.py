@@ -22,7 +22,7 @@ from mind.store.credentials import CredentialRow
 from mind.store.endings import Ending
 from protocol.auth import Credential
 from protocol.errors import MindhandError
-from protocol.messages import TaskInfo
+from protocol.messages import RunInfo, TaskInfo
 from protocol.states import TaskState
 
 Calls = list[tuple[str, tuple[Any, ...], str | None]]
@@ -125,6 +125,13 @@ class Endings(Protocol):
     async def close(self) -> None: ...
 
 
+class History(Protocol):
+    """Finished runs' metadata shared by the nodes of a database (none on SQLite: one Mind's memory)."""
+
+    async def put_many(self, runs: list[tuple[str, RunInfo]]) -> None: ...
+    async def get(self, run_id: str) -> tuple[str, RunInfo] | None: ...
+
+
 class Stores(Protocol):
     """One engine's three stores, opened together (`mind.store.engines.open_stores`)."""
 
@@ -137,5 +144,7 @@ class Stores(Protocol):
     def snapshots(self) -> Snapshots: ...
     @property
     def endings(self) -> Endings: ...
+    @property
+    def history(self) -> History | None: ...
 
     async def close(self) -> None: ...

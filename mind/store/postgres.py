@@ -37,7 +37,7 @@ from mind.store.endings import MAX_ROWS, PRUNE_EVERY, TAIL_KEPT, Ending
 from mind.store.snapshots import COLS, NON_TERMINAL, _row, _values
 from protocol import limits
 from protocol.auth import Credential
-from protocol.messages import RunEnd, TaskInfo
+from protocol.messages import RunEnd, RunInfo, TaskInfo
 from protocol.states import TaskState
 
 T = TypeVar("T")
@@ -93,6 +93,14 @@ MIGRATIONS: tuple[str, ...] = (
         run_end BYTEA NOT NULL
     );
     CREATE INDEX run_endings_age ON run_endings (ended_at);
+    CREATE TABLE run_history (
+        run_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        hand TEXT NOT NULL,
+        ended_at DOUBLE PRECISION NOT NULL,
+        info BYTEA NOT NULL
+    );
+    CREATE INDEX run_history_age ON run_history (ended_at);
     CREATE TABLE nodes (
         name TEXT PRIMARY KEY,
         running BOOLEAN NOT NULL,
@@ -716,6 +724,58 @@ class PgEndings:
         pass
 
 
+HISTORY_KEEP_S = 7 * 24 * 3600.0
+"""Finished runs' metadata kept in the shared database (`mind run get` through any node)."""
+
+
+class PgHistory:
+    """Finished runs' metadata (`RunInfo`: states, times, exit codes, digests, output tails; never a
+    value), shared so `mind run get` answers through any node, and kept past one node's memory."""
+
+    def __init__(self, db: _Db) -> None:
+        self._db = db
+        self._writes = 0
+
+    async def put_many(self, runs: list[tuple[str, RunInfo]]) -> None:
+        """`(owner, info)` of runs that ended, in one statement (one round trip per batch)."""
+        rows = [
+            (
+                info.run_id,
+                owner,
+                info.hand,
+                info.ended_at or 0.0,
+                msgpack.packb(info.model_dump(mode="python"), use_bin_type=True),
+            )
+            for owner, info in runs
+        ]
+
+        async def run(con: asyncpg.Connection) -> None:
+            await con.executemany(
+                "INSERT INTO run_history (run_id, owner, hand, ended_at, info) VALUES ($1, $2, $3, $4, $5) "
+                "ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, hand = EXCLUDED.hand, "
+                "ended_at = EXCLUDED.ended_at, info = EXCLUDED.info",
+                rows,
+            )
+            self._writes += len(rows)
+            if self._writes >= PRUNE_EVERY:
+                self._writes = 0
+                await con.execute("DELETE FROM run_history WHERE ended_at < $1", time.time() - HISTORY_KEEP_S)
+
+        await self._db.run(run)
+
+    async def get(self, run_id: str) -> tuple[str, RunInfo] | None:
+        """`(owner, info)` of a finished run, None if the database holds no such run (or it does not decode)."""
+        row = await self._db.run(
+            lambda con: con.fetchrow("SELECT owner, info FROM run_history WHERE run_id = $1", run_id)
+        )
+        if row is None:
+            return None
+        try:
+            return row[0], RunInfo.model_validate(msgpack.unpackb(row[1], raw=False))
+        except Exception:
+            return None
+
+
 class PostgresStores:
     engine = "postgresql"
 
@@ -725,6 +785,7 @@ class PostgresStores:
         self.credentials = PgCredentials(db)
         self.snapshots = PgSnapshots(db)
         self.endings = PgEndings(db, node)
+        self.history: PgHistory | None = PgHistory(db)
 
     async def close(self) -> None:
         await self._db.close()

@@ -201,6 +201,8 @@ class SqliteStores:
         self.credentials = SqliteCredentials(db)
         self.snapshots = SqliteSnapshots(db)
         self.endings = SqliteEndings(endings)
+        self.history = None
+        """One SQLite Mind keeps its run history in memory (`mind serve --retain-runs`), as before."""
 
     async def close(self) -> None:
         await self.credentials.close()

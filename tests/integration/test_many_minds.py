@@ -4,7 +4,7 @@ the suite's own (tests/support/postgres.py), real Hands and CLIs.
 What a user relies on: a credential added through one node's admin commands works on the other; a
 Hand given both URLs connects to one, and when that node is killed (-9) it reconnects to the other
 and commands run there; a revoked credential is refused on every node (125, as today); a task
-started through one node is read through the other; a schema newer than the binary is refused with
+started through one node is read through the other, and so is a run (`mind run get`); a schema newer than the binary is refused with
 a clear error and its own exit code; with PostgreSQL stopped new starts are refused with a clear
 error (never accepted and forgotten) and all is back when it returns.
 """
@@ -89,6 +89,11 @@ def test_two_nodes_share_credentials_tasks_and_a_hand_that_moves_when_its_node_d
     # Revoked through one node's admin commands: refused on every node, a live connection closed.
     assert first.mind is not None
     first.start_mind(port=first.port)  # the killed node back, on the shared database
+    # The run that ran on the other node is read through this one (the shared run history).
+    runs = json.loads(other.cli("runs", "--json").stdout)
+    moved = next(r for r in runs if r["state"] == "succeeded" and r["tool"] == "exec")
+    got = wait_until(lambda: _run_get(first, moved["run_id"]), 10, "the run in the shared history")
+    assert got["state"] == "succeeded" and got["hand"] == "box" and got["end"]["exit_code"] == 0
     live = other.cli_popen("exec", "box", "--credential", str(ci), "--", "sleep", "60")
     wait_until(lambda: _running(other), 30, "the long run to start")
     r = first.cli("client", "revoke", "ci")
@@ -157,6 +162,11 @@ def test_with_postgresql_stopped_new_starts_are_refused_and_come_back_with_it(no
     assert r.returncode == 0, r.stderr
     other = b if n is a else a
     assert json.loads(other.cli("task", "get", "t-after", "--json").stdout)["task_id"] == "t-after"
+
+
+def _run_get(c: Cluster, run_id: str) -> dict | None:
+    r = c.cli("run", "get", run_id, "--json")
+    return json.loads(r.stdout) if r.returncode == 0 else None
 
 
 def _running(c: Cluster) -> bool:

@@ -244,7 +244,27 @@ async def test_a_life_that_ended_cleanly_is_told_apart_from_a_crash(stores: Stor
     assert await e.begin_life() is True  # stopped with runs resumable on Hands
 
 
-# --- PostgreSQL only: migrations and a database that is not there ---
+# --- PostgreSQL only: run history, migrations and a database that is not there ---
+
+
+@pytest.mark.slow
+async def test_run_history_is_shared_metadata(pg_database, tmp_path):
+    from protocol.messages import RunInfo
+
+    a, b = await open_stores(tmp_path / "a", pg_database), await open_stores(tmp_path / "b", pg_database)
+    try:
+        assert a.history is not None and b.history is not None
+        end = RunEnd(run_id="r1", state=RunState.SUCCEEDED, hand="box1", tool="exec", exit_code=0)
+        info = RunInfo(
+            run_id="r1", hand="box1", tool="exec", state=RunState.SUCCEEDED, created_at=1.0, ended_at=2.0,
+            args_digest="d" * 64, end=end, value_not_retained=True,
+        )  # fmt: skip
+        await a.history.put_many([("ci", info)])
+        assert await b.history.get("r1") == ("ci", info)
+        assert await b.history.get("r2") is None
+    finally:
+        await a.close()
+        await b.close()
 
 
 @pytest.mark.slow
