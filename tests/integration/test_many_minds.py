@@ -107,6 +107,32 @@ def test_two_nodes_share_credentials_tasks_and_a_hand_that_moves_when_its_node_d
     assert code == 255 and b"this credential was revoked" in err, err
 
 
+def test_with_a_resume_window_endings_are_durable_in_the_database_before_anyone_hears(nodes, pg_database):
+    """With continuity on, a result the Mind takes is written as an ending before its `run_end`
+    reaches the client (DESIGN §15): on PostgreSQL the actions after it wait for the write, in order."""
+    import asyncio
+
+    import asyncpg
+
+    a, _ = nodes
+    a.start_mind("--resume-window", "30")
+    a.start_hand("box")
+    a.wait_connected("box")
+    for i in range(5):
+        r = a.cli("exec", "box", "--", "sh", "-c", f"echo out-{i}; echo err-{i} >&2; exit {i}")
+        assert (r.returncode, r.stdout, r.stderr) == (i, f"out-{i}\n".encode(), f"err-{i}\n".encode())
+
+    async def endings() -> list[tuple[str, str]]:
+        con = await asyncpg.connect(pg_database)
+        try:
+            return [(r[0], r[1]) for r in await con.fetch("SELECT owner, run_id FROM run_endings")]
+        finally:
+            await con.close()
+
+    rows = asyncio.run(endings())
+    assert len(rows) == 5 and {owner for owner, _ in rows} == {"admin"}
+
+
 def test_a_schema_newer_than_the_binary_is_refused(nodes, pg_database):
     import asyncio
 
