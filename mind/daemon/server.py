@@ -139,7 +139,6 @@ async def ensure_admin(store: Credentials, home: Path, shared: bool = False) -> 
         )
         return
     from mind.store.credentials import StoreError
-    from protocol.auth import Credential
 
     secret = await store.secret("client", "admin")
     if secret is None:
@@ -149,6 +148,21 @@ async def ensure_admin(store: Credentials, home: Path, shared: bool = False) -> 
             secret = await store.secret("client", "admin")
     if secret is None:
         raise StoreUnavailable("the admin credential vanished while this node started; start it again")
+    _write_admin(cred_file, secret)
+
+
+async def refresh_admin(store: Credentials, home: Path) -> None:
+    """A shared database's credentials changed: if the admin credential was rotated (through any
+    node), this node's `admin.cred` follows, so the local CLI keeps working. A revoked one is left
+    revoked (it is made again only at a node's next start, as on one Mind)."""
+    secret = await store.secret("client", "admin")
+    if secret is not None:
+        _write_admin(paths.admin_cred_file(home), secret)
+
+
+def _write_admin(cred_file: Path, secret: bytes) -> None:
+    from protocol.auth import Credential
+
     token = Credential(role="client", label="admin", secret=secret).token()
     text = "# mindhand admin client credential (full scope, shared by every node); keep private\n" + token + "\n"
     try:
@@ -472,6 +486,8 @@ class Mind:
         if epoch == self.epoch:
             return
         self.epoch = epoch
+        if self.cfg.database:
+            await refresh_admin(self.store, self.cfg.home)
         for peer in list(self.hands.values()) + list(self.clients.values()):
             current = await self.creds(self.store.secret, peer.ident.role, peer.ident.label)
             if current is None or hashlib.sha256(current).digest() != peer.secret_digest:

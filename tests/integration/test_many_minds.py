@@ -59,6 +59,13 @@ def test_two_nodes_share_credentials_tasks_and_a_hand_that_moves_when_its_node_d
     assert a.cli("status", "--mind", b.url).returncode == 0
     assert b.cli("status", "--mind", a.url).returncode == 0
 
+    # The admin credential rotated through one node: every node's admin.cred follows.
+    before = (b.home / "admin.cred").read_text()
+    assert a.cli("client", "rotate", "admin").returncode == 0
+    wait_until(lambda: (b.home / "admin.cred").read_text() != before, 10, "node b's admin.cred to follow")
+    assert (a.home / "admin.cred").read_text().split()[-1] == (b.home / "admin.cred").read_text().split()[-1]
+    assert b.cli("status").returncode == 0 and a.cli("status", "--mind", b.url).returncode == 0
+
     # A client credential added through node A's admin commands works on node B.
     ci = a.client_credential("ci")
     r = b.cli("hands", "--json", "--credential", str(ci))
