@@ -51,8 +51,14 @@ async def open_stores(home: Path, database: str | None) -> Stores:
         from mind.store.sqlite import SqliteStores
 
         return SqliteStores(paths.db_path(home), paths.endings_path(home))
-    from mind.store.postgres import connect
+    try:
+        from mind.store.postgres import connect
+    except ImportError as exc:  # asyncpg is an extra: say how to get it, not a traceback
+        from mind.store.api import StoreUnavailable
 
+        raise StoreUnavailable(
+            f"a database is set but its driver is missing ({exc.name or exc}): pip install 'mindhand[postgres]'"
+        ) from None
     return await connect(database, node_name(home))
 
 
