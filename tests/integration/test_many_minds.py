@@ -185,6 +185,9 @@ def test_with_postgresql_stopped_new_starts_are_refused_and_come_back_with_it(no
             assert r.returncode != 0 and b"cannot reach its database" in r.stderr, r.stderr
         for c in (a, b):
             assert c.mind is not None and c.mind.alive()  # a database away is never a crash
+        # a node that starts now says why it cannot, and does not serve half a Mind
+        r = subprocess.run([*_mind(), "serve", "--listen", "127.0.0.1:0"], env=a.env, capture_output=True, timeout=60)
+        assert r.returncode == 1 and b"cannot reach the database" in r.stderr, r.stderr
     finally:
         postgres.start()
     for c in (a, b):
