@@ -472,7 +472,7 @@ class Mind:
             batch, self._history_queue = self._history_queue, []
             try:
                 await self.history.put_many(batch)
-            except (StoreUnavailable, Exception) as exc:  # kept for the next try, bounded
+            except Exception as exc:  # the database away (or a row it refused): kept for the next try, bounded
                 self._history_queue = batch + self._history_queue
                 over = len(self._history_queue) - HISTORY_QUEUE_MAX
                 if over > 0:
