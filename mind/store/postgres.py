@@ -123,10 +123,14 @@ _GONE = (
     TimeoutError,
     asyncpg.InterfaceError,
     asyncpg.PostgresConnectionError,
-    asyncpg.OperatorInterventionError,
-    asyncpg.CannotConnectNowError,
+    asyncpg.OperatorInterventionError,  # an administrator's shutdown, a statement timeout (QueryCanceled)
+    asyncpg.InsufficientResourcesError,  # too many connections, disk full
+    asyncpg.ReadOnlySQLTransactionError,  # a standby, during a failover
 )
-"""What a database that went away, restarts or hangs raises: a `StoreUnavailable` for the caller."""
+"""What a database that went away, restarts, hangs or cannot take writes raises: a `StoreUnavailable`."""
+RETRIES = 3
+"""Tries of a call whose transaction the database rolled back (a deadlock between two nodes' writes
+about one Hand, a serialization failure): the next try sees the other's commit."""
 
 
 def redact(dsn: str) -> str:
@@ -204,10 +208,18 @@ class _Db:
     async def run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], timeout: float = STATEMENT_TIMEOUT_S) -> T:
         try:
             async with asyncio.timeout(timeout):
-                async with self.pool.acquire() as con:
-                    return await fn(con)
+                for attempt in range(RETRIES):
+                    try:
+                        async with self.pool.acquire() as con:
+                            return await fn(con)
+                    except asyncpg.TransactionRollbackError:
+                        if attempt == RETRIES - 1:
+                            raise
+                raise AssertionError("unreachable")
         except _GONE as exc:
             raise StoreUnavailable(f"the database {self.where} is unavailable: {_why(exc)}") from None
+        except asyncpg.TransactionRollbackError as exc:
+            raise StoreUnavailable(f"the database {self.where} kept rolling this back: {_why(exc)}") from None
 
     async def close(self) -> None:
         try:

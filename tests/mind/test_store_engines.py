@@ -313,3 +313,16 @@ async def test_an_unreachable_database_is_a_clear_error_with_no_password(tmp_pat
     with pytest.raises(StoreUnavailable, match="cannot reach the database") as err:
         await open_stores(tmp_path / "a", dsn)
     assert "hunter2" not in str(err.value) and "someone:***@127.0.0.1" in str(err.value)
+
+
+@pytest.mark.slow
+async def test_a_statement_that_hangs_is_cut_at_its_timeout_and_the_store_goes_on(pg_database, tmp_path):
+    s = await open_stores(tmp_path / "a", pg_database)
+    try:
+        db = s._db  # type: ignore[attr-defined]  # the one bounded way every call of the engine takes
+        with pytest.raises(StoreUnavailable, match="is unavailable"):
+            await db.run(lambda con: con.execute("SELECT pg_sleep(30)"), timeout=0.5)
+        await s.credentials.add("hand", "box1")  # the pool gave the cut connection back clean
+        assert await s.credentials.secret("hand", "box1") is not None
+    finally:
+        await s.close()
