@@ -79,6 +79,8 @@ class PostgresServer:
         )
 
     def start(self) -> None:
+        """Start the server (again, after `stop`: same data, same port) and wait until it answers;
+        on any failure the process is stopped before the error is raised."""
         assert self.proc is None
         log = open(self.root / "postgres.log", "ab")
         self.proc = subprocess.Popen(
@@ -103,7 +105,11 @@ class PostgresServer:
             preexec_fn=self._demote,
         )
         log.close()
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -161,9 +167,13 @@ def start_server() -> PostgresServer:
     root = Path(tempfile.mkdtemp(prefix="mindhand-pg-"))
     os.chmod(root, 0o755)
     server = PostgresServer(bin_dir, root)
-    server.init()
-    server.start()
-    server.createdb("mindhand")
+    try:
+        server.init()
+        server.start()
+        server.createdb("mindhand")
+    except BaseException:  # a server that started but did not become usable is stopped, not left behind
+        remove(server)
+        raise
     return server
 
 
