@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mind.testing import reaper
+
 READY_TIMEOUT_S = 30.0
 TOOLS = ("initdb", "postgres", "pg_isready", "createdb")
 
@@ -103,7 +105,9 @@ class PostgresServer:
             stderr=log,
             env=self._env(),
             preexec_fn=self._demote,
+            start_new_session=True,
         )
+        reaper.track(self.proc)  # an interrupted run (Ctrl-C) leaves no server behind either
         log.close()
         try:
             self._wait_ready()
@@ -148,6 +152,7 @@ class PostgresServer:
             except subprocess.TimeoutExpired:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
+        reaper.forget(self.proc)
         self.proc = None
 
     def log_tail(self) -> str:
