@@ -150,10 +150,13 @@ def _state_dir(path: str) -> Path:
 
 def build_config(settings: Settings) -> Any:
     from hand.aio.agent import AgentConfig, validate_url
+    from protocol.urls import split_urls
 
     s = settings
+    urls = split_urls(s["mind"])
     try:
-        validate_url(s["mind"])
+        for url in urls:
+            validate_url(url)
     except ValueError as exc:
         raise s.fail("mind", str(exc)) from None
     cred = _read_credential(s["credential"], s)
@@ -167,7 +170,8 @@ def build_config(settings: Settings) -> Any:
     from protocol.io.tls import TLSConfigError, client_context
 
     try:
-        client_context(s["mind"], s["ca"], s["pin"])
+        for url in urls:
+            client_context(url, s["ca"], s["pin"])
     except TLSConfigError as exc:
         raise ConfigError(str(exc)) from None
     from hand.core.http import parse_listen
@@ -177,7 +181,7 @@ def build_config(settings: Settings) -> Any:
     except ValueError as exc:
         raise s.fail("metrics_listen", str(exc)) from None
     return AgentConfig(
-        url=s["mind"],
+        url=",".join(urls),
         credential=cred,
         root=Path(os.path.realpath(root)),
         policy=policy_of(s),

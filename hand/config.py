@@ -45,9 +45,10 @@ LOGS = "logs and health"
 KEYS: tuple[Key, ...] = (
     Key(
         "mind",
-        str,
+        list,
         None,
-        "ws:// or wss:// URL of the Mind",
+        "ws:// or wss:// URL of the Mind; repeat it (or a comma list) for Mind nodes sharing one database: "
+        "the Hand connects to any, and moves to the next when one refuses",
         env="MINDHAND_URL",
         required=True,
         metavar="URL",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mind.home import DEFAULT_LISTEN
+from mind.store.engines import check_database
 from protocol.io.settings import Key, between, listen_address, log_levels, one_of
 from protocol.messages import RESUME_WINDOW_MAX_S
 
@@ -33,6 +34,15 @@ KEYS: tuple[Key, ...] = (
         "keepalive ping interval in seconds (a silent peer is lost after two)",
         check=between(0.1, 3600, " seconds"),
         metavar="S",
+    ),
+    Key(
+        "database",
+        str,
+        None,
+        "a postgresql://USER@HOST:PORT/DB URL: run as one node of many sharing it (credentials, snapshots, "
+        "endings); none: the home's SQLite files",
+        check=check_database,
+        metavar="URL",
     ),
     Key("tls_cert", str, None, "serve wss:// with this certificate (PEM; see scripts/mkcerts)", metavar="FILE"),
     Key("tls_key", str, None, "the certificate's private key (PEM)", metavar="FILE"),
@@ -119,3 +129,19 @@ def settings_source(args: Any) -> Any:
     env = dict(os.environ)
     path, explicit = config_path(args.config, paths.home(args.home), env)
     return Source(keys=KEYS, flags=flags_given(args, KEYS), env=env, path=path, explicit=explicit, read=read_file)
+
+
+def database_setting(args: Any) -> str | None:
+    """The database the local admin commands (`mind hand add`, `mind client revoke`, ...) act on:
+    the same `database` `mind serve` would use from this home (`$MINDHAND_DATABASE`, then the
+    file), so a credential added on one node's machine is the shared one every node checks."""
+    import os
+
+    from mind import home as paths
+    from protocol.io.settings import Source, read_file
+
+    env = dict(os.environ)
+    path, explicit = config_path(getattr(args, "config", None), paths.home(args.home), env)
+    source = Source(keys=KEYS, flags={}, env=env, path=path, explicit=explicit, read=read_file)
+    value = source.load(require=False)["database"]
+    return str(value) if value else None

@@ -28,6 +28,11 @@ def endings_path(h: Path) -> Path:
     return h / "endings.db"
 
 
+def node_file(h: Path) -> Path:
+    """This node's name in a shared database (`mind.store.engines.node_name`)."""
+    return h / "node.id"
+
+
 def url_file(h: Path) -> Path:
     return h / "mind.url"
 

@@ -24,6 +24,9 @@ them by it (`ValueError`).
     ├── WsError, Invalid               mind/client/                the fast path: transport, reply checks
     ├── LocalRefused                   mind/client/localfs.py      this machine's side of a download refused or failed
     ├── StoreError                     mind/store/credentials.py   a credential change the store refuses
+    ├── StoreUnavailable               mind/store/api.py           the shared database did not answer in time or is gone
+    ├── SchemaTooNew                   mind/store/api.py           the database was migrated by a newer Mind: refused at start
+    ├── CannotOpen                     mind/daemon/server.py       `mind serve` cannot open its state: the sentence and exit code
     ├── FaultProxyError (RuntimeError) mind/testing/faultproxy/    the fault proxy refused a command or cannot be reached
     │   └── CommandError (ValueError)                              a command line it cannot perform
     ├── MindRefused(code, message)     hand/aio/agent.py           the Mind sent an `error` frame

@@ -64,3 +64,27 @@ def as_root():
 
     if os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("userdel") is None:
         pytest.fail("this test needs root with useradd/userdel (run the suite as root, as CI does)", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """The suite's own PostgreSQL server (support/postgres.py), started once, stopped by PID at the end.
+    No server binaries is a failure that says how to get them, never a skip."""
+    from support.postgres import remove, start_server
+
+    try:
+        server = start_server()
+    except (RuntimeError, KeyError, OSError) as exc:
+        pytest.fail(f"cannot start PostgreSQL for the tests: {exc}", pytrace=False)
+    try:
+        yield server
+    finally:
+        remove(server)
+
+
+@pytest.fixture
+def pg_database(postgres):
+    """A fresh, empty database on the suite's server for one test: its URL."""
+    import uuid
+
+    return postgres.createdb("t_" + uuid.uuid4().hex[:12])

@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
-from websockets.uri import parse_uri
+from websockets.uri import WebSocketURI, parse_uri
 
 from hand.aio.health import ADDR_FILE, HealthServer
 from hand.aio.metrics import HandMetrics
@@ -98,6 +98,7 @@ from protocol.messages import (
     Welcome,
     build_all,
 )
+from protocol.urls import Rotation, split_urls
 
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)
@@ -231,8 +232,9 @@ class Agent:
         # The credential never reaches a child, whatever the environment allowlist says.
         self._sandbox = dataclasses.replace(config.sandbox, secrets=config.sandbox.secrets + (cred.secret.hex(),))
         self._claims = claims()
-        self._uri = parse_uri(config.url)
-        self._ssl = client_context(config.url, config.ca, config.pin)
+        self._urls = Rotation(split_urls(config.url) or [config.url])
+        """The Mind nodes this Hand may connect to (DESIGN §16): a random start, the next on a refusal."""
+        self._dests = {u: (parse_uri(u), client_context(u, config.ca, config.pin)) for u in self._urls.urls}
         self.gen: int | None = None
         """The generation of the live connection (None between connections), for tests and logs."""
         self.tasks: TaskManager | None = None
@@ -308,7 +310,7 @@ class Agent:
             "hand": self.cfg.credential.label,
             "uptime_s": round(time.monotonic() - self.metrics.started, 3),
             "connected": connected,
-            "mind": shown_url(self.cfg.url),
+            "mind": shown_url(self._urls.current),
             "generation": self.gen,
             "runs_running": self.metrics.runs_running(),
             "tasks": tasks,
@@ -369,9 +371,9 @@ class Agent:
 
     async def _dial_forever(self) -> int:
         loop = asyncio.get_running_loop()
-        uri = self._uri
         while not self._stop.is_set():
             lived: float | None = None
+            uri = self._uri
             try:
                 lived = await self._session(loop)
             except _Stopped:
@@ -404,6 +406,11 @@ class Agent:
             self.metrics.session_ended()
             if self._stop.is_set():
                 break
+            if lived is not None:
+                self._urls.worked()
+            elif self._urls.failed():  # this node refused: another of this round is dialled at once
+                self._log.info("mind_next_url", url=shown_url(self._urls.current))
+                continue
             self._backoff.connection_ended(lived)
             delay = self._backoff.next_delay()
             if lived is not None and lived >= REDIAL_AT_ONCE_AFTER_S and self._expiry is not None:
@@ -421,10 +428,20 @@ class Agent:
         self._log.info("hand_stopped")
         return 0
 
+    @property
+    def _uri(self) -> WebSocketURI:
+        return self._dests[self._urls.current][0]
+
+    @property
+    def _ssl(self) -> ssl.SSLContext | None:
+        return self._dests[self._urls.current][1]
+
     def _give_up(self, why: str) -> int:
         """Once, where an operator looks (stderr is the journal under systemd, and the log)."""
-        self._log.error("hand_config_error", url=shown_url(self.cfg.url), reason=why)
-        print(f"hand: cannot work with the Mind at {shown_url(self.cfg.url)}: {why}; not retrying", file=sys.stderr)
+        self._log.error("hand_config_error", url=shown_url(self._urls.current), reason=why)
+        print(
+            f"hand: cannot work with the Mind at {shown_url(self._urls.current)}: {why}; not retrying", file=sys.stderr
+        )
         return EXIT_CONFIG
 
     async def _unless_stopped(self, aw: Awaitable[T]) -> T:
@@ -448,7 +465,7 @@ class Agent:
         p = self.cfg.ping_interval
         ws = await self._unless_stopped(
             connect(
-                self.cfg.url,
+                self._urls.current,
                 compression=None,
                 max_size=limits.MAX_FRAME_BYTES,
                 ping_interval=p,

@@ -20,7 +20,7 @@ def connection_params(args: argparse.Namespace) -> tuple[str, str, str | None, s
 
     home = paths.home(args.home)
     local = False
-    url = args.mind or os.environ.get("MINDHAND_URL")
+    url = ",".join(args.mind) if args.mind else os.environ.get("MINDHAND_URL")
     if not url:
         try:
             url = paths.url_file(home).read_text().strip()

@@ -51,7 +51,12 @@ def command(sub: Any, name: str, help: str, **kwargs: Any) -> argparse.ArgumentP
 
 def connection(sp: argparse.ArgumentParser) -> None:
     """Where the Mind is and who we are to it (mind/cli/connection.py reads them)."""
-    sp.add_argument("--mind", help="Mind URL (default $MINDHAND_URL, then the local Mind's mind.url)")
+    sp.add_argument(
+        "--mind",
+        action="append",
+        help="Mind URL; repeat it (or give a comma list) for Mind nodes sharing one database: any serves "
+        "(default $MINDHAND_URL, then the local Mind's mind.url)",
+    )
     sp.add_argument("--credential", help="client credential file (default $MINDHAND_CREDENTIAL, then admin.cred)")
     sp.add_argument("--ca", help="CA file to verify a wss:// Mind (default $MINDHAND_CA, else system trust)")
     sp.add_argument("--pin", help="require the Mind's certificate to be sha256:HEX (default $MINDHAND_PIN)")

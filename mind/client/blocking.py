@@ -33,6 +33,12 @@ from mind.client.ws import CLOSED, MESSAGE, PONG, WsClient, WsError
 from mind.errors import ClientCode, ClientError
 from protocol import limits
 from protocol.auth import Credential
+from protocol.urls import Rotation, split_urls
+
+MOVE_ON = frozenset({ClientCode.UNREACHABLE, ClientCode.CLOSED, "busy", "internal_error"})
+"""Failures of one Mind node another may not share: the next URL is tried at once (as mind.client.dial)."""
+_ROTATIONS: dict[str, Rotation] = {}
+"""Per URL list, for this process: a reconnection starts from the node that last worked."""
 
 PING_INTERVAL_S = 20.0
 PING_TIMEOUT_S = 20.0
@@ -85,7 +91,31 @@ class Link:
         handshake_timeout: float = limits.HANDSHAKE_TIMEOUT_S,
     ) -> Link:
         """Connect and authenticate, as `MindClient.connect` does (same checks, same errors).
-        A reconnection within a resume window passes shorter timeouts: what is left of it."""
+        A reconnection within a resume window passes shorter timeouts: what is left of it.
+        `url` may name several Mind nodes (a comma list): the rotation of `mind.client.dial`."""
+        rotation = _ROTATIONS.get(url)
+        if rotation is None:
+            rotation = _ROTATIONS[url] = Rotation(split_urls(url) or [url])
+        while True:
+            try:
+                link = cls._connect_one(rotation.current, credential, ca, pin, open_timeout, handshake_timeout)
+            except ClientError as exc:
+                if exc.code not in MOVE_ON or not rotation.failed():
+                    raise
+                continue
+            rotation.worked()
+            return link
+
+    @classmethod
+    def _connect_one(
+        cls,
+        url: str,
+        credential: Credential,
+        ca: str | None,
+        pin: str | None,
+        open_timeout: float,
+        handshake_timeout: float,
+    ) -> Link:
         session = ClientSession(
             credential, os.urandom(limits.NONCE_BYTES), decode=wire.decode, handshake=wire.Handshake
         )

@@ -21,26 +21,49 @@ from mind.client.endpoint import check_pin, parse_url, tls_context, unreachable,
 from mind.errors import ClientCode, ClientError
 from protocol import limits
 from protocol.auth import Credential
+from protocol.codes import ErrorCode
 from protocol.envelope import decode as decode_envelope
 from protocol.errors import ProtocolError
 from protocol.messages import Welcome
+from protocol.urls import Rotation, split_urls
 
 
 class Dial:
-    """How a client reached the Mind, kept to reach it again after a cut."""
+    """How a client reached the Mind, kept to reach it again after a cut. `url` may name several
+    Mind nodes (a comma list, DESIGN §16): `rotation` says which one to dial now."""
 
-    __slots__ = ("url", "credential", "open_timeout", "ca", "pin")
+    __slots__ = ("url", "credential", "open_timeout", "ca", "pin", "rotation")
 
     def __init__(self, url: str, credential: Credential, open_timeout: float, ca: str | None, pin: str | None) -> None:
         self.url, self.credential, self.open_timeout, self.ca, self.pin = url, credential, open_timeout, ca, pin
+        self.rotation = Rotation(split_urls(url) or [url])
+
+
+MOVE_ON = frozenset({ClientCode.UNREACHABLE, ClientCode.CLOSED, ErrorCode.BUSY, ErrorCode.INTERNAL_ERROR})
+"""Failures of one node that another node may not share: the next URL is tried at once."""
 
 
 async def open_connection(dial: Dial, open_timeout: float) -> tuple[ClientConnection, core.ClientSession, float]:
+    """A new authenticated connection to one of the dial's Mind URLs: the current one, and the
+    next ones in turn while a node refuses the connection (`MOVE_ON`); the last refusal if all
+    do. A refusal of the credential or the Mind's identity is raised at once."""
+    rotation = dial.rotation
+    while True:
+        try:
+            opened = await _open_one(dial, rotation.current, open_timeout)
+        except ClientError as exc:
+            if exc.code not in MOVE_ON or not rotation.failed():
+                raise
+            continue
+        rotation.worked()
+        return opened
+
+
+async def _open_one(dial: Dial, url: str, open_timeout: float) -> tuple[ClientConnection, core.ClientSession, float]:
     """A new authenticated connection: the WebSocket, its open session, and the resume window the
     Mind announced. `wss://` URLs are verified (system trust or the CA), and the certificate must
     match the pin if given, before the credential is used at all. `ClientError` says why not."""
     session = core.ClientSession(dial.credential, os.urandom(limits.NONCE_BYTES))
-    url = dial.url
     parse_url(url)  # refused as the fast path refuses it, before websockets reads it
     ssl_ctx = tls_context(url, dial.ca, dial.pin)
     try:

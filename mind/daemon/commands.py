@@ -90,7 +90,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     import asyncio
 
     from mind import home as paths
-    from mind.daemon.server import Mind, MindConfig
+    from mind.daemon.server import CannotOpen, Mind, MindConfig
     from protocol.io import logs
     from protocol.io.settings import ConfigError
 
@@ -139,6 +139,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         retain_runs=s["retain_runs"],
         resume_window=s["resume_window"],
         keep_max=s["keep_max"],
+        database=s["database"] or None,
     )
     try:
         mind = Mind(cfg)
@@ -146,6 +147,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         die(f"cannot open state in {home}: {exc}", 1)
     try:
         asyncio.run(mind.run(reload=_reloader(source, s)))
+    except CannotOpen as exc:  # the home, or the shared database (unreachable, schema too new)
+        die(str(exc), exc.code)
     except OSError as exc:
         die(f"cannot listen on {host}:{port}: {exc.strerror or exc}", 1)
     finally:
@@ -155,10 +158,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
 def cmd_credentials(args: argparse.Namespace) -> None:
     from mind import home as paths
     from mind.core.scope import Scope, parse_patterns
-    from mind.store.credentials import Store, StoreError
+    from mind.store.credentials import StoreError
 
     home = paths.home(args.home)
-    store = Store(paths.db_path(home))
+    store = _open_credentials(args, home)
 
     def audit(action: str) -> None:
         import datetime
@@ -283,6 +286,29 @@ def cmd_credentials(args: argparse.Namespace) -> None:
             print(f"revoked {args.cmd} {args.name!r}; it can no longer connect, and its live connections are closed")
     finally:
         store.close()
+
+
+def _open_credentials(args: argparse.Namespace, home: Any) -> Any:
+    """The credential store the admin commands change: the shared database when one is set for
+    this home (`$MINDHAND_DATABASE` or `database` in mind.toml), else the home's SQLite file."""
+    from mind import home as paths
+    from mind.config import database_setting
+    from mind.store.api import SchemaTooNew, StoreUnavailable
+    from mind.store.credentials import Store
+    from protocol.io.settings import ConfigError
+
+    try:
+        database = database_setting(args)
+    except ConfigError as exc:
+        die(str(exc), EXIT_USAGE)
+    if not database:
+        return Store(paths.db_path(home))
+    from mind.store.engines import BlockingCredentials
+
+    try:
+        return BlockingCredentials(home, database)
+    except (StoreUnavailable, SchemaTooNew) as exc:
+        die(str(exc), 1)
 
 
 def _check_out(out: str) -> None:

@@ -152,6 +152,9 @@ class Dispatch:
             self._admit(peer, id_, msg, live, True, refusal)
         elif isinstance(msg, (CancelRun, GetRun)):
             run = m.registry.get(msg.run_id)
+            if run is None and isinstance(msg, GetRun) and m.history is not None:
+                peer.spawn(self.views.run_from_history(peer, id_, msg.run_id), reply_to=id_)  # another node's run
+                return
             if run is None:
                 peer.outbox.put(Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {msg.run_id}"), id_)
                 return

@@ -38,6 +38,7 @@ from mind.daemon.peer import (
     Peer,
     close_quietly,
 )
+from mind.store.api import STORE_UNAVAILABLE_MESSAGE, StoreUnavailable
 from protocol import limits
 from protocol.audit import AuditEvent
 from protocol.codes import ErrorCode
@@ -204,6 +205,11 @@ class Door:
                 m.metrics.handshakes.labels("failed").inc()
                 self._failed(peer_addr, now)
                 log.info(AuditEvent.HANDSHAKE_FAILED, peer=peer_addr, code="abandoned")
+            return None
+        except StoreUnavailable as exc:  # the shared database is away: say so; another node may serve
+            m.metrics.handshakes.labels("failed").inc()
+            log.error("handshake_store_unavailable", peer=peer_addr, error=str(exc))
+            await self._refuse(ws, channel, ProtocolError(ErrorCode.BUSY, STORE_UNAVAILABLE_MESSAGE))
             return None
         except Exception:  # our failure, not the peer's: not counted against its address
             m.metrics.handshakes.labels("failed").inc()

@@ -8,7 +8,7 @@ would fail it). What a room changes on the Mind is named here, never reached for
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -17,8 +17,7 @@ if TYPE_CHECKING:
     from mind.core.registry import Action, RunRegistry
     from mind.daemon.metrics import MindMetrics
     from mind.daemon.peer import Peer
-    from mind.store.credentials import Store
-    from mind.store.snapshots import SnapshotStore
+    from mind.store.api import Credentials, History, Snapshots
     from protocol.messages import Message
 
 try:
@@ -48,6 +47,8 @@ class MindConfig:
     """The longest a detached run is kept (`mind exec --detach --keep`)."""
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    database: str | None = None
+    """A postgresql:// URL: one node of many on a shared database (DESIGN §16); None: the home's SQLite."""
     max_pending_handshakes: int = 1024
     auth_fail_limit: int = 10
     auth_fail_window: float = 60.0
@@ -68,16 +69,18 @@ class Host(Protocol):
     last_seen: dict[str, float]
     """When each Hand's last connection ended (`mind hands` for an offline Hand)."""
     registry: RunRegistry
-    snapshots: SnapshotStore
-    store: Store
+    snapshots: Snapshots
+    store: Credentials
+    history: History | None
+    """Finished runs' metadata in the shared database (PostgreSQL), None on SQLite."""
     metrics: MindMetrics
     epoch: int
     """The credential table's epoch the last sweep saw (`Mind.check_credentials`)."""
     large_frames: bool
     """A large frame came in since the last tick: the ticker gives its freed memory back (`heap`)."""
 
-    async def db(self, fn: Callable[..., T], *args: Any) -> T: ...
-    async def creds(self, fn: Callable[..., T], *args: Any) -> T: ...
+    async def db(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T: ...
+    async def creds(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T: ...
     async def ask(self, peer: Peer, msg: Message, timeout: float = ...) -> Message: ...
     def deny(self, peer: Peer, what: str, **fields: Any) -> str: ...
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...

@@ -14,6 +14,7 @@ from mind.core.budgets import ClientRate
 from mind.core.handshake import Identity
 from mind.core.scope import FULL, Scope
 from mind.daemon.outbox import Outbox
+from mind.store.api import STORE_UNAVAILABLE_MESSAGE, StoreUnavailable
 from protocol.codes import ErrorCode
 from protocol.errors import ProtocolError
 from protocol.ids import new_id
@@ -21,6 +22,8 @@ from protocol.messages import Error, Message
 
 log = structlog.get_logger(component="mind")
 
+STORE_UNAVAILABLE = Error(code=ErrorCode.BUSY, message=STORE_UNAVAILABLE_MESSAGE)
+"""The answer to a request that needed the shared database while it was away (DESIGN §16)."""
 INTERNAL_ERROR = Error(
     code=ErrorCode.INTERNAL_ERROR,
     message="the mind failed while serving this request (its log has the traceback); the connection goes on",
@@ -84,6 +87,10 @@ class Peer:
     async def _guarded(self, coro: Coroutine[Any, Any, None], reply_to: str | None) -> None:
         try:
             await coro
+        except StoreUnavailable as exc:  # the shared database is away: a clear answer, no traceback
+            log.error("request_store_unavailable", role=self.ident.role, label=self.ident.label, error=str(exc))
+            if reply_to is not None:
+                self.outbox.put(STORE_UNAVAILABLE, reply_to)
         except Exception:
             log.exception(
                 "request_failed" if reply_to is not None else "connection_work_failed",

@@ -11,6 +11,7 @@ connection, `Peer.spawn`), the database threads, the ticker and the performer of
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import os
 import resource
@@ -18,8 +19,7 @@ import signal
 import sqlite3
 import ssl
 import time
-from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,18 +39,27 @@ from mind.daemon.metrics import MindMetrics
 from mind.daemon.peer import CLOSE_REVOKED, Peer, close_quietly
 from mind.daemon.taskservice import TaskService
 from mind.daemon.views import Views
-from mind.store.credentials import Store
-from mind.store.endings import Ending, EndingStore
-from mind.store.snapshots import SnapshotStore
+from mind.store.api import Credentials, Endings, History, SchemaTooNew, Snapshots, Stores, StoreUnavailable
+from mind.store.endings import Ending
+from mind.store.engines import open_stores
 from protocol import limits
 from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, ErrorCode
+from protocol.errors import MindhandError
 from protocol.ids import new_id
 from protocol.io.loop import probe_lag
 from protocol.io.tls import fingerprint, server_context
-from protocol.messages import Error, Message, build_all
+from protocol.messages import Error, Message, RunInfo, build_all
 
-__all__ = ["Mind", "MindConfig", "close_timeout", "ensure_admin", "keepalive_timeout", "raise_open_files_limit"]
+__all__ = [
+    "CannotOpen",
+    "Mind",
+    "MindConfig",
+    "close_timeout",
+    "ensure_admin",
+    "keepalive_timeout",
+    "raise_open_files_limit",
+]
 
 log = structlog.get_logger(component="mind")
 T = TypeVar("T")
@@ -96,35 +105,92 @@ def raise_open_files_limit(want: int = 65536) -> int:
     return want if soft == resource.RLIM_INFINITY else soft
 
 
-def ensure_admin(store: Store, home: Path) -> None:
-    """First start: make the local admin client credential the CLI finds by itself (0600)."""
+class CannotOpen(MindhandError):
+    """The Mind's state could not be opened: the sentence for the operator and the exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+HISTORY_FLUSH_S = 0.2
+HISTORY_QUEUE_MAX = 100_000
+EXIT_STATE = 1
+"""`mind serve` could not open its home or reach its database."""
+EXIT_SCHEMA_TOO_NEW = 3
+"""The shared database was migrated by a newer Mind: this one refuses to write to it."""
+
+
+async def ensure_admin(store: Credentials, home: Path, shared: bool = False) -> None:
+    """First start: make the local admin client credential the CLI finds by itself (0600).
+
+    `shared` (a database many nodes use): the admin credential is one row, made by the first node
+    that finds none; every other node writes that same secret to its own home, so `admin.cred`
+    works against any node and two nodes starting at once never revoke each other's (the insert
+    that loses the race reads the winner's row)."""
     cred_file = paths.admin_cred_file(home)
-    if cred_file.exists() and store.secret("client", "admin") is not None:
+    if not shared:
+        if cred_file.exists() and await store.secret("client", "admin") is not None:
+            return
+        await store.revoke("client", "admin")
+        cred = await store.add("client", "admin")
+        paths.write_private(
+            cred_file, "# mindhand admin client credential (full scope); keep private\n" + cred.token() + "\n"
+        )
         return
-    store.revoke("client", "admin")
-    cred = store.add("client", "admin")
-    paths.write_private(
-        cred_file, "# mindhand admin client credential (full scope); keep private\n" + cred.token() + "\n"
-    )
+    from mind.store.credentials import StoreError
+
+    secret = await store.secret("client", "admin")
+    if secret is None:
+        try:
+            secret = (await store.add("client", "admin")).secret
+        except StoreError:  # another node made it first: use theirs
+            secret = await store.secret("client", "admin")
+    if secret is None:
+        raise StoreUnavailable("the admin credential vanished while this node started; start it again")
+    _write_admin(cred_file, secret)
+
+
+async def refresh_admin(store: Credentials, home: Path) -> None:
+    """A shared database's credentials changed: if the admin credential was rotated (through any
+    node), this node's `admin.cred` follows, so the local CLI keeps working. A revoked one is left
+    revoked (it is made again only at a node's next start, as on one Mind)."""
+    secret = await store.secret("client", "admin")
+    if secret is not None:
+        _write_admin(paths.admin_cred_file(home), secret)
+
+
+def _write_admin(cred_file: Path, secret: bytes) -> None:
+    from protocol.auth import Credential
+
+    token = Credential(role="client", label="admin", secret=secret).token()
+    text = "# mindhand admin client credential (full scope, shared by every node); keep private\n" + token + "\n"
+    try:
+        if cred_file.read_text() == text:
+            return
+    except FileNotFoundError:
+        pass
+    paths.write_private(cred_file, text)
 
 
 class Mind:
     def __init__(self, cfg: MindConfig) -> None:
         self.cfg = cfg
-        self.store = Store(paths.db_path(cfg.home))
-        self.snapshots = SnapshotStore(paths.db_path(cfg.home))
-        self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mind-db")
-        self._creds_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mind-creds")
-        """The credential store's own thread: handshakes and `hands` must not queue behind a
-        reconciliation's snapshot batches on the database thread (measured: a client's round trip
-        went from ~40 ms to ~200 ms during a reconcile when both shared one thread)."""
-        self.mind_id = self.store.mind_id()
+        self.stores: Stores | None = None
+        """Opened by `open` (at the start of `run`): SQLite in the home, or the shared PostgreSQL."""
+        self.store: Credentials
+        self.snapshots: Snapshots
+        self.endings: Endings
+        """The endings this Mind decided by itself, written before anyone hears of them."""
+        self.mind_id = ""
         self.registry = RunRegistry(
             retain_finished=cfg.retain_runs, resume_window=cfg.resume_window, keep_max=cfg.keep_max
         )
-        self.endings = EndingStore(paths.endings_path(cfg.home))
-        """The endings this Mind decided by itself, written before anyone hears of them."""
-        self._restore_endings()
+        self.history: History | None = None
+        """Finished runs' metadata in the shared database (PostgreSQL); None: this Mind's memory only."""
+        self._history_queue: list[tuple[str, RunInfo]] = []
+        self._deferred: collections.deque[Action] | None = None
+        """Actions waiting behind an ending being written to a database over the network (`perform`)."""
         self.hands: dict[str, Peer] = {}
         self.clients: dict[str, Peer] = {}
         self.last_seen: dict[str, float] = {}
@@ -146,20 +212,38 @@ class Mind:
         self.door = Door(self)
         self.connections = Connections(self, self.dispatch, self.tasks)
 
-    def _restore_endings(self) -> None:
+    async def open(self) -> None:
+        """Open the stores (migrating a shared database) and take back what the last life ended.
+        Raises `CannotOpen` with the sentence `mind serve` prints."""
+        where = "the database" if self.cfg.database else f"state in {self.cfg.home}"
+        try:
+            self.stores = stores = await open_stores(self.cfg.home, self.cfg.database)
+            self.store, self.snapshots, self.endings = stores.credentials, stores.snapshots, stores.endings
+            self.history = stores.history
+            self.mind_id = await self.store.mind_id()
+            await self._restore_endings()
+        except SchemaTooNew as exc:
+            raise CannotOpen(str(exc), EXIT_SCHEMA_TOO_NEW) from None
+        except StoreUnavailable as exc:
+            raise CannotOpen(str(exc), EXIT_STATE) from None
+        except (OSError, sqlite3.Error) as exc:
+            raise CannotOpen(f"cannot open {where}: {exc}", EXIT_STATE) from None
+        log.info("mind_store_opened", engine=stores.engine)
+
+    async def _restore_endings(self) -> None:
         """A Mind that starts again knows what its earlier life ended by itself (a Hand presenting
         one of those runs is told to kill it), and, for a window, that a run it does not know may
         still be presented by its Hand (an attach to it is told to wait), if its earlier life may
         have left runs (it crashed, or stopped with runs resumable)."""
         now, wall = time.monotonic(), time.time()
-        restored = self.endings.load(self.cfg.resume_window, wall)
+        restored = await self.endings.load(self.cfg.resume_window, wall)
         for e in restored:
             try:
                 reason = CancelReason(e.cancel_reason) if e.cancel_reason else None
             except ValueError:  # written by a newer Mind: the Hand is told the generic reason
                 reason = None
             self.registry.restore(e.end, e.owner, reason, e.args_digest, e.ended_at, now)
-        if self.endings.begin_life() and self.cfg.resume_window > 0:
+        if await self.endings.begin_life() and self.cfg.resume_window > 0:
             self.registry.expect_presentations(now + self.cfg.resume_window)
         if restored:
             log.info("run_endings_restored", count=len(restored))
@@ -173,13 +257,14 @@ class Mind:
         log.warning(AuditEvent.DENIED_BY_SCOPE, client=peer.ident.label, what=what, **fields)
         return denial_message(peer.ident.label, Denial(what))
 
-    async def db(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a store call on the one database thread: never blocks the loop, and serialises writes."""
-        return await asyncio.get_running_loop().run_in_executor(self._db_thread, partial(fn, *args))
+    async def db(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """A snapshot-store call (`mind.store.api.Snapshots`): on SQLite it runs on the one database
+        thread (never blocks the loop, serialises writes); on PostgreSQL it is awaited on the loop."""
+        return await fn(*args)
 
-    async def creds(self, fn: Callable[..., T], *args: Any) -> T:
-        """A call on the credential store (`mind.store.credentials`), off the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self._creds_thread, partial(fn, *args))
+    async def creds(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """A credential-store call (`mind.store.api.Credentials`), off the event loop on SQLite."""
+        return await fn(*args)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run `coro` on the server's task group, guarded: a failing coroutine there would otherwise
@@ -229,7 +314,24 @@ class Mind:
         self, on_ready: Callable[[str], None] | None = None, reload: Callable[[], dict[str, Any]] | None = None
     ) -> None:
         build_all()  # every validator built before the first connection, not on its first frame
-        await self.creds(ensure_admin, self.store, self.cfg.home)
+        if self.stores is None:
+            await self.open()
+        assert self.stores is not None
+        try:
+            await self._serve(on_ready, reload)
+            # Recorded only after a clean stop: a Mind that failed on the way keeps its life
+            # "running", so the next start waits for presentations, as after a crash.
+            try:
+                await self.endings.end_life(len(self.registry.active()))
+            except (sqlite3.Error, StoreUnavailable) as exc:  # the next start waits for presentations it need not
+                log.error("mind_life_not_recorded", error=str(exc))
+        finally:
+            await self.stores.close()
+            self.stores = None
+        log.info("mind_stopped")
+
+    async def _serve(self, on_ready: Callable[[str], None] | None, reload: Callable[[], dict[str, Any]] | None) -> None:
+        await ensure_admin(self.store, self.cfg.home, shared=bool(self.cfg.database))
         staled = await self.db(self.snapshots.mark_all_stale)
         if staled:
             log.info("snapshots_marked_stale", count=staled, why="mind restart")
@@ -282,6 +384,7 @@ class Mind:
                 if on_ready:
                     on_ready(self.url)
                 ticker = tg.create_task(self._ticker())
+                history = tg.create_task(self._write_history()) if self.history is not None else None
                 lag_probe = tg.create_task(self._lag_probe())
                 await self._stop.wait()
                 if self.cfg.resume_window > 0:
@@ -294,18 +397,10 @@ class Mind:
                 await self._flush_all(timeout=2.0)
                 ticker.cancel()
                 lag_probe.cancel()
+                if history is not None:
+                    history.cancel()
                 server.close(close_connections=True)
                 await server.wait_closed()
-        self.store.close()
-        self.snapshots.close()
-        try:
-            self.endings.end_life(len(self.registry.active()))
-        except sqlite3.Error as exc:  # the next start then waits for presentations it need not
-            log.error("mind_life_not_recorded", error=str(exc))
-        self.endings.close()
-        self._db_thread.shutdown(wait=True)
-        self._creds_thread.shutdown(wait=True)
-        log.info("mind_stopped")
 
     def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """Accept errors (out of files) come once per queued connection, thousands a second: log the
@@ -336,6 +431,7 @@ class Mind:
         """Deadlines, credential changes and gauges. A failing tick is logged and the next one comes:
         the ticker is on the server's task group, where an exception would stop `mind serve`."""
         last_epoch_check = last_gauges = last_trim = 0.0
+        store_away = False
         while True:
             await asyncio.sleep(self.cfg.tick_interval)
             now = time.monotonic()
@@ -352,8 +448,36 @@ class Mind:
                     self.metrics.runs_active.set(len(self.registry.active()))
                     self.metrics.runs_retained.set(len(self.registry))
                     self.metrics.snapshots_stale.set(await self.db(self.snapshots.count_stale))
+            except StoreUnavailable as exc:  # once per outage, not a traceback every tick
+                if not store_away:
+                    store_away = True
+                    log.error("store_unavailable", error=str(exc))
+                continue
             except Exception:
                 log.exception("tick_failed")
+            if store_away:
+                store_away = False
+                log.info("store_available")
+
+    async def _write_history(self) -> None:
+        """Finished runs' metadata to the shared database, in batches (one round trip every
+        `HISTORY_FLUSH_S` at most, whatever the rate of runs). A database away keeps the batch for
+        the next try, up to `HISTORY_QUEUE_MAX` runs; past it the oldest are dropped and counted:
+        the history of a run is worth less than the Mind's memory."""
+        assert self.history is not None
+        while True:
+            await asyncio.sleep(HISTORY_FLUSH_S)
+            if not self._history_queue:
+                continue
+            batch, self._history_queue = self._history_queue, []
+            try:
+                await self.history.put_many(batch)
+            except Exception as exc:  # the database away (or a row it refused): kept for the next try, bounded
+                self._history_queue = batch + self._history_queue
+                over = len(self._history_queue) - HISTORY_QUEUE_MAX
+                if over > 0:
+                    del self._history_queue[:over]
+                    log.warning("run_history_dropped", count=over, error=str(exc))
 
     async def _check_credentials(self) -> None:
         """Close, at once, every connection whose credential was revoked or rotated (by `mind hand
@@ -362,6 +486,8 @@ class Mind:
         if epoch == self.epoch:
             return
         self.epoch = epoch
+        if self.cfg.database:
+            await refresh_admin(self.store, self.cfg.home)
         for peer in list(self.hands.values()) + list(self.clients.values()):
             current = await self.creds(self.store.secret, peer.ident.role, peer.ident.label)
             if current is None or hashlib.sha256(current).digest() != peer.secret_digest:
@@ -376,34 +502,74 @@ class Mind:
     # --- performing actions ---
 
     def perform(self, actions: list[Action]) -> None:
-        for a in actions:
-            if isinstance(a, SendToHand):
-                peer = self.hands.get(a.hand)
-                if peer is not None and peer.gen == a.gen:
-                    peer.outbox.put(a.msg)
-            elif isinstance(a, SendToClient):
-                peer = self.clients.get(a.client)
-                if peer is not None:
-                    peer.outbox.put(a.msg, a.req_id, droppable=a.droppable)
-            elif isinstance(a, PersistEnding):
-                # before the actions after it, which tell the client and the Hand (DESIGN §15)
-                reason = a.cancel_reason.value if a.cancel_reason else None
+        """Perform the registry's actions in order. An ending (`PersistEnding`) is durable before the
+        actions after it, which tell the client and the Hand (DESIGN §15): on SQLite it is written
+        here, on the loop; on a database over the network the rest wait (in order, with every
+        action performed after them) until it is written: the loop never waits."""
+        if self._deferred is not None:
+            self._deferred.extend(actions)
+            return
+        for i, a in enumerate(actions):
+            if isinstance(a, PersistEnding) and self.endings.put_now is None:
+                self._deferred = collections.deque(actions[i:])
+                self.spawn(self._perform_deferred())
+                return
+            self._perform_one(a)
+
+    async def _perform_deferred(self) -> None:
+        queue = self._deferred
+        try:
+            while queue:
+                a = queue.popleft()
                 try:
-                    self.endings.put(Ending(a.end, a.owner, time.time(), reason, a.args_digest))
-                except sqlite3.Error as exc:  # the ending stands in memory; only a crash could now forget it
-                    log.error("run_ending_not_persisted", run_id=a.run_id, error=str(exc))
-            elif isinstance(a, StartEnded):
-                self.spawn(self.tasks.start_ended(a))
-            elif isinstance(a, Log):
-                getattr(log, LOG_LEVELS.get(a.event, "info"))(a.event, **a.fields)
-                if a.event == AuditEvent.RUN_TERMINAL:
-                    f = a.fields
-                    self.metrics.runs.labels(f["state"]).inc()
-                    self.metrics.run_seconds.observe(f["duration_ms"] / 1000)
-                    if f["progress_dropped"]:
-                        self.metrics.progress_dropped.inc(f["progress_dropped"])
-                elif a.event in (AuditEvent.HAND_INPUT_WRONG_GENERATION, AuditEvent.HAND_INPUT_UNKNOWN_RUN):
-                    self.metrics.foreign.inc()
+                    if isinstance(a, PersistEnding):
+                        await self._persist(a)
+                    else:
+                        self._perform_one(a)
+                except Exception:
+                    log.exception("action_failed", action=type(a).__name__)
+        finally:
+            self._deferred = None
+
+    def _ending(self, a: PersistEnding) -> Ending:
+        return Ending(a.end, a.owner, time.time(), a.cancel_reason.value if a.cancel_reason else None, a.args_digest)
+
+    async def _persist(self, a: PersistEnding) -> None:
+        try:
+            await self.endings.put(self._ending(a))
+        except (sqlite3.Error, StoreUnavailable) as exc:  # the ending stands in memory; only a crash could forget it
+            log.error("run_ending_not_persisted", run_id=a.run_id, error=str(exc))
+
+    def _perform_one(self, a: Action) -> None:
+        if isinstance(a, SendToHand):
+            peer = self.hands.get(a.hand)
+            if peer is not None and peer.gen == a.gen:
+                peer.outbox.put(a.msg)
+        elif isinstance(a, SendToClient):
+            peer = self.clients.get(a.client)
+            if peer is not None:
+                peer.outbox.put(a.msg, a.req_id, droppable=a.droppable)
+        elif isinstance(a, PersistEnding):
+            # before the actions after it, which tell the client and the Hand (DESIGN §15)
+            assert self.endings.put_now is not None
+            try:
+                self.endings.put_now(self._ending(a))
+            except sqlite3.Error as exc:  # the ending stands in memory; only a crash could now forget it
+                log.error("run_ending_not_persisted", run_id=a.run_id, error=str(exc))
+        elif isinstance(a, StartEnded):
+            self.spawn(self.tasks.start_ended(a))
+        elif isinstance(a, Log):
+            getattr(log, LOG_LEVELS.get(a.event, "info"))(a.event, **a.fields)
+            if a.event == AuditEvent.RUN_TERMINAL:
+                f = a.fields
+                if self.history is not None and (run := self.registry.get(f["run_id"])) is not None:
+                    self._history_queue.append((run.owner, run.info()))
+                self.metrics.runs.labels(f["state"]).inc()
+                self.metrics.run_seconds.observe(f["duration_ms"] / 1000)
+                if f["progress_dropped"]:
+                    self.metrics.progress_dropped.inc(f["progress_dropped"])
+            elif a.event in (AuditEvent.HAND_INPUT_WRONG_GENERATION, AuditEvent.HAND_INPUT_UNKNOWN_RUN):
+                self.metrics.foreign.inc()
 
     # --- connections ---
 

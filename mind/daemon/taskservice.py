@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import structlog
@@ -66,28 +65,16 @@ Waiter = tuple[Peer, str]
 """Who waits for a task start's answer: the connection and its request's envelope id."""
 
 
-def _run_all(calls: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:
-    """(on the database thread) Each call in order, each its own transaction; one failing call
-    fails only itself."""
-    out: list[tuple[bool, Any]] = []
-    for call in calls:
-        try:
-            out.append((True, call()))
-        except Exception as exc:  # handed to that call's waiter
-            out.append((False, exc))
-    return out
-
-
 class TaskService:
     def __init__(self, mind: Host) -> None:
         """`mind`: the daemon that owns this service (`mind.daemon.host.Host`)."""
         self.mind = mind
         self.starts: TaskStarts[Waiter] = TaskStarts()
         """Task starts in flight to the Hand: who waits for each answer (`mind.core.taskstart`)."""
-        self._calls: list[tuple[Callable[[], Any], str | None, asyncio.Future[Any]]] = []
+        self._calls: list[tuple[str, tuple[Any, ...], str | None, asyncio.Future[Any]]] = []
         self._flushing = False
 
-    async def _db(self, fn: Callable[..., T], *args: Any, hand: str | None = None) -> T:
+    async def _db(self, fn: Callable[..., Awaitable[T]], *args: Any, hand: str | None = None) -> T:
         """A snapshot-store call on the Mind's database thread, batched with the calls made while
         the previous batch ran: one thread hop for many. At hundreds of starts/s (a snapshot
         written per start, a report per start and per `task_update`) the hops, not SQLite, were the
@@ -101,7 +88,7 @@ class TaskService:
         never looks fresh.
         """
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._calls.append((partial(fn, *args), hand, fut))
+        self._calls.append((fn.__name__, args, hand, fut))  # a method of `Snapshots`, by name (`batch`)
         if not self._flushing:
             self._flushing = True
             try:
@@ -112,29 +99,20 @@ class TaskService:
                 raise
         return await fut
 
-    def _then_stale(self, call: Callable[[], Any], hand: str | None) -> Callable[[], Any]:
-        """(on the loop, as the batch is handed over) `call`, then the Hand's snapshots marked
-        stale if it is offline now: its disconnect's `mark_hand_stale` may have run already."""
-        if hand is None or self.mind.hands.get(hand) is not None:
-            return call
-        mark = partial(self.mind.snapshots.mark_hand_stale, hand)
-
-        def then_stale() -> Any:
-            try:
-                return call()
-            finally:
-                mark()
-
-        return then_stale
+    def _stale_after(self, hand: str | None) -> str | None:
+        """(on the loop, as the batch is handed over) the Hand whose snapshots are marked stale
+        after its call: the call's Hand if it is offline now (its disconnect's `mark_hand_stale`
+        may have run already)."""
+        return hand if hand is not None and self.mind.hands.get(hand) is None else None
 
     async def _flush(self) -> None:
-        batch: list[tuple[Callable[[], Any], str | None, asyncio.Future[Any]]] = []
+        batch: list[tuple[str, tuple[Any, ...], str | None, asyncio.Future[Any]]] = []
         try:
             while self._calls:
                 batch, self._calls = self._calls, []
-                calls = [self._then_stale(call, hand) for call, hand, _ in batch]
-                results = await self.mind.db(_run_all, calls)
-                for (_, _, fut), (ok, value) in zip(batch, results, strict=True):
+                calls = [(name, args, self._stale_after(hand)) for name, args, hand, _ in batch]
+                results = await self.mind.snapshots.batch(calls)
+                for (_, _, _, fut), (ok, value) in zip(batch, results, strict=True):
                     if fut.done():  # its waiter was cancelled
                         continue
                     if ok:
@@ -143,12 +121,12 @@ class TaskService:
                         fut.set_exception(value)
                 batch = []
         except Exception as exc:  # the database thread is gone: every waiter hears it
-            for _, _, fut in batch + self._calls:
+            for *_, fut in batch + self._calls:
                 if not fut.done():
                     fut.set_exception(exc)
             self._calls = []
         except BaseException:  # cancelled: the Mind stops
-            for _, _, fut in batch + self._calls:
+            for *_, fut in batch + self._calls:
                 fut.cancel()
             self._calls = []
             raise

@@ -7,10 +7,12 @@ and bytes, cursors that never repeat an item), and shows only what the client's 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
 from mind.core import selector
+from mind.core.admission import touch_denial
 from mind.core.paging import page
 from mind.core.runs import Run
 from mind.daemon.host import VERSION, Host
@@ -33,6 +35,8 @@ from protocol.messages import (
 from protocol.states import RUN_TERMINAL, RunState
 
 STATUS_LIST_MAX = 50
+MATCH_ON_LOOP_MAX = 500
+"""Hand rows a selector is matched against on the loop; more go to a thread (issue 23)."""
 STATUS_FAILURES = 10
 STATUS_LIST_BYTES = 256 << 10
 """Each list of `status` is cut at these (count, bytes), so the reply stays one bounded frame."""
@@ -60,6 +64,23 @@ class Views:
         cursor = str(taken[-1][0].seq) if more and taken else None
         peer.outbox.put(RunList(runs=[info for _, info in taken], next_after=cursor), id_)
 
+    async def run_from_history(self, peer: Peer, id_: str, run_id: str) -> None:
+        """`run get` of a run this node does not hold: the shared database's history (DESIGN §16),
+        under the same scope rule as a run held here (its Hand and its owner)."""
+        m = self.mind
+        assert m.history is not None
+        found = await m.history.get(run_id)
+        if found is None:
+            peer.outbox.put(Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {run_id}"), id_)
+            return
+        owner, info = found
+        denial = touch_denial(peer.scope, peer.ident.label, info.hand, owner, f"read run {run_id}", run_id=run_id)
+        if denial is not None:
+            why = m.deny(peer, denial.what, **denial.fields)
+            peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+            return
+        peer.outbox.put(info, id_)
+
     async def select_hands(self, peer: Peer, id_: str, msg: SelectHands) -> None:
         """A fleet selector resolved here, over the credential table (names and the operator's
         labels, read afresh, so `mind hand label` applies at once) and the live connections; only
@@ -73,10 +94,12 @@ class Views:
         after, scope = msg.after, peer.scope
         needs_labels = sel.needs_labels
 
+        rows = await m.creds(m.store.list, "hand")
+
         def candidates() -> list[tuple[str, int, dict[str, str]]]:
-            """On the credential thread, off the loop: the rows read and matched (issue 23)."""
+            """Off the loop: the rows matched (issue 23: thousands of Hands' labels)."""
             out = []
-            for row in m.store.list("hand"):
+            for row in rows:
                 if row.revoked_at is not None or (after is not None and row.label <= after):
                     continue
                 if not scope.allows_hand(row.label):
@@ -86,7 +109,7 @@ class Views:
                     out.append((row.label, row.generation, labels or row.label_map()))
             return out
 
-        found = await m.creds(candidates)
+        found = await asyncio.to_thread(candidates) if len(rows) > MATCH_ON_LOOP_MAX else candidates()
 
         def matching() -> Iterator[SelectedHand]:
             for name, generation, labels in found:

@@ -25,6 +25,8 @@ from protocol.errors import MindhandError
 ENV_PREFIX = "MINDHAND_"
 _TOKEN = re.compile(r"mh1:([a-z]+):([^:\s]+):[0-9a-fA-F]+")
 """A credential token anywhere in a value: masked by `show` (a path to a credential file is not)."""
+_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^@\s]+)(@)")
+"""A password in a URL (`database = "postgresql://mind:PASSWORD@db/mindhand"`): masked by `show` too."""
 
 
 class ConfigError(MindhandError, ValueError):
@@ -111,6 +113,7 @@ class Settings:
 
 def mask(value: Any) -> Any:
     if isinstance(value, str):
+        value = _URL_PASSWORD.sub(lambda m: f"{m.group(1)}****{m.group(3)}", value)
         return _TOKEN.sub(lambda m: f"mh1:{m.group(1)}:{m.group(2)}:****", value)
     if isinstance(value, list):
         return [mask(v) for v in value]

@@ -74,7 +74,7 @@ async def world(tmp_path: Path):
         (root / "f.txt").write_text(f"hello from {name}\n")
         assert mind.url is not None
         cfg = AgentConfig(
-            url=mind.url, credential=mind.store.add("hand", name), root=root, ping_interval=1.0, kill_grace=0.5
+            url=mind.url, credential=await mind.store.add("hand", name), root=root, ping_interval=1.0, kill_grace=0.5
         )
         agents[name] = Agent(cfg, backoff=Backoff(base=0.01, cap=0.05))
         running.append(asyncio.create_task(agents[name].run()))

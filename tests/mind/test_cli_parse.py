@@ -221,7 +221,9 @@ def test_env_and_cwd_read_the_same_everywhere(words):
 )
 def test_connection_options_are_the_same_on_every_client_command(cmd):
     a = parse(*cmd[:1], *cmd[1:], "--mind", "ws://m:1", "--credential", "c", "--ca", "ca", "--pin", "sha256:00")
-    assert (a.mind, a.credential, a.ca, a.pin) == ("ws://m:1", "c", "ca", "sha256:00")
+    assert (a.mind, a.credential, a.ca, a.pin) == (["ws://m:1"], "c", "ca", "sha256:00")
+    several = parse(*cmd[:1], *cmd[1:], "--mind", "ws://m:1", "--mind", "ws://n:2,ws://o:3")
+    assert several.mind == ["ws://m:1", "ws://n:2,ws://o:3"]  # every node kept (mind/cli/connection.py joins them)
 
 
 def test_exec_default_timeout_is_the_documented_one():

@@ -5,9 +5,7 @@ while settling answers every waiter with `internal_error`, and a failed retry wr
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import pytest
@@ -17,7 +15,7 @@ from mind.core.registry import Action, RunRegistry, SendToHand, StartEnded
 from mind.core.scope import FULL, Scope
 from mind.daemon.peer import INTERNAL_ERROR
 from mind.daemon.taskservice import TaskService
-from mind.store.snapshots import SnapshotStore
+from mind.store.sqlite import SqliteSnapshots
 from protocol.messages import Message, Rpc, RunEnd, TaskStart, TaskStartResult
 from protocol.states import RunState
 
@@ -39,19 +37,18 @@ class FakePeer:
 
 
 class FakeMind:
-    """What a start uses of the Mind: the stores on one thread, the connections, the registry and
-    the performer (here: the actions are kept)."""
+    """What a start uses of the Mind: the snapshot store (the SQLite engine), the connections, the
+    registry and the performer (here: the actions are kept)."""
 
-    def __init__(self, snapshots: SnapshotStore) -> None:
+    def __init__(self, snapshots: SqliteSnapshots) -> None:
         self.snapshots = snapshots
         self.hands: dict[str, FakePeer] = {"h1": FakePeer(gen=7)}
         self.registry = RunRegistry()
         self.performed: list[Action] = []
         self.tasks: list[asyncio.Task[Any]] = []
-        self._thread = ThreadPoolExecutor(1)
 
     async def db(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, partial(fn, *args))
+        return await fn(*args)
 
     def spawn(self, coro: Any) -> None:
         self.tasks.append(asyncio.get_running_loop().create_task(coro))
@@ -61,12 +58,10 @@ class FakeMind:
 
 
 @pytest.fixture
-def mind(tmp_path):
-    store = SnapshotStore(tmp_path / "mind.db")
-    m = FakeMind(store)
+async def mind(tmp_path):
+    m = FakeMind(SqliteSnapshots(tmp_path / "mind.db"))
     yield m
-    m._thread.shutdown()
-    store.close()
+    await m.snapshots.close()
 
 
 def request() -> TaskStart:
@@ -77,7 +72,7 @@ async def test_a_start_is_stored_stale_before_its_run_goes_to_the_live_generatio
     svc = TaskService(mind)  # type: ignore[arg-type]
     peer = FakePeer()
     await svc.start(peer, "q1", request())  # type: ignore[arg-type]
-    snap = mind.snapshots.get("t1")
+    snap = mind.snapshots.sync.get("t1")
     assert snap is not None and snap.stale and snap.start_pending and snap.owner == "me"
     [rpc] = [a for a in mind.performed if isinstance(a, SendToHand)]
     assert rpc.gen == 7 and isinstance(rpc.msg, Rpc) and rpc.msg.background is not None
@@ -93,7 +88,7 @@ async def test_settling_that_fails_answers_every_waiter_with_internal_error(mind
     def broken(task_id: str) -> None:
         raise OSError("disk gone")
 
-    monkeypatch.setattr(mind.snapshots, "finish_start", broken)
+    monkeypatch.setattr(mind.snapshots.sync, "finish_start", broken)
     end = RunEnd(run_id="t1", hand="h1", tool="exec", state=RunState.LOST, reason="hand gone")
     with pytest.raises(OSError):
         await svc.start_ended(StartEnded(run_id="t1", hand="h1", end=end))
@@ -107,16 +102,16 @@ async def test_a_retry_whose_write_fails_frees_the_id_for_the_next_start(mind, m
     [ended] = [a for a in mind.registry.on_hand_gone("h1", 7, 1.0, 1.0) if isinstance(a, StartEnded)]
     await svc.start_ended(ended)
     mind.hands["h1"] = FakePeer(gen=8)  # and it is back
-    real_retry = mind.snapshots.retry_start
+    real_retry = mind.snapshots.sync.retry_start
 
     def broken(snap: Any) -> None:
         raise OSError("disk gone")
 
-    monkeypatch.setattr(mind.snapshots, "retry_start", broken)
+    monkeypatch.setattr(mind.snapshots.sync, "retry_start", broken)
     with pytest.raises(OSError):
         await svc.start(FakePeer(), "q1", request())  # type: ignore[arg-type]
     assert not svc.starts.in_flight("t1")  # a later retry is not left joining a start nobody sends
-    monkeypatch.setattr(mind.snapshots, "retry_start", real_retry)
+    monkeypatch.setattr(mind.snapshots.sync, "retry_start", real_retry)
     peer = FakePeer()
     await svc.start(peer, "q2", request())  # type: ignore[arg-type]
     assert svc.starts.in_flight("t1") and peer.outbox.sent == []  # asked of the Hand again
@@ -132,13 +127,13 @@ async def test_an_answered_start_tells_the_sender_accepted(mind) -> None:
     await svc.start_ended(StartEnded(run_id="t1", hand="h1", end=end))
     [(msg, id_)] = peer.outbox.sent
     assert isinstance(msg, TaskStartResult) and (msg.outcome, id_) == ("accepted", "q1")
-    snap = mind.snapshots.get("t1")
+    snap = mind.snapshots.sync.get("t1")
     assert snap is not None and not snap.stale and snap.version == 1
 
 
 def _hand_row(mind: FakeMind) -> dict[str, Any]:
     """The row the Hand reports for the start stored in `mind`, as it arrives on the wire."""
-    snap = mind.snapshots.get("t1")
+    snap = mind.snapshots.sync.get("t1")
     assert snap is not None
     return {
         "task_id": "t1",

@@ -169,3 +169,11 @@ def test_reloader_reports_reloadable_changes_once_and_keeps_going_on_a_bad_file(
     assert kinds[0] == ("config_reloaded", ["log_level"], ["workers"])
     assert kinds[1] == ("config_reloaded", [], ["workers"])
     assert kinds[2][0] == "config_reload_failed"
+
+
+def test_show_masks_a_password_in_a_url_and_keeps_the_rest():
+    from protocol.io.settings import mask
+
+    assert mask("postgresql://mind:s3cr%40t@db:5432/mindhand") == "postgresql://mind:****@db:5432/mindhand"
+    assert mask("postgresql://mind@db/mindhand") == "postgresql://mind@db/mindhand"  # no password: nothing hidden
+    assert mask(["ws://a:7470", "wss://b:7470/x"]) == ["ws://a:7470", "wss://b:7470/x"]  # a port is not a password

@@ -1,0 +1,150 @@
+"""What the daemon needs of its stores, as one async interface with two engines (DESIGN §16).
+
+The SQLite engine (`mind.store.sqlite`) is the embedded default: today's files in the Mind's home,
+today's synchronous classes, each call run on the store's own thread so the loop never waits on a
+disk. The PostgreSQL engine (`mind.store.postgres`) is the system of record shared by many Mind
+nodes (`mind serve --database postgresql://...`): asyncpg on the loop itself, every statement under
+a timeout. The daemon only ever awaits these methods, so it cannot tell the two apart, and one
+test suite (tests/mind/test_store_engines.py) holds both to the same answers.
+
+A store that cannot answer (the database went away, a statement timed out) raises
+`StoreUnavailable`: the request that needed it gets an error frame with that sentence, the
+daemon goes on (never a crash, never a stalled loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from mind.core.snapshots import Plan, Snapshot
+from mind.store.credentials import CredentialRow
+from mind.store.endings import Ending
+from protocol.auth import Credential
+from protocol.errors import MindhandError
+from protocol.messages import RunInfo, TaskInfo
+from protocol.states import TaskState
+
+Calls = list[tuple[str, tuple[Any, ...], str | None]]
+"""A batch of snapshot-store calls: (method name, its arguments, the Hand to mark stale after it)."""
+Results = list[tuple[bool, Any]]
+
+
+class StoreUnavailable(MindhandError):
+    """The shared database did not answer in time or is gone: the message says which and where."""
+
+
+STORE_UNAVAILABLE_MESSAGE = (
+    "this Mind cannot reach its database right now; nothing was started: try again (or another Mind node)"
+)
+"""What a peer is told when its handshake or request needed the database and it was away (the
+operator's log has the database's own words)."""
+
+
+class SchemaTooNew(MindhandError):
+    """The database was migrated by a newer Mind than this one: refused at start, never written."""
+
+
+class Credentials(Protocol):
+    """Credentials, scopes, labels, generations, the admin row and the change epoch."""
+
+    async def mind_id(self) -> str: ...
+    async def epoch(self) -> int: ...
+    async def add(
+        self, role: str, label: str, scope: str | None = None, labels: dict[str, str] | None = None
+    ) -> Credential: ...
+    async def rotate(self, role: str, label: str) -> Credential | None: ...
+    async def scope(self, role: str, label: str) -> str | None: ...
+    async def set_labels(
+        self, role: str, label: str, set_: dict[str, str], remove: list[str]
+    ) -> dict[str, str] | None: ...
+    async def revoke(self, role: str, label: str) -> bool: ...
+    async def secret(self, role: str, label: str) -> bytes | None: ...
+    async def next_generation(self, role: str, label: str) -> int: ...
+    async def touch(self, role: str, label: str) -> None: ...
+    async def list(self, role: str) -> list[CredentialRow]: ...
+    async def close(self) -> None: ...
+
+
+class Snapshots(Protocol):
+    """Task snapshots (`mind.core.snapshots` decides, the engine applies in one transaction)."""
+
+    async def get(self, task_id: str) -> Snapshot | None: ...
+    async def insert_new(self, snap: Snapshot) -> Snapshot | None: ...
+    async def delete(self, task_id: str) -> None: ...
+    async def report(
+        self, hand: str, info: TaskInfo, now: float, adopt: bool = True
+    ) -> tuple[Snapshot | None, str]: ...
+    async def retry_start(self, snap: Snapshot) -> Snapshot | None: ...
+    async def finish_start(self, task_id: str) -> Snapshot | None: ...
+    async def set_cancel_pending(self, task_id: str, reason: str) -> Snapshot | None: ...
+    async def clear_cancel_pending(self, task_id: str) -> None: ...
+    async def mark_hand_stale(self, hand: str) -> int: ...
+    async def mark_all_stale(self) -> int: ...
+    async def list(
+        self,
+        hand: str | None = None,
+        state: TaskState | None = None,
+        limit: int = 1000,
+        after: tuple[float, str] | None = None,
+    ) -> list[Snapshot]: ...
+    async def counts_by_state(self) -> dict[str, int]: ...
+    async def counts_visible(self, visible: Callable[[str, str], bool]) -> tuple[dict[str, int], int]: ...
+    async def count_stale(self) -> int: ...
+    async def reconcile(
+        self,
+        hand: str,
+        hand_rows: dict[str, TaskInfo],
+        now: float,
+        synced_since: float | None = None,
+        quota: int | None = None,
+    ) -> Plan: ...
+    async def batch(self, calls: Calls) -> Results:
+        """Many calls `(method name, args, hand)` in order, each its own transaction, each followed
+        by `mark_hand_stale(hand)` when `hand` is given: one thread hop for all of them on SQLite
+        (the measured cost at hundreds of starts/s), plain awaits on PostgreSQL. Each result is
+        `(True, value)` or `(False, exception)`."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class Endings(Protocol):
+    """The durable endings of DESIGN §15 and this node's life record.
+
+    `put_now` is the SQLite engine's write on the loop (tens of microseconds, before the actions
+    that tell anyone); an engine over the network has none (`None`) and the daemon awaits `put`
+    before it performs the actions that follow the ending (`Mind.perform`)."""
+
+    put_now: Callable[[Ending], None] | None
+
+    async def put(self, ending: Ending) -> None: ...
+    async def load(self, window: float, now: float | None = None) -> list[Ending]: ...
+    async def begin_life(self) -> bool: ...
+    async def end_life(self, live_runs: int) -> None: ...
+    async def close(self) -> None: ...
+
+
+class History(Protocol):
+    """Finished runs' metadata shared by the nodes of a database (none on SQLite: one Mind's memory)."""
+
+    async def put_many(self, runs: list[tuple[str, RunInfo]]) -> None: ...
+    async def get(self, run_id: str) -> tuple[str, RunInfo] | None: ...
+
+
+class Stores(Protocol):
+    """One engine's three stores, opened together (`mind.store.engines.open_stores`)."""
+
+    engine: str
+    """"sqlite" or "postgresql" (`mind status`, logs)."""
+
+    @property
+    def credentials(self) -> Credentials: ...
+    @property
+    def snapshots(self) -> Snapshots: ...
+    @property
+    def endings(self) -> Endings: ...
+    @property
+    def history(self) -> History | None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,803 @@
+"""The PostgreSQL engine of `mind.store.api`: one database shared by any number of Mind nodes.
+
+Driver: asyncpg (MagicStack, maintained since 2016): asyncio-native, so a statement never holds a
+thread; the binary protocol (secrets and msgpack blobs go as bytes, no quoting); its own pool; and
+LISTEN/NOTIFY for the later wave's rare events (a claim, a revocation). Every statement runs under
+`STATEMENT_TIMEOUT_S`, both on the client (`command_timeout`, the pool acquire, one
+`asyncio.timeout` per call) and on the server (`statement_timeout`): a database that went away or
+hangs costs a request a clear `StoreUnavailable` within seconds, never the event loop.
+
+The rules are the same pure functions the SQLite engine applies (`mind.core.snapshots`), run inside
+one transaction with the rows locked (`SELECT ... FOR UPDATE`), so two nodes applying a report and
+a reconciliation of the same Hand still apply them in version order.
+
+Schema: versioned migrations (`MIGRATIONS`, the `schema_version` table), applied by the Mind at
+start under an advisory lock (two nodes starting at once: one migrates, the other waits and finds
+it done). A schema newer than this binary is refused (`SchemaTooNew`): a downgraded node must not
+write rows whose meaning it does not know.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import asyncpg
+import msgpack
+
+from mind.core.snapshots import Plan, Snapshot, apply_report, from_report, reconcile
+from mind.store.api import Calls, Results, SchemaTooNew, StoreUnavailable
+from mind.store.credentials import CredentialRow, StoreError, _labels_json
+from mind.store.endings import MAX_ROWS, PRUNE_EVERY, TAIL_KEPT, Ending
+from mind.store.snapshots import COLS, NON_TERMINAL, _row, _values
+from protocol import limits
+from protocol.auth import Credential
+from protocol.messages import RunEnd, RunInfo, TaskInfo
+from protocol.states import TaskState
+
+T = TypeVar("T")
+
+STATEMENT_TIMEOUT_S = 5.0
+"""The longest any one call on the database may take, connection included."""
+CONNECT_TIMEOUT_S = 5.0
+POOL_MAX = 8
+MIGRATION_LOCK = 0x6D696E6468  # "mindh": the advisory lock two starting nodes take in turn
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the state of one SQLite Mind, shared; `hands` and `nodes` hold what ownership (a fencing
+    # claim per Hand) and liveness (a heartbeat per node) need in the next wave of DESIGN §16.
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE credentials (
+        role TEXT NOT NULL CHECK (role IN ('hand', 'client')),
+        label TEXT NOT NULL,
+        secret BYTEA NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        revoked_at DOUBLE PRECISION,
+        generation BIGINT NOT NULL DEFAULT 0,
+        last_seen_at DOUBLE PRECISION,
+        scope TEXT,
+        labels TEXT,
+        PRIMARY KEY (role, label)
+    );
+    CREATE TABLE task_snapshots (
+        task_id TEXT PRIMARY KEY,
+        hand TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        args_digest TEXT NOT NULL,
+        binding_digest TEXT NOT NULL,
+        state TEXT NOT NULL,
+        stale INTEGER NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        last_synced_at DOUBLE PRECISION,
+        version BIGINT NOT NULL DEFAULT 0,
+        info BYTEA,
+        cancel_pending TEXT,
+        start_pending INTEGER NOT NULL DEFAULT 0,
+        reason TEXT NOT NULL DEFAULT '',
+        owner TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX task_snapshots_hand ON task_snapshots (hand, state);
+    CREATE INDEX task_snapshots_newest ON task_snapshots (created_at DESC, task_id);
+    CREATE TABLE run_endings (
+        run_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        ended_at DOUBLE PRECISION NOT NULL,
+        cancel_reason TEXT,
+        args_digest TEXT NOT NULL DEFAULT '',
+        run_end BYTEA NOT NULL
+    );
+    CREATE INDEX run_endings_age ON run_endings (ended_at);
+    CREATE TABLE run_history (
+        run_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        hand TEXT NOT NULL,
+        ended_at DOUBLE PRECISION NOT NULL,
+        info BYTEA NOT NULL
+    );
+    CREATE INDEX run_history_age ON run_history (ended_at);
+    CREATE TABLE nodes (
+        name TEXT PRIMARY KEY,
+        running BOOLEAN NOT NULL,
+        live_runs INTEGER NOT NULL,
+        started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    );
+    CREATE TABLE hands (
+        label TEXT PRIMARY KEY,
+        node TEXT,
+        claim BIGINT NOT NULL DEFAULT 0,
+        claimed_at TIMESTAMPTZ
+    );
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_GONE = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.OperatorInterventionError,  # an administrator's shutdown, a statement timeout (QueryCanceled)
+    asyncpg.InsufficientResourcesError,  # too many connections, disk full
+    asyncpg.ReadOnlySQLTransactionError,  # a standby, during a failover
+)
+"""What a database that went away, restarts, hangs or cannot take writes raises: a `StoreUnavailable`."""
+RETRIES = 3
+"""Tries of a call whose transaction the database rolled back (a deadlock between two nodes' writes
+about one Hand, a serialization failure): the next try sees the other's commit."""
+
+
+def redact(dsn: str) -> str:
+    """The database URL as logs and errors show it: never its password."""
+    scheme, sep, rest = dsn.partition("://")
+    if not sep or "@" not in rest:
+        return dsn
+    userinfo, _, hostpart = rest.rpartition("@")
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{hostpart}" if ":" in userinfo else f"{scheme}://{user}@{hostpart}"
+
+
+async def connect(dsn: str, node: str) -> PostgresStores:
+    """Open the pool, migrate, and return the three stores. Raises `StoreUnavailable` (cannot reach
+    the database) or `SchemaTooNew`; the caller (`mind serve`, the admin commands) says it and exits."""
+    where = redact(dsn)
+    try:
+        pool = await asyncio.wait_for(
+            asyncpg.create_pool(
+                dsn,
+                min_size=1,
+                max_size=POOL_MAX,
+                command_timeout=STATEMENT_TIMEOUT_S,
+                timeout=CONNECT_TIMEOUT_S,
+                server_settings={
+                    "statement_timeout": str(int(STATEMENT_TIMEOUT_S * 1000)),
+                    "application_name": f"mindhand {node}"[:63],
+                },
+            ),
+            CONNECT_TIMEOUT_S * 2,
+        )
+    except (*_GONE, asyncpg.PostgresError) as exc:
+        raise StoreUnavailable(f"cannot reach the database {where}: {_why(exc)}") from None
+    db = _Db(pool, where)
+    try:
+        await migrate(db)
+    except BaseException:
+        await db.close()
+        raise
+    return PostgresStores(db, node)
+
+
+def _why(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+async def migrate(db: _Db) -> int:
+    """Bring the schema to `SCHEMA_VERSION`; the version found before. Refuses a newer one."""
+
+    async def run(con: asyncpg.Connection) -> int:
+        async with con.transaction():
+            await con.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+            await con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            found = await con.fetchval("SELECT max(version) FROM schema_version") or 0
+            if found > SCHEMA_VERSION:
+                raise SchemaTooNew(
+                    f"the database {db.where} has schema version {found}, newer than this Mind's "
+                    f"{SCHEMA_VERSION}: run a Mind at least as new as the one that migrated it"
+                )
+            for version in range(found + 1, SCHEMA_VERSION + 1):
+                await con.execute(MIGRATIONS[version - 1])
+                await con.execute("INSERT INTO schema_version (version) VALUES ($1)", version)
+            return int(found)
+
+    return await db.run(run, timeout=STATEMENT_TIMEOUT_S * 6)
+
+
+class _Db:
+    """The pool, and the one way to use it: a bounded call that says what went wrong."""
+
+    def __init__(self, pool: asyncpg.Pool, where: str) -> None:
+        self.pool = pool
+        self.where = where
+
+    async def run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], timeout: float = STATEMENT_TIMEOUT_S) -> T:
+        try:
+            async with asyncio.timeout(timeout):
+                for attempt in range(RETRIES):
+                    try:
+                        async with self.pool.acquire() as con:
+                            return await fn(con)
+                    except asyncpg.TransactionRollbackError:
+                        if attempt == RETRIES - 1:
+                            raise
+                raise AssertionError("unreachable")
+        except _GONE as exc:
+            raise StoreUnavailable(f"the database {self.where} is unavailable: {_why(exc)}") from None
+        except asyncpg.TransactionRollbackError as exc:
+            raise StoreUnavailable(f"the database {self.where} kept rolling this back: {_why(exc)}") from None
+
+    async def close(self) -> None:
+        try:
+            await asyncio.wait_for(self.pool.close(), STATEMENT_TIMEOUT_S)
+        except (*_GONE, asyncpg.PostgresError):
+            self.pool.terminate()
+
+
+_BUMP_EPOCH = (
+    "INSERT INTO meta (key, value) VALUES ('cred_epoch', '1') "
+    "ON CONFLICT (key) DO UPDATE SET value = (meta.value::bigint + 1)::text"
+)
+
+
+class PgCredentials:
+    def __init__(self, db: _Db) -> None:
+        self._db = db
+
+    async def mind_id(self) -> str:
+        async def run(con: asyncpg.Connection) -> str:
+            new = "mind-" + secrets.token_hex(6)
+            await con.execute("INSERT INTO meta (key, value) VALUES ('mind_id', $1) ON CONFLICT DO NOTHING", new)
+            return str(await con.fetchval("SELECT value FROM meta WHERE key = 'mind_id'"))
+
+        return await self._db.run(run)
+
+    async def epoch(self) -> int:
+        value = await self._db.run(lambda con: con.fetchval("SELECT value FROM meta WHERE key = 'cred_epoch'"))
+        return int(value) if value is not None else 0
+
+    async def add(
+        self, role: str, label: str, scope: str | None = None, labels: dict[str, str] | None = None
+    ) -> Credential:
+        if not limits.LABEL_RE.match(label):
+            raise StoreError(f"invalid name {label!r}: use 1-64 of A-Z a-z 0-9 . _ - , starting with a letter or digit")
+        secret = secrets.token_bytes(limits.SECRET_BYTES)
+
+        async def run(con: asyncpg.Connection) -> None:
+            async with con.transaction():
+                inserted = await con.fetchval(
+                    "INSERT INTO credentials (role, label, secret, created_at, scope, labels) "
+                    "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING RETURNING 1",
+                    role,
+                    label,
+                    secret,
+                    time.time(),
+                    scope,
+                    _labels_json(labels),
+                )
+                if inserted is None:
+                    # Re-adding a revoked name keeps its generation counter: generations never go back.
+                    done = await con.fetchval(
+                        "UPDATE credentials SET secret = $1, created_at = $2, revoked_at = NULL, scope = $3, "
+                        "labels = $4 WHERE role = $5 AND label = $6 AND revoked_at IS NOT NULL RETURNING 1",
+                        secret,
+                        time.time(),
+                        scope,
+                        _labels_json(labels),
+                        role,
+                        label,
+                    )
+                    if done is None:
+                        raise StoreError(f"{role} {label!r} already exists")
+                await con.execute(_BUMP_EPOCH)
+
+        await self._db.run(run)
+        return Credential(role=role, label=label, secret=secret)
+
+    async def rotate(self, role: str, label: str) -> Credential | None:
+        secret = secrets.token_bytes(limits.SECRET_BYTES)
+
+        async def run(con: asyncpg.Connection) -> bool:
+            async with con.transaction():
+                done = await con.fetchval(
+                    "UPDATE credentials SET secret = $1 WHERE role = $2 AND label = $3 AND revoked_at IS NULL "
+                    "RETURNING 1",
+                    secret,
+                    role,
+                    label,
+                )
+                if done is None:
+                    return False
+                await con.execute(_BUMP_EPOCH)
+                return True
+
+        return Credential(role=role, label=label, secret=secret) if await self._db.run(run) else None
+
+    async def scope(self, role: str, label: str) -> str | None:
+        return await self._db.run(
+            lambda con: con.fetchval("SELECT scope FROM credentials WHERE role = $1 AND label = $2", role, label)
+        )
+
+    async def set_labels(self, role: str, label: str, set_: dict[str, str], remove: list[str]) -> dict[str, str] | None:
+        async def run(con: asyncpg.Connection) -> dict[str, str] | None:
+            async with con.transaction():
+                row = await con.fetchrow(
+                    "SELECT labels FROM credentials WHERE role = $1 AND label = $2 AND revoked_at IS NULL FOR UPDATE",
+                    role,
+                    label,
+                )
+                if row is None:
+                    return None
+                now: dict[str, str] = json.loads(row[0]) if row[0] else {}
+                for k in remove:
+                    now.pop(k, None)
+                now.update(set_)
+                if len(now) > limits.HAND_LABELS_MAX:
+                    raise StoreError(f"{role} {label!r} would have {len(now)} labels; at most {limits.HAND_LABELS_MAX}")
+                await con.execute(
+                    "UPDATE credentials SET labels = $1 WHERE role = $2 AND label = $3", _labels_json(now), role, label
+                )
+                return dict(sorted(now.items()))
+
+        return await self._db.run(run)
+
+    async def revoke(self, role: str, label: str) -> bool:
+        async def run(con: asyncpg.Connection) -> bool:
+            async with con.transaction():
+                done = await con.fetchval(
+                    "UPDATE credentials SET revoked_at = $1 WHERE role = $2 AND label = $3 AND revoked_at IS NULL "
+                    "RETURNING 1",
+                    time.time(),
+                    role,
+                    label,
+                )
+                if done is None:
+                    return False
+                await con.execute(_BUMP_EPOCH)
+                return True
+
+        return await self._db.run(run)
+
+    async def secret(self, role: str, label: str) -> bytes | None:
+        value = await self._db.run(
+            lambda con: con.fetchval(
+                "SELECT secret FROM credentials WHERE role = $1 AND label = $2 AND revoked_at IS NULL", role, label
+            )
+        )
+        return bytes(value) if value is not None else None
+
+    async def next_generation(self, role: str, label: str) -> int:
+        """One statement: the row's lock orders two nodes welcoming the same Hand at once."""
+        gen = await self._db.run(
+            lambda con: con.fetchval(
+                "UPDATE credentials SET generation = generation + 1, last_seen_at = $1 "
+                "WHERE role = $2 AND label = $3 RETURNING generation",
+                time.time(),
+                role,
+                label,
+            )
+        )
+        if gen is None:
+            raise StoreError(f"{role} {label!r} vanished during the handshake")
+        return int(gen)
+
+    async def touch(self, role: str, label: str) -> None:
+        await self._db.run(
+            lambda con: con.execute(
+                "UPDATE credentials SET last_seen_at = $1 WHERE role = $2 AND label = $3", time.time(), role, label
+            )
+        )
+
+    async def list(self, role: str) -> list[CredentialRow]:
+        rows = await self._db.run(
+            lambda con: con.fetch(
+                "SELECT role, label, created_at, revoked_at, generation, last_seen_at, scope, labels FROM credentials "
+                'WHERE role = $1 ORDER BY label COLLATE "C"',
+                role,
+            )
+        )
+        return [CredentialRow(*r) for r in rows]
+
+    async def close(self) -> None:
+        pass
+
+
+_PUT = (
+    f"INSERT INTO task_snapshots ({COLS}) VALUES ({', '.join(f'${i}' for i in range(1, 16))}) "
+    "ON CONFLICT (task_id) DO UPDATE SET "
+    + ", ".join(f"{c.strip()} = EXCLUDED.{c.strip()}" for c in COLS.split(",")[1:])
+)
+_NON_TERMINAL = list(NON_TERMINAL)
+
+
+class PgSnapshots:
+    def __init__(self, db: _Db) -> None:
+        self._db = db
+
+    @staticmethod
+    async def _get(con: asyncpg.Connection, task_id: str, lock: bool = False) -> Snapshot | None:
+        r = await con.fetchrow(
+            f"SELECT {COLS} FROM task_snapshots WHERE task_id = $1" + (" FOR UPDATE" if lock else ""), task_id
+        )
+        return _row(tuple(r)) if r is not None else None
+
+    @staticmethod
+    async def _put_many(con: asyncpg.Connection, snaps: list[Snapshot]) -> None:
+        if snaps:
+            await con.executemany(_PUT, [_values(s) for s in snaps])
+
+    async def _tx(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        async def run(con: asyncpg.Connection) -> T:
+            async with con.transaction():
+                return await fn(con)
+
+        return await self._db.run(run)
+
+    async def get(self, task_id: str) -> Snapshot | None:
+        return await self._db.run(lambda con: self._get(con, task_id))
+
+    async def insert_new(self, snap: Snapshot) -> Snapshot | None:
+        async def run(con: asyncpg.Connection) -> Snapshot | None:
+            done = await con.fetchval(
+                _PUT.split(" ON CONFLICT")[0] + " ON CONFLICT DO NOTHING RETURNING 1", *_values(snap)
+            )
+            return None if done is not None else await self._get(con, snap.task_id)
+
+        return await self._tx(run)
+
+    async def delete(self, task_id: str) -> None:
+        await self._db.run(lambda con: con.execute("DELETE FROM task_snapshots WHERE task_id = $1", task_id))
+
+    async def report(self, hand: str, info: TaskInfo, now: float, adopt: bool = True) -> tuple[Snapshot | None, str]:
+        async def run(con: asyncpg.Connection) -> tuple[Snapshot | None, str]:
+            snap = await self._get(con, info.task_id, lock=True)
+            if snap is None:
+                if not adopt:
+                    return None, "unknown"
+                new = from_report(hand, info, now)
+                await self._put_many(con, [new])
+                return new, "adopted"
+            if snap.hand != hand:
+                return snap, "foreign"
+            updated = apply_report(snap, info, now)
+            if updated is None:
+                return snap, "unchanged"
+            await self._put_many(con, [updated])
+            return updated, "updated"
+
+        return await self._tx(run)
+
+    async def retry_start(self, snap: Snapshot) -> Snapshot | None:
+        async def run(con: asyncpg.Connection) -> Snapshot | None:
+            current = await self._get(con, snap.task_id, lock=True)
+            if current is None or current.version > 0 or current.start_pending:
+                return None
+            await self._put_many(con, [snap])
+            return snap
+
+        return await self._tx(run)
+
+    async def finish_start(self, task_id: str) -> Snapshot | None:
+        async def run(con: asyncpg.Connection) -> Snapshot | None:
+            snap = await self._get(con, task_id, lock=True)
+            if snap is None:
+                return None
+            if snap.start_pending:
+                snap = replace(snap, start_pending=False)
+                await self._put_many(con, [snap])
+            return snap
+
+        return await self._tx(run)
+
+    async def set_cancel_pending(self, task_id: str, reason: str) -> Snapshot | None:
+        async def run(con: asyncpg.Connection) -> Snapshot | None:
+            snap = await self._get(con, task_id, lock=True)
+            if snap is None or snap.terminal:
+                return snap
+            snap = replace(snap, cancel_pending=reason)
+            await self._put_many(con, [snap])
+            return snap
+
+        return await self._tx(run)
+
+    async def clear_cancel_pending(self, task_id: str) -> None:
+        await self._db.run(
+            lambda con: con.execute("UPDATE task_snapshots SET cancel_pending = NULL WHERE task_id = $1", task_id)
+        )
+
+    async def mark_hand_stale(self, hand: str) -> int:
+        status = await self._db.run(
+            lambda con: con.execute(
+                "UPDATE task_snapshots SET stale = 1 WHERE hand = $1 AND stale = 0 AND state = ANY($2::text[])",
+                hand,
+                _NON_TERMINAL,
+            )
+        )
+        return _count(status)
+
+    async def mark_all_stale(self) -> int:
+        """A node starts: nothing it is told about an unfinished task can be trusted as current. On a
+        shared database this marks other nodes' Hands' snapshots stale too: stale means "may be out
+        of date", which is never wrong; their next report or reconciliation freshens them."""
+
+        async def run(con: asyncpg.Connection) -> int:
+            status = await con.execute(
+                "UPDATE task_snapshots SET stale = 1 WHERE stale = 0 AND state = ANY($1::text[])", _NON_TERMINAL
+            )
+            await con.execute("UPDATE task_snapshots SET start_pending = 0 WHERE start_pending = 1")
+            return _count(status)
+
+        return await self._tx(run)
+
+    async def list(
+        self,
+        hand: str | None = None,
+        state: TaskState | None = None,
+        limit: int = 1000,
+        after: tuple[float, str] | None = None,
+    ) -> list[Snapshot]:
+        where: list[str] = []
+        params: list[Any] = []
+
+        def p(value: Any) -> str:
+            params.append(value)
+            return f"${len(params)}"
+
+        if after is not None:
+            t = p(after[0])
+            where.append(f'(created_at < {t} OR (created_at = {t} AND task_id COLLATE "C" > {p(after[1])}))')
+        if hand is not None:
+            where.append(f"hand = {p(hand)}")
+        if state is not None:
+            where.append(f"state = {p(state.value)}")
+        sql = f"SELECT {COLS} FROM task_snapshots"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += f' ORDER BY created_at DESC, task_id COLLATE "C" LIMIT {p(limit)}'
+        rows = await self._db.run(lambda con: con.fetch(sql, *params))
+        return [_row(tuple(r)) for r in rows]
+
+    async def counts_by_state(self) -> dict[str, int]:
+        rows = await self._db.run(lambda con: con.fetch("SELECT state, COUNT(*) FROM task_snapshots GROUP BY state"))
+        return {r[0]: int(r[1]) for r in rows}
+
+    async def counts_visible(self, visible: Callable[[str, str], bool]) -> tuple[dict[str, int], int]:
+        groups = await self._db.run(
+            lambda con: con.fetch(
+                "SELECT hand, owner, state, stale, COUNT(*) FROM task_snapshots GROUP BY hand, owner, state, stale"
+            )
+        )
+        counts: dict[str, int] = {}
+        stale = 0
+        for hand, owner, state, is_stale, n in groups:
+            if visible(hand, owner):
+                counts[state] = counts.get(state, 0) + n
+                stale += n if is_stale else 0
+        return counts, stale
+
+    async def count_stale(self) -> int:
+        return int(await self._db.run(lambda con: con.fetchval("SELECT COUNT(*) FROM task_snapshots WHERE stale = 1")))
+
+    async def reconcile(
+        self,
+        hand: str,
+        hand_rows: dict[str, TaskInfo],
+        now: float,
+        synced_since: float | None = None,
+        quota: int | None = None,
+    ) -> Plan:
+        """As `SnapshotStore.reconcile`, in one transaction with the Hand's rows locked."""
+
+        async def run(con: asyncpg.Connection) -> Plan:
+            rows = hand_rows
+            mine = [
+                _row(tuple(r))
+                for r in await con.fetch(f"SELECT {COLS} FROM task_snapshots WHERE hand = $1 FOR UPDATE", hand)
+            ]
+            settled = [s for s in mine if not s.start_pending]
+            held_elsewhere: dict[str, str] = {s.task_id: hand for s in mine if s.start_pending}
+            mine_ids = {s.task_id for s in mine}
+            unknown_ids = [tid for tid in rows if tid not in mine_ids]
+            if unknown_ids:
+                for r in await con.fetch(
+                    "SELECT task_id, hand FROM task_snapshots WHERE task_id = ANY($1::text[])", unknown_ids
+                ):
+                    held_elsewhere[r[0]] = r[1]
+            over = 0
+            if quota is not None:
+                new_ids = sorted(tid for tid in unknown_ids if tid not in held_elsewhere)
+                room = max(0, quota - len(mine))
+                if len(new_ids) > room:
+                    over = len(new_ids) - room
+                    rows = dict(rows)
+                    for tid in new_ids[room:]:
+                        del rows[tid]
+            plan = reconcile(hand, settled, rows, held_elsewhere, now, synced_since)
+            plan.over_quota = over
+            await self._put_many(con, plan.writes)
+            if plan.never_stored:
+                await con.execute("DELETE FROM task_snapshots WHERE task_id = ANY($1::text[])", list(plan.never_stored))
+            return plan
+
+        return await self._tx(run)
+
+    async def batch(self, calls: Calls) -> Results:
+        out: Results = []
+        for name, args, hand in calls:
+            try:
+                try:
+                    out.append((True, await getattr(self, name)(*args)))
+                finally:
+                    if hand is not None:
+                        await self.mark_hand_stale(hand)
+            except Exception as exc:  # this call's waiter hears it; the batch goes on
+                out.append((False, exc))
+        return out
+
+    async def close(self) -> None:
+        pass
+
+
+def _count(status: str) -> int:
+    """Rows an UPDATE/DELETE changed, from its command tag (`UPDATE 3`)."""
+    return int(status.rsplit(" ", 1)[-1])
+
+
+class PgEndings:
+    """The endings, shared: a run one node ended is ended for every node its Hand may reach next.
+    The life record (`begin_life`/`end_life`) is this node's own row of `nodes`."""
+
+    put_now: Callable[[Ending], None] | None = None
+
+    def __init__(self, db: _Db, node: str) -> None:
+        self._db = db
+        self._node = node
+        self._writes = 0
+        self._window = 0.0
+
+    async def put(self, ending: Ending) -> None:
+        end = ending.end
+        short = {
+            name: tail.model_copy(update={"data": tail.data[-TAIL_KEPT:]})
+            for name in ("stdout", "stderr")
+            if len((tail := getattr(end, name)).data) > TAIL_KEPT
+        }
+        if short:
+            end = end.model_copy(update=short)
+        blob = msgpack.packb(end.model_dump(mode="python"), use_bin_type=True)
+        await self._db.run(
+            lambda con: con.execute(
+                "INSERT INTO run_endings (run_id, owner, ended_at, cancel_reason, args_digest, run_end) "
+                "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, "
+                "ended_at = EXCLUDED.ended_at, cancel_reason = EXCLUDED.cancel_reason, "
+                "args_digest = EXCLUDED.args_digest, run_end = EXCLUDED.run_end",
+                ending.end.run_id,
+                ending.owner,
+                ending.ended_at,
+                ending.cancel_reason,
+                ending.args_digest,
+                blob,
+            )
+        )
+        self._writes += 1
+        if self._writes % PRUNE_EVERY == 0:
+            await self.prune(self._window, ending.ended_at)
+
+    async def prune(self, window: float, now: float) -> None:
+        horizon = now - limits.RUN_TIMEOUT_MAX_MS / 1000 - window
+
+        async def run(con: asyncpg.Connection) -> None:
+            await con.execute("DELETE FROM run_endings WHERE ended_at < $1", horizon)
+            await con.execute(
+                "DELETE FROM run_endings WHERE run_id NOT IN "
+                "(SELECT run_id FROM run_endings ORDER BY ended_at DESC LIMIT $1)",
+                MAX_ROWS,
+            )
+
+        await self._db.run(run)
+
+    async def load(self, window: float, now: float | None = None) -> list[Ending]:
+        now = time.time() if now is None else now
+        self._window = window
+        await self.prune(window, now)
+        rows = await self._db.run(
+            lambda con: con.fetch(
+                "SELECT run_id, owner, ended_at, cancel_reason, args_digest, run_end FROM run_endings ORDER BY ended_at"
+            ),
+            timeout=STATEMENT_TIMEOUT_S * 6,
+        )
+        out: list[Ending] = []
+        for run_id, owner, ended_at, reason, digest, blob in rows:
+            try:
+                end = RunEnd.model_validate(msgpack.unpackb(blob, raw=False))
+            except Exception:
+                continue
+            if end.run_id == run_id:
+                out.append(Ending(end, owner, ended_at, reason, digest))
+        return out
+
+    async def begin_life(self) -> bool:
+        async def run(con: asyncpg.Connection) -> bool:
+            async with con.transaction():
+                row = await con.fetchrow("SELECT running, live_runs FROM nodes WHERE name = $1 FOR UPDATE", self._node)
+                await con.execute(
+                    "INSERT INTO nodes (name, running, live_runs) VALUES ($1, true, 0) ON CONFLICT (name) DO UPDATE "
+                    "SET running = true, live_runs = 0, started_at = now(), heartbeat_at = now()",
+                    self._node,
+                )
+                return row is not None and (bool(row[0]) or row[1] > 0)
+
+        return await self._db.run(run)
+
+    async def end_life(self, live_runs: int) -> None:
+        await self._db.run(
+            lambda con: con.execute(
+                "UPDATE nodes SET running = false, live_runs = $2, heartbeat_at = now() WHERE name = $1",
+                self._node,
+                live_runs,
+            )
+        )
+
+    async def close(self) -> None:
+        pass
+
+
+HISTORY_KEEP_S = 7 * 24 * 3600.0
+"""Finished runs' metadata kept in the shared database (`mind run get` through any node)."""
+
+
+class PgHistory:
+    """Finished runs' metadata (`RunInfo`: states, times, exit codes, digests, output tails; never a
+    value), shared so `mind run get` answers through any node, and kept past one node's memory."""
+
+    def __init__(self, db: _Db) -> None:
+        self._db = db
+        self._writes = 0
+
+    async def put_many(self, runs: list[tuple[str, RunInfo]]) -> None:
+        """`(owner, info)` of runs that ended, in one statement (one round trip per batch)."""
+        rows = [
+            (
+                info.run_id,
+                owner,
+                info.hand,
+                info.ended_at or 0.0,
+                msgpack.packb(info.model_dump(mode="python"), use_bin_type=True),
+            )
+            for owner, info in runs
+        ]
+
+        async def run(con: asyncpg.Connection) -> None:
+            await con.executemany(
+                "INSERT INTO run_history (run_id, owner, hand, ended_at, info) VALUES ($1, $2, $3, $4, $5) "
+                "ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, hand = EXCLUDED.hand, "
+                "ended_at = EXCLUDED.ended_at, info = EXCLUDED.info",
+                rows,
+            )
+            self._writes += len(rows)
+            if self._writes >= PRUNE_EVERY:
+                self._writes = 0
+                await con.execute("DELETE FROM run_history WHERE ended_at < $1", time.time() - HISTORY_KEEP_S)
+
+        await self._db.run(run)
+
+    async def get(self, run_id: str) -> tuple[str, RunInfo] | None:
+        """`(owner, info)` of a finished run, None if the database holds no such run (or it does not decode)."""
+        row = await self._db.run(
+            lambda con: con.fetchrow("SELECT owner, info FROM run_history WHERE run_id = $1", run_id)
+        )
+        if row is None:
+            return None
+        try:
+            return row[0], RunInfo.model_validate(msgpack.unpackb(row[1], raw=False))
+        except Exception:
+            return None
+
+
+class PostgresStores:
+    engine = "postgresql"
+
+    def __init__(self, db: _Db, node: str) -> None:
+        self._db = db
+        self.node = node
+        self.credentials = PgCredentials(db)
+        self.snapshots = PgSnapshots(db)
+        self.endings = PgEndings(db, node)
+        self.history: PgHistory | None = PgHistory(db)
+
+    async def close(self) -> None:
+        await self._db.close()

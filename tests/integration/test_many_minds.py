@@ -1,0 +1,216 @@
+"""Many Minds (DESIGN §16), the foundation: two `mind serve --database` nodes on one PostgreSQL of
+the suite's own (tests/support/postgres.py), real Hands and CLIs.
+
+What a user relies on: a credential added through one node's admin commands works on the other; a
+Hand given both URLs connects to one, and when that node is killed (-9) it reconnects to the other
+and commands run there; a revoked credential is refused on every node (125, as today); a task
+started through one node is read through the other, and so is a run (`mind run get`); a schema newer than the binary is refused with
+a clear error and its own exit code; with PostgreSQL stopped new starts are refused with a clear
+error (never accepted and forgotten) and all is back when it returns.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mind.testing.cluster import Cluster, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def node(tmp: Path, name: str, dsn: str) -> Cluster:
+    """One Mind node: a Cluster with its own home, on the shared database."""
+    (tmp / name).mkdir()
+    c = Cluster(tmp / name)
+    c.env["MINDHAND_DATABASE"] = dsn
+    return c
+
+
+@pytest.fixture
+def nodes(tmp_path, pg_database):
+    a, b = node(tmp_path, "a", pg_database), node(tmp_path, "b", pg_database)
+    try:
+        yield a, b
+    finally:
+        b.stop_all()
+        a.stop_all()
+
+
+def holder(*nodes: Cluster, name: str = "box", min_gen: int = 1) -> Cluster | None:
+    """The node whose log says Hand `name` is connected to it now."""
+    for n in nodes:
+        if n._connected_by_log(name, min_gen) is not None:
+            return n
+    return None
+
+
+def test_two_nodes_share_credentials_tasks_and_a_hand_that_moves_when_its_node_dies(nodes):
+    a, b = nodes
+    # Both start at once: one admin credential row, each home's admin.cred usable against either.
+    pa = a._spawn_mind((), None)
+    pb = b._spawn_mind((), None)
+    a._wait_listening(pa, 30)
+    b._wait_listening(pb, 30)
+    assert (a.home / "admin.cred").read_text() == (b.home / "admin.cred").read_text()
+    assert a.cli("status", "--mind", b.url).returncode == 0
+    assert b.cli("status", "--mind", a.url).returncode == 0
+
+    # The admin credential rotated through one node: every node's admin.cred follows.
+    before = (b.home / "admin.cred").read_text()
+    assert a.cli("client", "rotate", "admin").returncode == 0
+    wait_until(lambda: (b.home / "admin.cred").read_text() != before, 10, "node b's admin.cred to follow")
+    assert (a.home / "admin.cred").read_text().split()[-1] == (b.home / "admin.cred").read_text().split()[-1]
+    assert b.cli("status").returncode == 0 and a.cli("status", "--mind", b.url).returncode == 0
+
+    # A client credential added through node A's admin commands works on node B.
+    ci = a.client_credential("ci")
+    r = b.cli("hands", "--json", "--credential", str(ci))
+    assert r.returncode == 0, r.stderr
+
+    # A Hand given both nodes (a comma list and a repeated --mind) connects to one of them.
+    a.add_hand("box")
+    a.start_hand("box", "--mind", b.url, url=a.url)
+    first = wait_until(lambda: holder(a, b), 30, "box connected to a node")
+    other = b if first is a else a
+
+    # A task started through the Hand's node is read through the other.
+    r = first.cli("task", "start", "--hand", "box", "--id", "t-shared", "--", "echo", "shared")
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: first.task("t-shared")["state"] == "succeeded", 30, "the task to succeed")
+    seen = other.task("t-shared")
+    assert seen["task_id"] == "t-shared" and seen["hand"] == "box"
+
+    # Node of the Hand killed: it reconnects to the other, and a command runs there.
+    gen = first._connected_by_log("box", 1)
+    assert gen is not None
+    assert first.mind is not None
+    first.mind.kill9()
+    wait_until(lambda: other._connected_by_log("box", gen + 1), 30, "box reconnected to the other node")
+    r = other.cli("exec", "box", "--", "echo", "moved")
+    assert r.returncode == 0 and r.stdout == b"moved\n", r.stderr
+
+    # Revoked through one node's admin commands: refused on every node, a live connection closed.
+    assert first.mind is not None
+    first.start_mind(port=first.port)  # the killed node back, on the shared database
+    # The run that ran on the other node is read through this one (the shared run history).
+    runs = json.loads(other.cli("runs", "--json").stdout)
+    moved = next(r for r in runs if r["state"] == "succeeded" and r["tool"] == "exec")
+    got = wait_until(lambda: _run_get(first, moved["run_id"]), 10, "the run in the shared history")
+    assert got["state"] == "succeeded" and got["hand"] == "box" and got["end"]["exit_code"] == 0
+    live = other.cli_popen("exec", "box", "--credential", str(ci), "--", "sleep", "60")
+    wait_until(lambda: _running(other), 30, "the long run to start")
+    r = first.cli("client", "revoke", "ci")
+    assert r.returncode == 0, r.stderr
+    for n in (a, b):
+        refused = n.cli("hands", "--credential", str(ci))
+        assert refused.returncode == 125, refused.stderr
+    code = wait_until(lambda: live.poll(), 5, "the revoked client's live connection to be closed")
+    _, err = live.communicate(timeout=10)
+    # as on one Mind: the connection is closed at once, and the run's outcome is unknown to this client
+    assert code == 255 and b"this credential was revoked" in err, err
+
+
+def test_with_a_resume_window_endings_are_durable_in_the_database_before_anyone_hears(nodes, pg_database):
+    """With continuity on, a result the Mind takes is written as an ending before its `run_end`
+    reaches the client (DESIGN §15): on PostgreSQL the actions after it wait for the write, in order."""
+    import asyncio
+
+    import asyncpg
+
+    a, _ = nodes
+    a.start_mind("--resume-window", "30")
+    a.start_hand("box")
+    a.wait_connected("box")
+    for i in range(5):
+        r = a.cli("exec", "box", "--", "sh", "-c", f"echo out-{i}; echo err-{i} >&2; exit {i}")
+        assert (r.returncode, r.stdout, r.stderr) == (i, f"out-{i}\n".encode(), f"err-{i}\n".encode())
+
+    async def endings() -> list[tuple[str, str]]:
+        con = await asyncpg.connect(pg_database)
+        try:
+            return [(r[0], r[1]) for r in await con.fetch("SELECT owner, run_id FROM run_endings")]
+        finally:
+            await con.close()
+
+    rows = asyncio.run(endings())
+    assert len(rows) == 5 and {owner for owner, _ in rows} == {"admin"}
+
+
+def test_a_schema_newer_than_the_binary_is_refused(nodes, pg_database):
+    import asyncio
+
+    import asyncpg
+
+    from mind.store.postgres import SCHEMA_VERSION
+
+    a, _ = nodes
+    a.start_mind()
+    assert a.mind is not None and a.mind.stop() == 0
+
+    async def bump() -> None:
+        con = await asyncpg.connect(pg_database)
+        try:
+            await con.execute("INSERT INTO schema_version (version) VALUES ($1)", SCHEMA_VERSION + 1)
+        finally:
+            await con.close()
+
+    asyncio.run(bump())
+    r = subprocess.run([*_mind(), "serve", "--listen", "127.0.0.1:0"], env=a.env, capture_output=True, timeout=60)
+    assert r.returncode == 3
+    assert f"schema version {SCHEMA_VERSION + 1}, newer than this Mind's {SCHEMA_VERSION}".encode() in r.stderr
+    # and the admin commands refuse it too, with the same sentence
+    r = a.cli("hand", "add", "late")
+    assert r.returncode == 1 and b"newer than this Mind's" in r.stderr
+
+
+def test_with_postgresql_stopped_new_starts_are_refused_and_come_back_with_it(nodes, postgres):
+    a, b = nodes
+    a.start_mind()
+    b.start_mind()
+    a.add_hand("box")
+    a.start_hand("box", url=f"{a.url},{b.url}")
+    n = wait_until(lambda: holder(a, b), 30, "box connected to a node")
+    assert n.cli("exec", "box", "--", "true").returncode == 0
+    postgres.stop()
+    try:
+        for c in (a, b):
+            r = c.cli("exec", "box", "--", "echo", "not-run")
+            assert r.returncode != 0 and b"not-run" not in r.stdout
+            assert b"cannot reach its database" in r.stderr, r.stderr
+            r = c.cli("task", "start", "--hand", "box", "--id", f"t-{c.home.parent.name}", "--", "echo", "x")
+            assert r.returncode != 0 and b"cannot reach its database" in r.stderr, r.stderr
+        for c in (a, b):
+            assert c.mind is not None and c.mind.alive()  # a database away is never a crash
+        # a node that starts now says why it cannot, and does not serve half a Mind
+        r = subprocess.run([*_mind(), "serve", "--listen", "127.0.0.1:0"], env=a.env, capture_output=True, timeout=60)
+        assert r.returncode == 1 and b"cannot reach the database" in r.stderr, r.stderr
+    finally:
+        postgres.start()
+    for c in (a, b):
+        wait_until(lambda c=c: c.cli("hands").returncode == 0, 30, "the node to serve again")
+    r = n.cli("exec", "box", "--", "echo", "back")
+    assert r.returncode == 0 and r.stdout == b"back\n", r.stderr
+    r = n.cli("task", "start", "--hand", "box", "--id", "t-after", "--", "echo", "after")
+    assert r.returncode == 0, r.stderr
+    other = b if n is a else a
+    assert json.loads(other.cli("task", "get", "t-after", "--json").stdout)["task_id"] == "t-after"
+
+
+def _run_get(c: Cluster, run_id: str) -> dict | None:
+    r = c.cli("run", "get", run_id, "--json")
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def _running(c: Cluster) -> bool:
+    r = c.cli("runs", "--json")
+    return r.returncode == 0 and any(run.get("state") == "running" for run in json.loads(r.stdout))
+
+
+def _mind() -> list[str]:
+    from mind.testing.cluster import program
+
+    return program("mind")

@@ -1,0 +1,328 @@
+"""One store interface, two engines (DESIGN §16): every test here runs against the SQLite engine
+(the home's files, the embedded default) and the PostgreSQL engine (a database of the suite's own
+server, tests/support/postgres.py), and both must give the same answers. The PostgreSQL cases
+start a server, so they are `slow`; the SQLite ones stay in the fast loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from mind.core.snapshots import Snapshot
+from mind.store.api import SchemaTooNew, Stores, StoreUnavailable
+from mind.store.credentials import StoreError
+from mind.store.endings import TAIL_KEPT, Ending
+from mind.store.engines import open_stores
+from protocol.messages import OutputTail, RunEnd, TaskInfo
+from protocol.states import RunState, TaskState
+
+D = "0" * 64
+
+
+def info(task_id: str, state: TaskState = TaskState.RUNNING, version: int = 2) -> TaskInfo:
+    return TaskInfo(
+        task_id=task_id,
+        tool="exec",
+        state=state,
+        version=version,
+        args_digest=D,
+        binding_digest=D,
+        max_runtime_ms=1000,
+        created_at=1.0,
+    )
+
+
+def snap(task_id: str, state: TaskState = TaskState.QUEUED, created_at: float = 1.0, **kw) -> Snapshot:
+    return Snapshot(
+        task_id=task_id,
+        hand=kw.pop("hand", "h"),
+        tool="exec",
+        args_digest=D,
+        binding_digest=D,
+        state=state,
+        stale=kw.pop("stale", False),
+        created_at=created_at,
+        version=kw.pop("version", 0),
+        **kw,
+    )
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
+async def stores(request, tmp_path):
+    database = request.getfixturevalue("pg_database") if request.param == "postgresql" else None
+    s = await open_stores(tmp_path / "home", database)
+    assert s.engine == request.param
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+# --- credentials ---
+
+
+async def test_credentials_add_check_rotate_revoke_and_the_epoch(stores: Stores):
+    c = stores.credentials
+    e0 = await c.epoch()
+    cred = await c.add("hand", "box1", None, {"role": "web"})
+    assert await c.secret("hand", "box1") == cred.secret
+    assert await c.epoch() > e0
+    with pytest.raises(StoreError, match="already exists"):
+        await c.add("hand", "box1")
+    with pytest.raises(StoreError, match="invalid name"):
+        await c.add("hand", "-bad name")
+    rotated = await c.rotate("hand", "box1")
+    assert rotated is not None and rotated.secret != cred.secret
+    assert await c.secret("hand", "box1") == rotated.secret
+    assert await c.rotate("hand", "nobody") is None
+    e1 = await c.epoch()
+    assert await c.revoke("hand", "box1") is True
+    assert await c.revoke("hand", "box1") is False
+    assert await c.secret("hand", "box1") is None
+    assert await c.epoch() > e1
+    (row,) = await c.list("hand")
+    assert row.label == "box1" and row.revoked_at is not None and row.label_map() == {"role": "web"}
+
+
+async def test_generations_are_monotonic_and_survive_a_re_add(stores: Stores):
+    c = stores.credentials
+    await c.add("hand", "box1")
+    assert [await c.next_generation("hand", "box1") for _ in range(3)] == [1, 2, 3]
+    await c.revoke("hand", "box1")
+    await c.add("hand", "box1")
+    assert await c.next_generation("hand", "box1") == 4
+    with pytest.raises(StoreError, match="vanished"):
+        await c.next_generation("hand", "ghost")
+
+
+async def test_concurrent_generations_never_repeat(stores: Stores):
+    c = stores.credentials
+    await c.add("hand", "box1")
+    gens = await asyncio.gather(*(c.next_generation("hand", "box1") for _ in range(20)))
+    assert sorted(gens) == list(range(1, 21))
+
+
+async def test_scopes_labels_and_listing_order(stores: Stores):
+    c = stores.credentials
+    await c.add("client", "ci", '{"hands":["web-*"]}')
+    await c.add("client", "Zed")
+    await c.add("client", "alpha")
+    assert await c.scope("client", "ci") == '{"hands":["web-*"]}'
+    assert await c.scope("client", "alpha") is None
+    assert [r.label for r in await c.list("client")] == ["Zed", "alpha", "ci"]  # bytewise, as SQLite
+    await c.add("hand", "box1", None, {"a": "1", "b": "2"})
+    assert await c.set_labels("hand", "box1", {"c": "3"}, ["a"]) == {"b": "2", "c": "3"}
+    assert await c.set_labels("hand", "ghost", {"c": "3"}, []) is None
+    with pytest.raises(StoreError, match="at most"):
+        await c.set_labels("hand", "box1", {f"k{i}": "v" for i in range(100)}, [])
+    assert (await c.list("hand"))[0].label_map() == {"b": "2", "c": "3"}
+
+
+async def test_one_mind_id(stores: Stores):
+    a = await stores.credentials.mind_id()
+    assert a.startswith("mind-") and await stores.credentials.mind_id() == a
+
+
+# --- snapshots ---
+
+
+async def test_snapshot_round_trip_reports_and_staleness(stores: Stores):
+    s = stores.snapshots
+    assert await s.insert_new(snap("a", stale=True, start_pending=True, owner="ci")) is None
+    existing = await s.insert_new(snap("a"))
+    assert existing is not None and existing.owner == "ci" and existing.start_pending
+    got, what = await s.report("h", info("a", version=2), 3.0)
+    assert what == "updated" and got is not None and got.state is TaskState.RUNNING and not got.stale
+    assert not got.start_pending and got.info == info("a", version=2)
+    assert await s.mark_hand_stale("h") == 1 and (await s.get("a")).stale  # type: ignore[union-attr]
+    got, what = await s.report("other", info("a", version=3), 4.0)
+    assert what == "foreign" and (await s.get("a")).version == 2  # type: ignore[union-attr]
+    assert (await s.report("h", info("a", version=2), 4.5))[1] == "updated"  # the same row freshens a stale one
+    assert (await s.report("h", info("a", version=2), 4.6))[1] == "unchanged"
+    assert (await s.report("h", info("new", version=1), 5.0, False)) == (None, "unknown")
+    assert (await s.report("h", info("new", version=1), 5.0))[1] == "adopted"
+    await s.report("h", info("a", TaskState.SUCCEEDED, 5), 5.0)
+    assert await s.mark_all_stale() == 1  # "new" only: terminal snapshots never go stale
+    assert await s.count_stale() == 1
+    assert await s.counts_by_state() == {"succeeded": 1, "running": 1}
+    counts, stale = await s.counts_visible(lambda hand, owner: owner == "ci")
+    assert counts == {"succeeded": 1} and stale == 0
+    await s.delete("new")
+    assert await s.get("new") is None
+
+
+async def test_cancel_pending_and_start_retries(stores: Stores):
+    s = stores.snapshots
+    await s.insert_new(snap("a", start_pending=True))
+    assert await s.retry_start(snap("a")) is None  # a start in flight: not asked again
+    done = await s.finish_start("a")
+    assert done is not None and not done.start_pending
+    assert await s.retry_start(snap("a", start_pending=True)) is not None
+    assert await s.finish_start("ghost") is None
+    marked = await s.set_cancel_pending("a", "user_requested")
+    assert marked is not None and marked.cancel_pending == "user_requested"
+    await s.clear_cancel_pending("a")
+    assert (await s.get("a")).cancel_pending is None  # type: ignore[union-attr]
+
+
+async def test_listing_is_newest_first_in_pages(stores: Stores):
+    s = stores.snapshots
+    for i in range(7):
+        await s.insert_new(snap(f"t{i}", created_at=float(i // 2), hand="h" if i % 2 else "g"))
+    first = await s.list(limit=3)
+    assert [x.task_id for x in first] == ["t6", "t4", "t5"]
+    rest = await s.list(limit=10, after=(first[-1].created_at, first[-1].task_id))
+    assert [x.task_id for x in rest] == ["t2", "t3", "t0", "t1"]
+    assert [x.task_id for x in await s.list(hand="h")] == ["t5", "t3", "t1"]
+    await s.report("g", info("t0", TaskState.SUCCEEDED, 2), 1.0)
+    assert [x.task_id for x in await s.list(state=TaskState.SUCCEEDED)] == ["t0"]
+
+
+async def test_reconcile_in_one_transaction_with_a_quota(stores: Stores):
+    s = stores.snapshots
+    for i in range(10):
+        await s.insert_new(snap(f"t{i:03}", state=TaskState.RUNNING, stale=True, version=1))
+    rows = {f"t{i:03}": info(f"t{i:03}", TaskState.SUCCEEDED, 3) for i in range(0, 10, 2)}
+    rows |= {f"x{i}": info(f"x{i}", TaskState.RUNNING, 1) for i in range(5)}  # unknown to the Mind
+    plan = await s.reconcile("h", rows, 7.0, None, 12)
+    assert len(plan.updated) == 5 and len(plan.lost) == 5 and plan.over_quota == 3
+    states = {x.task_id: x.state for x in await s.list(limit=100)}
+    assert states["t000"] is TaskState.SUCCEEDED and states["t001"] is TaskState.LOST
+    assert sorted(t for t in states if t.startswith("x")) == ["x0", "x1"]
+    again = await s.reconcile("h", rows, 8.0, None, 12)
+    assert again.writes == [] and again.over_quota == 3
+
+
+async def test_a_batch_runs_in_order_and_marks_an_offline_hand_stale(stores: Stores):
+    s = stores.snapshots
+    results = await s.batch(
+        [
+            ("insert_new", (snap("a"),), None),
+            ("report", ("h", info("a", version=2), 2.0), "h"),
+            ("report", ("h", info("zz", version=2), 2.0, False), None),
+            ("no_such_method", (), None),
+        ]
+    )
+    assert [ok for ok, _ in results] == [True, True, True, False]
+    assert results[1][1][1] == "updated" and results[2][1] == (None, "unknown")
+    assert (await s.get("a")).stale  # type: ignore[union-attr]  # its Hand was offline: stale after
+
+
+# --- endings ---
+
+
+def ending(run_id: str, ended_at: float, out: bytes = b"") -> Ending:
+    end = RunEnd(
+        run_id=run_id, state=RunState.LOST, hand="box1", tool="exec", stdout=OutputTail(data=out, total=len(out))
+    )
+    return Ending(end, "ci", ended_at, "hand_gone", "d" * 64)
+
+
+async def test_endings_are_kept_shortened_and_pruned(stores: Stores):
+    e = stores.endings
+    now = time.time()
+    await e.put(ending("r-old", now - 10 * 24 * 3600))
+    await e.put(ending("r-new", now, b"x" * (TAIL_KEPT * 3)))
+    await e.put(ending("r-new", now + 1))  # the same run again: one row
+    loaded = await e.load(60.0, now + 2)
+    assert [x.end.run_id for x in loaded] == ["r-new"]
+    assert loaded[0].owner == "ci" and loaded[0].cancel_reason == "hand_gone" and loaded[0].end.state is RunState.LOST
+    await e.put(ending("r-tail", now + 3, b"y" * (TAIL_KEPT * 3)))
+    (tail,) = [x for x in await e.load(60.0, now + 4) if x.end.run_id == "r-tail"]
+    assert tail.end.stdout.data == b"y" * TAIL_KEPT
+
+
+async def test_a_life_that_ended_cleanly_is_told_apart_from_a_crash(stores: Stores):
+    e = stores.endings
+    assert await e.begin_life() is False  # the first life: nothing left behind
+    assert await e.begin_life() is True  # the one before never said it stopped: a crash
+    await e.end_life(0)
+    assert await e.begin_life() is False
+    await e.end_life(3)
+    assert await e.begin_life() is True  # stopped with runs resumable on Hands
+
+
+# --- PostgreSQL only: run history, migrations and a database that is not there ---
+
+
+@pytest.mark.slow
+async def test_run_history_is_shared_metadata(pg_database, tmp_path):
+    from protocol.messages import RunInfo
+
+    a, b = await open_stores(tmp_path / "a", pg_database), await open_stores(tmp_path / "b", pg_database)
+    try:
+        assert a.history is not None and b.history is not None
+        end = RunEnd(run_id="r1", state=RunState.SUCCEEDED, hand="box1", tool="exec", exit_code=0)
+        info = RunInfo(
+            run_id="r1", hand="box1", tool="exec", state=RunState.SUCCEEDED, created_at=1.0, ended_at=2.0,
+            args_digest="d" * 64, end=end, value_not_retained=True,
+        )  # fmt: skip
+        await a.history.put_many([("ci", info)])
+        assert await b.history.get("r1") == ("ci", info)
+        assert await b.history.get("r2") is None
+    finally:
+        await a.close()
+        await b.close()
+
+
+@pytest.mark.slow
+async def test_two_nodes_migrate_one_database_once(pg_database, tmp_path):
+    import asyncpg
+
+    from mind.store.postgres import SCHEMA_VERSION
+
+    a, b = await asyncio.gather(open_stores(tmp_path / "a", pg_database), open_stores(tmp_path / "b", pg_database))
+    try:
+        await a.credentials.add("client", "x")
+        assert await b.credentials.secret("client", "x") is not None
+    finally:
+        await a.close()
+        await b.close()
+    con = await asyncpg.connect(pg_database)
+    try:
+        assert await con.fetchval("SELECT array_agg(version ORDER BY version) FROM schema_version") == list(
+            range(1, SCHEMA_VERSION + 1)
+        )
+    finally:
+        await con.close()
+
+
+@pytest.mark.slow
+async def test_a_schema_newer_than_the_binary_is_refused(pg_database, tmp_path):
+    import asyncpg
+
+    from mind.store.postgres import SCHEMA_VERSION
+
+    s = await open_stores(tmp_path / "a", pg_database)
+    await s.close()
+    con = await asyncpg.connect(pg_database)
+    try:
+        await con.execute("INSERT INTO schema_version (version) VALUES ($1)", SCHEMA_VERSION + 1)
+    finally:
+        await con.close()
+    with pytest.raises(SchemaTooNew, match=f"schema version {SCHEMA_VERSION + 1}, newer than this Mind's"):
+        await open_stores(tmp_path / "a", pg_database)
+
+
+async def test_an_unreachable_database_is_a_clear_error_with_no_password(tmp_path):
+    from support.postgres import free_port
+
+    dsn = f"postgresql://someone:hunter2@127.0.0.1:{free_port()}/nothing"
+    with pytest.raises(StoreUnavailable, match="cannot reach the database") as err:
+        await open_stores(tmp_path / "a", dsn)
+    assert "hunter2" not in str(err.value) and "someone:***@127.0.0.1" in str(err.value)
+
+
+@pytest.mark.slow
+async def test_a_statement_that_hangs_is_cut_at_its_timeout_and_the_store_goes_on(pg_database, tmp_path):
+    s = await open_stores(tmp_path / "a", pg_database)
+    try:
+        db = s._db  # type: ignore[attr-defined]  # the one bounded way every call of the engine takes
+        with pytest.raises(StoreUnavailable, match="is unavailable"):
+            await db.run(lambda con: con.execute("SELECT pg_sleep(30)"), timeout=0.5)
+        await s.credentials.add("hand", "box1")  # the pool gave the cut connection back clean
+        assert await s.credentials.secret("hand", "box1") is not None
+    finally:
+        await s.close()
