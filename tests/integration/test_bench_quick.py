@@ -29,6 +29,7 @@ FIGURES = [
     "resume",
     "cuts",
     "unattended",
+    "mcp",
 ]
 
 
