@@ -86,15 +86,19 @@ class Followed:
     def stream(self, name: str) -> Retained:
         return self.stdout if name == "stdout" else self.stderr
 
+    def take(self, ev: object) -> None:
+        """One event of the run: its output kept, its end noted, its waiters woken."""
+        if isinstance(ev, StreamData) and ev.data:
+            self.stream(ev.stream).append(ev.data)
+        elif isinstance(ev, RunEnd):
+            self.end = ev
+        self.changed.set()
+
     async def follow(self) -> None:
         """Read every event of the run to its end (the client re-attaches across a cut of the Mind)."""
         try:
             async for ev in self.handle.events():
-                if isinstance(ev, StreamData) and ev.data:
-                    self.stream(ev.stream).append(ev.data)
-                elif isinstance(ev, RunEnd):
-                    self.end = ev
-                self.changed.set()
+                self.take(ev)
         except StillRunning:  # detached by this server's shutdown: nothing more comes here
             pass
         except MindhandError as exc:
@@ -124,6 +128,13 @@ class Runs:
     def follow(self, handle: RunHandle, hand: str, feed: Feed | None = None) -> Followed:
         f = Followed(handle, hand, feed=feed)
         f.task = asyncio.create_task(f.follow(), name=f"mcp-follow-{hand}")
+        self._all[f] = None
+        self._forget_old()
+        return f
+
+    def add(self, f: Followed) -> Followed:
+        """Keep a run whose events someone else reads and hands to `f.take` (a fleet member: the
+        fleet run reads its members' events), so `run_get`, `read_output` and `cancel` find it."""
         self._all[f] = None
         self._forget_old()
         return f
