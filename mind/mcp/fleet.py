@@ -124,7 +124,7 @@ async def start(runs: Runs, selector: str, tool: str, args: dict[str, Any], time
     if not run.selection:
         raise EmptySelection(selector)
     fleet = Fleet(runs, run)
-    runs.spawn(fleet.drive())
+    runs.spawn(fleet.drive(), follower=True)
     return fleet
 
 

@@ -118,12 +118,18 @@ class Runs:
         self._by_id: dict[str, Followed] = {}
         self._all: dict[Followed, None] = {}  # insertion-ordered: the oldest first
         self._chores: set[asyncio.Task[None]] = set()
+        self._followers: set[asyncio.Task[None]] = set()
 
-    def spawn(self, chore: Coroutine[Any, Any, None]) -> None:
-        """Run `chore` beyond the call that asked for it (held here until it ends)."""
+    def spawn(self, chore: Coroutine[Any, Any, None], follower: bool = False) -> None:
+        """Run `chore` beyond the call that asked for it (held here until it ends). A `follower`
+        (a fleet's reader of its members' events) lasts as long as its runs: when the server ends
+        it is stopped once the runs are detached, where any other chore (a cancel) is awaited."""
         task = asyncio.create_task(chore)
         self._chores.add(task)
         task.add_done_callback(self._chores.discard)
+        if follower:
+            self._followers.add(task)
+            task.add_done_callback(self._followers.discard)
 
     def follow(self, handle: RunHandle, hand: str, feed: Feed | None = None) -> Followed:
         f = Followed(handle, hand, feed=feed)
@@ -173,6 +179,8 @@ class Runs:
                     await asyncio.wait_for(f.handle.detach(keep_s), 5.0)
             if f.task is not None:
                 f.task.cancel()
+        for task in list(self._followers):
+            task.cancel()
         await asyncio.gather(*self._chores, return_exceptions=True)
         await asyncio.gather(*(f.task for f in self._all if f.task is not None), return_exceptions=True)
 

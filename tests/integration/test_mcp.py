@@ -591,3 +591,18 @@ async def test_stdio_a_70s_run_through_a_client_with_a_60s_timeout_ends_with_its
             assert time.monotonic() - started < 120, out
             out = body(await c.call_tool("run_get", {"run": out["run"], "wait_s": 30}))
     assert (out["state"], out["exit_code"], out["stdout"]) == ("failed", 9, "begun\nfinished\n")
+
+
+async def test_stdio_a_fleet_outlives_the_server_and_the_next_one_gets_each_end(cl: Cluster) -> None:
+    """The agent goes away while a selector's runs are going: each is detached with --keep, not
+    killed, and the next `mind mcp` takes each up by its run id."""
+    cl.start_hand("other")
+    cl.wait_connected("other")
+    async with stdio(cl) as c:
+        args = {"selector": "box,other", "command": "sleep 2; echo survived", "wait_s": 0.5}
+        out = body(await c.call_tool("exec", args))
+        assert out["still_running"] is True and len(out["results"]) == 2
+    async with stdio(cl) as c:
+        for row in out["results"]:
+            end = body(await c.call_tool("run_get", {"run": row["run"], "wait_s": 20}))
+            assert (end["hand"], end["state"], end["stdout"]) == (row["hand"], "succeeded", "survived\n")
