@@ -606,3 +606,35 @@ async def test_stdio_a_fleet_outlives_the_server_and_the_next_one_gets_each_end(
         for row in out["results"]:
             end = body(await c.call_tool("run_get", {"run": row["run"], "wait_s": 20}))
             assert (end["hand"], end["state"], end["stdout"]) == (row["hand"], "succeeded", "survived\n")
+
+
+async def test_http_a_sessions_cancel_notification_is_a_mindhand_cancel(cl: Cluster, http: str) -> None:
+    """A client of a handshake-era revision (2025-06-18, an MCP session over HTTP) posts
+    `notifications/cancelled` for its call: the run's tree is killed (a closed stream alone leaves
+    the run going: test_http_closed_stream_leaves_the_run_going)."""
+    root = cl.hands["box"].root
+    auth = {"Authorization": f"Bearer {token(cl.client_credential('admin2'))}"}
+    accept = {"Accept": "application/json, text/event-stream"}
+    async with httpx2.AsyncClient(timeout=30, headers=auth | accept) as hc:
+        init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        r = await hc.post(http, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
+        assert r.status_code == 200, r.text
+        session = {"mcp-session-id": r.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+        r = await hc.post(http, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+        assert r.status_code == 202
+        args = {"hand": "box", "command": "echo $$ > k.pid; sleep 60", "wait_s": 30}
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "exec", "arguments": args}}
+
+        async def calling() -> None:
+            async with hc.stream("POST", http, json=call, headers=session) as resp:
+                async for _ in resp.aiter_bytes():
+                    pass
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(calling)
+            await until((root / "k.pid").exists, 10, "the command to start")
+            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}}
+            r = await hc.post(http, json=cancel, headers=session)
+            assert r.status_code == 202
+            await wait_gone(root / "k.pid")
+            tg.cancel_scope.cancel()
