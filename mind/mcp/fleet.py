@@ -93,6 +93,8 @@ class Fleet:
                 row = {"hand": name, "state": state, "exit_code": None}
                 if f is not None and f.run_id:
                     row["run"] = f.run_id
+                elif state == "pending":
+                    row["note"] = "not started yet (at most 50 start at once): runs(fleet=...) lists its run later"
             rows.append(row)
             counts[row["state"]] = counts.get(row["state"], 0) + 1
         going = [r for r in rows if r.get("still_running") or r["state"] == "pending"]
@@ -108,7 +110,8 @@ class Fleet:
             out["still_running"] = True
             out["next"] = (
                 "Runs still going were not stopped: run_get(run=..., wait_s=30) of each one's run id "
-                "waits for its end; cancel(run=...) stops it."
+                f'waits for its end; cancel(run=...) stops it; runs(fleet="{self.run.fleet_id}") lists '
+                "every run of this fleet, those started since too."
             )
         return out
 

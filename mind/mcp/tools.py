@@ -343,14 +343,17 @@ def register(server: MCPServer, current: Current, cancels: PeerCancels) -> None:
     async def runs(
         hand: Annotated[str | None, Field(description="Only this Hand's runs.")] = None,
         state: Annotated[RunState | None, Field(description="Only runs in this state.")] = None,
+        fleet: Annotated[
+            str | None, Field(description="Only the runs of this fleet (the `fleet` id an exec with a selector gave).")
+        ] = None,
         limit: Annotated[int, Field(gt=0, le=200)] = 20,
     ) -> CallToolResult:
         """This credential's recent runs, newest first: run id, Hand, tool, state, exit code, times.
-        Use it to find a run whose answer was lost."""
+        Use it to find a run whose answer was lost, or every run of a fleet."""
 
         async def go() -> CallToolResult:
             rows = []
-            for info in await current().client.list_runs(hand=hand, state=state, limit=limit):
+            for info in await current().client.list_runs(hand=hand, state=state, limit=limit, fleet=fleet):
                 rows.append(
                     {
                         "run": info.run_id,

@@ -563,6 +563,8 @@ async def test_stdio_exec_on_a_selector_one_result_per_hand(cl: Cluster) -> None
         res = await c.call_tool("exec", args)
         out = body(res)
         assert not res.is_error and out["still_running"] is True and out["state"] == "running"
+        members = body(await c.call_tool("runs", {"fleet": out["fleet"]}))["runs"]
+        assert sorted((r["hand"], r["run"]) for r in members) == sorted((r["hand"], r["run"]) for r in out["results"])
         for row in out["results"]:
             end = body(await c.call_tool("run_get", {"run": row["run"], "wait_s": 20}))
             assert (end["state"], end["stdout"]) == ("succeeded", "late\n")
