@@ -77,9 +77,8 @@ class Fleet:
     def ended(self) -> list[str]:
         return [h for h, f in self.members.items() if f.done] + [h for h in self.unreached if h not in self.members]
 
-    def answer(self) -> dict[str, Any]:
-        from mind.mcp.tools import of_followed  # (tools imports this module)
-
+    def answer(self, of_followed: Callable[[Followed, int], dict[str, Any]]) -> dict[str, Any]:
+        """The answer so far; `of_followed` shapes one member's run (as `exec` of one Hand does)."""
         selection = [h.name for h in self.run.selection or []]
         limit = max(1 << 10, min(results.SHOW_BYTES, SHOW_TOTAL // max(1, len(selection))))
         rows: list[dict[str, Any]] = []

@@ -231,7 +231,7 @@ def register(server: MCPServer, current: Current, cancels: PeerCancels) -> None:
         key = key_of(runs, ctx.request_context.request, ctx.request_context.request_id)
         with cancels.watching(key, many.run.cancel):  # as Ctrl-C: the runs in flight cancelled
             await fleet.wait(many, wait_s, progress)
-        return result(many.answer())
+        return result(many.answer(of_followed))
 
     @server.tool()
     async def run_get(
