@@ -353,7 +353,7 @@ async def test_stdio_a_restart_of_the_mind_mid_call_the_call_gets_the_real_end(c
             if not out.get("still_running"):
                 break
             out = body(await c.call_tool("run_get", {"run": out["run"], "wait_s": 20}))
-    assert (out["state"], out["exit_code"], out["stdout"]) == ("failed", 3, expected)
+    assert (out["state"], out.get("exit_code"), out.get("stdout")) == ("failed", 3, expected), out
 
 
 async def test_stdio_write_stdin_to_an_interactive_command(cl: Cluster) -> None:
