@@ -136,6 +136,11 @@ class FleetRun:
         """As Ctrl-C: cancel every run in flight, start no more; the ends still arrive."""
         self._interrupt.set()
 
+    def handle(self, hand: str) -> Any:
+        """`hand`'s run (its `RunHandle`) once it was started, else None: to detach it, or to cancel
+        that one run alone."""
+        return self._handles.get(hand)
+
     async def wait(self) -> plan_core.Aggregate:
         async for _ in self:
             pass

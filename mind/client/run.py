@@ -147,7 +147,11 @@ class RunHandle:
         (its end, or a failure): the client stops routing that id here."""
         if isinstance(msg, Error):
             if msg.code is ErrorCode.RESUME_PENDING and self.attaching:
-                self._client.attach_later(self)  # the Mind has not heard from the run's Hand yet
+                # the Mind has not heard from the run's Hand yet: this attachment is answered (the
+                # client's retry attaches only a handle not attaching; left set, it never retried and
+                # failed the run at the window's end whenever a client came back before the Hand)
+                self.attaching = False
+                self._client.attach_later(self)
                 return True
             if msg.code is ErrorCode.UNKNOWN_RUN and self.attaching and self._followed():
                 why = f"the Mind no longer knows run {self.run_id} (it restarted without it): its fate is unknown here"

@@ -113,8 +113,10 @@ def run_result(
     error: str | None = None,
     reject_code: str | None = None,
     value: Any = None,
+    limit: int = SHOW_BYTES,
 ) -> dict[str, Any]:
-    """A run as a tool's structured result (ended or still running)."""
+    """A run as a tool's structured result (ended or still running); each stream shows at most
+    `limit` bytes (a fleet's answer gives each Hand a share)."""
     out: dict[str, Any] = {"run": run_id, "hand": hand, "state": state, "exit_code": exit_code}
     if signal is not None:
         out["signal"] = signal
@@ -124,8 +126,8 @@ def run_result(
         out["reason"] = reason
     if error:
         out["error"] = error
-    out["stdout"] = render(stdout, run_id, "stdout")
-    out["stderr"] = render(stderr, run_id, "stderr")
+    out["stdout"] = render(stdout, run_id, "stdout", limit)
+    out["stderr"] = render(stderr, run_id, "stderr", limit)
     out["stdout_bytes"] = stdout.total
     out["stderr_bytes"] = stderr.total
     if value is not None:

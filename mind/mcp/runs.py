@@ -86,15 +86,19 @@ class Followed:
     def stream(self, name: str) -> Retained:
         return self.stdout if name == "stdout" else self.stderr
 
+    def take(self, ev: object) -> None:
+        """One event of the run: its output kept, its end noted, its waiters woken."""
+        if isinstance(ev, StreamData) and ev.data:
+            self.stream(ev.stream).append(ev.data)
+        elif isinstance(ev, RunEnd):
+            self.end = ev
+        self.changed.set()
+
     async def follow(self) -> None:
         """Read every event of the run to its end (the client re-attaches across a cut of the Mind)."""
         try:
             async for ev in self.handle.events():
-                if isinstance(ev, StreamData) and ev.data:
-                    self.stream(ev.stream).append(ev.data)
-                elif isinstance(ev, RunEnd):
-                    self.end = ev
-                self.changed.set()
+                self.take(ev)
         except StillRunning:  # detached by this server's shutdown: nothing more comes here
             pass
         except MindhandError as exc:
@@ -114,16 +118,29 @@ class Runs:
         self._by_id: dict[str, Followed] = {}
         self._all: dict[Followed, None] = {}  # insertion-ordered: the oldest first
         self._chores: set[asyncio.Task[None]] = set()
+        self._followers: set[asyncio.Task[None]] = set()
 
-    def spawn(self, chore: Coroutine[Any, Any, None]) -> None:
-        """Run `chore` beyond the call that asked for it (held here until it ends)."""
+    def spawn(self, chore: Coroutine[Any, Any, None], follower: bool = False) -> None:
+        """Run `chore` beyond the call that asked for it (held here until it ends). A `follower`
+        (a fleet's reader of its members' events) lasts as long as its runs: when the server ends
+        it is stopped once the runs are detached, where any other chore (a cancel) is awaited."""
         task = asyncio.create_task(chore)
         self._chores.add(task)
         task.add_done_callback(self._chores.discard)
+        if follower:
+            self._followers.add(task)
+            task.add_done_callback(self._followers.discard)
 
     def follow(self, handle: RunHandle, hand: str, feed: Feed | None = None) -> Followed:
         f = Followed(handle, hand, feed=feed)
         f.task = asyncio.create_task(f.follow(), name=f"mcp-follow-{hand}")
+        self._all[f] = None
+        self._forget_old()
+        return f
+
+    def add(self, f: Followed) -> Followed:
+        """Keep a run whose events someone else reads and hands to `f.take` (a fleet member: the
+        fleet run reads its members' events), so `run_get`, `read_output` and `cancel` find it."""
         self._all[f] = None
         self._forget_old()
         return f
@@ -162,6 +179,8 @@ class Runs:
                     await asyncio.wait_for(f.handle.detach(keep_s), 5.0)
             if f.task is not None:
                 f.task.cancel()
+        for task in list(self._followers):
+            task.cancel()
         await asyncio.gather(*self._chores, return_exceptions=True)
         await asyncio.gather(*(f.task for f in self._all if f.task is not None), return_exceptions=True)
 

@@ -32,6 +32,7 @@ from mind import __version__
 from mind.client.aio import MindClient
 from mind.errors import ClientError
 from mind.mcp import tools
+from mind.mcp.cancels import PeerCancels
 from mind.mcp.runs import Runs
 from protocol.auth import Credential
 from protocol.codes import ErrorCode
@@ -48,8 +49,15 @@ current_runs: contextvars.ContextVar[Runs] = contextvars.ContextVar("mindhand_mc
 
 
 def build() -> MCPServer:
-    server: MCPServer = MCPServer("mindhand", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING")
-    tools.register(server, current_runs.get)
+    cancels = PeerCancels(current_runs.get)
+    server: MCPServer = MCPServer(
+        "mindhand",
+        instructions=INSTRUCTIONS,
+        version=__version__,
+        log_level="WARNING",
+        middleware=[cancels.middleware],
+    )
+    tools.register(server, current_runs.get, cancels)
     return server
 
 

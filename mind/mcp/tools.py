@@ -20,7 +20,8 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from mind.errors import ClientError, MindhandError
-from mind.mcp import results, tasks
+from mind.mcp import files, fleet, results, tasks
+from mind.mcp.cancels import PeerCancels, key_of
 from mind.mcp.runs import Feed, Followed, Runs, cancel_for_peer, wait
 from protocol.messages import RunEnd, RunInfo
 from protocol.states import RunState
@@ -61,7 +62,7 @@ def failure(code: str, message: str) -> CallToolResult:
     return result(results.error_result(code, message), error=True)
 
 
-def from_end(end: RunEnd, f: Followed | None = None) -> dict[str, Any]:
+def from_end(end: RunEnd, f: Followed | None = None, limit: int = results.SHOW_BYTES) -> dict[str, Any]:
     """A run's end as a result: the output this server followed if it did, else the end's tails."""
     if f is not None:
         out, err = f.stdout.view(), f.stderr.view()
@@ -79,17 +80,23 @@ def from_end(end: RunEnd, f: Followed | None = None) -> dict[str, Any]:
         reason=end.reason,
         error=end.error,
         reject_code=end.reject_code.value if end.reject_code else None,
+        limit=limit,
     )
 
 
-def of_followed(f: Followed) -> dict[str, Any]:
+def of_followed(f: Followed, limit: int = results.SHOW_BYTES) -> dict[str, Any]:
     if f.end is not None:
-        return from_end(f.end, f)
+        return from_end(f.end, f, limit)
     if f.failure is not None:
         code = getattr(f.failure, "code", "closed")
         return results.error_result(str(code), f"run {f.run_id}: {f.failure} (run_get tells its fate)")
     return results.run_result(
-        run_id=f.run_id or "", hand=f.hand, state="running", stdout=f.stdout.view(), stderr=f.stderr.view()
+        run_id=f.run_id or "",
+        hand=f.hand,
+        state="running",
+        stdout=f.stdout.view(),
+        stderr=f.stderr.view(),
+        limit=limit,
     )
 
 
@@ -106,16 +113,7 @@ def code_of(exc: MindhandError) -> str:
     return str(getattr(exc, "code", "error"))
 
 
-def peer_cancelled(ctx: Context) -> bool:
-    """Did the agent send `notifications/cancelled` for this call (a cancel it means), rather than
-    its transport going away (a closed HTTP response stream: the run must go on)? The SDK records
-    it on the request's dispatch context (`cancel_requested`), which its `ServerSession` holds."""
-    outbound = getattr(ctx.request_context.session, "_request_outbound", None)
-    event = getattr(outbound, "cancel_requested", None)
-    return bool(event is not None and event.is_set())
-
-
-def register(server: MCPServer, current: Current) -> None:
+def register(server: MCPServer, current: Current, cancels: PeerCancels) -> None:
     read_only = ToolAnnotations(read_only_hint=True)
 
     async def guarded(call: Awaitable[CallToolResult]) -> CallToolResult:
@@ -138,8 +136,15 @@ def register(server: MCPServer, current: Current) -> None:
 
     @server.tool(name="exec")
     async def exec_(
-        hand: Hand,
         ctx: Context,
+        hand: Annotated[str | None, Field(description="The Hand's name (see `hands`). Give hand or selector.")] = None,
+        selector: Annotated[
+            str | None,
+            Field(
+                description="Run on every Hand this names instead of one: names and globs (web*, a,b) or labels "
+                "(role=web+dc=eu1). Answers one result per Hand (results), each with its run id."
+            ),
+        ] = None,
         argv: Argv = None,
         command: Command = None,
         cwd: Cwd = None,
@@ -168,7 +173,10 @@ def register(server: MCPServer, current: Current) -> None:
         """Run a command on a Hand and return how it ended: state (succeeded, failed, timed_out,
         cancelled, rejected, lost), exit_code, stdout and stderr apart. Long output shows its first
         and last 4 KiB with a marker giving the byte offset to page from with read_output. A command
-        that outlasts wait_s keeps running and comes back as still_running with its run id."""
+        that outlasts wait_s keeps running and comes back as still_running with its run id. With
+        selector: the same on every Hand it names, one result per Hand; an error if any failed."""
+        if (hand is None) == (selector is None):
+            return failure("invalid_request", "give exactly one of hand (one Hand's name) or selector (several)")
         if (argv is None) == (command is None):
             return failure("invalid_request", "give exactly one of argv (a list of words) or command (a shell line)")
         if argv is not None and not argv:
@@ -179,12 +187,22 @@ def register(server: MCPServer, current: Current) -> None:
         if env:
             args["env"] = env
         runs = current()
+        tool = "exec" if argv is not None else "shell"
+        if selector is not None:
+            if stdin is not None or stdin_open:
+                return failure("invalid_request", "stdin and stdin_open go with one hand, not a selector")
+            try:
+                many = await fleet.start(runs, selector, tool, args, timeout_s)
+            except ClientError as exc:
+                return failure(code_of(exc), exc.message)
+            return await fleet_waited(runs, many, wait_s, ctx)
+        assert hand is not None
         first = stdin.encode() if stdin is not None else None
         feed = Feed(first) if stdin_open else None
         try:
             handle = await runs.client.start(
                 hand,
-                "exec" if argv is not None else "shell",
+                tool,
                 args,
                 timeout=timeout_s,
                 watch=False,
@@ -199,13 +217,21 @@ def register(server: MCPServer, current: Current) -> None:
         async def progress(n: float, message: str) -> None:
             await ctx.report_progress(n, None, message)
 
-        try:
+        # notifications/cancelled for this call is a mindhand cancel of its run (spawned: the call's
+        # own scope is cancelled); a closed stream cancels the call alone, and the run goes on
+        key = key_of(runs, ctx.request_context.request, ctx.request_context.request_id)
+        with cancels.watching(key, lambda: runs.spawn(cancel_for_peer(runs, f))):
             await wait(f, wait_s, progress)
-        except asyncio.CancelledError:
-            if peer_cancelled(ctx):
-                runs.spawn(cancel_for_peer(runs, f))  # the call's own scope is cancelled: not awaited here
-            raise  # a closed stream: the run goes on, followed, for run_get
         return result(of_followed(f))
+
+    async def fleet_waited(runs: Runs, many: fleet.Fleet, wait_s: float, ctx: Context) -> CallToolResult:
+        async def progress(n: float, message: str) -> None:
+            await ctx.report_progress(n, None, message)
+
+        key = key_of(runs, ctx.request_context.request, ctx.request_context.request_id)
+        with cancels.watching(key, many.run.cancel):  # as Ctrl-C: the runs in flight cancelled
+            await fleet.wait(many, wait_s, progress)
+        return result(many.answer(of_followed))
 
     @server.tool()
     async def run_get(
@@ -317,14 +343,17 @@ def register(server: MCPServer, current: Current) -> None:
     async def runs(
         hand: Annotated[str | None, Field(description="Only this Hand's runs.")] = None,
         state: Annotated[RunState | None, Field(description="Only runs in this state.")] = None,
+        fleet: Annotated[
+            str | None, Field(description="Only the runs of this fleet (the `fleet` id an exec with a selector gave).")
+        ] = None,
         limit: Annotated[int, Field(gt=0, le=200)] = 20,
     ) -> CallToolResult:
         """This credential's recent runs, newest first: run id, Hand, tool, state, exit code, times.
-        Use it to find a run whose answer was lost."""
+        Use it to find a run whose answer was lost, or every run of a fleet."""
 
         async def go() -> CallToolResult:
             rows = []
-            for info in await current().client.list_runs(hand=hand, state=state, limit=limit):
+            for info in await current().client.list_runs(hand=hand, state=state, limit=limit, fleet=fleet):
                 rows.append(
                     {
                         "run": info.run_id,
@@ -403,3 +432,4 @@ def register(server: MCPServer, current: Current) -> None:
         return result({"state": "succeeded", "path": path, "entries": v["entries"], "truncated": v["truncated"]})
 
     tasks.register(server, current, result, failure)
+    files.register(server, current, result, failure, from_end)

@@ -39,4 +39,4 @@ def test_the_guides_program_runs_against_a_real_mind(tmp_path):
         r = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, timeout=120, cwd=tmp_path)
         assert r.returncode == 0, r.stderr.decode()[:3000]
         tools = json.loads(r.stdout.decode().strip().replace("'", '"'))
-        assert {"hands", "exec", "run_get", "read_output", "cancel", "task_start"} <= set(tools)
+        assert {"hands", "exec", "run_get", "read_output", "cancel", "task_start", "upload", "download"} <= set(tools)

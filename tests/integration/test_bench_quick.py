@@ -30,6 +30,7 @@ FIGURES = [
     "resume",
     "cuts",
     "unattended",
+    "mcp",
 ]
 
 

@@ -331,3 +331,36 @@ async def test_a_client_without_a_window_fails_its_runs_at_a_cut_as_before(tmp_p
             with pytest.raises(ClientError) as cut:
                 await asyncio.wait_for(handle.wait(), 10)
             assert cut.value.code == "closed"
+
+
+async def test_a_client_back_before_the_hand_after_a_restart_waits_for_it_and_gets_the_real_end(tmp_path):
+    """The Mind restarts and the Hand cannot reach it for a while (its link refuses connections): the
+    client comes back first, its re-attachment is answered `resume_pending`, it attaches again once
+    the Hand presented the run, and the run ends with its real exit code and every byte. (It used to
+    give up at the window's end, `resume_pending`: found through `mind mcp`, issue 26.)"""
+    with running(tmp_path, "box", via_proxy=True, mind_args=WINDOW) as cl:
+        assert cl.proxy is not None and cl.mind is not None
+        async with await cl.client() as mc:
+            handle = await mc.start("box", "exec", {"argv": ["sh", "-c", TICKER]})
+            got = bytearray()
+
+            async def read() -> RunEnd:
+                async for ev in handle.events():
+                    if isinstance(ev, StreamData):
+                        got.extend(ev.data)
+                    elif isinstance(ev, RunEnd):
+                        return ev
+                raise AssertionError("the events ended without the run's end")
+
+            reading = asyncio.ensure_future(read())
+            await until(lambda: len(got) >= 30, 10, "output before the restart")
+            cl.proxy.refuse()
+            cl.mind.signal(signal.SIGKILL)
+            await asyncio.to_thread(cl.mind.p.wait, 20)
+            await asyncio.to_thread(cl.start_mind, *WINDOW, port=cl.port)
+            await asyncio.sleep(4)  # the client is back, the Hand is not: the run is not in this Mind yet
+            assert not reading.done()
+            cl.proxy.accept()
+            end = await asyncio.wait_for(reading, 40)
+    assert end.state is RunState.FAILED and end.exit_code == 3
+    assert bytes(got) == EXPECTED

@@ -10,6 +10,8 @@ sees only its Hands; a bearer missing or wrong is 401; bad input is a tool error
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import secrets
@@ -17,6 +19,7 @@ import select
 import signal
 import socket
 import ssl
+import stat
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -350,7 +353,7 @@ async def test_stdio_a_restart_of_the_mind_mid_call_the_call_gets_the_real_end(c
             if not out.get("still_running"):
                 break
             out = body(await c.call_tool("run_get", {"run": out["run"], "wait_s": 20}))
-    assert (out["state"], out["exit_code"], out["stdout"]) == ("failed", 3, expected)
+    assert (out["state"], out.get("exit_code"), out.get("stdout")) == ("failed", 3, expected), out
 
 
 async def test_stdio_write_stdin_to_an_interactive_command(cl: Cluster) -> None:
@@ -485,3 +488,155 @@ async def test_http_over_tls(cl: Cluster, certs: Path) -> None:
         async with http_client(url, admin, verify=ssl.create_default_context(cafile=str(certs / "ca.crt"))) as c:
             res = await c.call_tool("exec", {"hand": "box", "argv": ["echo", "over tls"]})
             assert body(res)["stdout"] == "over tls\n"
+
+
+async def test_stdio_upload_and_download_small_files(cl: Cluster) -> None:
+    """Whole files to and from a Hand, as `mind cp` copies them: the bytes, the digest, the mode;
+    binary in base64; a bound past which the call is a tool error naming the way."""
+    root = cl.hands["box"].root
+    script = b"#!/bin/sh\necho tool ran\n"
+    blob = bytes(range(256)) * 64  # 16 KiB, not UTF-8
+    async with stdio(cl) as c:
+        args = {"hand": "box", "path": "bin/tool.sh", "data": script.decode(), "mode": "755", "make_dirs": True}
+        res = await c.call_tool("upload", args)
+        out = body(res)
+        assert not res.is_error, out
+        assert (out["size"], out["sha256"], out["mode"]) == (len(script), hashlib.sha256(script).hexdigest(), "755")
+        assert (root / "bin" / "tool.sh").read_bytes() == script
+        assert stat.S_IMODE((root / "bin" / "tool.sh").stat().st_mode) == 0o755
+        assert body(await c.call_tool("exec", {"hand": "box", "argv": ["./bin/tool.sh"]}))["stdout"] == "tool ran\n"
+
+        # replaced whole; an existing file keeps its mode when none is given
+        res = await c.call_tool("upload", {"hand": "box", "path": "bin/tool.sh", "data": "#!/bin/sh\nexit 0\n"})
+        assert not res.is_error and body(res)["mode"] == "755"
+        assert (root / "bin" / "tool.sh").read_bytes() == b"#!/bin/sh\nexit 0\n"
+
+        data = base64.b64encode(blob).decode()
+        res = await c.call_tool("upload", {"hand": "box", "path": "blob.bin", "data": data, "encoding": "base64"})
+        assert not res.is_error and (root / "blob.bin").read_bytes() == blob
+        out = body(await c.call_tool("download", {"hand": "box", "path": "blob.bin"}))
+        assert (out["encoding"], out["size"], out["sha256"]) == ("base64", len(blob), hashlib.sha256(blob).hexdigest())
+        assert base64.b64decode(out["content"]) == blob
+        out = body(await c.call_tool("download", {"hand": "box", "path": "bin/tool.sh"}))
+        assert (out["encoding"], out["content"], out["mode"]) == ("utf-8", "#!/bin/sh\nexit 0\n", "755")
+
+        (root / "big.bin").write_bytes(b"\0" * ((4 << 20) + 1))
+        res = await c.call_tool("download", {"hand": "box", "path": "big.bin"})
+        assert res.is_error and body(res)["code"] == "too_large" and "read_file" in body(res)["error"]
+        res = await c.call_tool("upload", {"hand": "box", "path": "big2.bin", "data": "x" * ((4 << 20) + 1)})
+        assert res.is_error and body(res)["code"] == "too_large" and not (root / "big2.bin").exists()
+
+        res = await c.call_tool("upload", {"hand": "box", "path": "x.bin", "data": "not base64!", "encoding": "base64"})
+        assert res.is_error and body(res)["code"] == "invalid_request"
+        res = await c.call_tool("upload", {"hand": "box", "path": "x.sh", "data": "x", "mode": "4755"})
+        assert res.is_error and "mode" in res.content[0].text  # malformed: a tool error, nothing written
+        res = await c.call_tool("upload", {"hand": "box", "path": "../escape.txt", "data": "x"})
+        assert res.is_error and body(res)["state"] == "rejected" and body(res)["code"]
+        assert not (root.parent / "escape.txt").exists()
+        res = await c.call_tool("download", {"hand": "box", "path": "no/such/file"})
+        assert res.is_error and body(res)["state"] in ("failed", "rejected") and "no/such/file" in body(res)["error"]
+        res = await c.call_tool("download", {"hand": "nope", "path": "blob.bin"})
+        assert res.is_error and body(res)["code"] == "unknown_hand"
+
+
+async def test_stdio_exec_on_a_selector_one_result_per_hand(cl: Cluster) -> None:
+    cl.start_hand("other")
+    cl.wait_connected("other")
+    (cl.hands["other"].root / "fail.flag").write_text("")
+    async with stdio(cl) as c:
+        args = {"selector": "box,other", "command": "echo hi; test -f fail.flag && exit 5; exit 0"}
+        res = await c.call_tool("exec", args)
+        out = body(res)
+        assert res.is_error and out["state"] == "failed", out  # one Hand's run did not succeed
+        assert (out["hands"], out["counts"]) == (2, {"succeeded": 1, "failed": 1})
+        by = {r["hand"]: r for r in out["results"]}
+        assert (by["box"]["state"], by["box"]["exit_code"], by["box"]["stdout"]) == ("succeeded", 0, "hi\n")
+        assert (by["other"]["state"], by["other"]["exit_code"], by["other"]["stdout"]) == ("failed", 5, "hi\n")
+        got = body(await c.call_tool("run_get", {"run": by["other"]["run"]}))  # each member is a run of its own
+        assert (got["hand"], got["exit_code"]) == ("other", 5)
+
+        res = await c.call_tool("exec", {"selector": "*", "argv": ["true"]})
+        assert not res.is_error and body(res)["counts"] == {"succeeded": 2}
+
+        # longer than wait_s: still running on both, not an error, not stopped; then each run's end
+        args = {"selector": "box,other", "command": "sleep 2; echo late", "wait_s": 0.5}
+        res = await c.call_tool("exec", args)
+        out = body(res)
+        assert not res.is_error and out["still_running"] is True and out["state"] == "running"
+        members = body(await c.call_tool("runs", {"fleet": out["fleet"]}))["runs"]
+        assert sorted((r["hand"], r["run"]) for r in members) == sorted((r["hand"], r["run"]) for r in out["results"])
+        for row in out["results"]:
+            end = body(await c.call_tool("run_get", {"run": row["run"], "wait_s": 20}))
+            assert (end["state"], end["stdout"]) == ("succeeded", "late\n")
+
+        res = await c.call_tool("exec", {"selector": "nothing*", "argv": ["true"]})
+        assert res.is_error and body(res)["code"] == "empty_selection"
+        res = await c.call_tool("exec", {"hand": "box", "selector": "box", "argv": ["true"]})
+        assert res.is_error and body(res)["code"] == "invalid_request"
+    scoped = cl.client_credential("agent", "--hands", "box")
+    async with stdio(cl, scoped) as c:  # a selector sees only the credential's Hands
+        out = body(await c.call_tool("exec", {"selector": "*", "argv": ["true"]}))
+        assert [r["hand"] for r in out["results"]] == ["box"]
+
+
+async def test_stdio_a_70s_run_through_a_client_with_a_60s_timeout_ends_with_its_real_outcome(cl: Cluster) -> None:
+    """The issue's case, literally: the client times a call out at 60 s (as most do), the run takes
+    70 s. `exec` answers within the client's timeout (wait_s 30) with the run still running, and
+    `run_get` (waiting again, each call under 60 s) gets its real exit code and output."""
+    command = "echo begun; sleep 70; echo finished; exit 9"
+    async with Client(stdio_params(cl), read_timeout_seconds=60) as c:
+        started = time.monotonic()
+        res = await c.call_tool("exec", {"hand": "box", "command": command})  # wait_s: the default, 30
+        out = body(res)
+        assert not res.is_error and out["still_running"] is True and out["stdout"] == "begun\n"
+        while out.get("still_running"):
+            assert time.monotonic() - started < 120, out
+            out = body(await c.call_tool("run_get", {"run": out["run"], "wait_s": 30}))
+    assert (out["state"], out["exit_code"], out["stdout"]) == ("failed", 9, "begun\nfinished\n")
+
+
+async def test_stdio_a_fleet_outlives_the_server_and_the_next_one_gets_each_end(cl: Cluster) -> None:
+    """The agent goes away while a selector's runs are going: each is detached with --keep, not
+    killed, and the next `mind mcp` takes each up by its run id."""
+    cl.start_hand("other")
+    cl.wait_connected("other")
+    async with stdio(cl) as c:
+        args = {"selector": "box,other", "command": "sleep 2; echo survived", "wait_s": 0.5}
+        out = body(await c.call_tool("exec", args))
+        assert out["still_running"] is True and len(out["results"]) == 2
+    async with stdio(cl) as c:
+        for row in out["results"]:
+            end = body(await c.call_tool("run_get", {"run": row["run"], "wait_s": 20}))
+            assert (end["hand"], end["state"], end["stdout"]) == (row["hand"], "succeeded", "survived\n")
+
+
+async def test_http_a_sessions_cancel_notification_is_a_mindhand_cancel(cl: Cluster, http: str) -> None:
+    """A client of a handshake-era revision (2025-06-18, an MCP session over HTTP) posts
+    `notifications/cancelled` for its call: the run's tree is killed (a closed stream alone leaves
+    the run going: test_http_closed_stream_leaves_the_run_going)."""
+    root = cl.hands["box"].root
+    auth = {"Authorization": f"Bearer {token(cl.client_credential('admin2'))}"}
+    accept = {"Accept": "application/json, text/event-stream"}
+    async with httpx2.AsyncClient(timeout=30, headers=auth | accept) as hc:
+        init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        r = await hc.post(http, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
+        assert r.status_code == 200, r.text
+        session = {"mcp-session-id": r.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+        r = await hc.post(http, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+        assert r.status_code == 202
+        args = {"hand": "box", "command": "echo $$ > k.pid; sleep 60", "wait_s": 30}
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "exec", "arguments": args}}
+
+        async def calling() -> None:
+            async with hc.stream("POST", http, json=call, headers=session) as resp:
+                async for _ in resp.aiter_bytes():
+                    pass
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(calling)
+            await until((root / "k.pid").exists, 10, "the command to start")
+            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}}
+            r = await hc.post(http, json=cancel, headers=session)
+            assert r.status_code == 202
+            await wait_gone(root / "k.pid")
+            tg.cancel_scope.cancel()

@@ -163,7 +163,8 @@ async def test_replaced_fails_the_handle_plainly_and_resume_pending_asks_to_atta
     h.on_cut()
     h.attach_request()
     assert h.on_message(Error(code=ErrorCode.RESUME_PENDING, message="ask again within the window"))
-    assert client.later == [h] and h.live  # not a failure: the client attaches again shortly
+    assert client.later == [h] and h.live  # not a failure: the client attaches again shortly...
+    assert not h.attaching  # ...which it does only for a handle whose attachment was answered
     h.attach_request()
     h.on_message(Attached(run_id=RUN, hand="box", state=RunState.RUNNING))
     assert h.on_message(Replaced(run_id=RUN))
