@@ -34,6 +34,7 @@ from mind.daemon import heap, http
 from mind.daemon.connections import Connections
 from mind.daemon.dispatch import Dispatch
 from mind.daemon.door import OPEN_TIMEOUT_S, Door
+from mind.daemon.grouped import HeldActions, ResultAcks
 from mind.daemon.host import MindConfig
 from mind.daemon.metrics import MindMetrics
 from mind.daemon.peer import CLOSE_REVOKED, Peer, close_quietly
@@ -48,7 +49,7 @@ from protocol.codes import CancelReason, ErrorCode
 from protocol.ids import new_id
 from protocol.io.loop import probe_lag
 from protocol.io.tls import fingerprint, server_context
-from protocol.messages import Error, Message, build_all
+from protocol.messages import Error, Message, ResultAck, build_all
 
 __all__ = ["Mind", "MindConfig", "close_timeout", "ensure_admin", "keepalive_timeout", "raise_open_files_limit"]
 
@@ -124,6 +125,9 @@ class Mind:
         )
         self.endings = EndingStore(paths.endings_path(cfg.home))
         """The endings this Mind decided by itself, written before anyone hears of them."""
+        self.held = HeldActions(self.perform, self._commit_endings)
+        """Actions waiting for their endings' commit, one transaction a turn of the loop (`grouped`)."""
+        self.acks = ResultAcks()
         self._restore_endings()
         self.hands: dict[str, Peer] = {}
         self.clients: dict[str, Peer] = {}
@@ -321,6 +325,8 @@ class Mind:
         self._accept_errors = [now, 0]
 
     async def _flush_all(self, timeout: float) -> None:
+        self.held.flush()
+        self.acks.release_all()
         peers = list(self.hands.values()) + list(self.clients.values())
         try:
             async with asyncio.timeout(timeout):
@@ -376,22 +382,27 @@ class Mind:
     # --- performing actions ---
 
     def perform(self, actions: list[Action]) -> None:
-        for a in actions:
+        if self.held.holding:  # endings are being committed: everything waits behind them, in order
+            self.held.hold(actions)
+            return
+        for i, a in enumerate(actions):
             if isinstance(a, SendToHand):
                 peer = self.hands.get(a.hand)
                 if peer is not None and peer.gen == a.gen:
-                    peer.outbox.put(a.msg)
+                    if isinstance(a.msg, ResultAck):
+                        self.acks.hold(peer, a.msg)
+                    else:
+                        self.acks.release(peer)
+                        peer.outbox.put(a.msg)
             elif isinstance(a, SendToClient):
                 peer = self.clients.get(a.client)
                 if peer is not None:
                     peer.outbox.put(a.msg, a.req_id, droppable=a.droppable)
             elif isinstance(a, PersistEnding):
-                # before the actions after it, which tell the client and the Hand (DESIGN §15)
-                reason = a.cancel_reason.value if a.cancel_reason else None
-                try:
-                    self.endings.put(Ending(a.end, a.owner, time.time(), reason, a.args_digest))
-                except sqlite3.Error as exc:  # the ending stands in memory; only a crash could now forget it
-                    log.error("run_ending_not_persisted", run_id=a.run_id, error=str(exc))
+                # durable before the actions after it, which tell the client and the Hand (DESIGN
+                # §15): they wait for the commit of every ending of this turn of the loop (`grouped`)
+                self.held.hold(actions[i:])
+                return
             elif isinstance(a, StartEnded):
                 self.spawn(self.tasks.start_ended(a))
             elif isinstance(a, Log):
@@ -404,6 +415,17 @@ class Mind:
                         self.metrics.progress_dropped.inc(f["progress_dropped"])
                 elif a.event in (AuditEvent.HAND_INPUT_WRONG_GENERATION, AuditEvent.HAND_INPUT_UNKNOWN_RUN):
                     self.metrics.foreign.inc()
+
+    def _commit_endings(self, batch: list[PersistEnding]) -> None:
+        wall = time.time()
+        endings = [
+            Ending(a.end, a.owner, wall, a.cancel_reason.value if a.cancel_reason else None, a.args_digest)
+            for a in batch
+        ]
+        try:
+            self.endings.put_many(endings)
+        except sqlite3.Error as exc:  # the endings stand in memory; only a crash could now forget them
+            log.error("run_ending_not_persisted", run_ids=[a.run_id for a in batch], error=str(exc))
 
     # --- connections ---
 

@@ -8,8 +8,9 @@ Hand lets it go at the `result_ack` that follows). A Mind that crashes right aft
 then still knows, when it starts again, that the run ended: if the run's Hand presents it, it is
 killed, not adopted, and its owner attaching gets this ending, not a second, different one.
 
-Its own file (`endings.db` in the Mind's home), written from the event loop: one small insert in WAL
-mode with `synchronous=NORMAL` costs tens of microseconds and survives a kill -9 of the process
+Its own file (`endings.db` in the Mind's home), written from the event loop, the endings of one turn
+of the loop in one transaction (`mind.daemon.grouped`): one small commit in WAL mode with
+`synchronous=NORMAL` costs tens of microseconds and survives a kill -9 of the process
 (the WAL is in the kernel's cache; a power cut is the operating system's to survive, as for every
 store here). A separate file, because mind.db's writer is the database thread, and a snapshot
 batch holding its lock must never make the event loop wait.
@@ -97,6 +98,28 @@ class EndingStore:
 
     def put(self, ending: Ending) -> None:
         """Write one ending, durably, before returning (raises `sqlite3.Error` if it cannot)."""
+        self.put_many([ending])
+
+    def put_many(self, endings: list[Ending]) -> None:
+        """Write `endings` in one transaction, durably, before returning (raises `sqlite3.Error` if
+        it cannot, and then none is written): one commit for every call that ended in one turn of
+        the Mind's loop, instead of one each (issue 25)."""
+        if not endings:
+            return
+        rows = [self._row(e) for e in endings]
+        with self._db:  # BEGIN ... COMMIT, or ROLLBACK on an error
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "INSERT OR REPLACE INTO run_endings (run_id, owner, ended_at, cancel_reason, args_digest, run_end) "
+                "VALUES (?,?,?,?,?,?)",
+                rows,
+            )
+        before, self._writes = self._writes, self._writes + len(rows)
+        if before // PRUNE_EVERY != self._writes // PRUNE_EVERY:
+            self.prune(self._window, endings[-1].ended_at)
+
+    @staticmethod
+    def _row(ending: Ending) -> tuple[object, ...]:
         end = ending.end
         short = {
             name: tail.model_copy(update={"data": tail.data[-TAIL_KEPT:]})
@@ -106,14 +129,7 @@ class EndingStore:
         if short:
             end = end.model_copy(update=short)
         blob = msgpack.packb(end.model_dump(mode="python"), use_bin_type=True)
-        self._db.execute(
-            "INSERT OR REPLACE INTO run_endings (run_id, owner, ended_at, cancel_reason, args_digest, run_end) "
-            "VALUES (?,?,?,?,?,?)",
-            (ending.end.run_id, ending.owner, ending.ended_at, ending.cancel_reason, ending.args_digest, blob),
-        )
-        self._writes += 1
-        if self._writes % PRUNE_EVERY == 0:
-            self.prune(self._window, ending.ended_at)
+        return (ending.end.run_id, ending.owner, ending.ended_at, ending.cancel_reason, ending.args_digest, blob)
 
     def prune(self, window: float, now: float) -> None:
         """Delete the endings no Hand can present any more (older than the longest run timeout

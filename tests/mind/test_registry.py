@@ -160,10 +160,15 @@ def test_hand_rejection_is_terminal_and_nothing_after_counts():
     assert not ends(reg.on_result(ok(), HAND, 1, 0.6, 0))
 
 
-def test_result_before_accepted_is_refused_as_illegal():
+def test_result_before_accepted_is_the_acceptance_too():
+    """A quick call's result comes alone (the Hand answers it at once, issue 25): the run passes
+    through `accepted` and ends with the result, as if the `accepted` had come first."""
     reg = setup_run(state="sent")
     acts = reg.on_result(ok(), HAND, 1, 0.5, 0)
-    assert not ends(acts) and logs(acts, "hand_input_illegal")
+    moves = [(a.fields["old"], a.fields["new"]) for a in logs(acts, "run_state")]
+    assert moves == [("sent", "accepted"), ("accepted", "succeeded")]
+    assert [e.state for e in ends(acts)] == [RunState.SUCCEEDED] and not logs(acts, "hand_input_illegal")
+    assert reg.get("r1").state is RunState.SUCCEEDED
 
 
 def test_progress_never_moves_state_and_is_capped():
