@@ -80,6 +80,8 @@ class EndingStore:
         self._db.executescript(SCHEMA)
         self._writes = 0
         self._window = 0.0
+        self._rows = self._db.execute("SELECT count(*) FROM run_endings").fetchone()[0]
+        """Rows in the table, or more: what `prune` checks against `MAX_ROWS`."""
 
     def close(self) -> None:
         self._db.close()
@@ -114,6 +116,7 @@ class EndingStore:
                 "VALUES (?,?,?,?,?,?)",
                 rows,
             )
+        self._rows += len(rows)
         before, self._writes = self._writes, self._writes + len(rows)
         if before // PRUNE_EVERY != self._writes // PRUNE_EVERY:
             self.prune(self._window, endings[-1].ended_at)
@@ -135,12 +138,17 @@ class EndingStore:
         """Delete the endings no Hand can present any more (older than the longest run timeout
         plus `window`), and all but the newest `MAX_ROWS`."""
         horizon = now - limits.RUN_TIMEOUT_MAX_MS / 1000 - window
-        self._db.execute("DELETE FROM run_endings WHERE ended_at < ?", (horizon,))
-        self._db.execute(
-            "DELETE FROM run_endings WHERE run_id NOT IN "
-            "(SELECT run_id FROM run_endings ORDER BY ended_at DESC LIMIT ?)",
-            (MAX_ROWS,),
-        )
+        self._rows -= self._db.execute("DELETE FROM run_endings WHERE ended_at < ?", (horizon,)).rowcount
+        if self._rows <= MAX_ROWS:
+            return  # counted from the writes (a replaced row counts twice: a count never too low)
+        # On the age index, only when over the bound: `NOT IN (newest MAX_ROWS)` scanned and sorted
+        # the whole table every PRUNE_EVERY writes, a stall of the loop that grew with the table.
+        cutoff = self._db.execute(
+            "SELECT ended_at FROM run_endings ORDER BY ended_at DESC LIMIT 1 OFFSET ?", (MAX_ROWS,)
+        ).fetchone()
+        if cutoff is not None:  # ties at the cutoff go too: at most MAX_ROWS are kept
+            self._db.execute("DELETE FROM run_endings WHERE ended_at <= ?", (cutoff[0],))
+        self._rows = self._db.execute("SELECT count(*) FROM run_endings").fetchone()[0]
 
     def load(self, window: float, now: float | None = None) -> list[Ending]:
         """The endings that still matter, oldest first, after `prune`. A row that does not decode
