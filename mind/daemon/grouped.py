@@ -20,9 +20,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import structlog
+
 from mind.core.runs import Action, PersistEnding
 from mind.daemon.peer import Peer
 from protocol.messages import ResultAck
+
+log = structlog.get_logger(component="mind")
 
 ACK_DELAY_S = 0.05
 """How long a `result_ack` waits for a frame to ride with: well under the Hand's bound on kept
@@ -91,9 +95,19 @@ class HeldActions:
             self.flush()
 
     def flush(self) -> None:
-        """Commit every held ending in one transaction, then perform the rest in their order."""
+        """Commit every held ending in one transaction, then perform the rest in their order. The
+        actions held belong to many calls: a failure in one (a bug) is logged and ends only that
+        action, never the others' answers (which would otherwise wait forever)."""
         held, self._held = self._held, None
         if not held:
             return
-        self._commit([a for a in held if isinstance(a, PersistEnding)])
-        self._perform([a for a in held if not isinstance(a, PersistEnding)])
+        try:
+            self._commit([a for a in held if isinstance(a, PersistEnding)])
+        except Exception:  # the commit logs what it could not write; this is a bug's last net
+            log.exception("run_endings_commit_failed", count=len(held))
+        for a in held:
+            if not isinstance(a, PersistEnding):
+                try:
+                    self._perform([a])
+                except Exception:
+                    log.exception("held_action_failed", action=type(a).__name__)

@@ -302,6 +302,7 @@ class Mind:
                 await server.wait_closed()
         self.store.close()
         self.snapshots.close()
+        self.held.flush()  # anything the last turns left held: its endings are written before the file closes
         try:
             self.endings.end_life(len(self.registry.active()))
         except sqlite3.Error as exc:  # the next start then waits for presentations it need not

@@ -107,3 +107,18 @@ async def test_acks_never_pile_up_past_the_batch():
     for i in range(ACK_BATCH):
         acks.hold(peer, ResultAck(run_id=f"r{i}"))  # type: ignore[arg-type]
     assert len(peer.outbox.sent) == ACK_BATCH
+
+
+def test_one_failing_action_does_not_silence_the_others_held_with_it():
+    """Held actions belong to many calls: a bug in performing one must not drop the others' answers."""
+    rec = Recorder()
+
+    def perform(actions: list) -> None:
+        if any(isinstance(a, SendToClient) and a.req_id == "r1" for a in actions):
+            raise RuntimeError("a bug")
+        rec.perform(actions)
+
+    HeldActions(perform, rec.commit).hold(
+        [PersistEnding("r1", end("r1")), tell("r1"), PersistEnding("r2", end("r2")), tell("r2")]
+    )
+    assert rec.trace == [("committed", ["r1", "r2"]), ("performed", "r2")]
