@@ -326,7 +326,7 @@ class RunRegistry:
             return acts
         run.gen = hand_gen
         self._newest_gen[run.hand] = max(hand_gen, self._newest_gen.get(run.hand, 0))
-        acts += self._move(run, RunState.SENT)
+        moved = self._move(run, RunState.SENT)
         acts.append(
             SendToHand(
                 run.hand,
@@ -343,9 +343,9 @@ class RunRegistry:
                 ),
             )
         )
-        # The client hears of the admission after the Hand is sent the run: the Hand's frame is the
-        # one the answer waits for, so it leaves first (issue 25). Each peer's frames keep their order.
-        return acts + admitted
+        # The Hand's frame is the one the answer waits for, so it leaves first (issue 25); the client
+        # hears of the admission, then (if it watches) of `sent`, in that order, right after.
+        return acts + admitted + moved
 
     def on_accepted(self, run_id: str, hand: str, gen: int, now: float) -> list[Action]:
         run, acts = self._from_hand(run_id, hand, gen, "accepted")
