@@ -2,7 +2,8 @@
 (the command itself runs in `hand.aio.activerun`; the rules are `hand.core.runs`').
 
 Per run, on the ordered stream: `rpc` -> `rejected`, or `accepted` -> `started` -> `progress`* ->
-exactly one `result`. `cancel` -> `cancel_result` (a request, not an outcome: the `result` says how
+exactly one `result`; a quick file call (a small read, done inline) answers with its `result` alone,
+which the Mind takes as the acceptance too. `cancel` -> `cancel_result` (a request, not an outcome: the `result` says how
 the run really ended).
 
 Rules this module keeps, each from DESIGN §3-§6:
@@ -165,6 +166,12 @@ class RunTable:
         self._book.active[rpc.run_id] = run  # before any await: a following cancel finds it
         self._metrics.run_started(rpc.run_id)
         self._idle.clear()
+        if _answered_at_once(prepared, rpc):
+            # Its result is the next frame on the ordered stream, and implies the acceptance: no
+            # `accepted` frame, no task, no thread (issue 25: a call near the relay's cost).
+            log.info(AuditEvent.RUN_ACCEPTED, args_digest=digest, timeout_ms=rpc.timeout_ms)
+            self._conclude(run, self._at_once(run))
+            return
         self._send(Accepted(run_id=rpc.run_id))
         log.info(AuditEvent.RUN_ACCEPTED, args_digest=digest, timeout_ms=rpc.timeout_ms)
         try:
@@ -384,6 +391,28 @@ class RunTable:
             timer.cancel()
         self._conclude(run, result)
 
+    def _at_once(self, run: ActiveRun) -> Result:
+        """A quick file call (`_answered_at_once`) run inline, its outcome the truth as in `_outcome`."""
+        assert isinstance(run.prepared, FileCall)
+        now = asyncio.get_running_loop().time
+        started = now()
+        try:
+            check_active(run.ctl, started)
+        except RunAborted:
+            return self._stopped(run)
+        try:
+            value = run.prepared.call()
+            return Result(
+                run_id=run.rpc.run_id, state=RunState.SUCCEEDED, value=value, duration_ms=_ms(now() - started)
+            )
+        except ToolFailed as exc:
+            return self._failed(run, str(exc), now() - started)
+        except OSError as exc:
+            return self._failed(run, f"cannot start {run.rpc.tool}: {exc.strerror or exc}", now() - started)
+        except Exception as exc:  # one run's bug must not kill the agent
+            run.log.exception("run_crashed")
+            return self._failed(run, f"internal error: {type(exc).__name__}: {exc}", now() - started)
+
     async def _outcome(self, run: ActiveRun) -> Result:
         loop = asyncio.get_running_loop()
         try:
@@ -507,6 +536,14 @@ class RunTable:
             progress_dropped=run.dropped,
             args_digest=run.digest,
         )
+
+
+def _answered_at_once(prepared: Prepared, rpc: Rpc) -> bool:
+    """A file call known to be small (`FileCall.quick`: inline, no thread) on the loop's own
+    identity, without streams: it ends before anything else can happen to it (a `cancel` behind
+    it on the ordered stream finds it ended), so its `result` is sent at once, with no `accepted`
+    before it: the Mind takes the result of a run it sent as its acceptance too."""
+    return isinstance(prepared, FileCall) and prepared.quick and prepared.executor is None and rpc.streams is None
 
 
 def _ms(seconds: float) -> int:

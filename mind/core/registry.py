@@ -310,20 +310,23 @@ class RunRegistry:
         acts: list[Action] = [
             self._log(AuditEvent.RUN_ADMITTED, run, tool=req.tool, args_digest=run.args_digest, client=owner, **refused)
         ]
+        admitted: list[Action] = []
         if run.client is not None:
-            acts.append(SendToClient(run.client, req_id, RunUpdate(run_id=run_id, hand=run.hand, state=run.state)))
+            admitted.append(SendToClient(run.client, req_id, RunUpdate(run_id=run_id, hand=run.hand, state=run.state)))
         if refusal is not None:
             code, why = refusal
+            acts += admitted
             acts += self._terminate(run, self._end(run, RunState.REJECTED, why, now, reject_code=code), now, wall)
             return acts
         if hand_gen is None:
             code = RejectCode.HAND_OFFLINE if hand_known else RejectCode.UNKNOWN_HAND
             why = f"hand {req.hand!r} is not connected" if hand_known else f"no hand named {req.hand!r}"
+            acts += admitted
             acts += self._terminate(run, self._end(run, RunState.REJECTED, why, now, reject_code=code), now, wall)
             return acts
         run.gen = hand_gen
         self._newest_gen[run.hand] = max(hand_gen, self._newest_gen.get(run.hand, 0))
-        acts += self._move(run, RunState.SENT)
+        moved = self._move(run, RunState.SENT)
         acts.append(
             SendToHand(
                 run.hand,
@@ -340,7 +343,9 @@ class RunRegistry:
                 ),
             )
         )
-        return acts
+        # The Hand's frame is the one the answer waits for, so it leaves first (issue 25); the client
+        # hears of the admission, then (if it watches) of `sent`, in that order, right after.
+        return acts + admitted + moved
 
     def on_accepted(self, run_id: str, hand: str, gen: int, now: float) -> list[Action]:
         run, acts = self._from_hand(run_id, hand, gen, "accepted")
@@ -469,12 +474,16 @@ class RunRegistry:
         run, acts = self._from_hand(res.run_id, hand, gen, "result")
         if run is None:
             return acts + ack
+        if run.state is RunState.SENT and can_advance(RUN_TRANSITIONS, RunState.ACCEPTED, res.state):
+            # A quick call's `result` comes without an `accepted` before it (the Hand answers it at
+            # once, issue 25): it is the acceptance too, and the run passes through `accepted`.
+            acts = self._move(run, RunState.ACCEPTED)
         if not can_advance(RUN_TRANSITIONS, run.state, res.state):
             return [self._log("hand_input_illegal", run, what="result", state=run.state.value, result=res.state.value)]
         fields = {k: getattr(res, k) for k in OUTCOME_FIELDS}
         fields["progress_dropped"] = res.progress_dropped + run.dropped
         end = RunEnd(hand=run.hand, tool=run.tool, **fields)
-        return self._terminate(run, end, now, wall, durable=run.background is None) + ack
+        return acts + self._terminate(run, end, now, wall, durable=run.background is None) + ack
 
     def on_cancel_result(
         self, run_id: str, hand: str, gen: int, status: CancelStatus, now: float, wall: float

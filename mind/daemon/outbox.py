@@ -52,7 +52,7 @@ class Outbox:
         requests and a Hand ends the connection on an `error`."""
         self._ws = ws
         self._channel = channel
-        self._q: deque[tuple[Message, str | None]] = deque()
+        self._q: deque[tuple[Message, str | None, int]] = deque()
         self._wake = asyncio.Event()
         self._closed = False
         self._limit = droppable_limit
@@ -76,10 +76,11 @@ class Outbox:
         if droppable and len(self._q) >= self._limit:
             self.dropped += 1
             return
-        if not self.bound.add(_carried(msg)):
+        carried = _carried(msg)
+        if not self.bound.add(carried):
             self._overflow()
             return
-        self._q.append((msg, id))
+        self._q.append((msg, id, carried))
         self.drained.clear()
         self._wake.set()
 
@@ -114,7 +115,7 @@ class Outbox:
             self.on_refused(id_, why)
             return None
         answer = Error(code=why.code, message=f"the mind could not send its {msg.TYPE} reply: {why.message}")
-        self._q.appendleft((answer, id_))  # next, in this very batch: nothing queued later overtakes it
+        self._q.appendleft((answer, id_, 0))  # next, in this very batch: nothing queued later overtakes it
         return None
 
     async def run(self) -> None:
@@ -123,8 +124,8 @@ class Outbox:
                 while self._q:
                     frames: list[bytes] = []
                     while self._q and len(frames) < MAX_BATCH:
-                        msg, id_ = self._q.popleft()
-                        self.bound.sent(_carried(msg))
+                        msg, id_, carried = self._q.popleft()
+                        self.bound.sent(carried)
                         frame = self._stamp(msg, id_)
                         if frame is not None:
                             frames.append(frame)
@@ -148,7 +149,12 @@ def _carried(msg: Message) -> int:
     """The bytes a queued message holds beyond its fixed fields, estimated without encoding it:
     its data, for the messages that carry a run's bytes (`stream_data`, `run_output`), and its
     lists' items for the replies that page through them."""
-    data = getattr(msg, "data", None)
+    fields = msg.__dict__  # not getattr: a model without `data` would raise and catch inside pydantic
+    data = fields.get("data")
     if isinstance(data, (bytes, str)):
         return len(data)
-    return sum(len(v) * LISTED_ITEM_BYTES for v in msg.__dict__.values() if isinstance(v, list))
+    n = 0
+    for v in fields.values():
+        if type(v) is list:
+            n += len(v)
+    return n * LISTED_ITEM_BYTES

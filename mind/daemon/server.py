@@ -11,7 +11,6 @@ connection, `Peer.spawn`), the database threads, the ticker and the performer of
 from __future__ import annotations
 
 import asyncio
-import collections
 import hashlib
 import os
 import resource
@@ -34,6 +33,7 @@ from mind.daemon import heap, http
 from mind.daemon.connections import Connections
 from mind.daemon.dispatch import Dispatch
 from mind.daemon.door import OPEN_TIMEOUT_S, Door
+from mind.daemon.grouped import HeldActions, ResultAcks
 from mind.daemon.host import MindConfig
 from mind.daemon.metrics import MindMetrics
 from mind.daemon.peer import CLOSE_REVOKED, Peer, close_quietly
@@ -49,7 +49,7 @@ from protocol.errors import MindhandError
 from protocol.ids import new_id
 from protocol.io.loop import probe_lag
 from protocol.io.tls import fingerprint, server_context
-from protocol.messages import Error, Message, RunInfo, build_all
+from protocol.messages import Error, Message, ResultAck, RunInfo, build_all
 
 __all__ = [
     "CannotOpen",
@@ -189,8 +189,9 @@ class Mind:
         self.history: History | None = None
         """Finished runs' metadata in the shared database (PostgreSQL); None: this Mind's memory only."""
         self._history_queue: list[tuple[str, RunInfo]] = []
-        self._deferred: collections.deque[Action] | None = None
-        """Actions waiting behind an ending being written to a database over the network (`perform`)."""
+        self.held = HeldActions(self._perform_one, self._commit_endings)
+        """Actions waiting for their endings' commit, one transaction a turn of the loop (`grouped`)."""
+        self.acks = ResultAcks()
         self.hands: dict[str, Peer] = {}
         self.clients: dict[str, Peer] = {}
         self.last_seen: dict[str, float] = {}
@@ -416,6 +417,12 @@ class Mind:
         self._accept_errors = [now, 0]
 
     async def _flush_all(self, timeout: float) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                await self.held.drain()
+        except TimeoutError:
+            log.error("run_endings_not_drained")
+        self.acks.release_all()
         peers = list(self.hands.values()) + list(self.clients.values())
         try:
             async with asyncio.timeout(timeout):
@@ -503,59 +510,33 @@ class Mind:
 
     def perform(self, actions: list[Action]) -> None:
         """Perform the registry's actions in order. An ending (`PersistEnding`) is durable before the
-        actions after it, which tell the client and the Hand (DESIGN §15): on SQLite it is written
-        here, on the loop; on a database over the network the rest wait (in order, with every
-        action performed after them) until it is written: the loop never waits."""
-        if self._deferred is not None:
-            self._deferred.extend(actions)
+        actions after it, which tell the client and the Hand (DESIGN §15): every ending that arrives
+        in one turn of the loop is committed in one transaction, and every action after the first
+        of them (whatever connection it is for) waits, in order, until it is (`grouped.HeldActions`;
+        on SQLite the commit is on the loop, on PostgreSQL it is awaited: the loop never waits)."""
+        if self.held.holding:  # endings are being committed: everything waits behind them, in order
+            self.held.hold(actions)
             return
         for i, a in enumerate(actions):
-            if isinstance(a, PersistEnding) and self.endings.put_now is None:
-                self._deferred = collections.deque(actions[i:])
-                self.spawn(self._perform_deferred())
+            if isinstance(a, PersistEnding):
+                self.held.hold(actions[i:])
                 return
             self._perform_one(a)
 
-    async def _perform_deferred(self) -> None:
-        queue = self._deferred
-        try:
-            while queue:
-                a = queue.popleft()
-                try:
-                    if isinstance(a, PersistEnding):
-                        await self._persist(a)
-                    else:
-                        self._perform_one(a)
-                except Exception:
-                    log.exception("action_failed", action=type(a).__name__)
-        finally:
-            self._deferred = None
-
-    def _ending(self, a: PersistEnding) -> Ending:
-        return Ending(a.end, a.owner, time.time(), a.cancel_reason.value if a.cancel_reason else None, a.args_digest)
-
-    async def _persist(self, a: PersistEnding) -> None:
-        try:
-            await self.endings.put(self._ending(a))
-        except (sqlite3.Error, StoreUnavailable) as exc:  # the ending stands in memory; only a crash could forget it
-            log.error("run_ending_not_persisted", run_id=a.run_id, error=str(exc))
-
     def _perform_one(self, a: Action) -> None:
+        """One action that is not an ending (`perform` and `HeldActions` hand them over in order)."""
         if isinstance(a, SendToHand):
             peer = self.hands.get(a.hand)
             if peer is not None and peer.gen == a.gen:
-                peer.outbox.put(a.msg)
+                if isinstance(a.msg, ResultAck):
+                    self.acks.hold(peer, a.msg)
+                else:
+                    self.acks.release(peer)
+                    peer.outbox.put(a.msg)
         elif isinstance(a, SendToClient):
             peer = self.clients.get(a.client)
             if peer is not None:
                 peer.outbox.put(a.msg, a.req_id, droppable=a.droppable)
-        elif isinstance(a, PersistEnding):
-            # before the actions after it, which tell the client and the Hand (DESIGN §15)
-            assert self.endings.put_now is not None
-            try:
-                self.endings.put_now(self._ending(a))
-            except sqlite3.Error as exc:  # the ending stands in memory; only a crash could now forget it
-                log.error("run_ending_not_persisted", run_id=a.run_id, error=str(exc))
         elif isinstance(a, StartEnded):
             self.spawn(self.tasks.start_ended(a))
         elif isinstance(a, Log):
@@ -570,6 +551,30 @@ class Mind:
                     self.metrics.progress_dropped.inc(f["progress_dropped"])
             elif a.event in (AuditEvent.HAND_INPUT_WRONG_GENERATION, AuditEvent.HAND_INPUT_UNKNOWN_RUN):
                 self.metrics.foreign.inc()
+
+    def _commit_endings(self, batch: list[PersistEnding]) -> Awaitable[None] | None:
+        """Write `batch` durably: at once on SQLite (on the loop, one transaction); on PostgreSQL the
+        returned awaitable writes it (`HeldActions` holds what follows until it is done)."""
+        wall = time.time()
+        endings = [
+            Ending(a.end, a.owner, wall, a.cancel_reason.value if a.cancel_reason else None, a.args_digest)
+            for a in batch
+        ]
+        if not endings:
+            return None
+        if self.endings.put_many_now is not None:
+            try:
+                self.endings.put_many_now(endings)
+            except sqlite3.Error as exc:  # the endings stand in memory; only a crash could now forget them
+                log.error("run_ending_not_persisted", run_ids=[a.run_id for a in batch], error=str(exc))
+            return None
+        return self._put_endings(endings)
+
+    async def _put_endings(self, endings: list[Ending]) -> None:
+        try:
+            await self.endings.put_many(endings)
+        except (sqlite3.Error, StoreUnavailable) as exc:  # the endings stand in memory; only a crash could forget them
+            log.error("run_ending_not_persisted", run_ids=[e.end.run_id for e in endings], error=str(exc))
 
     # --- connections ---
 

@@ -112,13 +112,15 @@ class Snapshots(Protocol):
 class Endings(Protocol):
     """The durable endings of DESIGN §15 and this node's life record.
 
-    `put_now` is the SQLite engine's write on the loop (tens of microseconds, before the actions
-    that tell anyone); an engine over the network has none (`None`) and the daemon awaits `put`
-    before it performs the actions that follow the ending (`Mind.perform`)."""
+    `put_many_now` is the SQLite engine's write on the loop (one transaction for every ending of a
+    turn of the loop, before the actions that tell anyone); an engine over the network has none
+    (`None`) and the daemon awaits `put_many` before it performs the actions that follow the
+    endings (`Mind.perform`, `mind.daemon.grouped.HeldActions`)."""
 
-    put_now: Callable[[Ending], None] | None
+    put_many_now: Callable[[list[Ending]], None] | None
 
     async def put(self, ending: Ending) -> None: ...
+    async def put_many(self, endings: list[Ending]) -> None: ...
     async def load(self, window: float, now: float | None = None) -> list[Ending]: ...
     async def begin_life(self) -> bool: ...
     async def end_life(self, live_runs: int) -> None: ...

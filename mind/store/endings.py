@@ -8,8 +8,9 @@ Hand lets it go at the `result_ack` that follows). A Mind that crashes right aft
 then still knows, when it starts again, that the run ended: if the run's Hand presents it, it is
 killed, not adopted, and its owner attaching gets this ending, not a second, different one.
 
-Its own file (`endings.db` in the Mind's home), written from the event loop: one small insert in WAL
-mode with `synchronous=NORMAL` costs tens of microseconds and survives a kill -9 of the process
+Its own file (`endings.db` in the Mind's home), written from the event loop, the endings of one turn
+of the loop in one transaction (`mind.daemon.grouped`): one small commit in WAL mode with
+`synchronous=NORMAL` costs tens of microseconds and survives a kill -9 of the process
 (the WAL is in the kernel's cache; a power cut is the operating system's to survive, as for every
 store here). A separate file, because mind.db's writer is the database thread, and a snapshot
 batch holding its lock must never make the event loop wait.
@@ -79,6 +80,8 @@ class EndingStore:
         self._db.executescript(SCHEMA)
         self._writes = 0
         self._window = 0.0
+        self._rows = self._db.execute("SELECT count(*) FROM run_endings").fetchone()[0]
+        """Rows in the table, or more: what `prune` checks against `MAX_ROWS`."""
 
     def close(self) -> None:
         self._db.close()
@@ -97,6 +100,29 @@ class EndingStore:
 
     def put(self, ending: Ending) -> None:
         """Write one ending, durably, before returning (raises `sqlite3.Error` if it cannot)."""
+        self.put_many([ending])
+
+    def put_many(self, endings: list[Ending]) -> None:
+        """Write `endings` in one transaction, durably, before returning (raises `sqlite3.Error` if
+        it cannot, and then none is written): one commit for every call that ended in one turn of
+        the Mind's loop, instead of one each (issue 25)."""
+        if not endings:
+            return
+        rows = [self._row(e) for e in endings]
+        with self._db:  # BEGIN ... COMMIT, or ROLLBACK on an error
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "INSERT OR REPLACE INTO run_endings (run_id, owner, ended_at, cancel_reason, args_digest, run_end) "
+                "VALUES (?,?,?,?,?,?)",
+                rows,
+            )
+        self._rows += len(rows)
+        before, self._writes = self._writes, self._writes + len(rows)
+        if before // PRUNE_EVERY != self._writes // PRUNE_EVERY:
+            self.prune(self._window, endings[-1].ended_at)
+
+    @staticmethod
+    def _row(ending: Ending) -> tuple[object, ...]:
         end = ending.end
         short = {
             name: tail.model_copy(update={"data": tail.data[-TAIL_KEPT:]})
@@ -106,25 +132,23 @@ class EndingStore:
         if short:
             end = end.model_copy(update=short)
         blob = msgpack.packb(end.model_dump(mode="python"), use_bin_type=True)
-        self._db.execute(
-            "INSERT OR REPLACE INTO run_endings (run_id, owner, ended_at, cancel_reason, args_digest, run_end) "
-            "VALUES (?,?,?,?,?,?)",
-            (ending.end.run_id, ending.owner, ending.ended_at, ending.cancel_reason, ending.args_digest, blob),
-        )
-        self._writes += 1
-        if self._writes % PRUNE_EVERY == 0:
-            self.prune(self._window, ending.ended_at)
+        return (ending.end.run_id, ending.owner, ending.ended_at, ending.cancel_reason, ending.args_digest, blob)
 
     def prune(self, window: float, now: float) -> None:
         """Delete the endings no Hand can present any more (older than the longest run timeout
         plus `window`), and all but the newest `MAX_ROWS`."""
         horizon = now - limits.RUN_TIMEOUT_MAX_MS / 1000 - window
-        self._db.execute("DELETE FROM run_endings WHERE ended_at < ?", (horizon,))
-        self._db.execute(
-            "DELETE FROM run_endings WHERE run_id NOT IN "
-            "(SELECT run_id FROM run_endings ORDER BY ended_at DESC LIMIT ?)",
-            (MAX_ROWS,),
-        )
+        self._rows -= self._db.execute("DELETE FROM run_endings WHERE ended_at < ?", (horizon,)).rowcount
+        if self._rows <= MAX_ROWS:
+            return  # counted from the writes (a replaced row counts twice: a count never too low)
+        # On the age index, only when over the bound: `NOT IN (newest MAX_ROWS)` scanned and sorted
+        # the whole table every PRUNE_EVERY writes, a stall of the loop that grew with the table.
+        cutoff = self._db.execute(
+            "SELECT ended_at FROM run_endings ORDER BY ended_at DESC LIMIT 1 OFFSET ?", (MAX_ROWS,)
+        ).fetchone()
+        if cutoff is not None:  # ties at the cutoff go too: at most MAX_ROWS are kept
+            self._db.execute("DELETE FROM run_endings WHERE ended_at <= ?", (cutoff[0],))
+        self._rows = self._db.execute("SELECT count(*) FROM run_endings").fetchone()[0]
 
     def load(self, window: float, now: float | None = None) -> list[Ending]:
         """The endings that still matter, oldest first, after `prune`. A row that does not decode

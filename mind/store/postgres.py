@@ -637,11 +637,24 @@ def _count(status: str) -> int:
     return int(status.rsplit(" ", 1)[-1])
 
 
+def _ending_blob(ending: Ending) -> bytes:
+    """The run's end as stored: its output tails trimmed to what a re-attaching client is shown."""
+    end = ending.end
+    short = {
+        name: tail.model_copy(update={"data": tail.data[-TAIL_KEPT:]})
+        for name in ("stdout", "stderr")
+        if len((tail := getattr(end, name)).data) > TAIL_KEPT
+    }
+    if short:
+        end = end.model_copy(update=short)
+    return msgpack.packb(end.model_dump(mode="python"), use_bin_type=True)
+
+
 class PgEndings:
     """The endings, shared: a run one node ended is ended for every node its Hand may reach next.
     The life record (`begin_life`/`end_life`) is this node's own row of `nodes`."""
 
-    put_now: Callable[[Ending], None] | None = None
+    put_many_now: Callable[[list[Ending]], None] | None = None
 
     def __init__(self, db: _Db, node: str) -> None:
         self._db = db
@@ -650,32 +663,25 @@ class PgEndings:
         self._window = 0.0
 
     async def put(self, ending: Ending) -> None:
-        end = ending.end
-        short = {
-            name: tail.model_copy(update={"data": tail.data[-TAIL_KEPT:]})
-            for name in ("stdout", "stderr")
-            if len((tail := getattr(end, name)).data) > TAIL_KEPT
-        }
-        if short:
-            end = end.model_copy(update=short)
-        blob = msgpack.packb(end.model_dump(mode="python"), use_bin_type=True)
+        await self.put_many([ending])
+
+    async def put_many(self, endings: list[Ending]) -> None:
+        """Every ending of one turn of the Mind's loop in one statement (one round trip)."""
+        if not endings:
+            return
+        rows = [(e.end.run_id, e.owner, e.ended_at, e.cancel_reason, e.args_digest, _ending_blob(e)) for e in endings]
         await self._db.run(
-            lambda con: con.execute(
+            lambda con: con.executemany(
                 "INSERT INTO run_endings (run_id, owner, ended_at, cancel_reason, args_digest, run_end) "
                 "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, "
                 "ended_at = EXCLUDED.ended_at, cancel_reason = EXCLUDED.cancel_reason, "
                 "args_digest = EXCLUDED.args_digest, run_end = EXCLUDED.run_end",
-                ending.end.run_id,
-                ending.owner,
-                ending.ended_at,
-                ending.cancel_reason,
-                ending.args_digest,
-                blob,
+                rows,
             )
         )
-        self._writes += 1
-        if self._writes % PRUNE_EVERY == 0:
-            await self.prune(self._window, ending.ended_at)
+        before, self._writes = self._writes, self._writes + len(endings)
+        if self._writes // PRUNE_EVERY != before // PRUNE_EVERY:
+            await self.prune(self._window, endings[-1].ended_at)
 
     async def prune(self, window: float, now: float) -> None:
         horizon = now - limits.RUN_TIMEOUT_MAX_MS / 1000 - window

@@ -172,14 +172,17 @@ class SqliteSnapshots(_OnThread):
 
 
 class SqliteEndings:
-    """On the loop, as before: `put_now` is the write `Mind.perform` makes before telling anyone."""
+    """On the loop, as before: `put_many_now` is the write `Mind.perform` makes before telling anyone."""
 
     def __init__(self, path: Path) -> None:
         self.sync = EndingStore(path)
-        self.put_now: Callable[[Ending], None] | None = self.sync.put
+        self.put_many_now: Callable[[list[Ending]], None] | None = self.sync.put_many
 
     async def put(self, ending: Ending) -> None:
         self.sync.put(ending)
+
+    async def put_many(self, endings: list[Ending]) -> None:
+        self.sync.put_many(endings)
 
     async def load(self, window: float, now: float | None = None) -> list[Ending]:
         return self.sync.load(window, now)

@@ -249,8 +249,8 @@ def fig_latency(ctx: Ctx) -> list[Row]:
             spread([med(r) for r in ours_r], ms),
             f"{ms(r50)} (relay p50)",
             ratio(o50, r50),
-            "<= 2.0x relay",
-            verdict(o50 <= 2.0 * r50),
+            "<= 1.5x relay",
+            verdict(o50 <= 1.5 * r50),
         ),
         Row(
             "latency",
@@ -260,8 +260,8 @@ def fig_latency(ctx: Ctx) -> list[Row]:
             spread([pct(r, 99) for r in ours_r], ms),
             f"{ms(r99)} (relay p99)",
             ratio(o99, r99),
-            "<= 2.5x relay",
-            verdict(o99 <= 2.5 * r99),
+            "<= 2.0x relay",
+            verdict(o99 <= 2.0 * r99),
         ),
     ]
 

@@ -30,23 +30,23 @@ class Client:
 
 
 class RemoteEndings:
-    """An engine with no write on the loop: `put` waits at a gate, as a database round trip does."""
+    """An engine with no write on the loop: `put_many` waits at a gate, as a database round trip does."""
 
-    put_now = None
+    put_many_now = None
 
     def __init__(self, log: list[str]) -> None:
         self.gate = asyncio.Event()
         self.log = log
 
-    async def put(self, ending: Ending) -> None:
+    async def put_many(self, endings: list[Ending]) -> None:
         await self.gate.wait()
-        self.log.append(f"stored {ending.end.run_id}")
+        self.log.append("stored " + " ".join(e.end.run_id for e in endings))
 
 
 class LocalEndings:
     def __init__(self, log: list[str]) -> None:
         self.log = log
-        self.put_now = lambda ending: self.log.append(f"stored {ending.end.run_id}")
+        self.put_many_now = lambda endings: self.log.append("stored " + " ".join(e.end.run_id for e in endings))
 
 
 def end(run_id: str) -> RunEnd:
@@ -80,10 +80,29 @@ async def test_a_remote_ending_is_stored_before_anything_after_it_and_order_hold
     assert log[-1] == "told r3"
 
 
-async def test_a_local_ending_is_written_on_the_loop_in_place(tmp_path):
+async def test_local_endings_of_one_turn_are_written_on_the_loop_in_one_transaction(tmp_path):
     log: list[str] = []
     mind = Mind(MindConfig(home=tmp_path))
     mind.endings = LocalEndings(log)  # type: ignore[assignment]
     told(mind, log)
     mind.perform([PersistEnding("r1", end("r1"), "me"), SendToClient("c", "q1", end("r1"))])
-    assert log == ["stored r1", "told r1"]  # no task, no await: as before many Minds
+    mind.perform([PersistEnding("r2", end("r2"), "me"), SendToClient("c", "q2", end("r2"))])
+    assert log == []  # held until the end of this turn of the loop
+    await asyncio.sleep(0)
+    assert log == ["stored r1 r2", "told r1", "told r2"]
+
+
+async def test_endings_decided_while_a_remote_commit_is_in_flight_wait_for_it_and_go_next(tmp_path):
+    log: list[str] = []
+    mind = Mind(MindConfig(home=tmp_path))
+    mind.endings = RemoteEndings(log)  # type: ignore[assignment]
+    told(mind, log)
+    mind.perform([PersistEnding("r1", end("r1"), "me"), SendToClient("c", "q1", end("r1"))])
+    await asyncio.sleep(0.01)  # r1's commit is in flight, at the gate
+    mind.perform([PersistEnding("r2", end("r2"), "me"), SendToClient("c", "q2", end("r2"))])
+    mind.perform([SendToClient("c", "q3", end("r3"))])
+    await asyncio.sleep(0.01)
+    assert log == []
+    mind.endings.gate.set()  # type: ignore[attr-defined]
+    await asyncio.wait_for(mind.held.drain(), 5)
+    assert log == ["stored r1", "told r1", "stored r2", "told r2", "told r3"]

@@ -160,10 +160,15 @@ def test_hand_rejection_is_terminal_and_nothing_after_counts():
     assert not ends(reg.on_result(ok(), HAND, 1, 0.6, 0))
 
 
-def test_result_before_accepted_is_refused_as_illegal():
+def test_result_before_accepted_is_the_acceptance_too():
+    """A quick call's result comes alone (the Hand answers it at once, issue 25): the run passes
+    through `accepted` and ends with the result, as if the `accepted` had come first."""
     reg = setup_run(state="sent")
     acts = reg.on_result(ok(), HAND, 1, 0.5, 0)
-    assert not ends(acts) and logs(acts, "hand_input_illegal")
+    moves = [(a.fields["old"], a.fields["new"]) for a in logs(acts, "run_state")]
+    assert moves == [("sent", "accepted"), ("accepted", "succeeded")]
+    assert [e.state for e in ends(acts)] == [RunState.SUCCEEDED] and not logs(acts, "hand_input_illegal")
+    assert reg.get("r1").state is RunState.SUCCEEDED
 
 
 def test_progress_never_moves_state_and_is_capped():
@@ -216,3 +221,16 @@ def test_finished_runs_are_retained_bounded():
     for i in range(20):
         reg.admit(f"r{i}", req, "c1", "q", None, True, 0.0, 0.0)
     assert reg.get("r0") is None and reg.get("r19") is not None
+
+
+def test_the_hand_is_sent_the_run_first_and_a_watcher_still_hears_admitted_then_sent():
+    """The Hand's `rpc` is the frame the answer waits for, so it leaves first (issue 25); what the
+    client hears keeps its order (`mind exec --events` prints it)."""
+    reg = RunRegistry()
+    req = Exec(hand=HAND, tool="exec", args={"argv": ["true"]}, timeout_ms=1000, watch=True)
+    acts = reg.admit("r1", req, "c1", "q1", 1, True, now=0.0, wall=0.0)
+    sends = [a for a in acts if isinstance(a, (SendToHand, SendToClient))]
+    assert isinstance(sends[0], SendToHand) and isinstance(sends[0].msg, Rpc)
+    assert [a.msg.state.value for a in sends[1:]] == ["admitted", "sent"]
+    events = [a.event for a in acts if isinstance(a, Log)]
+    assert events == ["run_admitted", "run_state"]

@@ -3,7 +3,11 @@ adds to the daemon's glue (DESIGN §15), mirrored from `mind/daemon/server.py` a
 - the registry is built with the window; at start it is given back every ending its earlier
   lives decided by themselves (`restore`, from the simulated disk) and told that, for a window,
   a Hand may still present a run it does not know (`expect_presentations`);
-- `PersistEnding` is written to the disk BEFORE the actions after it are performed;
+- `PersistEnding` is written to the disk BEFORE the actions after it are performed (the daemon
+  commits the endings of one turn of its loop together and holds every later action until then:
+  the same order, `mind.daemon.grouped.HeldActions`);
+- a `result_ack` is held until the next frame to its Hand or `ACK_DELAY_S`, `ACK_BATCH` at most
+  (`mind.daemon.grouped.ResultAcks`);
 - a Hand's `runs_present`, `stream_data` and `stream_ack` go to the registry;
 - clients of the continuity variant come over a link of their own (`sim.stream_clients`): their
   `exec` (with streams, and their identity as owner), `attach`, `detach`, `cancel_run`, stdin and
@@ -19,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from sim.mind_shell import SimMind
 from sim.network import Link
 
-from mind.core.registry import Action, Log, PersistEnding, SendToClient
+from mind.core.registry import Action, Log, PersistEnding, SendToClient, SendToHand
+from mind.daemon.grouped import ACK_BATCH, ACK_DELAY_S
 from protocol.messages import (
     Attach,
     CancelRun,
@@ -27,6 +32,7 @@ from protocol.messages import (
     Exec,
     Message,
     Resize,
+    ResultAck,
     RunsPresent,
     StreamAck,
     StreamData,
@@ -48,6 +54,8 @@ class ContinuityMind(SimMind):
             self.registry.restore(p.end, p.owner, p.cancel_reason, p.args_digest, self.now, self.now)
         self.registry.expect_presentations(self.now + self.window)
         self.client_links: dict[Link, str] = {}
+        self.held_acks: dict[str, list[SendToHand]] = {}
+        self.ack_timer = False
         self.conns: dict[str, Link] = {}
 
     # --- performing ---
@@ -57,6 +65,11 @@ class ContinuityMind(SimMind):
             if isinstance(a, PersistEnding):
                 self.ext.persist(self.life, a)  # durable before anyone is told
                 continue
+            if isinstance(a, SendToHand):
+                if isinstance(a.msg, ResultAck):
+                    self._hold_ack(a)
+                    continue
+                self._release_acks(a.hand)
             super().perform([a])
             if isinstance(a, Log) and a.event in WINDOW_EVENTS:
                 keep = a.fields.get("keep_s")
@@ -64,6 +77,24 @@ class ContinuityMind(SimMind):
                 run = self.registry.get(a.fields["run_id"])
                 if a.event == "run_adopted" and run is not None:
                     self.loop.call_at(run.mind_deadline, self.tick, label="mind_deadline")
+
+    def _hold_ack(self, a: SendToHand) -> None:
+        held = self.held_acks.setdefault(a.hand, [])
+        held.append(a)
+        if len(held) >= ACK_BATCH:
+            self._release_acks(a.hand)
+        elif not self.ack_timer:
+            self.ack_timer = True
+            self.loop.call_at(self.now + ACK_DELAY_S, self._release_all_acks, label="result_acks")
+
+    def _release_acks(self, hand: str) -> None:
+        for a in self.held_acks.pop(hand, []):
+            super().perform([a])  # to the generation it was for: none if that connection is gone
+
+    def _release_all_acks(self) -> None:
+        self.ack_timer = False
+        for hand in list(self.held_acks):
+            self._release_acks(hand)
 
     # --- hands ---
 
