@@ -278,8 +278,9 @@ class _Run:
             out["path"] = shown
             print(json.dumps(out), flush=True)
         failed = f", {res.failed} not copied" if res.failed else ""
+        files = "1 file" if res.sent == 1 else f"{res.sent} files"
         print(
-            f"mind: cp: {printable(shown)}: {res.sent} files sent, {res.skipped} skipped (unchanged){failed}",
+            f"mind: cp: {printable(shown)}: {files} sent, {res.skipped} skipped (unchanged){failed}",
             file=sys.stderr,
         )
 

@@ -34,6 +34,7 @@ def test_demo_runs_end_to_end(tmp_path):
         "demo-build",
         "state     succeeded",
         "the copy came back byte for byte",
+        "the tree came back identical",
         "exit code: 0 (the task's outcome)",
         "root is work",
         "root is work2",
@@ -42,6 +43,8 @@ def test_demo_runs_end_to_end(tmp_path):
     ):
         assert line in out, f"{line!r} missing from demo output:\n{out}\n{err}"
     assert "to stderr" in err
+    # the second tree copy sends only the edited file (the rest are the same on the Hand)
+    assert "demo:./site: 1 file sent, 201 skipped (unchanged)" in err
     # the Hand's warning (no --run-as in the demo) is shown whole, ending its last sentence (issue 24)
     warning = [ln for ln in out.splitlines() if ln.startswith("hand: WARNING: ")]
     assert len(warning) == 1 and warning[0].endswith("run the Hand as root with --run-as USER (a user of its own)."), (
