@@ -81,8 +81,10 @@ class Connections:
         m.metrics.hands_connected.set(len(m.hands))
         peer.spawn(self.tasks.reconcile(peer))
         try:
-            await self.read_loop(peer, self.dispatch.on_hand_message)
+            await self.read_loop(peer, self._held(peer, self.dispatch.on_hand_message))
         finally:
+            if m.nodes is not None:
+                m.nodes.released(label, gen)
             peer.fail_pending("hand disconnected")
             if m.hands.get(label) is peer:
                 del m.hands[label]
@@ -93,6 +95,24 @@ class Connections:
                 hlog.info("hand_disconnected", snapshots_marked_stale=staled)
             else:
                 hlog.info("hand_disconnected", replaced=True)
+
+    def _held(
+        self, peer: Peer, on_message: Callable[[Peer, str | None, Message], None]
+    ) -> Callable[[Peer, str | None, Message], None]:
+        """On a shared database a Hand's messages are acted on only while this node holds it by
+        this connection's claim and its lease is live (`mind.core.nodes`): a node woken from a
+        pause, or told of a newer claim, reads nothing more from the stale connection (it is
+        being closed)."""
+        nodes = self.mind.nodes
+        if nodes is None:
+            return on_message
+        label, gen = peer.ident.label, peer.gen
+
+        def held(p: Peer, id_: str | None, msg: Message) -> None:
+            if nodes.acts(label, gen):
+                on_message(p, id_, msg)
+
+        return held
 
     # --- clients ---
 
