@@ -24,6 +24,7 @@ from mind.daemon.dispatch import Dispatch
 from mind.daemon.host import Host
 from mind.daemon.peer import CLOSE_INTERNAL, CLOSE_PROTOCOL, CLOSE_REPLACED, Peer, close_quietly
 from mind.daemon.taskservice import TaskService
+from mind.store.api import StoreUnavailable
 from protocol.errors import ProtocolError
 from protocol.messages import Error, Message, StreamAck, StreamData
 
@@ -91,7 +92,12 @@ class Connections:
                 m.last_seen[label] = time.time()
                 m.perform(m.registry.on_hand_gone(label, gen, time.monotonic(), time.time()))
                 m.metrics.hands_connected.set(len(m.hands))
-                staled = await m.db(m.snapshots.mark_hand_stale, label)
+                try:
+                    staled: int | None = await m.db(m.snapshots.mark_hand_stale, label)
+                except (
+                    StoreUnavailable
+                ):  # the database away: the Hand is gone all the same (the snapshots stay as they were)
+                    staled = None
                 hlog.info("hand_disconnected", snapshots_marked_stale=staled)
             else:
                 hlog.info("hand_disconnected", replaced=True)

@@ -277,6 +277,8 @@ class Door:
         self._pending.spoke(id(ws))
         if isinstance(ws, CountedConnection):
             ws.spoke()
+        if m.nodes is not None and (refusal := m.nodes.refusal()) is not None:
+            raise NotLive(refusal)  # a node without its lease says so at once, before any statement
         started = loop.time()
         secret = await m.creds(m.store.secret, msg.role, msg.label)
         hs = ServerHandshake(m.mind_id, new_id("hs"), os.urandom(limits.NONCE_BYTES), loop.time())
@@ -293,9 +295,8 @@ class Door:
         # now, not when the hello came in. Same answer as any wrong secret.
         if await m.creds(m.store.secret, ident.role, ident.label) != secret:
             raise ProtocolError(ErrorCode.AUTH_FAILED, AUTH_FAILED_MESSAGE)
-        if m.nodes is not None:  # one node of many: live, and a Hand claimed (a fencing token)
-            refusal = m.nodes.refusal()
-            if refusal is not None:
+        if m.nodes is not None:  # one node of many: still live, and a Hand claimed (a fencing token)
+            if (refusal := m.nodes.refusal()) is not None:
                 raise NotLive(refusal)
             if ident.role == "hand":
                 gen = await m.nodes.claim(ident.label)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from mind.daemon.metrics import MindMetrics
     from mind.daemon.peer import Peer
     from mind.store.api import Credentials, History, Snapshots
-    from protocol.messages import Message
+    from protocol.messages import Message, NodeInfo
 
 try:
     from importlib.metadata import version as _v
@@ -66,6 +66,11 @@ class NodeLink(Protocol):
     async def claim(self, hand: str) -> int: ...
     def acts(self, hand: str, gen: int) -> bool: ...
     def released(self, hand: str, gen: int) -> None: ...
+    async def holders(self) -> dict[str, str]: ...
+    async def node_infos(self) -> list[NodeInfo]: ...
+
+    @property
+    def name(self) -> str: ...
 
 
 class Host(Protocol):

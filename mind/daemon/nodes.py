@@ -37,8 +37,9 @@ from mind.core.nodes import (
 )
 from mind.daemon.peer import CLOSE_TRY_LATER, close_quietly
 from mind.store.api import Nodes, NotLive, StoreUnavailable
-from protocol.codes import ErrorCode
-from protocol.messages import Error
+from protocol import limits
+from protocol.codes import CancelReason, ErrorCode
+from protocol.messages import Error, NodeInfo
 
 if TYPE_CHECKING:
     from mind.daemon.host import Host
@@ -96,11 +97,28 @@ class NodeShell:
     async def claim(self, hand: str) -> int:
         """A Hand's welcome: claimed in one statement, or `NotLive`/`StoreUnavailable`."""
         claim = await self.nodes.claim(hand, self.core.lease)
+        await self._learn_endings(hand)
         actions = self.core.claimed(hand, claim, time.monotonic())
         self.perform(actions)
         if any(isinstance(a, CloseHand) and a.hand == hand and a.claim == claim for a in actions):
             raise NotLive(LEASE_LOST_MESSAGE)
         return claim
+
+    async def _learn_endings(self, hand: str) -> None:
+        """Before the Hand (claimed here now) presents its runs: what any node ended of them, so
+        that a run another node ended is killed, not adopted (first terminal wins, across nodes).
+        Read after the claim committed: a node that lost the Hand can write no ending after it."""
+        m = self.mind
+        window = m.cfg.resume_window
+        if window <= 0:
+            return
+        now, wall = time.monotonic(), time.time()
+        for e in await self.nodes.endings_of(hand, wall - limits.RUN_TIMEOUT_MAX_MS / 1000 - window):
+            try:
+                reason = CancelReason(e.cancel_reason) if e.cancel_reason else None
+            except ValueError:  # written by a newer Mind: the Hand is told the generic reason
+                reason = None
+            m.registry.restore(e.end, e.owner, reason, e.args_digest, e.ended_at, now)
 
     def acts(self, hand: str, gen: int) -> bool:
         """This node may act for the Hand's connection `gen` now (its messages are read)."""
@@ -110,6 +128,32 @@ class NodeShell:
 
     def released(self, hand: str, gen: int) -> None:
         self.core.released(hand, gen)
+        self.mind.spawn(self._release(hand, gen))
+
+    async def _release(self, hand: str, gen: int) -> None:
+        try:
+            await self.nodes.release(hand, gen)
+        except StoreUnavailable:  # shown held until its node's heartbeat is older than a lease
+            pass
+
+    async def holders(self) -> dict[str, str]:
+        """The Hands held by live nodes (`mind hands` through any node): label -> node."""
+        return {h: node for h, (node, _, age) in (await self.nodes.holders()).items() if age < self.core.lease}
+
+    async def node_infos(self) -> list[NodeInfo]:
+        counts: dict[str, int] = {}
+        for node, _, _ in (await self.nodes.holders()).values():
+            counts[node] = counts.get(node, 0) + 1
+        return [
+            NodeInfo(
+                name=name,
+                live=age < self.core.lease,
+                running=running,
+                heartbeat_age_s=round(max(0.0, age), 3),
+                hands=counts.get(name, 0) if age < self.core.lease else 0,
+            )
+            for name, running, age in await self.nodes.nodes()
+        ]
 
     def heard_claim(self, hand: str, claim: int, node: str) -> None:
         if node != self.name:
@@ -133,7 +177,7 @@ class NodeShell:
             except StoreUnavailable:
                 continue
             for hand, claim in list(self.core.claims.items()):
-                node, current = holders.get(hand, (self.name, claim))
+                node, current, _ = holders.get(hand, (self.name, claim, 0.0))
                 if node != self.name or current != claim:
                     self.perform(self.core.newer_claim(hand, max(current, claim + 1)))
 

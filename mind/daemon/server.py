@@ -231,6 +231,11 @@ class Mind:
             if stores.nodes is not None:
                 self.nodes = NodeShell(self, stores.nodes, self.cfg.node_lease, self.epoch_changed)
                 await self.nodes.renew()  # live before the first Hand is claimed
+                if self.cfg.resume_window > 0:
+                    # A Hand that moves here from another node presents runs this node never
+                    # admitted: adopted (unless a node ended them: `NodeShell.claim`), and a client
+                    # attaching to one before its Hand arrives is told to wait, not that it is unknown.
+                    self.registry.expect_presentations(float("inf"))
         except SchemaTooNew as exc:
             raise CannotOpen(str(exc), EXIT_SCHEMA_TOO_NEW) from None
         except StoreUnavailable as exc:
@@ -562,15 +567,7 @@ class Mind:
             self._deferred = None
 
     def _ending(self, a: PersistEnding) -> Ending:
-        run = self.registry.get(a.run_id)
-        return Ending(
-            a.end,
-            a.owner,
-            time.time(),
-            a.cancel_reason.value if a.cancel_reason else None,
-            a.args_digest,
-            hand=run.hand if run is not None else "",
-        )
+        return Ending(a.end, a.owner, time.time(), a.cancel_reason.value if a.cancel_reason else None, a.args_digest)
 
     async def _persist(self, a: PersistEnding) -> None:
         try:

@@ -116,6 +116,12 @@ MIGRATIONS: tuple[str, ...] = (
         claimed_at TIMESTAMPTZ
     );
     """,
+    # 2: an ending names its Hand, so the node that claims a Hand next learns what other nodes ended
+    # of its runs before the Hand presents them (`PgNodes.endings_of`): first terminal wins, across nodes.
+    """
+    ALTER TABLE run_endings ADD COLUMN hand TEXT NOT NULL DEFAULT '';
+    CREATE INDEX run_endings_hand ON run_endings (hand, ended_at);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -684,6 +690,18 @@ def _count(status: str) -> int:
     return int(status.rsplit(" ", 1)[-1])
 
 
+def _endings(rows: list[Any]) -> list[Ending]:
+    out: list[Ending] = []
+    for run_id, owner, ended_at, reason, digest, blob in rows:
+        try:
+            end = RunEnd.model_validate(msgpack.unpackb(blob, raw=False))
+        except Exception:  # written by a newer Mind: not this one's to interpret
+            continue
+        if end.run_id == run_id:
+            out.append(Ending(end, owner, ended_at, reason, digest))
+    return out
+
+
 class PgEndings:
     """The endings, shared: a run one node ended is ended for every node its Hand may reach next.
     The life record (`begin_life`/`end_life`) is this node's own row of `nodes`."""
@@ -707,13 +725,14 @@ class PgEndings:
         if short:
             end = end.model_copy(update=short)
         blob = msgpack.packb(end.model_dump(mode="python"), use_bin_type=True)
-        fenced = self._fence is not None and self._fence.active and bool(ending.hand)
-        claim = self._fence.claim(ending.hand) if self._fence is not None and fenced else 0
+        hand = ending.end.hand
+        fenced = self._fence is not None and self._fence.active
+        claim = self._fence.claim(hand) if self._fence is not None and fenced else 0
         # Conditional on this node's claim of the run's Hand: a node that lost it writes nothing.
         written = await self._db.run(
             lambda con: con.fetchval(
-                "INSERT INTO run_endings (run_id, owner, ended_at, cancel_reason, args_digest, run_end) "
-                "SELECT $1, $2, $3, $4, $5, $6 WHERE NOT $7 OR EXISTS "
+                "INSERT INTO run_endings (run_id, owner, ended_at, cancel_reason, args_digest, run_end, hand) "
+                "SELECT $1, $2, $3, $4, $5, $6, $8 WHERE NOT $7 OR EXISTS "
                 "(SELECT 1 FROM hands WHERE label = $8 AND node = $9 AND claim = $10) "
                 "ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, "
                 "ended_at = EXCLUDED.ended_at, cancel_reason = EXCLUDED.cancel_reason, "
@@ -725,13 +744,13 @@ class PgEndings:
                 ending.args_digest,
                 blob,
                 fenced,
-                ending.hand,
+                hand,
                 self._node,
                 claim,
             )
         )
         if written is None and self._fence is not None:
-            self._fence.fenced(ending.hand, claim)
+            self._fence.fenced(hand, claim)
         self._writes += 1
         if self._writes % PRUNE_EVERY == 0:
             await self.prune(self._window, ending.ended_at)
@@ -759,15 +778,7 @@ class PgEndings:
             ),
             timeout=STATEMENT_TIMEOUT_S * 6,
         )
-        out: list[Ending] = []
-        for run_id, owner, ended_at, reason, digest, blob in rows:
-            try:
-                end = RunEnd.model_validate(msgpack.unpackb(blob, raw=False))
-            except Exception:
-                continue
-            if end.run_id == run_id:
-                out.append(Ending(end, owner, ended_at, reason, digest))
-        return out
+        return _endings(rows)
 
     async def begin_life(self) -> bool:
         async def run(con: asyncpg.Connection) -> bool:
@@ -965,10 +976,36 @@ class PgNodes:
                     con.terminate()
             await asyncio.sleep(1.0)
 
-    async def holders(self) -> dict[str, tuple[str, int]]:
-        """Every Hand's holder: label -> (node, claim)."""
-        rows = await self._db.run(lambda con: con.fetch("SELECT label, node, claim FROM hands WHERE node IS NOT NULL"))
-        return {r[0]: (r[1], int(r[2])) for r in rows}
+    async def release(self, hand: str, claim: int) -> None:
+        """This node's connection at `claim` ended: the Hand is held by no node (unless another
+        node claimed it since: conditional, like every write about it)."""
+        await self._db.run(
+            lambda con: con.execute(
+                "UPDATE hands SET node = NULL WHERE label = $1 AND node = $2 AND claim = $3", hand, self.name, claim
+            )
+        )
+
+    async def endings_of(self, hand: str, since: float) -> list[Ending]:
+        """The endings of `hand`'s runs written since `since` (wall clock), by any node."""
+        rows = await self._db.run(
+            lambda con: con.fetch(
+                "SELECT run_id, owner, ended_at, cancel_reason, args_digest, run_end FROM run_endings "
+                "WHERE hand = $1 AND ended_at >= $2 ORDER BY ended_at",
+                hand,
+                since,
+            )
+        )
+        return _endings(rows)
+
+    async def holders(self) -> dict[str, tuple[str, int, float]]:
+        """Every held Hand: label -> (node, claim, seconds since that node's heartbeat)."""
+        rows = await self._db.run(
+            lambda con: con.fetch(
+                "SELECT h.label, h.node, h.claim, extract(epoch FROM clock_timestamp() - n.heartbeat_at)::float8 "
+                "FROM hands h JOIN nodes n ON n.name = h.node"
+            )
+        )
+        return {r[0]: (r[1], int(r[2]), float(r[3])) for r in rows}
 
     async def nodes(self) -> list[tuple[str, bool, float]]:
         """Every node: (name, running, seconds since its heartbeat on the database's clock)."""
