@@ -19,12 +19,14 @@ import structlog
 from websockets.exceptions import ConnectionClosed
 
 from mind.core.budgets import CLIENT_REQUESTS_IN_FLIGHT, ClientRates
+from mind.core.nodes import LEASE_LOST_MESSAGE
 from mind.daemon import heap
 from mind.daemon.dispatch import Dispatch
 from mind.daemon.host import Host
 from mind.daemon.peer import CLOSE_INTERNAL, CLOSE_PROTOCOL, CLOSE_REPLACED, Peer, close_quietly
 from mind.daemon.taskservice import TaskService
 from mind.store.api import StoreUnavailable
+from protocol.codes import ErrorCode
 from protocol.errors import ProtocolError
 from protocol.messages import Error, Message, StreamAck, StreamData
 
@@ -122,6 +124,26 @@ class Connections:
 
     # --- clients ---
 
+    def _live(
+        self, on_message: Callable[[Peer, str | None, Message], None]
+    ) -> Callable[[Peer, str | None, Message], None]:
+        """On a shared database a client's request is acted on only while this node's lease is
+        live: one that comes to a node woken from a pause (before its ticker ran) is answered
+        `busy` with the lease sentence, never started, and every connection is closed."""
+        nodes = self.mind.nodes
+        if nodes is None:
+            return on_message
+
+        def live(p: Peer, id_: str | None, msg: Message) -> None:
+            if nodes.live():
+                on_message(p, id_, msg)
+                return
+            if id_ is not None:
+                p.outbox.put(Error(code=ErrorCode.BUSY, message=LEASE_LOST_MESSAGE), id_)
+            nodes.refusal()  # the lease's end performed: every connection closed (queued answers written first)
+
+        return live
+
     async def serve_client(self, peer: Peer) -> None:
         m = self.mind
         m.clients[peer.conn_id] = peer
@@ -130,7 +152,7 @@ class Connections:
         clog = log.bind(client=peer.ident.label, conn=peer.conn_id)
         clog.debug("client_connected")
         try:
-            await self.read_loop(peer, self.dispatch.on_client_message)
+            await self.read_loop(peer, self._live(self.dispatch.on_client_message))
         finally:
             self.rates.leave(peer.ident.label)
             if peer.outbox.bound.peak >= heap.LARGE_FRAME:

@@ -86,6 +86,10 @@ class NodeShell:
     def tick(self, now: float) -> None:
         self.perform(self.core.tick(now))
 
+    def live(self) -> bool:
+        """The lease is live now (nothing performed: `refusal` and the ticker close what it held)."""
+        return self.core.live(time.monotonic())
+
     def refusal(self) -> str | None:
         """Why a handshake or a start must be refused now (the lease passed), or None."""
         now = time.monotonic()
