@@ -46,9 +46,11 @@ class NotLive(StoreUnavailable):
     starts nothing until a heartbeat succeeds again."""
 
 
-class Fenced(MindhandError):
+class Fenced(StoreUnavailable):
     """A write about a Hand carried a claim that is no longer the Hand's current one: another node
-    claimed it since. Nothing was written; the shell closes its stale connection (`mind.core.nodes`)."""
+    claimed it since. Nothing was written; the shell closes its stale connection (`mind.core.nodes`).
+    A `StoreUnavailable` to every caller that does not look closer: the request that needed the
+    write is answered as one the database could not take, and the daemon goes on."""
 
     def __init__(self, hand: str, claim: int) -> None:
         super().__init__(f"hand {hand!r} is held by a newer claim than {claim}: nothing was written")
