@@ -389,3 +389,36 @@ async def test_claims_fence_every_write_about_a_hand(pg_database, tmp_path):
     finally:
         await a.close()
         await b.close()
+
+
+@pytest.mark.slow
+async def test_claims_and_credential_changes_are_heard_by_the_other_nodes(pg_database, tmp_path):
+    """LISTEN/NOTIFY (DESIGN §16): node A hears node B's claim of a Hand (its name and claim) and a
+    credential change made through B, at once, with no poll; `listening` says the channel is up."""
+    a = await open_stores(tmp_path / "a", pg_database, "node-a")
+    b = await open_stores(tmp_path / "b", pg_database, "node-b")
+    heard: asyncio.Queue[tuple[str, ...]] = asyncio.Queue()
+    try:
+        na, nb = a.nodes, b.nodes
+        assert na is not None and nb is not None
+        await b.credentials.add("hand", "box")
+        await nb.heartbeat()
+        listener = asyncio.create_task(
+            na.listen(lambda h, c, n: heard.put_nowait(("claim", h, str(c), n)), lambda: heard.put_nowait(("creds",)))
+        )
+        try:
+            async with asyncio.timeout(10):
+                assert await heard.get() == ("creds",)  # said once at the start: a change while it was down
+                assert na.listening
+                claim = await nb.claim("box", 10.0)
+                assert await heard.get() == ("claim", "box", str(claim), "node-b")
+                await b.credentials.revoke("hand", "box")
+                assert await heard.get() == ("creds",)
+        finally:
+            listener.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await listener
+        assert not na.listening
+    finally:
+        await a.close()
+        await b.close()
