@@ -998,11 +998,12 @@ class PgNodes:
         return _endings(rows)
 
     async def holders(self) -> dict[str, tuple[str, int, float]]:
-        """Every held Hand: label -> (node, claim, seconds since that node's heartbeat)."""
+        """Every Hand held by a node that has not stopped: label -> (node, claim, seconds since that
+        node's heartbeat; a killed node's grow until they pass the lease)."""
         rows = await self._db.run(
             lambda con: con.fetch(
                 "SELECT h.label, h.node, h.claim, extract(epoch FROM clock_timestamp() - n.heartbeat_at)::float8 "
-                "FROM hands h JOIN nodes n ON n.name = h.node"
+                "FROM hands h JOIN nodes n ON n.name = h.node AND n.running"
             )
         )
         return {r[0]: (r[1], int(r[2]), float(r[3])) for r in rows}

@@ -287,7 +287,7 @@ def test_kill_9_of_the_node_holding_a_hand_mid_run_the_run_finishes_elsewhere(no
     out, err = p.communicate(timeout=60)
     assert p.returncode == 7, err
     assert out == b"before\nafter\n", err
-    runs = [r for r in json.loads(other.cli("runs", "--json").stdout) if r["tool"] == "exec"]
+    runs = _started(other)
     assert len(runs) == 1 and runs[0]["end"]["exit_code"] == 7  # one run per start
 
 
@@ -318,7 +318,8 @@ def test_a_node_frozen_past_its_lease_acts_for_nothing_when_it_wakes(nodes, tmp_
     finally:
         first.mind.signal(signal.SIGCONT)
     assert p.returncode == 3 and out == b"before\nafter\n", err
-    run_id = json.loads(other.cli("runs", "--json").stdout)[0]["run_id"]
+    (run,) = _started(other)  # one run per start
+    run_id = run["run_id"]
     wait_until(lambda: _events(first, "node_lease_lost"), 30, "the woken node to say its lease passed")
     # Past its resume window the woken node would end the run `lost`: that write is fenced.
     wait_until(lambda: _events(first, "run_ending_fenced"), 30, "the woken node's ending to be refused")
@@ -368,6 +369,45 @@ def test_a_node_cut_from_its_database_stops_acting_and_comes_back(tmp_path, post
         b.stop_all()
         a.stop_all()
         proxy.stop()
+
+
+def test_a_hand_that_moves_while_its_old_node_lives_is_closed_there_by_the_claim(nodes):
+    """The Hand's link to its node goes silent (a fault proxy blackholes it, FIN included, and
+    refuses new connections) while that node stays live: the Hand moves to the other node, whose
+    claim is heard at once over LISTEN by the old node, which closes its stale connection (its own
+    keepalive, 30 s here, would take far longer)."""
+    a, b = nodes
+    for n in (a, b):
+        n.resume_window = WINDOW
+    for n in (a, b):
+        n.start_mind("--node-lease", LEASE, "--ping-interval", "30")
+    a.add_hand("box")
+    pa, pb = a.start_proxy(target=a.port), b.start_proxy(target=b.port)
+    a.start_hand("box", url=f"{pa.url},{pb.url}")
+    first = wait_until(lambda: holder(a, b), 30, "box connected to a node")
+    other, link = (b, pa) if first is a else (a, pb)
+    gen = first._connected_by_log("box", 1)
+    assert gen is not None
+    link.blackhole()
+    link.refuse()
+    wait_until(lambda: other._connected_by_log("box", gen + 1), 30, "box reconnected to the other node")
+    closed = wait_until(
+        lambda: [e for e in _events(first, "node_hand_closed") if "claimed by another node" in e["why"]],
+        10,
+        "the old node to close its stale connection on hearing the claim",
+    )
+    assert closed[0]["claim"] == gen
+    wait_until(lambda: first._connected_by_log("box", gen) is None, 10, "the stale connection to be gone")
+    hands = {h["name"]: h for h in json.loads(first.cli("hands", "--json").stdout)}
+    assert (
+        hands["box"]["connected"] and hands["box"]["node"] == json.loads(other.cli("status", "--json").stdout)["node"]
+    )
+
+
+def _started(c: Cluster) -> list[dict]:
+    """The exec runs node `c` holds that started (a try refused there because the Hand was not
+    connected to it is `rejected`: it ran nothing)."""
+    return [r for r in json.loads(c.cli("runs", "--json").stdout) if r["tool"] == "exec" and r["state"] != "rejected"]
 
 
 def _endings(dsn: str, run_id: str) -> list[dict]:
