@@ -949,7 +949,12 @@ class PgNodes:
             con: asyncpg.Connection | None = None
             try:
                 con = c = await asyncio.wait_for(
-                    asyncpg.connect(self._db.dsn, timeout=CONNECT_TIMEOUT_S), CONNECT_TIMEOUT_S
+                    asyncpg.connect(
+                        self._db.dsn,
+                        timeout=CONNECT_TIMEOUT_S,
+                        server_settings={"application_name": f"mindhand {self.name} listen"[:63]},
+                    ),
+                    CONNECT_TIMEOUT_S,
                 )
                 dropped = asyncio.Event()
                 c.add_termination_listener(lambda _c, d=dropped: d.set())

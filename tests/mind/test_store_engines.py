@@ -422,3 +422,38 @@ async def test_claims_and_credential_changes_are_heard_by_the_other_nodes(pg_dat
     finally:
         await a.close()
         await b.close()
+
+
+@pytest.mark.slow
+async def test_a_dropped_listener_is_noticed_and_opened_again(pg_database, tmp_path):
+    """The LISTEN connection killed by the server (an administrator, a restart): it is opened
+    again (`listening` is False in between: the shell polls), and its opening says "look now", so
+    a change made while it was down is not missed."""
+    import asyncpg
+
+    a = await open_stores(tmp_path / "a", pg_database, "node-a")
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    try:
+        na = a.nodes
+        assert na is not None
+        listener = asyncio.create_task(na.listen(lambda *_: None, lambda: heard.put_nowait("creds")))
+        try:
+            async with asyncio.timeout(15):
+                assert await heard.get() == "creds" and na.listening
+                con = await asyncpg.connect(pg_database)
+                try:
+                    killed = await con.fetchval(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+                        "mindhand node-a listen",
+                    )
+                finally:
+                    await con.close()
+                assert killed == 1
+                # no change was made: this second word comes only from a listener opened again
+                assert await heard.get() == "creds" and na.listening
+        finally:
+            listener.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await listener
+    finally:
+        await a.close()
