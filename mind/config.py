@@ -44,6 +44,22 @@ KEYS: tuple[Key, ...] = (
         check=check_database,
         metavar="URL",
     ),
+    Key(
+        "node_lease",
+        float,
+        10.0,
+        "with a database: seconds this node acts after its last successful heartbeat; a node that cannot "
+        "renew (cut off, paused) closes its connections and refuses starts, and its Hands move elsewhere",
+        check=between(1, 3600, " seconds"),
+        metavar="S",
+    ),
+    Key(
+        "node_name",
+        str,
+        None,
+        "with a database: this node's name in `mind hands`/`mind status` (default: host name and port)",
+        metavar="NAME",
+    ),
     Key("tls_cert", str, None, "serve wss:// with this certificate (PEM; see scripts/mkcerts)", metavar="FILE"),
     Key("tls_key", str, None, "the certificate's private key (PEM)", metavar="FILE"),
     Key(

@@ -25,6 +25,8 @@ them by it (`ValueError`).
     ├── LocalRefused                   mind/client/localfs.py      this machine's side of a download refused or failed
     ├── StoreError                     mind/store/credentials.py   a credential change the store refuses
     ├── StoreUnavailable               mind/store/api.py           the shared database did not answer in time or is gone
+    │   ├── NotLive                    mind/store/api.py           this node's lease passed: it claims and starts nothing
+    │   └── Fenced                     mind/store/api.py           a write about a Hand another node claimed since: not written
     ├── SchemaTooNew                   mind/store/api.py           the database was migrated by a newer Mind: refused at start
     ├── CannotOpen                     mind/daemon/server.py       `mind serve` cannot open its state: the sentence and exit code
     ├── FaultProxyError (RuntimeError) mind/testing/faultproxy/    the fault proxy refused a command or cannot be reached

@@ -624,6 +624,23 @@ class HandInfo(Message):
     labels: dict[Label, LabelValue] = Field(default_factory=dict)
     """What the operator said about this Hand on the Mind (`mind hand label`): the Mind's facts,
     which fleet selectors match; never the Hand's own claims."""
+    node: Str | None = None
+    """With Mind nodes sharing a database: the node that holds the Hand (None: one Mind, or not held)."""
+
+
+class NodeInfo(Message):
+    """One Mind node of a shared database, as `mind status` shows it (DESIGN §16)."""
+
+    TYPE = "node_info"
+    name: Str
+    live: Bool
+    """Its heartbeat is younger than the answering node's lease."""
+    running: Bool
+    """It has not stopped cleanly (a killed node stays `running` and goes not `live`)."""
+    heartbeat_age_s: float
+    """Seconds since its last heartbeat, on the database's clock."""
+    hands: NonNeg = 0
+    """Hands it holds."""
 
 
 class SelectHands(Message):
@@ -837,6 +854,10 @@ class StatusReply(Message):
     hands_connected: NonNeg | None = None
     active_runs_total: NonNeg | None = None
     """How many runs are active (`active_runs` shows the newest); None from a Mind that sent them all."""
+    node: Str | None = None
+    """The node that answered (Mind nodes sharing a database); None: one Mind."""
+    nodes: list[NodeInfo] | None = None
+    """Every node of the shared database with its heartbeat age; None: one Mind."""
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {

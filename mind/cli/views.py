@@ -68,6 +68,7 @@ async def list_hands(client: Any, args: argparse.Namespace) -> int:
         print(json.dumps([h.model_dump(mode="json") for h in hands], indent=2))
         return 0
     rows = []
+    nodes = any(h.node for h in hands)  # Mind nodes sharing a database: which holds each Hand
     for h in hands:
         c = h.claims
         rows.append(
@@ -81,8 +82,12 @@ async def list_hands(client: Any, args: argparse.Namespace) -> int:
                 str(h.running),
                 ",".join(f"{k}={v}" for k, v in h.labels.items()) or "-",
             ]
+            + ([h.node or "-"] if nodes else [])
         )
-    table(["NAME", "CONNECTED", "GEN", "SINCE", "HOST", "PLATFORM", "RUNNING", "LABELS"], rows)
+    table(
+        ["NAME", "CONNECTED", "GEN", "SINCE", "HOST", "PLATFORM", "RUNNING", "LABELS"] + (["NODE"] if nodes else []),
+        rows,
+    )
     return 0
 
 
@@ -191,11 +196,27 @@ async def show_status(client: Any, args: argparse.Namespace) -> int:
         f"retained runs {st.retained_runs}"
     )
     live = st.hands_connected if st.hands_connected is not None else sum(1 for h in st.hands if h.connected)
+    if st.nodes is not None:
+        print(f"\nNODES ({sum(1 for n in st.nodes if n.live)} live; this is {st.node})")
+        table(
+            ["NAME", "LIVE", "HEARTBEAT", "HANDS", "STOPPED"],
+            [
+                [
+                    n.name,
+                    "yes" if n.live else "no",
+                    f"{n.heartbeat_age_s:.1f}s ago",
+                    str(n.hands),
+                    "no" if n.running else "yes",
+                ]
+                for n in st.nodes
+            ],
+        )
     print(f"\nHANDS ({live} of {st.hands_total or len(st.hands)} connected)")
     table(
-        ["NAME", "CONNECTED", "GEN", "SINCE", "RUNNING"],
+        ["NAME", "CONNECTED", "GEN", "SINCE", "RUNNING"] + (["NODE"] if st.nodes is not None else []),
         [
             [h.name, "yes" if h.connected else "no", str(h.generation), timestamp(h.since), str(h.running)]
+            + ([h.node or "-"] if st.nodes is not None else [])
             for h in st.hands
         ],
     )

@@ -140,6 +140,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         resume_window=s["resume_window"],
         keep_max=s["keep_max"],
         database=s["database"] or None,
+        node_lease=s["node_lease"],
+        node_name=s["node_name"] or None,
     )
     try:
         mind = Mind(cfg)

@@ -19,11 +19,14 @@ import structlog
 from websockets.exceptions import ConnectionClosed
 
 from mind.core.budgets import CLIENT_REQUESTS_IN_FLIGHT, ClientRates
+from mind.core.nodes import LEASE_LOST_MESSAGE
 from mind.daemon import heap
 from mind.daemon.dispatch import Dispatch
 from mind.daemon.host import Host
 from mind.daemon.peer import CLOSE_INTERNAL, CLOSE_PROTOCOL, CLOSE_REPLACED, Peer, close_quietly
 from mind.daemon.taskservice import TaskService
+from mind.store.api import StoreUnavailable
+from protocol.codes import ErrorCode
 from protocol.errors import ProtocolError
 from protocol.messages import Error, Message, StreamAck, StreamData
 
@@ -81,20 +84,65 @@ class Connections:
         m.metrics.hands_connected.set(len(m.hands))
         peer.spawn(self.tasks.reconcile(peer))
         try:
-            await self.read_loop(peer, self.dispatch.on_hand_message)
+            await self.read_loop(peer, self._held(peer, self.dispatch.on_hand_message))
         finally:
+            if m.nodes is not None:
+                m.nodes.released(label, gen)
             peer.fail_pending("hand disconnected")
             if m.hands.get(label) is peer:
                 del m.hands[label]
                 m.last_seen[label] = time.time()
                 m.perform(m.registry.on_hand_gone(label, gen, time.monotonic(), time.time()))
                 m.metrics.hands_connected.set(len(m.hands))
-                staled = await m.db(m.snapshots.mark_hand_stale, label)
+                try:
+                    staled: int | None = await m.db(m.snapshots.mark_hand_stale, label)
+                except (
+                    StoreUnavailable
+                ):  # the database away: the Hand is gone all the same (the snapshots stay as they were)
+                    staled = None
                 hlog.info("hand_disconnected", snapshots_marked_stale=staled)
             else:
                 hlog.info("hand_disconnected", replaced=True)
 
+    def _held(
+        self, peer: Peer, on_message: Callable[[Peer, str | None, Message], None]
+    ) -> Callable[[Peer, str | None, Message], None]:
+        """On a shared database a Hand's messages are acted on only while this node holds it by
+        this connection's claim and its lease is live (`mind.core.nodes`): a node woken from a
+        pause, or told of a newer claim, reads nothing more from the stale connection (it is
+        being closed)."""
+        nodes = self.mind.nodes
+        if nodes is None:
+            return on_message
+        label, gen = peer.ident.label, peer.gen
+
+        def held(p: Peer, id_: str | None, msg: Message) -> None:
+            if nodes.acts(label, gen):
+                on_message(p, id_, msg)
+
+        return held
+
     # --- clients ---
+
+    def _live(
+        self, on_message: Callable[[Peer, str | None, Message], None]
+    ) -> Callable[[Peer, str | None, Message], None]:
+        """On a shared database a client's request is acted on only while this node's lease is
+        live: one that comes to a node woken from a pause (before its ticker ran) is answered
+        `busy` with the lease sentence, never started, and every connection is closed."""
+        nodes = self.mind.nodes
+        if nodes is None:
+            return on_message
+
+        def live(p: Peer, id_: str | None, msg: Message) -> None:
+            if nodes.live():
+                on_message(p, id_, msg)
+                return
+            if id_ is not None:
+                p.outbox.put(Error(code=ErrorCode.BUSY, message=LEASE_LOST_MESSAGE), id_)
+            nodes.refusal()  # the lease's end performed: every connection closed (queued answers written first)
+
+        return live
 
     async def serve_client(self, peer: Peer) -> None:
         m = self.mind
@@ -104,7 +152,7 @@ class Connections:
         clog = log.bind(client=peer.ident.label, conn=peer.conn_id)
         clog.debug("client_connected")
         try:
-            await self.read_loop(peer, self.dispatch.on_client_message)
+            await self.read_loop(peer, self._live(self.dispatch.on_client_message))
         finally:
             self.rates.leave(peer.ident.label)
             if peer.outbox.bound.peak >= heap.LARGE_FRAME:

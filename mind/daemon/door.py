@@ -38,7 +38,7 @@ from mind.daemon.peer import (
     Peer,
     close_quietly,
 )
-from mind.store.api import STORE_UNAVAILABLE_MESSAGE, StoreUnavailable
+from mind.store.api import STORE_UNAVAILABLE_MESSAGE, NotLive, StoreUnavailable
 from protocol import limits
 from protocol.audit import AuditEvent
 from protocol.codes import ErrorCode
@@ -209,7 +209,8 @@ class Door:
         except StoreUnavailable as exc:  # the shared database is away: say so; another node may serve
             m.metrics.handshakes.labels("failed").inc()
             log.error("handshake_store_unavailable", peer=peer_addr, error=str(exc))
-            await self._refuse(ws, channel, ProtocolError(ErrorCode.BUSY, STORE_UNAVAILABLE_MESSAGE))
+            why = str(exc) if isinstance(exc, NotLive) else STORE_UNAVAILABLE_MESSAGE
+            await self._refuse(ws, channel, ProtocolError(ErrorCode.BUSY, why))
             return None
         except Exception:  # our failure, not the peer's: not counted against its address
             m.metrics.handshakes.labels("failed").inc()
@@ -276,6 +277,8 @@ class Door:
         self._pending.spoke(id(ws))
         if isinstance(ws, CountedConnection):
             ws.spoke()
+        if m.nodes is not None and (refusal := m.nodes.refusal()) is not None:
+            raise NotLive(refusal)  # a node without its lease says so at once, before any statement
         started = loop.time()
         secret = await m.creds(m.store.secret, msg.role, msg.label)
         hs = ServerHandshake(m.mind_id, new_id("hs"), os.urandom(limits.NONCE_BYTES), loop.time())
@@ -292,7 +295,15 @@ class Door:
         # now, not when the hello came in. Same answer as any wrong secret.
         if await m.creds(m.store.secret, ident.role, ident.label) != secret:
             raise ProtocolError(ErrorCode.AUTH_FAILED, AUTH_FAILED_MESSAGE)
-        gen = await m.creds(m.store.next_generation, ident.role, ident.label)
+        if m.nodes is not None:  # one node of many: still live, and a Hand claimed (a fencing token)
+            if (refusal := m.nodes.refusal()) is not None:
+                raise NotLive(refusal)
+            if ident.role == "hand":
+                gen = await m.nodes.claim(ident.label)
+            else:
+                gen = await m.creds(m.store.next_generation, ident.role, ident.label)
+        else:
+            gen = await m.creds(m.store.next_generation, ident.role, ident.label)
         channel.gen = gen
         # Past the proof the peer may send full-size frames: a Hand's results, a client's requests.
         ws.protocol.max_message_size = limits.MAX_FRAME_BYTES if ident.role == "hand" else limits.CLIENT_MAX_FRAME_BYTES

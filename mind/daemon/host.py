@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from mind.daemon.metrics import MindMetrics
     from mind.daemon.peer import Peer
     from mind.store.api import Credentials, History, Snapshots
-    from protocol.messages import Message
+    from protocol.messages import Message, NodeInfo
 
 try:
     from importlib.metadata import version as _v
@@ -49,9 +49,29 @@ class MindConfig:
     tls_key: Path | None = None
     database: str | None = None
     """A postgresql:// URL: one node of many on a shared database (DESIGN §16); None: the home's SQLite."""
+    node_lease: float = 10.0
+    """With a database: how long this node acts after its last successful heartbeat (`mind.core.nodes`)."""
+    node_name: str | None = None
+    """With a database: this node's name (default: host name and port)."""
     max_pending_handshakes: int = 1024
     auth_fail_limit: int = 10
     auth_fail_window: float = 60.0
+
+
+class NodeLink(Protocol):
+    """This node's lease and claims on a shared database, as the door and connections use them
+    (`mind.daemon.nodes.NodeShell`)."""
+
+    def refusal(self) -> str | None: ...
+    def live(self) -> bool: ...
+    async def claim(self, hand: str) -> int: ...
+    def acts(self, hand: str, gen: int) -> bool: ...
+    def released(self, hand: str, gen: int) -> None: ...
+    async def holders(self) -> dict[str, str]: ...
+    async def node_infos(self) -> list[NodeInfo]: ...
+
+    @property
+    def name(self) -> str: ...
 
 
 class Host(Protocol):
@@ -78,6 +98,11 @@ class Host(Protocol):
     """The credential table's epoch the last sweep saw (`Mind.check_credentials`)."""
     large_frames: bool
     """A large frame came in since the last tick: the ticker gives its freed memory back (`heap`)."""
+
+    @property
+    def nodes(self) -> NodeLink | None:
+        """On a shared database: this node's lease and claims; None on SQLite (one Mind)."""
+        ...
 
     async def db(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T: ...
     async def creds(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T: ...

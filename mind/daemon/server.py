@@ -15,6 +15,7 @@ import hashlib
 import os
 import resource
 import signal
+import socket
 import sqlite3
 import ssl
 import time
@@ -36,10 +37,11 @@ from mind.daemon.door import OPEN_TIMEOUT_S, Door
 from mind.daemon.grouped import HeldActions, ResultAcks
 from mind.daemon.host import MindConfig
 from mind.daemon.metrics import MindMetrics
+from mind.daemon.nodes import NodeShell
 from mind.daemon.peer import CLOSE_REVOKED, Peer, close_quietly
 from mind.daemon.taskservice import TaskService
 from mind.daemon.views import Views
-from mind.store.api import Credentials, Endings, History, SchemaTooNew, Snapshots, Stores, StoreUnavailable
+from mind.store.api import Credentials, Endings, Fenced, History, SchemaTooNew, Snapshots, Stores, StoreUnavailable
 from mind.store.endings import Ending
 from mind.store.engines import open_stores
 from protocol import limits
@@ -202,6 +204,10 @@ class Mind:
         """When the last accept error was logged, and how many since were not."""
         self.epoch = -1
         """The credential table's epoch the last sweep saw (`_check_credentials`)."""
+        self._epoch_due = False
+        """A NOTIFY said the credentials changed: the next tick sweeps, whatever the poll's pace."""
+        self.nodes: NodeShell | None = None
+        """On a shared database: this node's lease and claims (`mind.daemon.nodes`)."""
         self.denials: dict[str, int] = {}
         self.metrics = MindMetrics()
         self.started = time.time()
@@ -218,11 +224,19 @@ class Mind:
         Raises `CannotOpen` with the sentence `mind serve` prints."""
         where = "the database" if self.cfg.database else f"state in {self.cfg.home}"
         try:
-            self.stores = stores = await open_stores(self.cfg.home, self.cfg.database)
+            self.stores = stores = await open_stores(self.cfg.home, self.cfg.database, self._node_name())
             self.store, self.snapshots, self.endings = stores.credentials, stores.snapshots, stores.endings
             self.history = stores.history
             self.mind_id = await self.store.mind_id()
             await self._restore_endings()
+            if stores.nodes is not None:
+                self.nodes = NodeShell(self, stores.nodes, self.cfg.node_lease, self.epoch_changed)
+                await self.nodes.renew()  # live before the first Hand is claimed
+                if self.cfg.resume_window > 0:
+                    # A Hand that moves here from another node presents runs this node never
+                    # admitted: adopted (unless a node ended them: `NodeShell.claim`), and a client
+                    # attaching to one before its Hand arrives is told to wait, not that it is unknown.
+                    self.registry.expect_presentations(float("inf"))
         except SchemaTooNew as exc:
             raise CannotOpen(str(exc), EXIT_SCHEMA_TOO_NEW) from None
         except StoreUnavailable as exc:
@@ -230,6 +244,16 @@ class Mind:
         except (OSError, sqlite3.Error) as exc:
             raise CannotOpen(f"cannot open {where}: {exc}", EXIT_STATE) from None
         log.info("mind_store_opened", engine=stores.engine)
+
+    def _node_name(self) -> str | None:
+        """`--node-name`, else the host name and port (the one kept in HOME/node.id when the
+        port is chosen at start)."""
+        if self.cfg.node_name:
+            return self.cfg.node_name
+        return f"{socket.gethostname()}:{self.cfg.port}" if self.cfg.port else None
+
+    def epoch_changed(self) -> None:
+        self._epoch_due = True
 
     async def _restore_endings(self) -> None:
         """A Mind that starts again knows what its earlier life ended by itself (a Hand presenting
@@ -387,6 +411,11 @@ class Mind:
                 ticker = tg.create_task(self._ticker())
                 history = tg.create_task(self._write_history()) if self.history is not None else None
                 lag_probe = tg.create_task(self._lag_probe())
+                node_tasks = (
+                    [tg.create_task(t) for t in (self.nodes.heartbeats(), self.nodes.listen(), self.nodes.poll())]
+                    if self.nodes is not None
+                    else []
+                )
                 await self._stop.wait()
                 if self.cfg.resume_window > 0:
                     # Runs go on: the Hands keep them for the window and present them to the Mind
@@ -398,6 +427,8 @@ class Mind:
                 await self._flush_all(timeout=2.0)
                 ticker.cancel()
                 lag_probe.cancel()
+                for t in node_tasks:
+                    t.cancel()
                 if history is not None:
                     history.cancel()
                 server.close(close_connections=True)
@@ -443,9 +474,13 @@ class Mind:
             await asyncio.sleep(self.cfg.tick_interval)
             now = time.monotonic()
             try:
+                if self.nodes is not None:  # first: a node woken from a pause acts for nothing it lost
+                    self.nodes.tick(now)
                 self.perform(self.registry.on_tick(now, time.time()))
-                if now - last_epoch_check >= 0.5:
-                    last_epoch_check = now
+                # NOTIFY tells a node of a change at once; the poll is the fallback (5 s while it listens)
+                poll = 5.0 if self.nodes is not None and self.nodes.nodes.listening else 0.5
+                if self._epoch_due or now - last_epoch_check >= poll:
+                    last_epoch_check, self._epoch_due = now, False
                     await self._check_credentials()
                 if self.large_frames and now - last_trim >= heap.TRIM_INTERVAL_S:
                     self.large_frames, last_trim = False, now
@@ -573,6 +608,8 @@ class Mind:
     async def _put_endings(self, endings: list[Ending]) -> None:
         try:
             await self.endings.put_many(endings)
+        except Fenced as exc:  # another node holds that Hand now: its endings are that node's to record
+            log.warning("run_ending_fenced", hand=exc.hand, claim=exc.claim)
         except (sqlite3.Error, StoreUnavailable) as exc:  # the endings stand in memory; only a crash could forget them
             log.error("run_ending_not_persisted", run_ids=[e.end.run_id for e in endings], error=str(exc))
 

@@ -163,27 +163,34 @@ class Views:
                 hands_total=len(all_hands),
                 hands_connected=sum(1 for h in all_hands if h.connected),
                 active_runs_total=len(active),
+                node=m.nodes.name if m.nodes is not None else None,
+                nodes=await m.nodes.node_infos() if m.nodes is not None else None,
             ),
             id_,
         )
 
     async def hand_infos(self) -> list[HandInfo]:
+        """Every Hand; with Mind nodes sharing a database, those held by any live node are
+        connected, and `node` names the holder."""
         m = self.mind
         out = []
+        held: dict[str, str] = await m.nodes.holders() if m.nodes is not None else {}
         for row in await m.creds(m.store.list, "hand"):
             if row.revoked_at is not None and row.label not in m.hands:
                 continue
             live = m.hands.get(row.label)
             claims: HandClaims | None = live.ident.claims if live else None
+            node = m.nodes.name if live is not None and m.nodes is not None else held.get(row.label)
             out.append(
                 HandInfo(
                     name=row.label,
-                    connected=live is not None,
+                    connected=live is not None or node is not None,
                     generation=live.gen if live else row.generation,
                     since=live.since if live else (m.last_seen.get(row.label) or row.last_seen_at),
                     claims=claims,
                     running=m.registry.running_on(row.label),
                     labels=row.label_map(),
+                    node=node,
                 )
             )
         return out

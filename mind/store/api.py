@@ -41,6 +41,23 @@ STORE_UNAVAILABLE_MESSAGE = (
 operator's log has the database's own words)."""
 
 
+class NotLive(StoreUnavailable):
+    """This node's lease on the shared database passed (`mind.core.nodes`): it claims no Hand and
+    starts nothing until a heartbeat succeeds again."""
+
+
+class Fenced(StoreUnavailable):
+    """A write about a Hand carried a claim that is no longer the Hand's current one: another node
+    claimed it since. Nothing was written; the shell closes its stale connection (`mind.core.nodes`).
+    A `StoreUnavailable` to every caller that does not look closer: the request that needed the
+    write is answered as one the database could not take, and the daemon goes on."""
+
+    def __init__(self, hand: str, claim: int) -> None:
+        super().__init__(f"hand {hand!r} is held by a newer claim than {claim}: nothing was written")
+        self.hand = hand
+        self.claim = claim
+
+
 class SchemaTooNew(MindhandError):
     """The database was migrated by a newer Mind than this one: refused at start, never written."""
 
@@ -134,6 +151,34 @@ class History(Protocol):
     async def get(self, run_id: str) -> tuple[str, RunInfo] | None: ...
 
 
+class Fence(Protocol):
+    claims: dict[str, int]
+    on_fenced: Callable[[str, int], None] | None
+    active: bool
+
+
+class Nodes(Protocol):
+    """Ownership and liveness of a node among many (PostgreSQL only; `mind.core.nodes` decides).
+
+    `fence` is the claim this node holds each Hand by, kept by the shell: the writes about a Hand
+    (its snapshots' reports and reconciliations, its runs' endings and history) are conditional on
+    it and raise `Fenced` (or, for history, skip the row) when another node claimed it since."""
+
+    name: str
+    listening: bool
+    """The LISTEN connection is up (NOTIFYs arrive); when down the shell polls."""
+
+    @property
+    def fence(self) -> Fence: ...
+    async def heartbeat(self, timeout: float = ...) -> None: ...
+    async def claim(self, hand: str, lease: float) -> int: ...
+    async def listen(self, on_claim: Callable[[str, int, str], None], on_credentials: Callable[[], None]) -> None: ...
+    async def release(self, hand: str, claim: int) -> None: ...
+    async def endings_of(self, hand: str, since: float) -> list[Ending]: ...
+    async def holders(self) -> dict[str, tuple[str, int, float]]: ...
+    async def nodes(self) -> list[tuple[str, bool, float]]: ...
+
+
 class Stores(Protocol):
     """One engine's three stores, opened together (`mind.store.engines.open_stores`)."""
 
@@ -148,5 +193,7 @@ class Stores(Protocol):
     def endings(self) -> Endings: ...
     @property
     def history(self) -> History | None: ...
+    @property
+    def nodes(self) -> Nodes | None: ...
 
     async def close(self) -> None: ...

@@ -68,6 +68,9 @@ class Ending:
     """Wall-clock time."""
     cancel_reason: str | None = None
     args_digest: str = ""
+    hand: str = ""
+    """The run's Hand: on a shared database the ending is written only while this node's claim of
+    it is current (`mind.store.postgres`); not stored."""
 
 
 class EndingStore:

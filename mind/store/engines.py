@@ -44,9 +44,10 @@ def node_name(home: Path) -> str:
     return name
 
 
-async def open_stores(home: Path, database: str | None) -> Stores:
+async def open_stores(home: Path, database: str | None, node: str | None = None) -> Stores:
     """The three stores of one engine. PostgreSQL: connected and migrated, or `StoreUnavailable` /
-    `SchemaTooNew` with the sentence to show."""
+    `SchemaTooNew` with the sentence to show. `node`: this node's name in the shared database
+    (`--node-name`, else host name and port); none: the one kept in HOME/node.id."""
     if not database:
         from mind.store.sqlite import SqliteStores
 
@@ -59,7 +60,7 @@ async def open_stores(home: Path, database: str | None) -> Stores:
         raise StoreUnavailable(
             f"a database is set but its driver is missing ({exc.name or exc}): pip install 'mindhand[postgres]'"
         ) from None
-    return await connect(database, node_name(home))
+    return await connect(database, node or node_name(home))
 
 
 class BlockingCredentials:

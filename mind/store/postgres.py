@@ -30,8 +30,9 @@ from typing import Any, TypeVar
 import asyncpg
 import msgpack
 
+from mind.core.nodes import LEASE_LOST_MESSAGE
 from mind.core.snapshots import Plan, Snapshot, apply_report, from_report, reconcile
-from mind.store.api import Calls, Results, SchemaTooNew, StoreUnavailable
+from mind.store.api import Calls, Fenced, NotLive, Results, SchemaTooNew, StoreUnavailable
 from mind.store.credentials import CredentialRow, StoreError, _labels_json
 from mind.store.endings import MAX_ROWS, PRUNE_EVERY, TAIL_KEPT, Ending
 from mind.store.snapshots import COLS, NON_TERMINAL, _row, _values
@@ -115,6 +116,12 @@ MIGRATIONS: tuple[str, ...] = (
         claimed_at TIMESTAMPTZ
     );
     """,
+    # 2: an ending names its Hand, so the node that claims a Hand next learns what other nodes ended
+    # of its runs before the Hand presents them (`PgNodes.endings_of`): first terminal wins, across nodes.
+    """
+    ALTER TABLE run_endings ADD COLUMN hand TEXT NOT NULL DEFAULT '';
+    CREATE INDEX run_endings_hand ON run_endings (hand, ended_at);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -164,7 +171,7 @@ async def connect(dsn: str, node: str) -> PostgresStores:
         )
     except (*_GONE, asyncpg.PostgresError) as exc:
         raise StoreUnavailable(f"cannot reach the database {where}: {_why(exc)}") from None
-    db = _Db(pool, where)
+    db = _Db(pool, where, dsn)
     try:
         await migrate(db)
     except BaseException:
@@ -201,9 +208,11 @@ async def migrate(db: _Db) -> int:
 class _Db:
     """The pool, and the one way to use it: a bounded call that says what went wrong."""
 
-    def __init__(self, pool: asyncpg.Pool, where: str) -> None:
+    def __init__(self, pool: asyncpg.Pool, where: str, dsn: str = "") -> None:
         self.pool = pool
         self.where = where
+        self.dsn = dsn
+        """For the one connection outside the pool: the LISTEN of `PgNodes.listen`."""
 
     async def run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], timeout: float = STATEMENT_TIMEOUT_S) -> T:
         try:
@@ -230,8 +239,47 @@ class _Db:
 
 _BUMP_EPOCH = (
     "INSERT INTO meta (key, value) VALUES ('cred_epoch', '1') "
-    "ON CONFLICT (key) DO UPDATE SET value = (meta.value::bigint + 1)::text"
+    "ON CONFLICT (key) DO UPDATE SET value = (meta.value::bigint + 1)::text; "
+    "SELECT pg_notify('mindhand_credentials', '')"
 )
+"""Every credential change bumps the epoch and tells every node at commit (NOTIFY): a revocation
+closes its live connections on every node at once; the 0.5 s epoch poll is the fallback."""
+CLAIMS_CHANNEL = "mindhand_claims"
+CREDENTIALS_CHANNEL = "mindhand_credentials"
+
+
+class Fence:
+    """The claims this node holds Hands by (`mind.core.nodes`), shared by the stores that write
+    about a Hand: `claims` is kept by the shell; `on_fenced` tells it a write found a newer claim."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.claims: dict[str, int] = {}
+        self.on_fenced: Callable[[str, int], None] | None = None
+        self.active = False
+        """Set by a serving node (`mind.daemon.nodes`); the admin commands and the store suite
+        write unfenced, as one Mind does."""
+
+    def claim(self, hand: str) -> int:
+        """The claim a write about `hand` carries (-1, matching nothing, for a Hand not held here)."""
+        return self.claims.get(hand, -1)
+
+    async def check(self, con: asyncpg.Connection, hand: str) -> None:
+        """Inside a transaction: the Hand is still ours, and stays so until it commits (the row is
+        locked FOR SHARE: a claim by another node waits for this transaction). Raises `Fenced`."""
+        if not self.active:
+            return
+        claim = self.claim(hand)
+        held = await con.fetchval(
+            "SELECT 1 FROM hands WHERE label = $1 AND node = $2 AND claim = $3 FOR SHARE", hand, self.node, claim
+        )
+        if held is None:
+            self.fenced(hand, claim)
+
+    def fenced(self, hand: str, claim: int) -> None:
+        if self.on_fenced is not None:
+            self.on_fenced(hand, claim)
+        raise Fenced(hand, claim)
 
 
 class PgCredentials:
@@ -405,8 +453,9 @@ _NON_TERMINAL = list(NON_TERMINAL)
 
 
 class PgSnapshots:
-    def __init__(self, db: _Db) -> None:
+    def __init__(self, db: _Db, fence: Fence | None = None) -> None:
         self._db = db
+        self._fence = fence
 
     @staticmethod
     async def _get(con: asyncpg.Connection, task_id: str, lock: bool = False) -> Snapshot | None:
@@ -444,6 +493,8 @@ class PgSnapshots:
 
     async def report(self, hand: str, info: TaskInfo, now: float, adopt: bool = True) -> tuple[Snapshot | None, str]:
         async def run(con: asyncpg.Connection) -> tuple[Snapshot | None, str]:
+            if self._fence is not None:
+                await self._fence.check(con, hand)
             snap = await self._get(con, info.task_id, lock=True)
             if snap is None:
                 if not adopt:
@@ -583,6 +634,8 @@ class PgSnapshots:
         """As `SnapshotStore.reconcile`, in one transaction with the Hand's rows locked."""
 
         async def run(con: asyncpg.Connection) -> Plan:
+            if self._fence is not None:
+                await self._fence.check(con, hand)
             rows = hand_rows
             mine = [
                 _row(tuple(r))
@@ -650,15 +703,28 @@ def _ending_blob(ending: Ending) -> bytes:
     return msgpack.packb(end.model_dump(mode="python"), use_bin_type=True)
 
 
+def _endings(rows: list[Any]) -> list[Ending]:
+    out: list[Ending] = []
+    for run_id, owner, ended_at, reason, digest, blob in rows:
+        try:
+            end = RunEnd.model_validate(msgpack.unpackb(blob, raw=False))
+        except Exception:  # written by a newer Mind: not this one's to interpret
+            continue
+        if end.run_id == run_id:
+            out.append(Ending(end, owner, ended_at, reason, digest))
+    return out
+
+
 class PgEndings:
     """The endings, shared: a run one node ended is ended for every node its Hand may reach next.
     The life record (`begin_life`/`end_life`) is this node's own row of `nodes`."""
 
     put_many_now: Callable[[list[Ending]], None] | None = None
 
-    def __init__(self, db: _Db, node: str) -> None:
+    def __init__(self, db: _Db, node: str, fence: Fence | None = None) -> None:
         self._db = db
         self._node = node
+        self._fence = fence
         self._writes = 0
         self._window = 0.0
 
@@ -666,22 +732,54 @@ class PgEndings:
         await self.put_many([ending])
 
     async def put_many(self, endings: list[Ending]) -> None:
-        """Every ending of one turn of the Mind's loop in one statement (one round trip)."""
+        """Every ending of one turn of the Mind's loop in one transaction (one connection). Each is
+        conditional on this node's claim of the run's Hand: a node that lost the Hand writes nothing
+        about it. The others are written all the same; then `Fenced` names the first refused."""
         if not endings:
             return
-        rows = [(e.end.run_id, e.owner, e.ended_at, e.cancel_reason, e.args_digest, _ending_blob(e)) for e in endings]
-        await self._db.run(
-            lambda con: con.executemany(
-                "INSERT INTO run_endings (run_id, owner, ended_at, cancel_reason, args_digest, run_end) "
-                "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, "
-                "ended_at = EXCLUDED.ended_at, cancel_reason = EXCLUDED.cancel_reason, "
-                "args_digest = EXCLUDED.args_digest, run_end = EXCLUDED.run_end",
-                rows,
+        fenced = self._fence is not None and self._fence.active
+        rows = [
+            (
+                e.end.run_id,
+                e.owner,
+                e.ended_at,
+                e.cancel_reason,
+                e.args_digest,
+                _ending_blob(e),
+                fenced,
+                e.end.hand,
+                self._node,
+                self._fence.claim(e.end.hand) if self._fence is not None and fenced else 0,
             )
-        )
+            for e in endings
+        ]
+
+        async def run(con: asyncpg.Connection) -> list[tuple[str, int]]:
+            refused: list[tuple[str, int]] = []
+            async with con.transaction():
+                for row in rows:
+                    written = await con.fetchval(
+                        "INSERT INTO run_endings (run_id, owner, ended_at, cancel_reason, args_digest, run_end, hand) "
+                        "SELECT $1, $2, $3, $4, $5, $6, $8 WHERE NOT $7 OR EXISTS "
+                        "(SELECT 1 FROM hands WHERE label = $8 AND node = $9 AND claim = $10) "
+                        "ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, "
+                        "ended_at = EXCLUDED.ended_at, cancel_reason = EXCLUDED.cancel_reason, "
+                        "args_digest = EXCLUDED.args_digest, run_end = EXCLUDED.run_end RETURNING 1",
+                        *row,
+                    )
+                    if written is None:
+                        refused.append((row[7], row[9]))
+            return refused
+
+        refused = await self._db.run(run)
         before, self._writes = self._writes, self._writes + len(endings)
         if self._writes // PRUNE_EVERY != before // PRUNE_EVERY:
             await self.prune(self._window, endings[-1].ended_at)
+        if refused and self._fence is not None:
+            for hand, claim in refused[1:]:
+                if self._fence.on_fenced is not None:
+                    self._fence.on_fenced(hand, claim)
+            self._fence.fenced(*refused[0])  # raises Fenced
 
     async def prune(self, window: float, now: float) -> None:
         horizon = now - limits.RUN_TIMEOUT_MAX_MS / 1000 - window
@@ -706,15 +804,7 @@ class PgEndings:
             ),
             timeout=STATEMENT_TIMEOUT_S * 6,
         )
-        out: list[Ending] = []
-        for run_id, owner, ended_at, reason, digest, blob in rows:
-            try:
-                end = RunEnd.model_validate(msgpack.unpackb(blob, raw=False))
-            except Exception:
-                continue
-            if end.run_id == run_id:
-                out.append(Ending(end, owner, ended_at, reason, digest))
-        return out
+        return _endings(rows)
 
     async def begin_life(self) -> bool:
         async def run(con: asyncpg.Connection) -> bool:
@@ -750,8 +840,9 @@ class PgHistory:
     """Finished runs' metadata (`RunInfo`: states, times, exit codes, digests, output tails; never a
     value), shared so `mind run get` answers through any node, and kept past one node's memory."""
 
-    def __init__(self, db: _Db) -> None:
+    def __init__(self, db: _Db, fence: Fence | None = None) -> None:
         self._db = db
+        self._fence = fence
         self._writes = 0
 
     async def put_many(self, runs: list[tuple[str, RunInfo]]) -> None:
@@ -763,13 +854,18 @@ class PgHistory:
                 info.hand,
                 info.ended_at or 0.0,
                 msgpack.packb(info.model_dump(mode="python"), use_bin_type=True),
+                self._fence.node if self._fence is not None else "",
+                self._fence.claim(info.hand) if self._fence is not None else 0,
+                self._fence is not None and self._fence.active,
             )
             for owner, info in runs
         ]
 
         async def run(con: asyncpg.Connection) -> None:
             await con.executemany(
-                "INSERT INTO run_history (run_id, owner, hand, ended_at, info) VALUES ($1, $2, $3, $4, $5) "
+                # a run of a Hand another node claimed since is that node's to record: skipped
+                "INSERT INTO run_history (run_id, owner, hand, ended_at, info) SELECT $1, $2, $3, $4, $5 "
+                "WHERE NOT $8 OR EXISTS (SELECT 1 FROM hands WHERE label = $3 AND node = $6 AND claim = $7) "
                 "ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, hand = EXCLUDED.hand, "
                 "ended_at = EXCLUDED.ended_at, info = EXCLUDED.info",
                 rows,
@@ -794,16 +890,178 @@ class PgHistory:
             return None
 
 
+_CLAIM = """
+WITH live AS (
+    SELECT 1 FROM nodes WHERE name = $2 AND heartbeat_at > clock_timestamp() - make_interval(secs => $3)
+), gen AS (
+    UPDATE credentials SET generation = generation + 1, last_seen_at = $4
+    WHERE role = 'hand' AND label = $1 AND EXISTS (SELECT 1 FROM live) RETURNING generation
+), claimed AS (
+    INSERT INTO hands (label, node, claim, claimed_at) SELECT $1, $2, generation, now() FROM gen
+    ON CONFLICT (label) DO UPDATE SET node = EXCLUDED.node, claim = EXCLUDED.claim, claimed_at = EXCLUDED.claimed_at
+    RETURNING claim
+)
+SELECT claim, pg_notify('mindhand_claims', $1 || ' ' || claim::text || ' ' || $2) FROM claimed
+"""
+"""A Hand's welcome, in one statement: its generation bumped (the claim: a fencing token), this
+node named its holder, every node told at commit; refused (no row) unless this node's lease is
+live on the database's clock. A concurrent claim by another node waits on the row, so two nodes
+get different claims and the later one wins."""
+
+
+class PgNodes:
+    """This node's heartbeat, its claims, and what it hears of the others' (DESIGN §16)."""
+
+    def __init__(self, db: _Db, fence: Fence) -> None:
+        self._db = db
+        self.name = fence.node
+        self.fence = fence
+        self.listening = False
+        """The LISTEN connection is up: NOTIFYs arrive; when down the shell polls (0.5 s)."""
+
+    async def heartbeat(self, timeout: float = STATEMENT_TIMEOUT_S) -> None:
+        """Renew this node's row on the database's clock: one statement per node, whatever its Hands."""
+
+        async def run(con: asyncpg.Connection) -> None:
+            done = await con.fetchval(
+                "UPDATE nodes SET heartbeat_at = clock_timestamp(), running = true WHERE name = $1 RETURNING 1",
+                self.name,
+            )
+            if done is None:  # the row was removed (by an operator): made again
+                await con.execute(
+                    "INSERT INTO nodes (name, running, live_runs) VALUES ($1, true, 0) "
+                    "ON CONFLICT (name) DO UPDATE SET heartbeat_at = clock_timestamp(), running = true",
+                    self.name,
+                )
+
+        await self._db.run(run, timeout=timeout)
+
+    async def claim(self, hand: str, lease: float) -> int:
+        """Claim `hand` for this node (`_CLAIM`); its claim, also its connection's generation.
+        Raises `NotLive` when this node's lease is not live in the database."""
+
+        async def run(con: asyncpg.Connection) -> int | None:
+            row = await con.fetchrow(_CLAIM, hand, self.name, lease, time.time())
+            if row is not None:
+                return int(row[0])
+            live = await con.fetchval(
+                "SELECT 1 FROM nodes WHERE name = $1 AND heartbeat_at > clock_timestamp() - make_interval(secs => $2)",
+                self.name,
+                lease,
+            )
+            if live is None:
+                raise NotLive(LEASE_LOST_MESSAGE)
+            return None
+
+        claim = await self._db.run(run)
+        if claim is None:
+            raise StoreError(f"hand {hand!r} vanished during the handshake")
+        self.fence.claims[hand] = claim
+        return claim
+
+    async def listen(self, on_claim: Callable[[str, int, str], None], on_credentials: Callable[[], None]) -> None:
+        """Hold one connection outside the pool that LISTENs for claims and credential changes,
+        until cancelled; when it drops, `listening` is False (the shell polls) and it is opened
+        again after a pause."""
+
+        def claim_heard(_con: object, _pid: int, _channel: str, payload: str) -> None:
+            try:
+                hand, claim, node = payload.split(" ", 2)
+                on_claim(hand, int(claim), node)
+            except ValueError:  # a payload this Mind did not write: ignored
+                pass
+
+        while True:
+            con: asyncpg.Connection | None = None
+            try:
+                con = c = await asyncio.wait_for(
+                    asyncpg.connect(
+                        self._db.dsn,
+                        timeout=CONNECT_TIMEOUT_S,
+                        server_settings={"application_name": f"mindhand {self.name} listen"[:63]},
+                    ),
+                    CONNECT_TIMEOUT_S,
+                )
+                dropped = asyncio.Event()
+                c.add_termination_listener(lambda _c, d=dropped: d.set())
+                await c.add_listener(CLAIMS_CHANNEL, claim_heard)
+                await c.add_listener(CREDENTIALS_CHANNEL, lambda *_a: on_credentials())
+                self.listening = True
+                on_credentials()  # a change made while it was down is looked at now
+                while not dropped.is_set() and not c.is_closed():
+                    # a server that vanished without a FIN is noticed within a few seconds
+                    try:
+                        async with asyncio.timeout(STATEMENT_TIMEOUT_S):
+                            await c.execute("SELECT 1")
+                    except (*_GONE, asyncpg.PostgresError):
+                        break
+                    try:
+                        await asyncio.wait_for(dropped.wait(), 2.0)
+                    except TimeoutError:
+                        pass
+            except (*_GONE, asyncpg.PostgresError):
+                pass
+            finally:
+                self.listening = False
+                if con is not None:
+                    con.terminate()
+            await asyncio.sleep(1.0)
+
+    async def release(self, hand: str, claim: int) -> None:
+        """This node's connection at `claim` ended: the Hand is held by no node (unless another
+        node claimed it since: conditional, like every write about it)."""
+        await self._db.run(
+            lambda con: con.execute(
+                "UPDATE hands SET node = NULL WHERE label = $1 AND node = $2 AND claim = $3", hand, self.name, claim
+            )
+        )
+
+    async def endings_of(self, hand: str, since: float) -> list[Ending]:
+        """The endings of `hand`'s runs written since `since` (wall clock), by any node."""
+        rows = await self._db.run(
+            lambda con: con.fetch(
+                "SELECT run_id, owner, ended_at, cancel_reason, args_digest, run_end FROM run_endings "
+                "WHERE hand = $1 AND ended_at >= $2 ORDER BY ended_at",
+                hand,
+                since,
+            )
+        )
+        return _endings(rows)
+
+    async def holders(self) -> dict[str, tuple[str, int, float]]:
+        """Every Hand held by a node that has not stopped: label -> (node, claim, seconds since that
+        node's heartbeat; a killed node's grow until they pass the lease)."""
+        rows = await self._db.run(
+            lambda con: con.fetch(
+                "SELECT h.label, h.node, h.claim, extract(epoch FROM clock_timestamp() - n.heartbeat_at)::float8 "
+                "FROM hands h JOIN nodes n ON n.name = h.node AND n.running"
+            )
+        )
+        return {r[0]: (r[1], int(r[2]), float(r[3])) for r in rows}
+
+    async def nodes(self) -> list[tuple[str, bool, float]]:
+        """Every node: (name, running, seconds since its heartbeat on the database's clock)."""
+        rows = await self._db.run(
+            lambda con: con.fetch(
+                "SELECT name, running, extract(epoch FROM clock_timestamp() - heartbeat_at)::float8 FROM nodes "
+                'ORDER BY name COLLATE "C"'
+            )
+        )
+        return [(r[0], bool(r[1]), float(r[2])) for r in rows]
+
+
 class PostgresStores:
     engine = "postgresql"
 
     def __init__(self, db: _Db, node: str) -> None:
         self._db = db
         self.node = node
+        fence = Fence(node)
         self.credentials = PgCredentials(db)
-        self.snapshots = PgSnapshots(db)
-        self.endings = PgEndings(db, node)
-        self.history: PgHistory | None = PgHistory(db)
+        self.snapshots = PgSnapshots(db, fence)
+        self.endings = PgEndings(db, node, fence)
+        self.history: PgHistory | None = PgHistory(db, fence)
+        self.nodes: PgNodes | None = PgNodes(db, fence)
 
     async def close(self) -> None:
         await self._db.close()

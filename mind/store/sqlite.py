@@ -206,6 +206,8 @@ class SqliteStores:
         self.endings = SqliteEndings(endings)
         self.history = None
         """One SQLite Mind keeps its run history in memory (`mind serve --retain-runs`), as before."""
+        self.nodes = None
+        """One Mind, no claims: a Hand's credential generation fences its connections, as before."""
 
     async def close(self) -> None:
         await self.credentials.close()

@@ -12,6 +12,7 @@ error (never accepted and forgotten) and all is back when it returns.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from pathlib import Path
 
@@ -214,3 +215,214 @@ def _mind() -> list[str]:
     from mind.testing.cluster import program
 
     return program("mind")
+
+
+# --- ownership and liveness (the second wave): leases, claims, a node killed, frozen, cut off ---
+
+LEASE = "2"
+"""`--node-lease` of the nodes below: short, so a frozen or cut-off node loses its lease quickly."""
+WINDOW = 20.0
+"""`--resume-window`: the run rides out the move of its Hand and of its client."""
+
+
+def _start_pair(a: Cluster, b: Cluster, window: float = WINDOW) -> None:
+    for n in (a, b):
+        n.resume_window = window
+    pa = a._spawn_mind(("--node-lease", LEASE), None)
+    pb = b._spawn_mind(("--node-lease", LEASE), None)
+    a._wait_listening(pa, 30)
+    b._wait_listening(pb, 30)
+
+
+def _events(c: Cluster, name: str) -> list[dict]:
+    assert c.mind is not None
+    return [e for e in c.mind.events(getattr(c.mind, "log_start", 0)) if e.get("event") == name]
+
+
+def _exec_through_holder(
+    tmp: Path, first: Cluster, other: Cluster, script: str
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """`mind exec --mind FIRST --mind OTHER box -- sh -c SCRIPT`, started once it is served by the
+    node that holds the Hand. The client starts at a random one of its URLs, and until routing
+    (issue 27 item 4) the other node answers that the Hand is not connected there: that try ran
+    nothing, and the next one is made (bounded). Returns the process and the marker the run writes
+    when it has started."""
+    for attempt in range(12):
+        marker = tmp / f"started-{attempt}"
+        p = first.cli_popen(
+            "exec", "--mind", first.url, "--mind", other.url, "box", "--", "sh", "-c", f"touch {marker}; {script}"
+        )
+        wait_until(
+            lambda m=marker, p=p: m.exists() or p.poll() is not None, 30, "the run to start or the client to end"
+        )
+        if marker.exists():
+            return p, marker
+        _, err = p.communicate(timeout=10)
+        assert b"not connected" in err, err
+    raise AssertionError("the client never landed on the Hand's node in 12 tries")
+
+
+def test_kill_9_of_the_node_holding_a_hand_mid_run_the_run_finishes_elsewhere(nodes, tmp_path):
+    """The node holding the Hand and the client is killed (-9) mid-run: the Hand reconnects to the
+    other node and re-presents its run, which that node adopts (no node ended it); the client
+    goes round to the other node and re-attaches; the run ends with its real exit code and its
+    whole output, once."""
+    a, b = nodes
+    _start_pair(a, b)
+    a.add_hand("box")
+    a.start_hand("box", url=f"{a.url},{b.url}")
+    first = wait_until(lambda: holder(a, b), 30, "box connected to a node")
+    other = b if first is a else a
+    gen = first._connected_by_log("box", 1)
+    assert gen is not None
+    go = tmp_path / "go"
+    p, _ = _exec_through_holder(
+        tmp_path, first, other, f"echo before; while [ ! -e {go} ]; do sleep 0.1; done; echo after; exit 7"
+    )
+    assert first.mind is not None
+    first.mind.kill9()
+    wait_until(lambda: other._connected_by_log("box", gen + 1), 30, "box reconnected to the other node")
+    wait_until(lambda: _events(other, "run_adopted"), 30, "the other node to adopt the presented run")
+    go.touch()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 7, err
+    assert out == b"before\nafter\n", err
+    runs = _started(other)
+    assert len(runs) == 1 and runs[0]["end"]["exit_code"] == 7  # one run per start
+
+
+def test_a_node_frozen_past_its_lease_acts_for_nothing_when_it_wakes(nodes, tmp_path, pg_database):
+    """SIGSTOP of the node holding the Hand (and the client) for longer than its lease, then
+    SIGCONT: the Hand moved to the other node, which finished the run; the woken node lost its
+    lease, closed what it held, and wrote nothing about the Hand (the run's ending is the new
+    holder's, once); it serves again once its heartbeat is renewed."""
+    a, b = nodes
+    _start_pair(a, b)
+    a.add_hand("box")
+    a.start_hand("box", url=f"{a.url},{b.url}")
+    first = wait_until(lambda: holder(a, b), 30, "box connected to a node")
+    other = b if first is a else a
+    gen = first._connected_by_log("box", 1)
+    assert gen is not None
+    go = tmp_path / "go"
+    p, _ = _exec_through_holder(
+        tmp_path, first, other, f"echo before; while [ ! -e {go} ]; do sleep 0.1; done; echo after; exit 3"
+    )
+    assert first.mind is not None
+    first.mind.signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: other._connected_by_log("box", gen + 1), 30, "box reconnected to the other node")
+        wait_until(lambda: _events(other, "run_adopted"), 30, "the other node to adopt the presented run")
+        go.touch()
+        out, err = p.communicate(timeout=60)
+    finally:
+        first.mind.signal(signal.SIGCONT)
+    assert p.returncode == 3 and out == b"before\nafter\n", err
+    (run,) = _started(other)  # one run per start
+    run_id = run["run_id"]
+    wait_until(lambda: _events(first, "node_lease_lost"), 30, "the woken node to say its lease passed")
+    # Past its resume window the woken node would end the run `lost`: that write is fenced.
+    wait_until(lambda: _events(first, "run_ending_fenced"), 30, "the woken node's ending to be refused")
+    rows = _endings(pg_database, run_id)
+    assert len(rows) == 1 and rows[0]["exit_code"] == 3, rows
+    wait_until(lambda: _events(first, "node_lease_live"), 30, "the woken node to renew its lease")
+    assert other._connected_by_log("box", gen + 1) is not None  # the Hand stayed where it moved
+    r = first.cli("status", "--json")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert {n["name"] for n in st["nodes"] if n["live"]} >= {st["node"]}
+    hands = {h["name"]: h for h in json.loads(first.cli("hands", "--json").stdout)}
+    assert hands["box"]["connected"] and hands["box"]["node"] != st["node"]
+
+
+def test_a_node_cut_from_its_database_stops_acting_and_comes_back(tmp_path, postgres, pg_database):
+    """Node A reaches PostgreSQL through a fault proxy, B directly. The proxy blackholes A's
+    connections and refuses new ones: A cannot renew, and once its lease passes it closes its
+    Hand (which moves to B) and refuses handshakes with a sentence saying why; when the database
+    is reachable again A renews and serves."""
+    from mind.testing.faultproxy import FaultProxy
+
+    port = int(pg_database.rsplit(":", 1)[1].split("/", 1)[0])
+    proxy = FaultProxy.start(port, seed=0)
+    a = node(tmp_path, "a", pg_database.replace(f":{port}/", f":{proxy.port}/"))
+    b = node(tmp_path, "b", pg_database)
+    try:
+        _start_pair(a, b)
+        a.add_hand("box")
+        a.start_hand("box", url=a.url)
+        gen = a.wait_connected("box")["generation"]
+        b.start_hand("box2", url=f"{a.url},{b.url}")  # (a second Hand, to show where Hands go)
+        proxy.blackhole()
+        proxy.refuse()
+        wait_until(lambda: _events(a, "node_lease_lost"), 30, "node a to lose its lease")
+        wait_until(lambda: a._connected_by_log("box", gen) is None, 30, "node a to close its Hand")
+        r = a.cli("hands")
+        assert r.returncode != 0 and b"lost its lease" in r.stderr, r.stderr
+        assert a.mind is not None and a.mind.alive()  # never a crash
+        proxy.reset()
+        wait_until(lambda: _events(a, "node_lease_live"), 30, "node a to renew its lease")
+        wait_until(lambda: a.cli("hands").returncode == 0, 30, "node a to serve again")
+        a.wait_connected("box", min_gen=gen + 1, timeout=30)  # its Hand (which knows only a) is back
+        r = a.cli("exec", "box", "--", "echo", "back")
+        assert r.returncode == 0 and r.stdout == b"back\n", r.stderr
+    finally:
+        b.stop_all()
+        a.stop_all()
+        proxy.stop()
+
+
+def test_a_hand_that_moves_while_its_old_node_lives_is_closed_there_by_the_claim(nodes):
+    """The Hand's link to its node goes silent (a fault proxy blackholes it, FIN included, and
+    refuses new connections) while that node stays live: the Hand moves to the other node, whose
+    claim is heard at once over LISTEN by the old node, which closes its stale connection (its own
+    keepalive, 30 s here, would take far longer)."""
+    a, b = nodes
+    for n in (a, b):
+        n.resume_window = WINDOW
+    for n in (a, b):
+        n.start_mind("--node-lease", LEASE, "--ping-interval", "30")
+    a.add_hand("box")
+    pa, pb = a.start_proxy(target=a.port), b.start_proxy(target=b.port)
+    a.start_hand("box", url=f"{pa.url},{pb.url}")
+    first = wait_until(lambda: holder(a, b), 30, "box connected to a node")
+    other, link = (b, pa) if first is a else (a, pb)
+    gen = first._connected_by_log("box", 1)
+    assert gen is not None
+    link.blackhole()
+    link.refuse()
+    wait_until(lambda: other._connected_by_log("box", gen + 1), 30, "box reconnected to the other node")
+    closed = wait_until(
+        lambda: [e for e in _events(first, "node_hand_closed") if "claimed by another node" in e["why"]],
+        10,
+        "the old node to close its stale connection on hearing the claim",
+    )
+    assert closed[0]["claim"] == gen
+    wait_until(lambda: first._connected_by_log("box", gen) is None, 10, "the stale connection to be gone")
+    hands = {h["name"]: h for h in json.loads(first.cli("hands", "--json").stdout)}
+    assert (
+        hands["box"]["connected"] and hands["box"]["node"] == json.loads(other.cli("status", "--json").stdout)["node"]
+    )
+
+
+def _started(c: Cluster) -> list[dict]:
+    """The exec runs node `c` holds that started (a try refused there because the Hand was not
+    connected to it is `rejected`: it ran nothing)."""
+    return [r for r in json.loads(c.cli("runs", "--json").stdout) if r["tool"] == "exec" and r["state"] != "rejected"]
+
+
+def _endings(dsn: str, run_id: str) -> list[dict]:
+    """The run's rows in the shared `run_endings`, decoded (what a restarted node would read)."""
+    import asyncio
+
+    import asyncpg
+    import msgpack
+
+    async def read() -> list[dict]:
+        con = await asyncpg.connect(dsn, timeout=10)
+        try:
+            rows = await con.fetch("SELECT run_end FROM run_endings WHERE run_id = $1", run_id)
+        finally:
+            await con.close()
+        return [msgpack.unpackb(r[0], raw=False) for r in rows]
+
+    return asyncio.run(read())

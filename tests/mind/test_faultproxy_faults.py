@@ -18,7 +18,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from mind.testing.faultproxy import FaultProxyError, InProcessProxy, Step, random_schedule, start_proxy
-from mind.testing.faultproxy.frames import Framer
+from mind.testing.faultproxy.frames import Framer, Unit
 from mind.testing.vocabulary import WHERE, Fault
 from protocol import PROTOCOL_VERSION
 
@@ -453,6 +453,17 @@ def test_the_framer_cuts_fragmented_and_large_frames_whole() -> None:
     units = [u for i in range(0, len(stream), 7) for u in f.feed(stream[i : i + 7])]
     assert [u.kind for u in units] == ["http", "ping", "result", "?"]
     assert b"".join(u.raw for u in units) == head + ping + frag1 + frag2 + frame64
+
+
+def test_a_short_first_message_that_is_not_http_passes_at_once() -> None:
+    """PostgreSQL answers a client's SSL request with one byte ('N'): the proxy in front of a
+    database (tests of a node cut from it) forwards it at once instead of waiting for four."""
+    f = Framer()
+    assert f.feed(b"N") == [Unit(b"N", "bytes")]
+    assert f.feed(b"R\x00") == [Unit(b"R\x00", "bytes")]
+    g = Framer()
+    assert g.feed(b"GE") == []  # could still be an HTTP head
+    assert [u.kind for u in g.feed(b"T / HTTP/1.1\r\n\r\n")] == ["http"]
 
 
 def test_the_vocabulary_says_who_performs_each_fault() -> None:

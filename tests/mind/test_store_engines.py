@@ -326,3 +326,134 @@ async def test_a_statement_that_hangs_is_cut_at_its_timeout_and_the_store_goes_o
         assert await s.credentials.secret("hand", "box1") is not None
     finally:
         await s.close()
+
+
+@pytest.mark.slow
+async def test_claims_fence_every_write_about_a_hand(pg_database, tmp_path):
+    """Two nodes on one database (DESIGN §16): a Hand's claim is one statement refused without a
+    live lease; after node B claims the Hand, node A's writes about it (a snapshot report, a
+    reconciliation, a run's ending, its history) land nowhere and say so; B's land; `endings_of`
+    gives B what A ended before B's claim; a released Hand is held by no node."""
+    from mind.store.api import Fenced, NotLive
+    from protocol.messages import RunInfo
+
+    a = await open_stores(tmp_path / "a", pg_database, "node-a")
+    b = await open_stores(tmp_path / "b", pg_database, "node-b")
+    try:
+        na, nb = a.nodes, b.nodes
+        assert na is not None and nb is not None
+        fenced: list[tuple[str, int]] = []
+        na.fence.active = nb.fence.active = True
+        na.fence.on_fenced = lambda hand, claim: fenced.append((hand, claim))
+        await a.credentials.add("hand", "box")
+        with pytest.raises(NotLive):  # no heartbeat yet: no claim
+            await na.claim("box", 10.0)
+        await na.heartbeat()
+        await nb.heartbeat()
+        ca = await na.claim("box", 10.0)
+        await a.snapshots.insert_new(snap("t1", hand="box"))
+        assert (await a.snapshots.report("box", info("t1"), 2.0))[1] == "updated"
+        early = RunEnd(run_id="r0", state=RunState.LOST, hand="box", tool="exec")
+        await a.endings.put(Ending(early, "ci", time.time()))
+
+        cb = await nb.claim("box", 10.0)
+        assert cb > ca
+        assert (await na.holders())["box"][:2] == ("node-b", cb)
+        with pytest.raises(Fenced):
+            await a.snapshots.report("box", info("t1", version=3), 3.0)
+        with pytest.raises(Fenced):
+            await a.snapshots.reconcile("box", {}, 3.0)
+        late = RunEnd(run_id="r1", state=RunState.LOST, hand="box", tool="exec")
+        with pytest.raises(Fenced):
+            await a.endings.put(Ending(late, "ci", time.time()))
+        assert fenced == [("box", ca)] * 3
+        run = RunInfo(
+            run_id="r1", hand="box", tool="exec", state=RunState.LOST, created_at=1.0, ended_at=2.0, args_digest=D,
+        )  # fmt: skip
+        assert a.history is not None and b.history is not None
+        await a.history.put_many([("ci", run)])
+        assert await b.history.get("r1") is None  # A's history of B's Hand: skipped
+        assert (await b.snapshots.report("box", info("t1", version=3), 3.0))[1] == "updated"
+        await b.endings.put(Ending(late.model_copy(update={"state": RunState.SUCCEEDED}), "ci", time.time()))
+        await b.history.put_many([("ci", run)])
+        assert await a.history.get("r1") is not None
+        assert {e.end.run_id: e.end.state for e in await nb.endings_of("box", 0.0)} == {
+            "r0": RunState.LOST,
+            "r1": RunState.SUCCEEDED,
+        }
+        await na.release("box", ca)  # A's late release of its old claim changes nothing
+        assert "box" in await nb.holders()
+        await nb.release("box", cb)
+        assert "box" not in await nb.holders()
+        assert {n[0] for n in await na.nodes()} == {"node-a", "node-b"}
+    finally:
+        await a.close()
+        await b.close()
+
+
+@pytest.mark.slow
+async def test_claims_and_credential_changes_are_heard_by_the_other_nodes(pg_database, tmp_path):
+    """LISTEN/NOTIFY (DESIGN §16): node A hears node B's claim of a Hand (its name and claim) and a
+    credential change made through B, at once, with no poll; `listening` says the channel is up."""
+    a = await open_stores(tmp_path / "a", pg_database, "node-a")
+    b = await open_stores(tmp_path / "b", pg_database, "node-b")
+    heard: asyncio.Queue[tuple[str, ...]] = asyncio.Queue()
+    try:
+        na, nb = a.nodes, b.nodes
+        assert na is not None and nb is not None
+        await b.credentials.add("hand", "box")
+        await nb.heartbeat()
+        listener = asyncio.create_task(
+            na.listen(lambda h, c, n: heard.put_nowait(("claim", h, str(c), n)), lambda: heard.put_nowait(("creds",)))
+        )
+        try:
+            async with asyncio.timeout(10):
+                assert await heard.get() == ("creds",)  # said once at the start: a change while it was down
+                assert na.listening
+                claim = await nb.claim("box", 10.0)
+                assert await heard.get() == ("claim", "box", str(claim), "node-b")
+                await b.credentials.revoke("hand", "box")
+                assert await heard.get() == ("creds",)
+        finally:
+            listener.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await listener
+        assert not na.listening
+    finally:
+        await a.close()
+        await b.close()
+
+
+@pytest.mark.slow
+async def test_a_dropped_listener_is_noticed_and_opened_again(pg_database, tmp_path):
+    """The LISTEN connection killed by the server (an administrator, a restart): it is opened
+    again (`listening` is False in between: the shell polls), and its opening says "look now", so
+    a change made while it was down is not missed."""
+    import asyncpg
+
+    a = await open_stores(tmp_path / "a", pg_database, "node-a")
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    try:
+        na = a.nodes
+        assert na is not None
+        listener = asyncio.create_task(na.listen(lambda *_: None, lambda: heard.put_nowait("creds")))
+        try:
+            async with asyncio.timeout(15):
+                assert await heard.get() == "creds" and na.listening
+                con = await asyncpg.connect(pg_database)
+                try:
+                    killed = await con.fetchval(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+                        "mindhand node-a listen",
+                    )
+                finally:
+                    await con.close()
+                assert killed == 1
+                # no change was made: this second word comes only from a listener opened again
+                assert await heard.get() == "creds" and na.listening
+        finally:
+            listener.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await listener
+    finally:
+        await a.close()

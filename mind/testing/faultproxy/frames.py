@@ -58,7 +58,10 @@ class Framer:
         out: list[Unit] = []
         if self.mode == "detect":
             if len(self._buf) < 4:
-                return out
+                # a short first message that cannot begin an HTTP head (PostgreSQL's one-byte
+                # answer to an SSL request) goes raw now: waiting for more would wait forever
+                head = bytes(self._buf)
+                return out if b"GET ".startswith(head) or b"HTTP".startswith(head) else self._go_raw(out)
             if not (self._buf.startswith(b"GET ") or self._buf.startswith(b"HTTP")):
                 return self._go_raw(out)
             end = self._buf.find(b"\r\n\r\n")
