@@ -88,6 +88,7 @@ from protocol.messages import (
     Rpc,
     StreamAck,
     StreamData,
+    StreamNumbers,
     StreamResume,
     TaskCancel,
     TaskCancelResult,
@@ -616,7 +617,9 @@ class Agent:
                 data = await wire.ws.recv()
                 env = None
                 try:
-                    env = wire.channel.receive(data)
+                    env = wire.channel.receive_any(data)
+                    if env is None:  # a data frame of a stream that has died (its run ended)
+                        continue
                     msg = env.msg
                     if isinstance(msg, Rpc) and msg.background is not None:
                         await self._task_start(msg, wire)
@@ -628,6 +631,8 @@ class Agent:
                         table.on_resize(msg)
                     elif isinstance(msg, ResultAck):
                         table.on_result_ack(msg.run_id)
+                    elif isinstance(msg, StreamNumbers):
+                        pass  # the channel took them (`Channel.accept`): data frames name streams by them
                     elif isinstance(msg, StreamResume):
                         table.on_resume(msg)
                     elif isinstance(msg, (TaskStatus, TaskLogs, TaskCancel, TaskInventory)):

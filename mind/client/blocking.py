@@ -87,7 +87,7 @@ class Link:
         """Connect and authenticate, as `MindClient.connect` does (same checks, same errors).
         A reconnection within a resume window passes shorter timeouts: what is left of it."""
         session = ClientSession(
-            credential, os.urandom(limits.NONCE_BYTES), decode=wire.decode, handshake=wire.Handshake
+            credential, os.urandom(limits.NONCE_BYTES), decode=wire.decode, handshake=wire.Handshake, chunk=wire.chunk
         )
         where = parse_url(url)
         link = cls._open(where, tls_context(url, ca, pin), pin, open_timeout, session)
