@@ -229,7 +229,10 @@ FLAGS = frames.HEADER.pack(frames.MAGIC, 0x80, 1, 0) + b"x"
     [
         (lambda n: SHORT, ErrorCode.MALFORMED_FRAME),
         (lambda n: FLAGS, ErrorCode.MALFORMED_FRAME),
-        (lambda n: frames.header(n["stdin"], 0, False) + b"x" * (limits.STREAM_CHUNK_MAX + 1), ErrorCode.FRAME_TOO_LARGE),
+        (
+            lambda n: frames.header(n["stdin"], 0, False) + b"x" * (limits.STREAM_CHUNK_MAX + 1),
+            ErrorCode.FRAME_TOO_LARGE,
+        ),
         (lambda n: frames.encode(max(n.values()) + 1, 0, b"x", False), ErrorCode.INVALID_PAYLOAD),  # never given
         (lambda n: frames.encode(n["stdout"], 0, b"forged", False), ErrorCode.INVALID_PAYLOAD),  # not the client's
     ],
@@ -256,4 +259,3 @@ async def test_another_connections_number_means_nothing_here(cl):
         await ws1.close()
         await ws2.close()
     await still_serving(cl)
-
