@@ -252,15 +252,29 @@ class Channel:
         t = msg.TYPE
         m: Any = msg  # the model or the fast path's `Msg`: read by field name
         if t == "stream_data":
-            n = self.numbers.number(m.run_id, m.stream)
-            if n is None:
-                raise ProtocolError(
-                    ErrorCode.INVALID_PAYLOAD,
-                    f"no stream number for {m.stream} of run {m.run_id} on this connection",
-                )
-            return frames.encode(n, m.offset, m.data, m.eof)
+            frame = self.stamp_chunk(m)
+            if frame is None:
+                raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"run {m.run_id} has ended: its streams are closed")
+            return frame
         if t == "result":  # nothing of the run's streams is sent after it; stdin still in flight is dropped
             self.numbers.drop_run(m.run_id)
+        return self._stamp_envelope(msg, id)
+
+    def stamp_chunk(self, m: Any) -> bytes | None:
+        """A `stream_data` as its data frame; None for a run whose streams died on this connection
+        (it ended: what is still sent for it is dropped here, as the Mind would drop it). A stream
+        that was never given a number is a bug of the caller: `ProtocolError`."""
+        n = self.numbers.number(m.run_id, m.stream)
+        if n is None:
+            if self.numbers.ended(m.run_id):
+                return None
+            raise ProtocolError(
+                ErrorCode.INVALID_PAYLOAD,
+                f"no stream number for {m.stream} of run {m.run_id} on this connection",
+            )
+        return frames.encode(n, m.offset, m.data, m.eof)
+
+    def _stamp_envelope(self, msg: Message, id: str | None) -> bytes:
         data = encode(Envelope(msg=msg, seq=self._out + 1, id=id, gen=self.gen))
         if len(data) > self.max_out:
             raise ProtocolError(

@@ -131,11 +131,16 @@ class Numbers:
     and a number never given on this connection (`ProtocolError`: the peer made it up, or took it
     from another connection)."""
 
-    __slots__ = ("_by_number", "_by_stream", "top")
+    __slots__ = ("_by_number", "_by_stream", "_ended", "top")
+
+    ENDED_KEPT = 1024
+    """Runs whose numbers died, remembered (the newest this many) so a chunk still sent for one
+    (stdin a command never read, sent until its end arrived) is dropped, not taken for a bug."""
 
     def __init__(self) -> None:
         self._by_number: dict[int, Entry] = {}
         self._by_stream: dict[tuple[str, str], int] = {}
+        self._ended: dict[str, None] = {}
         self.top = 0
         """The highest number given on this connection."""
 
@@ -162,6 +167,7 @@ class Numbers:
         """The peer's side: the Mind announced `numbers` for `run_id` (`stream_numbers`). Numbers
         the run had before on this connection die (a re-bind gives new ones)."""
         self.drop_run(run_id)
+        self._ended.pop(run_id, None)
         for name, n in numbers.items():
             old = self._by_number.pop(n, None)
             if old is not None:
@@ -172,6 +178,10 @@ class Numbers:
 
     def number(self, run_id: str, stream: str) -> int | None:
         return self._by_stream.get((run_id, stream))
+
+    def ended(self, run_id: str) -> bool:
+        """The run's numbers died here (recently): what is still sent for it is dropped."""
+        return run_id in self._ended
 
     def lookup(self, number: int) -> Entry | None:
         entry = self._by_number.get(number)
@@ -185,3 +195,6 @@ class Numbers:
             n = self._by_stream.pop((run_id, name), None)
             if n is not None:
                 self._by_number.pop(n, None)
+        self._ended[run_id] = None
+        if len(self._ended) > self.ENDED_KEPT:
+            del self._ended[next(iter(self._ended))]

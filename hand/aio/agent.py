@@ -192,6 +192,10 @@ class _Wire:
         frame cannot be encoded (too large): the seq is not consumed then."""
         if not self.open:
             return
+        if msg.TYPE == "stream_data":  # a data frame; none for a run whose streams died here
+            if (frame := self.channel.stamp_chunk(msg)) is not None:
+                self._queue.put_nowait(frame)
+            return
         self._queue.put_nowait(self.channel.stamp(msg, id=id))
 
     async def write_loop(self) -> None:

@@ -112,9 +112,18 @@ class RunStreams:
         if room < len(data):
             out.cut += len(data) - max(room, 0)
             data = data[: max(room, 0)]
-        if data:
+        if data and not out.pending and not out.awaiting and len(data) <= out.sender.credit():
+            self._send_now(stream, out, data)  # the usual case: sent as read, no copy into `pending`
+        elif data:
             out.pending += data
         self._flush(stream, out)
+
+    def _send_now(self, stream: str, out: _Out, data: bytes) -> None:
+        out.hash.update(data)
+        for offset, piece, _eof in out.sender.send(data, limits.STREAM_CHUNK_MAX):
+            self._send(
+                StreamData.model_construct(run_id=self.run_id, stream=stream, offset=offset, data=piece, eof=False)
+            )
 
     def sent_hash(self, stream: str) -> Any:
         """The running sha256 of the bytes sent on `stream` so far (a copy from byte 0 shares it)."""

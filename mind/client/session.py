@@ -213,6 +213,10 @@ class ClientSession:
         cannot be sent (too large: nothing is queued and no sequence number is spent)."""
         self._require_open()
         try:
+            if msg.TYPE == "stream_data":  # a data frame; none for a run that has ended (dropped)
+                if (frame := self._channel.stamp_chunk(msg)) is not None:
+                    self._out.append(frame)
+                return
             self._out.append(self._channel.stamp(msg, id))
         except ProtocolError as exc:
             raise ClientError(exc.code, exc.message) from None
