@@ -31,7 +31,6 @@ SIGTERM itself, at once, so a cancel costs the signal, the tree's own exit and o
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import signal
 import subprocess
@@ -43,6 +42,7 @@ from typing import Any, Literal
 from hand.system.sandbox import ResourceLimits, RunAs, preexec_for, rlimit_plan
 from protocol import limits
 from protocol.codes import KillStage
+from protocol.io.pipes import grow_pipe
 
 Stream = Literal["stdout", "stderr"]
 OnOutput = Callable[[Stream, bytes], None]
@@ -150,17 +150,8 @@ class _Protocol(asyncio.SubprocessProtocol):
             self.exited.set_result(None)
 
 
-F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 READ_MAX = 256 << 10
 """The most one read of an output pipe takes (a chunk's worth: `limits.STREAM_CHUNK_MAX`)."""
-
-
-def pipe_max_size() -> int:
-    try:
-        with open("/proc/sys/fs/pipe-max-size") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 1 << 20
 
 
 def size_pipes(transport: asyncio.SubprocessTransport, size: int) -> int:
@@ -169,18 +160,17 @@ def size_pipes(transport: asyncio.SubprocessTransport, size: int) -> int:
     frames per 256 KiB chunk before, each with its costs on all three processes). Best effort: a
     user over /proc/sys/fs/pipe-user-pages-soft keeps the default size. Returns the size set on
     the output pipes (0: none)."""
-    want = min(size, pipe_max_size())
     got = 0
     for fd_no in (0, 1, 2):
         pipe = transport.get_pipe_transport(fd_no)
         if pipe is None:
             continue
-        handle = pipe.get_extra_info("pipe")
         try:
-            size_set = fcntl.fcntl(handle.fileno(), F_SETPIPE_SZ, want)
-        except (OSError, AttributeError, ValueError):
+            fd = pipe.get_extra_info("pipe").fileno()
+        except (AttributeError, ValueError, OSError):
             continue
-        if fd_no:
+        size_set = grow_pipe(fd, size)
+        if fd_no and size_set:
             got = size_set
             if hasattr(pipe, "max_size"):  # asyncio's read size for this pipe (default 256 KiB)
                 pipe.max_size = max(pipe.max_size, min(size_set, READ_MAX))
