@@ -150,10 +150,6 @@ class _Protocol(asyncio.SubprocessProtocol):
             self.exited.set_result(None)
 
 
-READ_MAX = 256 << 10
-"""The most one read of an output pipe takes (a chunk's worth: `limits.STREAM_CHUNK_MAX`)."""
-
-
 def size_pipes(transport: asyncio.SubprocessTransport, size: int) -> int:
     """Issue 25 item 2: the child's pipes hold a window (at most /proc/sys/fs/pipe-max-size), so
     the child writes and we read in chunks, not in the default 64 KiB pipe's pieces (measured: 4
@@ -173,7 +169,7 @@ def size_pipes(transport: asyncio.SubprocessTransport, size: int) -> int:
         if fd_no and size_set:
             got = size_set
             if hasattr(pipe, "max_size"):  # asyncio's read size for this pipe (default 256 KiB)
-                pipe.max_size = max(pipe.max_size, min(size_set, READ_MAX))
+                pipe.max_size = max(pipe.max_size, min(size_set, limits.STREAM_CHUNK_MAX))
     return got
 
 

@@ -14,11 +14,13 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from benchlib.core import PY, Ctx, Row, med, ms, ratio, rss_mib, spread, throughput_row, verdict
 from benchlib.figures import basic, figure, flat, relay_p50, sshd
 
 MIND = str(Path(PY).parent / "mind")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _data_file(ctx: Ctx, size: int) -> Path:
@@ -76,14 +78,42 @@ def _mind_exec(argv: list[str], env: dict[str, str], stdin: Path | None, timeout
     return dt, usage.ru_utime + usage.ru_stime
 
 
-@figure("streams", "stdout and stdin throughput of `mind exec` against ssh, 1 GiB (quick: 64 MiB)")
+def tls_cluster(ctx: Ctx):
+    """A Mind serving `wss://` (a certificate from scripts/mkcerts) and a Hand `bench` pinning it:
+    the fair comparison with ssh, which always encrypts. The local CLI pins the Mind's own
+    certificate by itself."""
+    if "tls" not in ctx.shared:
+        certs = ctx.dir("certs")
+        out = subprocess.run(
+            [str(ROOT / "scripts" / "mkcerts"), str(certs)], capture_output=True, text=True, check=True
+        ).stdout
+        pin = next(ln.split()[-1] for ln in out.splitlines() if ln.startswith("pin:"))
+        cl = ctx.cluster("tls")
+        cl.start_mind("--tls-cert", str(certs / "mind.crt"), "--tls-key", str(certs / "mind.key"))
+        cl.start_hand("bench", "--pin", pin)
+        cl.wait_connected("bench")
+        ctx.shared["tls"] = cl
+    return ctx.shared["tls"]
+
+
+@figure("streams", "stdout and stdin throughput of `mind exec` against ssh, plain and wss://, 1 GiB (quick: 64 MiB)")
 def fig_streams(ctx: Ctx) -> list[Row]:
-    cl = basic(ctx)
+    rows = _streams(ctx, basic(ctx), "")
+    rows += _streams(ctx, tls_cluster(ctx), " wss://")
+    ctx.note(
+        "streams",
+        "CPU ns/byte: /proc/PID/stat utime+stime of the Mind and the Hand before and after each run "
+        "(the Hand's own, not its child's), the CLI's from wait4; the Hand's child (cat, sha256sum) not counted",
+    )
+    return rows
+
+
+def _streams(ctx: Ctx, cl: Any, variant: str) -> list[Row]:
     size = (64 << 20) if ctx.quick else (1 << 30)
     path = _data_file(ctx, size)
     env = dict(cl.env)
     q = shlex.quote
-    mind_out = [MIND, "exec", "--hand", "bench", "--", "cat", path.name]
+    mind_out = [MIND, "exec", "--hand", "bench", "--", "cat", str(path)]
     mind_in = [MIND, "exec", "--hand", "bench", "--", "sha256sum"]
     s = sshd(ctx)
     ssh = None if isinstance(s, str) else s
@@ -111,14 +141,14 @@ def fig_streams(ctx: Ctx) -> list[Row]:
             ours_r.append(size / wall / 2**20)
             if ref_cmd is not None and ssh is not None:
                 ref_r.append(size / _shell_time(ref_cmd, ssh.env) / 2**20)
-        what = f"{label} MiB/s, {size >> 20} MiB through mind exec"
+        what = f"{label}{variant} MiB/s, {size >> 20} MiB through mind exec"
         rows.append(throughput_row("streams", what, ours_r, ref_r, "ssh localhost, same file", ">= ssh"))
         per = {k: med(v) for k, v in ns.items()}
         total = sum(per.values())
         rows.append(
             Row(
                 "streams",
-                f"{label} CPU ns/byte: Hand / Mind / CLI (sum)",
+                f"{label}{variant} CPU ns/byte: Hand / Mind / CLI (sum)",
                 f"{per['Hand']:.1f} / {per['Mind']:.1f} / {per['CLI']:.1f} ({total:.1f})",
                 "",
                 "",
@@ -128,12 +158,7 @@ def fig_streams(ctx: Ctx) -> list[Row]:
                 verdict(per["Mind"] <= 1.0 and total <= 4.5),
             )
         )
-    ctx.note(
-        "streams",
-        "CPU ns/byte: /proc/PID/stat utime+stime of the Mind and the Hand before and after each run "
-        "(the Hand's own, not its child's), the CLI's from wait4; the Hand's child (cat, sha256sum) not counted",
-    )
-    if ssh is None:
+    if ssh is None and not variant:
         ctx.note("streams", f"ssh reference n/a: {s}")
     return rows
 
