@@ -18,6 +18,7 @@ from typing import Any
 
 from benchlib.core import PY, Ctx, Row, med, ms, ratio, rss_mib, spread, throughput_row, verdict
 from benchlib.figures import basic, figure, flat, relay_p50, sshd
+from protocol import limits
 
 MIND = str(Path(PY).parent / "mind")
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,7 +195,7 @@ def fig_slow_reader(ctx: Ctx) -> list[Row]:
     ctx.note(
         "slowreader",
         f"the client read {read / 1e6:.1f} MB in {seconds:.0f} s; the remote cat blocks on its pipe once the "
-        f"window (1 MiB per stream) is in flight; Mind idle RSS {idle:.1f} MiB, sampled every 50 ms",
+        f"window ({limits.STREAM_WINDOW >> 20} MiB per stream) is in flight; Mind idle RSS {idle:.1f} MiB, sampled every 50 ms",
     )
     return [
         Row(
