@@ -1,5 +1,6 @@
-"""A streamed run's bytes on the Hand (DESIGN §11): its output as flow-controlled `stream_data`, its
-stdin from the client's `stream_data`, acknowledgements both ways.
+"""A streamed run's bytes on the Hand (DESIGN §11): its output as flow-controlled chunks (`StreamData`,
+which the connection's channel sends as data frames, protocol/frames.py), its stdin from the client's
+chunks, acknowledgements both ways.
 
 The arithmetic is `protocol.streams`' (`Outgoing`, `Incoming`: the one stream endpoint every peer
 drives); this module connects it to one process: output read from a pipe is sent while the client has credit, and once the credit is spent
