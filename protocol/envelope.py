@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgpack
 
-from protocol import PROTOCOL_VERSION, limits
+from protocol import PROTOCOL_VERSION, frames, limits
 from protocol.codes import ErrorCode
 from protocol.errors import ProtocolError
 from protocol.record import Frozen
@@ -211,18 +211,35 @@ def _short(part: object) -> str:
     return text
 
 
+def chunk_model(run_id: str, stream: str, offset: int, data: memoryview, eof: bool) -> Any:
+    """A received chunk as the ends' code reads it: the model, built without validation (the data
+    frame's header was checked by `frames.decode`, the names come from our own number table)."""
+    from protocol.messages import StreamData
+
+    return StreamData.model_construct(run_id=run_id, stream=stream, offset=offset, data=bytes(data), eof=eof)
+
+
+MakeChunk = Any
+"""`(run_id, stream, offset, payload, eof) -> message`: how an end builds a received chunk."""
+
+
 class Channel:
-    """Per-connection framing state: outbound seq counter, inbound seq and gen checks.
+    """Per-connection framing state: outbound seq counter, inbound seq and gen checks, and the
+    connection's stream numbers (`protocol.frames`).
 
     Sans-I/O: the shell calls `stamp` before writing and `accept` after reading. A gap, repeat or
     reordering of `seq`, or a frame for another generation, is a `ProtocolError` that closes the
-    connection, because nothing after it can be trusted to mean what the peer intended.
+    connection, because nothing after it can be trusted to mean what the peer intended. Data frames
+    carry no `seq`: they are ordered by the connection like everything else, and each names its
+    stream by a number only this connection gave (`numbers`), which also fences them by generation.
     """
 
     def __init__(self, max_out: int = limits.MAX_FRAME_BYTES) -> None:
         self._out = 0
         self._in = 0
         self.gen: int | None = None
+        self.numbers = frames.Numbers()
+        """This connection's stream numbers as the Mind announced them (`stream_numbers`)."""
         self.max_out = max_out
         """The largest frame this side may send: a client's are read by the Mind only up to
         `limits.CLIENT_MAX_FRAME_BYTES`, so a client refuses a larger one itself, with a sentence,
@@ -230,7 +247,34 @@ class Channel:
 
     def stamp(self, msg: Message, id: str | None = None) -> bytes:
         """Encode with the next seq. The counter moves only if encoding succeeded, so a frame
-        refused as too large leaves no gap for the peer to see."""
+        refused as too large leaves no gap for the peer to see. A `stream_data` becomes a data
+        frame under its stream's number (no seq)."""
+        t = msg.TYPE
+        m: Any = msg  # the model or the fast path's `Msg`: read by field name
+        if t == "stream_data":
+            frame = self.stamp_chunk(m)
+            if frame is None:
+                raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"run {m.run_id} has ended: its streams are closed")
+            return frame
+        if t == "result":  # nothing of the run's streams is sent after it; stdin still in flight is dropped
+            self.numbers.drop_run(m.run_id)
+        return self._stamp_envelope(msg, id)
+
+    def stamp_chunk(self, m: Any) -> bytes | None:
+        """A `stream_data` as its data frame; None for a run whose streams died on this connection
+        (it ended: what is still sent for it is dropped here, as the Mind would drop it). A stream
+        that was never given a number is a bug of the caller: `ProtocolError`."""
+        n = self.numbers.number(m.run_id, m.stream)
+        if n is None:
+            if self.numbers.ended(m.run_id):
+                return None
+            raise ProtocolError(
+                ErrorCode.INVALID_PAYLOAD,
+                f"no stream number for {m.stream} of run {m.run_id} on this connection",
+            )
+        return frames.encode(n, m.offset, m.data, m.eof)
+
+    def _stamp_envelope(self, msg: Message, id: str | None) -> bytes:
         data = encode(Envelope(msg=msg, seq=self._out + 1, id=id, gen=self.gen))
         if len(data) > self.max_out:
             raise ProtocolError(
@@ -242,9 +286,39 @@ class Channel:
         return data
 
     def receive(self, data: object) -> Envelope[Message]:
+        """One envelope, or a data frame as a `StreamData`, for a strict reader (the handshake, a
+        test's raw peer): a frame of a stream that has died is refused here (`receive_any` drops
+        it, as a long-lived peer must: a run may end while its last chunks fly)."""
+        if frames.is_frame(data):
+            env = self.receive_chunk(data, chunk_model)  # type: ignore[arg-type]
+            if env is None:
+                raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, "a data frame of a stream that has ended")
+            return env
         env = decode(data)
         self.accept(env)
         return env
+
+    def receive_any(self, data: object) -> Envelope[Message] | None:
+        """One WebSocket message: an envelope, or a data frame as a `StreamData` (None: a chunk of
+        a stream that has died, a late frame of an ended run, dropped)."""
+        if frames.is_frame(data):
+            return self.receive_chunk(data, chunk_model)  # type: ignore[arg-type]
+        env = decode(data)
+        self.accept(env)
+        return env
+
+    def receive_chunk(self, data: bytes | bytearray | memoryview, make: MakeChunk) -> Envelope[Any] | None:
+        """A data frame as the chunk `make` builds, under the envelope id its stream's run travels
+        under; None for a number that has died; `ProtocolError` for a bad header or a number this
+        connection never gave."""
+        number, offset, eof, payload = frames.decode(data)
+        entry = self.numbers.lookup(number)
+        if entry is None:
+            return None
+        if self.gen is None:
+            raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, "a data frame before the handshake ended")
+        msg = make(entry.run_id, entry.stream, offset, payload, eof)
+        return Envelope(msg=msg, seq=self._in, id=entry.env_id, gen=self.gen)
 
     def accept(self, env: Envelope[Message]) -> None:
         if env.seq != self._in + 1:
@@ -252,3 +326,9 @@ class Channel:
         self._in = env.seq
         if self.gen is not None and env.gen != self.gen:
             raise ProtocolError(ErrorCode.GEN_MISMATCH, f"frame for generation {env.gen} on generation {self.gen}")
+        got: Any = env.msg
+        t = got.TYPE
+        if t == "stream_numbers":
+            self.numbers.bind(got.run_id, frames.announced(got), env.id)
+        elif t == "run_end":
+            self.numbers.drop_run(got.run_id)

@@ -28,6 +28,8 @@ Mac = Annotated[bytes, Strict(), Field(min_length=limits.MAC_BYTES, max_length=l
 TimeoutMs = Annotated[int, Strict(), Field(gt=0, le=limits.RUN_TIMEOUT_MAX_MS)]
 Stream = Literal["stdout", "stderr"]
 DataStream = Literal["stdin", "stdout", "stderr", "pty"]
+StreamNumber = Annotated[int, Strict(), Field(ge=1, le=(1 << 32) - 1)]
+"""A stream's number on one connection (`protocol/frames.py`)."""
 """A run's byte streams (DESIGN §11): `stdin` goes to the Hand; `stdout`, `stderr`, or for a
 terminal run the one `pty` stream, come back."""
 LabelValue = Annotated[str, Strict(), StringConstraints(pattern=limits.LABEL_VALUE_RE.pattern)]
@@ -135,7 +137,11 @@ class Streams(Message):
 
 
 class StreamData(Message):
-    """`data` at byte `offset` of one stream of run `run_id`; `eof` closes that direction."""
+    """`data` at byte `offset` of one stream of run `run_id`; `eof` closes that direction.
+
+    Not an envelope on the wire: a chunk travels as a binary data frame (`protocol/frames.py`,
+    a header naming the stream by its number on the connection, then the raw bytes). The ends
+    hand this model to their code (and to users of the Python client); the Mind never builds one."""
 
     TYPE = "stream_data"
     run_id: Id
@@ -149,6 +155,20 @@ class StreamData(Message):
         if not self.data and not self.eof:
             raise ValueError("a stream chunk carries data or the end of the stream")
         return self
+
+
+class StreamNumbers(Message):
+    """The numbers the streams of run `run_id` have on this connection from now on (Mind -> Hand
+    before the `rpc` or a re-bind's `stream_resume`; Mind -> client, under the run's request id,
+    before its first `run_update` or its `attached`). Data frames name their stream by this number
+    (`protocol/frames.py`); it dies with the run or the connection."""
+
+    TYPE = "stream_numbers"
+    run_id: Id
+    stdin: StreamNumber | None = None
+    stdout: StreamNumber | None = None
+    stderr: StreamNumber | None = None
+    pty: StreamNumber | None = None
 
 
 class StreamAck(Message):
@@ -873,7 +893,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Rejected,
         Started,
         Progress,
-        StreamData,
+        StreamNumbers,
         StreamAck,
         Resize,
         Result,

@@ -41,7 +41,7 @@ INBOUND = (
     "error",
     "run_update",
     "run_output",
-    "stream_data",
+    "stream_numbers",
     "stream_ack",
     "run_end",
     "cancel_run_result",
@@ -50,7 +50,8 @@ INBOUND = (
     "replaced",
     "detached",
 )
-OUTBOUND = ("hello", "proof", "exec", "cancel_run", "stream_data", "stream_ack", "resize", "attach", "detach")
+OUTBOUND = ("hello", "proof", "exec", "cancel_run", "stream_ack", "resize", "attach", "detach")
+# `stream_data` is not an envelope (a data frame, protocol/frames.py): mind/client/wire.py builds it.
 
 
 class Unsupported(Exception):

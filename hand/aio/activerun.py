@@ -107,6 +107,7 @@ class ActiveRun:
             stdin_stream=streams is not None and streams.wants_stdin,
             on_stdin_consumed=streams.on_stdin_consumed if streams is not None else None,
             on_output_closed=streams.on_output_end if streams is not None else None,
+            pipe_size=streams.spec.window if streams is not None else None,
         )
         if streams is not None:
             streams.attach(proc)

@@ -88,6 +88,7 @@ from protocol.messages import (
     Rpc,
     StreamAck,
     StreamData,
+    StreamNumbers,
     StreamResume,
     TaskCancel,
     TaskCancelResult,
@@ -191,6 +192,10 @@ class _Wire:
         """Stamp (seq order) and queue (wire order) in one step. Raises `ProtocolError` if the
         frame cannot be encoded (too large): the seq is not consumed then."""
         if not self.open:
+            return
+        if msg.TYPE == "stream_data":  # a data frame; none for a run whose streams died here
+            if (frame := self.channel.stamp_chunk(msg)) is not None:
+                self._queue.put_nowait(frame)
             return
         self._queue.put_nowait(self.channel.stamp(msg, id=id))
 
@@ -633,7 +638,9 @@ class Agent:
                 data = await wire.ws.recv()
                 env = None
                 try:
-                    env = wire.channel.receive(data)
+                    env = wire.channel.receive_any(data)
+                    if env is None:  # a data frame of a stream that has died (its run ended)
+                        continue
                     msg = env.msg
                     if isinstance(msg, Rpc) and msg.background is not None:
                         await self._task_start(msg, wire)
@@ -645,6 +652,8 @@ class Agent:
                         table.on_resize(msg)
                     elif isinstance(msg, ResultAck):
                         table.on_result_ack(msg.run_id)
+                    elif isinstance(msg, StreamNumbers):
+                        pass  # the channel took them (`Channel.accept`): data frames name streams by them
                     elif isinstance(msg, StreamResume):
                         table.on_resume(msg)
                     elif isinstance(msg, (TaskStatus, TaskLogs, TaskCancel, TaskInventory)):

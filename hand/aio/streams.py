@@ -1,5 +1,6 @@
-"""A streamed run's bytes on the Hand (DESIGN §11): its output as flow-controlled `stream_data`, its
-stdin from the client's `stream_data`, acknowledgements both ways.
+"""A streamed run's bytes on the Hand (DESIGN §11): its output as flow-controlled chunks (`StreamData`,
+which the connection's channel sends as data frames, protocol/frames.py), its stdin from the client's
+chunks, acknowledgements both ways.
 
 The arithmetic is `protocol.streams`' (`Outgoing`, `Incoming`: the one stream endpoint every peer
 drives); this module connects it to one process: output read from a pipe is sent while the client has credit, and once the credit is spent
@@ -112,9 +113,18 @@ class RunStreams:
         if room < len(data):
             out.cut += len(data) - max(room, 0)
             data = data[: max(room, 0)]
-        if data:
+        if data and not out.pending and not out.awaiting and len(data) <= out.sender.credit():
+            self._send_now(stream, out, data)  # the usual case: sent as read, no copy into `pending`
+        elif data:
             out.pending += data
         self._flush(stream, out)
+
+    def _send_now(self, stream: str, out: _Out, data: bytes) -> None:
+        out.hash.update(data)
+        for offset, piece, _eof in out.sender.send(data, limits.STREAM_CHUNK_MAX):
+            self._send(
+                StreamData.model_construct(run_id=self.run_id, stream=stream, offset=offset, data=piece, eof=False)
+            )
 
     def sent_hash(self, stream: str) -> Any:
         """The running sha256 of the bytes sent on `stream` so far (a copy from byte 0 shares it)."""

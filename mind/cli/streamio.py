@@ -27,6 +27,7 @@ from typing import Any
 from mind.cli.escapes import Escape, EscapeFilter
 from protocol import limits
 from protocol.errors import ProtocolError
+from protocol.io.pipes import grow_pipe
 from protocol.streams import Incoming, Outgoing
 
 
@@ -133,8 +134,9 @@ class InputStream:
         """Keeps what was sent until the Hand consumed it: resent from where the Hand stands after
         a cut (`Outgoing.resume`), so no byte of stdin is lost or doubled."""
         self.escapes = escapes
-        self.pending = bytearray()
-        """Read and filtered, not yet sent (the filter may give back a held `~`)."""
+        self.pending: bytes | bytearray = b""
+        """Read and filtered, not yet sent (the filter may give back a held `~`). One read is
+        kept as the bytes it came in, and sent as they are when the credit allows."""
         self.eof_read = False
         self.done = False
         """End of input was sent (or stdin is not forwarded any more)."""
@@ -142,6 +144,8 @@ class InputStream:
             mode = os.fstat(fd).st_mode
         except OSError:
             mode = 0
+        if stat.S_ISFIFO(mode):  # read a chunk at a time, not the default pipe's 64 KiB (issue 25)
+            grow_pipe(fd, self.tx.sender.window)
         self.always_ready = stat.S_ISREG(mode) or stat.S_ISBLK(mode)
         """A regular file cannot be waited on (epoll refuses it) and never blocks: read it whenever
         there is credit."""
@@ -160,14 +164,22 @@ class InputStream:
         if not data:
             self.eof_read = True
             if self.escapes is not None:
-                self.pending += self.escapes.flush()
+                self._keep(self.escapes.flush())
             return []
         if self.escapes is None:
-            self.pending += data
+            self._keep(data)
             return []
         out, actions = self.escapes.feed(data)
-        self.pending += out
+        self._keep(out)
         return actions
+
+    def _keep(self, data: bytes) -> None:
+        if not self.pending:
+            self.pending = data
+        elif isinstance(self.pending, bytes):
+            self.pending = bytearray(self.pending) + data
+        else:
+            self.pending += data
 
     def next_chunk(self) -> tuple[int, bytes, bool] | None:
         """(offset, data, eof) to send now, if any."""
@@ -176,8 +188,11 @@ class InputStream:
         credit = self.tx.credit()
         if self.pending and credit > 0:
             n = min(len(self.pending), credit, limits.STREAM_CHUNK_MAX)
-            data = bytes(self.pending[:n])
-            del self.pending[:n]
+            if n == len(self.pending) and isinstance(self.pending, bytes):
+                data, self.pending = self.pending, b""  # as read: no copy
+            else:
+                data = bytes(self.pending[:n])
+                self.pending = self.pending[n:]
             (chunk,) = self.tx.send(data)
             return chunk
         if self.eof_read and not self.pending:

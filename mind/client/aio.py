@@ -38,7 +38,7 @@ from mind.client.dial import Dial, open_connection
 from mind.client.reconnect import Backoff, retryable
 from mind.client.run import RunEvent, RunFailed, RunHandle, Stdin, StillRunning
 from mind.errors import ClientCode, ClientError
-from protocol import limits
+from protocol import frames, limits
 from protocol.auth import Credential
 from protocol.codes import ErrorCode
 from protocol.envelope import decode as decode_envelope
@@ -274,12 +274,12 @@ class MindClient:
         try:
             async for data in ws:
                 try:
-                    env = decode_envelope(data)
+                    env = session.chunk(data) if frames.is_frame(data) else decode_envelope(data)
                 except ProtocolError:
                     events = session.receive_data(data)  # the session says what is wrong, and ends
                 else:
-                    events = session.receive_frame(env)
-                    if session.error is None and env.id is not None and env.id in self._runs:
+                    events = [] if env is None or env.msg.TYPE == "stream_data" else session.receive_frame(env)
+                    if env is not None and session.error is None and env.id is not None and env.id in self._runs:
                         handle = self._runs[env.id]
                         if handle.on_message(env.msg):  # its last frame under this id
                             self._runs.pop(env.id, None)

@@ -117,7 +117,7 @@ class Link:
         handshake_timeout: float,
     ) -> Link:
         session = ClientSession(
-            credential, os.urandom(limits.NONCE_BYTES), decode=wire.decode, handshake=wire.Handshake
+            credential, os.urandom(limits.NONCE_BYTES), decode=wire.decode, handshake=wire.Handshake, chunk=wire.chunk
         )
         where = parse_url(url)
         link = cls._open(where, tls_context(url, ca, pin), pin, open_timeout, session)
@@ -348,11 +348,11 @@ class Link:
         return wait if timeout is None else min(timeout, wait)
 
     def _read(self) -> None:
-        for _ in range(32):  # at most ~2 MiB per wakeup, so the caller's loop keeps its turn
+        for _ in range(8):  # at most ~2 MiB per wakeup, so the caller's loop keeps its turn
             if self._error is not None:
                 return
             try:
-                data = self._sock.recv(1 << 16)
+                data = self._sock.recv(1 << 18)  # a data frame's worth in few reads (issue 25)
             except self._would_block:
                 return
             except OSError as exc:

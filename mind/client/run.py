@@ -33,6 +33,7 @@ from protocol.messages import (
     RunUpdate,
     StreamAck,
     StreamData,
+    StreamNumbers,
     StreamPosition,
     StreamResume,
 )
@@ -63,7 +64,7 @@ RunEvent = RunUpdate | RunOutput | StreamData | RunEnd
 Stdin = bytes | BinaryIO | AsyncIterable[bytes]
 """What `MindClient.start(stdin=...)` sends as the run's standard input: all of it, any size."""
 
-RUN_MESSAGES = (RunUpdate, RunOutput, StreamData, StreamAck, RunEnd, Attached, Replaced, StreamResume)
+RUN_MESSAGES = (RunUpdate, RunOutput, StreamData, StreamAck, RunEnd, Attached, Replaced, StreamResume, StreamNumbers)
 """What the Mind may send under a run's envelope id: its events, and the answers about its attachment."""
 
 
@@ -168,6 +169,8 @@ class RunHandle:
             return self._fail(
                 ClientError(ClientCode.PROTOCOL, f"the Mind sent events of run {msg.run_id} for run {self.run_id}")
             )
+        if isinstance(msg, StreamNumbers):  # the session's channel took them: data frames are named by them
+            return False
         if isinstance(msg, (Attached, RunUpdate)):
             self.hand_away_since = msg.hand_away_since
         if isinstance(msg, Attached):

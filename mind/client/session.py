@@ -29,10 +29,10 @@ from collections.abc import Callable
 from typing import Any
 
 from mind.errors import ClientCode, ClientError
-from protocol import limits
+from protocol import frames, limits
 from protocol.auth import ClientHandshake, Credential
 from protocol.codes import ErrorCode
-from protocol.envelope import Channel, Envelope
+from protocol.envelope import Channel, Envelope, MakeChunk, chunk_model
 from protocol.envelope import decode as decode_envelope
 from protocol.errors import ProtocolError
 from protocol.ids import new_id
@@ -158,6 +158,7 @@ class ClientSession:
         *,
         decode: Callable[[object], Envelope[Any]] = decode_envelope,
         handshake: type[ClientHandshake] = ClientHandshake,
+        chunk: MakeChunk = chunk_model,
     ) -> None:
         """The `hello` is ready to send at once (`data_to_send`). Raises `ClientError` for a
         credential no client may use, before anything is sent."""
@@ -172,6 +173,9 @@ class ClientSession:
         self.ping_interval_s: float | None = None
         self.error: ClientError | None = None  # set once the session is over
         self._decode = decode
+        self._chunk = chunk
+        """How a received data frame becomes the run's `stream_data` event (the model, or the fast
+        path's `Msg`)."""
         self._hs = handshake(credential, nonce)
         self._channel = Channel(max_out=limits.CLIENT_MAX_FRAME_BYTES)
         self._out: list[bytes] = [self._channel.stamp(self._hs.hello())]
@@ -209,6 +213,10 @@ class ClientSession:
         cannot be sent (too large: nothing is queued and no sequence number is spent)."""
         self._require_open()
         try:
+            if msg.TYPE == "stream_data":  # a data frame; none for a run that has ended (dropped)
+                if (frame := self._channel.stamp_chunk(msg)) is not None:
+                    self._out.append(frame)
+                return
             self._out.append(self._channel.stamp(msg, id))
         except ProtocolError as exc:
             raise ClientError(exc.code, exc.message) from None
@@ -251,10 +259,24 @@ class ClientSession:
         if self.state == CLOSED:
             return []
         try:
+            if frames.is_frame(data):  # a run's bytes (DESIGN §11b): no seq, named by its stream number
+                chunk = self._channel.receive_chunk(data, self._chunk)  # type: ignore[arg-type]
+                if chunk is None or self.state != OPEN:
+                    return []
+                waiting = self._waiting.get(chunk.id) if chunk.id is not None else None
+                return self._run_event(chunk.id, waiting, chunk.msg) if waiting is not None else []  # type: ignore[arg-type]
             env = self._decode(data)
         except ProtocolError as exc:
             return self._bad_frame(exc)
         return self.receive_frame(env)
+
+    def chunk(self, data: object) -> Envelope[Any] | None:
+        """A data frame as its run's `stream_data` under the run's envelope id, for a shell that
+        routes a run's messages itself (`MindClient`); None: a stream that has died, or before the
+        session is open. `ProtocolError` for a bad frame (then `receive_data` ends the session)."""
+        if self.state != OPEN:
+            raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, "a data frame before the handshake ended")
+        return self._channel.receive_chunk(data, self._chunk)  # type: ignore[arg-type]
 
     def receive_frame(self, env: Envelope[Any]) -> list[Event]:
         """One decoded frame (what `receive_data` does after decoding)."""
@@ -267,6 +289,8 @@ class ClientSession:
         if self.state != OPEN:
             return self._handshake(env.msg)
         msg = env.msg
+        if msg.TYPE == "stream_numbers":  # the channel took them: the run's data frames name streams by them
+            return []
         if env.id is None:  # about the connection
             if msg.TYPE == "error":
                 self._reason = ClientError(msg.code, msg.message)

@@ -27,7 +27,6 @@ from mind.client.wire_gen import (
     proof,
     resize,
     stream_ack,
-    stream_data,
 )
 from protocol.auth import ClientHandshake
 from protocol.codes import ErrorCode
@@ -42,6 +41,7 @@ __all__ = [
     "Msg",
     "attach",
     "cancel_run",
+    "chunk",
     "detach",
     "decode",
     "exec_",
@@ -51,6 +51,20 @@ __all__ = [
     "stream_ack",
     "stream_data",
 ]
+
+
+def stream_data(run_id: str, stream: str, offset: int, data: bytes = b"", eof: bool = False) -> Msg:
+    """A chunk to send: not an envelope but a data frame (`protocol/frames.py`), which
+    `Channel.stamp` builds from these fields under the stream's number on the connection."""
+    return Msg("stream_data", {"run_id": run_id, "stream": stream, "offset": offset, "data": data, "eof": eof})
+
+
+def chunk(run_id: str, stream: str, offset: int, payload: memoryview, eof: bool) -> Msg:
+    """A received data frame as the run's `stream_data` event (the header was checked by
+    `protocol.frames.decode`; the names are the connection's own, from `stream_numbers`)."""
+    return Msg(
+        "stream_data", {"run_id": run_id, "stream": stream, "offset": offset, "data": bytes(payload), "eof": eof}
+    )
 
 
 def decode(data: object) -> Envelope[Any]:

@@ -36,7 +36,6 @@ _PATTERN_0 = re.compile("^[0-9a-f]{64}$")
 # a digest of the body of each model validator a twin in `checks.RULES` mirrors: a change fails --check
 VALIDATORS = {
     "RunEnd._terminal": "ad5994364ed404261f237227d31f00d46bdf717e2c75d5761ebd68d3531704c4",
-    "StreamData._not_empty": "023360c59d1f7498a89c47c87c45419d450d3f3cab9d487dad01ef9ea0c661cf",
     "StreamPosition._ordered": "6ae78d9a6f16d8b87540af430bb0cc777c547464ed118699a43b663489c33125",
 }
 
@@ -89,16 +88,15 @@ RUN_OUTPUT = model(
     },
 )
 
-STREAM_DATA = model(
-    "stream_data",
+STREAM_NUMBERS = model(
+    "stream_numbers",
     {
         "run_id": (strict_str(pattern=limits.ID_RE), REQUIRED),
-        "stream": (literal("stdin", "stdout", "stderr", "pty"), REQUIRED),
-        "offset": (strict_int(ge=0), REQUIRED),
-        "data": (strict_bytes(max_len=262144), b""),
-        "eof": (strict_bool, False),
+        "stdin": (optional(strict_int(ge=1, le=4294967295)), None),
+        "stdout": (optional(strict_int(ge=1, le=4294967295)), None),
+        "stderr": (optional(strict_int(ge=1, le=4294967295)), None),
+        "pty": (optional(strict_int(ge=1, le=4294967295)), None),
     },
-    rule=RULES["StreamData._not_empty"],
 )
 
 STREAM_ACK = model(
@@ -205,7 +203,7 @@ INBOUND = {
     "error": ERROR,
     "run_update": RUN_UPDATE,
     "run_output": RUN_OUTPUT,
-    "stream_data": STREAM_DATA,
+    "stream_numbers": STREAM_NUMBERS,
     "stream_ack": STREAM_ACK,
     "run_end": RUN_END,
     "cancel_run_result": CANCEL_RUN_RESULT,
@@ -286,27 +284,6 @@ def cancel_run(
         "cancel_run",
         {
             "run_id": run_id,
-        },
-    )
-
-
-def stream_data(
-    *,
-    run_id: Any,
-    stream: Any,
-    offset: Any,
-    data: Any = b"",
-    eof: Any = False,
-) -> Msg:
-    """`stream_data`, as `protocol.messages.StreamData(...).model_dump()` holds it."""
-    return Msg(
-        "stream_data",
-        {
-            "run_id": run_id,
-            "stream": stream,
-            "offset": offset,
-            "data": data,
-            "eof": eof,
         },
     )
 

@@ -246,13 +246,17 @@ class WsClient:
                 self._events.append((PONG, payload))
 
     def _data(self, op: int, payload: bytes, fin: bool) -> None:
-        if op != OP_CONT:
-            self._frag_op = op
-        self._frag += payload
-        if not fin:
-            return
-        data, kind = bytes(self._frag), self._frag_op
-        self._frag_op, self._frag = None, bytearray()
+        kind: int | None
+        if fin and op != OP_CONT:  # a whole message in one frame (the Mind never fragments): as it is
+            data, kind = payload, op
+        else:
+            if op != OP_CONT:
+                self._frag_op = op
+            self._frag += payload
+            if not fin:
+                return
+            data, kind = bytes(self._frag), self._frag_op
+            self._frag_op, self._frag = None, bytearray()
         if kind == OP_TEXT:
             try:
                 self._events.append((MESSAGE, data.decode()))

@@ -29,6 +29,8 @@ from typing import Any
 
 from mind.core.runs import (
     Action,
+    FrameToClient,
+    FrameToHand,
     Log,
     PersistEnding,
     Run,
@@ -42,6 +44,7 @@ from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, CancelStatus, ErrorCode, RejectCode
 from protocol.digest import args_digest
 from protocol.errors import ProtocolError
+from protocol.frames import OUTPUT_STREAMS, Numbers
 from protocol.messages import (
     OUTCOME_FIELDS,
     RESUME_WINDOW_MAX_S,
@@ -63,7 +66,7 @@ from protocol.messages import (
     RunsPresent,
     RunUpdate,
     StreamAck,
-    StreamData,
+    StreamNumbers,
     StreamPosition,
     StreamResume,
 )
@@ -122,6 +125,10 @@ class RunRegistry:
         presented by its Hand: an attach to it is told to wait, not that the run is unknown."""
         self.late_inputs = 0
         self.foreign_inputs = 0
+        self._numbers: dict[tuple[str, ...], Numbers] = {}
+        """Each connection's stream numbers (DESIGN §11b), by ("h", hand, gen) or ("c", client):
+        given when a run's streams are bound to the connection, dead with the run or the
+        connection. A data frame names its stream only by them."""
 
     # --- queries ---
 
@@ -197,6 +204,7 @@ class RunRegistry:
         run.end = kept
         run.value_not_retained = end.value is not None
         run.relays = {}  # nothing flows after the end: history keeps no stream state
+        self._unbind(run)
         run.ended_at = now
         run.ended_wall = wall
         self._active.pop(run.run_id, None)
@@ -312,6 +320,7 @@ class RunRegistry:
         ]
         admitted: list[Action] = []
         if run.client is not None:
+            admitted += self._bind_client(run)
             admitted.append(SendToClient(run.client, req_id, RunUpdate(run_id=run_id, hand=run.hand, state=run.state)))
         if refusal is not None:
             code, why = refusal
@@ -327,6 +336,7 @@ class RunRegistry:
         run.gen = hand_gen
         self._newest_gen[run.hand] = max(hand_gen, self._newest_gen.get(run.hand, 0))
         moved = self._move(run, RunState.SENT)
+        acts += self._bind_hand(run)
         acts.append(
             SendToHand(
                 run.hand,
@@ -375,25 +385,116 @@ class RunRegistry:
 
     # --- streams (DESIGN §11): data, not state; never droppable; never move a state ---------------
 
-    def on_hand_stream(self, msg: StreamData | StreamAck, hand: str, gen: int) -> list[Action]:
-        """Output chunks and stdin acknowledgements from the Hand the run was sent to, on that
-        generation, to the attached client. A chunk beyond its window or out of order is refused
-        (logged, not forwarded): the client then sees the gap and says which bytes are missing."""
+    def _bind_hand(self, run: Run) -> list[Action]:
+        """Numbers for the run's streams on its Hand's connection, announced before anything that
+        lets the Hand use them (the `rpc`, a re-bind's `stream_resume`)."""
+        if not run.relays or run.gen is None:
+            return []
+        table = self._numbers.setdefault(("h", run.hand, str(run.gen)), Numbers())
+        numbers = table.assign(run.run_id, run.relays)
+        return [SendToHand(run.hand, run.gen, StreamNumbers(run_id=run.run_id, **numbers))]
+
+    def _bind_client(self, run: Run) -> list[Action]:
+        """Numbers for the run's streams on its client's connection, announced under the run's
+        request id before its first `run_update` or its `attached`."""
+        if not run.relays or run.client is None:
+            return []
+        table = self._numbers.setdefault(("c", run.client), Numbers())
+        numbers = table.assign(run.run_id, run.relays, run.req_id)
+        return [SendToClient(run.client, run.req_id, StreamNumbers(run_id=run.run_id, **numbers))]
+
+    def _unbind_client(self, run: Run) -> None:
+        if run.client is not None and (table := self._numbers.get(("c", run.client))) is not None:
+            table.drop_run(run.run_id)
+
+    def _unbind(self, run: Run) -> None:
+        self._unbind_client(run)
+        if run.gen is not None and (table := self._numbers.get(("h", run.hand, str(run.gen)))) is not None:
+            table.drop_run(run.run_id)
+
+    def stream_number(self, conn: tuple[str, ...], run_id: str, stream: str) -> int | None:
+        """The number of `stream` of `run_id` on connection `conn` (("h", hand, str(gen)) or
+        ("c", client)), if it has one: what the simulation's ends would have learnt from
+        `stream_numbers`."""
+        table = self._numbers.get(conn)
+        return table.number(run_id, stream) if table is not None else None
+
+    @staticmethod
+    def _entry(table: Numbers | None, number: int, who: str) -> Any:
+        if table is None:
+            raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"stream number {number} was never given to this {who}")
+        return table.lookup(number)
+
+    def on_hand_frame(
+        self, hand: str, gen: int, number: int, offset: int, eof: bool, payload: memoryview | bytes
+    ) -> list[Action]:
+        """An output chunk from the Hand, as its data frame's header says (DESIGN §11b). The header
+        is checked against the stream's `Relay` (window, contiguity) and the Hand's right to the
+        stream (its number was given on this connection, for an output stream); the payload goes
+        on to the attached client as it came. A number never given, or a stream the Hand does not
+        send, is a `ProtocolError` (the connection ends, as for a malformed envelope); a number of a
+        run that has ended is a late frame, dropped; a chunk beyond its window or out of order is
+        refused (logged, not forwarded) as before: the client then sees the gap and says which
+        bytes are missing, and after a resume the resend fills it."""
+        entry = self._entry(self._numbers.get(("h", hand, str(gen))), number, "hand connection")
+        if entry is None:
+            return []
+        if entry.stream not in OUTPUT_STREAMS:
+            raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"a hand may not send on the {entry.stream} stream")
+        run = self._runs.get(entry.run_id)
+        if run is None or run.hand != hand or run.gen != gen or run.terminal or run.client is None:
+            return []
+        relay = run.relays.get(entry.stream)
+        target = self._numbers.get(("c", run.client))
+        to = target.number(run.run_id, entry.stream) if target is not None else None
+        if relay is None or to is None:
+            return [self._log("stream_unknown", run, stream=entry.stream)]
+        try:
+            if not relay.on_data(offset, len(payload), eof):
+                return []  # sent before the sender heard of a resume, and sent again: once is enough
+        except ProtocolError as exc:
+            return [self._log("stream_refused", run, stream=entry.stream, why=exc.message)]
+        return [FrameToClient(run.client, to, offset, eof, payload, run.run_id, entry.stream)]
+
+    def on_client_frame(
+        self, client: str, number: int, offset: int, eof: bool, payload: memoryview | bytes
+    ) -> list[Action]:
+        """A stdin chunk from the attached client, as its data frame's header says: the rules of
+        `on_hand_frame` the other way. While the Hand is away nothing reaches it and stdin is not
+        counted (the client keeps it and resends from the Hand's resume point)."""
+        entry = self._entry(self._numbers.get(("c", client)), number, "client connection")
+        if entry is None:
+            return []
+        if entry.stream != "stdin":
+            raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"a client may not send on the {entry.stream} stream")
+        run = self._runs.get(entry.run_id)
+        if run is None or run.client != client or run.terminal or run.gen is None or run.hand_away_since is not None:
+            return []
+        relay = run.relays.get("stdin")
+        target = self._numbers.get(("h", run.hand, str(run.gen)))
+        to = target.number(run.run_id, "stdin") if target is not None else None
+        if relay is None or to is None:
+            return [self._log("stream_unknown", run, stream="stdin")]
+        try:
+            if not relay.on_data(offset, len(payload), eof):
+                return []
+        except ProtocolError as exc:
+            return [self._log("stream_refused", run, stream="stdin", why=exc.message)]
+        return [FrameToHand(run.hand, run.gen, to, offset, eof, payload, run.run_id, "stdin")]
+
+    def on_hand_stream(self, msg: StreamAck, hand: str, gen: int) -> list[Action]:
+        """stdin acknowledgements from the Hand the run was sent to, on that generation, to the
+        attached client (acknowledgements stay envelopes: one per quarter window)."""
         run = self._runs.get(msg.run_id)
         if run is None or run.hand != hand or run.gen != gen or run.terminal or run.client is None:
             return []
-        if (
-            isinstance(msg, StreamData)
-            and msg.stream == "stdin"
-            or isinstance(msg, StreamAck)
-            and msg.stream != "stdin"
-        ):
+        if msg.stream != "stdin":
             return [self._log("stream_wrong_direction", run, stream=msg.stream, what=msg.TYPE)]
         return self._relay(run, msg, SendToClient(run.client, run.req_id, msg))
 
-    def on_client_stream(self, msg: StreamData | StreamAck | Resize, client: str) -> list[Action]:
-        """stdin chunks, output acknowledgements and terminal resizes from the attached client, to
-        the Hand the run was sent to (a client may only feed its own run)."""
+    def on_client_stream(self, msg: StreamAck | Resize, client: str) -> list[Action]:
+        """Output acknowledgements and terminal resizes from the attached client, to the Hand the
+        run was sent to (a client may only feed its own run)."""
         run = self._runs.get(msg.run_id)
         if run is None or run.client != client or run.terminal or run.gen is None:
             return []
@@ -402,23 +503,17 @@ class RunRegistry:
         forward = SendToHand(run.hand, run.gen, msg)
         if isinstance(msg, Resize):
             return [forward] if "pty" in run.relays else []
-        if (
-            isinstance(msg, StreamData)
-            and msg.stream != "stdin"
-            or isinstance(msg, StreamAck)
-            and msg.stream == "stdin"
-        ):
+        if msg.stream == "stdin":
             return [self._log("stream_wrong_direction", run, stream=msg.stream, what=msg.TYPE)]
         return self._relay(run, msg, forward)
 
-    def _while_hand_away(self, run: Run, msg: StreamData | StreamAck | Resize) -> list[Action]:
-        """Nothing reaches an absent Hand. stdin is not counted (the client keeps it and resends
-        from the Hand's resume point); an acknowledgement of output is counted (the Hand learns it
-        in its `stream_resume`); the last resize waits for the Hand."""
+    def _while_hand_away(self, run: Run, msg: StreamAck | Resize) -> list[Action]:
+        """Nothing reaches an absent Hand. An acknowledgement of output is counted (the Hand learns
+        it in its `stream_resume`); the last resize waits for the Hand."""
         if isinstance(msg, Resize):
             if "pty" in run.relays:
                 run.pending_resize = msg
-        elif isinstance(msg, StreamAck) and msg.stream != "stdin":
+        elif msg.stream != "stdin":
             relay = run.relays.get(msg.stream)
             if relay is not None:
                 try:
@@ -427,15 +522,12 @@ class RunRegistry:
                     return [self._log("stream_refused", run, stream=msg.stream, why=exc.message)]
         return []
 
-    def _relay(self, run: Run, msg: StreamData | StreamAck, forward: Action) -> list[Action]:
+    def _relay(self, run: Run, msg: StreamAck, forward: Action) -> list[Action]:
         relay = run.relays.get(msg.stream)
         if relay is None:
             return [self._log("stream_unknown", run, stream=msg.stream)]
         try:
-            if isinstance(msg, StreamData):
-                if not relay.on_data(msg.offset, len(msg.data), msg.eof):
-                    return []  # sent before the sender heard of a resume, and sent again: once is enough
-            elif not relay.on_ack(msg.offset) and not msg.closed:
+            if not relay.on_ack(msg.offset) and not msg.closed:
                 return []  # nothing new for the sender
         except ProtocolError as exc:
             return [self._log("stream_refused", run, stream=msg.stream, why=exc.message)]
@@ -525,6 +617,7 @@ class RunRegistry:
         With a resume window a foreground run waits for the Hand instead (it keeps its runs that
         long and presents them when it is back); the start run of a task does not (the task's own
         reconciliation tells what became of it)."""
+        self._numbers.pop(("h", hand, str(gen)), None)
         acts: list[Action] = []
         for run in list(self._active.values()):
             if run.hand != hand or run.gen != gen:
@@ -630,7 +723,8 @@ class RunRegistry:
         return [
             self._log(
                 "run_adopted", run, owner=p.owner, state=run.state.value, result_pending=p.result_pending, to_gen=gen
-            )
+            ),
+            *self._bind_hand(run),
         ]
 
     def restore(
@@ -698,9 +792,15 @@ class RunRegistry:
         self, run: Run, gen: int, started: bool, streams: list[StreamPosition], now: float, wall: float
     ) -> list[Action]:
         old_gen = run.gen
+        if old_gen is not None and (old := self._numbers.get(("h", run.hand, str(old_gen)))) is not None:
+            old.drop_run(run.run_id)
         run.gen = gen
         run.hand_away_since = run.hand_away_wall = None
-        acts: list[Action] = [self._log("run_rebound", run, from_gen=old_gen), *self._tell_away(run)]
+        acts: list[Action] = [
+            self._log("run_rebound", run, from_gen=old_gen),
+            *self._tell_away(run),
+            *self._bind_hand(run),
+        ]
         if run.state is RunState.SENT:  # the Hand holds it: it was accepted, the answer was cut
             acts += self._move(run, RunState.ACCEPTED)
         if started and run.state is RunState.ACCEPTED:
@@ -803,9 +903,11 @@ class RunRegistry:
         if run.client is not None and run.client != client:
             acts.append(SendToClient(run.client, run.req_id, Replaced(run_id=run_id)))
             acts.append(self._log("run_attach_replaced", run, previous=run.client, client=client))
+        self._unbind_client(run)
         run.client, run.req_id = client, req_id
         run.client_away_since = run.client_away_wall = run.keep_until = None
         acts.append(self._log("run_attached", run, client=client))
+        acts += self._bind_client(run)
         if run.hand_away_since is None and run.gen is not None:
             acts += [SendToHand(run.hand, run.gen, r) for r in resumes]
         attached = Attached(
@@ -828,6 +930,7 @@ class RunRegistry:
             why = "this mind keeps no unattended runs (its resume window is 0): ask for a keep time"
             return [SendToClient(client, req_id, Error(code=ErrorCode.NOT_ALLOWED, message=why))]
         acts: list[Action] = [SendToClient(client, req_id, Detached(run_id=run_id, keep_s=keep))]
+        self._unbind_client(run)
         run.client = None
         run.client_away_since, run.client_away_wall = now, wall
         run.keep_until = now + keep
@@ -852,6 +955,7 @@ class RunRegistry:
     def on_client_gone(self, client: str, now: float, wall: float) -> list[Action]:
         """The client's connection ended. Without a window its runs are cancelled (nobody waits for
         them); with one they are left unattended for the window, for their owner to re-attach."""
+        self._numbers.pop(("c", client), None)
         acts: list[Action] = []
         for run in list(self._active.values()):
             if run.client != client:

@@ -36,6 +36,36 @@ class SendToClient:
 
 
 @dataclass(frozen=True)
+class FrameToHand:
+    """A data frame to relay to the Hand (DESIGN §11b): the header fields, renumbered for the
+    Hand's connection, and the payload as the buffer the client's frame arrived in, untouched
+    (the Mind never decodes, validates or re-encodes stream bytes). `run_id` and `stream` name
+    it for logs and the simulation only."""
+
+    hand: str
+    gen: int
+    number: int
+    offset: int
+    eof: bool
+    payload: memoryview | bytes
+    run_id: str = ""
+    stream: str = ""
+
+
+@dataclass(frozen=True)
+class FrameToClient:
+    """A data frame to relay to the attached client (see `FrameToHand`)."""
+
+    client: str
+    number: int
+    offset: int
+    eof: bool
+    payload: memoryview | bytes
+    run_id: str = ""
+    stream: str = ""
+
+
+@dataclass(frozen=True)
 class Log:
     event: str
     fields: dict[str, Any]
@@ -68,7 +98,7 @@ class StartEnded:
     end: RunEnd
 
 
-Action = SendToHand | SendToClient | Log | StartEnded | PersistEnding
+Action = SendToHand | SendToClient | FrameToHand | FrameToClient | Log | StartEnded | PersistEnding
 
 
 def relays_for(req: Exec) -> dict[str, Relay]:

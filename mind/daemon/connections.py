@@ -26,9 +26,10 @@ from mind.daemon.host import Host
 from mind.daemon.peer import CLOSE_INTERNAL, CLOSE_PROTOCOL, CLOSE_REPLACED, Peer, close_quietly
 from mind.daemon.taskservice import TaskService
 from mind.store.api import StoreUnavailable
+from protocol import frames
 from protocol.codes import ErrorCode
 from protocol.errors import ProtocolError
-from protocol.messages import Error, Message, StreamAck, StreamData
+from protocol.messages import Error, Message, StreamAck
 
 log = structlog.get_logger(component="mind")
 
@@ -174,10 +175,17 @@ class Connections:
                     self.mind.large_frames = True
                 env = None
                 try:
+                    if frames.is_frame(data):  # stream bytes: routed on the header, never decoded
+                        self.dispatch.on_frame(peer, data)
+                        if peer.rate is not None and (wait := peer.rate.take(len(data), time.monotonic(), True)) > 0:
+                            await asyncio.sleep(wait)
+                        del data
+                        continue
                     env = channel.receive(data)
+                    assert env is not None
                     on_message(peer, env.id, env.msg)
                     if peer.rate is not None:  # a client: its rate, and its requests in flight (issue 23)
-                        stream = isinstance(env.msg, (StreamData, StreamAck))
+                        stream = isinstance(env.msg, StreamAck)
                         if (wait := peer.rate.take(len(data), time.monotonic(), stream)) > 0:
                             await asyncio.sleep(wait)  # over its rate: the client waits, its socket unread
                         await peer.wait_for_room(CLIENT_REQUESTS_IN_FLIGHT)

@@ -20,7 +20,7 @@ from mind.daemon.host import Host
 from mind.daemon.peer import INTERNAL_ERROR, Peer
 from mind.daemon.taskservice import TaskService
 from mind.daemon.views import Views
-from protocol import limits
+from protocol import frames, limits
 from protocol.codes import CancelReason, ErrorCode, RejectCode
 from protocol.envelope import Envelope
 from protocol.errors import ProtocolError
@@ -50,7 +50,6 @@ from protocol.messages import (
     SelectHands,
     Started,
     StreamAck,
-    StreamData,
     TaskCancelRequest,
     TaskCancelResult,
     TaskGet,
@@ -86,7 +85,7 @@ class Dispatch:
         r = m.registry
         if isinstance(msg, Progress):
             acts = r.on_progress(msg, label, gen)
-        elif isinstance(msg, (StreamData, StreamAck)):
+        elif isinstance(msg, StreamAck):
             acts = r.on_hand_stream(msg, label, gen)
         elif isinstance(msg, Accepted):
             acts = r.on_accepted(msg.run_id, label, gen, now)
@@ -116,11 +115,26 @@ class Dispatch:
             raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, f"a hand may not send {msg.TYPE} here")
         m.perform(acts)
 
+    # --- data frames (DESIGN §11b) ---
+
+    def on_frame(self, peer: Peer, data: bytes | str) -> None:
+        """A data frame from a Hand or a client: its header is read and checked by the registry
+        against the stream's relay; the payload is forwarded as the `memoryview` of the received
+        buffer, never decoded or copied into a message. `ProtocolError` ends the connection."""
+        number, offset, eof, payload = frames.decode(data)  # type: ignore[arg-type]
+        r = self.mind.registry
+        if peer.ident.role == "hand":
+            acts = r.on_hand_frame(peer.ident.label, peer.gen, number, offset, eof, payload)
+        else:
+            acts = r.on_client_frame(peer.conn_id, number, offset, eof, payload)
+        if acts:
+            self.mind.perform(acts)
+
     # --- clients ---
 
     def on_client_message(self, peer: Peer, id_: str | None, msg: Message) -> None:
         m = self.mind
-        if isinstance(msg, (StreamData, StreamAck, Resize)):  # a run's bytes, not a request: no answer
+        if isinstance(msg, (StreamAck, Resize)):  # about a run's bytes, not a request: no answer
             m.perform(m.registry.on_client_stream(msg, peer.conn_id))
             return
         if id_ is None:

@@ -25,6 +25,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from mind.core.budgets import OutboxBound
+from protocol import frames as data_frames
 from protocol.codes import ErrorCode
 from protocol.envelope import Channel
 from protocol.errors import ProtocolError
@@ -52,7 +53,7 @@ class Outbox:
         requests and a Hand ends the connection on an `error`."""
         self._ws = ws
         self._channel = channel
-        self._q: deque[tuple[Message, str | None, int]] = deque()
+        self._q: deque[tuple[Message | _Frame, str | None, int]] = deque()
         self._wake = asyncio.Event()
         self._closed = False
         self._limit = droppable_limit
@@ -81,6 +82,18 @@ class Outbox:
             self._overflow()
             return
         self._q.append((msg, id, carried))
+        self.drained.clear()
+        self._wake.set()
+
+    def put_frame(self, number: int, offset: int, eof: bool, payload: memoryview | bytes) -> None:
+        """A data frame to relay (DESIGN §11b): its header is built here, its payload is written as
+        the buffer it came in. Never droppable; counted in the queue's bound like any chunk."""
+        if self._closed:
+            return
+        if not self.bound.add(len(payload)):
+            self._overflow()
+            return
+        self._q.append((_Frame(data_frames.header(number, offset, eof), payload), None, len(payload)))
         self.drained.clear()
         self._wake.set()
 
@@ -122,10 +135,13 @@ class Outbox:
         try:
             while True:
                 while self._q:
-                    frames: list[bytes] = []
+                    frames: list[bytes | tuple[bytes, memoryview | bytes]] = []
                     while self._q and len(frames) < MAX_BATCH:
                         msg, id_, carried = self._q.popleft()
                         self.bound.sent(carried)
+                        if isinstance(msg, _Frame):
+                            frames.append((msg.head, msg.payload))
+                            continue
                         frame = self._stamp(msg, id_)
                         if frame is not None:
                             frames.append(frame)
@@ -138,6 +154,16 @@ class Outbox:
         except ConnectionClosed:
             self._closed = True
             self.drained.set()
+
+
+class _Frame:
+    """A queued data frame: its header and the payload as received."""
+
+    __slots__ = ("head", "payload")
+
+    def __init__(self, head: bytes, payload: memoryview | bytes) -> None:
+        self.head = head
+        self.payload = payload
 
 
 LISTED_ITEM_BYTES = 512

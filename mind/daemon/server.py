@@ -30,6 +30,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from mind import home as paths
 from mind.core.admission import Denial, denial_message
 from mind.core.registry import Action, Log, PersistEnding, RunRegistry, SendToClient, SendToHand, StartEnded
+from mind.core.runs import FrameToClient, FrameToHand
 from mind.daemon import heap, http
 from mind.daemon.connections import Connections
 from mind.daemon.dispatch import Dispatch
@@ -572,6 +573,15 @@ class Mind:
             peer = self.clients.get(a.client)
             if peer is not None:
                 peer.outbox.put(a.msg, a.req_id, droppable=a.droppable)
+        elif isinstance(a, FrameToClient):
+            peer = self.clients.get(a.client)
+            if peer is not None:
+                peer.outbox.put_frame(a.number, a.offset, a.eof, a.payload)
+        elif isinstance(a, FrameToHand):
+            peer = self.hands.get(a.hand)
+            if peer is not None and peer.gen == a.gen:
+                self.acks.release(peer)
+                peer.outbox.put_frame(a.number, a.offset, a.eof, a.payload)
         elif isinstance(a, StartEnded):
             self.spawn(self.tasks.start_ended(a))
         elif isinstance(a, Log):

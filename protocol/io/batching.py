@@ -15,7 +15,14 @@ hands bytes to its transport.
 
 from __future__ import annotations
 
+import struct
 from typing import Any
+
+Parts = tuple[bytes, "bytes | memoryview"]
+"""A data frame as its header and its payload, written as two buffers (DESIGN §11b): the Mind
+relays a payload as the buffer it received, never joined to its header in a new object."""
+
+Frame = "bytes | Parts"
 
 MAX_BATCH = 64
 """Frames written together at most: a long queue still yields to the loop between batches."""
@@ -42,13 +49,45 @@ class BatchedWrites:
             else:
                 self.transport.close()
 
-    async def send_many(self, frames: list[bytes]) -> None:
+    async def send_many(self, frames: list[Any]) -> None:
         async with self.send_context():  # type: ignore[attr-defined]
             for frame in frames:
-                self.protocol.send_binary(frame)
+                if isinstance(frame, tuple):
+                    self._send_parts(frame)
+                else:
+                    self.protocol.send_binary(frame)
+
+    def _send_parts(self, parts: Parts) -> None:
+        """One binary message of `header + payload`, framed here so the payload reaches the
+        transport as the buffer it is (websockets would copy it into a new frame). Only for a
+        server's unmasked frames on an open connection without extensions (we never negotiate
+        compression); anything else goes through websockets' own framing."""
+        proto = self.protocol
+        head, payload = parts
+        writes = getattr(proto, "writes", None)
+        if (
+            writes is None
+            or getattr(proto, "side", None) is None
+            or proto.side.name != "SERVER"
+            or proto.state.name != "OPEN"
+            or getattr(proto, "extensions", None)
+            or getattr(proto, "expect_continuation_frame", True)
+            or not payload
+        ):
+            proto.send_binary(head + bytes(payload))
+            return
+        size = len(head) + len(payload)
+        if size < 126:
+            ws_head = struct.pack("!BB", 0x82, size)
+        elif size < 65536:
+            ws_head = struct.pack("!BBH", 0x82, 126, size)
+        else:
+            ws_head = struct.pack("!BBQ", 0x82, 127, size)
+        writes.append(ws_head + head)
+        writes.append(payload)
 
 
-async def write_frames(ws: Any, frames: list[bytes]) -> None:
+async def write_frames(ws: Any, frames: list[Any]) -> None:
     """The one frame writer of both shells (the Mind's outbox, the Hand's wire): frames queued
     together go under one `send_context` when the connection batches (`BatchedWrites`), else one
     `send` each. Either way in order; `ConnectionClosed` reaches the caller, who owns the queue."""
@@ -56,4 +95,10 @@ async def write_frames(ws: Any, frames: list[bytes]) -> None:
         await ws.send_many(frames)
         return
     for frame in frames:
-        await ws.send(frame)
+        if isinstance(frame, tuple):
+            if isinstance(ws, BatchedWrites):
+                await ws.send_many([frame])
+            else:
+                await ws.send(frame[0] + bytes(frame[1]))
+        else:
+            await ws.send(frame)

@@ -14,11 +14,14 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from benchlib.core import PY, Ctx, Row, med, ms, ratio, rss_mib, spread, throughput_row, verdict
 from benchlib.figures import basic, figure, flat, relay_p50, sshd
+from protocol import limits
 
 MIND = str(Path(PY).parent / "mind")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _data_file(ctx: Ctx, size: int) -> Path:
@@ -45,15 +48,74 @@ def _shell_time(cmd: str, env: dict[str, str], timeout: float = 600) -> float:
     return dt
 
 
-@figure("streams", "stdout and stdin throughput of `mind exec` against ssh, 1 GiB (quick: 64 MiB)")
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used so far, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _mind_exec(argv: list[str], env: dict[str, str], stdin: Path | None, timeout: float = 600) -> tuple[float, float]:
+    """Wall seconds and CPU seconds of one `mind exec` (our direct child, its stdout to /dev/null,
+    stdin from a file or /dev/null); it must exit 0. The CPU comes from wait4's rusage, so it is the
+    CLI's own, not a shell's or a `cat`'s."""
+    with open(stdin or os.devnull, "rb") as src, open(os.devnull, "wb") as sink:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(argv, env=env, stdin=src, stdout=sink, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                p.kill()
+                raise RuntimeError(f"mind exec did not end within {timeout:.0f} s")
+            time.sleep(0.005)
+        dt = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        err = p.stderr.read() if p.stderr is not None else b""
+    if p.returncode != 0:
+        raise RuntimeError(f"mind exec exited {p.returncode}: {err.decode(errors='replace')[-300:]}")
+    return dt, usage.ru_utime + usage.ru_stime
+
+
+def tls_cluster(ctx: Ctx):
+    """A Mind serving `wss://` (a certificate from scripts/mkcerts) and a Hand `bench` pinning it:
+    the fair comparison with ssh, which always encrypts. The local CLI pins the Mind's own
+    certificate by itself."""
+    if "tls" not in ctx.shared:
+        certs = ctx.dir("certs")
+        out = subprocess.run(
+            [str(ROOT / "scripts" / "mkcerts"), str(certs)], capture_output=True, text=True, check=True
+        ).stdout
+        pin = next(ln.split()[-1] for ln in out.splitlines() if ln.startswith("pin:"))
+        cl = ctx.cluster("tls")
+        cl.start_mind("--tls-cert", str(certs / "mind.crt"), "--tls-key", str(certs / "mind.key"))
+        cl.start_hand("bench", "--pin", pin)
+        cl.wait_connected("bench")
+        ctx.shared["tls"] = cl
+    return ctx.shared["tls"]
+
+
+@figure("streams", "stdout and stdin throughput of `mind exec` against ssh, plain and wss://, 1 GiB (quick: 64 MiB)")
 def fig_streams(ctx: Ctx) -> list[Row]:
-    cl = basic(ctx)
+    rows = _streams(ctx, basic(ctx), "")
+    rows += _streams(ctx, tls_cluster(ctx), " wss://")
+    ctx.note(
+        "streams",
+        "CPU ns/byte: /proc/PID/stat utime+stime of the Mind and the Hand before and after each run "
+        "(the Hand's own, not its child's), the CLI's from wait4; the Hand's child (cat, sha256sum) not counted",
+    )
+    return rows
+
+
+def _streams(ctx: Ctx, cl: Any, variant: str) -> list[Row]:
     size = (64 << 20) if ctx.quick else (1 << 30)
     path = _data_file(ctx, size)
     env = dict(cl.env)
     q = shlex.quote
-    mind_out = f"{q(MIND)} exec --hand bench -- cat {q(path.name)} > /dev/null"
-    mind_in = f"cat {q(str(path))} | {q(MIND)} exec --hand bench -- sha256sum > /dev/null"
+    mind_out = [MIND, "exec", "--hand", "bench", "--", "cat", str(path)]
+    mind_in = [MIND, "exec", "--hand", "bench", "--", "sha256sum"]
     s = sshd(ctx)
     ssh = None if isinstance(s, str) else s
     ssh_out = ssh_in = None
@@ -61,17 +123,43 @@ def fig_streams(ctx: Ctx) -> list[Row]:
         argv = " ".join(q(a) for a in ssh.argv("cat", str(path)))
         ssh_out = f"{argv} > /dev/null"
         ssh_in = f"cat {q(str(path))} | {' '.join(q(a) for a in ssh.argv('sha256sum'))} > /dev/null"
+    assert cl.mind is not None
+    pids = {"Hand": cl.hands["bench"].pid, "Mind": cl.mind.pid}
     rows: list[Row] = []
-    for label, ours_cmd, ref_cmd in (("stdout", mind_out, ssh_out), ("stdin", mind_in, ssh_in)):
+    for label, ours_argv, stdin, ref_cmd in (
+        ("stdout", mind_out, None, ssh_out),
+        ("stdin", mind_in, path, ssh_in),
+    ):
         ours_r: list[float] = []
         ref_r: list[float] = []
+        ns: dict[str, list[float]] = {"Hand": [], "Mind": [], "CLI": []}
         for _ in range(ctx.rounds):
-            ours_r.append(size / _shell_time(ours_cmd, env) / 2**20)
+            before = {k: _cpu_s(pid) for k, pid in pids.items()}
+            wall, cli_cpu = _mind_exec(ours_argv, env, stdin)
+            for k, pid in pids.items():
+                ns[k].append((_cpu_s(pid) - before[k]) * 1e9 / size)
+            ns["CLI"].append(cli_cpu * 1e9 / size)
+            ours_r.append(size / wall / 2**20)
             if ref_cmd is not None and ssh is not None:
                 ref_r.append(size / _shell_time(ref_cmd, ssh.env) / 2**20)
-        what = f"{label} MiB/s, {size >> 20} MiB through mind exec"
+        what = f"{label}{variant} MiB/s, {size >> 20} MiB through mind exec"
         rows.append(throughput_row("streams", what, ours_r, ref_r, "ssh localhost, same file", ">= ssh"))
-    if ssh is None:
+        per = {k: med(v) for k, v in ns.items()}
+        total = sum(per.values())
+        rows.append(
+            Row(
+                "streams",
+                f"{label}{variant} CPU ns/byte: Hand / Mind / CLI (sum)",
+                f"{per['Hand']:.1f} / {per['Mind']:.1f} / {per['CLI']:.1f} ({total:.1f})",
+                "",
+                "",
+                "",
+                "",
+                "Mind <= 1.0; sum <= 4.5",
+                verdict(per["Mind"] <= 1.0 and total <= 4.5),
+            )
+        )
+    if ssh is None and not variant:
         ctx.note("streams", f"ssh reference n/a: {s}")
     return rows
 
@@ -107,7 +195,7 @@ def fig_slow_reader(ctx: Ctx) -> list[Row]:
     ctx.note(
         "slowreader",
         f"the client read {read / 1e6:.1f} MB in {seconds:.0f} s; the remote cat blocks on its pipe once the "
-        f"window (1 MiB per stream) is in flight; Mind idle RSS {idle:.1f} MiB, sampled every 50 ms",
+        f"window ({limits.STREAM_WINDOW >> 20} MiB per stream) is in flight; Mind idle RSS {idle:.1f} MiB, sampled every 50 ms",
     )
     return [
         Row(

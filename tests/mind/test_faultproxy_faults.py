@@ -476,3 +476,13 @@ async def _until(cond: Callable[[], object]) -> None:
         if cond():
             return
         await asyncio.sleep(0.01)
+
+
+def test_a_data_frame_is_named_stream_data_for_frame_rules() -> None:
+    """Stream bytes are data frames, not envelopes (protocol/frames.py): a rule still names them."""
+    from mind.testing.faultproxy.frames import message_type
+    from protocol import frames
+
+    assert message_type(frames.encode(7, 0, b"bytes", False)) == "stream_data"
+    assert message_type(b"\xc1") == "stream_data"  # a broken one too: the proxy forwards, never judges
+    assert message_type(b"not msgpack") == "?"

@@ -3,7 +3,14 @@ its earlier life persisted; a Hand presents the runs it kept, each with its owne
 registry adopts those it has no ending for, kills those it has, and gives each back to its owner
 only. The durable store round-trips what the registry needs (mind/store/endings.py)."""
 
-from mind.core.registry import MIND_DEADLINE_SLACK_S, PersistEnding, RunRegistry, SendToClient, SendToHand
+from mind.core.registry import (
+    MIND_DEADLINE_SLACK_S,
+    FrameToClient,
+    PersistEnding,
+    RunRegistry,
+    SendToClient,
+    SendToHand,
+)
 from mind.store.endings import Ending, EndingStore
 from protocol.codes import CancelReason, ErrorCode
 from protocol.messages import (
@@ -17,7 +24,7 @@ from protocol.messages import (
     ResultAck,
     RunEnd,
     RunsPresent,
-    StreamData,
+    StreamNumbers,
     StreamPosition,
     StreamResume,
     Streams,
@@ -29,11 +36,18 @@ WINDOW = 60.0
 
 
 def to_hand(acts):
-    return [a.msg for a in acts if isinstance(a, SendToHand)]
+    """What the Hand is told, but the stream numbers that come with every binding of a run."""
+    return [a.msg for a in acts if isinstance(a, SendToHand) and not isinstance(a.msg, StreamNumbers)]
 
 
 def to_client(acts, client=None):
-    return [a.msg for a in acts if isinstance(a, SendToClient) and (client is None or a.client == client)]
+    return [
+        a.msg
+        for a in acts
+        if isinstance(a, SendToClient)
+        and (client is None or a.client == client)
+        and not isinstance(a.msg, StreamNumbers)
+    ]
 
 
 def presented(run_id="r1", owner="alice", started=True, streams=(), spec=None, remaining_ms=30_000, **kw):
@@ -81,8 +95,10 @@ def test_a_presented_run_is_adopted_for_its_owner_with_its_deadline_and_streams(
     assert attached and {p.stream: (p.offset, p.consumed) for p in attached[0].streams}["stdin"] == (40, 40)
     assert StreamResume(run_id="r1", stream="stdout", offset=600, consumed=600) in to_hand(acts)
     # the resent bytes flow to the owner
-    data = StreamData(run_id="r1", stream="stdout", offset=600, data=b"x" * 100)
-    assert to_client(reg.on_hand_stream(data, HAND, 3), "c1") == [data]
+    number = reg.stream_number(("h", HAND, "3"), "r1", "stdout")
+    [fwd] = reg.on_hand_frame(HAND, 3, number, 600, False, memoryview(b"x" * 100))
+    assert isinstance(fwd, FrameToClient) and fwd.client == "c1" and fwd.offset == 600
+    assert fwd.number == reg.stream_number(("c", "c1"), "r1", "stdout")
 
 
 def test_a_pending_result_after_adoption_ends_the_run_and_the_owner_gets_it():

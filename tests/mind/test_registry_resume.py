@@ -33,7 +33,7 @@ from protocol.messages import (
     RunsPresent,
     RunUpdate,
     StreamAck,
-    StreamData,
+    StreamNumbers,
     StreamPosition,
     StreamResume,
     Streams,
@@ -55,11 +55,22 @@ def setup(window=WINDOW, streams=None, timeout_ms=600_000, started=True, **kw):
 
 
 def to_hand(acts, gen=None):
-    return [a.msg for a in acts if isinstance(a, SendToHand) and (gen is None or a.gen == gen)]
+    """What the Hand is told, but the stream numbers that come with every binding of a run."""
+    return [
+        a.msg
+        for a in acts
+        if isinstance(a, SendToHand) and (gen is None or a.gen == gen) and not isinstance(a.msg, StreamNumbers)
+    ]
 
 
 def to_client(acts, client=None):
-    return [a.msg for a in acts if isinstance(a, SendToClient) and (client is None or a.client == client)]
+    return [
+        a.msg
+        for a in acts
+        if isinstance(a, SendToClient)
+        and (client is None or a.client == client)
+        and not isinstance(a.msg, StreamNumbers)
+    ]
 
 
 def ends(acts):
@@ -97,7 +108,7 @@ def test_a_hand_drop_leaves_the_run_running_and_says_since_when():
 
 def test_a_hand_presenting_streams_it_cannot_have_sent_makes_the_run_lost():
     reg = setup(streams=Streams())
-    reg.on_hand_stream(chunk("stdout", 0, 100), HAND, 1)
+    hand_chunk(reg, "stdout", 0, 100)
     reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
     positions = [StreamPosition(stream="stdout", offset=50, consumed=0)]  # the Mind relayed 100
     acts = reg.on_runs_present(HAND, 2, present("r1", streams=positions), 6.0, 1006.0)
@@ -265,8 +276,7 @@ def test_two_attachments_at_once_the_newest_wins_and_the_other_is_told():
     acts = reg.on_attach("r1", "c2", "alice", "q2", 5.0, 1005.0)
     assert to_client(acts, "c1") == [Replaced(run_id="r1")]
     assert isinstance(to_client(acts, "c2")[0], Attached)
-    out = StreamData(run_id="r1", stream="stdout", offset=0, data=b"hi")
-    assert [a.client for a in reg.on_hand_stream(out, HAND, 1)] == ["c2"]
+    assert [a.client for a in hand_chunk(reg, "stdout", 0, 2)] == ["c2"]
     assert reg.on_client_stream(StreamAck(run_id="r1", stream="stdout", offset=2), "c1") == [], "c1 lost the run"
 
 
@@ -293,18 +303,24 @@ def test_a_detached_run_is_kept_for_its_keep_capped_by_the_mind():
 # --- streams across a resume ---------------------------------------------------------------------
 
 
-def chunk(stream, offset, n):
-    return StreamData(run_id="r1", stream=stream, offset=offset, data=b"x" * n)
+def hand_chunk(reg, stream, offset, n, gen=1):
+    number = reg.stream_number(("h", HAND, str(gen)), "r1", stream)
+    return reg.on_hand_frame(HAND, gen, number, offset, False, memoryview(b"x" * n))
+
+
+def client_chunk(reg, stream, offset, n, client="c1"):
+    number = reg.stream_number(("c", client), "r1", stream)
+    return reg.on_client_frame(client, number, offset, False, memoryview(b"x" * n))
 
 
 def test_the_hand_resends_output_from_what_reached_the_client_and_the_client_resends_stdin():
     reg = setup(streams=Streams(stdin=True, window=1 << 16))
     assert reg.get("r1").relays["stdout"].window == 1 << 16, "the window is the opening's"
-    reg.on_hand_stream(chunk("stdout", 0, 100), HAND, 1)
+    hand_chunk(reg, "stdout", 0, 100)
     reg.on_client_stream(StreamAck(run_id="r1", stream="stdout", offset=40), "c1")
-    reg.on_client_stream(chunk("stdin", 0, 30), "c1")
+    client_chunk(reg, "stdin", 0, 30)
     reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
-    assert reg.on_client_stream(chunk("stdin", 30, 10), "c1") == [], "nothing reaches an absent Hand"
+    assert client_chunk(reg, "stdin", 30, 10) == [], "nothing reaches an absent Hand"
     positions = [
         StreamPosition(stream="stdout", offset=150, consumed=30),
         StreamPosition(stream="stdin", offset=20, consumed=10),
@@ -313,15 +329,15 @@ def test_the_hand_resends_output_from_what_reached_the_client_and_the_client_res
     assert StreamResume(run_id="r1", stream="stdout", offset=100, consumed=40) in to_hand(acts, gen=2)
     resumes = [m for m in to_client(acts, "c1") if isinstance(m, StreamResume)]
     assert resumes == [StreamResume(run_id="r1", stream="stdin", offset=20, consumed=10)]
-    assert reg.on_client_stream(chunk("stdin", 20, 5), "c1")[0].gen == 2, "stdin flows from the Hand's point"
+    assert client_chunk(reg, "stdin", 20, 5)[0].gen == 2, "stdin flows from the Hand's point"
 
 
 def test_the_client_resumes_output_from_its_own_point_or_the_acknowledged_one():
     reg = setup(streams=Streams())
-    reg.on_hand_stream(chunk("stdout", 0, 100), HAND, 1)
+    hand_chunk(reg, "stdout", 0, 100)
     reg.on_client_stream(StreamAck(run_id="r1", stream="stdout", offset=50), "c1")
     reg.on_client_gone("c1", 5.0, 1005.0)
-    assert reg.on_hand_stream(chunk("stdout", 100, 10), HAND, 1) == [], "nobody to forward to"
+    assert hand_chunk(reg, "stdout", 100, 10) == [], "nobody to forward to"
     mine = [StreamPosition(stream="stdout", offset=60, consumed=55)]
     acts = reg.on_attach("r1", "c2", "alice", "q2", 6.0, 1006.0, mine)
     assert StreamResume(run_id="r1", stream="stdout", offset=60, consumed=55) in to_hand(acts, gen=1)

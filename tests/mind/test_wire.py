@@ -118,9 +118,9 @@ VALID = {  # field -> strategy of values the model accepts; `required` as in the
         },
     ),
     "cancel_run_result": ({"run_id": ID, "status": values(CancelStatus), "state": values(RunState)}, {}),
-    "stream_data": (
-        {"run_id": ID, "stream": STREAMS, "offset": NONNEG},
-        {"data": st.binary(min_size=1, max_size=200), "eof": st.booleans()},
+    "stream_numbers": (
+        {"run_id": ID},
+        {name: st.none() | st.integers(1, 2**32 - 1) for name in ("stdin", "stdout", "stderr", "pty")},
     ),
     "stream_ack": ({"run_id": ID, "stream": STREAMS, "offset": NONNEG}, {"closed": st.booleans()}),
     "stream_resume": ({"run_id": ID, "stream": STREAMS, "offset": NONNEG, "consumed": NONNEG}, {}),
@@ -187,9 +187,7 @@ NASTY = (
 )
 
 
-VALID_WHEN = {  # the models' own validators, for payloads that must be valid
-    "stream_data": lambda p: bool(p.get("data")) or p.get("eof") is True,
-}
+VALID_WHEN: dict[str, object] = {}  # the models' own validators, for payloads that must be valid
 
 
 def payloads(t):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from sim.mind_shell import SimMind
 from sim.network import Link
 
-from mind.core.registry import Action, Log, PersistEnding, SendToClient, SendToHand
+from mind.core.registry import Action, FrameToClient, Log, PersistEnding, SendToClient, SendToHand
 from mind.daemon.grouped import ACK_BATCH, ACK_DELAY_S
 from protocol.messages import (
     Attach,
@@ -105,7 +105,16 @@ class ContinuityMind(SimMind):
             self.ext.checker.on_presented(peer.label, peer.gen, msg)
             self.perform(self.registry.on_runs_present(peer.label, peer.gen, msg, self.now, self.now))
             return
-        if isinstance(msg, (StreamData, StreamAck)):
+        if isinstance(msg, StreamData):  # a data frame: numbered by the Hand's channel, routed on its header
+            number = self.registry.stream_number(("h", peer.label, str(peer.gen)), msg.run_id, msg.stream)
+            if number is None:
+                return  # a number that died with its run: the Mind drops the late frame
+            acts = self.registry.on_hand_frame(peer.label, peer.gen, number, msg.offset, msg.eof, memoryview(msg.data))
+            if any(isinstance(a, FrameToClient) for a in acts):
+                self.ext.checker.on_stream_forwarded(self.life, msg.run_id, peer.gen)
+            self.perform(acts)
+            return
+        if isinstance(msg, StreamAck):
             acts = self.registry.on_hand_stream(msg, peer.label, peer.gen)
             if any(isinstance(a, SendToClient) for a in acts):
                 self.ext.checker.on_stream_forwarded(self.life, msg.run_id, peer.gen)
@@ -148,7 +157,11 @@ class ContinuityMind(SimMind):
             self.perform(self.registry.on_detach(msg.run_id, conn, env_id, msg.keep_s, now, now))
         elif isinstance(msg, CancelRun):
             self.on_cancel_run(conn, env_id, msg.run_id)
-        elif isinstance(msg, (StreamData, StreamAck, Resize)):
+        elif isinstance(msg, StreamData):
+            number = self.registry.stream_number(("c", conn), msg.run_id, msg.stream)
+            if number is not None:  # None: a number that died with its run (or moved to a newer attachment)
+                self.perform(self.registry.on_client_frame(conn, number, msg.offset, msg.eof, memoryview(msg.data)))
+        elif isinstance(msg, (StreamAck, Resize)):
             self.perform(self.registry.on_client_stream(msg, conn))
         else:
             raise AssertionError(f"a client may not send {msg.TYPE} here")

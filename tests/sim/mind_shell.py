@@ -29,7 +29,7 @@ from sim.network import Link
 from sim.runtime import Fut
 
 from mind.core import taskstart
-from mind.core.registry import Action, Log, SendToClient, SendToHand, StartEnded
+from mind.core.registry import Action, FrameToClient, FrameToHand, Log, SendToClient, SendToHand, StartEnded
 from mind.core.scope import FULL
 from mind.core.snapshots import Snapshot
 from mind.daemon.taskservice import ASK_TIMEOUT_S
@@ -47,6 +47,8 @@ from protocol.messages import (
     Result,
     Rpc,
     Started,
+    StreamData,
+    StreamNumbers,
     TaskCancel,
     TaskCancelReply,
     TaskCancelResult,
@@ -129,6 +131,8 @@ class SimMind:
     def perform(self, actions: list[Action]) -> None:
         check = self.world.checker
         for a in actions:
+            if isinstance(a, (SendToHand, SendToClient)) and isinstance(a.msg, StreamNumbers):
+                continue  # the peers' channels keep them; the simulated ends name streams as before
             if isinstance(a, SendToHand):
                 peer = self.hands.get(a.hand)
                 if isinstance(a.msg, Rpc):
@@ -137,6 +141,14 @@ class SimMind:
                     peer.link.send(peer.link.down, a.msg, None, self.now)
             elif isinstance(a, SendToClient):
                 self.world.to_client(a.client, a.req_id, a.msg)
+            elif isinstance(a, FrameToHand):  # a data frame, delivered as the chunk the Hand's channel makes of it
+                peer = self.hands.get(a.hand)
+                if peer is not None and peer.gen == a.gen:
+                    peer.link.send(peer.link.down, _chunk(a), None, self.now)
+            elif isinstance(a, FrameToClient):
+                run = self.registry.get(a.run_id)
+                if run is not None:
+                    self.world.to_client(a.client, run.req_id, _chunk(a))
             elif isinstance(a, StartEnded):
                 check.on_start_ended(a)
                 self.loop.spawn(self.start_ended(a), f"start_ended {a.run_id}")
@@ -401,3 +413,10 @@ class SimMind:
                 if reply.task is not None and reply.task.task_id == task_id:  # never adopts another id
                     yield self.db(self.snapshots.report, hand, reply.task, self.now, False)
                 yield self.db(self.snapshots.clear_cancel_pending, task_id)
+
+
+def _chunk(a: FrameToHand | FrameToClient) -> StreamData:
+    """A relayed data frame as the receiving end's channel reads it (`Channel.receive_chunk`)."""
+    return StreamData.model_construct(
+        run_id=a.run_id, stream=a.stream, offset=a.offset, data=bytes(a.payload), eof=a.eof
+    )

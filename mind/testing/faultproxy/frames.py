@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from protocol.envelope import unpack
 from protocol.errors import ProtocolError
+from protocol.frames import is_frame as is_data_frame
 
 CONTROL = {8: "close", 9: "ping", 10: "pong"}
 HEAD_LIMIT = 64 << 10
@@ -34,6 +35,8 @@ class Unit:
 
 
 def message_type(payload: bytes) -> str:
+    if is_data_frame(payload):  # a stream's bytes (protocol/frames.py): rules name them `stream_data`
+        return "stream_data"
     try:
         t = unpack(payload).get("t")
     except ProtocolError:
