@@ -42,8 +42,16 @@ SIMS = 2
 
 def cpu_s(pid: int) -> float:
     """utime + stime of a live process, in seconds (/proc/PID/stat)."""
+    user, system = cpu_split(pid)
+    return user + system
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(utime, stime) of a live process, in seconds: Python's work against the kernel's (socket
+    syscalls, the loopback's receive path run in the sender's context)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def children_cpu_s(ppid: int) -> float:
@@ -161,7 +169,7 @@ def fig_nodes(ctx: Ctx) -> list[Row]:
     for h in reals:
         wait_until(lambda h=h: holder(nodes, h), 60, f"{h} connected to a node")
     rss0 = {name_of[c.url]: rss_mib_of(c) for c in nodes}
-    cpu0 = {name_of[c.url]: cpu_s(c.mind.pid) for c in nodes if c.mind}
+    cpu0 = {name_of[c.url]: cpu_split(c.mind.pid) for c in nodes if c.mind}
     pg_cpu0 = children_cpu_s(pg.proc.pid) if pg.proc else 0.0
     xact0 = run(commits(dsn), 30)
     conc = 30
@@ -174,14 +182,17 @@ def fig_nodes(ctx: Ctx) -> list[Row]:
     if tot["connected"] != n:
         raise RuntimeError(f"only {tot['connected']} of {n} simulated hands connected in 120 s")
     sim_cpu = sum(cpu_s(s.pid) for s in sims)
-    cpu1 = {name_of[c.url]: cpu_s(c.mind.pid) for c in nodes if c.mind}
+    cpu1 = {name_of[c.url]: cpu_split(c.mind.pid) for c in nodes if c.mind}
+    spent = {x: (cpu1[x][0] - cpu0[x][0], cpu1[x][1] - cpu0[x][1]) for x in cpu1}
     pg_cpu1 = children_cpu_s(pg.proc.pid) if pg.proc else 0.0
     xact1 = run(commits(dsn), 30)
     time.sleep(1.0 if ctx.quick else 2.0)
     rss1 = {name_of[c.url]: rss_mib_of(c) for c in nodes}
     ctx.note(
         "nodes",
-        f"connect storm {secs(dt)} s: CPU s node a {cpu1['a'] - cpu0['a']:.1f}, node b {cpu1['b'] - cpu0['b']:.1f}, "
+        f"connect storm {secs(dt)} s: CPU s (user + system) node a {spent['a'][0]:.1f} + {spent['a'][1]:.1f}, "
+        f"node b {spent['b'][0]:.1f} + {spent['b'][1]:.1f} "
+        f"({sum(map(sum, spent.values())) / n * 1000:.2f} ms per Hand welcomed), "
         f"PostgreSQL backends {pg_cpu1 - pg_cpu0:.1f}, simulators {sim_cpu:.1f} ({SIMS} processes); "
         f"{xact1 - xact0:,} database transactions ({(xact1 - xact0) / n:.1f} per Hand welcomed); "
         f"busy refusals {tot['busy']}, other failed attempts {tot['errors']}; "
