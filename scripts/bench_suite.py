@@ -31,6 +31,7 @@ from benchlib import cp as _cp  # noqa: E402, F401 - registers the `mind cp` fig
 from benchlib import fleet as _fleet  # noqa: E402, F401 - registers the fleet figures
 from benchlib import flood as _flood  # noqa: E402, F401 - registers the flood figure
 from benchlib import mcp as _mcp  # noqa: E402, F401 - registers the `mind mcp` figure
+from benchlib import nodes as _nodes  # noqa: E402, F401 - registers the Many Minds figure
 from benchlib import resume as _resume  # noqa: E402, F401 - registers the continuity figures
 from benchlib import streams as _streams  # noqa: E402, F401 - registers the data-plane figures
 from benchlib.figures import ABOUT, FIGURES, release_unused  # noqa: E402
@@ -52,7 +53,8 @@ def main() -> int:
         "--hands",
         type=int,
         metavar="N",
-        help="simulated Hands for the `hands` figure (default 1,000, --quick 100); e.g. 10000",
+        help="simulated Hands for the `hands` figure (default 1,000, --quick 100) and the `nodes` figure "
+        "(default 10,000, --quick 1,000); e.g. 10000",
     )
     ap.add_argument("--json", metavar="FILE", help="also write the machine, rows and notes as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs of every process)")

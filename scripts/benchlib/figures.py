@@ -712,7 +712,11 @@ def _sims(ctx: Ctx, cl_url: str, args: list[list[str]], d: Path) -> tuple[list, 
         s.tell("go")
     reports = [s.read_json(90) for s in sims]
     dt = time.perf_counter() - t0
-    total = {k: sum(r[k] for r in reports) for k in ("connected", "busy", "errors")}
+    total: dict = {k: sum(r[k] for r in reports) for k in ("connected", "busy", "errors")}
+    total["by_url"] = {}
+    for r in reports:
+        for url, c in r.get("by_url", {}).items():
+            total["by_url"][url] = total["by_url"].get(url, 0) + c
     return sims, dt, total
 
 

@@ -3,14 +3,24 @@
 Each simulated Hand does the real handshake (`protocol.auth.ClientHandshake`, with its own hand
 credential) and then answers what a Mind sends: an `rpc` with `accepted`, `started` and a
 `read_file`-shaped `result` (100 bytes), a `task_inventory` with an empty page, a `cancel` with
-`already_done`; a background start is `rejected`. Nothing runs, nothing is stored.
+`already_done`; a background start is `rejected`. Nothing runs, nothing is stored. After a
+`welcome` announcing a resume window it presents its runs (`runs_present`, none), as a real Hand.
 
     handsim.py --url ws://... --creds FILE [--concurrency 30] [--ping-interval 10]
+    handsim.py --url ws://a,ws://b --url ws://c ...  # several Mind nodes (protocol/urls.py)
     handsim.py --url ws://... --raw --count N      # N plain idle WebSocket connections, no protocol
 
+Several URLs: each Hand goes round them as a real Hand does (`protocol.urls.Rotation`: a random
+start, the next at once on a refused connection, a short jittered pause once every URL failed), and
+when its connection ends it connects again (a Hand whose node died moves to another).
+
 Talks JSON lines: prints {"ready": true} once imported, connects when it reads `go` on stdin, prints
-{"connected": n, "seconds": s, "busy": b, "errors": e} when every Hand is welcomed (or after
---deadline), then holds the connections until stdin closes (or SIGTERM).
+{"connected": n, "seconds": s, "busy": b, "errors": e, "by_url": {url: n}} when every Hand is
+welcomed (or after --deadline), then holds the connections until stdin closes (or SIGTERM). A line
+`watch URL` on stdin times the move of the Hands now on URL (its node is about to be killed): it
+prints {"watched": k, "moved": m, "seconds": s, "by_url": {...}} once every one of them is welcomed
+again elsewhere and has answered that node's first `task_inventory` (reconciled), or after
+--deadline.
 
 The Mind refuses handshakes past `--max-pending-handshakes` (64) with `busy`: at most --concurrency
 handshakes are in progress here at once, and a `busy` refusal is retried after a short pause.
@@ -50,20 +60,42 @@ from protocol.messages import (  # noqa: E402
     Rejected,
     Result,
     Rpc,
+    RunsPresent,
     Started,
     TaskInventory,
     TaskInventoryPage,
     Welcome,
 )
 from protocol.states import RunState  # noqa: E402
+from protocol.urls import Rotation, split_urls  # noqa: E402
 
 CLAIMS = HandClaims(hostname="handsim", platform="Linux", machine="sim", python="3", version="handsim")
 VALUE = {"data": b"x" * 100, "size": 100, "offset": 0, "eof": True}
 
 
-class Sim:
-    def __init__(self, url: str, n: int, concurrency: int, ping: float | None) -> None:
+class Watch:
+    """The move of the Hands that were on one URL when `watch URL` came: timed until every one of
+    them is welcomed elsewhere and reconciled there (its first `task_inventory` answered)."""
+
+    def __init__(self, url: str, hands: set[int]) -> None:
         self.url = url
+        self.hands = hands
+        self.waiting = set(hands)
+        self.t0 = time.perf_counter()
+        self.done = asyncio.Event()
+        if not self.waiting:
+            self.done.set()
+
+    def reconciled(self, k: int, url: str) -> None:
+        if k in self.waiting and url != self.url:
+            self.waiting.discard(k)
+            if not self.waiting:
+                self.done.set()
+
+
+class Sim:
+    def __init__(self, urls: list[str], n: int, concurrency: int, ping: float | None) -> None:
+        self.urls = urls
         self.n = n
         self.sem = asyncio.Semaphore(concurrency)
         self.ping = ping
@@ -72,10 +104,13 @@ class Sim:
         self.errors = 0
         self.all = asyncio.Event()
         self.calls = 0
+        self.where: dict[int, str] = {}
+        """The URL each connected Hand is on now (by its index)."""
+        self.watch: Watch | None = None
 
-    async def _dial(self) -> ClientConnection:
+    async def _dial(self, url: str) -> ClientConnection:
         return await connect(
-            self.url,
+            url,
             compression=None,
             max_size=limits.MAX_FRAME_BYTES,
             ping_interval=self.ping,
@@ -89,11 +124,17 @@ class Sim:
         if self.connected >= self.n:
             self.all.set()
 
+    def by_url(self) -> dict[str, int]:
+        out = dict.fromkeys(self.urls, 0)
+        for url in self.where.values():
+            out[url] += 1
+        return out
+
     async def raw(self) -> None:
         for _ in range(100):
             async with self.sem:
                 try:
-                    ws = await self._dial()
+                    ws = await self._dial(self.urls[0])
                 except (OSError, InvalidHandshake, TimeoutError):
                     self.errors += 1
                     await asyncio.sleep(0.05)
@@ -102,14 +143,35 @@ class Sim:
             await ws.wait_closed()
             return
 
-    async def hand(self, cred: Credential) -> None:
-        for _ in range(500):
+    async def hand(self, k: int, cred: Credential) -> None:
+        """One Hand, for as long as the simulator runs: connect (going round the URLs), serve,
+        and connect again when the connection ends."""
+        rot = Rotation(self.urls)
+        first = True
+        while True:
+            ws, ch = await self._connect(rot, cred)
+            url = rot.current
+            self.where[k] = url
+            if first:
+                self._up()
+                first = False
+            try:
+                await self._serve(ws, ch, k, url)
+            except (ConnectionClosed, ProtocolError):
+                pass
+            finally:
+                self.where.pop(k, None)
+            await asyncio.sleep(random.random() * 0.05)  # (a real Hand backs off with jitter too)
+
+    async def _connect(self, rot: Rotation, cred: Credential) -> tuple[ClientConnection, Channel]:
+        for _ in range(5000):
             async with self.sem:
                 try:
-                    ws = await self._dial()
+                    ws = await self._dial(rot.current)
                 except (OSError, InvalidHandshake, TimeoutError):
                     self.errors += 1
-                    await asyncio.sleep(0.05 + random.random() * 0.05)
+                    if not rot.failed():  # every URL refused: a short pause before the next round
+                        await asyncio.sleep(0.05 + random.random() * 0.05)
                     continue
                 ch = Channel()
                 try:
@@ -119,15 +181,11 @@ class Sim:
                     ok = False
                 if not ok:
                     await ws.close()
-            if not ok:
-                await asyncio.sleep(0.02 + random.random() * 0.03)
-                continue
-            self._up()
-            try:
-                await self._serve(ws, ch)
-            except (ConnectionClosed, ProtocolError):
-                pass
-            return
+            if ok:
+                rot.worked()
+                return ws, ch
+            await asyncio.sleep(0.02 + random.random() * 0.03)
+        raise RuntimeError("a simulated hand gave up connecting")
 
     async def _handshake(self, ws: ClientConnection, ch: Channel, cred: Credential) -> bool:
         hs = ClientHandshake(cred, os.urandom(limits.NONCE_BYTES), claims=CLAIMS)
@@ -150,9 +208,12 @@ class Sim:
                 self.errors += 1
                 return False
             ch.gen = hs.on_welcome(msg)
+            if msg.resume_window_s > 0:  # a real Hand presents the runs it holds: none here
+                await ws.send(ch.stamp(RunsPresent(runs=[])))
         return True
 
-    async def _serve(self, ws: ClientConnection, ch: Channel) -> None:
+    async def _serve(self, ws: ClientConnection, ch: Channel, k: int, url: str) -> None:
+        reconciled = False
         async for data in ws:
             env = ch.receive(data)
             msg = env.msg
@@ -174,6 +235,10 @@ class Sim:
                 self.calls += 1
             elif isinstance(msg, TaskInventory):
                 await ws.send(ch.stamp(TaskInventoryPage(tasks=[]), env.id))
+                if not reconciled:
+                    reconciled = True
+                    if self.watch is not None:
+                        self.watch.reconciled(k, url)
             elif isinstance(msg, Cancel):
                 await ws.send(ch.stamp(CancelResult(run_id=msg.run_id, status=CancelStatus.ALREADY_DONE)))
             elif isinstance(msg, Error):
@@ -192,12 +257,15 @@ async def amain(args: argparse.Namespace, creds: list[Credential]) -> None:
     stdin = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
     n = args.count if args.raw else len(creds)
-    sim = Sim(args.url, n, args.concurrency, args.ping_interval or None)
+    sim = Sim(split_urls(args.url), n, args.concurrency, args.ping_interval or None)
     print(json.dumps({"ready": True}), flush=True)
     if (await stdin.readline()).strip() != b"go":
         return
     t0 = time.perf_counter()
-    jobs = [asyncio.ensure_future(sim.raw() if args.raw else sim.hand(c)) for c in (range(n) if args.raw else creds)]
+    if args.raw:
+        jobs = [asyncio.ensure_future(sim.raw()) for _ in range(n)]
+    else:
+        jobs = [asyncio.ensure_future(sim.hand(k, c)) for k, c in enumerate(creds)]
     try:
         async with asyncio.timeout(args.deadline):
             await sim.all.wait()
@@ -205,13 +273,45 @@ async def amain(args: argparse.Namespace, creds: list[Credential]) -> None:
         pass
     print(
         json.dumps(
-            {"connected": sim.connected, "seconds": time.perf_counter() - t0, "busy": sim.busy, "errors": sim.errors}
+            {
+                "connected": sim.connected,
+                "seconds": time.perf_counter() - t0,
+                "busy": sim.busy,
+                "errors": sim.errors,
+                "by_url": sim.by_url(),
+            }
         ),
         flush=True,
     )
-    eof = asyncio.ensure_future(stdin.read())
     waiter = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({eof, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    while True:
+        line = asyncio.ensure_future(stdin.readline())
+        await asyncio.wait({line, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if waiter.done() or not line.result():
+            line.cancel()
+            break
+        cmd = line.result().decode().split()
+        if cmd[:1] == ["watch"] and len(cmd) == 2:
+            w = sim.watch = Watch(cmd[1], {k for k, url in sim.where.items() if url == cmd[1]})
+            try:
+                async with asyncio.timeout(args.deadline):
+                    await w.done.wait()
+            except TimeoutError:
+                pass
+            moved = len(w.hands) - len(w.waiting)
+            print(
+                json.dumps(
+                    {
+                        "watched": len(w.hands),
+                        "moved": moved,
+                        "seconds": time.perf_counter() - w.t0,
+                        "by_url": sim.by_url(),
+                        "errors": sim.errors,
+                        "busy": sim.busy,
+                    }
+                ),
+                flush=True,
+            )
     for j in jobs:
         j.cancel()
     await asyncio.gather(*jobs, return_exceptions=True)
@@ -220,7 +320,7 @@ async def amain(args: argparse.Namespace, creds: list[Credential]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--url", required=True)
+    ap.add_argument("--url", required=True, action="append", help="a Mind URL or a comma list; repeat for several")
     ap.add_argument("--creds", help="file of hand credentials, one token a line")
     ap.add_argument("--raw", action="store_true", help="plain idle WebSocket connections, no protocol")
     ap.add_argument("--count", type=int, default=0, help="connections in --raw mode")

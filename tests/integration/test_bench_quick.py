@@ -31,6 +31,7 @@ FIGURES = [
     "cuts",
     "unattended",
     "mcp",
+    "nodes",
 ]
 
 

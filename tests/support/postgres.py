@@ -162,6 +162,19 @@ class PostgresServer:
             return ""
 
 
+def reachable_tmp() -> str:
+    """Where the temp cluster goes: the temp directory, unless the server would run as `postgres`
+    (we are root) and cannot reach it (a TMPDIR inside a private directory, such as pytest's
+    tmp_path for `scripts/bench` run by tests/integration/test_bench_quick.py): then /tmp."""
+    base = tempfile.gettempdir()
+    if os.geteuid() != 0:
+        return base
+    path = Path(base).resolve()
+    if all(os.stat(d).st_mode & 0o001 for d in (path, *path.parents)):
+        return base
+    return "/tmp"
+
+
 def start_server() -> PostgresServer:
     bin_dir = find_bin_dir()
     if bin_dir is None:
@@ -169,7 +182,7 @@ def start_server() -> PostgresServer:
             "no PostgreSQL server binaries (initdb, postgres) on PATH or in /usr/lib/postgresql/*/bin: "
             "install the `postgresql` package (scripts/test does, as root)"
         )
-    root = Path(tempfile.mkdtemp(prefix="mindhand-pg-"))
+    root = Path(tempfile.mkdtemp(prefix="mindhand-pg-", dir=reachable_tmp()))
     os.chmod(root, 0o755)
     server = PostgresServer(bin_dir, root)
     try:
