@@ -11,7 +11,8 @@ Always:
   is current" does not hold for frames, and cannot: a claim statement that was slow to reach the
   database can land after the Hand moved on; until the node holding the Hand hears of it, its
   frames still reach the Hand, which holds that one connection only. Those are counted,
-  `note:frame_behind_newer_claim`; no write of theirs lands);
+  `note:frame_behind_newer_claim` (rare: the claim must stall past the Hand's welcome wait); no
+  write of theirs lands);
 - **a write about a Hand lands only with the current claim** (kept here from the claims the
   database made, not from the database model's own check);
 - **one terminal per run, recorded once**: an ending lands once per run, never changes; the Hand
