@@ -32,6 +32,7 @@ import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 from sim.checker import InvariantViolation
@@ -268,18 +269,17 @@ class SimNode:
     def poll(self) -> None:
         """The claims of the Hands held here (LISTEN may have missed one), and the endings of the
         runs clients wait for here."""
+        db = self.w.db
         for hand in sorted(self.core.claims):
-            self.db(
-                "claim of",
-                lambda hand=hand: self.w.db.claim_of(hand),  # type: ignore[misc]
-                lambda c, hand=hand: c is not None and self.perform(self.core.newer_claim(hand, c)),  # type: ignore[misc]
-            )
+            self.db("claim of", partial(db.claim_of, hand), partial(self.polled_claim, hand))
         for run, link in list(self.uncertain):
-            self.db(
-                "ending", lambda run=run: self.w.db.ending(run), lambda e, run=run, link=link: self.settle(run, link, e)
-            )  # type: ignore[misc]
+            self.db("ending", partial(db.ending, run), partial(self.settle, run, link))
         for wt in list(self.waiters):
-            self.db("ending", lambda wt=wt: self.w.db.ending(wt.run), lambda e, wt=wt: self.answer_ending(wt, e))  # type: ignore[misc]
+            self.db("ending", partial(db.ending, wt.run), partial(self.answer_ending, wt))
+
+    def polled_claim(self, hand: str, claim: int | None) -> None:
+        if claim is not None:
+            self.perform(self.core.newer_claim(hand, claim))
 
     def settle(self, run: str, link: HandLink, found: Any) -> None:
         """A start whose statement failed (its client was told it was refused): if it landed
@@ -372,7 +372,6 @@ class SimNode:
         def done(r: Any) -> None:
             if r is None:  # the database away: the Hand re-sends it on its next connection
                 self.w.close_link(link, "the ending could not be written")
-                self.conns.pop(hand, None) if self.conns.get(hand) is link else None
                 return
             if r == "fenced":
                 self.perform(self.core.write_missed(hand, claim))
@@ -447,6 +446,8 @@ class SimHand:
     """A Hand with both node addresses: one connection at a time, its runs kept across a drop for
     the resume window and re-presented on the next connection (to whichever node)."""
 
+    window = WINDOW_S
+
     def __init__(self, world: NodesWorld, label: str) -> None:
         self.w = world
         self.label = label
@@ -480,7 +481,7 @@ class SimHand:
         if self.away_since is None:
             self.away_since = self.w.clock.now
             since = self.away_since
-            self.w.clock.at(since + WINDOW_S, lambda: self.window_passed(since), label=f"{self.label} window")
+            self.w.clock.at(since + self.window, lambda: self.window_passed(since), label=f"{self.label} window")
         self.w.clock.at(self.w.clock.now + self.w.rng.uniform(0.05, 1.0), self.dial, label=f"{self.label} dial")
 
     def window_passed(self, since: float) -> None:
@@ -540,6 +541,7 @@ class NodesWorld:
     core_cls: type[NodeCore] = NodeCore
     """The real core; tests swap in a broken one to show the checker trips."""
     db_cls: type[SimDb] = SimDb
+    hand_cls: type[SimHand] = SimHand
 
     def __init__(
         self, seed: int, steps: int = 300, rules: Any = None, trace: Callable[[str], None] | None = None
@@ -566,7 +568,7 @@ class NodesWorld:
         self._shown: dict[str, str] = {}
         for n in NODES:
             self.start_node(n)
-        self.hands = {h: SimHand(self, h) for h in HANDS}
+        self.hands = {h: self.hand_cls(self, h) for h in HANDS}
 
     def replay_command(self) -> str:
         return f"scripts/sim --seed {self.seed} --steps {self.steps} --variant {self.variant} --trace"
@@ -591,9 +593,7 @@ class NodesWorld:
             self.close_link(link, "node killed")
         for r in self.requests.values():  # the client's connection to it closed: it asks elsewhere
             if r.node == name and r.node_life == node.life and not r.answers:
-                self.clock.at(
-                    self.clock.now + self.rng.uniform(0.1, 2.0), lambda r=r: self.reattach(r), label="reattach"
-                )  # type: ignore[misc]
+                self.clock.at(self.clock.now + self.rng.uniform(0.1, 2.0), partial(self.reattach, r), label="reattach")
         self.clock.at(self.clock.now + self.rng.choice((2.0, 15.0, 40.0)), lambda: self.restart(name), label="restart")
 
     def restart(self, name: str) -> None:
@@ -650,10 +650,13 @@ class NodesWorld:
         if not link.up:
             return
         epoch = link.epoch
+
+        def heard() -> None:  # lost if the link was cut meanwhile (the node polls)
+            if link.up and link.epoch == epoch:
+                node.run(partial(node.heard_claim, hand, claim))
+
         self.clock.at(
-            self.clock.now + self.rng.choice((0.0, 0.01, 0.3)) + link.delay,
-            lambda: link.up and link.epoch == epoch and node.run(lambda: node.heard_claim(hand, claim)),  # type: ignore[func-returns-value]
-            label=f"{node.name} notify",
+            self.clock.now + self.rng.choice((0.0, 0.01, 0.3)) + link.delay, heard, label=f"{node.name} notify"
         )
 
     # --- Hand links ---
@@ -788,15 +791,15 @@ class NodesWorld:
         links = [lk for lk in self.links if lk.open]
         if not links:
             return "fault:none"
-        link = self.rng.choice(links)
+        hl = self.rng.choice(links)
         if kind == "hand_cut":
-            self.close_link(link, "cut")
-            return f"fault:{Fault.CUT} {link.hand}<->{link.node}"
-        link.blackholed = True
+            self.close_link(hl, "cut")
+            return f"fault:{Fault.CUT} {hl.hand}<->{hl.node}"
+        hl.blackholed = True
         self.clock.at(
-            self.clock.now + self.rng.choice((1.0, 10.0)), lambda: setattr(link, "blackholed", False), label="heal"
+            self.clock.now + self.rng.choice((1.0, 10.0)), lambda: setattr(hl, "blackholed", False), label="heal"
         )
-        return f"fault:{Fault.BLACKHOLE} {link.hand}<->{link.node}"
+        return f"fault:{Fault.BLACKHOLE} {hl.hand}<->{hl.node}"
 
     def heal(self) -> None:
         for link in self.db_links.values():
@@ -899,5 +902,6 @@ class NodesWorld:
             nxt = self.clock.next_at()
             if nxt is None or nxt > start + 3600:
                 self.checker.fail("the system quiesces", f"still busy after healing: {self.busy()}")
-            self.advance_to(nxt)  # type: ignore[arg-type]
+                return
+            self.advance_to(nxt)
             self.emit(f"advance to {self.clock.now:.3f}", "quiesce")

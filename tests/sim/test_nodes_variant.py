@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from sim.checker import InvariantViolation
-from sim.nodes_world import NodesWorld, SimDb
+from sim.nodes_world import NodesWorld, SimDb, SimHand
 from sim.variants import VARIANTS
 
 from mind.core.nodes import NodeAction, NodeCore
@@ -104,3 +104,14 @@ def test_a_write_without_its_claim_is_caught() -> None:
 def test_an_ending_recorded_twice_is_caught() -> None:
     v = first_violation(type("W", (NodesWorld,), {"db_cls": LastEndingWinsDb}))
     assert v.invariant == "one terminal per run, recorded once"
+
+
+class ImpatientHand(SimHand):
+    """Kills its runs a second after its connection drops: a node's death would lose them."""
+
+    window = 1.0
+
+
+def test_runs_killed_within_the_window_are_caught() -> None:
+    v = first_violation(type("W", (NodesWorld,), {"hand_cls": ImpatientHand}))
+    assert v.invariant == "runs within the window are not lost"
