@@ -447,6 +447,7 @@ class SimHand:
     the resume window and re-presented on the next connection (to whichever node)."""
 
     window = WINDOW_S
+    durations = (0.2, 1.0, 4.0, 12.0, 30.0)
 
     def __init__(self, world: NodesWorld, label: str) -> None:
         self.w = world
@@ -509,7 +510,7 @@ class SimHand:
                 return
             self.runs[run] = HandRun(run)
             self.w.checker.on_hand_started(self.label, run)
-            took = self.w.rng.choice((0.2, 1.0, 4.0, 12.0, 30.0))
+            took = self.w.rng.choice(self.durations)
             self.w.clock.at(self.w.clock.now + took, lambda: self.finished(run), label=f"{self.label} exit {run}")
         elif kind == "ack":
             self.runs.pop(msg[1], None)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from sim.checker import InvariantViolation
-from sim.nodes_world import NodesWorld, SimDb, SimHand
+from sim.nodes_world import LEASE, NodesWorld, Request, SimDb, SimHand
 from sim.variants import VARIANTS
 
 from mind.core.nodes import NodeAction, NodeCore
@@ -115,3 +115,69 @@ class ImpatientHand(SimHand):
 def test_runs_killed_within_the_window_are_caught() -> None:
     v = first_violation(type("W", (NodesWorld,), {"hand_cls": ImpatientHand}))
     assert v.invariant == "runs within the window are not lost"
+
+
+class SlowRunsHand(SimHand):
+    durations = (30.0,)
+
+
+def settled_world(seed: int = 1) -> NodesWorld:
+    """A world with no random steps: both nodes up, every Hand welcomed somewhere, runs of 30 s."""
+    w = type("W", (NodesWorld,), {"hand_cls": SlowRunsHand})(seed, steps=0, rules=NODES)
+    w.advance_to(w.clock.now + 2.0)
+    assert all(h.link is not None and h.link.welcomed for h in w.hands.values())
+    return w
+
+
+def exec_on_holder(w: NodesWorld, hand: str, run: str) -> tuple[str, Request]:
+    holder = w.hands[hand].link
+    assert holder is not None
+    req = Request("c0", f"q-{run}", holder.node, w.nodes[holder.node].life, run)
+    w.requests[req.req] = req
+    node = w.nodes[holder.node]
+    node.run(lambda: node.exec("c0", req.req, hand, run))
+    for _ in range(100):  # the start statement (it may stall), the Start frame
+        w.advance_to(w.clock.now + 0.1)
+        if run in w.hands[hand].runs:
+            break
+    return holder.node, req
+
+
+def test_a_run_outlives_a_freeze_of_its_node_past_the_lease() -> None:
+    """SIGSTOP of the node holding a Hand mid-run, for three leases, then SIGCONT: the Hand moved,
+    the other node recorded the run's real result once, the client (asking the other node once
+    its own fell silent) is told that result, and the woken node holds nothing."""
+    w = settled_world()
+    first, req = exec_on_holder(w, "h1", "r-frozen")
+    assert w.hands["h1"].runs, "the Hand runs it"
+    other = next(n for n in w.nodes if n != first)
+    w.nodes[first].freeze(3 * LEASE)
+    w.advance_to(w.clock.now + 3 * LEASE + 60.0)
+    hand_link = w.hands["h1"].link
+    assert hand_link is not None and hand_link.node == other
+    assert w.db.hands["h1"][0] == other
+    ran = w.checker.hand_results["r-frozen"][1]
+    assert w.db.endings["r-frozen"] == ran and ran != "lost"
+    assert req.answers == [f"ended {ran}"]
+    assert "h1" not in w.nodes[first].core.claims
+    w.checker.settled()
+
+
+def test_a_node_cut_from_its_database_refuses_starts_with_an_answer() -> None:
+    """Cut from the database past its lease, a node closes its Hands and refuses a start with
+    the lease sentence (never accepted and then forgotten); healed, it serves again."""
+    w = settled_world(3)
+    name = "n1"
+    w.db_links[name].up = False
+    w.db_links[name].epoch += 1
+    w.advance_to(w.clock.now + LEASE + 1.0)
+    node = w.nodes[name]
+    assert not node.core.live(w.clock.now) and not node.conns
+    req = Request("c0", "q-cut", name, node.life, "r-cut")
+    w.requests[req.req] = req
+    node.run(lambda: node.exec("c0", "q-cut", "h1", "r-cut"))
+    assert req.answers == ["refused: lease"]
+    assert "r-cut" not in w.db.runs
+    w.db_links[name].up = True
+    w.advance_to(w.clock.now + LEASE)
+    assert node.core.live(w.clock.now)
