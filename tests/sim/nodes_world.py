@@ -701,6 +701,9 @@ class NodesWorld:
         self.clock.at(at, deliver, label=f"{way} {link.hand}")
 
     def to_hand(self, link: HandLink, msg: tuple[Any, ...], claim: int) -> None:
+        if self.db.claim_of(link.hand) != claim:  # the brief's strict "acting": counted, see nodes_checker
+            self.checker.notes["note:send_behind_newer_claim" + ("" if link.open else "_on_closed_link")] += 1
+
         def deliver() -> None:
             self.checker.on_act(link.hand, link.node, claim, f"deliver {msg[0]}")
             self.note(f"{link.node} -> {link.hand}#{link.serial} claim {claim}: {' '.join(map(str, msg))}")
