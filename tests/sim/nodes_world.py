@@ -40,7 +40,7 @@ from sim.clients import pick
 from sim.nodes_checker import NodesChecker
 from sim.runtime import Clock
 
-from mind.core.nodes import LEASE_LOST_MESSAGE, CloseHand, LeaseLost, NodeCore, renew_every
+from mind.core.nodes import CloseHand, LeaseLost, NodeCore, renew_every
 from mind.testing.vocabulary import Fault
 
 LEASE = 10.0
@@ -307,7 +307,7 @@ class SimNode:
         """A Hand's handshake: refused without a live lease, else claimed in one statement."""
         if self.core.refusal(self.w.clock.now) is not None:
             self.w.events["node:refused_hello"] += 1
-            self.w.close_link(link, "refused: " + LEASE_LOST_MESSAGE)
+            self.w.close_link(link, "refused: its lease is not live")
             return
         old = self.conns.get(link.hand)
         if old is not None:

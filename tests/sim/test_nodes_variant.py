@@ -165,7 +165,7 @@ def test_a_run_outlives_a_freeze_of_its_node_past_the_lease() -> None:
 
 def test_a_node_cut_from_its_database_refuses_starts_with_an_answer() -> None:
     """Cut from the database past its lease, a node closes its Hands and refuses a start with
-    the lease sentence (never accepted and then forgotten); healed, it serves again."""
+    its lease refusal (never accepted and then forgotten); healed, it serves again."""
     w = settled_world(3)
     name = "n1"
     w.db_links[name].up = False
