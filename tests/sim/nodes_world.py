@@ -12,7 +12,8 @@ moves, not inside one Mind. So this world keeps those three and drives the real
 - **each node's link to the database** carries every statement there and its answer back, with a
   latency; the fault layer cuts it (a statement on its way is lost, or executed with its answer
   lost) or delays it; every statement is bounded (half the lease, as the shell's are);
-- **each node** renews every third of the lease, ticks its core (and always before it acts on
+- **each node** has a monotonic clock of its own (its origin drawn from the seed; its core sees
+  only that clock, the database only its own), renews every third of the lease, ticks its core (and always before it acts on
   anything, as the shell does after a pause), claims a Hand at its welcome, hears other claims
   (NOTIFY over its database link, and a poll), and performs what the core says (`CloseHand`);
 - **each Hand** holds both node addresses (random start, the other one next), keeps its runs
@@ -74,8 +75,11 @@ class SimDb:
     """run id -> (hand, node, claim) of its start."""
     endings: dict[str, str] = field(default_factory=dict)
 
+    offset: float = 0.0
+    """The database's clock (`clock_timestamp()`) is its own: set from the seed at boot."""
+
     def now(self) -> float:
-        return self.world.clock.now
+        return self.world.clock.now + self.offset
 
     def live(self, node: str) -> bool:
         hb = self.heartbeat_at.get(node)
@@ -180,6 +184,9 @@ class SimNode:
         self.name = name
         self.life = life
         self.core = world.core_cls(lease=LEASE)
+        self.offset = round(world.rng.uniform(0.0, 10_000.0), 3)
+        """This process's monotonic clock starts anywhere: the core sees only this clock (its
+        lease clock), the database only its own."""
         self.conns: dict[str, HandLink] = {}
         self.waiters: list[Waiter] = []
         self.uncertain: list[tuple[str, HandLink]] = []
@@ -227,13 +234,17 @@ class SimNode:
         for fn in backlog:
             self.run(fn)
 
+    def now(self) -> float:
+        """`time.monotonic()` in this node."""
+        return self.w.clock.now + self.offset
+
     def running(self) -> bool:
         return self.alive and self.w.clock.now >= self.frozen_until
 
     # --- the core's actions ---
 
     def tick(self) -> None:
-        self.perform(self.core.tick(self.w.clock.now))
+        self.perform(self.core.tick(self.now()))
 
     def perform(self, actions: list[Any]) -> None:
         for a in actions:
@@ -258,11 +269,11 @@ class SimNode:
         self.w.statement(self, what, stmt, done)
 
     def renew(self) -> None:
-        sent = self.w.clock.now
+        sent = self.now()
 
         def done(ok: Any) -> None:
             if ok:
-                self.perform(self.core.renewed(sent, self.w.clock.now))
+                self.perform(self.core.renewed(sent, self.now()))
 
         self.db("heartbeat", lambda: self.w.db.heartbeat(self.name), done)
 
@@ -305,7 +316,7 @@ class SimNode:
 
     def hello(self, link: HandLink) -> None:
         """A Hand's handshake: refused without a live lease, else claimed in one statement."""
-        if self.core.refusal(self.w.clock.now) is not None:
+        if self.core.refusal(self.now()) is not None:
             self.w.events["node:refused_hello"] += 1
             self.w.close_link(link, "refused: its lease is not live")
             return
@@ -322,9 +333,9 @@ class SimNode:
                 self.w.close_link(link, "claim refused or database away")
                 return
             link.claim = claim
-            actions = self.core.claimed(link.hand, claim, self.w.clock.now)
+            actions = self.core.claimed(link.hand, claim, self.now())
             self.perform(actions)
-            if link.open and self.core.acts_for(link.hand, self.w.clock.now) == claim:
+            if link.open and self.core.acts_for(link.hand, self.now()) == claim:
                 link.welcomed = True
                 self.send(link, ("welcome", claim))
 
@@ -332,14 +343,14 @@ class SimNode:
 
     def send(self, link: HandLink, msg: tuple[Any, ...]) -> None:
         """Send to a Hand: only on the connection of a claim the core says this node acts by."""
-        claim = self.core.acts_for(link.hand, self.w.clock.now)
+        claim = self.core.acts_for(link.hand, self.now())
         if claim is None or claim != link.claim or self.conns.get(link.hand) is not link:
             self.w.events["node:send_withheld"] += 1
             return
         self.w.to_hand(link, msg, claim)
 
     def from_hand(self, link: HandLink, msg: tuple[Any, ...]) -> None:
-        if self.conns.get(link.hand) is not link or self.core.acts_for(link.hand, self.w.clock.now) != link.claim:
+        if self.conns.get(link.hand) is not link or self.core.acts_for(link.hand, self.now()) != link.claim:
             return
         kind = msg[0]
         if kind in ("result", "present_result"):
@@ -386,11 +397,11 @@ class SimNode:
     # --- clients ---
 
     def exec(self, client: str, req: str, hand: str, run: str) -> None:
-        refusal = self.core.refusal(self.w.clock.now)
+        refusal = self.core.refusal(self.now())
         if refusal is not None:
             self.w.answer(client, req, "refused: lease")
             return
-        claim = self.core.acts_for(hand, self.w.clock.now)
+        claim = self.core.acts_for(hand, self.now())
         link = self.conns.get(hand)
         if claim is None or link is None or link.claim != claim:
             self.w.answer(client, req, "refused: not here")
@@ -558,6 +569,7 @@ class NodesWorld:
         self.notes: list[str] = []
         self.checker = NodesChecker(self)
         self.db = self.db_cls(self)
+        self.db.offset = round(self.rng.uniform(100_000.0, 1_000_000.0), 3)
         self.db_links = {n: DbLink() for n in NODES}
         self.lives = Counter[str]()
         self.nodes: dict[str, SimNode] = {}
@@ -867,9 +879,7 @@ class NodesWorld:
         for name, node in self.nodes.items():
             state = "down" if name in self.down else ("frozen" if not node.running() else "up")
             held = " ".join(f"{h}:{c}" for h, c in sorted(node.core.claims.items()))
-            line = (
-                f"{state} life{node.life} lease {'live' if node.core.live(self.clock.now) else 'passed'} holds [{held}]"
-            )
+            line = f"{state} life{node.life} lease {'live' if node.core.live(node.now()) else 'passed'} holds [{held}]"
             if self._shown.get(name) != line:
                 self._shown[name] = line
                 self.trace(f"      {name}: {line}")

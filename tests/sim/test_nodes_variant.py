@@ -172,7 +172,7 @@ def test_a_node_cut_from_its_database_refuses_starts_with_an_answer() -> None:
     w.db_links[name].epoch += 1
     w.advance_to(w.clock.now + LEASE + 1.0)
     node = w.nodes[name]
-    assert not node.core.live(w.clock.now) and not node.conns
+    assert not node.core.live(node.now()) and not node.conns
     req = Request("c0", "q-cut", name, node.life, "r-cut")
     w.requests[req.req] = req
     node.run(lambda: node.exec("c0", "q-cut", "h1", "r-cut"))
@@ -180,4 +180,4 @@ def test_a_node_cut_from_its_database_refuses_starts_with_an_answer() -> None:
     assert "r-cut" not in w.db.runs
     w.db_links[name].up = True
     w.advance_to(w.clock.now + LEASE)
-    assert node.core.live(w.clock.now)
+    assert node.core.live(node.now())
