@@ -5,6 +5,7 @@
     scripts/sim --seed 1234 --trace  # replay one seed, printing every step
     scripts/sim --variant hand-before-fix --seeds 5000   # the code before a fix: finds the bug
     scripts/sim --variant continuity --seeds 1000        # resume windows, streams, both legs resuming
+    scripts/sim --variant nodes --seeds 300              # two Mind nodes, their database, a lease each
 
 Prints seeds/s, steps/s and how often each event, fault and outcome was exercised. On a failure it
 prints the violated invariant and the one-line command that replays the seed exactly, and exits 1.
@@ -41,7 +42,8 @@ def run_chunk(job: tuple[int, int, int, str]) -> tuple[Counter[str], list[str], 
     failures: list[str] = []
     ran = 0
     for seed in range(first, first + n):
-        world = World(seed, steps, rules=VARIANTS[variant])
+        rules = VARIANTS[variant]
+        world = (rules.world or World)(seed, steps, rules=rules)
         try:
             world.run()
         except InvariantViolation as violation:
@@ -63,7 +65,8 @@ def show(line: str) -> None:
 def replay(args: argparse.Namespace) -> int:
     lines: list[str] = []
     trace = show if args.trace else lines.append
-    world = World(args.seed, args.steps, rules=VARIANTS[args.variant], trace=trace)
+    rules = VARIANTS[args.variant]
+    world = (rules.world or World)(args.seed, args.steps, rules=rules, trace=trace)
     try:
         world.run()
     except InvariantViolation as violation:

@@ -39,6 +39,7 @@ RECORD = HERE / "MIRRORS.json"
 
 MIRRORS: dict[str, str] = {
     # shipped class (module:Class)         -> its model in tests/sim (module:Class)
+    "mind.daemon.nodes:NodeShell": "sim.nodes_world:SimNode",  # the nodes variant
     "hand.aio.tasks:TaskManager": "sim.hand_tasks:HandTasks",
     "hand.aio.taskstarts:TaskStarts": "sim.hand_tasks:HandTasks",
     "hand.aio.taskrun:LiveTask": "sim.hand_tasks:HandTasks",

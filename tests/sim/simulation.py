@@ -89,6 +89,9 @@ class Rules:
     extension: Callable[[World], Any] | None = None
     """What a variant adds to the world (`sim.stream_clients.Continuity`: clients over links of
     their own, streamed runs, faults of the client leg, the continuity invariants)."""
+    world: Callable[..., Any] | None = None
+    """A variant with a world of its own (`sim.nodes_world.NodesWorld`: two Mind nodes and their
+    database), built as `world(seed, steps, rules=, trace=)` by `scripts/sim`; None: `World`."""
 
 
 @dataclass

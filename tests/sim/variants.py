@@ -23,6 +23,12 @@ And the code as issue 22 ("Continuity") is being built:
 - `continuity-result-before-ack`: the same, with a Hand that sends its result once its output's end
   is SENT (as `hand/aio/streams.py` does today) instead of acknowledged: a client away at that
   moment loses the tail (about half the seeds).
+
+And issue 27 ("Many Minds", DESIGN §16):
+- `nodes`: a world of its own (`sim.nodes_world`): two Mind nodes, each with the real
+  `mind.core.nodes.NodeCore` and a lease clock, one simulated database with its own clock, Hands
+  that hold both addresses and move, and the faults of a node (kill, freeze past its lease) and of
+  its links (node<->database cut or slow, Hand<->node cut or blackholed); `sim.nodes_checker`.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from sim.continuity_hand import ContinuityHand, HandResultBeforeAck
 from sim.continuity_mind import ContinuityMind
 from sim.hand_agent import HandProcess
 from sim.hand_tasks import HandTasks
+from sim.nodes_world import NodesWorld
 from sim.simulation import Rules
 from sim.stream_clients import Continuity
 
@@ -104,4 +111,5 @@ VARIANTS: dict[str, Rules] = {
     "continuity-result-before-ack": replace(
         CONTINUITY, hand_cls=HandResultBeforeAck, variant="continuity-result-before-ack"
     ),
+    "nodes": Rules(world=NodesWorld, variant="nodes"),
 }
