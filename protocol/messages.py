@@ -520,6 +520,10 @@ class Exec(Message):
     """The fleet run this run is a member of (DESIGN §12): recorded in the run's history, so
     `mind runs --fleet ID` lists the members. Changes nothing else about the run. The id must be
     one the Mind minted for this client (`fleet_open`): a run tagged with another's is refused."""
+    on_behalf_of: Label | None = None
+    """Set only by a Mind node relaying a client's request to the node holding the Hand (DESIGN
+    §16): the client the request is made for, whose scope the relaying node checked. Any sender
+    but a Mind node's own credential naming it is refused (`denied_by_scope`)."""
 
 
 class RunUpdate(Message):
@@ -609,6 +613,10 @@ class Detached(Message):
 class CancelRun(Message):
     TYPE = "cancel_run"
     run_id: Id
+    on_behalf_of: Label | None = None
+    """Set only by a Mind node relaying a client's request to the node holding the Hand (DESIGN
+    §16): the client the request is made for, whose scope the relaying node checked. Any sender
+    but a Mind node's own credential naming it is refused (`denied_by_scope`)."""
 
 
 class CancelRunResult(Message):
@@ -725,6 +733,10 @@ class HandsList(Message):
 class GetRun(Message):
     TYPE = "get_run"
     run_id: Id
+    on_behalf_of: Label | None = None
+    """Set only by a Mind node relaying a client's request to the node holding the Hand (DESIGN
+    §16): the client the request is made for, whose scope the relaying node checked. Any sender
+    but a Mind node's own credential naming it is refused (`denied_by_scope`)."""
 
 
 class RunInfo(Message):

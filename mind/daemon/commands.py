@@ -142,6 +142,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         database=s["database"] or None,
         node_lease=s["node_lease"],
         node_name=s["node_name"] or None,
+        node_url=s["node_url"] or None,
     )
     try:
         mind = Mind(cfg)

@@ -11,14 +11,18 @@ error (never accepted and forgotten) and all is back when it returns.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from mind.client.aio import ClientError
 from mind.testing.cluster import Cluster, wait_until
+from protocol.messages import CancelRun, CancelRunResult, Exec, GetRun, RunEnd, RunInfo
 
 pytestmark = pytest.mark.slow
 
@@ -426,3 +430,117 @@ def _endings(dsn: str, run_id: str) -> list[dict]:
         return [msgpack.unpackb(r[0], raw=False) for r in rows]
 
     return asyncio.run(read())
+
+
+# --- routing (the third wave): a client on one node served through the node holding the Hand ---
+
+
+def _pair_with_box_on_a(a: Cluster, b: Cluster) -> None:
+    """Both nodes up; Hand `box` connected to node A only (its one URL)."""
+    _start_pair(a, b)
+    a.add_hand("box")
+    a.start_hand("box", url=a.url)
+    a.wait_connected("box")
+
+
+def test_a_call_through_the_other_node_is_served_by_the_node_holding_the_hand(nodes, tmp_path):
+    """A client of node B calls tools of a Hand connected to node A: served through A (the run is
+    A's: its registry, its history), the answer exact, `mind run get` and the run's owner as on A."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+    data = bytes(range(256)) * 64
+    (a.tmp / "root-box" / "f.bin").write_bytes(data)
+    r = b.cli("call", "--hand", "box", "read_file", "path=f.bin", "--raw")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == data
+    # The read ran on A (the authority): A's memory lists it, B's does not.
+    on_a = [r for r in json.loads(a.cli("runs", "--json").stdout) if r["tool"] == "read_file"]
+    assert len(on_a) == 1 and on_a[0]["state"] == "succeeded"
+    assert not [r for r in json.loads(b.cli("runs", "--json").stdout) if r["tool"] == "read_file"]
+
+    async def through_b() -> None:
+        async with await b.client("admin-b", url=b.url) as mc:
+            h = await mc.start("box", "exec", {"argv": ["sh", "-c", "echo routed; exit 3"]}, stream=False)
+            end = await h.wait()
+            assert end.exit_code == 3 and end.stdout.data == b"routed\n"
+            got = await mc.get_run(end.run_id)  # through B, answered by A
+            assert got.state == end.state and got.hand == "box"
+        # The run is the client's on A, not the node's: its owner reads it there, another client may not.
+        async with await b.client("admin-b", url=a.url) as mine:
+            assert (await mine.get_run(end.run_id)).state == end.state
+        async with await b.client("stranger", url=a.url) as stranger:
+            with pytest.raises(ClientError) as refused:
+                await stranger.get_run(end.run_id)
+            assert refused.value.code == "denied_by_scope"
+
+    asyncio.run(through_b())
+
+
+def test_a_cancel_through_the_other_node_ends_the_run_and_its_tree(nodes, tmp_path):
+    """A run started through node B on a Hand of node A, cancelled through B: A cancels it, the
+    process tree is gone, the client hears `cancelled`."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+    pidfile = tmp_path / "pid"
+
+    async def scenario() -> int:
+        async with await b.client("ops", url=b.url) as mc:
+            h = await mc.start(
+                "box", "exec", {"argv": ["sh", "-c", f"sleep 300 & echo $! > {pidfile}; wait"]}, stream=False
+            )
+            await asyncio.to_thread(
+                wait_until, lambda: pidfile.exists() and pidfile.read_text().strip(), 30, "the run to start"
+            )
+            async with await b.client("ops", url=b.url) as other:  # another connection of the same client
+                assert h.run_id is not None
+                await other.cancel(h.run_id)
+            end = await h.wait()
+            assert end.state.value == "cancelled", end
+        return int(pidfile.read_text())
+
+    pid = asyncio.run(scenario())
+    wait_until(lambda: not _alive(pid), 15, "the run's process tree to be gone")
+
+
+def test_a_client_posing_as_a_node_is_refused(nodes):
+    """The attack: a client credential names another client as the owner (what only a node's link
+    may do) to read, cancel or start runs as that client. Refused on every node, the victim's run
+    untouched."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+
+    async def scenario() -> None:
+
+        async with await a.client("victim", url=a.url) as victim:
+            h = await victim.start("box", "exec", {"argv": ["sleep", "60"]}, stream=False)
+            await asyncio.to_thread(wait_until, lambda: h.run_id is not None, 10, "the run id")
+            assert h.run_id is not None
+            for url in (a.url, b.url):
+                async with await a.client("mallory", url=url) as mallory:
+                    forged = [
+                        (CancelRun(run_id=h.run_id, on_behalf_of="victim"), CancelRunResult),
+                        (GetRun(run_id=h.run_id, on_behalf_of="victim"), RunInfo),
+                        (
+                            Exec(
+                                hand="box", tool="exec", args={"argv": ["true"]}, timeout_ms=5000, on_behalf_of="victim"
+                            ),
+                            RunEnd,
+                        ),
+                    ]
+                    for msg, kind in forged:
+                        with pytest.raises(ClientError) as refused:
+                            await mallory._ask(msg, kind)  # type: ignore[type-var]
+                        assert refused.value.code == "denied_by_scope", refused.value
+            info = await victim.get_run(h.run_id)
+            assert info.state.value == "running"  # untouched
+            await h.cancel()
+
+    asyncio.run(scenario())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
