@@ -19,7 +19,7 @@ from mind.core.fleetids import FleetOwners
 from mind.core.nodes import request_owner
 from mind.daemon.host import Host
 from mind.daemon.peer import INTERNAL_ERROR, Peer
-from mind.daemon.route import Forward
+from mind.daemon.route import ROUTED_NUMBER_BASE, Forward
 from mind.daemon.taskservice import TaskService
 from mind.daemon.views import Views
 from protocol import frames, limits
@@ -125,6 +125,9 @@ class Dispatch:
         buffer, never decoded or copied into a message. `ProtocolError` ends the connection."""
         number, offset, eof, payload = frames.decode(data)  # type: ignore[arg-type]
         r = self.mind.registry
+        if number >= ROUTED_NUMBER_BASE and self.mind.router is not None and peer.ident.role == "client":
+            self.mind.router.from_client_frame(peer, number, offset, eof, payload)  # a relayed run's stdin
+            return
         if peer.ident.role == "hand":
             acts = r.on_hand_frame(peer.ident.label, peer.gen, number, offset, eof, payload)
         else:
@@ -137,6 +140,8 @@ class Dispatch:
     def on_client_message(self, peer: Peer, id_: str | None, msg: Message) -> None:
         m = self.mind
         if isinstance(msg, (StreamAck, Resize)):  # about a run's bytes, not a request: no answer
+            if m.router is not None and m.router.from_client_stream(peer, msg):
+                return  # a relayed run's: its holding node's flow control
             m.perform(m.registry.on_client_stream(msg, peer.conn_id))
             return
         if id_ is None:
@@ -277,13 +282,6 @@ class Dispatch:
         if m.router is not None and msg.on_behalf_of is None:
             link = await m.router.holder(msg.hand)
             if link is not None and m.clients.get(peer.conn_id) is peer and msg.hand not in m.hands:
-                if msg.streams is not None:
-                    why = (
-                        f"hand {msg.hand} is not connected to this Mind node: it is held by the node at "
-                        f"{link.url}, and a streamed run is not relayed between nodes yet; connect there"
-                    )
-                    peer.outbox.put(Error(code=ErrorCode.HAND_OFFLINE, message=why), id_)
-                    return
                 relayed = msg.model_copy(update={"on_behalf_of": owner})
                 await link.forward(relayed, Forward(peer, id_, owner, True))
                 return

@@ -9,9 +9,12 @@ id back to the client under the client's own id. The link authenticates with the
 (`mind.core.nodes.NODE_LABEL`, read from the shared database): the holding node believes the owner
 named only because the link proved it is a node.
 
-What is relayed: a run without streams (`exec` with progress, every tool call such as
-`read_file`), `run get` and `cancel` of a run relayed here. A streamed run (`mind exec`'s data
-frames) is not relayed yet: its client is told which node to reach (DESIGN §16, next).
+What is relayed: a run (`exec`, every tool call such as `read_file`), `run get` and `cancel` of
+a run relayed here. A streamed run's data frames are forwarded as received, only their header's
+stream number rewritten: the link's numbers (given by the holding node) to numbers of this node's
+own on the client's connection, from `ROUTED_NUMBER_BASE` up, so they never meet the numbers the
+registry gives the same connection for its local runs (it counts from 1). Flow control is the
+holding node's: acknowledgements pass through both ways, so no bytes wait here beyond a window.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from protocol.codes import ErrorCode
 from protocol.envelope import decode as decode_envelope
 from protocol.errors import MindhandError, ProtocolError
 from protocol.ids import new_id
-from protocol.messages import Error, Message
+from protocol.messages import CancelRun, Detach, Error, Message, StreamNumbers
 
 log = structlog.get_logger(component="mind")
 
@@ -43,6 +46,9 @@ LINK_OPEN_TIMEOUT_S = 5.0
 """A peer node that has not welcomed the link by then is not reachable now: the client is told so."""
 ROUTED_RUNS_MAX = 10_000
 """Runs relayed through this node remembered for `run get`/`cancel` (the oldest forgotten first)."""
+ROUTED_NUMBER_BASE = 1 << 31
+"""The first stream number this node gives a client for a relayed run's stream (above every number
+its registry gives: those count from 1 per connection)."""
 LINK_CLOSED = (
     "the link to the Mind node holding this Hand closed; the run's fate is with that node "
     "(ask it: mind run get RUN_ID --mind ITS_URL)"
@@ -58,6 +64,9 @@ class Forward:
     owner: str
     run: bool
     """An `exec`: answers until `run_end` (or `error`); otherwise one reply."""
+    numbers: list[tuple[int, int]] | None = None
+    run_id: str | None = None
+    """A streamed run's (link number, client number) pairs, dropped when it ends."""
 
 
 @dataclass
@@ -77,8 +86,11 @@ class Link:
         self._ws: ClientConnection | None = None
         self._session: ClientSession | None = None
         self._open = asyncio.Lock()
-        self._send = asyncio.Lock()
         self._reader: asyncio.Task[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._out: asyncio.Queue[bytes] = asyncio.Queue()
+        self.numbers: dict[int, tuple[Forward, int]] = {}
+        """Link stream number -> (the run's forward, its number on the client's connection)."""
 
     async def _ensure(self) -> tuple[ClientConnection, ClientSession]:
         async with self._open:
@@ -89,7 +101,10 @@ class Link:
                 Dial(self.url, cred, LINK_OPEN_TIMEOUT_S, None, None), LINK_OPEN_TIMEOUT_S
             )
             self._ws, self._session = ws, session
-            self._reader = asyncio.get_running_loop().create_task(self._read(ws, session))
+            self._out = asyncio.Queue()
+            loop = asyncio.get_running_loop()
+            self._reader = loop.create_task(self._read(ws, session))
+            self._writer = loop.create_task(self._write(ws, self._out))
             log.info("node_link_open", url=self.url)
             return ws, session
 
@@ -100,10 +115,8 @@ class Link:
             ws, session = await self._ensure()
             link_id = new_id("x")
             self.waiting[link_id] = fwd
-            async with self._send:
-                session.send(msg, link_id)
-                for frame in session.data_to_send():
-                    await ws.send(frame)
+            session.send(msg, link_id)
+            self._flush(session)
         except (MindhandError, ConnectionClosed, OSError) as exc:
             log.warning("node_link_failed", url=self.url, error=str(exc))
             fwd.peer.outbox.put(
@@ -114,12 +127,76 @@ class Link:
                 fwd.client_id,
             )
 
+    def _flush(self, session: ClientSession) -> None:
+        for frame in session.data_to_send():
+            self._out.put_nowait(frame)
+
+    def send(self, msg: Message, request: bool = False) -> None:
+        """An envelope: with no id (a client's `stream_ack` or `resize` of a relayed run), or a
+        request of this node's whose answer nobody waits for (`request`)."""
+        if self._session is not None and self._session.error is None:
+            self._session.send(msg, new_id("x") if request else None)
+            self._flush(self._session)
+
+    def client_gone(self, peer: Peer, keep: bool) -> None:
+        """The client of relayed runs left this node: its runs on the link are left as a client
+        that leaves any Mind leaves them. With a resume window (`keep`) they are detached, kept
+        there for the window (attach through the holding node takes them up); without, cancelled."""
+        for link_id, fwd in list(self.waiting.items()):
+            if fwd.peer is not peer:
+                continue
+            del self.waiting[link_id]
+            self._ended(fwd)
+            if fwd.run and fwd.run_id is not None:
+                if keep:
+                    self.send(Detach(run_id=fwd.run_id), request=True)
+                else:
+                    self.send(CancelRun(run_id=fwd.run_id, on_behalf_of=fwd.owner), request=True)
+
+    def send_frame(self, number: int, offset: int, eof: bool, payload: memoryview | bytes) -> None:
+        """A client's stdin chunk, on the link's number for its stream (the payload as it came)."""
+        if self._session is not None and self._session.error is None:
+            self._out.put_nowait(frames.header(number, offset, eof) + bytes(payload))
+
+    async def _write(self, ws: ClientConnection, out: asyncio.Queue[bytes]) -> None:
+        """The link's frames in the order they were queued (envelopes and data frames alike)."""
+        try:
+            while True:
+                await ws.send(await out.get())
+        except ConnectionClosed:
+            pass
+
+    def _numbered(self, fwd: Forward, msg: StreamNumbers) -> StreamNumbers:
+        """The holding node's numbers for a relayed run's streams, given numbers of this node's on
+        the client's connection; both remembered until the run ends."""
+        mine: dict[str, int] = {}
+        fwd.numbers = fwd.numbers or []
+        for stream in frames.STREAMS:
+            theirs = getattr(msg, stream)
+            if theirs is not None:
+                ours = mine[stream] = self.router.number(fwd.peer)
+                self.numbers[theirs] = (fwd, ours)
+                fwd.numbers.append((theirs, ours))
+                if stream == "stdin":
+                    self.router.stdin[(fwd.peer.conn_id, ours)] = (self, theirs)
+        self.router.streamed[msg.run_id] = (self, fwd.peer.conn_id)
+        return StreamNumbers(run_id=msg.run_id, **mine)
+
+    def _ended(self, fwd: Forward) -> None:
+        for theirs, ours in fwd.numbers or ():
+            self.numbers.pop(theirs, None)
+            self.router.stdin.pop((fwd.peer.conn_id, ours), None)
+
     async def _read(self, ws: ClientConnection, session: ClientSession) -> None:
         """Every frame the peer node sends on the link: each answer to the client waiting for it."""
         try:
             async for data in ws:
-                if frames.is_frame(data):
-                    continue  # no streamed run is relayed (yet): none is ever started on a link
+                if frames.is_frame(data):  # a run's bytes: renumbered, the payload as received
+                    number, offset, eof, payload = frames.decode(data)  # type: ignore[arg-type]
+                    to = self.numbers.get(number)
+                    if to is not None and self.router.connected(to[0].peer):
+                        to[0].peer.outbox.put_frame(to[1], offset, eof, payload)
+                    continue
                 env = decode_envelope(data)
                 session.receive_frame(env)  # its sequence checked
                 if session.error is not None:
@@ -127,10 +204,14 @@ class Link:
                 if env.id is None or (fwd := self.waiting.get(env.id)) is None:
                     continue
                 msg = env.msg
+                if isinstance(msg, StreamNumbers):
+                    msg = self._numbered(fwd, msg)
                 if not fwd.run or msg.TYPE in ("run_end", "error"):
                     del self.waiting[env.id]
+                    self._ended(fwd)
                 run_id, hand = getattr(msg, "run_id", None), getattr(msg, "hand", None)
                 if fwd.run and isinstance(run_id, str) and isinstance(hand, str):
+                    fwd.run_id = run_id
                     self.router.remember(run_id, RoutedRun(self, hand, fwd.owner))
                 if self.router.connected(fwd.peer):
                     fwd.peer.outbox.put(msg, fwd.client_id)
@@ -140,14 +221,18 @@ class Link:
             if self._ws is ws:
                 self._ws = self._session = None
             waiting, self.waiting = self.waiting, {}
+            if self._writer is not None:
+                self._writer.cancel()
             for fwd in waiting.values():
+                self._ended(fwd)
                 if self.router.connected(fwd.peer):
                     fwd.peer.outbox.put(Error(code=ErrorCode.BUSY, message=LINK_CLOSED), fwd.client_id)
             await ws.close()
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
+        for task in (self._reader, self._writer):
+            if task is not None:
+                task.cancel()
         if self._ws is not None:
             await self._ws.close()
 
@@ -162,6 +247,12 @@ class Router:
         self.lease = lease
         self.links: dict[str, Link] = {}
         self.runs: OrderedDict[str, RoutedRun] = OrderedDict()
+        self.stdin: dict[tuple[str, int], tuple[Link, int]] = {}
+        """(client connection, its stdin number) -> (the link, the number there)."""
+        self.streamed: OrderedDict[str, tuple[Link, str]] = OrderedDict()
+        """A relayed streamed run -> its link and the client connection that started it (whose
+        acknowledgements and resizes go to the link)."""
+        self._numbers: dict[str, int] = {}
 
     async def credential(self) -> Credential:
         """The node credential, read (or made, once per database) when a link opens: a rotation
@@ -194,6 +285,35 @@ class Router:
         self.runs.move_to_end(run_id)
         while len(self.runs) > ROUTED_RUNS_MAX:
             self.runs.popitem(last=False)
+        while len(self.streamed) > ROUTED_RUNS_MAX:
+            self.streamed.popitem(last=False)
+
+    def number(self, peer: Peer) -> int:
+        n = self._numbers.get(peer.conn_id, ROUTED_NUMBER_BASE)
+        self._numbers[peer.conn_id] = n + 1
+        return n
+
+    def from_client_frame(self, peer: Peer, number: int, offset: int, eof: bool, payload: memoryview) -> None:
+        """A client's data frame on a relayed run's stdin: to the link. A number of a run that has
+        ended (or never was) is a late frame: dropped."""
+        to = self.stdin.get((peer.conn_id, number))
+        if to is not None:
+            to[0].send_frame(to[1], offset, eof, payload)
+
+    def from_client_stream(self, peer: Peer, msg: Message) -> bool:
+        """A client's `stream_ack`/`resize` of a relayed run it started: to the link. False: not one."""
+        run_id = getattr(msg, "run_id", None)
+        via = self.streamed.get(run_id) if isinstance(run_id, str) else None
+        if via is None or via[1] != peer.conn_id:
+            return False
+        via[0].send(msg)
+        return True
+
+    def client_gone(self, peer: Peer, keep: bool) -> None:
+        """A client connection closed: its relayed runs left on their nodes as `Link.client_gone` says."""
+        self._numbers.pop(peer.conn_id, None)
+        for link in self.links.values():
+            link.client_gone(peer, keep)
 
     def connected(self, peer: Peer) -> bool:
         return self._clients.get(peer.conn_id) is peer

@@ -12,6 +12,7 @@ error (never accepted and forgotten) and all is back when it returns.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import signal
@@ -474,6 +475,23 @@ def test_a_call_through_the_other_node_is_served_by_the_node_holding_the_hand(no
             assert refused.value.code == "denied_by_scope"
 
     asyncio.run(through_b())
+
+
+def test_exec_through_the_other_node_streams_output_exit_code_and_stdin(nodes):
+    """`mind exec` on node B for a Hand on node A: the run's data frames go through B renumbered,
+    the payload as A sent it; exit code, stdout and stderr exact; 8 MiB of stdin arrive whole."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+    r = b.cli("exec", "box", "--", "sh", "-c", "echo out; echo err >&2; exit 5")
+    assert r.returncode == 5, r.stderr
+    assert r.stdout == b"out\n" and r.stderr == b"err\n"
+    data = os.urandom(8 << 20)
+    r = b.cli("exec", "box", "--", "sha256sum", input=data, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[0].decode() == hashlib.sha256(data).hexdigest()
+    started = [e for e in _events(a, "run_admitted")]
+    assert len(started) == 2  # both ran on A, the Hand's node
+    assert not _events(b, "run_admitted")
 
 
 def test_a_cancel_through_the_other_node_ends_the_run_and_its_tree(nodes, tmp_path):
