@@ -283,7 +283,7 @@ class Dispatch:
             link = await m.router.holder(msg.hand)
             if link is not None and m.clients.get(peer.conn_id) is peer and msg.hand not in m.hands:
                 relayed = msg.model_copy(update={"on_behalf_of": owner})
-                await link.forward(relayed, Forward(peer, id_, owner, True))
+                await link.forward(relayed, Forward(peer, id_, owner, True, msg.hand))
                 return
         known = await m.creds(m.store.secret, "hand", msg.hand) is not None
         if m.clients.get(peer.conn_id) is not peer:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from websockets.asyncio.client import ClientConnection
@@ -30,7 +32,7 @@ from websockets.exceptions import ConnectionClosed
 from mind.client.dial import Dial, open_connection
 from mind.client.session import ClientSession
 from mind.core.nodes import NODE_LABEL
-from mind.daemon.peer import Peer
+from mind.daemon.peer import CLOSE_TRY_LATER, Peer, close_quietly
 from mind.store.api import Credentials, Nodes
 from protocol import frames
 from protocol.auth import Credential
@@ -64,6 +66,7 @@ class Forward:
     owner: str
     run: bool
     """An `exec`: answers until `run_end` (or `error`); otherwise one reply."""
+    hand: str = ""
     numbers: list[tuple[int, int]] | None = None
     run_id: str | None = None
     """A streamed run's (link number, client number) pairs, dropped when it ends."""
@@ -182,6 +185,28 @@ class Link:
         self.router.streamed[msg.run_id] = (self, fwd.peer.conn_id)
         return StreamNumbers(run_id=msg.run_id, **mine)
 
+    def _lost(self, fwd: Forward) -> None:
+        """The node holding `fwd`'s Hand is no longer reached through this link (it went away, or
+        the Hand moved here). A run: with a resume window its Hand moves and presents it elsewhere
+        (continuity, §15), so the client goes round as when a node loses its lease: its connection
+        closed, it reconnects and re-attaches wherever the run is now. Otherwise `busy`, saying so."""
+        self._ended(fwd)
+        if not self.router.connected(fwd.peer):
+            return
+        if fwd.run and self.router.keep:
+            fwd.peer.outbox.close()
+            self.router.spawn(close_quietly(fwd.peer.ws, CLOSE_TRY_LATER, "the node holding your run went away"))
+        else:
+            fwd.peer.outbox.put(Error(code=ErrorCode.BUSY, message=LINK_CLOSED), fwd.client_id)
+
+    def hand_here(self, hand: str) -> None:
+        """`hand` was claimed by this node: the runs relayed to it through this link will be
+        presented here (its old node may be frozen, the link not closed yet)."""
+        for link_id, fwd in list(self.waiting.items()):
+            if fwd.run and fwd.hand == hand:
+                del self.waiting[link_id]
+                self._lost(fwd)
+
     def _ended(self, fwd: Forward) -> None:
         for theirs, ours in fwd.numbers or ():
             self.numbers.pop(theirs, None)
@@ -224,9 +249,7 @@ class Link:
             if self._writer is not None:
                 self._writer.cancel()
             for fwd in waiting.values():
-                self._ended(fwd)
-                if self.router.connected(fwd.peer):
-                    fwd.peer.outbox.put(Error(code=ErrorCode.BUSY, message=LINK_CLOSED), fwd.client_id)
+                self._lost(fwd)
             await ws.close()
 
     async def close(self) -> None:
@@ -240,7 +263,18 @@ class Link:
 class Router:
     """This node's links to its peers and the runs relayed through them."""
 
-    def __init__(self, nodes: Nodes, credentials: Credentials, clients: dict[str, Peer], lease: float) -> None:
+    def __init__(
+        self,
+        nodes: Nodes,
+        credentials: Credentials,
+        clients: dict[str, Peer],
+        lease: float,
+        keep: bool,
+        spawn: Callable[[Coroutine[Any, Any, None]], object],
+    ) -> None:
+        self.keep = keep
+        """The Mind has a resume window: relayed runs outlive their client's or their node's leaving."""
+        self.spawn = spawn
         self.nodes = nodes
         self._store = credentials
         self._clients = clients
@@ -314,6 +348,10 @@ class Router:
         self._numbers.pop(peer.conn_id, None)
         for link in self.links.values():
             link.client_gone(peer, keep)
+
+    def hand_here(self, hand: str) -> None:
+        for link in self.links.values():
+            link.hand_here(hand)
 
     def connected(self, peer: Peer) -> bool:
         return self._clients.get(peer.conn_id) is peer

@@ -462,7 +462,9 @@ class Mind:
             await nodes.advertise(url)
         except StoreUnavailable as exc:
             log.error("node_url_not_advertised", url=url, error=str(exc))
-        self.router = Router(nodes, self.store, self.clients, self.cfg.node_lease)
+        self.router = Router(
+            nodes, self.store, self.clients, self.cfg.node_lease, self.cfg.resume_window > 0, self.spawn
+        )
 
     def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """Accept errors (out of files) come once per queued connection, thousands a second: log the
