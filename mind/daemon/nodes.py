@@ -162,6 +162,8 @@ class NodeShell:
         ]
 
     def heard_claim(self, hand: str, claim: int, node: str) -> None:
+        if self.mind.router is not None:
+            self.mind.router.forget(hand)  # where to relay its runs: asked again
         if node != self.name:
             self.perform(self.core.newer_claim(hand, claim))
 

@@ -36,7 +36,7 @@ from mind.daemon.peer import CLOSE_TRY_LATER, Peer, close_quietly
 from mind.store.api import Credentials, Nodes
 from protocol import frames
 from protocol.auth import Credential
-from protocol.codes import ErrorCode
+from protocol.codes import ErrorCode, RejectCode
 from protocol.envelope import decode as decode_envelope
 from protocol.errors import MindhandError, ProtocolError
 from protocol.ids import new_id
@@ -122,6 +122,7 @@ class Link:
             self._flush(session)
         except (MindhandError, ConnectionClosed, OSError) as exc:
             log.warning("node_link_failed", url=self.url, error=str(exc))
+            self.router.forget(fwd.hand)
             fwd.peer.outbox.put(
                 Error(
                     code=ErrorCode.BUSY,
@@ -234,6 +235,8 @@ class Link:
                 if not fwd.run or msg.TYPE in ("run_end", "error"):
                     del self.waiting[env.id]
                     self._ended(fwd)
+                    if getattr(msg, "reject_code", None) in (RejectCode.HAND_OFFLINE, RejectCode.UNKNOWN_HAND):
+                        self.router.forget(fwd.hand)  # it moved or left since: ask the database next time
                 run_id, hand = getattr(msg, "run_id", None), getattr(msg, "hand", None)
                 if fwd.run and isinstance(run_id, str) and isinstance(hand, str):
                     fwd.run_id = run_id
@@ -287,6 +290,8 @@ class Router:
         """A relayed streamed run -> its link and the client connection that started it (whose
         acknowledgements and resizes go to the link)."""
         self._numbers: dict[str, int] = {}
+        self.cache: dict[str, str] = {}
+        """Hand -> the URL of the node holding it, as last asked (see `holder`)."""
 
     async def credential(self) -> Credential:
         """The node credential, read (or made, once per database) when a link opens: a rotation
@@ -305,10 +310,18 @@ class Router:
         return Credential("client", NODE_LABEL, secret)
 
     async def holder(self, hand: str) -> Link | None:
-        """The link to the live node holding `hand`, or None (no other live node holds it)."""
-        url = await self.nodes.route(hand, self.lease)
+        """The link to the live node holding `hand`, or None (no other live node holds it). The
+        answer is kept while this node hears every claim (LISTEN is up: a claim of the Hand by any
+        node forgets it, `forget`); while it polls instead, the database is asked each time. A
+        node that no longer holds the Hand when asked answers `hand_offline` itself (a relayed
+        request is never relayed again), and the answer is forgotten then too."""
+        url = self.cache.get(hand) if self.nodes.listening else None
         if url is None:
-            return None
+            url = await self.nodes.route(hand, self.lease)
+            if url is None:
+                return None
+            if self.nodes.listening:
+                self.cache[hand] = url
         link = self.links.get(url)
         if link is None:
             link = self.links[url] = Link(self, url)
@@ -349,7 +362,12 @@ class Router:
         for link in self.links.values():
             link.client_gone(peer, keep)
 
+    def forget(self, hand: str) -> None:
+        """A claim of `hand` was heard (or a relayed request found it gone): ask the database next."""
+        self.cache.pop(hand, None)
+
     def hand_here(self, hand: str) -> None:
+        self.forget(hand)
         for link in self.links.values():
             link.hand_here(hand)
 
