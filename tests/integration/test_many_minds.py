@@ -548,6 +548,11 @@ def test_a_client_posing_as_a_node_is_refused(nodes):
             await h.cancel()
 
     asyncio.run(scenario())
+    # Nor can an operator mint the node credential into a file to relay with.
+    for action in ("add", "rotate"):
+        r = a.cli("client", action, "mind-node")
+        assert r.returncode == 2 and b"the Mind nodes' own credential" in r.stderr, r.stderr
+        assert b"mh1:" not in r.stdout  # no secret printed
 
 
 def _alive(pid: int) -> bool:
