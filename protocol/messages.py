@@ -572,6 +572,9 @@ class Attach(Message):
     TYPE = "attach"
     run_id: Id
     streams: Annotated[list[StreamPosition], Field(max_length=4)] = Field(default_factory=list)
+    on_behalf_of: Label | None = None
+    """Set only by a Mind node relaying a client's attach to the node holding the run (DESIGN
+    §16): the client attaching, who must be the run's owner there. Refused from anyone else."""
 
 
 class Attached(Message):

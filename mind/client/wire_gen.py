@@ -332,6 +332,7 @@ def attach(
     *,
     run_id: Any,
     streams: Any = None,
+    on_behalf_of: Any = None,
 ) -> Msg:
     """`attach`, as `protocol.messages.Attach(...).model_dump()` holds it."""
     return Msg(
@@ -339,6 +340,7 @@ def attach(
         {
             "run_id": run_id,
             "streams": [] if streams is None else streams,
+            "on_behalf_of": on_behalf_of,
         },
     )
 

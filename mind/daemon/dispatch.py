@@ -211,6 +211,15 @@ class Dispatch:
             peer.outbox.put(CancelRunResult(run_id=msg.run_id, status=status, state=run.state), id_)
         elif isinstance(msg, Attach):
             run = m.registry.get(msg.run_id)
+            if run is None and msg.on_behalf_of is None and m.router is not None:
+                routed = m.router.runs.get(msg.run_id)
+                if routed is not None:  # a run relayed through this node: attached at its authority
+                    if not scope.allows_hand(routed.hand):
+                        why = m.deny(peer, f"attach to run {msg.run_id}", run_id=msg.run_id)
+                        peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+                        return
+                    peer.spawn(self._attach_routed(peer, id_, msg, me, routed.hand), reply_to=id_)
+                    return
             if run is not None and not scope.allows_hand(run.hand):
                 why = m.deny(peer, f"attach to run {msg.run_id}", run_id=msg.run_id)
                 peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
@@ -218,6 +227,13 @@ class Dispatch:
             # only the run's owner may take it over; the newest attachment wins (DESIGN §15)
             m.perform(m.registry.on_attach(msg.run_id, peer.conn_id, me, id_, now, wall, msg.streams))
         elif isinstance(msg, Detach):
+            if m.registry.get(msg.run_id) is None and m.router is not None:
+                via = m.router.streamed.get(msg.run_id)
+                routed = m.router.runs.get(msg.run_id)
+                if routed is not None and via is not None and via[1] == peer.conn_id:
+                    # this connection is the run's attachment through the link: detached there
+                    peer.spawn(routed.link.forward(msg, Forward(peer, id_, me, False, routed.hand)), reply_to=id_)
+                    return
             m.perform(m.registry.on_detach(msg.run_id, peer.conn_id, id_, msg.keep_s, now, wall))
         elif isinstance(msg, ListHands):
             peer.spawn(self.views.list_hands(peer, id_, msg), reply_to=id_)
@@ -290,6 +306,22 @@ class Dispatch:
             return
         live = m.hands.get(msg.hand)
         self._admit(peer, id_, msg, live, known or live is not None, None, owner)
+
+    async def _attach_routed(self, peer: Peer, id_: str, msg: Attach, me: str, hand: str) -> None:
+        """An attach to a run relayed through this node: at the live node holding its Hand now. No
+        other node holds it (its node died and the Hand is on its way, maybe here) or that node
+        cannot be reached: attached here, where a run not presented yet is waited for (§15)."""
+        m = self.mind
+        assert m.router is not None
+        link = await m.router.holder(hand)
+        if link is not None and m.clients.get(peer.conn_id) is peer:
+            relayed = msg.model_copy(update={"on_behalf_of": me})
+            if await link.offer(relayed, Forward(peer, id_, me, True, hand), answer_failure=False):
+                return
+        if m.clients.get(peer.conn_id) is not peer:
+            return
+        now, wall = time.monotonic(), time.time()
+        m.perform(m.registry.on_attach(msg.run_id, peer.conn_id, me, id_, now, wall, msg.streams))
 
     # --- failures ---
 

@@ -112,17 +112,25 @@ class Link:
             return ws, session
 
     async def forward(self, msg: Message, fwd: Forward) -> None:
+        """`offer`, the client told `busy` if the peer node cannot be reached."""
+        await self.offer(msg, fwd)
+
+    async def offer(self, msg: Message, fwd: Forward, answer_failure: bool = True) -> bool:
         """Send `msg` (its owner named) on the link; its answers go to `fwd.peer`. A peer node that
-        cannot be reached: the client gets `busy` with why (nothing was started)."""
+        cannot be reached: False, and (`answer_failure`) the client gets `busy` with why (nothing
+        was started)."""
         try:
             ws, session = await self._ensure()
             link_id = new_id("x")
             self.waiting[link_id] = fwd
             session.send(msg, link_id)
             self._flush(session)
+            return True
         except (MindhandError, ConnectionClosed, OSError) as exc:
             log.warning("node_link_failed", url=self.url, error=str(exc))
             self.router.forget(fwd.hand)
+            if not answer_failure:
+                return False
             fwd.peer.outbox.put(
                 Error(
                     code=ErrorCode.BUSY,
@@ -130,6 +138,7 @@ class Link:
                 ),
                 fwd.client_id,
             )
+            return False
 
     def _flush(self, session: ClientSession) -> None:
         for frame in session.data_to_send():

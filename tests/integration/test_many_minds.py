@@ -488,6 +488,31 @@ def test_exec_through_the_other_node_streams_output_exit_code_and_stdin(nodes):
     assert not _events(b, "run_admitted")
 
 
+def test_a_run_detached_and_attached_through_the_other_node(nodes, tmp_path):
+    """`mind exec --detach` through node B for a Hand on node A, then `mind attach` through B: the
+    run went on at A unattended, the attach takes it up there, its whole output and exit code."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+    go = tmp_path / "go"
+    r = b.cli(
+        "exec",
+        "--detach",
+        "box",
+        "--",
+        "sh",
+        "-c",
+        f"echo one; while [ ! -e {go} ]; do sleep 0.1; done; echo two; exit 4",
+    )
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.decode().strip().split()[-1]
+    wait_until(lambda: (_run_get(a, run_id) or {}).get("state") == "running", 30, "the run running on A")
+    p = b.cli_popen("attach", run_id)
+    go.touch()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 4, err
+    assert out == b"one\ntwo\n", err
+
+
 def test_a_cancel_through_the_other_node_ends_the_run_and_its_tree(nodes, tmp_path):
     """A run started through node B on a Hand of node A, cancelled through B: A cancels it, the
     process tree is gone, the client hears `cancelled`."""
