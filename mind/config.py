@@ -60,6 +60,14 @@ KEYS: tuple[Key, ...] = (
         "with a database: this node's name in `mind hands`/`mind status` (default: host name and port)",
         metavar="NAME",
     ),
+    Key(
+        "node_url",
+        str,
+        None,
+        "with a database: the URL other nodes reach this one at, to serve their clients' requests for "
+        "its Hands (default: its listen URL)",
+        metavar="URL",
+    ),
     Key("tls_cert", str, None, "serve wss:// with this certificate (PEM; see scripts/mkcerts)", metavar="FILE"),
     Key("tls_key", str, None, "the certificate's private key (PEM)", metavar="FILE"),
     Key(

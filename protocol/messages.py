@@ -520,6 +520,10 @@ class Exec(Message):
     """The fleet run this run is a member of (DESIGN §12): recorded in the run's history, so
     `mind runs --fleet ID` lists the members. Changes nothing else about the run. The id must be
     one the Mind minted for this client (`fleet_open`): a run tagged with another's is refused."""
+    on_behalf_of: Label | None = None
+    """Set only by a Mind node relaying a client's request to the node holding the Hand (DESIGN
+    §16): the client the request is made for, whose scope the relaying node checked. Any sender
+    but a Mind node's own credential naming it is refused (`denied_by_scope`)."""
 
 
 class RunUpdate(Message):
@@ -568,6 +572,9 @@ class Attach(Message):
     TYPE = "attach"
     run_id: Id
     streams: Annotated[list[StreamPosition], Field(max_length=4)] = Field(default_factory=list)
+    on_behalf_of: Label | None = None
+    """Set only by a Mind node relaying a client's attach to the node holding the run (DESIGN
+    §16): the client attaching, who must be the run's owner there. Refused from anyone else."""
 
 
 class Attached(Message):
@@ -609,6 +616,10 @@ class Detached(Message):
 class CancelRun(Message):
     TYPE = "cancel_run"
     run_id: Id
+    on_behalf_of: Label | None = None
+    """Set only by a Mind node relaying a client's request to the node holding the Hand (DESIGN
+    §16): the client the request is made for, whose scope the relaying node checked. Any sender
+    but a Mind node's own credential naming it is refused (`denied_by_scope`)."""
 
 
 class CancelRunResult(Message):
@@ -725,6 +736,10 @@ class HandsList(Message):
 class GetRun(Message):
     TYPE = "get_run"
     run_id: Id
+    on_behalf_of: Label | None = None
+    """Set only by a Mind node relaying a client's request to the node holding the Hand (DESIGN
+    §16): the client the request is made for, whose scope the relaying node checked. Any sender
+    but a Mind node's own credential naming it is refused (`denied_by_scope`)."""
 
 
 class RunInfo(Message):

@@ -258,6 +258,7 @@ def exec_(
     streams: Any = None,
     watch: Any = True,
     fleet: Any = None,
+    on_behalf_of: Any = None,
 ) -> Msg:
     """`exec`, as `protocol.messages.Exec(...).model_dump()` holds it."""
     return Msg(
@@ -271,6 +272,7 @@ def exec_(
             "streams": streams,
             "watch": watch,
             "fleet": fleet,
+            "on_behalf_of": on_behalf_of,
         },
     )
 
@@ -278,12 +280,14 @@ def exec_(
 def cancel_run(
     *,
     run_id: Any,
+    on_behalf_of: Any = None,
 ) -> Msg:
     """`cancel_run`, as `protocol.messages.CancelRun(...).model_dump()` holds it."""
     return Msg(
         "cancel_run",
         {
             "run_id": run_id,
+            "on_behalf_of": on_behalf_of,
         },
     )
 
@@ -328,6 +332,7 @@ def attach(
     *,
     run_id: Any,
     streams: Any = None,
+    on_behalf_of: Any = None,
 ) -> Msg:
     """`attach`, as `protocol.messages.Attach(...).model_dump()` holds it."""
     return Msg(
@@ -335,6 +340,7 @@ def attach(
         {
             "run_id": run_id,
             "streams": [] if streams is None else streams,
+            "on_behalf_of": on_behalf_of,
         },
     )
 

@@ -156,3 +156,21 @@ class NodeCore:
         if not self.live(now):
             return None
         return self.claims.get(hand)
+
+
+NODE_LABEL = "mind-node"
+"""The label of the client credential Mind nodes sharing a database authenticate to each other
+with (DESIGN §16, routing). One row per database, made by the first node that needs it, its
+secret read from the database by each node and never written to a file: an operator's credential
+file cannot be used to pose as a node."""
+
+
+def request_owner(sender: str, on_behalf_of: str | None, shared: bool) -> str | None:
+    """Whose request this is: the sender's own, or, relayed by another node (`on_behalf_of`), the
+    client the relaying node authenticated and checked the scope of. Only a node's credential on a
+    shared database may name another owner; None: anyone else tried (refused, never obeyed)."""
+    if on_behalf_of is None:
+        return sender
+    if shared and sender == NODE_LABEL:
+        return on_behalf_of
+    return None

@@ -15,6 +15,7 @@ from mind.cli.config import FILE_HELP
 from mind.cli.exits import EXIT_USAGE, die
 from mind.cli.formatting import table, timestamp
 from mind.config import settings_source
+from mind.core.nodes import NODE_LABEL
 
 
 def add_parsers(sub: Any) -> None:
@@ -142,6 +143,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         database=s["database"] or None,
         node_lease=s["node_lease"],
         node_name=s["node_name"] or None,
+        node_url=s["node_url"] or None,
     )
     try:
         mind = Mind(cfg)
@@ -204,6 +206,10 @@ def cmd_credentials(args: argparse.Namespace) -> None:
             return
         print(f"# {args.cmd} credential for {args.name!r} {verb}, shown once; keep it private", file=sys.stderr)
         print(cred.token(), flush=True)
+
+    if args.cmd == "client" and args.action in ("add", "rotate") and getattr(args, "name", None) == NODE_LABEL:
+        # its secret must never be in a file: whoever holds it may act for any client (DESIGN §16)
+        die(f"{NODE_LABEL!r} is the Mind nodes' own credential: the nodes make it and never write it out", EXIT_USAGE)
 
     if getattr(args, "out", None) and args.action in ("add", "rotate"):
         _check_out(args.out)

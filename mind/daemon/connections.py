@@ -163,6 +163,8 @@ class Connections:
             m.clients.pop(peer.conn_id, None)
             m.metrics.clients_connected.set(len(m.clients))
             m.perform(m.registry.on_client_gone(peer.conn_id, time.monotonic(), time.time()))
+            if m.router is not None:
+                m.router.client_gone(peer, m.cfg.resume_window > 0)
             clog.debug("client_disconnected")
 
     # --- the reader ---

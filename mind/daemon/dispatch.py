@@ -16,8 +16,10 @@ import structlog
 from mind.core.admission import args_problem, touch_denial, use_denial
 from mind.core.budgets import stream_budget_problem, stream_windows
 from mind.core.fleetids import FleetOwners
+from mind.core.nodes import request_owner
 from mind.daemon.host import Host
 from mind.daemon.peer import INTERNAL_ERROR, Peer
+from mind.daemon.route import ROUTED_NUMBER_BASE, Forward
 from mind.daemon.taskservice import TaskService
 from mind.daemon.views import Views
 from protocol import frames, limits
@@ -123,6 +125,9 @@ class Dispatch:
         buffer, never decoded or copied into a message. `ProtocolError` ends the connection."""
         number, offset, eof, payload = frames.decode(data)  # type: ignore[arg-type]
         r = self.mind.registry
+        if number >= ROUTED_NUMBER_BASE and self.mind.router is not None and peer.ident.role == "client":
+            self.mind.router.from_client_frame(peer, number, offset, eof, payload)  # a relayed run's stdin
+            return
         if peer.ident.role == "hand":
             acts = r.on_hand_frame(peer.ident.label, peer.gen, number, offset, eof, payload)
         else:
@@ -135,6 +140,8 @@ class Dispatch:
     def on_client_message(self, peer: Peer, id_: str | None, msg: Message) -> None:
         m = self.mind
         if isinstance(msg, (StreamAck, Resize)):  # about a run's bytes, not a request: no answer
+            if m.router is not None and m.router.from_client_stream(peer, msg):
+                return  # a relayed run's: its holding node's flow control
             m.perform(m.registry.on_client_stream(msg, peer.conn_id))
             return
         if id_ is None:
@@ -144,7 +151,12 @@ class Dispatch:
             peer.outbox.put(Error(code=ErrorCode.INVALID_PAYLOAD, message=f"invalid {msg.TYPE}: {problem}"), id_)
             return
         now, wall = time.monotonic(), time.time()
-        me, scope = peer.ident.label, peer.scope
+        scope = peer.scope
+        me = request_owner(peer.ident.label, getattr(msg, "on_behalf_of", None), m.router is not None)
+        if me is None:  # a client posing as a node relaying another's request: refused, never obeyed
+            why = m.deny(peer, "act on behalf of another client", on_behalf_of=getattr(msg, "on_behalf_of", ""))
+            peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+            return
         if isinstance(msg, Exec):
             refusal = None
             denial = use_denial(scope, msg.hand, msg.tool)
@@ -161,11 +173,24 @@ class Dispatch:
             live = m.hands.get(msg.hand)
             if live is None and refusal is None:
                 # Offline or unknown: the credentials table says which, read on the database thread.
-                peer.spawn(self._admit_offline(peer, id_, msg), reply_to=id_)
+                peer.spawn(self._admit_offline(peer, id_, msg, me), reply_to=id_)
                 return
-            self._admit(peer, id_, msg, live, True, refusal)
+            self._admit(peer, id_, msg, live, True, refusal, me)
         elif isinstance(msg, (CancelRun, GetRun)):
             run = m.registry.get(msg.run_id)
+            if run is None and msg.on_behalf_of is None and m.router is not None:
+                routed = m.router.runs.get(msg.run_id)
+                if routed is not None:  # a run relayed through this node: asked of its authority
+                    verb = "cancel" if isinstance(msg, CancelRun) else "read"
+                    what = f"{verb} run {msg.run_id}"
+                    denial = touch_denial(scope, me, routed.hand, routed.owner, what, run_id=msg.run_id)
+                    if denial is not None:
+                        why = m.deny(peer, denial.what, **denial.fields)
+                        peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+                        return
+                    relayed = msg.model_copy(update={"on_behalf_of": routed.owner})
+                    peer.spawn(routed.link.forward(relayed, Forward(peer, id_, routed.owner, False)), reply_to=id_)
+                    return
             if run is None and isinstance(msg, GetRun) and m.history is not None:
                 peer.spawn(self.views.run_from_history(peer, id_, msg.run_id), reply_to=id_)  # another node's run
                 return
@@ -186,6 +211,15 @@ class Dispatch:
             peer.outbox.put(CancelRunResult(run_id=msg.run_id, status=status, state=run.state), id_)
         elif isinstance(msg, Attach):
             run = m.registry.get(msg.run_id)
+            if run is None and msg.on_behalf_of is None and m.router is not None:
+                routed = m.router.runs.get(msg.run_id)
+                if routed is not None:  # a run relayed through this node: attached at its authority
+                    if not scope.allows_hand(routed.hand):
+                        why = m.deny(peer, f"attach to run {msg.run_id}", run_id=msg.run_id)
+                        peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+                        return
+                    peer.spawn(self._attach_routed(peer, id_, msg, me, routed.hand), reply_to=id_)
+                    return
             if run is not None and not scope.allows_hand(run.hand):
                 why = m.deny(peer, f"attach to run {msg.run_id}", run_id=msg.run_id)
                 peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
@@ -193,6 +227,13 @@ class Dispatch:
             # only the run's owner may take it over; the newest attachment wins (DESIGN §15)
             m.perform(m.registry.on_attach(msg.run_id, peer.conn_id, me, id_, now, wall, msg.streams))
         elif isinstance(msg, Detach):
+            if m.registry.get(msg.run_id) is None and m.router is not None:
+                via = m.router.streamed.get(msg.run_id)
+                routed = m.router.runs.get(msg.run_id)
+                if routed is not None and via is not None and via[1] == peer.conn_id:
+                    # this connection is the run's attachment through the link: detached there
+                    peer.spawn(routed.link.forward(msg, Forward(peer, id_, me, False, routed.hand)), reply_to=id_)
+                    return
             m.perform(m.registry.on_detach(msg.run_id, peer.conn_id, id_, msg.keep_s, now, wall))
         elif isinstance(msg, ListHands):
             peer.spawn(self.views.list_hands(peer, id_, msg), reply_to=id_)
@@ -223,7 +264,14 @@ class Dispatch:
             raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, f"a client may not send {msg.TYPE}")
 
     def _admit(
-        self, peer: Peer, id_: str, msg: Exec, live: Peer | None, known: bool, refusal: tuple[RejectCode, str] | None
+        self,
+        peer: Peer,
+        id_: str,
+        msg: Exec,
+        live: Peer | None,
+        known: bool,
+        refusal: tuple[RejectCode, str] | None,
+        owner: str,
     ) -> None:
         m = self.mind
         m.perform(
@@ -236,20 +284,44 @@ class Dispatch:
                 known,
                 time.monotonic(),
                 time.time(),
-                owner=peer.ident.label,
+                owner=owner,
                 refusal=refusal,
             )
         )
 
-    async def _admit_offline(self, peer: Peer, id_: str, msg: Exec) -> None:
-        """An exec for a Hand with no connection: `unknown_hand` or `hand_offline` by the store. If
-        the Hand connected meanwhile, the run goes to it; if the client left, nothing is admitted."""
+    async def _admit_offline(self, peer: Peer, id_: str, msg: Exec, owner: str) -> None:
+        """An exec for a Hand with no connection here: relayed to the node holding it (DESIGN §16,
+        at most one hop: never a request another node relayed), else `unknown_hand` or
+        `hand_offline` by the store. If the Hand connected meanwhile, the run goes to it; if the
+        client left, nothing is admitted."""
         m = self.mind
+        if m.router is not None and msg.on_behalf_of is None:
+            link = await m.router.holder(msg.hand)
+            if link is not None and m.clients.get(peer.conn_id) is peer and msg.hand not in m.hands:
+                relayed = msg.model_copy(update={"on_behalf_of": owner})
+                await link.forward(relayed, Forward(peer, id_, owner, True, msg.hand))
+                return
         known = await m.creds(m.store.secret, "hand", msg.hand) is not None
         if m.clients.get(peer.conn_id) is not peer:
             return
         live = m.hands.get(msg.hand)
-        self._admit(peer, id_, msg, live, known or live is not None, None)
+        self._admit(peer, id_, msg, live, known or live is not None, None, owner)
+
+    async def _attach_routed(self, peer: Peer, id_: str, msg: Attach, me: str, hand: str) -> None:
+        """An attach to a run relayed through this node: at the live node holding its Hand now. No
+        other node holds it (its node died and the Hand is on its way, maybe here) or that node
+        cannot be reached: attached here, where a run not presented yet is waited for (§15)."""
+        m = self.mind
+        assert m.router is not None
+        link = await m.router.holder(hand)
+        if link is not None and m.clients.get(peer.conn_id) is peer:
+            relayed = msg.model_copy(update={"on_behalf_of": me})
+            if await link.offer(relayed, Forward(peer, id_, me, True, hand), answer_failure=False):
+                return
+        if m.clients.get(peer.conn_id) is not peer:
+            return
+        now, wall = time.monotonic(), time.time()
+        m.perform(m.registry.on_attach(msg.run_id, peer.conn_id, me, id_, now, wall, msg.streams))
 
     # --- failures ---
 

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from mind.core.registry import Action, RunRegistry
     from mind.daemon.metrics import MindMetrics
     from mind.daemon.peer import Peer
+    from mind.daemon.route import Router
     from mind.store.api import Credentials, History, Snapshots
     from protocol.messages import Message, NodeInfo
 
@@ -53,6 +54,8 @@ class MindConfig:
     """With a database: how long this node acts after its last successful heartbeat (`mind.core.nodes`)."""
     node_name: str | None = None
     """With a database: this node's name (default: host name and port)."""
+    node_url: str | None = None
+    """With a database: where other nodes reach this one (default: its listen URL; DESIGN §16)."""
     max_pending_handshakes: int = 1024
     auth_fail_limit: int = 10
     auth_fail_window: float = 60.0
@@ -97,6 +100,8 @@ class Host(Protocol):
     epoch: int
     """The credential table's epoch the last sweep saw (`Mind.check_credentials`)."""
     large_frames: bool
+    router: Router | None
+    """On a shared database, once it listens: its links to the other nodes (`mind.daemon.route`)."""
     """A large frame came in since the last tick: the ticker gives its freed memory back (`heap`)."""
 
     @property

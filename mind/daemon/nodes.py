@@ -106,6 +106,8 @@ class NodeShell:
         self.perform(actions)
         if any(isinstance(a, CloseHand) and a.hand == hand and a.claim == claim for a in actions):
             raise NotLive(LEASE_LOST_MESSAGE)
+        if self.mind.router is not None:  # its runs relayed from here to its old node come here now
+            self.mind.router.hand_here(hand)
         return claim
 
     async def _learn_endings(self, hand: str) -> None:
@@ -160,6 +162,8 @@ class NodeShell:
         ]
 
     def heard_claim(self, hand: str, claim: int, node: str) -> None:
+        if self.mind.router is not None:
+            self.mind.router.forget(hand)  # where to relay its runs: asked again
         if node != self.name:
             self.perform(self.core.newer_claim(hand, claim))
 

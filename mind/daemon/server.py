@@ -40,9 +40,20 @@ from mind.daemon.host import MindConfig
 from mind.daemon.metrics import MindMetrics
 from mind.daemon.nodes import NodeShell
 from mind.daemon.peer import CLOSE_REVOKED, Peer, close_quietly
+from mind.daemon.route import Router
 from mind.daemon.taskservice import TaskService
 from mind.daemon.views import Views
-from mind.store.api import Credentials, Endings, Fenced, History, SchemaTooNew, Snapshots, Stores, StoreUnavailable
+from mind.store.api import (
+    Credentials,
+    Endings,
+    Fenced,
+    History,
+    Nodes,
+    SchemaTooNew,
+    Snapshots,
+    Stores,
+    StoreUnavailable,
+)
 from mind.store.endings import Ending
 from mind.store.engines import open_stores
 from protocol import limits
@@ -209,6 +220,8 @@ class Mind:
         """A NOTIFY said the credentials changed: the next tick sweeps, whatever the poll's pace."""
         self.nodes: NodeShell | None = None
         """On a shared database: this node's lease and claims (`mind.daemon.nodes`)."""
+        self.router: Router | None = None
+        """On a shared database, once it listens: its links to the other nodes (`mind.daemon.route`)."""
         self.denials: dict[str, int] = {}
         self.metrics = MindMetrics()
         self.started = time.time()
@@ -407,6 +420,8 @@ class Mind:
                 self.url = f"{'wss' if ssl_ctx else 'ws'}://{host}:{port}"
                 paths.write_private(paths.url_file(self.cfg.home), self.url + "\n")
                 log.info("mind_listening", url=self.url, mind_id=self.mind_id, pid=os.getpid())
+                if self.nodes is not None:
+                    await self._advertise(self.nodes.nodes)
                 if on_ready:
                     on_ready(self.url)
                 ticker = tg.create_task(self._ticker())
@@ -430,10 +445,26 @@ class Mind:
                 lag_probe.cancel()
                 for t in node_tasks:
                     t.cancel()
+                if self.router is not None:
+                    await self.router.close()
                 if history is not None:
                     history.cancel()
                 server.close(close_connections=True)
                 await server.wait_closed()
+
+    async def _advertise(self, nodes: Nodes) -> None:
+        """Say where other nodes reach this one, and route to them (DESIGN §16). A database away
+        now: logged; this node serves its own Hands, and the others cannot route to it until it
+        restarts with the database back."""
+        assert self.url is not None
+        url = self.cfg.node_url or self.url
+        try:
+            await nodes.advertise(url)
+        except StoreUnavailable as exc:
+            log.error("node_url_not_advertised", url=url, error=str(exc))
+        self.router = Router(
+            nodes, self.store, self.clients, self.cfg.node_lease, self.cfg.resume_window > 0, self.spawn
+        )
 
     def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """Accept errors (out of files) come once per queued connection, thousands a second: log the

@@ -25,7 +25,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import asyncpg
 import msgpack
@@ -121,6 +121,11 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE run_endings ADD COLUMN hand TEXT NOT NULL DEFAULT '';
     CREATE INDEX run_endings_hand ON run_endings (hand, ended_at);
+    """,
+    # 3: where other nodes reach a node (`--node-url`): a client asking one node for a Hand another
+    # holds is served through that node over a node-to-node link (`mind.daemon.route`).
+    """
+    ALTER TABLE nodes ADD COLUMN url TEXT;
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -1048,6 +1053,28 @@ class PgNodes:
             )
         )
         return {r[0]: (r[1], int(r[2]), float(r[3])) for r in rows}
+
+    async def advertise(self, url: str) -> None:
+        """Say where other nodes reach this one (its `nodes` row)."""
+        await self._db.run(lambda con: con.execute("UPDATE nodes SET url = $2 WHERE name = $1", self.name, url))
+
+    async def route(self, hand: str, lease: float) -> str | None:
+        """The URL of the other node that holds `hand` now (its heartbeat younger than `lease` on
+        the database's clock), or None: held by no live node, by this one, or by a node that
+        advertised no URL."""
+        return cast(
+            "str | None",
+            await self._db.run(
+                lambda con: con.fetchval(
+                    "SELECT n.url FROM hands h JOIN nodes n ON n.name = h.node AND n.running "
+                    "WHERE h.label = $1 AND h.node <> $2 AND n.url IS NOT NULL "
+                    "AND n.heartbeat_at > clock_timestamp() - make_interval(secs => $3)",
+                    hand,
+                    self.name,
+                    lease,
+                )
+            ),
+        )
 
     async def nodes(self) -> list[tuple[str, bool, float]]:
         """Every node: (name, running, seconds since its heartbeat on the database's clock)."""

@@ -11,14 +11,19 @@ error (never accepted and forgotten) and all is back when it returns.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from mind.client.aio import ClientError
 from mind.testing.cluster import Cluster, wait_until
+from protocol.messages import CancelRun, CancelRunResult, Exec, GetRun, RunEnd, RunInfo
 
 pytestmark = pytest.mark.slow
 
@@ -239,34 +244,24 @@ def _events(c: Cluster, name: str) -> list[dict]:
     return [e for e in c.mind.events(getattr(c.mind, "log_start", 0)) if e.get("event") == name]
 
 
-def _exec_through_holder(
-    tmp: Path, first: Cluster, other: Cluster, script: str
-) -> tuple[subprocess.Popen[bytes], Path]:
-    """`mind exec --mind FIRST --mind OTHER box -- sh -c SCRIPT`, started once it is served by the
-    node that holds the Hand. The client starts at a random one of its URLs, and until routing
-    (issue 27 item 4) the other node answers that the Hand is not connected there: that try ran
-    nothing, and the next one is made (bounded). Returns the process and the marker the run writes
-    when it has started."""
-    for attempt in range(12):
-        marker = tmp / f"started-{attempt}"
-        p = first.cli_popen(
-            "exec", "--mind", first.url, "--mind", other.url, "box", "--", "sh", "-c", f"touch {marker}; {script}"
-        )
-        wait_until(
-            lambda m=marker, p=p: m.exists() or p.poll() is not None, 30, "the run to start or the client to end"
-        )
-        if marker.exists():
-            return p, marker
-        _, err = p.communicate(timeout=10)
-        assert b"not connected" in err, err
-    raise AssertionError("the client never landed on the Hand's node in 12 tries")
+def _exec_through_either(tmp: Path, c: Cluster, urls: list[str], script: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """`mind exec --mind URL... box -- sh -c SCRIPT`: the client starts at a random one of its URLs
+    and is served wherever it lands (routing: through the node holding the Hand, no retry).
+    Returns the process and the marker the run writes when it has started."""
+    marker = tmp / "started"
+    mind = [x for url in urls for x in ("--mind", url)]
+    p = c.cli_popen("exec", *mind, "box", "--", "sh", "-c", f"touch {marker}; {script}")
+    wait_until(lambda: marker.exists() or p.poll() is not None, 30, "the run to start or the client to end")
+    assert marker.exists(), p.communicate(timeout=10)
+    return p, marker
 
 
 def test_kill_9_of_the_node_holding_a_hand_mid_run_the_run_finishes_elsewhere(nodes, tmp_path):
-    """The node holding the Hand and the client is killed (-9) mid-run: the Hand reconnects to the
-    other node and re-presents its run, which that node adopts (no node ended it); the client
-    goes round to the other node and re-attaches; the run ends with its real exit code and its
-    whole output, once."""
+    """The node holding the Hand is killed (-9) mid-run while the client, on the other node, is
+    served through it (routing: no retry until the right node). The Hand reconnects to the other
+    node and re-presents its run, which that node adopts (no node ended it); the client, its link
+    to the run gone, goes round and re-attaches there; the run ends with its real exit code and
+    its whole output, once."""
     a, b = nodes
     _start_pair(a, b)
     a.add_hand("box")
@@ -276,8 +271,9 @@ def test_kill_9_of_the_node_holding_a_hand_mid_run_the_run_finishes_elsewhere(no
     gen = first._connected_by_log("box", 1)
     assert gen is not None
     go = tmp_path / "go"
-    p, _ = _exec_through_holder(
-        tmp_path, first, other, f"echo before; while [ ! -e {go} ]; do sleep 0.1; done; echo after; exit 7"
+    # The client is on the other node: served through the holder, which is then killed.
+    p, _ = _exec_through_either(
+        tmp_path, other, [other.url], f"echo before; while [ ! -e {go} ]; do sleep 0.1; done; echo after; exit 7"
     )
     assert first.mind is not None
     first.mind.kill9()
@@ -305,8 +301,11 @@ def test_a_node_frozen_past_its_lease_acts_for_nothing_when_it_wakes(nodes, tmp_
     gen = first._connected_by_log("box", 1)
     assert gen is not None
     go = tmp_path / "go"
-    p, _ = _exec_through_holder(
-        tmp_path, first, other, f"echo before; while [ ! -e {go} ]; do sleep 0.1; done; echo after; exit 3"
+    p, _ = _exec_through_either(
+        tmp_path,
+        first,
+        [first.url, other.url],
+        f"echo before; while [ ! -e {go} ]; do sleep 0.1; done; echo after; exit 3",
     )
     assert first.mind is not None
     first.mind.signal(signal.SIGSTOP)
@@ -426,3 +425,164 @@ def _endings(dsn: str, run_id: str) -> list[dict]:
         return [msgpack.unpackb(r[0], raw=False) for r in rows]
 
     return asyncio.run(read())
+
+
+# --- routing (the third wave): a client on one node served through the node holding the Hand ---
+
+
+def _pair_with_box_on_a(a: Cluster, b: Cluster) -> None:
+    """Both nodes up; Hand `box` connected to node A only (its one URL)."""
+    _start_pair(a, b)
+    a.add_hand("box")
+    a.start_hand("box", url=a.url)
+    a.wait_connected("box")
+
+
+def test_a_call_through_the_other_node_is_served_by_the_node_holding_the_hand(nodes, tmp_path):
+    """A client of node B calls tools of a Hand connected to node A: served through A (the run is
+    A's: its registry, its history), the answer exact, `mind run get` and the run's owner as on A."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+    data = bytes(range(256)) * 64
+    (a.tmp / "root-box" / "f.bin").write_bytes(data)
+    r = b.cli("call", "--hand", "box", "read_file", "path=f.bin", "--raw")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == data
+    # The read ran on A (the authority): A's memory lists it, B's does not.
+    on_a = [r for r in json.loads(a.cli("runs", "--json").stdout) if r["tool"] == "read_file"]
+    assert len(on_a) == 1 and on_a[0]["state"] == "succeeded"
+    assert not [r for r in json.loads(b.cli("runs", "--json").stdout) if r["tool"] == "read_file"]
+
+    async def through_b() -> None:
+        async with await b.client("admin-b", url=b.url) as mc:
+            h = await mc.start("box", "exec", {"argv": ["sh", "-c", "echo routed; exit 3"]}, stream=False)
+            end = await h.wait()
+            assert end.exit_code == 3 and end.stdout.data == b"routed\n"
+            got = await mc.get_run(end.run_id)  # through B, answered by A
+            assert got.state == end.state and got.hand == "box"
+        # The run is the client's on A, not the node's: its owner reads it there, another client may not.
+        async with await b.client("admin-b", url=a.url) as mine:
+            assert (await mine.get_run(end.run_id)).state == end.state
+        async with await b.client("stranger", url=a.url) as stranger:
+            with pytest.raises(ClientError) as refused:
+                await stranger.get_run(end.run_id)
+            assert refused.value.code == "denied_by_scope"
+
+    asyncio.run(through_b())
+
+
+def test_exec_through_the_other_node_streams_output_exit_code_and_stdin(nodes):
+    """`mind exec` on node B for a Hand on node A: the run's data frames go through B renumbered,
+    the payload as A sent it; exit code, stdout and stderr exact; 8 MiB of stdin arrive whole."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+    r = b.cli("exec", "box", "--", "sh", "-c", "echo out; echo err >&2; exit 5")
+    assert r.returncode == 5, r.stderr
+    assert r.stdout == b"out\n" and r.stderr == b"err\n"
+    data = os.urandom(8 << 20)
+    r = b.cli("exec", "box", "--", "sha256sum", input=data, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[0].decode() == hashlib.sha256(data).hexdigest()
+    started = [e for e in _events(a, "run_admitted")]
+    assert len(started) == 2  # both ran on A, the Hand's node
+    assert not _events(b, "run_admitted")
+
+
+def test_a_run_detached_and_attached_through_the_other_node(nodes, tmp_path):
+    """`mind exec --detach` through node B for a Hand on node A, then `mind attach` through B: the
+    run went on at A unattended, the attach takes it up there, its whole output and exit code."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+    go = tmp_path / "go"
+    r = b.cli(
+        "exec",
+        "--detach",
+        "box",
+        "--",
+        "sh",
+        "-c",
+        f"echo one; while [ ! -e {go} ]; do sleep 0.1; done; echo two; exit 4",
+    )
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.decode().strip().split()[-1]
+    wait_until(lambda: (_run_get(a, run_id) or {}).get("state") == "running", 30, "the run running on A")
+    p = b.cli_popen("attach", run_id)
+    go.touch()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 4, err
+    assert out == b"one\ntwo\n", err
+
+
+def test_a_cancel_through_the_other_node_ends_the_run_and_its_tree(nodes, tmp_path):
+    """A run started through node B on a Hand of node A, cancelled through B: A cancels it, the
+    process tree is gone, the client hears `cancelled`."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+    pidfile = tmp_path / "pid"
+
+    async def scenario() -> int:
+        async with await b.client("ops", url=b.url) as mc:
+            h = await mc.start(
+                "box", "exec", {"argv": ["sh", "-c", f"sleep 300 & echo $! > {pidfile}; wait"]}, stream=False
+            )
+            await asyncio.to_thread(
+                wait_until, lambda: pidfile.exists() and pidfile.read_text().strip(), 30, "the run to start"
+            )
+            async with await b.client("ops", url=b.url) as other:  # another connection of the same client
+                assert h.run_id is not None
+                await other.cancel(h.run_id)
+            end = await h.wait()
+            assert end.state.value == "cancelled", end
+        return int(pidfile.read_text())
+
+    pid = asyncio.run(scenario())
+    wait_until(lambda: not _alive(pid), 15, "the run's process tree to be gone")
+
+
+def test_a_client_posing_as_a_node_is_refused(nodes):
+    """The attack: a client credential names another client as the owner (what only a node's link
+    may do) to read, cancel or start runs as that client. Refused on every node, the victim's run
+    untouched."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+
+    async def scenario() -> None:
+
+        async with await a.client("victim", url=a.url) as victim:
+            h = await victim.start("box", "exec", {"argv": ["sleep", "60"]}, stream=False)
+            await asyncio.to_thread(wait_until, lambda: h.run_id is not None, 10, "the run id")
+            assert h.run_id is not None
+            for url in (a.url, b.url):
+                async with await a.client("mallory", url=url) as mallory:
+                    forged = [
+                        (CancelRun(run_id=h.run_id, on_behalf_of="victim"), CancelRunResult),
+                        (GetRun(run_id=h.run_id, on_behalf_of="victim"), RunInfo),
+                        (
+                            Exec(
+                                hand="box", tool="exec", args={"argv": ["true"]}, timeout_ms=5000, on_behalf_of="victim"
+                            ),
+                            RunEnd,
+                        ),
+                    ]
+                    for msg, kind in forged:
+                        with pytest.raises(ClientError) as refused:
+                            await mallory._ask(msg, kind)  # type: ignore[type-var]
+                        assert refused.value.code == "denied_by_scope", refused.value
+            info = await victim.get_run(h.run_id)
+            assert info.state.value == "running"  # untouched
+            await h.cancel()
+
+    asyncio.run(scenario())
+    # Nor can an operator mint the node credential into a file to relay with.
+    for action in ("add", "rotate"):
+        r = a.cli("client", action, "mind-node")
+        assert r.returncode == 2 and b"the Mind nodes' own credential" in r.stderr, r.stderr
+        assert b"mh1:" not in r.stdout  # no secret printed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,0 +1,88 @@
+"""Calls through the other Mind node vs through the Hand's own node (issue 27 item 4, target
+p50 <= +0.5 ms): two `mind serve --database` nodes on a PostgreSQL of the run's own
+(tests/support/postgres.py), one real Hand connected to node A, one Python client on A and one on
+B. The same call (`read_file` of 100 bytes, then `exec -- true`) alternates between the two clients,
+so both series see the same machine at the same moments: the difference is the hop through B
+(its scope check, the holder lookup in the database, the node link both ways).
+
+    scripts/bench-route [-n CALLS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
+
+from support.postgres import remove, start_server
+
+from mind.client.aio import MindClient, load_credential
+from mind.testing.cluster import Cluster
+
+
+async def measure(own: str, other: str, cred_path: Path, n: int) -> list[tuple[str, list[float], list[float]]]:
+    cred = load_credential(cred_path)
+    out = []
+    async with await MindClient.connect(own, cred) as a, await MindClient.connect(other, cred) as b:
+        for label, tool, args in (
+            ("read_file 100 B", "read_file", {"path": "small.txt"}),
+            ("exec -- true", "exec", {"argv": ["true"]}),
+        ):
+            series: dict[str, list[float]] = {"own": [], "other": []}
+            for i in range(n + min(50, n)):  # the first 50 of each: warm-up, not counted
+                for name, mc in (("own", a), ("other", b)):
+                    t0 = time.perf_counter()
+                    end = await mc.exec("box", tool, args)
+                    took = (time.perf_counter() - t0) * 1000
+                    assert end.state.value == "succeeded", end
+                    if i >= min(50, n):
+                        series[name].append(took)
+            out.append((label, series["own"], series["other"]))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=1000, help="calls per figure and per node")
+    args = ap.parse_args()
+    server = start_server()
+    try:
+        dsn = server.createdb("bench_route")
+        with tempfile.TemporaryDirectory() as tmp:
+            nodes = []
+            for name in ("a", "b"):
+                (Path(tmp) / name).mkdir()
+                c = Cluster(Path(tmp) / name)
+                c.env["MINDHAND_DATABASE"] = dsn
+                nodes.append(c)
+            a, b = nodes
+            try:
+                a.start_mind()
+                b.start_mind()
+                a.add_hand("box")
+                a.start_hand("box", url=a.url)
+                a.wait_connected("box")
+                (a.tmp / "root-box" / "small.txt").write_bytes(b"x" * 100)
+                results = asyncio.run(measure(a.url, b.url, a.home / "admin.cred", args.n))
+            finally:
+                b.stop_all()
+                a.stop_all()
+    finally:
+        remove(server)
+    print(f"{'figure':<18} {'n':>6} {'own p50':>8} {'other p50':>10} {'+ms':>7} {'own p99':>8} {'other p99':>10}")
+    for label, own, other in results:
+        p50o, p50t = statistics.median(own), statistics.median(other)
+        p99o = statistics.quantiles(own, n=100)[98]
+        p99t = statistics.quantiles(other, n=100)[98]
+        print(f"{label:<18} {len(own):>6} {p50o:>8.3f} {p50t:>10.3f} {p50t - p50o:>+7.3f} {p99o:>8.3f} {p99t:>10.3f}")
+
+
+if __name__ == "__main__":
+    main()
