@@ -260,7 +260,7 @@ def test_hand_run_with_bad_sandbox_flags_exits_2(tmp_path):
                 "hand",
                 "run",
                 "--mind",
-                args.mind,
+                ",".join(args.mind),
                 "--credential",
                 args.credential,
                 "--root",
