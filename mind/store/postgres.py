@@ -658,7 +658,12 @@ class PgSnapshots:
         synced_since: float | None = None,
         quota: int | None = None,
     ) -> Plan:
-        """As `SnapshotStore.reconcile`, in one transaction with the Hand's rows locked."""
+        """As `SnapshotStore.reconcile`, in one transaction with the Hand's rows locked. A Hand
+        with no tasks (the common welcome) first tries `_reconcile_empty`: one statement."""
+        if not hand_rows:
+            plan = await self._reconcile_empty(hand, now, synced_since)
+            if plan is not None:
+                return plan
 
         async def run(con: asyncpg.Connection) -> Plan:
             if self._fence is not None:
@@ -694,6 +699,32 @@ class PgSnapshots:
             return plan
 
         return await self._tx(run)
+
+    async def _reconcile_empty(self, hand: str, now: float, synced_since: float | None) -> Plan | None:
+        """A Hand that reported no tasks, where the Mind holds none for it either: nothing to
+        write, so one statement answers (the fence checked as `Fence.check` does, its row locked
+        FOR SHARE for that statement) instead of a transaction of four round trips. None (the
+        full transaction follows) when the Mind holds any row for the Hand."""
+        fence = self._fence
+        fenced = fence is not None and fence.active
+        claim = fence.claim(hand) if fence is not None else -1
+        row = await self._db.run(
+            lambda con: con.fetchrow(
+                "SELECT NOT $4 OR EXISTS (SELECT 1 FROM hands WHERE label = $1 AND node = $2 AND claim = $3 FOR SHARE), "
+                "EXISTS (SELECT 1 FROM task_snapshots WHERE hand = $1)",
+                hand,
+                fence.node if fence is not None else "",
+                claim,
+                fenced,
+            )
+        )
+        if not row[0]:
+            assert fence is not None
+            fence.fenced(hand, claim)  # raises Fenced
+        if row[1]:
+            return None
+        plan = reconcile(hand, [], {}, {}, now, synced_since)
+        return None if plan.writes or plan.never_stored else plan
 
     async def batch(self, calls: Calls) -> Results:
         out: Results = []

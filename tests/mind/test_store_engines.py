@@ -195,6 +195,21 @@ async def test_reconcile_in_one_transaction_with_a_quota(stores: Stores):
     assert again.writes == [] and again.over_quota == 3
 
 
+async def test_reconcile_of_a_hand_that_reports_no_tasks(stores: Stores):
+    """The common welcome (a Hand with no tasks; one statement on PostgreSQL): nothing for a Hand
+    the Mind holds nothing for; the same empty inventory from a Hand the Mind holds a running
+    task for declares it lost, and an unreported start is forgotten, as a full reconcile does."""
+    s = stores.snapshots
+    await s.insert_new(snap("other", hand="g", state=TaskState.RUNNING, version=1))
+    empty = await s.reconcile("h", {}, 5.0)
+    assert (empty.writes, empty.lost, empty.never_stored, empty.unchanged) == ([], [], [], 0)
+    await s.insert_new(snap("t1", state=TaskState.RUNNING, version=1))
+    await s.insert_new(snap("t2"))  # a start never reported
+    plan = await s.reconcile("h", {}, 6.0)
+    assert [x.task_id for x in plan.lost] == ["t1"] and plan.never_stored == ["t2"]
+    assert {x.task_id: x.state for x in await s.list(limit=10)} == {"t1": TaskState.LOST, "other": TaskState.RUNNING}
+
+
 async def test_a_batch_runs_in_order_and_marks_an_offline_hand_stale(stores: Stores):
     s = stores.snapshots
     results = await s.batch(
