@@ -218,10 +218,10 @@ def fig_nodes(ctx: Ctx) -> list[Row]:
     # Calls through the other node vs the Hand's own node, the simulated Hands connected.
     (a.tmp / f"root-{reals[0]}" / "small.txt").write_bytes(SMALL)
     routed = run(measure(victim.url, survivor.url, a.home / "admin.cred", reals[0], ROUTED_CALLS[ctx.quick]), 600)
-    for label, own, other in routed:
+    for call, own, other in routed:
         ctx.note(
             "nodes",
-            f"{label} on {reals[0]} (held by node {name_of[victim.url]}), {len(own)} calls each: p50 own node "
+            f"{call} on {reals[0]} (held by node {name_of[victim.url]}), {len(own)} calls each: p50 own node "
             f"{p50(own):.3f} ms, through node {name_of[survivor.url]} {p50(other):.3f} ms "
             f"({p50(other) - p50(own):+.3f}); p99 {p99(own):.3f} / {p99(other):.3f} ms",
         )
