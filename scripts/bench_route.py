@@ -12,40 +12,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # benchlib
 
+from benchlib.route import SMALL, measure, p50, p99
 from support.postgres import remove, start_server
 
-from mind.client.aio import MindClient, load_credential
 from mind.testing.cluster import Cluster
-
-
-async def measure(own: str, other: str, cred_path: Path, n: int) -> list[tuple[str, list[float], list[float]]]:
-    cred = load_credential(cred_path)
-    out = []
-    async with await MindClient.connect(own, cred) as a, await MindClient.connect(other, cred) as b:
-        for label, tool, args in (
-            ("read_file 100 B", "read_file", {"path": "small.txt"}),
-            ("exec -- true", "exec", {"argv": ["true"]}),
-        ):
-            series: dict[str, list[float]] = {"own": [], "other": []}
-            for i in range(n + min(50, n)):  # the first 50 of each: warm-up, not counted
-                for name, mc in (("own", a), ("other", b)):
-                    t0 = time.perf_counter()
-                    end = await mc.exec("box", tool, args)
-                    took = (time.perf_counter() - t0) * 1000
-                    assert end.state.value == "succeeded", end
-                    if i >= min(50, n):
-                        series[name].append(took)
-            out.append((label, series["own"], series["other"]))
-    return out
 
 
 def main() -> None:
@@ -69,8 +47,8 @@ def main() -> None:
                 a.add_hand("box")
                 a.start_hand("box", url=a.url)
                 a.wait_connected("box")
-                (a.tmp / "root-box" / "small.txt").write_bytes(b"x" * 100)
-                results = asyncio.run(measure(a.url, b.url, a.home / "admin.cred", args.n))
+                (a.tmp / "root-box" / "small.txt").write_bytes(SMALL)
+                results = asyncio.run(measure(a.url, b.url, a.home / "admin.cred", "box", args.n))
             finally:
                 b.stop_all()
                 a.stop_all()
@@ -78,9 +56,8 @@ def main() -> None:
         remove(server)
     print(f"{'figure':<18} {'n':>6} {'own p50':>8} {'other p50':>10} {'+ms':>7} {'own p99':>8} {'other p99':>10}")
     for label, own, other in results:
-        p50o, p50t = statistics.median(own), statistics.median(other)
-        p99o = statistics.quantiles(own, n=100)[98]
-        p99t = statistics.quantiles(other, n=100)[98]
+        p50o, p50t = p50(own), p50(other)
+        p99o, p99t = p99(own), p99(other)
         print(f"{label:<18} {len(own):>6} {p50o:>8.3f} {p50t:>10.3f} {p50t - p50o:>+7.3f} {p99o:>8.3f} {p99t:>10.3f}")
 
 

@@ -291,15 +291,21 @@ class Door:
                 ErrorCode.UNEXPECTED_MESSAGE, f"expected proof, got {proof.TYPE}: nothing is acted on before welcome"
             )
         ident = hs.on_proof(proof, loop.time())
+        assert secret is not None  # a verified proof implies a known secret
         # Revoked or rotated while this handshake waited for its proof (item 6): the table decides
-        # now, not when the hello came in. Same answer as any wrong secret.
-        if await m.creds(m.store.secret, ident.role, ident.label) != secret:
+        # now, not when the hello came in. Same answer as any wrong secret. A Hand on a node of
+        # many: the re-read is part of its claim's statement (one round trip, `PgNodes.welcome`).
+        hand_on_node = m.nodes is not None and ident.role == "hand"
+        if not hand_on_node and await m.creds(m.store.secret, ident.role, ident.label) != secret:
             raise ProtocolError(ErrorCode.AUTH_FAILED, AUTH_FAILED_MESSAGE)
         if m.nodes is not None:  # one node of many: still live, and a Hand claimed (a fencing token)
             if (refusal := m.nodes.refusal()) is not None:
                 raise NotLive(refusal)
-            if ident.role == "hand":
-                gen = await m.nodes.claim(ident.label)
+            if hand_on_node:
+                claim = await m.nodes.claim(ident.label, secret)
+                if claim is None:
+                    raise ProtocolError(ErrorCode.AUTH_FAILED, AUTH_FAILED_MESSAGE)
+                gen = claim
             else:
                 gen = await m.creds(m.store.next_generation, ident.role, ident.label)
         else:
@@ -310,5 +316,4 @@ class Door:
         if isinstance(ws, CountedConnection):
             ws.welcomed()
         await ws.send(channel.stamp(hs.welcome(gen, m.cfg.ping_interval, m.cfg.resume_window)))
-        assert secret is not None  # a verified proof implies a known secret
         return ident, gen, secret

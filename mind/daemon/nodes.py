@@ -20,6 +20,7 @@ one refuses it until it is live again), and re-presents its runs there (DESIGN Â
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -43,6 +44,7 @@ from protocol.messages import Error, NodeInfo
 
 if TYPE_CHECKING:
     from mind.daemon.host import Host
+    from mind.store.endings import Ending
 
 log = structlog.get_logger(component="mind.nodes")
 
@@ -98,10 +100,15 @@ class NodeShell:
 
     # --- claims ---
 
-    async def claim(self, hand: str) -> int:
-        """A Hand's welcome: claimed in one statement, or `NotLive`/`StoreUnavailable`."""
-        claim = await self.nodes.claim(hand, self.core.lease)
-        await self._learn_endings(hand)
+    async def claim(self, hand: str, secret: bytes) -> int | None:
+        """A Hand's welcome after its proof: claimed in one statement (`PgNodes.welcome`) that also
+        re-reads its secret and reads what any node ended of its runs; None when the secret no
+        longer matches (revoked or rotated since the hello); or `NotLive`/`StoreUnavailable`."""
+        got = await self.nodes.welcome(hand, self.core.lease, secret, self._endings_since())
+        if got is None:
+            return None
+        claim, endings = got
+        self._learn_endings(endings)
         actions = self.core.claimed(hand, claim, time.monotonic())
         self.perform(actions)
         if any(isinstance(a, CloseHand) and a.hand == hand and a.claim == claim for a in actions):
@@ -110,16 +117,21 @@ class NodeShell:
             self.mind.router.hand_here(hand)
         return claim
 
-    async def _learn_endings(self, hand: str) -> None:
+    def _endings_since(self) -> float:
+        """The wall-clock start of the endings a Hand's runs may still need (none without a window)."""
+        window = self.mind.cfg.resume_window
+        if window <= 0:
+            return math.inf
+        return time.time() - limits.RUN_TIMEOUT_MAX_MS / 1000 - window
+
+    def _learn_endings(self, endings: list[Ending]) -> None:
         """Before the Hand (claimed here now) presents its runs: what any node ended of them, so
         that a run another node ended is killed, not adopted (first terminal wins, across nodes).
-        Read after the claim committed: a node that lost the Hand can write no ending after it."""
+        Read in the claim's statement once the claim holds the Hand's row, with a snapshot of its
+        own: a node that lost the Hand can write no ending after it."""
         m = self.mind
-        window = m.cfg.resume_window
-        if window <= 0:
-            return
-        now, wall = time.monotonic(), time.time()
-        for e in await self.nodes.endings_of(hand, wall - limits.RUN_TIMEOUT_MAX_MS / 1000 - window):
+        now = time.monotonic()
+        for e in endings:
             try:
                 reason = CancelReason(e.cancel_reason) if e.cancel_reason else None
             except ValueError:  # written by a newer Mind: the Hand is told the generic reason

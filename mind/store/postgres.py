@@ -127,6 +127,18 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE nodes ADD COLUMN url TEXT;
     """,
+    # 4: a Hand's welcome in one round trip (`PgNodes.welcome`): the endings of its runs are read in
+    # the claim's statement by this function, VOLATILE plpgsql so its query takes a fresh snapshot
+    # after the claim holds the Hand's row (a plain CTE would read the statement's snapshot, taken
+    # before the claim waited out an old holder's last ending write, and miss that ending).
+    """
+    CREATE FUNCTION mindhand_endings_after_claim(h TEXT, since DOUBLE PRECISION, claimed BIGINT)
+    RETURNS SETOF run_endings LANGUAGE plpgsql VOLATILE AS $$
+    BEGIN
+        RETURN QUERY SELECT * FROM run_endings r WHERE r.hand = h AND r.ended_at >= since ORDER BY r.ended_at;
+    END
+    $$;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -646,7 +658,12 @@ class PgSnapshots:
         synced_since: float | None = None,
         quota: int | None = None,
     ) -> Plan:
-        """As `SnapshotStore.reconcile`, in one transaction with the Hand's rows locked."""
+        """As `SnapshotStore.reconcile`, in one transaction with the Hand's rows locked. A Hand
+        with no tasks (the common welcome) first tries `_reconcile_empty`: one statement."""
+        if not hand_rows:
+            plan = await self._reconcile_empty(hand, now, synced_since)
+            if plan is not None:
+                return plan
 
         async def run(con: asyncpg.Connection) -> Plan:
             if self._fence is not None:
@@ -682,6 +699,32 @@ class PgSnapshots:
             return plan
 
         return await self._tx(run)
+
+    async def _reconcile_empty(self, hand: str, now: float, synced_since: float | None) -> Plan | None:
+        """A Hand that reported no tasks, where the Mind holds none for it either: nothing to
+        write, so one statement answers (the fence checked as `Fence.check` does, its row locked
+        FOR SHARE for that statement) instead of a transaction of four round trips. None (the
+        full transaction follows) when the Mind holds any row for the Hand."""
+        fence = self._fence
+        fenced = fence is not None and fence.active
+        claim = fence.claim(hand) if fence is not None else -1
+        row = await self._db.run(
+            lambda con: con.fetchrow(
+                "SELECT NOT $4 OR EXISTS (SELECT 1 FROM hands WHERE label = $1 AND node = $2 AND claim = $3 FOR SHARE), "
+                "EXISTS (SELECT 1 FROM task_snapshots WHERE hand = $1)",
+                hand,
+                fence.node if fence is not None else "",
+                claim,
+                fenced,
+            )
+        )
+        if not row[0]:
+            assert fence is not None
+            fence.fenced(hand, claim)  # raises Fenced
+        if row[1]:
+            return None
+        plan = reconcile(hand, [], {}, {}, now, synced_since)
+        return None if plan.writes or plan.never_stored else plan
 
     async def batch(self, calls: Calls) -> Results:
         out: Results = []
@@ -749,7 +792,9 @@ class PgEndings:
     async def put_many(self, endings: list[Ending]) -> None:
         """Every ending of one turn of the Mind's loop in one transaction (one connection). Each is
         conditional on this node's claim of the run's Hand: a node that lost the Hand writes nothing
-        about it. The others are written all the same; then `Fenced` names the first refused."""
+        about it. The others are written all the same; then `Fenced` names the first refused. The
+        claim's row is locked FOR SHARE until commit: a claim by another node waits for these
+        endings and then reads them (`_WELCOME`); one that committed first refuses them."""
         if not endings:
             return
         fenced = self._fence is not None and self._fence.active
@@ -776,7 +821,7 @@ class PgEndings:
                     written = await con.fetchval(
                         "INSERT INTO run_endings (run_id, owner, ended_at, cancel_reason, args_digest, run_end, hand) "
                         "SELECT $1, $2, $3, $4, $5, $6, $8 WHERE NOT $7 OR EXISTS "
-                        "(SELECT 1 FROM hands WHERE label = $8 AND node = $9 AND claim = $10) "
+                        "(SELECT 1 FROM hands WHERE label = $8 AND node = $9 AND claim = $10 FOR SHARE) "
                         "ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, "
                         "ended_at = EXCLUDED.ended_at, cancel_reason = EXCLUDED.cancel_reason, "
                         "args_digest = EXCLUDED.args_digest, run_end = EXCLUDED.run_end RETURNING 1",
@@ -923,6 +968,30 @@ node named its holder, every node told at commit; refused (no row) unless this n
 live on the database's clock. A concurrent claim by another node waits on the row, so two nodes
 get different claims and the later one wins."""
 
+_WELCOME = """
+WITH live AS (
+    SELECT 1 FROM nodes WHERE name = $2 AND heartbeat_at > clock_timestamp() - make_interval(secs => $3)
+), gen AS (
+    UPDATE credentials SET generation = generation + 1, last_seen_at = $4
+    WHERE role = 'hand' AND label = $1 AND revoked_at IS NULL AND secret = $5 AND EXISTS (SELECT 1 FROM live)
+    RETURNING generation
+), claimed AS (
+    INSERT INTO hands (label, node, claim, claimed_at) SELECT $1, $2, generation, now() FROM gen
+    ON CONFLICT (label) DO UPDATE SET node = EXCLUDED.node, claim = EXCLUDED.claim, claimed_at = EXCLUDED.claimed_at
+    RETURNING claim
+)
+SELECT c.claim, pg_notify('mindhand_claims', $1 || ' ' || c.claim::text || ' ' || $2),
+    e.run_id, e.owner, e.ended_at, e.cancel_reason, e.args_digest, e.run_end
+FROM claimed c LEFT JOIN LATERAL mindhand_endings_after_claim($1, $6, c.claim) e ON true
+"""
+"""`_CLAIM` with the proof's re-read of the secret and the read of the Hand's endings folded in: one
+round trip where three were. The secret is compared in the UPDATE, which locks the credential row,
+so a revocation or rotation that commits first (even while this statement waits on the row) wins:
+no row. The endings come from `mindhand_endings_after_claim` (migration 4), joined laterally on the
+claim so it runs after the Hand's row is held, with a snapshot of its own (VOLATILE): an old
+holder's ending committed while the claim waited is seen. pg_notify repeats per ending row; the
+same payload within one transaction is delivered once."""
+
 
 class PgNodes:
     """This node's heartbeat, its claims, and what it hears of the others' (DESIGN §16)."""
@@ -973,6 +1042,32 @@ class PgNodes:
             raise StoreError(f"hand {hand!r} vanished during the handshake")
         self.fence.claims[hand] = claim
         return claim
+
+    async def welcome(self, hand: str, lease: float, secret: bytes, since: float) -> tuple[int, list[Ending]] | None:
+        """A Hand's welcome after its proof, in one statement (`_WELCOME`): the claim, refused
+        unless the credential still has `secret` (None: revoked, rotated or removed since the
+        hello: the proof fails) and this node's lease is live (`NotLive`); with the endings of the
+        Hand's runs written since `since` (wall clock) by any node, read after the claim holds."""
+
+        async def run(con: asyncpg.Connection) -> list[Any] | None:
+            rows = await con.fetch(_WELCOME, hand, self.name, lease, time.time(), secret, since)
+            if rows:
+                return list(rows)
+            live = await con.fetchval(
+                "SELECT 1 FROM nodes WHERE name = $1 AND heartbeat_at > clock_timestamp() - make_interval(secs => $2)",
+                self.name,
+                lease,
+            )
+            if live is None:
+                raise NotLive(LEASE_LOST_MESSAGE)
+            return None
+
+        rows = await self._db.run(run)
+        if rows is None:
+            return None
+        claim = int(rows[0][0])
+        self.fence.claims[hand] = claim
+        return claim, _endings([tuple(r[2:]) for r in rows if r[2] is not None])
 
     async def listen(self, on_claim: Callable[[str, int, str], None], on_credentials: Callable[[], None]) -> None:
         """Hold one connection outside the pool that LISTENs for claims and credential changes,

@@ -13,8 +13,11 @@ PostgreSQL, and what a node's death costs.
   answered); then the runs are let finish and counted: a run is lost unless its client got its real
   exit code and its whole output.
 
-The row "calls through the other node vs the Hand's own node" is n/a: node-to-node routing (issue
-27 item 4) is not built, and a node answers only for the Hands connected to it.
+- calls through the other node vs the Hand's own node (issue 27 item 4): with the simulated Hands
+  connected, the first real Hand is called (`read_file` of 100 bytes, `exec -- true`; 200 of each
+  quick, 1,000 full, after a warm-up) alternately by a client on its node and one on the other node
+  (benchlib/route.py, the loop `scripts/bench-route` runs on an idle pair). The row is the p50 of
+  `exec -- true`, the reference its p50 through the Hand's own node in the same run.
 
 Registered into `benchlib.figures.FIGURES` on import (bench_suite imports this module).
 """
@@ -30,10 +33,13 @@ from pathlib import Path
 
 from benchlib.core import PY, Ctx, Row, mib, ratio, secs, verdict
 from benchlib.figures import RELAY_PY, _sims, figure, run
+from benchlib.route import SMALL, measure, p50, p99
 from mind.testing.cluster import Cluster, program, wait_until
 
 REAL_HANDS_QUICK, REAL_HANDS_FULL = 2, 4
 RUNS_PER_HAND = 2
+ROUTED_CALLS = {True: 200, False: 1000}
+"""Calls of each kind through each node for the routed row, by quick mode."""
 WINDOW_S = 60
 """`--resume-window` of the nodes: the runs ride out the move of their Hand and of their client."""
 SIMS = 2
@@ -208,6 +214,19 @@ def fig_nodes(ctx: Ctx) -> list[Row]:
     victim = holder(nodes, reals[0])
     assert victim is not None
     survivor = b if victim is a else a
+
+    # Calls through the other node vs the Hand's own node, the simulated Hands connected.
+    (a.tmp / f"root-{reals[0]}" / "small.txt").write_bytes(SMALL)
+    routed = run(measure(victim.url, survivor.url, a.home / "admin.cred", reals[0], ROUTED_CALLS[ctx.quick]), 600)
+    for call, own, other in routed:
+        ctx.note(
+            "nodes",
+            f"{call} on {reals[0]} (held by node {name_of[victim.url]}), {len(own)} calls each: p50 own node "
+            f"{p50(own):.3f} ms, through node {name_of[survivor.url]} {p50(other):.3f} ms "
+            f"({p50(other) - p50(own):+.3f}); p99 {p99(own):.3f} / {p99(other):.3f} ms",
+        )
+    r_own, r_other = routed[-1][1], routed[-1][2]
+    extra = p50(r_other) - p50(r_own)
     on_victim = [h for h in reals if holder(nodes, h) is victim]
     go = ctx.dir("nodes-go") / "go"
     runs_dir = go.parent
@@ -316,14 +335,14 @@ def fig_nodes(ctx: Ctx) -> list[Row]:
         ),
         Row(
             "nodes",
-            "calls through the other node vs own node, p50",
-            "n/a",
-            "",
-            "",
-            "not measurable: node-to-node routing (item 4) not built",
-            "",
+            f"{routed[-1][0]} through the other node vs own node, p50 ms",
+            f"{p50(r_other):.3f}",
+            f"{p99(r_other):.3f}",
+            f"{len(r_other)} calls, {extra:+.3f} ms",
+            f"{p50(r_own):.3f} (own node)",
+            ratio(p50(r_other), p50(r_own)),
             "<= +0.5 ms",
-            "n/a",
+            verdict(extra <= 0.5),
         ),
         Row(
             "nodes",

@@ -195,6 +195,21 @@ async def test_reconcile_in_one_transaction_with_a_quota(stores: Stores):
     assert again.writes == [] and again.over_quota == 3
 
 
+async def test_reconcile_of_a_hand_that_reports_no_tasks(stores: Stores):
+    """The common welcome (a Hand with no tasks; one statement on PostgreSQL): nothing for a Hand
+    the Mind holds nothing for; the same empty inventory from a Hand the Mind holds a running
+    task for declares it lost, and an unreported start is forgotten, as a full reconcile does."""
+    s = stores.snapshots
+    await s.insert_new(snap("other", hand="g", state=TaskState.RUNNING, version=1))
+    empty = await s.reconcile("h", {}, 5.0)
+    assert (empty.writes, empty.lost, empty.never_stored, empty.unchanged) == ([], [], [], 0)
+    await s.insert_new(snap("t1", state=TaskState.RUNNING, version=1))
+    await s.insert_new(snap("t2"))  # a start never reported
+    plan = await s.reconcile("h", {}, 6.0)
+    assert [x.task_id for x in plan.lost] == ["t1"] and plan.never_stored == ["t2"]
+    assert {x.task_id: x.state for x in await s.list(limit=10)} == {"t1": TaskState.LOST, "other": TaskState.RUNNING}
+
+
 async def test_a_batch_runs_in_order_and_marks_an_offline_hand_stale(stores: Stores):
     s = stores.snapshots
     results = await s.batch(
@@ -387,6 +402,75 @@ async def test_claims_fence_every_write_about_a_hand(pg_database, tmp_path):
         assert "box" not in await nb.holders()
         assert {n[0] for n in await na.nodes()} == {"node-a", "node-b"}
     finally:
+        await a.close()
+        await b.close()
+
+
+@pytest.mark.slow
+async def test_a_welcome_claims_checks_the_secret_and_reads_endings_in_one_statement(pg_database, tmp_path):
+    """`PgNodes.welcome` (DESIGN §16): one statement claims the Hand only while its secret is the
+    one the proof was checked against (rotated or revoked since the hello: None, no claim), only
+    on a live lease (`NotLive`), and gives the endings of its runs; an ending the old holder is
+    committing while the welcome waits on the Hand's row is among them (first terminal wins)."""
+    import asyncpg
+
+    from mind.store.api import NotLive
+    from mind.store.postgres import _ending_blob
+
+    a = await open_stores(tmp_path / "a", pg_database, "node-a")
+    b = await open_stores(tmp_path / "b", pg_database, "node-b")
+    con = await asyncpg.connect(pg_database)
+    try:
+        na, nb = a.nodes, b.nodes
+        assert na is not None and nb is not None
+        cred = await a.credentials.add("hand", "box")
+        with pytest.raises(NotLive):  # no heartbeat yet: no claim
+            await na.welcome("box", 10.0, cred.secret, 0.0)
+        await na.heartbeat()
+        await nb.heartbeat()
+        assert await na.welcome("box", 10.0, b"x" * len(cred.secret), 0.0) is None
+        assert "box" not in await na.holders()
+        got = await na.welcome("box", 10.0, cred.secret, 0.0)
+        assert got is not None
+        ca, endings = got
+        assert endings == [] and (await na.holders())["box"][:2] == ("node-a", ca)
+        first = Ending(RunEnd(run_id="r0", state=RunState.LOST, hand="box", tool="exec"), "ci", time.time())
+        await a.endings.put(first)
+
+        # node A's last ending, mid-commit: its transaction holds the claim's row as A's writes do
+        late = Ending(RunEnd(run_id="r1", state=RunState.SUCCEEDED, hand="box", tool="exec"), "ci", time.time())
+        tx = con.transaction()
+        await tx.start()
+        assert await con.fetchval("SELECT 1 FROM hands WHERE label = 'box' AND claim = $1 FOR SHARE", ca) == 1
+        await con.execute(
+            "INSERT INTO run_endings (run_id, owner, ended_at, cancel_reason, args_digest, run_end, hand) "
+            "VALUES ('r1', 'ci', $1, NULL, '', $2, 'box')",
+            late.ended_at,
+            _ending_blob(late),
+        )
+        welcome = asyncio.create_task(nb.welcome("box", 10.0, cred.secret, 0.0))
+        for _ in range(500):  # B's claim waits on the row (a lock wait, seen by the server), 10 s at most
+            if await con.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            ):
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the welcome never waited on the Hand's row")
+        assert not welcome.done()
+        await tx.commit()
+        got = await asyncio.wait_for(welcome, 10)
+        assert got is not None
+        cb, endings = got
+        assert cb > ca
+        assert {e.end.run_id: e.end.state for e in endings} == {"r0": RunState.LOST, "r1": RunState.SUCCEEDED}
+        assert (await nb.holders())["box"][:2] == ("node-b", cb)
+
+        await b.credentials.revoke("hand", "box")
+        assert await nb.welcome("box", 10.0, cred.secret, 0.0) is None  # revoked between hello and proof
+        assert (await nb.holders())["box"][:2] == ("node-b", cb)  # no new claim
+    finally:
+        await con.close()
         await a.close()
         await b.close()
 

@@ -93,7 +93,10 @@ class SimDb:
         return True
 
     def claim(self, hand: str, node: str) -> int | None:
-        """`_CLAIM`: refused (None) unless this node is live on the database's clock."""
+        """`_CLAIM` (the shell's welcome: `_WELCOME`, the same claim with the secret re-read and the
+        Hand's endings read in its statement; the links here are authenticated by construction and
+        the endings are first-terminal-wins rows of this model): refused (None) unless this node is
+        live on the database's clock."""
         if not self.live(node):
             return None
         self.generation[hand] += 1

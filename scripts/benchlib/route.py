@@ -1,0 +1,56 @@
+"""Calls through the other Mind node vs through the Hand's own node (issue 27 item 4): the
+measuring loop shared by `scripts/bench-route` (two nodes and one Hand of its own) and the `nodes`
+figure (its real Hands, with the simulated ones connected).
+
+The same call alternates between a client on the Hand's node and a client on the other node, so
+both series see the same machine at the same moments: the difference is the hop through the other
+node (its scope check, the holder lookup in the database, the node link both ways).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+from mind.client.aio import MindClient, load_credential
+
+CALLS = (
+    ("read_file 100 B", "read_file", {"path": "small.txt"}),
+    ("exec -- true", "exec", {"argv": ["true"]}),
+)
+"""The calls measured: `read_file` of a 100-byte file the caller puts in the Hand's root first, and
+`exec -- true` (a process on the Hand)."""
+SMALL = b"x" * 100
+
+
+async def measure(
+    own: str, other: str, cred_path: Path, hand: str, n: int
+) -> list[tuple[str, list[float], list[float]]]:
+    """(label, ms through `own`, ms through `other`) per call of `CALLS`, `n` of each counted after
+    min(50, n) of warm-up. A call that does not succeed raises: a figure of failures is no figure."""
+    cred = load_credential(cred_path)
+    out = []
+    warm = min(50, n)
+    async with await MindClient.connect(own, cred) as a, await MindClient.connect(other, cred) as b:
+        for label, tool, args in CALLS:
+            series: dict[str, list[float]] = {"own": [], "other": []}
+            for i in range(n + warm):
+                for name, mc in (("own", a), ("other", b)):
+                    t0 = time.perf_counter()
+                    end = await mc.exec(hand, tool, args)
+                    took = (time.perf_counter() - t0) * 1000
+                    if end.state.value != "succeeded":
+                        raise RuntimeError(f"{label} through {name} node: {end.state.value} ({end})")
+                    if i >= warm:
+                        series[name].append(took)
+            out.append((label, series["own"], series["other"]))
+    return out
+
+
+def p50(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def p99(xs: list[float]) -> float:
+    return statistics.quantiles(xs, n=100)[98] if len(xs) >= 2 else xs[0]
