@@ -136,7 +136,10 @@ async def test_attack4_many_unread_downloads_are_bounded_per_client(tmp_path):
                 data = await asyncio.wait_for(ws.recv(), 2)
             except (TimeoutError, Exception):
                 break
-            msg = decode(data).msg
+            env = ch.receive_any(data)  # envelopes, and the data frames of the downloads admitted
+            if env is None:
+                continue
+            msg = env.msg
             if isinstance(msg, RunEnd) and msg.reject_code is RejectCode.QUOTA_EXCEEDED:
                 refused += 1
         peak = rss_mib(cl.mind.pid)
