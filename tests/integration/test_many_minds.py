@@ -539,6 +539,59 @@ def test_a_cancel_through_the_other_node_ends_the_run_and_its_tree(nodes, tmp_pa
     wait_until(lambda: not _alive(pid), 15, "the run's process tree to be gone")
 
 
+def test_cancel_and_attach_through_the_other_node_of_runs_started_on_the_holder(nodes, tmp_path):
+    """Runs started on node A directly (the client on A), then reached through node B (the client
+    moved there): B did not relay them, finds the node holding each (asks the live nodes) and
+    relays. An attach through B gets the whole output and exit code; a cancel through B ends the
+    run and its process tree; another client is not told the run exists."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+    go = tmp_path / "go"
+    r = a.cli(
+        "exec",
+        "--detach",
+        "box",
+        "--",
+        "sh",
+        "-c",
+        f"echo one; while [ ! -e {go} ]; do sleep 0.1; done; echo two; exit 4",
+    )
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.decode().strip().split()[-1]
+    wait_until(lambda: (_run_get(a, run_id) or {}).get("state") == "running", 30, "the run running on A")
+    p = b.cli_popen("attach", run_id)
+    go.touch()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 4, err
+    assert out == b"one\ntwo\n", err
+    assert not _events(b, "run_admitted")
+
+    pidfile = tmp_path / "pid"
+
+    async def scenario() -> int:
+        async with await a.client("ops", url=a.url) as on_a:
+            h = await on_a.start(
+                "box", "exec", {"argv": ["sh", "-c", f"sleep 300 & echo $! > {pidfile}; wait"]}, stream=False
+            )
+            await asyncio.to_thread(
+                wait_until, lambda: pidfile.exists() and pidfile.read_text().strip(), 30, "the run to start"
+            )
+            assert h.run_id is not None
+            async with await a.client("stranger", url=b.url) as stranger:
+                with pytest.raises(ClientError) as refused:
+                    await stranger.cancel(h.run_id)
+                assert refused.value.code == "unknown_run", refused.value
+            async with await a.client("ops", url=b.url) as on_b:  # the same client, now on B
+                assert (await on_b.get_run(h.run_id)).state.value == "running"
+                await on_b.cancel(h.run_id)
+            end = await h.wait()
+            assert end.state.value == "cancelled", end
+        return int(pidfile.read_text())
+
+    pid = asyncio.run(scenario())
+    wait_until(lambda: not _alive(pid), 15, "the run's process tree to be gone")
+
+
 def test_a_client_posing_as_a_node_is_refused(nodes):
     """The attack: a client credential names another client as the owner (what only a node's link
     may do) to read, cancel or start runs as that client. Refused on every node, the victim's run
