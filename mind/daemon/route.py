@@ -9,9 +9,10 @@ id back to the client under the client's own id. The link authenticates with the
 (`mind.core.nodes.NODE_LABEL`, read from the shared database): the holding node believes the owner
 named only because the link proved it is a node.
 
-What is relayed: a run (`exec`, every tool call such as `read_file`), `run get` and `cancel` of
-a run relayed here. A streamed run's data frames are forwarded as received, only their header's
-stream number rewritten: the link's numbers (given by the holding node) to numbers of this node's
+What is relayed: a run (`exec`, every tool call such as `read_file`), `run get`, `cancel` and
+`attach` of a run relayed here, or of a run another live node holds (`Router.find` asks them).
+A streamed run's data frames are forwarded as received, only their header's stream number
+rewritten: the link's numbers (given by the holding node) to numbers of this node's
 own on the client's connection, from `ROUTED_NUMBER_BASE` up, so they never meet the numbers the
 registry gives the same connection for its local runs (it counts from 1). Flow control is the
 holding node's: acknowledgements pass through both ways, so no bytes wait here beyond a window.
