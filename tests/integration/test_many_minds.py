@@ -592,6 +592,33 @@ def test_cancel_and_attach_through_the_other_node_of_runs_started_on_the_holder(
     wait_until(lambda: not _alive(pid), 15, "the run's process tree to be gone")
 
 
+def test_a_task_through_the_other_node_is_started_read_and_cancelled_on_the_holder(nodes):
+    """`mind task start/get/logs/cancel` through node B for a Hand held by node A: the start goes
+    to A (admitted there, not on B), the log is the Hand's bytes, the cancel reaches the Hand at
+    once (the task ends `cancelled`), and the task is the client's on A."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+    r = b.cli("task", "start", "--hand", "box", "--id", "t-routed", "--", "sh", "-c", "echo hello; exec sleep 300")
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: b"hello" in b.cli("task", "logs", "t-routed").stdout, 30, "the task's log through B")
+    assert b.cli("task", "logs", "t-routed").stdout == b"hello\n"
+    assert b.task("t-routed")["state"] == "running"
+    assert [e for e in _events(a, "run_admitted") if e.get("run_id") == "t-routed"]
+    assert not _events(b, "run_admitted")
+    r = b.cli("task", "cancel", "t-routed")
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: a.task("t-routed")["state"] == "cancelled", 30, "the task cancelled on A")
+    assert b.task("t-routed")["state"] == "cancelled"
+
+    async def stranger() -> None:
+        async with await b.client("stranger-t", url=b.url) as other:
+            with pytest.raises(ClientError) as refused:
+                await other.task_cancel("t-routed")
+            assert refused.value.code == "denied_by_scope", refused.value
+
+    asyncio.run(stranger())
+
+
 def test_a_client_posing_as_a_node_is_refused(nodes):
     """The attack: a client credential names another client as the owner (what only a node's link
     may do) to read, cancel or start runs as that client. Refused on every node, the victim's run
