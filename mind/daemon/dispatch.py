@@ -163,7 +163,8 @@ class Dispatch:
             denial = use_denial(scope, msg.hand, msg.tool)
             if denial is not None:
                 refusal = (RejectCode.DENIED_BY_SCOPE, m.deny(peer, denial.what, **denial.fields))
-            elif msg.fleet is not None and self.fleets.problem(msg.fleet, me) is not None:
+            elif msg.fleet is not None and msg.on_behalf_of is None and self.fleets.problem(msg.fleet, me) is not None:
+                # (a relayed member's fleet id was minted and checked by the node that relayed it)
                 refusal = (RejectCode.DENIED_BY_SCOPE, m.deny(peer, f"join fleet {msg.fleet}", fleet=msg.fleet))
                 msg = msg.model_copy(update={"fleet": None})  # refused, and never listed as a member
             elif msg.streams is not None:
@@ -245,6 +246,9 @@ class Dispatch:
         elif isinstance(msg, SelectHands):
             peer.spawn(self.views.select_hands(peer, id_, msg), reply_to=id_)
         elif isinstance(msg, WhichConnected):
+            if m.router is not None:  # held by another live node counts: a member is relayed there
+                peer.spawn(self.views.which_connected(peer, id_, msg), reply_to=id_)
+                return
             up = [n for n in dict.fromkeys(msg.names) if n in m.hands and scope.allows_hand(n)]
             peer.outbox.put(ConnectedNames(names=up), id_)
         elif isinstance(msg, FleetOpen):

@@ -1076,6 +1076,20 @@ class PgNodes:
             ),
         )
 
+    async def held_elsewhere(self, hands: list[str], lease: float) -> set[str]:
+        """Which of `hands` another live node (with a URL) holds now: one statement (as `route`)."""
+        rows = await self._db.run(
+            lambda con: con.fetch(
+                "SELECT h.label FROM hands h JOIN nodes n ON n.name = h.node AND n.running "
+                "WHERE h.label = ANY($1::text[]) AND h.node <> $2 AND n.url IS NOT NULL "
+                "AND n.heartbeat_at > clock_timestamp() - make_interval(secs => $3)",
+                hands,
+                self.name,
+                lease,
+            )
+        )
+        return {r[0] for r in rows}
+
     async def peers(self, lease: float) -> list[str]:
         """The URLs of the other live nodes (as `route`, whatever Hands they hold): where to ask
         for a run this node neither holds nor relayed (DESIGN §16)."""

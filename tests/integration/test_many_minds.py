@@ -619,6 +619,28 @@ def test_a_task_through_the_other_node_is_started_read_and_cancelled_on_the_hold
     asyncio.run(stranger())
 
 
+def test_a_fleet_run_through_one_node_spreads_across_the_nodes_holding_its_hands(nodes):
+    """`mind exec --hands SELECTOR` on node B where the selector covers a Hand on each node: both
+    are selected as connected, each member runs on its Hand's node (the one on A relayed), both
+    outputs and exit codes come back, and the runs are one fleet."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+    b.add_hand("box2")
+    b.start_hand("box2", url=b.url)
+    b.wait_connected("box2")
+    r = b.cli("exec", "--hands", "box*", "--dry-run", "--json", timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert {h["name"]: h["connected"] for h in json.loads(r.stdout)["hands"]} == {"box": True, "box2": True}
+    r = b.cli("exec", "--json", "--hands", "box,box2", "--", "sh", "-c", "echo hi; exit 3", timeout=60)
+    assert r.stdout, r.stderr
+    out = json.loads(r.stdout)
+    for name in ("box", "box2"):
+        assert out["hands"][name]["exit_code"] == 3 and out["hands"][name]["tails"]["stdout"] == "hi\n", out
+    assert len([e for e in _events(a, "run_admitted") if e.get("hand") == "box"]) == 1
+    assert len([e for e in _events(b, "run_admitted") if e.get("hand") == "box2"]) == 1
+    assert not [e for e in _events(b, "run_admitted") if e.get("hand") == "box"]
+
+
 def test_a_client_posing_as_a_node_is_refused(nodes):
     """The attack: a client credential names another client as the owner (what only a node's link
     may do) to read, cancel or start runs as that client. Refused on every node, the victim's run
