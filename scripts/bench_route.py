@@ -5,6 +5,11 @@ B. The same call (`read_file` of 100 bytes, then `exec -- true`) alternates betw
 so both series see the same machine at the same moments: the difference is the hop through B
 (its scope check, the holder lookup in the database, the node link both ways).
 
+A third figure: `run get` of a live run started on A, asked first through B (which did not relay
+it, so it finds its node: the live nodes from the database, then `get_run` asked of each on the
+link; `Router.find`) against the same ask on A, alternating. This is the price of asking instead
+of recording every run's Hand in the database at admission, paid only by such a first ask.
+
     scripts/bench-route [-n CALLS]
 """
 
@@ -45,6 +50,23 @@ async def measure(own: str, other: str, cred_path: Path, n: int) -> list[tuple[s
                     if i >= min(50, n):
                         series[name].append(took)
             out.append((label, series["own"], series["other"]))
+        own_s, found_s = [], []
+        for i in range(min(n, 200) + 10):  # the first 10: warm-up, not counted
+            h = await a.start("box", "exec", {"argv": ["sleep", "60"]}, stream=False)
+            while h.run_id is None:  # noqa: ASYNC110 (the handle offers no admission event; ~1 ms)
+                await asyncio.sleep(0.001)
+            t0 = time.perf_counter()
+            got = await b.get_run(h.run_id)  # B did not relay it: found on A
+            t1 = time.perf_counter()
+            await a.get_run(h.run_id)
+            t2 = time.perf_counter()
+            assert got.run_id == h.run_id and got.end is None, got
+            if i >= 10:
+                found_s.append((t1 - t0) * 1000)
+                own_s.append((t2 - t1) * 1000)
+            await a.cancel(h.run_id)
+            await h.wait()
+        out.append(("run get, found", own_s, found_s))
     return out
 
 
