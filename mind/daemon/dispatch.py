@@ -333,11 +333,21 @@ class Dispatch:
         and asked. None has it live: an ended run is read from the shared history; else unknown."""
         m = self.mind
         assert m.router is not None
-        routed = await m.router.find(peer, msg.run_id, me)
+        found = await m.router.find(peer, msg.run_id, me)
         if m.clients.get(peer.conn_id) is not peer:
             return
-        if routed is not None:
-            self._touch_routed(peer, id_, msg, me, routed)
+        if found is not None and isinstance(msg, GetRun):  # the answer found it with: fresh
+            routed, info = found
+            denial = touch_denial(
+                peer.scope, me, routed.hand, routed.owner, f"read run {msg.run_id}", run_id=msg.run_id
+            )
+            if denial is not None:
+                why = m.deny(peer, denial.what, **denial.fields)
+                peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+            else:
+                peer.outbox.put(info, id_)
+        elif found is not None:
+            self._touch_routed(peer, id_, msg, me, found[0])
         elif isinstance(msg, GetRun) and m.history is not None:
             await self.views.run_from_history(peer, id_, msg.run_id)
         else:
@@ -349,10 +359,11 @@ class Dispatch:
         (its Hand may be on its way here, §15)."""
         m = self.mind
         assert m.router is not None
-        routed = await m.router.find(peer, msg.run_id, me)
+        found = await m.router.find(peer, msg.run_id, me)
         if m.clients.get(peer.conn_id) is not peer:
             return
-        if routed is not None:
+        if found is not None:
+            routed = found[0]
             if not peer.scope.allows_hand(routed.hand):
                 why = m.deny(peer, f"attach to run {msg.run_id}", run_id=msg.run_id)
                 peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)

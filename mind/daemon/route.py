@@ -351,11 +351,12 @@ class Router:
             link = self.links[url] = Link(self, url)
         return link
 
-    async def find(self, peer: Peer, run_id: str, owner: str) -> RoutedRun | None:
+    async def find(self, peer: Peer, run_id: str, owner: str) -> tuple[RoutedRun, RunInfo] | None:
         """The node holding a run neither held nor relayed here (started through another node,
         its client here since): each other live node is asked `get_run` for `owner`, in turn, and
         the first that answers with the run is its authority (the run's Hand is on it). Remembered
-        as a relayed run, so its `run get`, cancel and attach go there. None: no live node has it
+        as a relayed run, so its `run get`, cancel and attach go there; its answer (fresh) is
+        returned with it, so a `run get` is served from it. None: no live node has it
         for this owner (another client's run is not found, never revealed).
 
         Why ask instead of writing each run's Hand to the database at admission: that write would
@@ -381,7 +382,7 @@ class Router:
             if isinstance(got, RunInfo) and got.run_id == run_id and got.state not in RUN_TERMINAL:
                 routed = RoutedRun(link, got.hand, owner)
                 self.remember(run_id, routed)
-                return routed
+                return routed, got
         return None
 
     def remember(self, run_id: str, routed: RoutedRun) -> None:
