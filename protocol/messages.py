@@ -441,6 +441,9 @@ class TaskLogs(Message):
     """None: the combined log, both streams in arrival order. `stdout` / `stderr`: that stream's own
     file; `offset` then counts that stream's bytes and the page's `log_bytes`, `truncated` and `eof`
     are that stream's (error `no_stream_log` for a task logged before streams were kept apart)."""
+    on_behalf_of: Label | None = None
+    """Client -> Mind only, set only by a Mind node relaying (as `Exec.on_behalf_of`); never sent
+    to a Hand."""
 
 
 class TaskLogPage(Message):
@@ -775,6 +778,9 @@ class TaskStart(Message):
     tool: Label
     args: dict[Str, Any]
     max_runtime_ms: Annotated[int, Strict(), Field(gt=0, le=limits.MAX_RUNTIME_MAX_MS)]
+    on_behalf_of: Label | None = None
+    """Set only by a Mind node relaying a client's request to the node holding the Hand (DESIGN
+    §16), as `Exec.on_behalf_of`."""
 
 
 class TaskView(Message):
@@ -809,11 +815,17 @@ class TaskStartResult(Message):
 class TaskGet(Message):
     TYPE = "task_get"
     task_id: Id
+    on_behalf_of: Label | None = None
+    """Set only by a Mind node relaying a client's request to the node holding the Hand (DESIGN
+    §16), as `Exec.on_behalf_of`."""
 
 
 class TaskCancelRequest(Message):
     TYPE = "task_cancel_request"
     task_id: Id
+    on_behalf_of: Label | None = None
+    """Set only by a Mind node relaying a client's request to the node holding the Hand (DESIGN
+    §16), as `Exec.on_behalf_of`."""
 
 
 class TaskCancelReply(Message):

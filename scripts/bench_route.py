@@ -5,6 +5,11 @@ B. The same call (`read_file` of 100 bytes, then `exec -- true`) alternates betw
 so both series see the same machine at the same moments: the difference is the hop through B
 (its scope check, the holder lookup in the database, the node link both ways).
 
+A third figure: `run get` of a live run started on A, asked first through B (which did not relay
+it, so it finds its node: the live nodes from the database, then `get_run` asked of each on the
+link; `Router.find`) against the same ask on A, alternating. This is the price of asking instead
+of recording every run's Hand in the database at admission, paid only by such a first ask.
+
     scripts/bench-route [-n CALLS]
 """
 
@@ -20,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # benchlib
 
-from benchlib.route import SMALL, measure, p50, p99
+from benchlib.route import SMALL, measure, measure_find, p50, p99
 from support.postgres import remove, start_server
 
 from mind.testing.cluster import Cluster
@@ -48,7 +53,9 @@ def main() -> None:
                 a.start_hand("box", url=a.url)
                 a.wait_connected("box")
                 (a.tmp / "root-box" / "small.txt").write_bytes(SMALL)
-                results = asyncio.run(measure(a.url, b.url, a.home / "admin.cred", "box", args.n))
+                cred = a.home / "admin.cred"
+                results = asyncio.run(measure(a.url, b.url, cred, "box", args.n))
+                results += asyncio.run(measure_find(a.url, b.url, cred, "box", args.n))
             finally:
                 b.stop_all()
                 a.stop_all()

@@ -9,6 +9,7 @@ task group, guarded, so one slow or failing request holds up nothing else (`Peer
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import structlog
@@ -19,7 +20,7 @@ from mind.core.fleetids import FleetOwners
 from mind.core.nodes import request_owner
 from mind.daemon.host import Host
 from mind.daemon.peer import INTERNAL_ERROR, Peer
-from mind.daemon.route import ROUTED_NUMBER_BASE, Forward
+from mind.daemon.route import ROUTED_NUMBER_BASE, Forward, RoutedRun
 from mind.daemon.taskservice import TaskService
 from mind.daemon.views import Views
 from protocol import frames, limits
@@ -162,7 +163,8 @@ class Dispatch:
             denial = use_denial(scope, msg.hand, msg.tool)
             if denial is not None:
                 refusal = (RejectCode.DENIED_BY_SCOPE, m.deny(peer, denial.what, **denial.fields))
-            elif msg.fleet is not None and self.fleets.problem(msg.fleet, me) is not None:
+            elif msg.fleet is not None and msg.on_behalf_of is None and self.fleets.problem(msg.fleet, me) is not None:
+                # (a relayed member's fleet id was minted and checked by the node that relayed it)
                 refusal = (RejectCode.DENIED_BY_SCOPE, m.deny(peer, f"join fleet {msg.fleet}", fleet=msg.fleet))
                 msg = msg.model_copy(update={"fleet": None})  # refused, and never listed as a member
             elif msg.streams is not None:
@@ -181,16 +183,11 @@ class Dispatch:
             if run is None and msg.on_behalf_of is None and m.router is not None:
                 routed = m.router.runs.get(msg.run_id)
                 if routed is not None:  # a run relayed through this node: asked of its authority
-                    verb = "cancel" if isinstance(msg, CancelRun) else "read"
-                    what = f"{verb} run {msg.run_id}"
-                    denial = touch_denial(scope, me, routed.hand, routed.owner, what, run_id=msg.run_id)
-                    if denial is not None:
-                        why = m.deny(peer, denial.what, **denial.fields)
-                        peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
-                        return
-                    relayed = msg.model_copy(update={"on_behalf_of": routed.owner})
-                    peer.spawn(routed.link.forward(relayed, Forward(peer, id_, routed.owner, False)), reply_to=id_)
+                    self._touch_routed(peer, id_, msg, me, routed)
                     return
+                # neither here nor relayed here (started through another node): its node is asked
+                peer.spawn(self._touch_found(peer, id_, msg, me), reply_to=id_)
+                return
             if run is None and isinstance(msg, GetRun) and m.history is not None:
                 peer.spawn(self.views.run_from_history(peer, id_, msg.run_id), reply_to=id_)  # another node's run
                 return
@@ -198,6 +195,11 @@ class Dispatch:
                 peer.outbox.put(Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {msg.run_id}"), id_)
                 return
             verb = "cancel" if isinstance(msg, CancelRun) else "read"
+            if msg.on_behalf_of is not None and run.owner != me:
+                # Relayed: the relaying node checked its client's scope but cannot know this run's
+                # owner unless it relayed the run itself, so only the owner is served (a client
+                # allowed others' runs reads them where they run, or from the shared history).
+                scope = dataclasses.replace(scope, read_others=False)
             denial = touch_denial(scope, me, run.hand, run.owner, f"{verb} run {msg.run_id}", run_id=msg.run_id)
             if denial is not None:
                 why = m.deny(peer, denial.what, **denial.fields)
@@ -220,6 +222,8 @@ class Dispatch:
                         return
                     peer.spawn(self._attach_routed(peer, id_, msg, me, routed.hand), reply_to=id_)
                     return
+                peer.spawn(self._attach_found(peer, id_, msg, me), reply_to=id_)
+                return
             if run is not None and not scope.allows_hand(run.hand):
                 why = m.deny(peer, f"attach to run {msg.run_id}", run_id=msg.run_id)
                 peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
@@ -242,6 +246,9 @@ class Dispatch:
         elif isinstance(msg, SelectHands):
             peer.spawn(self.views.select_hands(peer, id_, msg), reply_to=id_)
         elif isinstance(msg, WhichConnected):
+            if m.router is not None:  # held by another live node counts: a member is relayed there
+                peer.spawn(self.views.which_connected(peer, id_, msg), reply_to=id_)
+                return
             up = [n for n in dict.fromkeys(msg.names) if n in m.hands and scope.allows_hand(n)]
             peer.outbox.put(ConnectedNames(names=up), id_)
         elif isinstance(msg, FleetOpen):
@@ -306,6 +313,70 @@ class Dispatch:
             return
         live = m.hands.get(msg.hand)
         self._admit(peer, id_, msg, live, known or live is not None, None, owner)
+
+    def _touch_routed(self, peer: Peer, id_: str, msg: CancelRun | GetRun, me: str, routed: RoutedRun) -> None:
+        """`run get` or cancel of a run whose authority is another node: the client's scope and
+        ownership checked here, then asked there for its owner."""
+        m = self.mind
+        verb = "cancel" if isinstance(msg, CancelRun) else "read"
+        denial = touch_denial(peer.scope, me, routed.hand, routed.owner, f"{verb} run {msg.run_id}", run_id=msg.run_id)
+        if denial is not None:
+            why = m.deny(peer, denial.what, **denial.fields)
+            peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+            return
+        relayed = msg.model_copy(update={"on_behalf_of": routed.owner})
+        peer.spawn(routed.link.forward(relayed, Forward(peer, id_, routed.owner, False)), reply_to=id_)
+
+    async def _touch_found(self, peer: Peer, id_: str, msg: CancelRun | GetRun, me: str) -> None:
+        """`run get` or cancel of a run this node neither holds nor relayed (its client started it
+        through another node, then came here): the live node holding it is found (`Router.find`)
+        and asked. None has it live: an ended run is read from the shared history; else unknown."""
+        m = self.mind
+        assert m.router is not None
+        found = await m.router.find(peer, msg.run_id, me)
+        if m.clients.get(peer.conn_id) is not peer:
+            return
+        if found is not None and isinstance(msg, GetRun):  # the answer found it with: fresh
+            routed, info = found
+            denial = touch_denial(
+                peer.scope, me, routed.hand, routed.owner, f"read run {msg.run_id}", run_id=msg.run_id
+            )
+            if denial is not None:
+                why = m.deny(peer, denial.what, **denial.fields)
+                peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+            else:
+                peer.outbox.put(info, id_)
+        elif found is not None:
+            self._touch_routed(peer, id_, msg, me, found[0])
+        elif isinstance(msg, GetRun) and m.history is not None:
+            await self.views.run_from_history(peer, id_, msg.run_id)
+        else:
+            peer.outbox.put(Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {msg.run_id}"), id_)
+
+    async def _attach_found(self, peer: Peer, id_: str, msg: Attach, me: str) -> None:
+        """An attach to a run this node neither holds nor relayed: at the live node holding it
+        (`Router.find`); none has it: attached here, where a run not presented yet is waited for
+        (its Hand may be on its way here, §15)."""
+        m = self.mind
+        assert m.router is not None
+        found = await m.router.find(peer, msg.run_id, me)
+        if m.clients.get(peer.conn_id) is not peer:
+            return
+        if found is not None:
+            routed = found[0]
+            if not peer.scope.allows_hand(routed.hand):
+                why = m.deny(peer, f"attach to run {msg.run_id}", run_id=msg.run_id)
+                peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+                return
+            await self._attach_routed(peer, id_, msg, me, routed.hand)
+            return
+        run = m.registry.get(msg.run_id)  # it may have been presented here meanwhile
+        if run is not None and not peer.scope.allows_hand(run.hand):
+            why = m.deny(peer, f"attach to run {msg.run_id}", run_id=msg.run_id)
+            peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+            return
+        now, wall = time.monotonic(), time.time()
+        m.perform(m.registry.on_attach(msg.run_id, peer.conn_id, me, id_, now, wall, msg.streams))
 
     async def _attach_routed(self, peer: Peer, id_: str, msg: Attach, me: str, hand: str) -> None:
         """An attach to a run relayed through this node: at the live node holding its Hand now. No

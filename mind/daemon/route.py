@@ -9,9 +9,10 @@ id back to the client under the client's own id. The link authenticates with the
 (`mind.core.nodes.NODE_LABEL`, read from the shared database): the holding node believes the owner
 named only because the link proved it is a node.
 
-What is relayed: a run (`exec`, every tool call such as `read_file`), `run get` and `cancel` of
-a run relayed here. A streamed run's data frames are forwarded as received, only their header's
-stream number rewritten: the link's numbers (given by the holding node) to numbers of this node's
+What is relayed: a run (`exec`, every tool call such as `read_file`), `run get`, `cancel` and
+`attach` of a run relayed here, or of a run another live node holds (`Router.find` asks them).
+A streamed run's data frames are forwarded as received, only their header's stream number
+rewritten: the link's numbers (given by the holding node) to numbers of this node's
 own on the client's connection, from `ROUTED_NUMBER_BASE` up, so they never meet the numbers the
 registry gives the same connection for its local runs (it counts from 1). Flow control is the
 holding node's: acknowledgements pass through both ways, so no bytes wait here beyond a window.
@@ -40,7 +41,8 @@ from protocol.codes import ErrorCode, RejectCode
 from protocol.envelope import decode as decode_envelope
 from protocol.errors import MindhandError, ProtocolError
 from protocol.ids import new_id
-from protocol.messages import CancelRun, Detach, Error, Message, StreamNumbers
+from protocol.messages import CancelRun, Detach, Error, GetRun, Message, RunInfo, StreamNumbers
+from protocol.states import RUN_TERMINAL
 
 log = structlog.get_logger(component="mind")
 
@@ -70,6 +72,9 @@ class Forward:
     numbers: list[tuple[int, int]] | None = None
     run_id: str | None = None
     """A streamed run's (link number, client number) pairs, dropped when it ends."""
+    answer: asyncio.Future[Message | None] | None = None
+    """A question of this node's own (`Router.find`): its one reply goes here, not to the client
+    (None: the link was lost)."""
 
 
 @dataclass
@@ -159,6 +164,9 @@ class Link:
             if fwd.peer is not peer:
                 continue
             del self.waiting[link_id]
+            if fwd.answer is not None:
+                _settle(fwd.answer, None)
+                continue
             self._ended(fwd)
             if fwd.run and fwd.run_id is not None:
                 if keep:
@@ -201,6 +209,9 @@ class Link:
         (continuity, §15), so the client goes round as when a node loses its lease: its connection
         closed, it reconnects and re-attaches wherever the run is now. Otherwise `busy`, saying so."""
         self._ended(fwd)
+        if fwd.answer is not None:
+            _settle(fwd.answer, None)
+            return
         if not self.router.connected(fwd.peer):
             return
         if fwd.run and self.router.keep:
@@ -239,6 +250,10 @@ class Link:
                 if env.id is None or (fwd := self.waiting.get(env.id)) is None:
                     continue
                 msg = env.msg
+                if fwd.answer is not None:  # this node's own question (`Router.find`)
+                    del self.waiting[env.id]
+                    _settle(fwd.answer, msg)
+                    continue
                 if isinstance(msg, StreamNumbers):
                     msg = self._numbered(fwd, msg)
                 if not fwd.run or msg.TYPE in ("run_end", "error"):
@@ -336,6 +351,40 @@ class Router:
             link = self.links[url] = Link(self, url)
         return link
 
+    async def find(self, peer: Peer, run_id: str, owner: str) -> tuple[RoutedRun, RunInfo] | None:
+        """The node holding a run neither held nor relayed here (started through another node,
+        its client here since): each other live node is asked `get_run` for `owner`, in turn, and
+        the first that answers with the run is its authority (the run's Hand is on it). Remembered
+        as a relayed run, so its `run get`, cancel and attach go there; its answer (fresh) is
+        returned with it, so a `run get` is served from it. None: no live node has it
+        for this owner (another client's run is not found, never revealed).
+
+        Why ask instead of writing each run's Hand to the database at admission: that write would
+        cost every run a round trip (or a batch) to serve the rare client that moved mid-run; the
+        question costs one round trip per live node only when such a client asks."""
+        try:
+            urls = await self.nodes.peers(self.lease)
+        except MindhandError as exc:
+            log.warning("node_peers_unavailable", error=str(exc))
+            return None
+        for url in urls:
+            link = self.links.get(url)
+            if link is None:
+                link = self.links[url] = Link(self, url)
+            answer: asyncio.Future[Message | None] = asyncio.get_running_loop().create_future()
+            question = GetRun(run_id=run_id, on_behalf_of=owner)
+            if not await link.offer(question, Forward(peer, "", owner, False, answer=answer), answer_failure=False):
+                continue
+            try:
+                got = await asyncio.wait_for(answer, LINK_OPEN_TIMEOUT_S)
+            except TimeoutError:
+                continue
+            if isinstance(got, RunInfo) and got.run_id == run_id and got.state not in RUN_TERMINAL:
+                routed = RoutedRun(link, got.hand, owner)
+                self.remember(run_id, routed)
+                return routed, got
+        return None
+
     def remember(self, run_id: str, routed: RoutedRun) -> None:
         self.runs[run_id] = routed
         self.runs.move_to_end(run_id)
@@ -386,3 +435,8 @@ class Router:
     async def close(self) -> None:
         for link in self.links.values():
             await link.close()
+
+
+def _settle(answer: asyncio.Future[Message | None], msg: Message | None) -> None:
+    if not answer.done():
+        answer.set_result(msg)

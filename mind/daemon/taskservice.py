@@ -17,12 +17,14 @@ from typing import Any, TypeVar
 import structlog
 
 from mind.core import taskstart
+from mind.core.admission import use_denial
 from mind.core.paging import PAGE_ITEMS, page, parse_task_cursor, task_cursor
 from mind.core.registry import Log, StartEnded
 from mind.core.snapshots import Snapshot
 from mind.core.taskstart import Ending, Facts, Start, Step, TaskStarts
 from mind.daemon.host import Host
 from mind.daemon.peer import INTERNAL_ERROR, Peer
+from mind.daemon.route import Forward
 from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, ErrorCode, TaskCancelStatus
 from protocol.envelope import payload_size
@@ -136,12 +138,42 @@ class TaskService:
     # --- start ---
 
     async def start(self, peer: Peer, id_: str, req: TaskStart) -> None:
-        """A client's task start: the decisions are `mind.core.taskstart`'s, performed here."""
+        """A client's task start: the decisions are `mind.core.taskstart`'s, performed here. For a
+        Hand another node holds (DESIGN §16), the client's scope is checked here and the start is
+        relayed to that node for the client: the Hand's node writes the snapshot and starts it."""
+        me = _me(peer, req)
+        if self._relay_needed(req.hand, req):
+            denial = use_denial(peer.scope, req.hand, req.tool)
+            if denial is not None:  # the same refusal as a local start's
+                why = self.mind.deny(peer, denial.what, **denial.fields)
+                peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+                return
+            if await self._relay(peer, id_, req, me, req.hand):
+                return
         task_id = req.task_id or new_id("t")
         start, step = self.starts.begin(
-            (peer, id_), req, task_id, peer.scope, peer.ident.label, time.time(), self._facts(req.hand, task_id)
+            (peer, id_), req, task_id, peer.scope, me, time.time(), self._facts(req.hand, task_id)
         )
         await self._drive(start, step)
+
+    def _relay_needed(self, hand: str, req: TaskStart | TaskGet | TaskLogs | TaskCancelRequest) -> bool:
+        """A request for a Hand not connected here, not itself relayed, on a node that routes."""
+        m = self.mind
+        return m.router is not None and req.on_behalf_of is None and hand not in m.hands
+
+    async def _relay(
+        self, peer: Peer, id_: str, req: TaskStart | TaskGet | TaskLogs | TaskCancelRequest, me: str, hand: str
+    ) -> bool:
+        """Send `req` for `me` to the live node holding `hand` (its answer goes to the client as
+        it comes). False: no other live node holds it (served here from the shared snapshot)."""
+        m = self.mind
+        if m.router is None or hand in m.hands:
+            return False
+        link = await m.router.holder(hand)
+        if link is None or m.clients.get(peer.conn_id) is not peer:
+            return False
+        await link.forward(req.model_copy(update={"on_behalf_of": me}), Forward(peer, id_, me, False, hand))
+        return True
 
     async def start_ended(self, a: StartEnded) -> None:
         """Settle the snapshot and answer the waiting clients. If settling fails, they hear
@@ -216,10 +248,10 @@ class TaskService:
 
     # --- queries ---
 
-    def _may(self, peer: Peer, snap: Snapshot) -> bool:
-        return peer.scope.allows_hand(snap.hand) and peer.scope.may_touch(snap.owner, peer.ident.label)
+    def _may(self, peer: Peer, snap: Snapshot, me: str) -> bool:
+        return peer.scope.allows_hand(snap.hand) and peer.scope.may_touch(snap.owner, me)
 
-    async def _visible(self, peer: Peer, id_: str, task_id: str, verb: str) -> Snapshot | None:
+    async def _visible(self, peer: Peer, id_: str, task_id: str, verb: str, me: str) -> Snapshot | None:
         """The snapshot if it exists and this client may `verb` it; otherwise answer and return None."""
         m = self.mind
         snap = await m.db(m.snapshots.get, task_id)
@@ -228,7 +260,7 @@ class TaskService:
                 m.deny(peer, f"{verb} task {task_id}", task_id=task_id)
             peer.outbox.put(Error(code=ErrorCode.UNKNOWN_TASK, message=f"no task {task_id}"), id_)
             return None
-        if not self._may(peer, snap):
+        if not self._may(peer, snap, me):
             why = m.deny(peer, f"{verb} task {task_id}", task_id=task_id)
             peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
             return None
@@ -250,9 +282,12 @@ class TaskService:
         return snap
 
     async def get(self, peer: Peer, id_: str, req: TaskGet) -> None:
-        snap = await self._visible(peer, id_, req.task_id, "read")
+        me = _me(peer, req)
+        snap = await self._visible(peer, id_, req.task_id, "read", me)
         if snap is None:
             return
+        if self._relay_needed(snap.hand, req) and await self._relay(peer, id_, req, me, snap.hand):
+            return  # its Hand's node asks the Hand
         snap = await self._refresh(snap)
         peer.outbox.put(snap.view(), id_)
 
@@ -269,16 +304,24 @@ class TaskService:
                 return
         fetch = min(req.limit, PAGE_ITEMS)
         snaps = await m.db(m.snapshots.list, req.hand, req.state, fetch, after)
-        taken, cut = page(((s, s.view()) for s in snaps if self._may(peer, s)), fetch, lambda sv: payload_size(sv[1]))
+        taken, cut = page(
+            ((s, s.view()) for s in snaps if self._may(peer, s, peer.ident.label)),
+            fetch,
+            lambda sv: payload_size(sv[1]),
+        )
         last = taken[-1][0] if cut else snaps[-1] if len(snaps) == fetch else None
         cursor = task_cursor(last.created_at, last.task_id) if last is not None else None
         peer.outbox.put(TaskListResult(tasks=[v for _, v in taken], next_after=cursor), id_)
 
     async def logs(self, peer: Peer, id_: str, req: TaskLogs) -> None:
         m = self.mind
-        snap = await self._visible(peer, id_, req.task_id, "read the log of")
+        me = _me(peer, req)
+        snap = await self._visible(peer, id_, req.task_id, "read the log of", me)
         if snap is None:
             return
+        if self._relay_needed(snap.hand, req) and await self._relay(peer, id_, req, me, snap.hand):
+            return  # the log lives on the Hand, connected to another node
+        req = req.model_copy(update={"on_behalf_of": None})  # never sent to a Hand
         live = m.hands.get(snap.hand)
         if live is None:
             peer.outbox.put(
@@ -310,10 +353,14 @@ class TaskService:
                 m.deny(peer, f"cancel task {req.task_id}", task_id=req.task_id)
             peer.outbox.put(TaskCancelReply(task_id=req.task_id, status=TaskCancelStatus.UNKNOWN_TASK), id_)
             return
-        if not self._may(peer, snap):
+        me = _me(peer, req)
+        if not self._may(peer, snap, me):
             why = m.deny(peer, f"cancel task {req.task_id}", task_id=req.task_id)
             peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
             return
+        if not snap.terminal and self._relay_needed(snap.hand, req):
+            if await self._relay(peer, id_, req, me, snap.hand):
+                return  # delivered by the Hand's node, at once
         if snap.terminal:
             peer.outbox.put(
                 TaskCancelReply(task_id=req.task_id, status=TaskCancelStatus.ALREADY_DONE, view=snap.view()), id_
@@ -440,3 +487,9 @@ class TaskService:
             cancels_delivered=delivered,
             duration_ms=round((time.monotonic() - t0) * 1000, 1),
         )
+
+
+def _me(peer: Peer, req: TaskStart | TaskGet | TaskLogs | TaskCancelRequest) -> str:
+    """Whose request: the client relayed by a node (`on_behalf_of`; the dispatcher refused it
+    from anyone but a node) or the sender."""
+    return req.on_behalf_of or peer.ident.label

@@ -11,6 +11,8 @@ import asyncio
 import time
 from collections.abc import Iterator
 
+import structlog
+
 from mind.core import selector
 from mind.core.admission import touch_denial
 from mind.core.paging import page
@@ -19,7 +21,9 @@ from mind.daemon.host import VERSION, Host
 from mind.daemon.peer import Peer
 from protocol.codes import ErrorCode
 from protocol.envelope import payload_size
+from protocol.errors import MindhandError
 from protocol.messages import (
+    ConnectedNames,
     Error,
     HandClaims,
     HandInfo,
@@ -31,8 +35,11 @@ from protocol.messages import (
     SelectedHand,
     SelectHands,
     StatusReply,
+    WhichConnected,
 )
 from protocol.states import RUN_TERMINAL, RunState
+
+log = structlog.get_logger(component="mind")
 
 STATUS_LIST_MAX = 50
 MATCH_ON_LOOP_MAX = 500
@@ -110,16 +117,38 @@ class Views:
             return out
 
         found = await asyncio.to_thread(candidates) if len(rows) > MATCH_ON_LOOP_MAX else candidates()
+        elsewhere = await self._held_elsewhere([name for name, _, _ in found if name not in m.hands])
 
         def matching() -> Iterator[SelectedHand]:
             for name, generation, labels in found:
                 live = m.hands.get(name)
                 gen = live.gen if live else generation
-                yield SelectedHand(name=name, connected=live is not None, generation=gen, labels=labels)
+                up = live is not None or name in elsewhere
+                yield SelectedHand(name=name, connected=up, generation=gen, labels=labels)
 
         hands = matching()
         taken, more = page(hands, msg.limit, payload_size)
         peer.outbox.put(HandsSelected(hands=taken, next_after=taken[-1].name if more and taken else None), id_)
+
+    async def _held_elsewhere(self, names: list[str]) -> set[str]:
+        """Which of `names` another live node holds (DESIGN §16: a fleet member, or any run, for
+        them is relayed there, so they count as connected). Empty without routing or with the
+        database away (they read as offline, as before routing)."""
+        m = self.mind
+        if m.router is None or not names:
+            return set()
+        try:
+            return await m.router.nodes.held_elsewhere(names, m.router.lease)
+        except MindhandError as exc:
+            log.warning("held_elsewhere_unavailable", error=str(exc))
+            return set()
+
+    async def which_connected(self, peer: Peer, id_: str, msg: WhichConnected) -> None:
+        """Which of the names are connected here or held by another live node, in the client's scope."""
+        m = self.mind
+        names = [n for n in dict.fromkeys(msg.names) if peer.scope.allows_hand(n)]
+        elsewhere = await self._held_elsewhere([n for n in names if n not in m.hands])
+        peer.outbox.put(ConnectedNames(names=[n for n in names if n in m.hands or n in elsewhere]), id_)
 
     async def list_hands(self, peer: Peer, id_: str, msg: ListHands) -> None:
         """One page of the Hands, by name (the cursor is the last name sent)."""

@@ -1171,6 +1171,33 @@ class PgNodes:
             ),
         )
 
+    async def held_elsewhere(self, hands: list[str], lease: float) -> set[str]:
+        """Which of `hands` another live node (with a URL) holds now: one statement (as `route`)."""
+        rows = await self._db.run(
+            lambda con: con.fetch(
+                "SELECT h.label FROM hands h JOIN nodes n ON n.name = h.node AND n.running "
+                "WHERE h.label = ANY($1::text[]) AND h.node <> $2 AND n.url IS NOT NULL "
+                "AND n.heartbeat_at > clock_timestamp() - make_interval(secs => $3)",
+                hands,
+                self.name,
+                lease,
+            )
+        )
+        return {r[0] for r in rows}
+
+    async def peers(self, lease: float) -> list[str]:
+        """The URLs of the other live nodes (as `route`, whatever Hands they hold): where to ask
+        for a run this node neither holds nor relayed (DESIGN §16)."""
+        rows = await self._db.run(
+            lambda con: con.fetch(
+                "SELECT url FROM nodes WHERE running AND name <> $1 AND url IS NOT NULL "
+                'AND heartbeat_at > clock_timestamp() - make_interval(secs => $2) ORDER BY name COLLATE "C"',
+                self.name,
+                lease,
+            )
+        )
+        return [r[0] for r in rows]
+
     async def nodes(self) -> list[tuple[str, bool, float]]:
         """Every node: (name, running, seconds since its heartbeat on the database's clock)."""
         rows = await self._db.run(

@@ -48,6 +48,36 @@ async def measure(
     return out
 
 
+async def measure_find(
+    own: str, other: str, cred_path: Path, hand: str, n: int
+) -> list[tuple[str, list[float], list[float]]]:
+    """`run get` of a live run started through `own`, asked first through `other` (which did not
+    relay it, so it finds the run's node: `Router.find`) against the same ask through `own`."""
+    import asyncio
+
+    cred = load_credential(cred_path)
+    own_s: list[float] = []
+    found_s: list[float] = []
+    async with await MindClient.connect(own, cred) as a, await MindClient.connect(other, cred) as b:
+        for i in range(min(n, 200) + 10):  # the first 10: warm-up, not counted
+            h = await a.start(hand, "exec", {"argv": ["sleep", "60"]}, stream=False)
+            while h.run_id is None:  # noqa: ASYNC110 (the handle offers no admission event; ~1 ms)
+                await asyncio.sleep(0.001)
+            t0 = time.perf_counter()
+            got = await b.get_run(h.run_id)  # `other` did not relay it: found on `own`
+            t1 = time.perf_counter()
+            await a.get_run(h.run_id)
+            t2 = time.perf_counter()
+            if got.run_id != h.run_id or got.end is not None:
+                raise RuntimeError(f"run get through the other node: {got}")
+            if i >= 10:
+                found_s.append((t1 - t0) * 1000)
+                own_s.append((t2 - t1) * 1000)
+            await a.cancel(h.run_id)
+            await h.wait()
+    return [("run get, found", own_s, found_s)]
+
+
 def p50(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -539,6 +539,108 @@ def test_a_cancel_through_the_other_node_ends_the_run_and_its_tree(nodes, tmp_pa
     wait_until(lambda: not _alive(pid), 15, "the run's process tree to be gone")
 
 
+def test_cancel_and_attach_through_the_other_node_of_runs_started_on_the_holder(nodes, tmp_path):
+    """Runs started on node A directly (the client on A), then reached through node B (the client
+    moved there): B did not relay them, finds the node holding each (asks the live nodes) and
+    relays. An attach through B gets the whole output and exit code; a cancel through B ends the
+    run and its process tree; another client is not told the run exists."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+    go = tmp_path / "go"
+    r = a.cli(
+        "exec",
+        "--detach",
+        "box",
+        "--",
+        "sh",
+        "-c",
+        f"echo one; while [ ! -e {go} ]; do sleep 0.1; done; echo two; exit 4",
+    )
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.decode().strip().split()[-1]
+    wait_until(lambda: (_run_get(a, run_id) or {}).get("state") == "running", 30, "the run running on A")
+    p = b.cli_popen("attach", run_id)
+    go.touch()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 4, err
+    assert out == b"one\ntwo\n", err
+    assert not _events(b, "run_admitted")
+
+    pidfile = tmp_path / "pid"
+
+    async def scenario() -> int:
+        async with await a.client("ops", url=a.url) as on_a:
+            h = await on_a.start(
+                "box", "exec", {"argv": ["sh", "-c", f"sleep 300 & echo $! > {pidfile}; wait"]}, stream=False
+            )
+            await asyncio.to_thread(
+                wait_until, lambda: pidfile.exists() and pidfile.read_text().strip(), 30, "the run to start"
+            )
+            assert h.run_id is not None
+            async with await a.client("stranger", url=b.url) as stranger:
+                with pytest.raises(ClientError) as refused:
+                    await stranger.cancel(h.run_id)
+                assert refused.value.code == "unknown_run", refused.value
+            async with await a.client("ops", url=b.url) as on_b:  # the same client, now on B
+                assert (await on_b.get_run(h.run_id)).state.value == "running"
+                await on_b.cancel(h.run_id)
+            end = await h.wait()
+            assert end.state.value == "cancelled", end
+        return int(pidfile.read_text())
+
+    pid = asyncio.run(scenario())
+    wait_until(lambda: not _alive(pid), 15, "the run's process tree to be gone")
+
+
+def test_a_task_through_the_other_node_is_started_read_and_cancelled_on_the_holder(nodes):
+    """`mind task start/get/logs/cancel` through node B for a Hand held by node A: the start goes
+    to A (admitted there, not on B), the log is the Hand's bytes, the cancel reaches the Hand at
+    once (the task ends `cancelled`), and the task is the client's on A."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+    r = b.cli("task", "start", "--hand", "box", "--id", "t-routed", "--", "sh", "-c", "echo hello; exec sleep 300")
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: b"hello" in b.cli("task", "logs", "t-routed").stdout, 30, "the task's log through B")
+    assert b.cli("task", "logs", "t-routed").stdout == b"hello\n"
+    assert b.task("t-routed")["state"] == "running"
+    assert [e for e in _events(a, "run_admitted") if e.get("run_id") == "t-routed"]
+    assert not _events(b, "run_admitted")
+    r = b.cli("task", "cancel", "t-routed")
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: a.task("t-routed")["state"] == "cancelled", 30, "the task cancelled on A")
+    assert b.task("t-routed")["state"] == "cancelled"
+
+    async def stranger() -> None:
+        async with await b.client("stranger-t", url=b.url) as other:
+            with pytest.raises(ClientError) as refused:
+                await other.task_cancel("t-routed")
+            assert refused.value.code == "denied_by_scope", refused.value
+
+    asyncio.run(stranger())
+
+
+def test_a_fleet_run_through_one_node_spreads_across_the_nodes_holding_its_hands(nodes):
+    """`mind exec --hands SELECTOR` on node B where the selector covers a Hand on each node: both
+    are selected as connected, each member runs on its Hand's node (the one on A relayed), both
+    outputs and exit codes come back, and the runs are one fleet."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+    b.add_hand("box2")
+    b.start_hand("box2", url=b.url)
+    b.wait_connected("box2")
+    r = b.cli("exec", "--hands", "box*", "--dry-run", "--json", timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert {h["name"]: h["connected"] for h in json.loads(r.stdout)["hands"]} == {"box": True, "box2": True}
+    r = b.cli("exec", "--json", "--hands", "box,box2", "--", "sh", "-c", "echo hi; exit 3", timeout=60)
+    assert r.stdout, r.stderr
+    out = json.loads(r.stdout)
+    for name in ("box", "box2"):
+        assert out["hands"][name]["exit_code"] == 3 and out["hands"][name]["tails"]["stdout"] == "hi\n", out
+    assert len([e for e in _events(a, "run_admitted") if e.get("hand") == "box"]) == 1
+    assert len([e for e in _events(b, "run_admitted") if e.get("hand") == "box2"]) == 1
+    assert not [e for e in _events(b, "run_admitted") if e.get("hand") == "box"]
+
+
 def test_a_client_posing_as_a_node_is_refused(nodes):
     """The attack: a client credential names another client as the owner (what only a node's link
     may do) to read, cancel or start runs as that client. Refused on every node, the victim's run

@@ -46,6 +46,7 @@ class FakeMind:
         self.registry = RunRegistry()
         self.performed: list[Action] = []
         self.tasks: list[asyncio.Task[Any]] = []
+        self.router = None  # a lone Mind: no other node to relay a start to
 
     async def db(self, fn: Any, *args: Any) -> Any:
         return await fn(*args)
