@@ -20,6 +20,7 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from protocol.messages import TaskInfo, TaskView
 from protocol.states import TASK_TERMINAL, TaskState
@@ -133,6 +134,24 @@ class Plan:
     @property
     def writes(self) -> list[Snapshot]:
         return self.updated + self.adopted + self.lost
+
+
+def within_quota(
+    rows: dict[str, Any], unknown_ids: list[str], held_elsewhere: dict[str, str], mine: int, quota: int | None
+) -> tuple[dict[str, Any], int]:
+    """A Hand's inventory trimmed to its quota of stored snapshots: the ids new to the Mind (not
+    held under another Hand) beyond the room left after the `mine` it has already are dropped, the
+    highest ids first. Returns the rows kept and how many were over (both engines, one rule)."""
+    if quota is None:
+        return rows, 0
+    new_ids = sorted(tid for tid in unknown_ids if tid not in held_elsewhere)
+    room = max(0, quota - mine)
+    if len(new_ids) <= room:
+        return rows, 0
+    kept = dict(rows)
+    for tid in new_ids[room:]:
+        del kept[tid]
+    return kept, len(new_ids) - room
 
 
 def reconcile(

@@ -31,7 +31,7 @@ import asyncpg
 import msgpack
 
 from mind.core.nodes import LEASE_LOST_MESSAGE
-from mind.core.snapshots import Plan, Snapshot, apply_report, from_report, reconcile
+from mind.core.snapshots import Plan, Snapshot, apply_report, from_report, reconcile, within_quota
 from mind.store.api import Calls, Fenced, NotLive, Results, SchemaTooNew, StoreUnavailable
 from mind.store.credentials import CredentialRow, StoreError, _labels_json
 from mind.store.endings import MAX_ROWS, PRUNE_EVERY, TAIL_KEPT, Ending
@@ -682,15 +682,7 @@ class PgSnapshots:
                     "SELECT task_id, hand FROM task_snapshots WHERE task_id = ANY($1::text[])", unknown_ids
                 ):
                     held_elsewhere[r[0]] = r[1]
-            over = 0
-            if quota is not None:
-                new_ids = sorted(tid for tid in unknown_ids if tid not in held_elsewhere)
-                room = max(0, quota - len(mine))
-                if len(new_ids) > room:
-                    over = len(new_ids) - room
-                    rows = dict(rows)
-                    for tid in new_ids[room:]:
-                        del rows[tid]
+            rows, over = within_quota(rows, unknown_ids, held_elsewhere, len(mine), quota)
             plan = reconcile(hand, settled, rows, held_elsewhere, now, synced_since)
             plan.over_quota = over
             await self._put_many(con, plan.writes)
@@ -741,6 +733,18 @@ class PgSnapshots:
 
     async def close(self) -> None:
         pass
+
+
+async def _require_live(con: asyncpg.Connection, node: str, lease: float) -> None:
+    """Why a claim matched no row, when it is the lease: `NotLive` if `node`'s heartbeat is older
+    than `lease` on the database's clock."""
+    live = await con.fetchval(
+        "SELECT 1 FROM nodes WHERE name = $1 AND heartbeat_at > clock_timestamp() - make_interval(secs => $2)",
+        node,
+        lease,
+    )
+    if live is None:
+        raise NotLive(LEASE_LOST_MESSAGE)
 
 
 def _count(status: str) -> int:
@@ -1028,13 +1032,7 @@ class PgNodes:
             row = await con.fetchrow(_CLAIM, hand, self.name, lease, time.time())
             if row is not None:
                 return int(row[0])
-            live = await con.fetchval(
-                "SELECT 1 FROM nodes WHERE name = $1 AND heartbeat_at > clock_timestamp() - make_interval(secs => $2)",
-                self.name,
-                lease,
-            )
-            if live is None:
-                raise NotLive(LEASE_LOST_MESSAGE)
+            await _require_live(con, self.name, lease)
             return None
 
         claim = await self._db.run(run)
@@ -1053,13 +1051,7 @@ class PgNodes:
             rows = await con.fetch(_WELCOME, hand, self.name, lease, time.time(), secret, since)
             if rows:
                 return list(rows)
-            live = await con.fetchval(
-                "SELECT 1 FROM nodes WHERE name = $1 AND heartbeat_at > clock_timestamp() - make_interval(secs => $2)",
-                self.name,
-                lease,
-            )
-            if live is None:
-                raise NotLive(LEASE_LOST_MESSAGE)
+            await _require_live(con, self.name, lease)
             return None
 
         rows = await self._db.run(run)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgpack
 
-from mind.core.snapshots import Plan, Snapshot, apply_report, from_report, reconcile
+from mind.core.snapshots import Plan, Snapshot, apply_report, from_report, reconcile, within_quota
 from protocol.messages import TaskInfo
 from protocol.states import TASK_TERMINAL, TaskState
 
@@ -297,15 +297,7 @@ class SnapshotStore:
                     f"SELECT task_id, hand FROM task_snapshots WHERE task_id IN ({','.join('?' * len(chunk))})", chunk
                 ).fetchall():
                     held_elsewhere[tid] = owner
-            over = 0
-            if quota is not None:
-                new_ids = sorted(tid for tid in unknown_ids if tid not in held_elsewhere)
-                room = max(0, quota - len(mine))
-                if len(new_ids) > room:
-                    over = len(new_ids) - room
-                    hand_rows = dict(hand_rows)
-                    for tid in new_ids[room:]:
-                        del hand_rows[tid]
+            hand_rows, over = within_quota(hand_rows, unknown_ids, held_elsewhere, len(mine), quota)
             plan = reconcile(hand, settled, hand_rows, held_elsewhere, now, synced_since)
             plan.over_quota = over
             self._put_many(plan.writes)
