@@ -6,6 +6,7 @@ start a server, so they are `slow`; the SQLite ones stay in the fast loop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -541,3 +542,58 @@ async def test_a_dropped_listener_is_noticed_and_opened_again(pg_database, tmp_p
                 await listener
     finally:
         await a.close()
+
+
+@pytest.mark.slow
+async def test_the_lease_renews_while_the_pool_is_taken_and_after_its_connection_died(pg_database, tmp_path):
+    """A node's heartbeat runs on a connection of its own: with every pooled connection held (a
+    connect storm's statements) it still renews at once, on the database's clock; its connection
+    killed by the server, a renewal opens another."""
+    import asyncpg
+
+    from mind.store.postgres import POOL_MAX
+
+    a = await open_stores(tmp_path / "a", pg_database, "node-a")
+    try:
+        na = a.nodes
+        assert na is not None
+        await na.heartbeat()
+        held: list[asyncpg.Connection] = []
+        pool = a._db.pool  # type: ignore[attr-defined]
+        for _ in range(POOL_MAX):
+            held.append(await pool.acquire())
+        try:
+            with pytest.raises(StoreUnavailable):  # the pool is really taken: a pooled statement waits
+                await a._db.run(lambda con: con.fetchval("SELECT 1"), timeout=0.5)  # type: ignore[attr-defined]
+            await asyncio.sleep(0.3)
+            assert await held_age(held[0], "node-a") >= 0.3
+            await na.heartbeat(timeout=2.0)
+            assert await held_age(held[0], "node-a") < 0.25
+        finally:
+            for con in held:
+                await pool.release(con)
+        con = await asyncpg.connect(pg_database)
+        try:
+            killed = await con.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+                "mindhand node-a lease",
+            )
+            assert killed == 1
+            await asyncio.sleep(0.1)
+            with contextlib.suppress(StoreUnavailable):  # the first may meet the dead connection
+                await na.heartbeat(timeout=2.0)
+            await na.heartbeat(timeout=2.0)
+            assert await held_age(con, "node-a") < 0.5
+        finally:
+            await con.close()
+    finally:
+        await a.close()
+
+
+async def held_age(con, node: str) -> float:
+    """Seconds since `node`'s heartbeat, on the database's clock."""
+    return float(
+        await con.fetchval(
+            "SELECT extract(epoch FROM clock_timestamp() - heartbeat_at)::float8 FROM nodes WHERE name = $1", node
+        )
+    )
