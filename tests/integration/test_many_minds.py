@@ -465,6 +465,50 @@ def test_a_node_that_hears_its_hands_new_claim_hands_its_runs_over_at_once(nodes
     assert not _events(first, "run_ending_fenced")  # A decided no ending of its own
 
 
+def test_a_client_relayed_by_a_third_node_follows_the_run_when_its_hand_moves(nodes, tmp_path, pg_database):
+    """Three nodes. The client is on node C, relayed to node A which holds the Hand; the Hand's
+    link to A goes silent and the Hand moves to B. A hands the run over (its attachment is C's
+    link, which carries other runs: not closed); C hears B's claim, finds the run's Hand on
+    another node than the one it relayed to, and closes the client, which re-attaches through C
+    (relayed to B now). Whole output once, the real exit code, long before the window."""
+    a, b = nodes
+    c = node(tmp_path, "c", pg_database)
+    try:
+        for n in (a, b, c):
+            n.resume_window = MOVED_WINDOW
+        for n in (a, b, c):
+            n.start_mind("--node-lease", LEASE, "--ping-interval", "30")
+        a.add_hand("box")
+        pa, pb = a.start_proxy(target=a.port), b.start_proxy(target=b.port)
+        a.start_hand("box", url=f"{pa.url},{pb.url}")
+        first = wait_until(lambda: holder(a, b), 30, "box connected to a node")
+        other, link = (b, pa) if first is a else (a, pb)
+        gen = first._connected_by_log("box", 1)
+        assert gen is not None
+        go, marker = tmp_path / "go", tmp_path / "started"
+        script = f"touch {marker}; echo start; while [ ! -e {go} ]; do sleep 0.1; done; echo end; exit 7"
+        p = c.cli_popen("exec", "--mind", c.url, "box", "--", "sh", "-c", script)
+        wait_until(lambda: marker.exists() or p.poll() is not None, 30, "the run to start")
+        assert marker.exists(), p.communicate(timeout=10)
+        (started,) = _started(first)  # admitted on the holder, relayed by C
+        run_id = started["run_id"]
+
+        link.blackhole()
+        link.refuse()
+        wait_until(lambda: other._connected_by_log("box", gen + 1), 30, "box reconnected to the other node")
+        wait_until(lambda: _events(first, "run_handed_over"), 15, "the old holder to hand the run over")
+        wait_until(lambda: _events(other, "run_adopted"), 30, "the new holder to adopt the presented run")
+        go.touch()
+        out, err = p.communicate(timeout=60)  # far below the window: the answer is the run's own
+        assert p.returncode == 7, err
+        assert out == b"start\nend\n", err
+        rows = _endings(pg_database, run_id)
+        assert len(rows) == 1 and rows[0]["exit_code"] == 7, rows
+        assert not _events(c, "run_admitted")  # C only relayed
+    finally:
+        c.stop_all()
+
+
 def _started(c: Cluster) -> list[dict]:
     """The exec runs node `c` holds that started (a try refused there because the Hand was not
     connected to it is `rejected`: it ran nothing)."""
