@@ -673,6 +673,27 @@ class RunRegistry:
             acts += self._terminate(run, self._end(run, RunState.LOST, why, now), now, wall, mind_decided=True)
         return acts
 
+    def on_hand_moved(self, hand: str, claim: int) -> tuple[list[Run], list[Action]]:
+        """Another node claimed `hand` at `claim` (on a shared database, DESIGN §16): every
+        foreground run of it this registry holds on an older claim (a generation is the claim) is
+        that node's now, for the Hand presents the runs it holds on its new connection and that node
+        adopts them and records their endings. They are forgotten here at once, no ending decided
+        or written: waiting for the window to end them `lost` would tell their clients a falsehood
+        while the truth is elsewhere. Returned, for the shell to move their attached clients to
+        where the runs are now. A run on this claim or a newer one (the Hand came back here since)
+        stays; so does a task's start run, which ends with its connection as always (§15)."""
+        moved: list[Run] = []
+        acts: list[Action] = []
+        for run in list(self._active.values()):
+            if run.hand != hand or run.gen is None or run.gen >= claim or run.background is not None:
+                continue
+            self._unbind(run)
+            del self._active[run.run_id]
+            del self._runs[run.run_id]
+            moved.append(run)
+            acts.append(self._log("run_handed_over", run, claim=claim, state=run.state.value, client=run.client))
+        return moved, acts
+
     def _adopting(self, now: float) -> bool:
         """A Mind that restarted adopts unknown runs only within its window: past it, an attach to
         such a run was told `unknown_run`, and a run adopted later would end unheard of."""

@@ -13,8 +13,10 @@ generations fence their connections as before. The core decides; this performs:
   here are polled every 0.5 s, as is the credential epoch;
 - a write that found a newer claim (`Fenced`) is the same signal as a NOTIFY.
 
-Closing a connection is the one act: a Hand closed here reconnects (to another node, since this
-one refuses it until it is live again), and re-presents its runs there (DESIGN §15).
+Closing connections is the one act: a Hand closed here reconnects (to another node, since this
+one refuses it until it is live again), and re-presents its runs there (DESIGN §15). A claim by
+another node also hands over the runs of that Hand held here (`hand_over`): forgotten, their
+attached clients closed, to re-attach where the runs are now.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import structlog
 
 from mind.core.nodes import (
     LEASE_LOST_MESSAGE,
+    NODE_LABEL,
     CloseHand,
     LeaseLost,
     LeaseRegained,
@@ -178,10 +181,37 @@ class NodeShell:
             self.mind.router.forget(hand)  # where to relay its runs: asked again
         if node != self.name:
             self.perform(self.core.newer_claim(hand, claim))
+            self.hand_over(hand, claim)  # whether or not this node still held it (a lease lost)
+            if self.mind.router is not None:  # runs of it relayed from here to a third node
+                self.mind.router.hand_moved(hand)
 
     def fenced(self, hand: str, claim: int) -> None:
         log.warning("node_write_fenced", hand=hand, claim=claim)
-        self.perform(self.core.write_missed(hand, claim))
+        actions = self.core.write_missed(hand, claim)
+        self.perform(actions)
+        if actions:  # this node's own claim was the newest it knew: another node's is newer
+            self.hand_over(hand, claim + 1)
+
+    def hand_over(self, hand: str, claim: int) -> None:
+        """Another node claimed `hand` at `claim`: the runs of it held here on an older claim are
+        that node's now (the Hand presents them there, that node adopts them and records their
+        endings), so they are forgotten here at once, no ending written (`RunRegistry.on_hand_moved`).
+        Each client attached to one of them through this node is closed as when the lease is lost:
+        it goes round its URLs and re-attaches where the run is now (DESIGN §15, §16): on the new
+        holder, or here again, where an attach to a run not held is asked of the live nodes
+        (`Router.find`). Its resume points say what it has, so no byte is lost or doubled. A
+        node's link is not closed (it carries other runs): the relaying node hears the claim too."""
+        m = self.mind
+        moved, acts = m.registry.on_hand_moved(hand, claim)
+        if not moved:
+            return
+        m.perform(acts)
+        for conn in {run.client for run in moved if run.client is not None}:
+            peer = m.clients.get(conn)
+            if peer is None or peer.ident.label == NODE_LABEL:
+                continue
+            peer.outbox.close()
+            m.spawn(close_quietly(peer.ws, CLOSE_TRY_LATER, "the Hand of your run moved to another Mind node"))
 
     async def listen(self) -> None:
         await self.nodes.listen(self.heard_claim, self._credentials_changed)
@@ -200,6 +230,8 @@ class NodeShell:
                 node, current, _ = holders.get(hand, (self.name, claim, 0.0))
                 if node != self.name or current != claim:
                     self.perform(self.core.newer_claim(hand, max(current, claim + 1)))
+                if node != self.name:
+                    self.hand_over(hand, max(current, claim + 1))
 
     # --- acts ---
 

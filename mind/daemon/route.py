@@ -220,9 +220,11 @@ class Link:
         else:
             fwd.peer.outbox.put(Error(code=ErrorCode.BUSY, message=LINK_CLOSED), fwd.client_id)
 
-    def hand_here(self, hand: str) -> None:
-        """`hand` was claimed by this node: the runs relayed to it through this link will be
-        presented here (its old node may be frozen, the link not closed yet)."""
+    def moved(self, hand: str) -> None:
+        """`hand` is no longer held by the node at the other end of this link: claimed by this
+        node (its runs relayed through this link will be presented here; the old node may be
+        frozen, the link not closed yet), or by a third node (the old node forgets them, DESIGN
+        §16). Their clients go round (`_lost`)."""
         for link_id, fwd in list(self.waiting.items()):
             if fwd.run and fwd.hand == hand:
                 del self.waiting[link_id]
@@ -354,9 +356,11 @@ class Router:
     async def find(self, peer: Peer, run_id: str, owner: str) -> tuple[RoutedRun, RunInfo] | None:
         """The node holding a run neither held nor relayed here (started through another node,
         its client here since): each other live node is asked `get_run` for `owner`, in turn, and
-        the first that answers with the run is its authority (the run's Hand is on it). Remembered
-        as a relayed run, so its `run get`, cancel and attach go there; its answer (fresh) is
-        returned with it, so a `run get` is served from it. None: no live node has it
+        the first that answers with the run live is its authority (the run's Hand is on it); none
+        has it live, the first that holds its ending is (the Hand moved there and the run ended
+        before its client came back: an attach there gets its real ending, DESIGN §16).
+        Remembered as a relayed run, so its `run get`, cancel and attach go there; its answer
+        (fresh) is returned with it, so a `run get` is served from it. None: no live node has it
         for this owner (another client's run is not found, never revealed).
 
         Why ask instead of writing each run's Hand to the database at admission: that write would
@@ -367,6 +371,7 @@ class Router:
         except MindhandError as exc:
             log.warning("node_peers_unavailable", error=str(exc))
             return None
+        ended: tuple[Link, RunInfo] | None = None
         for url in urls:
             link = self.links.get(url)
             if link is None:
@@ -379,11 +384,20 @@ class Router:
                 got = await asyncio.wait_for(answer, LINK_OPEN_TIMEOUT_S)
             except TimeoutError:
                 continue
-            if isinstance(got, RunInfo) and got.run_id == run_id and got.state not in RUN_TERMINAL:
-                routed = RoutedRun(link, got.hand, owner)
-                self.remember(run_id, routed)
-                return routed, got
+            if not isinstance(got, RunInfo) or got.run_id != run_id:
+                continue
+            if got.state in RUN_TERMINAL:
+                ended = ended or (link, got)
+                continue
+            return self._found(run_id, link, got, owner)
+        if ended is not None:
+            return self._found(run_id, *ended, owner)
         return None
+
+    def _found(self, run_id: str, link: Link, got: RunInfo, owner: str) -> tuple[RoutedRun, RunInfo]:
+        routed = RoutedRun(link, got.hand, owner)
+        self.remember(run_id, routed)
+        return routed, got
 
     def remember(self, run_id: str, routed: RoutedRun) -> None:
         self.runs[run_id] = routed
@@ -427,7 +441,26 @@ class Router:
     def hand_here(self, hand: str) -> None:
         self.forget(hand)
         for link in self.links.values():
-            link.hand_here(hand)
+            link.moved(hand)
+
+    def hand_moved(self, hand: str) -> None:
+        """Another node claimed `hand` (heard, not made here). The node a run of it was relayed to
+        hands it over when it hears that claim (forgotten there, its attachment through the link
+        never answered again), so a client of such a run on a link to any node but the new holder
+        goes round now and re-attaches where the run is (DESIGN §16). The new holder's URL is
+        asked only when a relayed run of the Hand is in flight here."""
+        if any(f.run and f.hand == hand for link in self.links.values() for f in link.waiting.values()):
+            self.spawn(self._moved(hand))
+
+    async def _moved(self, hand: str) -> None:
+        try:
+            url = await self.nodes.route(hand, self.lease)
+        except MindhandError as exc:  # unknown: every link's runs of it go round
+            log.warning("node_route_unavailable", hand=hand, error=str(exc))
+            url = None
+        for link in list(self.links.values()):
+            if link.url != url:
+                link.moved(hand)
 
     def connected(self, peer: Peer) -> bool:
         return self._clients.get(peer.conn_id) is peer

@@ -290,8 +290,9 @@ def test_kill_9_of_the_node_holding_a_hand_mid_run_the_run_finishes_elsewhere(no
 def test_a_node_frozen_past_its_lease_acts_for_nothing_when_it_wakes(nodes, tmp_path, pg_database):
     """SIGSTOP of the node holding the Hand (and the client) for longer than its lease, then
     SIGCONT: the Hand moved to the other node, which finished the run; the woken node lost its
-    lease, closed what it held, and wrote nothing about the Hand (the run's ending is the new
-    holder's, once); it serves again once its heartbeat is renewed."""
+    lease, closed what it held, handed the run over on hearing the claim, and wrote nothing about
+    the Hand (the run's ending is the new holder's, once, and `run get` through the woken node
+    says so); it serves again once its heartbeat is renewed."""
     a, b = nodes
     _start_pair(a, b)
     a.add_hand("box")
@@ -320,10 +321,14 @@ def test_a_node_frozen_past_its_lease_acts_for_nothing_when_it_wakes(nodes, tmp_
     (run,) = _started(other)  # one run per start
     run_id = run["run_id"]
     wait_until(lambda: _events(first, "node_lease_lost"), 30, "the woken node to say its lease passed")
-    # Past its resume window the woken node would end the run `lost`: that write is fenced.
-    wait_until(lambda: _events(first, "run_ending_fenced"), 30, "the woken node's ending to be refused")
+    # It hears the other node's claim (the NOTIFY waited while it was frozen) and hands the run
+    # over: forgotten, no ending of its own (were one written, it would be fenced).
+    handed = wait_until(lambda: _events(first, "run_handed_over"), 30, "the woken node to hand the run over")
+    assert [e["run_id"] for e in handed] == [run_id]
     rows = _endings(pg_database, run_id)
     assert len(rows) == 1 and rows[0]["exit_code"] == 3, rows
+    info = wait_until(lambda: _run_get(first, run_id), 30, "run get through the woken node")
+    assert info["state"] != "lost" and info["end"]["exit_code"] == 3, info
     wait_until(lambda: _events(first, "node_lease_live"), 30, "the woken node to renew its lease")
     assert other._connected_by_log("box", gen + 1) is not None  # the Hand stayed where it moved
     r = first.cli("status", "--json")
@@ -401,6 +406,107 @@ def test_a_hand_that_moves_while_its_old_node_lives_is_closed_there_by_the_claim
     assert (
         hands["box"]["connected"] and hands["box"]["node"] == json.loads(other.cli("status", "--json").stdout)["node"]
     )
+
+
+MOVED_WINDOW = 120.0
+"""The resume window of the test below: far longer than the test waits, so an answer it gets came
+from the new holder, not from the old one's window passing."""
+
+
+def test_a_node_that_hears_its_hands_new_claim_hands_its_runs_over_at_once(nodes, tmp_path, pg_database):
+    """A client attached through node A (`mind exec --mind A --mind B`) to a run on the Hand A
+    holds; the Hand's link to A goes silent (blackholed) and the Hand moves to B, which adopts the
+    run. A hears B's claim and hands the run over at once: it forgets it (no ending written) and
+    closes the client's connection; the client goes round and re-attaches where the run is now.
+    It gets the whole output exactly once and the real exit code, long before A's resume window
+    (120 s) would have passed; the database holds one ending, and A never reports the run `lost`
+    (its `run get` is answered by B)."""
+    a, b = nodes
+    for n in (a, b):
+        n.resume_window = MOVED_WINDOW
+    for n in (a, b):
+        n.start_mind("--node-lease", LEASE, "--ping-interval", "30")
+    a.add_hand("box")
+    pa, pb = a.start_proxy(target=a.port), b.start_proxy(target=b.port)
+    a.start_hand("box", url=f"{pa.url},{pb.url}")
+    first = wait_until(lambda: holder(a, b), 30, "box connected to a node")
+    other, link = (b, pa) if first is a else (a, pb)
+    gen = first._connected_by_log("box", 1)
+    assert gen is not None
+    # The client's URLs: A (the holder) and B behind a proxy that refuses at first, so that
+    # whichever it starts at it is attached through A; B is reachable again once it is.
+    to_other = first.start_proxy(target=other.port)
+    to_other.refuse()
+    go, marker = tmp_path / "go", tmp_path / "started"
+    script = f"touch {marker}; echo start; while [ ! -e {go} ]; do sleep 0.1; done; echo end; exit 7"
+    p = first.cli_popen("exec", "--mind", first.url, "--mind", to_other.url, "box", "--", "sh", "-c", script)
+    wait_until(lambda: marker.exists() or p.poll() is not None, 30, "the run to start")
+    assert marker.exists(), p.communicate(timeout=10)
+    (started,) = _started(first)  # admitted on A, its client on A
+    run_id = started["run_id"]
+    to_other.accept()
+
+    link.blackhole()
+    link.refuse()
+    wait_until(lambda: other._connected_by_log("box", gen + 1), 30, "box reconnected to the other node")
+    handed = wait_until(lambda: _events(first, "run_handed_over"), 15, "A to hand the run over on hearing the claim")
+    assert [e["run_id"] for e in handed] == [run_id]
+    wait_until(lambda: _events(other, "run_adopted"), 30, "the other node to adopt the presented run")
+    go.touch()
+    out, err = p.communicate(timeout=60)  # far below the window: the answer is the run's own
+    assert p.returncode == 7, err
+    assert out == b"start\nend\n", err
+
+    rows = _endings(pg_database, run_id)
+    assert len(rows) == 1 and rows[0]["exit_code"] == 7, rows
+    assert run_id not in {r["run_id"] for r in _started(first)}  # A's `mind runs`: not its run any more
+    info = wait_until(lambda: _run_get(first, run_id), 30, "run get through A")
+    assert info["state"] != "lost" and info["end"]["exit_code"] == 7, info
+    assert not _events(first, "run_ending_fenced")  # A decided no ending of its own
+
+
+def test_a_client_relayed_by_a_third_node_follows_the_run_when_its_hand_moves(nodes, tmp_path, pg_database):
+    """Three nodes. The client is on node C, relayed to node A which holds the Hand; the Hand's
+    link to A goes silent and the Hand moves to B. A hands the run over (its attachment is C's
+    link, which carries other runs: not closed); C hears B's claim, finds the run's Hand on
+    another node than the one it relayed to, and closes the client, which re-attaches through C
+    (relayed to B now). Whole output once, the real exit code, long before the window."""
+    a, b = nodes
+    c = node(tmp_path, "c", pg_database)
+    try:
+        for n in (a, b, c):
+            n.resume_window = MOVED_WINDOW
+        for n in (a, b, c):
+            n.start_mind("--node-lease", LEASE, "--ping-interval", "30")
+        a.add_hand("box")
+        pa, pb = a.start_proxy(target=a.port), b.start_proxy(target=b.port)
+        a.start_hand("box", url=f"{pa.url},{pb.url}")
+        first = wait_until(lambda: holder(a, b), 30, "box connected to a node")
+        other, link = (b, pa) if first is a else (a, pb)
+        gen = first._connected_by_log("box", 1)
+        assert gen is not None
+        go, marker = tmp_path / "go", tmp_path / "started"
+        script = f"touch {marker}; echo start; while [ ! -e {go} ]; do sleep 0.1; done; echo end; exit 7"
+        p = c.cli_popen("exec", "--mind", c.url, "box", "--", "sh", "-c", script)
+        wait_until(lambda: marker.exists() or p.poll() is not None, 30, "the run to start")
+        assert marker.exists(), p.communicate(timeout=10)
+        (started,) = _started(first)  # admitted on the holder, relayed by C
+        run_id = started["run_id"]
+
+        link.blackhole()
+        link.refuse()
+        wait_until(lambda: other._connected_by_log("box", gen + 1), 30, "box reconnected to the other node")
+        wait_until(lambda: _events(first, "run_handed_over"), 15, "the old holder to hand the run over")
+        wait_until(lambda: _events(other, "run_adopted"), 30, "the new holder to adopt the presented run")
+        go.touch()
+        out, err = p.communicate(timeout=60)  # far below the window: the answer is the run's own
+        assert p.returncode == 7, err
+        assert out == b"start\nend\n", err
+        rows = _endings(pg_database, run_id)
+        assert len(rows) == 1 and rows[0]["exit_code"] == 7, rows
+        assert not _events(c, "run_admitted")  # C only relayed
+    finally:
+        c.stop_all()
 
 
 def _started(c: Cluster) -> list[dict]:

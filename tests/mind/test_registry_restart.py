@@ -15,6 +15,7 @@ from mind.store.endings import Ending, EndingStore
 from protocol.codes import CancelReason, ErrorCode
 from protocol.messages import (
     Attached,
+    Background,
     Cancel,
     Error,
     Exec,
@@ -210,3 +211,40 @@ def test_the_store_trims_tails_and_prunes_as_it_writes(tmp_path, monkeypatch):
     assert [e.end.run_id for e in kept] == [f"r{i}" for i in range(5, 10)]  # pruned at the 10th write
     assert kept[0].end.stdout.data.endswith(b"END") and len(kept[0].end.stdout.data) == endings.TAIL_KEPT
     assert kept[0].end.stdout.total == 4003
+
+
+def test_a_run_whose_hand_another_node_claimed_is_handed_over_and_adopted_if_it_comes_back():
+    """Many Minds (DESIGN §16): node A hears that node B claimed the Hand at claim 5 while A holds
+    runs of it on claim 4. They are B's now: forgotten here at once, no ending decided (no
+    `PersistEnding`, nothing told), the attached client named for the shell to move. A run on the
+    newer claim stays, as does a task's start run; the Hand claimed back presents the run again
+    and it is adopted for its owner."""
+    reg = RunRegistry(resume_window=WINDOW)
+    reg.expect_presentations(float("inf"))  # as every node on a shared database does
+    req = Exec(hand=HAND, tool="exec", args={"argv": ["sleep", "99"]}, timeout_ms=600_000, streams=Streams())
+    reg.admit("r1", req, "c1", "q1", 4, True, now=100.0, wall=5000.0, owner="alice")
+    reg.on_accepted("r1", HAND, 4, 100.1)
+    reg.on_started("r1", HAND, 4, 100.2)
+    reg.admit("r2", req, "c2", "q2", 6, True, now=100.0, wall=5000.0, owner="bob")  # already on a newer claim
+
+    moved, acts = reg.on_hand_moved(HAND, 5)
+    assert [(r.run_id, r.client) for r in moved] == [("r1", "c1")]
+    assert not [a for a in acts if isinstance(a, PersistEnding | SendToClient | SendToHand)]
+    assert reg.get("r1") is None and reg.get("r2") is not None
+    assert reg.stream_number(("c", "c1"), "r1", "stdout") is None  # its numbers dropped too
+    assert not [a for a in reg.on_tick(100.0 + 2 * WINDOW, 9000.0) if isinstance(a, PersistEnding)]  # never `lost` here
+    assert reg.on_hand_moved(HAND, 5) == ([], [])  # heard twice (NOTIFY and a poll): once
+
+    # the Hand comes back here (claim 7) and presents the run: adopted as any presented run
+    acts = reg.on_runs_present(HAND, 7, RunsPresent(runs=[presented("r1")]), 200.0, 5100.0)
+    assert not [m for m in to_hand(acts) if isinstance(m, Cancel)]
+    run = reg.get("r1")
+    assert run is not None and run.state is RunState.RUNNING and run.gen == 7 and run.owner == "alice"
+
+
+def test_a_task_start_run_is_not_handed_over():
+    reg = restarted()
+    req = Exec(hand=HAND, tool="exec", args={"argv": ["true"]}, timeout_ms=60_000)
+    reg.admit("r1", req, None, "", 4, True, 100.0, 5000.0, Background(max_runtime_ms=60_000), owner="alice")
+    assert reg.on_hand_moved(HAND, 5)[0] == []
+    assert reg.get("r1") is not None

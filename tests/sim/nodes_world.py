@@ -16,6 +16,8 @@ moves, not inside one Mind. So this world keeps those three and drives the real
   only that clock, the database only its own), renews every third of the lease, ticks its core (and always before it acts on
   anything, as the shell does after a pause), claims a Hand at its welcome, hears other claims
   (NOTIFY over its database link, and a poll), and performs what the core says (`CloseHand`);
+  a claim by the other node hands over the runs started here on an older claim (`hand_over`):
+  their clients' connections are closed and they go round, as after a node's death;
 - **each Hand** holds both node addresses (random start, the other one next), keeps its runs
   across a drop for the resume window and re-presents them (results included) on its next
   connection, wherever that is;
@@ -104,7 +106,7 @@ class SimDb:
         self.hands[hand] = (node, claim)
         self.world.checker.on_claim(hand, node, claim)
         for n in self.world.nodes.values():
-            self.world.notify(n, hand, claim)
+            self.world.notify(n, hand, claim, node)
         return claim
 
     fences: ClassVar[bool] = True
@@ -141,6 +143,10 @@ class SimDb:
     def claim_of(self, hand: str) -> int:
         return self.hands.get(hand, ("", 0))[1]
 
+    def holder(self, hand: str) -> tuple[str, int]:
+        """(node, claim) of the Hand's current claim (`PgNodes.holders`, what the poll reads)."""
+        return self.hands.get(hand, ("", 0))
+
 
 # --- links ---------------------------------------------------------------------------------------
 
@@ -176,6 +182,10 @@ class Waiter:
     req: str
     run: str
     attached: bool = False
+    hand: str = ""
+    claim: int = 0
+    """A run started here: its Hand and the claim it was started on (an attach waits for a run
+    this node does not hold: the real node asks the node that does, `Router.find`)."""
 
 
 class SimNode:
@@ -285,15 +295,19 @@ class SimNode:
         runs clients wait for here."""
         db = self.w.db
         for hand in sorted(self.core.claims):
-            self.db("claim of", partial(db.claim_of, hand), partial(self.polled_claim, hand))
+            self.db("claim of", partial(db.holder, hand), partial(self.polled_claim, hand))
         for run, link in list(self.uncertain):
             self.db("ending", partial(db.ending, run), partial(self.settle, run, link))
         for wt in list(self.waiters):
             self.db("ending", partial(db.ending, wt.run), partial(self.answer_ending, wt))
 
-    def polled_claim(self, hand: str, claim: int | None) -> None:
-        if claim is not None:
-            self.perform(self.core.newer_claim(hand, claim))
+    def polled_claim(self, hand: str, found: tuple[str, int] | None) -> None:
+        if found is None:
+            return
+        node, claim = found
+        self.perform(self.core.newer_claim(hand, claim))
+        if node != self.name:
+            self.hand_over(hand, claim)
 
     def settle(self, run: str, link: HandLink, found: Any) -> None:
         """A start whose statement failed (its client was told it was refused): if it landed
@@ -312,8 +326,26 @@ class SimNode:
             del self.conns[link.hand]
             self.core.released(link.hand, link.claim)
 
-    def heard_claim(self, hand: str, claim: int) -> None:
-        self.perform(self.core.newer_claim(hand, claim))
+    def heard_claim(self, hand: str, claim: int, node: str) -> None:
+        if node != self.name:
+            self.perform(self.core.newer_claim(hand, claim))
+            self.hand_over(hand, claim)
+
+    def hand_over(self, hand: str, claim: int) -> None:
+        """Another node claimed `hand` at `claim` (`NodeShell.hand_over`): the runs started here on
+        an older claim are that node's now; their clients' connections are closed and they go
+        round (re-attach at a live node, as after a node's death), without waiting here for an
+        ending, and this node decides none."""
+        for wt in [wt for wt in self.waiters if wt.hand == hand and wt.claim < claim]:
+            self.waiters.remove(wt)
+            self.w.events["node:handed_over"] += 1
+            self.w.client_closed(wt.req)
+
+    def fenced(self, hand: str, claim: int) -> None:
+        actions = self.core.write_missed(hand, claim)
+        self.perform(actions)
+        if actions:
+            self.hand_over(hand, claim + 1)
 
     # --- Hands ---
 
@@ -388,7 +420,7 @@ class SimNode:
                 self.w.close_link(link, "the ending could not be written")
                 return
             if r == "fenced":
-                self.perform(self.core.write_missed(hand, claim))
+                self.fenced(hand, claim)
                 return
             self.send(link, ("ack", run))
             self.w.events[f"node:ending_{r}"] += 1
@@ -416,11 +448,11 @@ class SimNode:
                 self.w.answer(client, req, "refused: database away")
                 return
             if r == "fenced":
-                self.perform(self.core.write_missed(hand, claim))
+                self.fenced(hand, claim)
                 self.w.answer(client, req, "refused: moved")
                 return
             self.w.checker.on_started(run, hand)
-            self.waiters.append(Waiter(client, req, run))
+            self.waiters.append(Waiter(client, req, run, hand=hand, claim=claim))
             self.send(link, ("start", run))
 
         self.db("start", lambda: self.w.db.start(run, hand, self.name, claim), started)
@@ -612,6 +644,13 @@ class NodesWorld:
                 self.clock.at(self.clock.now + self.rng.uniform(0.1, 2.0), partial(self.reattach, r), label="reattach")
         self.clock.at(self.clock.now + self.rng.choice((2.0, 15.0, 40.0)), lambda: self.restart(name), label="restart")
 
+    def client_closed(self, req: str) -> None:
+        """A node closed the connection of the client waiting on `req`: it goes round (§15)."""
+        r = self.requests[req]
+        r.node = ""  # on no node until it lands on one (a node killed meanwhile is not its node)
+        if not r.answers:
+            self.clock.at(self.clock.now + self.rng.uniform(0.1, 2.0), partial(self.reattach, r), label="reattach")
+
     def restart(self, name: str) -> None:
         if name in self.down:
             self.start_node(name)
@@ -661,7 +700,7 @@ class NodesWorld:
         self.clock.at(sent + out, execute, label=f"{node.name} {what} exec")
         self.clock.at(sent + STATEMENT_S, lambda: finish(None), label=f"{node.name} {what} timeout")
 
-    def notify(self, node: SimNode, hand: str, claim: int) -> None:
+    def notify(self, node: SimNode, hand: str, claim: int, claimer: str) -> None:
         link = self.db_links[node.name]
         if not link.up:
             return
@@ -669,7 +708,7 @@ class NodesWorld:
 
         def heard() -> None:  # lost if the link was cut meanwhile (the node polls)
             if link.up and link.epoch == epoch:
-                node.run(partial(node.heard_claim, hand, claim))
+                node.run(partial(node.heard_claim, hand, claim, claimer))
 
         self.clock.at(
             self.clock.now + self.rng.choice((0.0, 0.01, 0.3)) + link.delay, heard, label=f"{node.name} notify"

@@ -45,6 +45,7 @@ def test_the_seeds_exercise_nodes_leases_and_moves() -> None:
         "node:lease_regained",
         "node:close this node's lease passed",
         "client:reattach",  # a client whose node died asks the other one
+        "node:handed_over",  # a claim by the other node: the runs started here go with their Hand
         "answer:refused:lease",
         "answer:refused:not here",  # routing is not built: refused, with an answer
         "outcome:exit_0",
