@@ -746,6 +746,8 @@ def test_mind_runs_through_either_node_lists_the_clients_runs_on_every_node(node
         r["run_id"] for r in listings["a"] if r["hand"] == "box2"
     }
     assert [r["run_id"] for r in _listed(b, ops, "--limit", "2")] == [r["run_id"] for r in listings["a"][:2]]
+    assert _listed(b, ops, "--state", "succeeded", "--since", "1h") == listings["a"]  # every run: all ended well
+    assert _listed(a, ops, "--unattended") == []  # none left going
     assert [r["run_id"] for r in _listed(b, stranger)] == [theirs]
     everyone = {r["run_id"] for r in json.loads(b.cli("runs", "--json").stdout)}  # admin: any client's
     assert everyone >= set(held) | {theirs}
