@@ -203,7 +203,8 @@ async def list_runs(client: Any, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([jsonable(r.model_dump(mode="python")) for r in runs], indent=2, default=str))
         return 0
-    table(RUN_HEADERS, [run_row(r) for r in runs])
+    nodes = any(r.node for r in runs)  # Mind nodes sharing a database: which holds each run
+    table(RUN_HEADERS + (["NODE"] if nodes else []), [run_row(r) + ([r.node or "-"] if nodes else []) for r in runs])
     return 0
 
 

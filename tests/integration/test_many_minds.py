@@ -748,6 +748,8 @@ def test_mind_runs_through_either_node_lists_the_clients_runs_on_every_node(node
     assert [r["run_id"] for r in _listed(b, ops, "--limit", "2")] == [r["run_id"] for r in listings["a"][:2]]
     assert _listed(b, ops, "--state", "succeeded", "--since", "1h") == listings["a"]  # every run: all ended well
     assert _listed(a, ops, "--unattended") == []  # none left going
+    table = b.cli("runs", "--credential", str(ops)).stdout.decode().splitlines()
+    assert table[0].split()[-1] == "NODE" and {line.split()[-1] for line in table[1:]} == {on_a, on_b}
     assert [r["run_id"] for r in _listed(b, stranger)] == [theirs]
     everyone = {r["run_id"] for r in json.loads(b.cli("runs", "--json").stdout)}  # admin: any client's
     assert everyone >= set(held) | {theirs}
