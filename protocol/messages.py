@@ -766,6 +766,9 @@ class RunInfo(Message):
     """Wall-clock time the Hand's connection dropped while the run waits for it (DESIGN §15)."""
     client_away_since: WallTime | None = None
     """Wall-clock time the run was left unattended (its client went away or detached)."""
+    node: Str | None = None
+    """With Mind nodes sharing a database: the node whose registry this run is in, its authority
+    (`mind runs` lists every live node's, DESIGN §16). None: one Mind."""
 
 
 class TaskStart(Message):
@@ -868,6 +871,10 @@ class ListRuns(Message):
     unattended: Bool = False
     """Only runs still going with a leg away: detached or left by their client, or waiting for their
     Hand (DESIGN §15; `mind runs --unattended`)."""
+    on_behalf_of: Label | None = None
+    """Set only by a Mind node asking a peer node for its runs of a client (DESIGN §16): that node's
+    own runs only, under the client's scope. Any sender but a Mind node's own credential naming it
+    is refused (`denied_by_scope`)."""
 
 
 class RunList(Message):
@@ -875,6 +882,10 @@ class RunList(Message):
     runs: list[RunInfo]
     next_after: Cursor | None = None
     """More runs may match: ask again with this as `after`. None: this was the last page."""
+    missing_nodes: Annotated[list[Str], Field(max_length=1024)] = Field(default_factory=list)
+    """With Mind nodes sharing a database: the live nodes that did not answer in time, by name. Their
+    runs are not in this page, so the listing is partial (DESIGN §16). Empty: every live node's runs
+    are here."""
 
 
 class GetStatus(Message):

@@ -10,6 +10,10 @@ it, so it finds its node: the live nodes from the database, then `get_run` asked
 link; `Router.find`) against the same ask on A, alternating. This is the price of asking instead
 of recording every run's Hand in the database at admission, paid only by such a first ask.
 
+Then `mind runs` (`--runs K`, default 300 runs on each node): a page of 100 through node B,
+merged from both nodes' pages, against the same page of a lone SQLite Mind holding 2K runs, and
+all 2K runs page after page ("own" is the lone Mind there, "other" the node of two).
+
     scripts/bench-route [-n CALLS]
 """
 
@@ -25,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # benchlib
 
-from benchlib.route import SMALL, measure, measure_find, p50, p99
+from benchlib.route import SMALL, fill, measure, measure_find, measure_runs, p50, p99
 from support.postgres import remove, start_server
 
 from mind.testing.cluster import Cluster
@@ -34,6 +38,7 @@ from mind.testing.cluster import Cluster
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=1000, help="calls per figure and per node")
+    ap.add_argument("--runs", type=int, default=300, help="finished runs on each node for the `mind runs` figures")
     args = ap.parse_args()
     server = start_server()
     try:
@@ -56,6 +61,27 @@ def main() -> None:
                 cred = a.home / "admin.cred"
                 results = asyncio.run(measure(a.url, b.url, cred, "box", args.n))
                 results += asyncio.run(measure_find(a.url, b.url, cred, "box", args.n))
+                (Path(tmp) / "lone").mkdir()
+                lone = Cluster(Path(tmp) / "lone")  # SQLite: one Mind, as before many
+                try:
+                    lone.start_mind()
+                    b.add_hand("box2")
+                    b.start_hand("box2", url=b.url)
+                    b.wait_connected("box2")
+                    lone.add_hand("box")
+                    lone.start_hand("box", url=lone.url)
+                    lone.wait_connected("box")
+                    # a client of its own: only its runs are listed (the admin's are all the others)
+                    lone_cred, lister = lone.client_credential("lister"), a.client_credential("lister")
+                    for url, via, hand, k in (
+                        (a.url, lister, "box", args.runs),
+                        (b.url, lister, "box2", args.runs),
+                        (lone.url, lone_cred, "box", 2 * args.runs),
+                    ):
+                        asyncio.run(fill(url, via, hand, k))
+                    results += asyncio.run(measure_runs(lone.url, lone_cred, b.url, lister, 2 * args.runs, args.n))
+                finally:
+                    lone.stop_all()
             finally:
                 b.stop_all()
                 a.stop_all()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from mind.cli import options
@@ -27,7 +28,13 @@ def add_parsers(sub: Any) -> None:
     options.json_output(stt)
     stt.set_defaults(handler=with_client(show_status))
 
-    rn = options.command(sub, "runs", help="foreground run history (newest first; retained per the Mind's settings)")
+    rn = options.command(
+        sub,
+        "runs",
+        help="foreground run history (newest first; retained per the Mind's settings); with Mind nodes "
+        "sharing a database, every live node's runs (--json names each run's node; a node that does "
+        "not answer within 5 s is named in a warning on stderr and the listing is partial, exit 0)",
+    )
     options.connection(rn)
     options.hand(rn, required=False, help="only this Hand's runs")
     rn.add_argument("--state", choices=[s.value for s in RunState])
@@ -128,7 +135,7 @@ async def fleet_get(client: Any, args: argparse.Namespace) -> int:
     """`mind run get fleet-...`: the fleet's member runs (its aggregate is theirs: DESIGN §12)."""
     if not limits_id_ok(args.run_id):
         die(f"no run {args.run_id}", EXIT_USAGE)
-    runs = await client.list_runs(fleet=args.run_id, limit=100_000)
+    runs = warn_partial(await client.run_listing(fleet=args.run_id, limit=100_000))
     if not runs:
         die(f"no fleet run {args.run_id} in the Mind's history (or none of its runs is visible to this client)")
     if args.json:
@@ -142,6 +149,20 @@ async def fleet_get(client: Any, args: argparse.Namespace) -> int:
     print("(Hands the fleet never started, offline or not_started, have no run and are not listed)\n")
     table(RUN_HEADERS, [run_row(r) for r in runs])
     return 0
+
+
+def warn_partial(listing: Any) -> list[Any]:
+    """The listing's runs; a node that did not answer (DESIGN §16) named in a warning on stderr.
+    Exit 0 all the same: every run listed is true and the missing node is named, while a failure
+    would hide the runs that did answer from a script that only needs those (one it cares about
+    reads the warning, or `run_listing` in Python)."""
+    if listing.missing_nodes:
+        names = ", ".join(printable(n) for n in listing.missing_nodes)
+        print(
+            f"mind: warning: partial listing: no answer from Mind node(s) {names}; their runs are not shown",
+            file=sys.stderr,
+        )
+    return list(listing.runs)
 
 
 def run_row(r: Any) -> list[str]:
@@ -170,7 +191,7 @@ async def list_runs(client: Any, args: argparse.Namespace) -> int:
         die("--limit must be positive", EXIT_USAGE)
     if args.fleet is not None and not limits_id_ok(args.fleet):
         die("--fleet wants a fleet id (fleet-...)", EXIT_USAGE)
-    runs = await client.list_runs(
+    listing = await client.run_listing(
         args.hand,
         RunState(args.state) if args.state else None,
         since,
@@ -178,10 +199,12 @@ async def list_runs(client: Any, args: argparse.Namespace) -> int:
         fleet=args.fleet,
         unattended=args.unattended,
     )
+    runs = warn_partial(listing)
     if args.json:
         print(json.dumps([jsonable(r.model_dump(mode="python")) for r in runs], indent=2, default=str))
         return 0
-    table(RUN_HEADERS, [run_row(r) for r in runs])
+    nodes = any(r.node for r in runs)  # Mind nodes sharing a database: which holds each run
+    table(RUN_HEADERS + (["NODE"] if nodes else []), [run_row(r) + ([r.node or "-"] if nodes else []) for r in runs])
     return 0
 
 

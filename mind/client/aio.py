@@ -26,6 +26,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from websockets.asyncio.client import ClientConnection
@@ -90,6 +91,14 @@ if TYPE_CHECKING:
 R = TypeVar("R", bound=Message)
 CUT = frozenset({ClientCode.CLOSED, ErrorCode.SHUTDOWN})
 """How a request fails when its connection ends under it (`shutdown`: the Mind said it was stopping)."""
+
+
+@dataclass(frozen=True)
+class RunListing:
+    """`mind runs`: the runs, and the Mind nodes that did not answer (their runs are not listed)."""
+
+    runs: list[RunInfo]
+    missing_nodes: list[str]
 
 
 class MindClient:
@@ -591,8 +600,25 @@ class MindClient:
     ) -> list[RunInfo]:
         """The newest `limit` runs of the history (any number), fetched page by page: the Mind
         bounds each reply in count and bytes and says where the next page starts. `unattended`:
-        only runs going on with a leg away (detached, client gone, or Hand away: DESIGN §15)."""
+        only runs going on with a leg away (detached, client gone, or Hand away: DESIGN §15).
+        With Mind nodes sharing a database, every live node's runs (`run_listing` also says which
+        nodes did not answer)."""
+        listing = await self.run_listing(hand, state, since, limit, fleet, unattended)
+        return listing.runs
+
+    async def run_listing(
+        self,
+        hand: str | None = None,
+        state: RunState | None = None,
+        since: float | None = None,
+        limit: int = 100,
+        fleet: str | None = None,
+        unattended: bool = False,
+    ) -> RunListing:
+        """`list_runs`, and the Mind nodes whose runs are missing from it because they did not
+        answer in time (DESIGN §16: the listing is partial; empty on one Mind)."""
         out: list[RunInfo] = []
+        missing: list[str] = []
         after: str | None = None
         while len(out) < limit:
             want = min(limit - len(out), PAGE_LIMIT_MAX)
@@ -604,10 +630,11 @@ class MindClient:
                 read=True,
             )
             out += reply.runs[:want]
+            missing += [n for n in reply.missing_nodes if n not in missing]
             if reply.next_after is None or reply.next_after == after:  # (a cursor that does not move ends it)
                 break
             after = reply.next_after
-        return out
+        return RunListing(out, missing)
 
     async def status(self) -> StatusReply:
         return await self._ask(GetStatus(), StatusReply)

@@ -242,6 +242,9 @@ class Dispatch:
         elif isinstance(msg, ListHands):
             peer.spawn(self.views.list_hands(peer, id_, msg), reply_to=id_)
         elif isinstance(msg, ListRuns):
+            if m.router is not None:  # every live node's runs (DESIGN §16)
+                peer.spawn(self.views.list_runs_of_nodes(peer, id_, msg, me), reply_to=id_)
+                return
             self.views.list_runs(peer, id_, msg)
         elif isinstance(msg, SelectHands):
             peer.spawn(self.views.select_hands(peer, id_, msg), reply_to=id_)

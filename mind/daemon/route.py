@@ -73,7 +73,7 @@ class Forward:
     run_id: str | None = None
     """A streamed run's (link number, client number) pairs, dropped when it ends."""
     answer: asyncio.Future[Message | None] | None = None
-    """A question of this node's own (`Router.find`): its one reply goes here, not to the client
+    """A question of this node's own (`Router.ask`): its one reply goes here, not to the client
     (None: the link was lost)."""
 
 
@@ -174,6 +174,12 @@ class Link:
                 else:
                     self.send(CancelRun(run_id=fwd.run_id, on_behalf_of=fwd.owner), request=True)
 
+    def drop(self, answer: asyncio.Future[Message | None]) -> None:
+        """Forget a question of this node's own whose answer is no longer awaited (`Router.ask`)."""
+        for link_id, fwd in list(self.waiting.items()):
+            if fwd.answer is answer:
+                del self.waiting[link_id]
+
     def send_frame(self, number: int, offset: int, eof: bool, payload: memoryview | bytes) -> None:
         """A client's stdin chunk, on the link's number for its stream (the payload as it came)."""
         if self._session is not None and self._session.error is None:
@@ -252,7 +258,7 @@ class Link:
                 if env.id is None or (fwd := self.waiting.get(env.id)) is None:
                     continue
                 msg = env.msg
-                if fwd.answer is not None:  # this node's own question (`Router.find`)
+                if fwd.answer is not None:  # this node's own question (`Router.ask`)
                     del self.waiting[env.id]
                     _settle(fwd.answer, msg)
                     continue
@@ -348,10 +354,7 @@ class Router:
                 return None
             if self.nodes.listening:
                 self.cache[hand] = url
-        link = self.links.get(url)
-        if link is None:
-            link = self.links[url] = Link(self, url)
-        return link
+        return self.link(url)
 
     async def find(self, peer: Peer, run_id: str, owner: str) -> tuple[RoutedRun, RunInfo] | None:
         """The node holding a run neither held nor relayed here (started through another node,
@@ -367,37 +370,51 @@ class Router:
         cost every run a round trip (or a batch) to serve the rare client that moved mid-run; the
         question costs one round trip per live node only when such a client asks."""
         try:
-            urls = await self.nodes.peers(self.lease)
+            nodes = await self.nodes.peers(self.lease)
         except MindhandError as exc:
             log.warning("node_peers_unavailable", error=str(exc))
             return None
-        ended: tuple[Link, RunInfo] | None = None
-        for url in urls:
-            link = self.links.get(url)
-            if link is None:
-                link = self.links[url] = Link(self, url)
-            answer: asyncio.Future[Message | None] = asyncio.get_running_loop().create_future()
-            question = GetRun(run_id=run_id, on_behalf_of=owner)
-            if not await link.offer(question, Forward(peer, "", owner, False, answer=answer), answer_failure=False):
-                continue
-            try:
-                got = await asyncio.wait_for(answer, LINK_OPEN_TIMEOUT_S)
-            except TimeoutError:
-                continue
+        ended: tuple[str, RunInfo] | None = None
+        for _, url in nodes:
+            got = await self.ask(peer, url, GetRun(run_id=run_id, on_behalf_of=owner), owner)
             if not isinstance(got, RunInfo) or got.run_id != run_id:
                 continue
             if got.state in RUN_TERMINAL:
-                ended = ended or (link, got)
+                ended = ended or (url, got)
                 continue
-            return self._found(run_id, link, got, owner)
+            return self._found(run_id, url, got, owner)
         if ended is not None:
             return self._found(run_id, *ended, owner)
         return None
 
-    def _found(self, run_id: str, link: Link, got: RunInfo, owner: str) -> tuple[RoutedRun, RunInfo]:
-        routed = RoutedRun(link, got.hand, owner)
+    def _found(self, run_id: str, url: str, got: RunInfo, owner: str) -> tuple[RoutedRun, RunInfo]:
+        routed = RoutedRun(self.link(url), got.hand, owner)
         self.remember(run_id, routed)
         return routed, got
+
+    def link(self, url: str) -> Link:
+        link = self.links.get(url)
+        if link is None:
+            link = self.links[url] = Link(self, url)
+        return link
+
+    async def ask(self, peer: Peer, url: str, question: Message, owner: str) -> Message | None:
+        """One question of this node's own to the node at `url` (for `peer`'s request), its one
+        answer; None if that node cannot be reached or has not answered within
+        `LINK_OPEN_TIMEOUT_S` in all (opening the link included): a frozen node costs that bound,
+        never more."""
+        link = self.link(url)
+        answer: asyncio.Future[Message | None] = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(LINK_OPEN_TIMEOUT_S):
+                if not await link.offer(question, Forward(peer, "", owner, False, answer=answer), answer_failure=False):
+                    return None
+                return await answer
+        except TimeoutError:
+            log.warning("node_question_unanswered", url=url, type=question.TYPE)
+            return None
+        finally:
+            link.drop(answer)
 
     def remember(self, run_id: str, routed: RoutedRun) -> None:
         self.runs[run_id] = routed

@@ -13,10 +13,11 @@ from collections.abc import Iterator
 
 import structlog
 
-from mind.core import selector
+from mind.core import runlist, selector
 from mind.core.admission import touch_denial
-from mind.core.paging import page
+from mind.core.paging import PAGE_ITEMS, page
 from mind.core.runs import Run
+from mind.core.scope import Scope
 from mind.daemon.host import VERSION, Host
 from mind.daemon.peer import Peer
 from protocol.codes import ErrorCode
@@ -48,6 +49,8 @@ STATUS_FAILURES = 10
 STATUS_LIST_BYTES = 256 << 10
 """Each list of `status` is cut at these (count, bytes), so the reply stays one bounded frame."""
 FAILURE_STATES = RUN_TERMINAL - {RunState.SUCCEEDED}
+UNKNOWN_NODES = "(the other nodes: the shared database did not say which are live)"
+"""`missing_nodes` of a listing when the database could not name the live nodes to ask."""
 
 
 class Views:
@@ -70,6 +73,62 @@ class Views:
         taken, more = page(runs, msg.limit, lambda item: payload_size(item[1]))
         cursor = str(taken[-1][0].seq) if more and taken else None
         peer.outbox.put(RunList(runs=[info for _, info in taken], next_after=cursor), id_)
+
+    async def list_runs_of_nodes(self, peer: Peer, id_: str, msg: ListRuns, me: str) -> None:
+        """`mind runs` with Mind nodes sharing a database (DESIGN §16): one page of every live
+        node's runs, newest first, each run once (`mind.core.runlist`: the order and the cursor
+        every node understands, and the merge). The other nodes are asked at once, each for the
+        client (`on_behalf_of`) and bounded (`Router.ask`); one that does not answer is named in
+        `missing_nodes`, never silently left out. A request another node relayed is answered from
+        this node's own runs, under the client's scope read from the shared credentials (the
+        client's owner rule, `read_others` included), and never relayed again."""
+        m = self.mind
+        assert m.router is not None and m.nodes is not None
+        after = None if msg.after is None else runlist.parse_cursor(msg.after)
+        if msg.after is not None and after is None:
+            peer.outbox.put(Error(code=ErrorCode.INVALID_PAYLOAD, message="after: not a cursor of run_list"), id_)
+            return
+        scope = peer.scope
+        if msg.on_behalf_of is not None:  # read as the door reads it (no stored scope: full)
+            scope = Scope.from_json(await m.creds(m.store.scope, "client", me))
+        mine = self._node_page(msg, scope, me, after, m.nodes.name)
+        if msg.on_behalf_of is not None:
+            last = runlist.cursor(mine.runs[-1]) if mine.more and mine.runs else None
+            peer.outbox.put(RunList(runs=mine.runs, next_after=last), id_)
+            return
+        try:
+            others = await m.router.nodes.peers(m.router.lease)
+        except MindhandError as exc:
+            log.warning("run_list_partial", node=None, error=str(exc))
+            others, unknown = [], [UNKNOWN_NODES]
+        else:
+            unknown = []
+        question = msg.model_copy(update={"on_behalf_of": me, "limit": min(msg.limit, PAGE_ITEMS)})
+        answers = await asyncio.gather(*(m.router.ask(peer, url, question, me) for _, url in others))
+        pages, missing = [mine], unknown
+        for (name, url), got in zip(others, answers, strict=True):
+            if isinstance(got, RunList):
+                pages.append(runlist.Page(got.runs, got.next_after is not None))
+            else:
+                missing.append(name)
+                why = got.message if isinstance(got, Error) else "no answer in time"
+                log.warning("run_list_partial", node=name, url=url, error=why)
+        taken, more = runlist.merge(pages, msg.limit, payload_size)
+        last = runlist.cursor(taken[-1]) if more and taken else None
+        peer.outbox.put(RunList(runs=taken, next_after=last, missing_nodes=missing), id_)
+
+    def _node_page(self, msg: ListRuns, scope: Scope, me: str, after: runlist.Key | None, node: str) -> runlist.Page:
+        """This node's newest runs below `after` that match and that `me` may see, newest first by
+        (created_at, run_id), each named with this node; bounded as every page."""
+        runs = (
+            r
+            for r in self.mind.registry.history(msg.hand, msg.state, msg.since, None, msg.fleet)
+            if scope.allows_hand(r.hand) and scope.may_touch(r.owner, me) and (not msg.unattended or unattended(r))
+        )
+        count = min(msg.limit, PAGE_ITEMS) + 1  # one more than a page holds: whether more follow
+        chosen = runlist.newest(runs, lambda r: (r.created_wall, r.run_id), after, count)
+        taken, more = page((r.info().model_copy(update={"node": node}) for r in chosen), msg.limit, payload_size)
+        return runlist.Page(taken, more)
 
     async def run_from_history(self, peer: Peer, id_: str, run_id: str) -> None:
         """`run get` of a run this node does not hold: the shared database's history (DESIGN §16),

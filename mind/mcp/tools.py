@@ -353,19 +353,24 @@ def register(server: MCPServer, current: Current, cancels: PeerCancels) -> None:
 
         async def go() -> CallToolResult:
             rows = []
-            for info in await current().client.list_runs(hand=hand, state=state, limit=limit, fleet=fleet):
-                rows.append(
-                    {
-                        "run": info.run_id,
-                        "hand": info.hand,
-                        "tool": info.tool,
-                        "state": info.state.value,
-                        "exit_code": info.end.exit_code if info.end else None,
-                        "created_at": info.created_at,
-                        "ended_at": info.ended_at,
-                    }
-                )
-            return result({"state": "succeeded", "runs": rows})
+            listing = await current().client.run_listing(hand=hand, state=state, limit=limit, fleet=fleet)
+            for info in listing.runs:
+                row = {
+                    "run": info.run_id,
+                    "hand": info.hand,
+                    "tool": info.tool,
+                    "state": info.state.value,
+                    "exit_code": info.end.exit_code if info.end else None,
+                    "created_at": info.created_at,
+                    "ended_at": info.ended_at,
+                }
+                if info.node is not None:  # Mind nodes sharing a database: the one holding it
+                    row["node"] = info.node
+                rows.append(row)
+            out: dict[str, Any] = {"state": "succeeded", "runs": rows}
+            if listing.missing_nodes:  # partial: these nodes did not answer in time (DESIGN §16)
+                out["missing_nodes"] = listing.missing_nodes
+            return result(out)
 
         return await guarded(go())
 

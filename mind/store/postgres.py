@@ -1202,18 +1202,18 @@ class PgNodes:
         )
         return {r[0] for r in rows}
 
-    async def peers(self, lease: float) -> list[str]:
-        """The URLs of the other live nodes (as `route`, whatever Hands they hold): where to ask
-        for a run this node neither holds nor relayed (DESIGN §16)."""
+    async def peers(self, lease: float) -> list[tuple[str, str]]:
+        """The other live nodes (as `route`, whatever Hands they hold), (name, URL) by name: where
+        to ask for a run this node neither holds nor relayed, and for their runs (DESIGN §16)."""
         rows = await self._db.run(
             lambda con: con.fetch(
-                "SELECT url FROM nodes WHERE running AND name <> $1 AND url IS NOT NULL "
+                "SELECT name, url FROM nodes WHERE running AND name <> $1 AND url IS NOT NULL "
                 'AND heartbeat_at > clock_timestamp() - make_interval(secs => $2) ORDER BY name COLLATE "C"',
                 self.name,
                 lease,
             )
         )
-        return [r[0] for r in rows]
+        return [(r[0], r[1]) for r in rows]
 
     async def nodes(self) -> list[tuple[str, bool, float]]:
         """Every node: (name, running, seconds since its heartbeat on the database's clock)."""

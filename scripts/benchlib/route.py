@@ -78,6 +78,50 @@ async def measure_find(
     return [("run get, found", own_s, found_s)]
 
 
+async def fill(url: str, cred_path: Path, hand: str, k: int) -> None:
+    """`k` finished runs (`exec -- true`) in the history of the node at `url`."""
+    async with await MindClient.connect(url, load_credential(cred_path)) as mc:
+        for _ in range(k):
+            end = await mc.exec(hand, "exec", {"argv": ["true"]})
+            if end.state.value != "succeeded":
+                raise RuntimeError(f"filling the history: {end}")
+
+
+async def measure_runs(
+    lone: str, lone_cred: Path, pair: str, pair_cred: Path, total: int, n: int
+) -> list[tuple[str, list[float], list[float]]]:
+    """`mind runs`: a page of 100 through a node of two (every live node's runs: its own, the
+    other's page asked on the link, merged: `mind.core.runlist`) against the same page of a lone
+    Mind holding as many runs (its registry alone, as before), alternating; then all `total` runs,
+    page after page, the same way."""
+    from protocol.messages import ListRuns, RunList
+
+    out = []
+    async with (
+        await MindClient.connect(lone, load_credential(lone_cred)) as one,
+        await MindClient.connect(pair, load_credential(pair_cred)) as two,
+    ):
+        for label, rounds, limit in (("runs, a page of 100", n, 100), (f"runs, all {total}", max(10, n // 20), total)):
+            series: dict[str, list[float]] = {"one": [], "two": []}
+            warm = min(20, rounds)
+            for i in range(rounds + warm):
+                for name, mc in (("one", one), ("two", two)):
+                    t0 = time.perf_counter()
+                    if limit == 100:
+                        reply = await mc._ask(ListRuns(limit=100), RunList)
+                        got, missing = len(reply.runs), reply.missing_nodes
+                    else:
+                        listing = await mc.run_listing(limit=limit)
+                        got, missing = len(listing.runs), listing.missing_nodes
+                    took = (time.perf_counter() - t0) * 1000
+                    if got != min(limit, total) or missing:
+                        raise RuntimeError(f"{label} through the {name} Mind: {got} runs, missing {missing}")
+                    if i >= warm:
+                        series[name].append(took)
+            out.append((label, series["one"], series["two"]))
+    return out
+
+
 def p50(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -23,7 +23,7 @@ import pytest
 
 from mind.client.aio import ClientError
 from mind.testing.cluster import Cluster, wait_until
-from protocol.messages import CancelRun, CancelRunResult, Exec, GetRun, RunEnd, RunInfo
+from protocol.messages import CancelRun, CancelRunResult, Exec, GetRun, ListRuns, RunEnd, RunInfo, RunList
 
 pytestmark = pytest.mark.slow
 
@@ -509,10 +509,19 @@ def test_a_client_relayed_by_a_third_node_follows_the_run_when_its_hand_moves(no
         c.stop_all()
 
 
+def _node_name(c: Cluster) -> str:
+    r = c.cli("status", "--json")
+    assert r.returncode == 0, r.stderr
+    return str(json.loads(r.stdout)["node"])
+
+
 def _started(c: Cluster) -> list[dict]:
     """The exec runs node `c` holds that started (a try refused there because the Hand was not
-    connected to it is `rejected`: it ran nothing)."""
-    return [r for r in json.loads(c.cli("runs", "--json").stdout) if r["tool"] == "exec" and r["state"] != "rejected"]
+    connected to it is `rejected`: it ran nothing). `mind runs` lists every live node's runs, each
+    naming its node."""
+    me = _node_name(c)
+    runs = json.loads(c.cli("runs", "--json").stdout)
+    return [r for r in runs if r["tool"] == "exec" and r["state"] != "rejected" and r["node"] == me]
 
 
 def _endings(dsn: str, run_id: str) -> list[dict]:
@@ -554,10 +563,11 @@ def test_a_call_through_the_other_node_is_served_by_the_node_holding_the_hand(no
     r = b.cli("call", "--hand", "box", "read_file", "path=f.bin", "--raw")
     assert r.returncode == 0, r.stderr
     assert r.stdout == data
-    # The read ran on A (the authority): A's memory lists it, B's does not.
-    on_a = [r for r in json.loads(a.cli("runs", "--json").stdout) if r["tool"] == "read_file"]
-    assert len(on_a) == 1 and on_a[0]["state"] == "succeeded"
-    assert not [r for r in json.loads(b.cli("runs", "--json").stdout) if r["tool"] == "read_file"]
+    # The read ran on A (the authority): listed once through either node, as A's.
+    for through in (a, b):
+        reads = [r for r in json.loads(through.cli("runs", "--json").stdout) if r["tool"] == "read_file"]
+        assert len(reads) == 1 and reads[0]["state"] == "succeeded" and reads[0]["node"] == _node_name(a)
+    assert not [e for e in _events(b, "run_admitted") if e.get("tool") == "read_file"]
 
     async def through_b() -> None:
         async with await b.client("admin-b", url=b.url) as mc:
@@ -765,6 +775,7 @@ def test_a_client_posing_as_a_node_is_refused(nodes):
                     forged = [
                         (CancelRun(run_id=h.run_id, on_behalf_of="victim"), CancelRunResult),
                         (GetRun(run_id=h.run_id, on_behalf_of="victim"), RunInfo),
+                        (ListRuns(on_behalf_of="victim"), RunList),
                         (
                             Exec(
                                 hand="box", tool="exec", args={"argv": ["true"]}, timeout_ms=5000, on_behalf_of="victim"
@@ -786,6 +797,126 @@ def test_a_client_posing_as_a_node_is_refused(nodes):
         r = a.cli("client", action, "mind-node")
         assert r.returncode == 2 and b"the Mind nodes' own credential" in r.stderr, r.stderr
         assert b"mh1:" not in r.stdout  # no secret printed
+
+
+# --- `mind runs` through any node: every live node's runs, each once, named by its node ---
+
+
+def _listed(c: Cluster, cred: Path, *args: str) -> list[dict]:
+    r = c.cli("runs", "--credential", str(cred), "--json", *args, timeout=30)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_mind_runs_through_either_node_lists_the_clients_runs_on_every_node(nodes):
+    """Runs of one client started through A and through B on a Hand of each node (two of them
+    relayed), and a fleet spread over both: `mind runs` through either node lists the same runs,
+    ids exact, each once (a relayed run from its holder's answer), newest first, each naming the
+    node that holds it; paging one run at a time through B walks the same list; the filters apply
+    on every node; another client's run is not shown to it, nor its runs to the other."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+    b.add_hand("box2")
+    b.start_hand("box2", url=b.url)
+    b.wait_connected("box2")
+    on_a, on_b = _node_name(a), _node_name(b)
+    ops, stranger = a.client_credential("ops"), a.client_credential("stranger")
+
+    async def start(c: Cluster, name: str, hand: str, via: str) -> str:
+        async with await c.client(name, url=via) as mc:
+            end = await mc.exec(hand, "exec", {"argv": ["true"]}, timeout=30)
+            assert end.state.value == "succeeded", end
+            return end.run_id
+
+    held: dict[str, str] = {}  # run id -> the node expected to hold it
+    for hand, via, node_of in (("box", a, on_a), ("box", b, on_a), ("box2", b, on_b), ("box2", a, on_b)):
+        held[asyncio.run(start(a, "ops", hand, via.url))] = node_of
+    theirs = asyncio.run(start(a, "stranger", "box", b.url))
+    r = b.cli("exec", "--credential", str(ops), "--json", "--hands", "box,box2", "--", "true", timeout=60)
+    assert r.returncode == 0, r.stderr
+    fleet = json.loads(r.stdout)["fleet"]
+
+    listings = {"a": _listed(a, ops), "b": _listed(b, ops)}
+    for runs in listings.values():
+        ids = [r["run_id"] for r in runs]
+        assert len(ids) == len(set(ids)) == 6  # the four runs and the two fleet members, once each
+        assert {i: r["node"] for i, r in zip(ids, runs, strict=True) if i in held} == held
+        assert theirs not in ids
+        created = [r["created_at"] for r in runs]
+        assert created == sorted(created, reverse=True)
+    assert listings["a"] == listings["b"]
+    members = _listed(b, ops, "--fleet", fleet)
+    assert sorted((m["hand"], m["node"]) for m in members) == [("box", on_a), ("box2", on_b)]
+    assert _listed(a, ops, "--fleet", fleet) == members
+    assert {r["run_id"] for r in _listed(a, ops, "--hand", "box2")} == {
+        r["run_id"] for r in listings["a"] if r["hand"] == "box2"
+    }
+    assert [r["run_id"] for r in _listed(b, ops, "--limit", "2")] == [r["run_id"] for r in listings["a"][:2]]
+    assert _listed(b, ops, "--state", "succeeded", "--since", "1h") == listings["a"]  # every run: all ended well
+    assert _listed(a, ops, "--unattended") == []  # none left going
+    table = b.cli("runs", "--credential", str(ops)).stdout.decode().splitlines()
+    assert table[0].split()[-1] == "NODE" and {line.split()[-1] for line in table[1:]} == {on_a, on_b}
+    assert [r["run_id"] for r in _listed(b, stranger)] == [theirs]
+    everyone = {r["run_id"] for r in json.loads(b.cli("runs", "--json").stdout)}  # admin: any client's
+    assert everyone >= set(held) | {theirs}
+
+    async def one_at_a_time() -> list[str]:
+        async with await a.client("ops", url=b.url) as mc:
+            out: list[str] = []
+            after = None
+            while True:
+                reply = await mc._ask(ListRuns(limit=1, after=after), RunList)
+                assert len(reply.runs) <= 1 and not reply.missing_nodes
+                out += [r.run_id for r in reply.runs]
+                if reply.next_after is None:
+                    return out
+                after = reply.next_after
+
+    assert asyncio.run(one_at_a_time()) == [r["run_id"] for r in listings["a"]]
+
+
+def test_mind_runs_with_a_node_that_does_not_answer_is_partial_and_says_which(nodes, tmp_path):
+    """A peer node frozen (SIGSTOP) while still live on the database: `mind runs` through the other
+    node lists its own runs, warns on stderr naming the frozen node, exits 0, within the bound (a
+    node is waited for 5 s at most); once the node is back the listing is whole again."""
+    a, b = nodes
+    for n in (a, b):
+        n.resume_window = WINDOW
+    # A long lease: the frozen node stays live on the database for the whole listing (asked, then
+    # waited for), where the short one of the other tests would let it drop out before.
+    pa = a._spawn_mind(("--node-lease", "60"), None)
+    pb = b._spawn_mind(("--node-lease", "60"), None)
+    a._wait_listening(pa, 30)
+    b._wait_listening(pb, 30)
+    a.add_hand("box")
+    a.start_hand("box", url=a.url)
+    a.wait_connected("box")
+    b.add_hand("box2")
+    b.start_hand("box2", url=b.url)
+    b.wait_connected("box2")
+    on_a, on_b = _node_name(a), _node_name(b)
+    ops = a.client_credential("ops")
+    for c, hand in ((a, "box"), (b, "box2")):
+        r = c.cli("exec", "--credential", str(ops), hand, "--", "true")
+        assert r.returncode == 0, r.stderr
+    assert sorted(r["node"] for r in _listed(b, ops)) == sorted([on_a, on_b])
+    assert a.mind is not None
+    a.mind.signal(signal.SIGSTOP)
+    try:
+        r = b.cli("runs", "--credential", str(ops), "--json", timeout=30)
+    finally:
+        a.mind.signal(signal.SIGCONT)
+    assert r.returncode == 0, r.stderr
+    assert [x["node"] for x in json.loads(r.stdout)] == [on_b]
+    assert r.stderr.decode() == (
+        f"mind: warning: partial listing: no answer from Mind node(s) {on_a}; their runs are not shown\n"
+    )
+
+    def whole() -> bool:
+        r = b.cli("runs", "--credential", str(ops), "--json", timeout=30)
+        return r.returncode == 0 and not r.stderr and len(json.loads(r.stdout)) == 2
+
+    wait_until(whole, 30, "the woken node's run listed again")
 
 
 def _alive(pid: int) -> bool:
