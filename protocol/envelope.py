@@ -55,19 +55,18 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 
 
 def encode(env: Envelope[Any]) -> bytes:
-    frame = {
-        "v": PROTOCOL_VERSION,
-        "t": env.msg.TYPE,
-        "id": env.id,
-        "seq": env.seq,
-        "gen": env.gen,
-        "p": env.msg.model_dump(mode="python"),
-    }
+    return encode_raw(env.msg.TYPE, env.id, env.seq, env.gen, env.msg.model_dump(mode="python"))
+
+
+def encode_raw(t: str, id: str | None, seq: int, gen: int | None, p: dict[str, Any]) -> bytes:
+    """A frame of payload map `p` as it is: for a payload that was never a model here (a node
+    forwarding another node's answer, DESIGN §16), or one already dumped (`encode`)."""
+    frame = {"v": PROTOCOL_VERSION, "t": t, "id": id, "seq": seq, "gen": gen, "p": p}
     data = msgpack.packb(frame, use_bin_type=True, datetime=False)
     if len(data) > limits.MAX_FRAME_BYTES:
         raise ProtocolError(
             ErrorCode.FRAME_TOO_LARGE,
-            f"a {env.msg.TYPE} frame of {len(data)} bytes exceeds the limit of {limits.MAX_FRAME_BYTES}",
+            f"a {t} frame of {len(data)} bytes exceeds the limit of {limits.MAX_FRAME_BYTES}",
         )
     return data
 
@@ -180,17 +179,28 @@ def unknown_type(t: str) -> ProtocolError:
 
 def decode(data: object, expected_version: int = PROTOCOL_VERSION) -> Envelope[Message]:
     t, id_, seq, gen, p = check(unpack(data), expected_version)
+    return Envelope(msg=validate(t, p), seq=seq, id=id_, gen=gen)
+
+
+def known_type(t: str) -> None:
+    """`ProtocolError` for a type no message has: what a reader that forwards payloads unread
+    still refuses (a frame nobody downstream could read is the sender's fault, not the reader's)."""
+    if t not in _models()[0]:
+        raise unknown_type(t)
+
+
+def validate(t: str, p: dict[str, Any]) -> Message:
+    """The model of payload `p` of type `t` (checked by `check`), or `ProtocolError`."""
     types, validation_error = _models()
     model = types.get(t)
     if model is None:
         raise unknown_type(t)
     try:
-        msg = model.model_validate(p)
+        return model.model_validate(p)
     except validation_error as exc:
         raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"invalid {t} payload: {_describe(exc)}") from None
     except RecursionError:
         raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"invalid {t} payload: nested too deeply") from None
-    return Envelope(msg=msg, seq=seq, id=id_, gen=gen)
 
 
 def _describe(exc: pydantic.ValidationError) -> str:
@@ -275,11 +285,19 @@ class Channel:
         return frames.encode(n, m.offset, m.data, m.eof)
 
     def _stamp_envelope(self, msg: Message, id: str | None) -> bytes:
-        data = encode(Envelope(msg=msg, seq=self._out + 1, id=id, gen=self.gen))
+        return self._counted(msg.TYPE, encode(Envelope(msg=msg, seq=self._out + 1, id=id, gen=self.gen)))
+
+    def stamp_raw(self, t: str, p: dict[str, Any], id: str | None = None) -> bytes:
+        """Encode payload map `p` (never a model here) as a `t` envelope with the next seq: a Mind
+        node forwarding another node's answer to its client (DESIGN §16, `Outbox.put_raw`). The
+        caller checked `t` names a message and is not a `stream_data` (those are data frames)."""
+        return self._counted(t, encode_raw(t, id, self._out + 1, self.gen, p))
+
+    def _counted(self, t: str, data: bytes) -> bytes:
         if len(data) > self.max_out:
             raise ProtocolError(
                 ErrorCode.FRAME_TOO_LARGE,
-                f"a {msg.TYPE} frame of {len(data)} bytes exceeds the {self.max_out} bytes the Mind reads "
+                f"a {t} frame of {len(data)} bytes exceeds the {self.max_out} bytes the Mind reads "
                 "from a client (large inputs go as stdin: `mind exec` forwards its standard input)",
             )
         self._out += 1
@@ -321,14 +339,20 @@ class Channel:
         return Envelope(msg=msg, seq=self._in, id=entry.env_id, gen=self.gen)
 
     def accept(self, env: Envelope[Message]) -> None:
-        if env.seq != self._in + 1:
-            raise ProtocolError(ErrorCode.SEQ_VIOLATION, f"expected frame seq {self._in + 1}, got {env.seq}")
-        self._in = env.seq
-        if self.gen is not None and env.gen != self.gen:
-            raise ProtocolError(ErrorCode.GEN_MISMATCH, f"frame for generation {env.gen} on generation {self.gen}")
+        self.accept_header(env.seq, env.gen)
         got: Any = env.msg
         t = got.TYPE
         if t == "stream_numbers":
             self.numbers.bind(got.run_id, frames.announced(got), env.id)
         elif t == "run_end":
             self.numbers.drop_run(got.run_id)
+
+    def accept_header(self, seq: int, gen: int | None) -> None:
+        """The envelope's own checks (seq, generation), for a frame whose payload this side
+        forwards unread (a node relaying answers, DESIGN §16: it binds none of their stream
+        numbers here, it renumbers them itself)."""
+        if seq != self._in + 1:
+            raise ProtocolError(ErrorCode.SEQ_VIOLATION, f"expected frame seq {self._in + 1}, got {seq}")
+        self._in = seq
+        if self.gen is not None and gen != self.gen:
+            raise ProtocolError(ErrorCode.GEN_MISMATCH, f"frame for generation {gen} on generation {self.gen}")

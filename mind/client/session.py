@@ -309,6 +309,18 @@ class ClientSession:
             return [Reply(env.id, msg)]
         return self._run_event(env.id, waiting, msg)
 
+    def accept_forwarded(self, seq: int, gen: int | None) -> None:
+        """The envelope checks `receive_frame` makes (seq, generation), for a frame whose payload
+        is forwarded unread: a Mind node relaying another node's answers (mind/daemon/route.py),
+        whose client reads them. A bad one ends the session as a bad frame does, and raises."""
+        if self.state != OPEN:
+            raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, "a frame to forward before the handshake ended")
+        try:
+            self._channel.accept_header(seq, gen)
+        except ProtocolError as exc:
+            self._bad_frame(exc)
+            raise
+
     def connection_lost(self, error: ClientError | None = None) -> list[Event]:
         """The transport ended (or the shell ended it). `error` says how, when the shell knows
         better than "closed" (a keepalive timeout, a socket error); a reason the Mind gave first

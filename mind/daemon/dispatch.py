@@ -174,6 +174,11 @@ class Dispatch:
                     refusal = (RejectCode.QUOTA_EXCEEDED, problem)
             live = m.hands.get(msg.hand)
             if live is None and refusal is None:
+                if msg.on_behalf_of is None and m.router is not None:
+                    link = m.router.cached(msg.hand)
+                    if link is not None and link.ready:  # held by another node, its link open: relayed now
+                        link.relay(msg.model_copy(update={"on_behalf_of": me}), Forward(peer, id_, me, True, msg.hand))
+                        return
                 # Offline or unknown: the credentials table says which, read on the database thread.
                 peer.spawn(self._admit_offline(peer, id_, msg, me), reply_to=id_)
                 return

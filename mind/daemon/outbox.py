@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 from websockets.asyncio.connection import Connection
@@ -53,7 +54,7 @@ class Outbox:
         requests and a Hand ends the connection on an `error`."""
         self._ws = ws
         self._channel = channel
-        self._q: deque[tuple[Message | _Frame, str | None, int]] = deque()
+        self._q: deque[tuple[Message | _Frame | _Raw, str | None, int]] = deque()
         self._wake = asyncio.Event()
         self._closed = False
         self._limit = droppable_limit
@@ -85,6 +86,21 @@ class Outbox:
         self.drained.clear()
         self._wake.set()
 
+    def put_raw(self, t: str, p: dict[str, Any], id: str | None = None) -> None:
+        """A message of type `t` whose payload map `p` is forwarded as it came (DESIGN §16: a node
+        relaying another node's answer to its client never builds the model; the client, which
+        reads it, validates it). Stamped when written, under this connection's seq, like `put`;
+        counted in the queue's bound as the same message would be."""
+        if self._closed:
+            return
+        carried = _carried_fields(p)
+        if not self.bound.add(carried):
+            self._overflow()
+            return
+        self._q.append((_Raw(t, p), id, carried))
+        self.drained.clear()
+        self._wake.set()
+
     def put_frame(self, number: int, offset: int, eof: bool, payload: memoryview | bytes) -> None:
         """A data frame to relay (DESIGN §11b): its header is built here, its payload is written as
         the buffer it came in. Never droppable; counted in the queue's bound like any chunk."""
@@ -111,23 +127,26 @@ class Outbox:
         self._closed = True
         self._wake.set()
 
-    def _stamp(self, msg: Message, id_: str | None) -> bytes | None:
+    def _stamp(self, msg: Message | _Raw, id_: str | None) -> bytes | None:
         """The frame for `msg`, or None if it cannot be sent; then whoever waits on `id_` is told."""
+        t = msg.t if isinstance(msg, _Raw) else msg.TYPE
         try:
+            if isinstance(msg, _Raw):
+                return self._channel.stamp_raw(t, msg.p, id_)
             return self._channel.stamp(msg, id_)
         except ProtocolError as exc:
             why = exc
-            log.error("outbound_frame_refused", type=msg.TYPE, id=id_, code=exc.code.value, error=exc.message)
+            log.error("outbound_frame_refused", type=t, id=id_, code=exc.code.value, error=exc.message)
         except Exception as exc:  # a value msgpack cannot encode: a bug, but one reply's, not the connection's
             why = ProtocolError(ErrorCode.INTERNAL_ERROR, f"it could not be encoded ({type(exc).__name__})")
-            log.exception("outbound_frame_unencodable", type=msg.TYPE, id=id_)
+            log.exception("outbound_frame_unencodable", type=t, id=id_)
         self.refused += 1
-        if id_ is None or isinstance(msg, Error):
+        if id_ is None or t == "error":
             return None  # nobody to answer (a push), or the answer itself failed: nothing smaller to say
         if self.on_refused is not None:
             self.on_refused(id_, why)
             return None
-        answer = Error(code=why.code, message=f"the mind could not send its {msg.TYPE} reply: {why.message}")
+        answer = Error(code=why.code, message=f"the mind could not send its {t} reply: {why.message}")
         self._q.appendleft((answer, id_, 0))  # next, in this very batch: nothing queued later overtakes it
         return None
 
@@ -156,6 +175,16 @@ class Outbox:
             self.drained.set()
 
 
+class _Raw:
+    """A queued message forwarded as its payload map (`put_raw`)."""
+
+    __slots__ = ("t", "p")
+
+    def __init__(self, t: str, p: dict[str, Any]) -> None:
+        self.t = t
+        self.p = p
+
+
 class _Frame:
     """A queued data frame: its header and the payload as received."""
 
@@ -175,7 +204,11 @@ def _carried(msg: Message) -> int:
     """The bytes a queued message holds beyond its fixed fields, estimated without encoding it:
     its data, for the messages that carry a run's bytes (`stream_data`, `run_output`), and its
     lists' items for the replies that page through them."""
-    fields = msg.__dict__  # not getattr: a model without `data` would raise and catch inside pydantic
+    return _carried_fields(msg.__dict__)  # not getattr: a model without `data` would raise and catch inside pydantic
+
+
+def _carried_fields(fields: dict[str, Any]) -> int:
+    """`_carried` of a message's fields (a model's, or a forwarded payload map's)."""
     data = fields.get("data")
     if isinstance(data, (bytes, str)):
         return len(data)

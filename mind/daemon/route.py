@@ -29,6 +29,7 @@ from typing import Any
 import structlog
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from mind.client.dial import Dial, open_connection
 from mind.client.session import ClientSession
@@ -38,10 +39,10 @@ from mind.store.api import Credentials, Nodes
 from protocol import frames
 from protocol.auth import Credential
 from protocol.codes import ErrorCode, RejectCode
-from protocol.envelope import decode as decode_envelope
+from protocol.envelope import check, known_type, unpack, validate
 from protocol.errors import MindhandError, ProtocolError
 from protocol.ids import new_id
-from protocol.messages import CancelRun, Detach, Error, GetRun, Message, RunInfo, StreamNumbers
+from protocol.messages import CancelRun, Detach, Error, GetRun, Message, RunInfo
 from protocol.states import RUN_TERMINAL
 
 log = structlog.get_logger(component="mind")
@@ -53,6 +54,8 @@ ROUTED_RUNS_MAX = 10_000
 ROUTED_NUMBER_BASE = 1 << 31
 """The first stream number this node gives a client for a relayed run's stream (above every number
 its registry gives: those count from 1 per connection)."""
+FORGET_HOLDER = frozenset({RejectCode.HAND_OFFLINE.value, RejectCode.UNKNOWN_HAND.value})
+"""A relayed run refused with one of these: the Hand moved or left since it was looked up."""
 LINK_CLOSED = (
     "the link to the Mind node holding this Hand closed; the run's fate is with that node "
     "(ask it: mind run get RUN_ID --mind ITS_URL)"
@@ -95,47 +98,60 @@ class Link:
         self._session: ClientSession | None = None
         self._open = asyncio.Lock()
         self._reader: asyncio.Task[None] | None = None
-        self._writer: asyncio.Task[None] | None = None
-        self._out: asyncio.Queue[bytes] = asyncio.Queue()
         self.numbers: dict[int, tuple[Forward, int]] = {}
         """Link stream number -> (the run's forward, its number on the client's connection)."""
 
-    async def _ensure(self) -> tuple[ClientConnection, ClientSession]:
+    @property
+    def ready(self) -> bool:
+        """Open now: a request is written at once (`relay`), without a task to open it."""
+        return self._ws is not None and self._session is not None and self._session.error is None
+
+    async def _ensure(self) -> ClientSession:
         async with self._open:
             if self._ws is not None and self._session is not None and self._session.error is None:
-                return self._ws, self._session
+                return self._session
             cred = await self.router.credential()
             ws, session, _ = await open_connection(
                 Dial(self.url, cred, LINK_OPEN_TIMEOUT_S, None, None), LINK_OPEN_TIMEOUT_S
             )
             self._ws, self._session = ws, session
-            self._out = asyncio.Queue()
-            loop = asyncio.get_running_loop()
-            self._reader = loop.create_task(self._read(ws, session))
-            self._writer = loop.create_task(self._write(ws, self._out))
+            self._reader = asyncio.get_running_loop().create_task(self._read(ws, session))
             log.info("node_link_open", url=self.url)
-            return ws, session
+            return session
 
     async def forward(self, msg: Message, fwd: Forward) -> None:
         """`offer`, the client told `busy` if the peer node cannot be reached."""
         await self.offer(msg, fwd)
+
+    def relay(self, msg: Message, fwd: Forward) -> None:
+        """`forward` on a link that is `ready`: written before this returns (no task, no await)."""
+        assert self._session is not None
+        try:
+            self._sent(self._session, msg, fwd)
+        except (MindhandError, ConnectionClosed, OSError) as exc:
+            self._failed(fwd, exc, True)
+
+    def _sent(self, session: ClientSession, msg: Message, fwd: Forward) -> None:
+        link_id = new_id("x")
+        session.send(msg, link_id)
+        self.waiting[link_id] = fwd
+        self._flush(session)
 
     async def offer(self, msg: Message, fwd: Forward, answer_failure: bool = True) -> bool:
         """Send `msg` (its owner named) on the link; its answers go to `fwd.peer`. A peer node that
         cannot be reached: False, and (`answer_failure`) the client gets `busy` with why (nothing
         was started)."""
         try:
-            ws, session = await self._ensure()
-            link_id = new_id("x")
-            self.waiting[link_id] = fwd
-            session.send(msg, link_id)
-            self._flush(session)
+            self._sent(await self._ensure(), msg, fwd)
             return True
         except (MindhandError, ConnectionClosed, OSError) as exc:
-            log.warning("node_link_failed", url=self.url, error=str(exc))
-            self.router.forget(fwd.hand)
-            if not answer_failure:
-                return False
+            self._failed(fwd, exc, answer_failure)
+            return False
+
+    def _failed(self, fwd: Forward, exc: Exception, answer_failure: bool) -> None:
+        log.warning("node_link_failed", url=self.url, error=str(exc))
+        self.router.forget(fwd.hand)
+        if answer_failure:
             fwd.peer.outbox.put(
                 Error(
                     code=ErrorCode.BUSY,
@@ -143,11 +159,21 @@ class Link:
                 ),
                 fwd.client_id,
             )
-            return False
 
     def _flush(self, session: ClientSession) -> None:
-        for frame in session.data_to_send():
-            self._out.put_nowait(frame)
+        self._write(session.data_to_send())
+
+    def _write(self, out: list[bytes]) -> None:
+        """The link's frames, written now, in the order they are made (envelopes and stdin data
+        frames alike): a queue and a writer task cost every relayed request a task switch (issue 27
+        item 4). What the peer node has not read waits in the transport's buffer, as it waited in
+        that queue; a link closing drops them, and its reader answers everyone waiting (`_lost`)."""
+        ws = self._ws
+        if ws is None or ws.protocol.state is not State.OPEN:
+            return
+        for frame in out:
+            ws.protocol.send_binary(frame)
+        ws.send_data()
 
     def send(self, msg: Message, request: bool = False) -> None:
         """An envelope: with no id (a client's `stream_ack` or `resize` of a relayed run), or a
@@ -183,31 +209,30 @@ class Link:
     def send_frame(self, number: int, offset: int, eof: bool, payload: memoryview | bytes) -> None:
         """A client's stdin chunk, on the link's number for its stream (the payload as it came)."""
         if self._session is not None and self._session.error is None:
-            self._out.put_nowait(frames.header(number, offset, eof) + bytes(payload))
+            self._write([frames.header(number, offset, eof) + bytes(payload)])
 
-    async def _write(self, ws: ClientConnection, out: asyncio.Queue[bytes]) -> None:
-        """The link's frames in the order they were queued (envelopes and data frames alike)."""
-        try:
-            while True:
-                await ws.send(await out.get())
-        except ConnectionClosed:
-            pass
-
-    def _numbered(self, fwd: Forward, msg: StreamNumbers) -> StreamNumbers:
-        """The holding node's numbers for a relayed run's streams, given numbers of this node's on
-        the client's connection; both remembered until the run ends."""
-        mine: dict[str, int] = {}
+    def _numbered(self, fwd: Forward, p: dict[str, Any]) -> dict[str, Any]:
+        """The holding node's numbers for a relayed run's streams (a `stream_numbers` payload, as
+        received), given numbers of this node's on the client's connection; both remembered until
+        the run ends. Read unvalidated, so checked here as the model would: a bad one closes the link."""
+        run_id = p.get("run_id")
+        if not isinstance(run_id, str):
+            raise ProtocolError(ErrorCode.INVALID_PAYLOAD, "invalid stream_numbers payload: run_id")
+        mine: dict[str, Any] = {"run_id": run_id}
         fwd.numbers = fwd.numbers or []
         for stream in frames.STREAMS:
-            theirs = getattr(msg, stream)
-            if theirs is not None:
-                ours = mine[stream] = self.router.number(fwd.peer)
-                self.numbers[theirs] = (fwd, ours)
-                fwd.numbers.append((theirs, ours))
-                if stream == "stdin":
-                    self.router.stdin[(fwd.peer.conn_id, ours)] = (self, theirs)
-        self.router.streamed[msg.run_id] = (self, fwd.peer.conn_id)
-        return StreamNumbers(run_id=msg.run_id, **mine)
+            theirs = mine[stream] = p.get(stream)
+            if theirs is None:
+                continue
+            if type(theirs) is not int or not 1 <= theirs <= frames.NUMBER_MAX:
+                raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"invalid stream_numbers payload: {stream}")
+            ours = mine[stream] = self.router.number(fwd.peer)
+            self.numbers[theirs] = (fwd, ours)
+            fwd.numbers.append((theirs, ours))
+            if stream == "stdin":
+                self.router.stdin[(fwd.peer.conn_id, ours)] = (self, theirs)
+        self.router.streamed[run_id] = (self, fwd.peer.conn_id)
+        return mine
 
     def _lost(self, fwd: Forward) -> None:
         """The node holding `fwd`'s Hand is no longer reached through this link (it went away, or
@@ -242,7 +267,12 @@ class Link:
             self.router.stdin.pop((fwd.peer.conn_id, ours), None)
 
     async def _read(self, ws: ClientConnection, session: ClientSession) -> None:
-        """Every frame the peer node sends on the link: each answer to the client waiting for it."""
+        """Every frame the peer node sends on the link: each answer to the client waiting for it.
+
+        An answer is routed on its envelope (`id`, `t`) and the few payload fields this node acts
+        on, never built into a model: the client validates it, and nothing here trusts more than
+        it reads (mitogen's rule: route on a small header, never unpickle a payload you only
+        forward). A bad frame (its envelope, an unknown type, a field read here) closes the link."""
         try:
             async for data in ws:
                 if frames.is_frame(data):  # a run's bytes: renumbered, the payload as received
@@ -251,46 +281,43 @@ class Link:
                     if to is not None and self.router.connected(to[0].peer):
                         to[0].peer.outbox.put_frame(to[1], offset, eof, payload)
                     continue
-                env = decode_envelope(data)
-                session.receive_frame(env)  # its sequence checked
-                if session.error is not None:
-                    break
-                if env.id is None or (fwd := self.waiting.get(env.id)) is None:
+                t, id_, seq, gen, p = check(unpack(data))
+                session.accept_forwarded(seq, gen)  # its sequence and generation checked
+                known_type(t)
+                if t == "stream_data":  # a run's bytes come as data frames, never as an envelope
+                    raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, "a stream_data envelope on a node link")
+                if id_ is None or (fwd := self.waiting.get(id_)) is None:
                     continue
-                msg = env.msg
-                if fwd.answer is not None:  # this node's own question (`Router.ask`)
-                    del self.waiting[env.id]
-                    _settle(fwd.answer, msg)
+                if fwd.answer is not None:  # this node's own question (`Router.ask`): read here
+                    del self.waiting[id_]
+                    _settle(fwd.answer, validate(t, p))
                     continue
-                if isinstance(msg, StreamNumbers):
-                    msg = self._numbered(fwd, msg)
-                if not fwd.run or msg.TYPE in ("run_end", "error"):
-                    del self.waiting[env.id]
+                if t == "stream_numbers":
+                    p = self._numbered(fwd, p)
+                if not fwd.run or t == "run_end" or t == "error":
+                    del self.waiting[id_]
                     self._ended(fwd)
-                    if getattr(msg, "reject_code", None) in (RejectCode.HAND_OFFLINE, RejectCode.UNKNOWN_HAND):
+                    if p.get("reject_code") in FORGET_HOLDER:
                         self.router.forget(fwd.hand)  # it moved or left since: ask the database next time
-                run_id, hand = getattr(msg, "run_id", None), getattr(msg, "hand", None)
+                run_id, hand = p.get("run_id"), p.get("hand")
                 if fwd.run and isinstance(run_id, str) and isinstance(hand, str):
                     fwd.run_id = run_id
                     self.router.remember(run_id, RoutedRun(self, hand, fwd.owner))
                 if self.router.connected(fwd.peer):
-                    fwd.peer.outbox.put(msg, fwd.client_id)
+                    fwd.peer.outbox.put_raw(t, p, fwd.client_id)
         except (ConnectionClosed, ProtocolError) as exc:
             log.warning("node_link_closed", url=self.url, error=str(exc))
         finally:
             if self._ws is ws:
                 self._ws = self._session = None
             waiting, self.waiting = self.waiting, {}
-            if self._writer is not None:
-                self._writer.cancel()
             for fwd in waiting.values():
                 self._lost(fwd)
             await ws.close()
 
     async def close(self) -> None:
-        for task in (self._reader, self._writer):
-            if task is not None:
-                task.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
         if self._ws is not None:
             await self._ws.close()
 
@@ -355,6 +382,12 @@ class Router:
             if self.nodes.listening:
                 self.cache[hand] = url
         return self.link(url)
+
+    def cached(self, hand: str) -> Link | None:
+        """`holder` as the cache answers it (two dict lookups), or None: not known without asking
+        the database (then `holder`, awaited, asks it)."""
+        url = self.cache.get(hand) if self.nodes.listening else None
+        return self.links.get(url) if url is not None else None
 
     async def find(self, peer: Peer, run_id: str, owner: str) -> tuple[RoutedRun, RunInfo] | None:
         """The node holding a run neither held nor relayed here (started through another node,
