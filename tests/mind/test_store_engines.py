@@ -477,6 +477,75 @@ async def test_a_welcome_claims_checks_the_secret_and_reads_endings_in_one_state
 
 
 @pytest.mark.slow
+async def test_concurrent_welcomes_share_statements_and_each_gets_its_own_answer(pg_database, tmp_path):
+    """A connect storm (DESIGN §16): the lookups, claims and empty reconciliations of concurrent
+    welcomes go as batches (`Coalescer`), and each Hand still gets exactly its own answer: its
+    secret (None when revoked, unknown or of another role), its claim (None for a wrong or revoked
+    secret, a newer claim for each of two welcomes of one Hand), its own endings; a batch on a node
+    without a live lease is refused for every caller."""
+    from mind.store.api import NotLive
+
+    a = await open_stores(tmp_path / "a", pg_database, "node-a")
+    c = await open_stores(tmp_path / "c", pg_database, "node-c")
+    try:
+        na, nc = a.nodes, c.nodes
+        assert na is not None and nc is not None
+        creds = {f"h{i:02d}": await a.credentials.add("hand", f"h{i:02d}") for i in range(40)}
+        await a.credentials.add("client", "h01")  # same label, other role: never mixed up
+        await a.credentials.revoke("hand", "h05")
+        ended = Ending(RunEnd(run_id="r2", state=RunState.SUCCEEDED, hand="h02", tool="exec"), "ci", time.time())
+        await a.endings.put(ended)  # written unfenced, as the admin commands do
+        na.fence.active = True
+
+        batches: list[int] = []
+        real = a.credentials._secrets._run
+
+        async def counted(keys):
+            batches.append(len(keys))
+            return await real(keys)
+
+        a.credentials._secrets._run = counted
+        labels = [*creds, "nobody"]
+        secrets = await asyncio.gather(*(a.credentials.secret("hand", x) for x in labels))
+        want = [None if x in ("h05", "nobody") else creds[x].secret for x in labels]
+        assert secrets == want
+        assert len(batches) < len(labels) and sum(batches) == len(labels)
+
+        await na.heartbeat()
+        wrong = b"x" * len(creds["h07"].secret)
+        calls = [(x, wrong if x == "h07" else creds[x].secret) for x in creds] + [("h03", creds["h03"].secret)]
+        got = await asyncio.gather(*(na.welcome(x, 10.0, s, 0.0) for x, s in calls))
+        answers = dict(zip([f"{x}#{k}" for k, (x, _) in enumerate(calls)], got, strict=True))
+        assert answers.pop("h05#5") is None and answers.pop("h07#7") is None
+        second = answers.pop("h03#40")
+        first = answers["h03#3"]
+        assert first is not None and second is not None and first[0] != second[0]
+        holders = await na.holders()
+        assert holders["h03"][:2] == ("node-a", max(first[0], second[0]))
+        for key, answer in answers.items():
+            hand = key.split("#")[0]
+            assert answer is not None, hand
+            claim, endings = answer
+            assert [e.end.run_id for e in endings] == (["r2"] if hand == "h02" else [])
+            if hand != "h03":
+                assert holders[hand][:2] == ("node-a", claim)
+        assert "h05" not in holders and "h07" not in holders
+
+        # the empty reconciliations of every Hand claimed, at once: each still held, nothing to write
+        plans = await asyncio.gather(
+            *(a.snapshots.reconcile(x, {}, time.time()) for x in creds if x not in ("h05", "h07"))
+        )
+        assert all(p.writes == [] for p in plans)
+
+        with pytest.raises(NotLive):  # node C never heartbeat: every caller of its batch is refused
+            await asyncio.gather(*(nc.welcome(x, 10.0, creds[x].secret, 0.0) for x in ("h10", "h11", "h12")))
+        assert (await na.holders())["h10"][0] == "node-a"
+    finally:
+        await a.close()
+        await c.close()
+
+
+@pytest.mark.slow
 async def test_claims_and_credential_changes_are_heard_by_the_other_nodes(pg_database, tmp_path):
     """LISTEN/NOTIFY (DESIGN §16): node A hears node B's claim of a Hand (its name and claim) and a
     credential change made through B, at once, with no poll; `listening` says the channel is up."""
