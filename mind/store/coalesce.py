@@ -32,7 +32,7 @@ V = TypeVar("V")
 MAX_BATCH = 128
 """Callers answered by one statement at most: its arrays and its reply stay small (a welcome's
 reply row is ~100 bytes plus the endings), and a slow batch delays no more than this many."""
-LANES = 2
+LANES = 1
 """Batches in flight at once: one being answered while the next is formed and sent."""
 
 
