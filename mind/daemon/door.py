@@ -27,6 +27,7 @@ from mind.core.handshake import AUTH_FAILED_MESSAGE, Identity, ServerHandshake
 from mind.core.scope import Scope
 from mind.core.slots import HandshakeSlots
 from mind.daemon.host import Host
+from mind.daemon.keepalive import Kept
 from mind.daemon.onerequest import OneRequest
 from mind.daemon.outbox import BatchingConnection, Outbox
 from mind.daemon.peer import (
@@ -115,11 +116,18 @@ class Unwelcomed:
 
 
 class CountedConnection(OneRequest, BatchingConnection):
-    """A server connection that holds a slot in `Unwelcomed` from accept until welcome or close."""
+    """A server connection that holds a slot in `Unwelcomed` from accept until welcome or close,
+    then is kept alive by the Mind's sweep (`Kept`) until it closes."""
 
     unwelcomed: Unwelcomed
+    kept: Kept
+    heard = 0.0
+    """When bytes last came from the peer (monotonic): its liveness (`mind.core.liveness`)."""
+    pinged: float | None = None
+    interval = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.heard = time.monotonic()
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         addr = str(peer[0]) if peer else "?"
@@ -129,11 +137,20 @@ class CountedConnection(OneRequest, BatchingConnection):
     def spoke(self) -> None:
         self.unwelcomed.spoke(id(self))
 
-    def welcomed(self) -> None:
+    def data_received(self, data: bytes) -> None:
+        self.heard = time.monotonic()
+        super().data_received(data)
+
+    def welcomed(self, interval: float | None = None) -> None:
+        """Out of `Unwelcomed`; with an `interval`, into the keepalive sweep."""
         self.unwelcomed.release(id(self))
+        if interval is not None:
+            self.interval = interval
+            self.kept.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.welcomed()
+        self.unwelcomed.release(id(self))
+        self.kept.discard(self)
         super().connection_lost(exc)
 
 
@@ -143,6 +160,7 @@ class Door:
     def __init__(self, mind: Host) -> None:
         self.mind = mind
         self.unwelcomed = Unwelcomed()
+        self.kept = Kept()
         self._pending = HandshakeSlots(mind.cfg.max_pending_handshakes, MAX_PENDING_PER_ADDRESS)
         self._pending_ws: dict[int, tuple[str, Connection]] = {}
         """Each pending handshake's address and connection, to close the one `_pending` evicts."""
@@ -151,7 +169,7 @@ class Door:
 
     def connection_class(self) -> type[CountedConnection]:
         """The server's connection class, counting its sockets in this door's `unwelcomed`."""
-        return type("MindConnection", (CountedConnection,), {"unwelcomed": self.unwelcomed})
+        return type("MindConnection", (CountedConnection,), {"unwelcomed": self.unwelcomed, "kept": self.kept})
 
     def _rate_limited(self, addr: str, now: float) -> bool:
         cfg = self.mind.cfg
@@ -314,6 +332,6 @@ class Door:
         # Past the proof the peer may send full-size frames: a Hand's results, a client's requests.
         ws.protocol.max_message_size = limits.MAX_FRAME_BYTES if ident.role == "hand" else limits.CLIENT_MAX_FRAME_BYTES
         if isinstance(ws, CountedConnection):
-            ws.welcomed()
+            ws.welcomed(m.cfg.ping_interval)
         await ws.send(channel.stamp(hs.welcome(gen, m.cfg.ping_interval, m.cfg.resume_window)))
         return ident, gen, secret

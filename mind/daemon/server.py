@@ -71,7 +71,6 @@ __all__ = [
     "MindConfig",
     "close_timeout",
     "ensure_admin",
-    "keepalive_timeout",
     "raise_open_files_limit",
 ]
 
@@ -91,15 +90,9 @@ LOG_LEVELS = {
 }
 
 
-def keepalive_timeout(ping_interval: float) -> float:
-    """How long a pong may take. A dead peer is noticed at worst one interval (until the next ping)
-    plus this plus the close timeout: 0.75 + 0.2 keep that under two intervals."""
-    return 0.75 * ping_interval
-
-
 def close_timeout(ping_interval: float) -> float:
-    """Waiting for a closing handshake from a peer that just failed its keepalive is waiting for the
-    dead: keep it short (measured: a fixed 2 s made lost detection miss its 2-interval bound)."""
+    """Waiting for a closing handshake from a peer that is going away may be waiting for the dead:
+    keep it short (measured: a fixed 2 s made lost detection miss its 2-interval bound)."""
     return max(0.2, min(2.0, 0.2 * ping_interval))
 
 
@@ -409,8 +402,8 @@ class Mind:
                 compression=None,
                 max_size=limits.PREAUTH_MAX_FRAME_BYTES,  # raised per connection at welcome (`door`)
                 open_timeout=OPEN_TIMEOUT_S,
-                ping_interval=self.cfg.ping_interval,
-                ping_timeout=keepalive_timeout(self.cfg.ping_interval),
+                ping_interval=None,  # the Mind's own sweep pings only the silent (`mind.daemon.keepalive`)
+                ping_timeout=None,
                 close_timeout=close_timeout(self.cfg.ping_interval),
                 backlog=1024,
                 ssl=ssl_ctx,
@@ -427,6 +420,7 @@ class Mind:
                 ticker = tg.create_task(self._ticker())
                 history = tg.create_task(self._write_history()) if self.history is not None else None
                 lag_probe = tg.create_task(self._lag_probe())
+                keepalive = tg.create_task(self.door.kept.run(lambda: self.cfg.ping_interval, self.spawn))
                 node_tasks = (
                     [tg.create_task(t) for t in (self.nodes.heartbeats(), self.nodes.listen(), self.nodes.poll())]
                     if self.nodes is not None
@@ -443,6 +437,7 @@ class Mind:
                 await self._flush_all(timeout=2.0)
                 ticker.cancel()
                 lag_probe.cancel()
+                keepalive.cancel()
                 for t in node_tasks:
                     t.cancel()
                 if self.router is not None:
