@@ -83,6 +83,32 @@ def relay_url(ctx: Ctx) -> str:
     return ctx.shared["relay"]
 
 
+def hop_url(ctx: Ctx) -> str:
+    """One more raw hop in front of the relay (`relay.py hop`), started once per run."""
+    if "hop" not in ctx.shared:
+        up = relay_url(ctx)
+        hop = ctx.child("relay-hop", [PY, RELAY_PY, "hop", up], stdin=True, log=ctx.dir("relay-hop") / "hop.log")
+        ctx.shared["hop"] = f"ws://127.0.0.1:{hop.read_json(30)['port']}"
+    return ctx.shared["hop"]
+
+
+async def relay_hop(direct: str, hopped: str, n: int, warm: int = 50) -> tuple[list[float], list[float]]:
+    """(ms through the relay, ms through the hop and the relay), the same call alternating."""
+    a, b = await RelayClient.connect(direct), await RelayClient.connect(hopped)
+    try:
+        await a.sequential(warm)
+        await b.sequential(warm)
+        own: list[float] = []
+        other: list[float] = []
+        for _ in range(n):
+            own += await a.sequential(1)
+            other += await b.sequential(1)
+        return own, other
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def relay_sequential(url: str, n: int, warm: int = 50) -> list[float]:
     c = await RelayClient.connect(url)
     try:

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from benchlib.core import PY, Ctx, Row, mib, ratio, secs, verdict
-from benchlib.figures import RELAY_PY, _sims, figure, run
+from benchlib.figures import RELAY_PY, _sims, figure, hop_url, relay_hop, relay_url, run
 from benchlib.route import SMALL, measure, p50, p99
 from mind.testing.cluster import Cluster, program, wait_until
 
@@ -227,6 +227,14 @@ def fig_nodes(ctx: Ctx) -> list[Row]:
         )
     r_own, r_other = routed[-1][1], routed[-1][2]
     extra = p50(r_other) - p50(r_own)
+    # the floor under that: one more raw msgpack relay hop (no protocol, no state), same moment
+    raw_own, raw_hop = run(relay_hop(relay_url(ctx), hop_url(ctx), ROUTED_CALLS[ctx.quick]), 600)
+    raw_extra = p50(raw_hop) - p50(raw_own)
+    ctx.note(
+        "nodes",
+        f"a raw msgpack relay's call, {len(raw_own)} each: p50 {p50(raw_own):.3f} ms direct, {p50(raw_hop):.3f} ms "
+        f"through one more raw hop ({raw_extra:+.3f}): the cost of a second process on the way on this machine",
+    )
     on_victim = [h for h in reals if holder(nodes, h) is victim]
     go = ctx.dir("nodes-go") / "go"
     runs_dir = go.parent
@@ -343,6 +351,17 @@ def fig_nodes(ctx: Ctx) -> list[Row]:
             ratio(p50(r_other), p50(r_own)),
             "<= +0.5 ms",
             verdict(extra <= 0.5),
+        ),
+        Row(
+            "nodes",
+            "a raw msgpack relay's call through one more raw hop, p50 ms",
+            f"{p50(raw_hop):.3f}",
+            f"{p99(raw_hop):.3f}",
+            f"{len(raw_hop)} calls, {raw_extra:+.3f} ms",
+            f"{p50(raw_own):.3f} (the relay alone)",
+            ratio(p50(raw_hop), p50(raw_own)),
+            "reported (the hop's floor)",
+            "n/a",
         ),
         Row(
             "nodes",

@@ -10,6 +10,9 @@ Run as a script (one process each):
     relay.py relay               listen on a free loopback port, print {"port": N}
     relay.py peer ws://...       register as the answering peer, print {"ready": true}
     relay.py bare                a bare websockets server holding idle connections, print {"port": N}
+    relay.py hop ws://...        one more raw hop in front of the relay: each client connection
+                                 forwarded on a connection of its own to the relay, every message
+                                 decoded and re-encoded (as a relay routes), print {"port": N}
 Each exits when its stdin closes (or on SIGTERM).
 
 Imported: `RelayClient` is the client side, used in the benchmark's own process.
@@ -92,6 +95,32 @@ async def _answer(ws) -> None:
     async for data in ws:
         m = msgpack.unpackb(data)
         await ws.send(msgpack.packb({"id": m["id"], "c": m["c"], "v": BODY}))
+
+
+async def run_hop(url: str) -> None:
+    """The reference for a routed call's extra hop between Mind nodes (issue 27): a call through
+    hop -> relay -> peer against the same call through relay -> peer costs one more process on the
+    way, two more WebSocket reads and writes per round trip, and nothing of mindhand's."""
+
+    async def handler(ws) -> None:
+        async with connect(url, compression=None, max_size=MAX_SIZE) as up:
+
+            async def down() -> None:
+                async for data in up:
+                    await ws.send(
+                        data if isinstance(data, str) or data in (b"ok",) else msgpack.packb(msgpack.unpackb(data))
+                    )
+
+            back = asyncio.ensure_future(down())
+            try:
+                async for data in ws:
+                    await up.send(data if data in (b"client",) else msgpack.packb(msgpack.unpackb(data)))
+            finally:
+                back.cancel()
+
+    async with serve(handler, "127.0.0.1", 0, compression=None, max_size=MAX_SIZE) as server:
+        print(json.dumps({"port": next(iter(server.sockets)).getsockname()[1]}), flush=True)
+        await until_stdin_closes()
 
 
 async def run_bare() -> None:
@@ -182,8 +211,10 @@ def main() -> None:
         asyncio.run(run_peer(sys.argv[2]))
     elif mode == "bare":
         asyncio.run(run_bare())
+    elif mode == "hop":
+        asyncio.run(run_hop(sys.argv[2]))
     else:
-        raise SystemExit("usage: relay.py relay | peer URL | bare")
+        raise SystemExit("usage: relay.py relay | peer URL | bare | hop URL")
 
 
 if __name__ == "__main__":
