@@ -655,9 +655,9 @@ def fig_cancel(ctx: Ctx) -> list[Row]:
 
 
 def lost_once(ctx: Ctx, ping: float, phase: float) -> float:
-    """A Hand behind a fault proxy runs `sleep`; blackhole the path at `phase` (0..1) of the Mind's
-    keepalive cycle for that connection (its pings go out every `ping` s from the connection's
-    start); seconds until the client sees `lost`."""
+    """A Hand behind a fault proxy runs `sleep`; blackhole the path at `phase` (0..1) of the
+    connection's keepalive cycle (the Hand's pings go out every `ping` s from the connection's
+    start, and the Mind hears them); seconds until the client sees `lost`."""
     from mind.testing.faultproxy import FaultProxy
 
     cl = ctx.cluster(f"lost-{ping:g}")
@@ -713,10 +713,11 @@ def fig_lost(ctx: Ctx) -> list[Row]:
         )
     ctx.note(
         "lost",
-        "Mind and Hand both --ping-interval P (pong timeout 0.75 P, close timeout 0.2 P), the Mind with --resume-window 0 "
+        "Mind and Hand both --ping-interval P (the Hand pings every P; the Mind listens, pings a peer silent 1.1 P "
+        "and cuts one silent 1.75 P, swept every 0.1 P: mind/core/liveness.py), the Mind with --resume-window 0 "
         "(with a window the same detection marks the Hand away and the run waits for it: see `resume`); a fresh Mind+Hand+fault proxy each "
         "round; timed from the proxy's blackhole (both ways) to run_end(lost) at a client connected "
-        "directly to the Mind; round k of n blackholes at phase (k+0.5)/n of the Mind's ping cycle (from the "
+        "directly to the Mind; round k of n blackholes at phase (k+0.5)/n of the ping cycle (from the "
         "Hand's welcome time), so the rounds span the cycle; p99 column = worst round, verdict on the worst"
         + ("; quick mode: 1 s only" if ctx.quick else ""),
     )
