@@ -22,6 +22,7 @@ from mind.core.budgets import CLIENT_REQUESTS_IN_FLIGHT, ClientRates
 from mind.core.nodes import LEASE_LOST_MESSAGE
 from mind.daemon import heap
 from mind.daemon.dispatch import Dispatch
+from mind.daemon.door import CountedConnection
 from mind.daemon.host import Host
 from mind.daemon.peer import CLOSE_INTERNAL, CLOSE_PROTOCOL, CLOSE_REPLACED, Peer, close_quietly
 from mind.daemon.taskservice import TaskService
@@ -179,17 +180,15 @@ class Connections:
                 try:
                     if frames.is_frame(data):  # stream bytes: routed on the header, never decoded
                         self.dispatch.on_frame(peer, data)
-                        if peer.rate is not None and (wait := peer.rate.take(len(data), time.monotonic(), True)) > 0:
-                            await asyncio.sleep(wait)
+                        if peer.rate is not None:
+                            await _within_rate(peer, len(data), True)
                         del data
                         continue
                     env = channel.receive(data)
                     assert env is not None
                     on_message(peer, env.id, env.msg)
                     if peer.rate is not None:  # a client: its rate, and its requests in flight (issue 23)
-                        stream = isinstance(env.msg, StreamAck)
-                        if (wait := peer.rate.take(len(data), time.monotonic(), stream)) > 0:
-                            await asyncio.sleep(wait)  # over its rate: the client waits, its socket unread
+                        await _within_rate(peer, len(data), isinstance(env.msg, StreamAck))
                         await peer.wait_for_room(CLIENT_REQUESTS_IN_FLIGHT)
                 except ProtocolError as exc:
                     log.warning(
@@ -210,3 +209,20 @@ class Connections:
                 del data, env  # hold no frame while waiting for the next: a 4 MiB result would stay alive
         except ConnectionClosed:
             return
+
+
+async def _within_rate(peer: Peer, size: int, stream: bool) -> None:
+    """Charge a frame of `size` to the client's rate; over it, the client waits, its socket unread.
+    While it is held back it is not heard (`mind.core.liveness`): one that keeps over its rate for
+    the keepalive's bound is cut, an honest burst only waits."""
+    assert peer.rate is not None
+    now = time.monotonic()
+    wait = peer.rate.take(size, now, stream)
+    ws = peer.ws
+    if wait <= 0:
+        if isinstance(ws, CountedConnection):
+            ws.held_since = None
+        return
+    if isinstance(ws, CountedConnection) and ws.held_since is None:
+        ws.held_since = now
+    await asyncio.sleep(wait)

@@ -30,6 +30,11 @@ class Keepable(Protocol):
     pinged: float | None
     interval: float
     transport: Any
+    received: int
+    probe: tuple[float, bool] | None
+
+    @property
+    def unread_since(self) -> float | None: ...
 
     async def ping(self, data: str | bytes | None = None) -> Any: ...
 
@@ -51,15 +56,27 @@ class Kept:
         """Ping the silent, cut the dead; returns how many were cut."""
         cut = 0
         for conn in list(self._conns.values()):
-            v = verdict(now, conn.heard, conn.pinged, conn.interval)
+            v = verdict(now, conn.heard, conn.pinged, conn.interval, conn.unread_since, conn.received, conn.probe)
             if v is Verdict.QUIET:
                 continue
             if v is Verdict.PING:
                 conn.pinged = now
                 spawn(_ping(conn))
                 continue
+            if v is Verdict.PROBE:
+                conn.probe = (now, False)
+                conn.received = 0
+                spawn(_probe(conn, now))
+                continue
             peer = conn.transport.get_extra_info("peername")
-            log.warning("peer_silent", peer=str(peer[0]) if peer else "?", silent_s=round(now - conn.heard, 2))
+            addr = str(peer[0]) if peer else "?"
+            if v is Verdict.BEHIND:  # its pong waited behind its own frames
+                assert conn.probe is not None
+                log.warning("peer_behind", peer=addr, pong_wait_s=round(now - conn.probe[0], 2))
+            elif conn.unread_since is not None and conn.unread_since < conn.heard:  # held back, not silent
+                log.warning("peer_over_rate_too_long", peer=addr, unread_s=round(now - conn.unread_since, 2))
+            else:
+                log.warning("peer_silent", peer=addr, silent_s=round(now - conn.heard, 2))
             self.discard(conn)
             conn.transport.abort()  # the read loop ends with the connection: the peer is gone
             cut += 1
@@ -71,6 +88,19 @@ class Kept:
         while True:
             await asyncio.sleep(max(0.02, SWEEP * interval()))
             self.sweep(time.monotonic(), spawn)
+
+
+async def _probe(conn: Keepable, sent: float) -> None:
+    """Ping a busy peer and mark the probe answered when its pong is read (the sweep cuts the peer
+    if that takes too long; a closed connection ends this with it)."""
+    try:
+        async with asyncio.timeout(PING_SEND_TIMEOUT_S + 4 * conn.interval):
+            pong = await conn.ping()
+            await pong
+    except (ConnectionClosed, TimeoutError, RuntimeError):
+        return
+    if conn.probe is not None and conn.probe[0] == sent:
+        conn.probe = (sent, True)
 
 
 async def _ping(conn: Keepable) -> None:

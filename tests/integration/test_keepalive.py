@@ -107,3 +107,70 @@ def test_a_frozen_hand_is_given_up_within_two_intervals(tmp_path):
         silent = [e for e in cl.mind.events(mark) if e.get("event") == "peer_silent"]
         assert silent and silent[0]["silent_s"] >= 1.75 * INTERVAL
         assert took < 2 * INTERVAL + 1.5  # the bound, plus this test's polling of `mind hands`
+
+
+@pytest.mark.parametrize("kind", ["over_rate", "costly"])
+async def test_a_flooding_client_is_cut_and_another_is_still_served(tmp_path, kind):
+    """Two floods, each cut within the keepalive's bounds while an honest client is served:
+    `over_rate`, 1 MiB frames cheap to decode, past the client's byte rate: held back unread
+    (`mind.core.budgets`), and a client held back is not heard; `costly`, 1 MiB frames of a million
+    empty lists, each ~0.15 s to decode, within the byte rate: the Mind falls behind it, and its
+    pong (it is busy: probed) waits behind them. Before, websockets' keepalive cut both because
+    their pongs sat unread behind the flood."""
+    import msgpack
+    from support.rawpeer import handshake
+    from websockets.exceptions import ConnectionClosed
+
+    from mind.client.aio import MindClient, load_credential
+    from protocol import PROTOCOL_VERSION
+
+    with running(tmp_path, "box", mind_args=("--resume-window", "0")) as cl:
+        (cl.tmp / "root-box" / "small.txt").write_bytes(b"x" * 100)
+        path = tmp_path / "flood.cred"
+        assert cl.cli("client", "add", "flooder", "--tools", "read_file", "--out", str(path)).returncode == 0
+        ws, ch = await handshake(cl.url, load_credential(path))
+        n = (limits.CLIENT_MAX_FRAME_BYTES - 256) // 10
+        pad: object = "x" * (limits.CLIENT_MAX_FRAME_BYTES - 512) if kind == "over_rate" else [[[]] * n] * 10
+        sent = 0
+
+        async def flood() -> None:
+            nonlocal sent
+            seq = 2
+            try:
+                while True:
+                    seq += 1
+                    args = {"path": "small.txt", "pad": pad}
+                    p = {"hand": "box", "tool": "read_file", "args": args, "timeout_ms": 1000}
+                    env = {"v": PROTOCOL_VERSION, "t": "exec", "id": f"f{seq}", "seq": seq, "gen": ch.gen, "p": p}
+                    await ws.send(msgpack.packb(env, use_bin_type=True))
+                    sent += 1
+            except ConnectionClosed:
+                pass
+
+        async def drain() -> None:
+            try:
+                async for _ in ws:
+                    pass
+            except ConnectionClosed:
+                pass
+
+        mark = len(cl.mind.events()) if cl.mind else 0
+        flooding = asyncio.create_task(flood())
+        reading = asyncio.create_task(drain())
+        t0 = time.monotonic()
+        async with await MindClient.connect(cl.url, load_credential(cl.home / "admin.cred")) as mc:
+            while not flooding.done() and time.monotonic() - t0 < 15:
+                end = await mc.exec("box", "read_file", {"path": "small.txt"})
+                assert end.state.value == "succeeded"  # served while the other floods
+                await asyncio.sleep(0.05)
+        assert flooding.done(), "the flooder was never cut"
+        took = time.monotonic() - t0
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+        assert sent > (16 if kind == "over_rate" else 2)  # it did flood (past its 16 MiB burst)
+        assert cl.mind is not None
+        # held back past its rate, or behind its own frames (its pong waits behind the flood either
+        # way: whichever bound it reaches first)
+        cut = [e for e in cl.mind.events(mark) if e.get("event") in ("peer_over_rate_too_long", "peer_behind")]
+        assert cut, [str(e) for e in cl.mind.events(mark) if e.get("level") != "info"][:3]
+        assert took < 10

@@ -54,3 +54,27 @@ def test_a_silent_peer_that_answers_is_kept_and_a_dead_one_is_cut_within_two_int
     pings, cut = sweep([last * interval], answers=False, interval=interval, until=(last + 10) * interval)
     assert cut is not None and len(pings) == 1
     assert DEAD_AFTER * interval <= cut - last * interval <= 2 * interval
+
+
+def test_a_peer_held_back_unread_is_not_heard_until_it_is_read_again():
+    # held back since 10.0: its bytes since do not count, it is cut 1.75 intervals after
+    assert verdict(11.7, 11.69, None, 1.0, unread_since=10.0) is Verdict.PING
+    assert verdict(11.76, 11.75, 11.2, 1.0, unread_since=10.0) is Verdict.DEAD
+    # read again within its rate (unread_since None): heard as ever
+    assert verdict(11.76, 11.75, None, 1.0, unread_since=None) is Verdict.QUIET
+    # held back only after it was last heard: its silence counts from when it was heard
+    assert verdict(12.0, 10.0, None, 1.0, unread_since=11.0) is Verdict.DEAD
+
+
+def test_a_busy_peer_is_probed_once_an_interval_and_cut_when_its_pong_falls_behind():
+    from mind.core.liveness import BUSY_BYTES, PONG_WITHIN
+
+    # heard just now, but much: probe it
+    assert verdict(10.0, 9.99, None, 1.0, received=BUSY_BYTES) is Verdict.PROBE
+    assert verdict(10.0, 9.99, None, 1.0, received=BUSY_BYTES - 1) is Verdict.QUIET
+    # probe outstanding: nothing more until its time is up, then cut as behind
+    assert verdict(10.5, 10.49, None, 1.0, received=BUSY_BYTES, probe=(10.0, False)) is Verdict.QUIET
+    assert verdict(10.0 + PONG_WITHIN + 1e-9, 10.7, None, 1.0, probe=(10.0, False)) is Verdict.BEHIND
+    # answered: the next probe waits an interval
+    assert verdict(10.9, 10.89, None, 1.0, received=BUSY_BYTES, probe=(10.0, True)) is Verdict.QUIET
+    assert verdict(11.0, 10.99, None, 1.0, received=BUSY_BYTES, probe=(10.0, True)) is Verdict.PROBE
