@@ -221,8 +221,8 @@ async def _within_rate(peer: Peer, size: int, stream: bool) -> None:
     ws = peer.ws
     if wait <= 0:
         if isinstance(ws, CountedConnection):
-            ws.held_since = None
+            ws.unread_since = None
         return
-    if isinstance(ws, CountedConnection) and ws.held_since is None:
-        ws.held_since = now
+    if isinstance(ws, CountedConnection) and ws.unread_since is None:
+        ws.unread_since = now
     await asyncio.sleep(wait)

@@ -129,39 +129,12 @@ class CountedConnection(OneRequest, BatchingConnection):
     """Bytes heard since the keepalive last probed this peer (`liveness.BUSY_BYTES`)."""
     probe: tuple[float, bool] | None = None
     """When the keepalive last probed this peer, and whether its pong came."""
-    held_since: float | None = None
+    unread_since: float | None = None
     """Since when the reader has held this client back over its rate (None: read as it sends)."""
-    backlog_since: float | None = None
-    """Since when websockets has stopped reading the socket because the peer's messages wait
-    unprocessed (its queue above the high-water mark; None: reading)."""
-
-    @property
-    def unread_since(self) -> float | None:
-        """Since when the Mind has not been reading this peer, for either reason (`liveness`)."""
-        held, backlog = self.held_since, self.backlog_since
-        if held is None or backlog is None:
-            return held if backlog is None else backlog
-        return min(held, backlog)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.heard = time.monotonic()
         super().connection_made(transport)
-        # websockets stops reading a peer whose messages wait unprocessed (a flood of frames each
-        # slow to decode): such a peer is not heard until it is read again, as its pong once sat
-        # unread behind the flood and failed websockets' keepalive.
-        queue = self.recv_messages
-        pause, resume = queue.pause, queue.resume
-
-        def paused() -> None:
-            if self.backlog_since is None:
-                self.backlog_since = time.monotonic()
-            pause()
-
-        def resumed() -> None:
-            self.backlog_since = None
-            resume()
-
-        queue.pause, queue.resume = paused, resumed
         peer = transport.get_extra_info("peername")
         addr = str(peer[0]) if peer else "?"
         if not self.unwelcomed.admit(id(self), addr, cast(asyncio.Transport, transport)):

@@ -32,9 +32,7 @@ class Keepable(Protocol):
     transport: Any
     received: int
     probe: tuple[float, bool] | None
-
-    @property
-    def unread_since(self) -> float | None: ...
+    unread_since: float | None
 
     async def ping(self, data: str | bytes | None = None) -> Any: ...
 
