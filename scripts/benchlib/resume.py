@@ -252,6 +252,11 @@ def fig_cuts(ctx: Ctx) -> list[Row]:
 
     def cutter(progress, stop: threading.Event) -> None:
         legs = [cl.proxy, front]
+        # the first cut once the stream flows: a cut before the run reached the Hand is a refused
+        # start (`hand_offline`: the Hand was away when it came), not a cut during the stream
+        deadline = time.monotonic() + 60
+        while not stop.is_set() and progress() == 0 and time.monotonic() < deadline:
+            time.sleep(0.002)
         while not stop.is_set() and sum(cuts.values()) < want_cuts:
             before = progress()
             proxy = rng.choice(legs)
