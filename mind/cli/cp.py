@@ -40,6 +40,7 @@ from mind.cli.progress import Status, is_terminal
 from mind.client import files, trees
 from mind.client.files import CopyError, CopyResult
 from mind.errors import ClientCode, Code
+from protocol import copy as rules
 from protocol import limits
 
 EXIT_FAILED = EXIT_COPY_FAILED
@@ -368,18 +369,42 @@ async def _expand_globs(job: _Run, srcs: list[Operand]) -> list[Operand]:
         value = await job.call(f"{s.hand}:{s.path}", s.hand, "list_tree", {"path": parent or "."})
         if value is None:
             continue
-        names = sorted(
-            e["path"]
-            for e in value["entries"]
-            if "/" not in e["path"]
-            and fnmatch.fnmatchcase(e["path"], base)
-            and (base.startswith(".") or not e["path"].startswith("."))
-        )
+        names: list[str] = []
+        refused = 0
+        for e in value["entries"]:
+            name = e.get("path") if isinstance(e, dict) else None
+            if not isinstance(name, str) or not fnmatch.fnmatchcase(name, base):
+                continue
+            if not base.startswith(".") and name.startswith("."):
+                continue
+            if entry_name(name) is None:
+                # A Hand lists no `.`, `..`, empty or slashed name in a directory: one that does is
+                # hostile or broken, and its name would move the local target (`out/..`).
+                job.fail(f"{s.hand}:{s.path}", f"refused the name {name!r} the Hand listed: not one a copy may make")
+                refused += 1
+                continue
+            names.append(name)
         if not names:
-            job.fail(f"{s.hand}:{s.path}", "no match")
+            if not refused:
+                job.fail(f"{s.hand}:{s.path}", "no match")
             continue
-        out += [Operand(s.hand, posixpath.join(parent, n)) for n in names]
+        out += [Operand(s.hand, posixpath.join(parent, n)) for n in sorted(names)]
     return out
+
+
+def entry_name(name: str) -> str | None:
+    """`name` when it is one directory entry a copy may make on this side (the rule a tree's entries
+    obey, `protocol.copy.split_rel`: not empty, `.` or `..`, no `/` or NUL), else None. Every name
+    that came from a Hand and becomes part of a local target passes here first."""
+    parts = rules.split_rel(name)
+    return name if parts is not None and len(parts) == 1 else None
+
+
+def target_name(src: Operand) -> str | None:
+    """The name a source gets inside a destination directory: its last part (scp's rule), `.` for
+    the Hand's name for its root, None when it would lead out (`..`)."""
+    name = posixpath.basename(src.path.rstrip("/")) or src.hand or "."
+    return name if name == "." or entry_name(name) is not None else None
 
 
 def _colon_hints(operands: list[str]) -> None:
@@ -439,8 +464,11 @@ async def _copy(job: _Run, srcs: list[Operand], dst: Operand) -> int:
                 return EXIT_FAILED
             for s in srcs:
                 assert s.hand is not None
-                name = posixpath.basename(s.path.rstrip("/")) or s.hand
-                target = os.path.join(dst.path, name) if into_dir else dst.path
+                name = target_name(s)
+                if into_dir and name is None:
+                    job.fail(f"{s.hand}:{s.path}", f"refused: its name would lead out of {dst.path}")
+                    continue
+                target = os.path.join(dst.path, name or ".") if into_dir else dst.path
                 if args.recursive:
                     info = await files.stat_remote(job.mc, s.hand, s.path)
                     if info.get("type") == "dir":
@@ -473,7 +501,11 @@ async def _hand_to_hand(job: _Run, src: Operand, dst: Operand, into_dir: bool) -
     if job.args.recursive:
         job.fail(f"{src.hand}:{src.path}", "-r between two Hands is not supported")
         return
-    target = posixpath.join(dst.path, posixpath.basename(src.path)) if into_dir else dst.path
+    name = target_name(src)
+    if into_dir and name is None:
+        job.fail(f"{src.hand}:{src.path}", f"refused: its name would lead out of {dst.hand}:{dst.path}")
+        return
+    target = posixpath.join(dst.path, name or ".") if into_dir else dst.path
     with tempfile.TemporaryDirectory(prefix="mindhand-cp-") as tmp:
         local = os.path.join(tmp, "file")
         before = job.failures

@@ -113,10 +113,11 @@ def _tree_stream(files: dict[str, bytes], paths: list[str]) -> bytes:
 async def _fake_hand(
     url: str,
     cred,
-    entries: list[dict],
+    entries: list[dict] | dict[str, list[dict]],
     files: dict[str, bytes],
     asked: list[tuple[str, dict]],
     tree_stream=_tree_stream,
+    dirs: frozenset[str] = frozenset(),
 ):
     """A Hand that authenticates and then serves `list_tree`, `stat_file` and `get_file` from a
     crafted listing, as a hostile Hand would (`tree_stream`: what it sends for a tree's files)."""
@@ -139,11 +140,12 @@ async def _fake_hand(
             value: dict = {}
             tail = {}
             if msg.tool == "list_tree":
-                value = {"entries": entries}
+                listed = entries.get(msg.args.get("path"), []) if isinstance(entries, dict) else entries
+                value = {"entries": listed}
             elif msg.tool == "stat_file":
                 data = files.get(path)
                 value = {"type": None, "part": None}
-                if msg.args.get("path") == "tree":
+                if msg.args.get("path") == "tree" or msg.args.get("path") in dirs:
                     value = {"type": "dir", "size": 0, "mode": 0o755, "mtime": 1.0, "part": None}
                 elif data is not None:
                     value = {"type": "file", "size": len(data), "mode": 0o644, "mtime": 1.0, "part": None}
@@ -249,6 +251,53 @@ async def test_attack_1_a_hostile_hand_sending_other_paths_in_the_tree_stream_wr
     assert not os.path.lexists(proj / "esc") and parts(proj) == []
     if sent == ["ok", "ok"]:
         assert (proj / "ok").read_bytes() == b"ok"  # the first, asked for, arrived verified
+
+
+@pytest.mark.parametrize("recursive", [True, False], ids=["-r", "files"])
+async def test_a_hostile_hand_listing_dotdot_under_a_glob_writes_nothing_outside(tmp_path, recursive):
+    """scp's CVE-2018-20685 / CVE-2019-6111 class. Before: `mind cp -r 'evil:logs/.*' out/` against
+    a Hand listing `..` in `logs/` matched `..`, copied `logs/..` into `out/..` and overwrote
+    `out/../.profile`, exit 0. Now every name a glob matches obeys a tree entry's rule: `..`, `.`,
+    an empty name, one with a slash or NUL is refused and said (exit 1), and never asked for."""
+    dirent = {"type": "dir", "mode": 0o755, "size": 0, "mtime": 1.0}
+    file = {"type": "file", "mode": 0o644, "mtime": 1.0}
+    entries = [
+        {"path": "..", **dirent},
+        {"path": ".", **dirent},
+        {"path": "", **dirent},
+        {"path": ".x\x00y", **file, "size": 5},
+        {"path": ".profile", **file, "size": 4},
+    ]
+    files = {"logs/.profile": b"logs", ".profile": b"evil", "logs/../.profile": b"evil"}
+    tree = [{"path": ".profile", **file, "size": 4}]
+    listings = {"logs": entries, "logs/..": tree, "logs/.": tree}
+    asked: list[tuple[str, dict]] = []
+    work = tmp_path / "work"
+    out = work / "out"
+    out.mkdir(parents=True)
+    (work / ".profile").write_bytes(b"mine")
+    flag = ["-r"] if recursive else []
+    (tmp_path / "c").mkdir()
+    with running(tmp_path / "c", None) as cl:
+        cred = load_credential(cl.add_hand("evil"))
+        ws, server = await _fake_hand(cl.url, cred, listings, files, asked, dirs=frozenset({"logs/..", "logs/."}))
+        try:
+            await asyncio.to_thread(cl.wait_connected, "evil")
+            r = await asyncio.to_thread(cl.cli, "cp", *flag, "evil:logs/.*", str(out))
+            typed = await asyncio.to_thread(cl.cli, "cp", *flag, "evil:logs/..", str(out))
+        finally:
+            server.cancel()
+            await ws.close()
+    err = r.stderr.decode()
+    assert (work / ".profile").read_bytes() == b"mine", err  # nothing written outside `out`
+    assert r.returncode == 1, err
+    assert "refused the name '..'" in err and "refused the name '.'" in err and "Traceback" not in err, err
+    assert (out / ".profile").read_bytes() == b"logs" and sorted(os.listdir(out)) == [".profile"]
+    touched = [a.get("path") for tool, a in asked if tool != "list_tree"]
+    assert all(p == "logs/.profile" for p in touched), touched  # `logs/..` never even asked for
+    # the same name typed by the user: refused too, since it would lead out of the destination
+    assert typed.returncode == 1 and b"would lead out of" in typed.stderr, typed.stderr
+    assert (work / ".profile").read_bytes() == b"mine" and sorted(os.listdir(work)) == [".profile", "out"]
 
 
 # --- attack 2: a put_file-only client makes a door out of the root --------------------------------
