@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from hand import __version__
-from hand.config import DEFAULT_STATE_DIR, GROUPS, KEYS, parse_duration, parse_size  # re-exported
+from hand.config import DEFAULT_STATE_DIR, GROUPS, KEYS, parse_size
+from hand.config import parse_duration as parse_duration  # re-exported
 from protocol.io.settings import ConfigError, Settings
 
 
@@ -258,7 +259,7 @@ def _task_limits(s: Settings) -> Any:
     return TaskLimits(
         max_running=s["max_running_tasks"],
         max_retained=s["max_retained_tasks"],
-        retention_s=parse_duration(s["task_retention"]),
+        retention_s=s["task_retention"],
         log_max=parse_size(s["task_log_max"]),
     )
 
@@ -396,6 +397,14 @@ def _warn_shared_identity(log: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `hand` program. Every command runs inside `stdout_may_close`, so `hand tasks | head` ends
+    as `ls | head` does (quiet, 141) rather than with a traceback, as every `mind` command does."""
+    from protocol.io.pipes import stdout_may_close
+
+    return stdout_may_close(lambda: command(argv))
+
+
+def command(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "tasks":
         return tasks_main(args)

@@ -13,16 +13,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from protocol.io.settings import Key, between, listen_address, log_levels, one_of, positive
+from protocol.io.settings import Duration, Key, between, listen_address, log_levels, one_of, positive
 from protocol.units import parse_duration, parse_size, positive_duration, positive_size  # noqa: F401 - re-exported for hand.cli
 
 DEFAULT_STATE_DIR = "~/.local/state/mindhand-hand"
 CONFIG_NAME = "hand.toml"
-
-
-def _duration(value: str) -> str:
-    positive_duration(value)
-    return value
 
 
 def _size(value: str) -> str:
@@ -108,27 +103,27 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "max_backoff",
-        float,
+        Duration,
         30.0,
-        "largest reconnect delay in seconds",
+        "largest reconnect delay (e.g. 30, 30s, 2m)",
         check=between(0.5, 3600, " seconds"),
-        metavar="S",
+        metavar="DURATION",
     ),
     Key(
         "ping_interval",
-        float,
+        Duration,
         10.0,
-        "keepalive ping interval and timeout in seconds",
+        "keepalive ping interval and timeout (e.g. 10, 10s, 1m)",
         check=between(0.1, 3600, " seconds"),
-        metavar="S",
+        metavar="DURATION",
     ),
     Key(
         "kill_grace",
-        float,
+        Duration,
         5.0,
-        "seconds between SIGTERM and SIGKILL of a cancelled command",
+        "time between SIGTERM and SIGKILL of a cancelled command (e.g. 5, 5s, 1m)",
         check=between(0, 600, " seconds"),
-        metavar="S",
+        metavar="DURATION",
     ),
     Key(
         "ca",
@@ -164,10 +159,10 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "task_retention",
-        str,
-        "7d",
+        Duration,
+        7 * 86400.0,
         "how long finished tasks and their logs are kept: 90s, 30m, 2h, 7d",
-        check=_duration,
+        check=positive,
         metavar="DURATION",
     ),
     Key(

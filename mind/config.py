@@ -12,11 +12,26 @@ from pathlib import Path
 from typing import Any
 
 from mind.home import DEFAULT_LISTEN
-from mind.store.engines import check_database
-from protocol.io.settings import Key, between, listen_address, log_levels, one_of
+from protocol.io.settings import Duration, Key, between, listen_address, log_levels, one_of
 from protocol.messages import RESUME_WINDOW_MAX_S
 
 CONFIG_NAME = "mind.toml"
+
+FILE_HELP = "TOML settings file (default $MINDHAND_CONFIG, else HOME/mind.toml if it exists)"
+"""`--config`'s help, the same for `mind serve` (mind/daemon/commands.py) and `mind config show`
+(mind/cli/config.py): here, below both, because neither may import the other."""
+
+DATABASE_SCHEMES = ("postgresql://", "postgres://")
+
+
+def check_database(value: str) -> str:
+    """The `database` setting's check: a PostgreSQL URL, or nothing (SQLite). Here with the table
+    rather than with the engines (mind/store/engines.py): `mind config show` builds its flags from
+    this table, and the CLI must not import the store to do it."""
+    if value and not value.startswith(DATABASE_SCHEMES):
+        raise ValueError("must be a postgresql://USER@HOST:PORT/DBNAME URL (or empty for the home's SQLite)")
+    return value
+
 
 KEYS: tuple[Key, ...] = (
     Key(
@@ -29,11 +44,11 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "ping_interval",
-        float,
+        Duration,
         10.0,
-        "keepalive ping interval in seconds (a silent peer is lost after two)",
+        "keepalive ping interval (e.g. 10, 10s, 1m; a silent peer is lost after two)",
         check=between(0.1, 3600, " seconds"),
-        metavar="S",
+        metavar="DURATION",
     ),
     Key(
         "database",
@@ -46,12 +61,13 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "node_lease",
-        float,
+        Duration,
         10.0,
-        "with a database: seconds this node acts after its last successful heartbeat; a node that cannot "
-        "renew (cut off, paused) closes its connections and refuses starts, and its Hands move elsewhere",
+        "with a database: how long this node acts after its last successful heartbeat (e.g. 10s); a node "
+        "that cannot renew (cut off, paused) closes its connections and refuses starts, and its Hands move "
+        "elsewhere",
         check=between(1, 3600, " seconds"),
-        metavar="S",
+        metavar="DURATION",
     ),
     Key(
         "node_name",
@@ -80,20 +96,20 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "resume_window",
-        float,
+        Duration,
         60.0,
-        "seconds a run rides out an absent client or Hand (a cut, a restart of the Mind) before it "
-        "ends: client away -> cancelled, Hand away -> lost; 0 ends it at once",
+        "how long a run rides out an absent client or Hand (a cut, a restart of the Mind) before it "
+        "ends (e.g. 90s, 5m): client away -> cancelled, Hand away -> lost; 0 ends it at once",
         check=between(0, RESUME_WINDOW_MAX_S, " seconds"),
-        metavar="S",
+        metavar="DURATION",
     ),
     Key(
         "keep_max",
-        float,
+        Duration,
         3600.0,
-        "the longest a detached run is kept unattended (`mind exec --detach --keep`)",
+        "the longest a detached run is kept unattended (`mind exec --detach --keep`; e.g. 1h)",
         check=between(1, RESUME_WINDOW_MAX_S, " seconds"),
-        metavar="S",
+        metavar="DURATION",
     ),
     Key(
         "max_pending_handshakes",

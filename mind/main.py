@@ -16,6 +16,15 @@ def add_daemon_parsers(sub: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The `mind` program. Every command runs inside `stdout_may_close`: `mind runs | head` ends as
+    `ls | head` does (quiet, 141), whichever command printed, rather than each one catching it."""
+    from protocol.io.pipes import stdout_may_close
+
+    stdout_may_close(lambda: command(argv))
+
+
+def command(argv: list[str] | None) -> None:
+    """Parse and run one command; always ends in SystemExit with its exit code."""
     import sys
 
     from mind.cli import exits

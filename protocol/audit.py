@@ -43,6 +43,9 @@ class AuditEvent(StrEnum):
     TASK_CANCEL_REQUESTED = "task_cancel_requested"
     TASK_CANCEL_RECORDED = "task_cancel_recorded"
     TASK_CANCEL_DELIVERED = "task_cancel_delivered"
+    TASK_REMOVED = "task_removed"
+    """Both: a finished task forgotten on request (`mind task rm`). Hand: its row and log removed
+    (state, log bytes, args digest); Mind: its snapshot, with the client who asked."""
     # --- who got in, who did not, and who tried to act outside what they may do ---
     HANDSHAKE_OK = "handshake_ok"
     HANDSHAKE_FAILED = "handshake_failed"

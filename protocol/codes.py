@@ -53,6 +53,10 @@ class RejectCode(StrEnum):
     HAND_OFFLINE = "hand_offline"
     UNKNOWN_HAND = "unknown_hand"
     SHUTTING_DOWN = "shutting_down"
+    DISK_FULL = "disk_full"
+    """The Hand's state disk has no room for what a start must write first (its audit lines, a
+    task's row and log): refused at once, nothing ran or was stored. A run that cannot be audited
+    does not run; once there is room again, the same start is accepted."""
     INTERNAL_ERROR = "internal_error"
 
 

@@ -29,6 +29,7 @@ them by it (`ValueError`).
     │   └── Fenced                     mind/store/api.py           a write about a Hand another node claimed since: not written
     ├── SchemaTooNew                   mind/store/api.py           the database was migrated by a newer Mind: refused at start
     ├── CannotOpen                     mind/daemon/server.py       `mind serve` cannot open its state: the sentence and exit code
+    ├── CommandFailed(message, code)   mind/commandline.py         a daemon's admin command could not do what it was asked
     ├── FaultProxyError (RuntimeError) mind/testing/faultproxy/    the fault proxy refused a command or cannot be reached
     │   └── CommandError (ValueError)                              a command line it cannot perform
     ├── MindRefused(code, message)     hand/aio/agent.py           the Mind sent an `error` frame

@@ -480,6 +480,16 @@ class TaskCancelResult(Message):
     task: TaskInfo | None = None
 
 
+class TaskRemove(Message):
+    """Mind -> Hand: forget a finished task, its row and its log files (`mind task rm`), so it no
+    longer counts against the Hand's retention quota. Answered with the removed task's `task_info`
+    (as it was: what is gone), or an `error`: `unknown_task`, or `not_allowed` while it has not
+    ended (a task is cancelled first, never removed running)."""
+
+    TYPE = "task_remove"
+    task_id: Id
+
+
 class TaskUpdate(Message):
     """Hand -> Mind push on each task transition, best effort (the database is the truth)."""
 
@@ -838,6 +848,29 @@ class TaskCancelReply(Message):
     view: TaskView | None = None
 
 
+class TaskRemoveRequest(Message):
+    """Client -> Mind: remove a finished task (`mind task rm`): its Hand's row and log first (the
+    authority), then the Mind's snapshot; audited on both. Answered with `task_removed`, or an
+    `error`: `unknown_task`, `not_allowed` (not ended yet, or its start still in flight),
+    `hand_offline` (the row and the log live on the Hand: it must be connected)."""
+
+    TYPE = "task_remove_request"
+    task_id: Id
+    on_behalf_of: Label | None = None
+    """Set only by a Mind node relaying a client's request to the node holding the Hand (DESIGN
+    §16), as `Exec.on_behalf_of`."""
+
+
+class TaskRemoved(Message):
+    TYPE = "task_removed"
+    task_id: Id
+    hand: Label
+    task: TaskInfo | None = None
+    """The task as its Hand had it when it was removed; None when the Hand no longer had it
+    (forgotten by retention, or an earlier removal whose answer was lost): only the Mind's snapshot
+    was left to remove."""
+
+
 class TaskList(Message):
     TYPE = "task_list"
     hand: Label | None = None
@@ -979,6 +1012,9 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         TaskGet,
         TaskCancelRequest,
         TaskCancelReply,
+        TaskRemove,
+        TaskRemoveRequest,
+        TaskRemoved,
         TaskList,
         TaskListResult,
         ListRuns,

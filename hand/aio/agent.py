@@ -28,9 +28,11 @@ Rules (DESIGN §4, §8, §9):
 - Background tasks (`hand.aio.tasks`) belong to the agent, not to a connection: the task manager is
   opened (restart recovery) before the first dial, its executions live in an agent-level task group,
   and a dropped connection only detaches where `task_update`s go. Task messages (a background
-  `rpc`, `task_status`, `task_logs`, `task_cancel`, `task_inventory`) are handled IN ORDER by the
-  reader (each awaited before the next frame is read), so a `task_status` that follows a start on
-  the ordered stream sees its committed row. Replies carry the request's envelope id.
+  `rpc`, `task_status`, `task_logs`, `task_cancel`, `task_remove`, `task_inventory`) are handled IN
+  ORDER by the reader (each awaited before the next frame is read), so a `task_status` that follows
+  a start on the ordered stream sees its committed row. Replies carry the request's envelope id.
+- A full state disk never ends the Hand: log and audit lines that cannot be written are counted and
+  dropped (`protocol.io.logs`), and new starts are refused `disk_full` (`hand.core.runs.refusal`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -62,8 +65,10 @@ from hand.aio.tasks import TaskManager
 from hand.core.backoff import Backoff
 from hand.core.http import shown_url
 from hand.core.policy import LivePolicy, Policy
+from hand.core.runs import STATE_ROOM_MIN
 from hand.core.sanitize import Sanitizer
 from hand.core.tasks import TaskLimits
+from hand.system.disk import free_bytes
 from hand.system.process import DEFAULT_GRACE_S
 from hand.system.sandbox import Sandbox
 from protocol import limits
@@ -95,6 +100,7 @@ from protocol.messages import (
     TaskInventory,
     TaskInventoryPage,
     TaskLogs,
+    TaskRemove,
     TaskStatus,
     Welcome,
     build_all,
@@ -251,6 +257,9 @@ class Agent:
         self.policy = LivePolicy(config.policy)
         self.metrics = HandMetrics()
         self.metrics.build.info({"version": self._claims.version})
+        self._state_free = partial(free_bytes, config.state_dir) if config.state_dir is not None else None
+        """The bytes free on the state disk (where the audit file and the tasks live), asked at each
+        admission and by `/healthz`; None: this Hand keeps no state dir."""
 
     def reload(self, reload: Callable[[], Policy | None]) -> None:
         """SIGHUP: never fatal (a bad file is the reload's to report); connections stay up."""
@@ -302,13 +311,16 @@ class Agent:
     def health(self) -> dict[str, Any]:
         """The body of `/healthz`. Answered whenever the process can answer (liveness); whether a
         Mind is listening is `connected`, and `status` says it in one word: `ok`, `degraded` (connected, but
-        tasks ended whose outcome could not be committed yet: see `tasks.uncommitted`),
+        tasks ended whose outcome could not be committed yet: see `tasks.uncommitted`; or the state disk
+        is too full for a start, which is refused `disk_full`: `state_disk_full`),
         `disconnected` (alive, reconnecting) or `stopping`. The Mind's URL is shown without userinfo or query."""
         connected = self.gen is not None
         tasks = self.tasks.live() if self.tasks is not None else {"queued": 0, "running": 0, "uncommitted": 0}
         status = "stopping" if self._stop.is_set() else "ok" if connected else "disconnected"
-        if status == "ok" and tasks.get("uncommitted"):
-            status = "degraded"  # tasks ended whose outcome the database has not taken (disk full?)
+        free = self._state_free() if self._state_free is not None else None
+        disk_full = free is not None and free < STATE_ROOM_MIN
+        if status == "ok" and (tasks.get("uncommitted") or disk_full):
+            status = "degraded"  # outcomes the database has not taken, or starts refused `disk_full`
         return {
             "status": status,
             "version": self._claims.version,
@@ -319,6 +331,7 @@ class Agent:
             "generation": self.gen,
             "runs_running": self.metrics.runs_running(),
             "tasks": tasks,
+            "state_disk_full": disk_full,
         }
 
     async def _lag_probe(self) -> None:
@@ -617,6 +630,7 @@ class Agent:
                 log=log,
                 sandbox=self._sandbox,
                 metrics=self.metrics,
+                state_free=self._state_free,
             )
             self._table = table
         table.window = welcome.resume_window_s
@@ -656,7 +670,7 @@ class Agent:
                         pass  # the channel took them (`Channel.accept`): data frames name streams by them
                     elif isinstance(msg, StreamResume):
                         table.on_resume(msg)
-                    elif isinstance(msg, (TaskStatus, TaskLogs, TaskCancel, TaskInventory)):
+                    elif isinstance(msg, (TaskStatus, TaskLogs, TaskCancel, TaskRemove, TaskInventory)):
                         wire.send(await self._task_answer(msg), id=env.id)
                     elif isinstance(msg, Cancel):
                         if self.tasks is not None and self.tasks.deciding():
@@ -739,7 +753,7 @@ class Agent:
             return TaskInventoryPage(tasks=[])
         if isinstance(msg, TaskCancel):
             return TaskCancelResult(task_id=msg.task_id, status=TaskCancelStatus.UNKNOWN_TASK)
-        assert isinstance(msg, (TaskStatus, TaskLogs))
+        assert isinstance(msg, (TaskStatus, TaskLogs, TaskRemove))
         return Error(code=ErrorCode.UNKNOWN_TASK, message=f"this hand has no task {msg.task_id}")
 
 

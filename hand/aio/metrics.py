@@ -14,10 +14,14 @@ gets a private instance nobody reads, so the call sites never need a `None` chec
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from protocol.io import logs
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600)
 LIVE_TASK_STATES = ("queued", "running")
@@ -28,6 +32,25 @@ end instead (`tasks_finished`)."""
 
 def _live_count(live: Callable[[], dict[str, int]], state: str) -> int:
     return live().get(state, 0)
+
+
+LOG_SINKS = ("audit", "log")
+
+
+class _DroppedLines(Collector):
+    """`mindhand_hand_log_writes_dropped{sink}`: the log and audit lines this process could not
+    write (a full disk: `protocol.io.logs.DROPPED`), read at each scrape. The count lives where
+    the lines are written, below any Hand, so it counts from the first line, before any agent."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "mindhand_hand_log_writes_dropped",
+            "Log and audit lines that could not be written (full disk) and were dropped, by sink",
+            labels=["sink"],
+        )
+        for sink in LOG_SINKS:
+            family.add_metric([sink], logs.DROPPED.counts.get(sink, 0))
+        yield family
 
 
 class HandMetrics:
@@ -99,6 +122,8 @@ class HandMetrics:
             ["result"],
             registry=r,
         )
+        # the log and the audit file (a full disk drops lines instead of stopping the Hand)
+        r.register(_DroppedLines())
         # the event loop
         self.loop_lag = Gauge(
             "mindhand_hand_event_loop_lag_seconds", "Event-loop lag, sampled every 10 ms (last)", registry=r

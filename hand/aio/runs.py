@@ -7,9 +7,9 @@ which the Mind takes as the acceptance too. `cancel` -> `cancel_result` (a reque
 the run really ended).
 
 Rules this module keeps, each from DESIGN §3-§6:
-- Everything that can refuse a run (duplicate id, closing, unknown tool, size, policy, terminal,
-  then arguments and paths) is decided before `accepted`, in the order a background start is
-  refused in too (`hand.core.runs.refusal`), and a refused run runs nothing.
+- Everything that can refuse a run (duplicate id, closing, a full state disk, unknown tool, size,
+  policy, terminal, then arguments and paths) is decided before `accepted`, in the order a
+  background start is refused in too (`hand.core.runs.refusal`), and a refused run runs nothing.
 - A run is registered synchronously in `on_rpc`, before any await, so a `cancel` that follows the
   `rpc` on the ordered stream always finds it.
 - The Hand enforces the deadline on its own monotonic clock: it kills the tree, `timed_out`.
@@ -117,8 +117,12 @@ class RunTable:
         log: Any = None,
         sandbox: Sandbox = DEFAULT_SANDBOX,
         metrics: HandMetrics | None = None,
+        state_free: Callable[[], int | None] | None = None,
     ) -> None:
         self._root = root
+        self._state_free = state_free
+        """The bytes free on the state disk now (`hand.system.disk.free_bytes`), asked at every
+        admission: a start the audit file could not record is refused (`disk_full`)."""
         self._sandbox = sandbox
         self._metrics = metrics or HandMetrics()
         self._policy = policy
@@ -191,6 +195,7 @@ class RunTable:
             args_size=args_size,
             allowed=self._policy.allowed(rpc.tool),
             no_pty=self._policy.why_no_pty(rpc.tool) if pty is not None else None,
+            state_free=self._state_free() if self._state_free is not None else None,
         )
         if refused is not None:
             raise Refusal(refused.code, refused.message)

@@ -60,9 +60,11 @@ from hand.core.tasks import (
     background_refusal,
     cancel_action,
     next_to_start,
+    removal,
     starts_first,
     stream_truncated,
 )
+from hand.system.disk import free_bytes
 from hand.system.process import DEFAULT_GRACE_S, start_time
 from hand.system.sandbox import Sandbox
 from hand.system.taskdb import STREAMS, TaskStore
@@ -81,6 +83,7 @@ from protocol.messages import (
     TaskInventoryPage,
     TaskLogPage,
     TaskLogs,
+    TaskRemove,
     TaskStatus,
     TaskUpdate,
 )
@@ -98,9 +101,10 @@ class TaskManager:
     Lifecycle: `await open()` once before connecting (restart recovery, purge), `attach(send)` per
     connection (`attach(None)` when it ends), `await shutdown()` once at the end. Requests:
     `on_start(rpc, send)` for an `rpc` with `background`, `answer(msg)` for `task_status`,
-    `task_logs`, `task_cancel` and `task_inventory`. `spawn` must belong to an owner that outlives
-    connections (the agent's task group). `on_start` returns before the start is decided (its
-    answer goes to its `send`); `await settle()` waits until every start taken in is decided.
+    `task_logs`, `task_cancel`, `task_remove` and `task_inventory`. `spawn` must belong to an owner
+    that outlives connections (the agent's task group). `on_start` returns before the start is
+    decided (its answer goes to its `send`); `await settle()` waits until every start taken in is
+    decided.
     """
 
     def __init__(
@@ -239,7 +243,11 @@ class TaskManager:
     def _prepare(self, rpc: Rpc) -> ProcessSpec:
         size = len(msgpack.packb(rpc.args, use_bin_type=True))
         refused = background_refusal(
-            rpc.tool, allowed=self._policy.allowed(rpc.tool), closing=self._closing, args_size=size
+            rpc.tool,
+            allowed=self._policy.allowed(rpc.tool),
+            closing=self._closing,
+            args_size=size,
+            state_free=free_bytes(self._state_dir),
         )
         if refused is not None:
             raise Refusal(refused.code, refused.message)
@@ -433,6 +441,8 @@ class TaskManager:
             return await self.logs(msg)
         if isinstance(msg, TaskCancel):
             return await self.cancel(msg)
+        if isinstance(msg, TaskRemove):
+            return await self.remove(msg)
         raise TypeError(f"not a task request: {msg.TYPE}")
 
     async def _current(self, task_id: str) -> TaskRow | None:
@@ -505,6 +515,30 @@ class TaskManager:
             return TaskCancelResult(task_id=task_id, status=TaskCancelStatus.UNKNOWN_TASK)
         assert row is not None
         return TaskCancelResult(task_id=task_id, status=TaskCancelStatus.ALREADY_DONE, task=self._info(row))
+
+    async def remove(self, msg: TaskRemove) -> TaskInfo | Error:
+        """`mind task rm`: forget a finished task, its row and its log files (`removal` says which
+        may go), so it no longer counts against `max_retained`. Under the admission lock: a start
+        of the same id being decided meanwhile sees the row or its absence, never half of both.
+        Answers the task as it was, or why not."""
+        task_id = msg.task_id
+        async with self._starts.lock:
+            row = await asyncio.to_thread(self.store.get, task_id)
+            held = self._queued.get(task_id) or self._running.get(task_id)
+            live = held.row.state if held is not None else None
+            refused = removal(task_id, row, live=live, uncommitted=task_id in self._uncommitted)
+            if refused is not None:
+                return refused
+            removed = await asyncio.to_thread(self.store.remove, task_id)
+        if removed is None:  # forgotten meanwhile (the retention purge)
+            return Error(code=ErrorCode.UNKNOWN_TASK, message=f"this hand has no task {task_id}")
+        self._log.bind(task_id=task_id).info(
+            AuditEvent.TASK_REMOVED,
+            state=removed.state.value,
+            log_bytes=removed.log_bytes,
+            args_digest=removed.args_digest,
+        )
+        return to_info(removed)
 
     async def _dequeue(self, live: LiveTask, reason: str) -> TaskRow:
         """A queued task ends `cancelled` without having run."""

@@ -6,10 +6,11 @@ same functions, so a rule changed here is changed in all three.
 
 - ONE order of refusal, ONE set of sentences for a run and a background start (`refusal`): an id
   already known (foreground only: a background duplicate is decided at its group commit, where it
-  may be the same task asked again), the Hand closing, the tool (unknown, or not one that can run
-  in the background), the arguments' size, the policy, then a terminal the policy denies. A run
-  and a task refused for the same reason read the same sentence. The tool's own arguments and
-  paths are checked after these, by the shell (`hand.system.tools.prepare`).
+  may be the same task asked again), the Hand closing, a full state disk (`disk_full`: what cannot
+  be audited does not run), the tool (unknown, or not one that can run in the background), the
+  arguments' size, the policy, then a terminal the policy denies. A run and a task refused for the
+  same reason read the same sentence. The tool's own arguments and paths are checked after these,
+  by the shell (`hand.system.tools.prepare`).
 - A run id is never run twice (`RunBook`, `RecentRuns`): a run is entered before `accepted` and
   ended in the same step as its one result, so a cancel sees it active or done, never between.
 - Progress is observation only (`progress_pieces`): dropped past the caps, never after the end.
@@ -48,6 +49,12 @@ class Refused:
 
 
 SHUTTING_DOWN = Refused(RejectCode.SHUTTING_DOWN, "this hand is shutting down")
+STATE_ROOM_MIN = 1 << 20
+"""Free bytes on the Hand's state disk below which a start is refused (`disk_full`). What a start
+writes there before anyone hears of it is small (its audit lines, a task's row and WAL pages, the
+first blocks of its log), but it is written by several writers at once, and a filesystem with less
+than this left fills within a few of them: past this line the start would run with its audit lines
+dropped and its records failing part way. A run that cannot be audited does not run."""
 NOT_BACKGROUND = Refused(RejectCode.INVALID_REQUEST, "only exec and shell can run as background tasks")
 
 
@@ -63,6 +70,17 @@ def denied(tool: str) -> Refused:
     return Refused(RejectCode.DENIED_BY_POLICY, f"tool {tool!r} is denied by this hand's policy")
 
 
+def disk_full(free: int) -> Refused:
+    """A start refused for the state disk: says how much was free and what it needs, so the
+    operator knows what to free and the caller knows nothing ran."""
+    return Refused(
+        RejectCode.DISK_FULL,
+        f"this hand's state disk is full ({free} bytes free, under the {STATE_ROOM_MIN >> 20} MiB a start needs): "
+        "it cannot keep the audit trail and records of a new run or task, so nothing ran; "
+        "try again once there is room",
+    )
+
+
 def refusal(
     run_id: str,
     tool: str,
@@ -73,16 +91,21 @@ def refusal(
     known: bool = False,
     background: bool = False,
     no_pty: str | None = None,
+    state_free: int | None = None,
 ) -> Refused | None:
     """The refusal a start gets at once, before it is accepted (a run) or batched (a task), in the
     one order both follow; None when the shell may go on to check its arguments and paths.
     `allowed`: the policy allows the tool; `known`: the run id is active or recently finished on
     this Hand (never run a run id twice); `no_pty`: why the policy refuses the terminal this start
-    asks for (`ToolPolicy.why_no_pty`), None when it asks for none or may have one."""
+    asks for (`ToolPolicy.why_no_pty`), None when it asks for none or may have one; `state_free`:
+    the bytes free on the state disk now (None: not known, or no state disk), refused below
+    `STATE_ROOM_MIN` whatever is asked, as a closing Hand refuses."""
     if known:
         return duplicate_run(run_id)
     if closing:
         return SHUTTING_DOWN
+    if state_free is not None and state_free < STATE_ROOM_MIN:
+        return disk_full(state_free)
     if background and tool not in BACKGROUND_TOOLS:
         return NOT_BACKGROUND
     if tool not in KNOWN_TOOLS:
@@ -146,7 +169,14 @@ class RunBook(Generic[R]):
         return run_id in self.active or run_id in self.recent
 
     def refusal(
-        self, run_id: str, tool: str, *, args_size: int, allowed: bool, no_pty: str | None = None
+        self,
+        run_id: str,
+        tool: str,
+        *,
+        args_size: int,
+        allowed: bool,
+        no_pty: str | None = None,
+        state_free: int | None = None,
     ) -> Refused | None:
         """`refusal` for a start on this connection: a known id is a duplicate, a closing table
         takes nothing new."""
@@ -158,6 +188,7 @@ class RunBook(Generic[R]):
             closing=self.closing is not None,
             known=self.knows(run_id),
             no_pty=no_pty,
+            state_free=state_free,
         )
 
     def cancel_status(self, run_id: str) -> CancelStatus:

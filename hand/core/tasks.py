@@ -21,6 +21,7 @@ here is a rule changed in both.
 from __future__ import annotations
 
 import enum
+import errno
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -30,10 +31,10 @@ from hand.core.rows import TaskRow
 from hand.core.runs import SHUTTING_DOWN as SHUTTING_DOWN  # the start's refusal, as tests name it
 from hand.core.runs import Refused, exit_reason, kernel_cpu_reason, refusal
 from hand.core.spawn import SpawnFailure
-from protocol.codes import CancelReason, KillStage, RejectCode
+from protocol.codes import CancelReason, ErrorCode, KillStage, RejectCode
 from protocol.digest import args_digest, binding_digest
-from protocol.messages import Accepted, Result, Rpc, TaskInfo, TaskStartValue
-from protocol.states import TASK_TRANSITIONS, RunState, TaskState
+from protocol.messages import Accepted, Error, Result, Rpc, TaskInfo, TaskStartValue
+from protocol.states import TASK_TERMINAL, TASK_TRANSITIONS, RunState, TaskState
 
 LOST_REASON = "hand restarted before completion"
 ADMIT_BACKLOG = 1024
@@ -230,6 +231,33 @@ def cancel_action(queued: bool, running: bool, row: TaskRow | None) -> CancelAct
     return CancelAction.UNKNOWN if row is None else CancelAction.ALREADY_DONE
 
 
+def removal(task_id: str, row: TaskRow | None, *, live: TaskState | None, uncommitted: bool) -> Error | None:
+    """Whether a task may be removed (`mind task rm`), None when it may: only a finished task whose
+    outcome is on disk, so nothing running loses its record and its log while it writes them, and
+    no outcome the Hand holds in memory is thrown away with its row (DESIGN §7). `live`: the state
+    the task manager holds it in (queued, running; a terminal one is its runner finishing after the
+    commit), None when it holds it nowhere; `uncommitted`: it ended but its outcome is not on disk
+    yet (a full disk)."""
+    if uncommitted:
+        return Error(
+            code=ErrorCode.NOT_ALLOWED,
+            message=f"task {task_id} ended but this hand could not record its outcome yet (its state disk may be "
+            "full): it can be removed once it is recorded",
+        )
+    state = live if live is not None and live not in TASK_TERMINAL else None
+    if state is None and row is not None and not row.terminal:
+        state = row.state
+    if state is not None:
+        return Error(
+            code=ErrorCode.NOT_ALLOWED,
+            message=f"task {task_id} is {state.value}: only a finished task can be removed "
+            f"(cancel it first: mind task cancel {task_id})",
+        )
+    if row is None:
+        return Error(code=ErrorCode.UNKNOWN_TASK, message=f"this hand has no task {task_id}")
+    return None
+
+
 def lost_reason(orphan_killed: bool) -> str:
     return f"{LOST_REASON}; its leftover processes were killed" if orphan_killed else LOST_REASON
 
@@ -276,12 +304,16 @@ class Duplicate:
 Answer = Queued | Duplicate | Refused
 
 
-def background_refusal(tool: str, *, allowed: bool, closing: bool, args_size: int) -> Refused | None:
+def background_refusal(
+    tool: str, *, allowed: bool, closing: bool, args_size: int, state_free: int | None = None
+) -> Refused | None:
     """The refusals a background start gets at once, before anything is stored or batched: the
-    one order and the sentences of a foreground run (`hand.core.runs.refusal`), less the duplicate
-    (decided at the group commit, `admit_batch`). Then `hand.system.tools.prepare` checks
-    arguments and paths."""
-    return refusal("", tool, args_size=args_size, allowed=allowed, closing=closing, background=True)
+    one order and the sentences of a foreground run (`hand.core.runs.refusal`; a full state disk
+    included), less the duplicate (decided at the group commit, `admit_batch`). Then
+    `hand.system.tools.prepare` checks arguments and paths."""
+    return refusal(
+        "", tool, args_size=args_size, allowed=allowed, closing=closing, background=True, state_free=state_free
+    )
 
 
 def started(task_id: str, info: TaskInfo, *, duplicate: bool) -> tuple[Accepted, Result]:
@@ -308,8 +340,19 @@ def answer_for(verdict: Verdict, task_id: str, max_retained: int) -> Answer:
     return Duplicate(verdict.row) if verdict.admission is Admission.DUPLICATE else Queued(verdict.row)
 
 
+NO_ROOM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
 def store_failed(exc: BaseException) -> Refused:
-    """The answer of every start of a batch whose look or commit failed: nothing of it is stored."""
+    """The answer of every start of a batch whose look or commit failed: nothing of it is stored.
+    A disk that filled between the admission's look at it and the commit is `disk_full` too (the
+    same truth a start refused at once is told), anything else an internal error."""
+    no_room = getattr(exc, "sqlite_errorname", None) == "SQLITE_FULL" or getattr(exc, "errno", None) in NO_ROOM_ERRNOS
+    if no_room:
+        return Refused(
+            RejectCode.DISK_FULL,
+            f"this hand's state disk is full: the task database could not store the start ({exc}); nothing was stored",
+        )
     return Refused(
         RejectCode.INTERNAL_ERROR, f"the task database could not store the start: {type(exc).__name__}: {exc}"
     )

@@ -277,6 +277,35 @@ class TaskStore:
                     pass
         return ids
 
+    def remove(self, task_id: str) -> TaskRow | None:
+        """Delete one finished task's row, then its log files (`mind task rm`); the row as it was,
+        or None when no finished row has this id (nothing is deleted: a running task keeps its row
+        and its log). The row goes first, as in `purge`: a log without a row is garbage, a row
+        whose log vanished would be a lie."""
+        terminal = tuple(s.value for s in TASK_TERMINAL)
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                found = self._db.execute(
+                    f"SELECT {_COLUMNS} FROM tasks WHERE task_id = ? AND state IN ({', '.join('?' * len(terminal))})",
+                    (task_id, *terminal),
+                ).fetchone()
+                if found is not None:
+                    self._db.execute("DELETE FROM tasks WHERE task_id = ?", (task_id,))
+                self._db.execute("COMMIT")
+            except BaseException:  # nothing is removed: neither the row nor (below) its log
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+        if found is None:
+            return None
+        for path in self.log_paths(task_id):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        return _to_row(found)
+
 
 def read_rows(state_dir: Path, state: TaskState | None = None) -> list[TaskRow] | None:
     """Every row (or those in `state`), ordered by created_at, read without changing anything: for

@@ -10,12 +10,9 @@ from typing import Any
 from mind.cli import options
 from mind.cli.exits import EXIT_USAGE, die
 
-FILE_HELP = "TOML settings file (default $MINDHAND_CONFIG, else HOME/mind.toml if it exists)"
-"""`--config`'s help, the same for `mind serve` (mind/daemon/commands.py) and `mind config show`."""
-
 
 def add_parsers(sub: Any) -> None:
-    from mind.config import GROUPS, KEYS
+    from mind.config import FILE_HELP, GROUPS, KEYS
     from protocol.io.settings import add_flags
 
     cf = options.command(sub, "config", help="show the daemon's effective settings and where each comes from")

@@ -4,7 +4,6 @@ the frame every asyncio client command runs in (connect, run, say why on a `Clie
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,30 +14,15 @@ ClientCommand = Callable[[Any, argparse.Namespace], Awaitable[int]]
 
 
 def connection_params(args: argparse.Namespace) -> tuple[str, str, str | None, str | None]:
-    """URL, credential file, CA file and pin: flags, then env vars, then the local Mind's files."""
-    from mind import home as paths
+    """URL, credential file, CA file and pin: flags, then env vars, then the local Mind's files (the
+    client library's `locate`, which `mind mcp` uses too); no URL anywhere ends the command."""
+    from mind.client.endpoint import locate
+    from mind.errors import ClientError
 
-    home = paths.home(args.home)
-    local = False
-    url = ",".join(args.mind) if args.mind else os.environ.get("MINDHAND_URL")
-    if not url:
-        try:
-            url = paths.url_file(home).read_text().strip()
-            local = True
-        except OSError:
-            die(
-                f"no Mind URL: pass --mind URL, set MINDHAND_URL, or start `mind serve` (looked in {paths.url_file(home)})",
-                kind="config",
-            )
-    cred = args.credential or os.environ.get("MINDHAND_CREDENTIAL") or str(paths.admin_cred_file(home))
-    ca = args.ca or os.environ.get("MINDHAND_CA")
-    pin = args.pin or os.environ.get("MINDHAND_PIN")
-    if local and not ca and not pin and url.startswith("wss://"):
-        try:
-            pin = paths.pin_file(home).read_text().strip()
-        except OSError:
-            pass
-    return url, cred, ca, pin
+    try:
+        return locate(args.home, args.mind, args.credential, args.ca, args.pin)
+    except ClientError as exc:
+        die(exc.message, kind=exc.code)
 
 
 async def open_client(args: argparse.Namespace) -> Any:

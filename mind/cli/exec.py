@@ -5,32 +5,42 @@ This is the CLI's fast path: `mind exec` builds only these parsers (mind/cli/mai
 one blocking `Link` (mind/client/blocking.py: no asyncio, no pydantic), so nothing here may import
 the asyncio client at module level.
 
-Which Hand (ssh's habit, `ssh web1 uptime`): `mind exec web1 -- uptime` is `mind exec --hand web1 --
-uptime`. The rule, without ambiguity: with neither `--hand` nor `--hands`, the first word that is
-not an option, before `--`, is the Hand; every other word is the command's. A Hand's name never
-starts with `-` (protocol/limits.py LABEL_RE), so it cannot be read as an option, and `mind exec`
-has no subcommands, so a Hand named `exec` or `shell` is just a name (`mind exec shell -- ls`).
-Options go before the command: before or after the Hand, and a command with options of its own
-goes after `--` (`mind exec web1 -t -- top -d 1`).
+Which Hand and which command, as ssh takes them (`ssh web1 ls -la`): `mind exec web1 ls -la` runs
+`ls -la` on web1. The rule, without ambiguity (`split_command` and `resolve_hand`):
+- mind's options come first: before the Hand, or right after it (as `ssh web1 -t top`);
+- with neither `--hand` nor `--hands` before it, the first word that is neither an option nor an
+  option's value is the Hand;
+- the command starts at the next such word, and from there every word is the command's, options
+  included (`mind exec web1 ls -la`; `mind exec --hand web1 grep -r x .`);
+- `--` ends mind's options: every word after it is the command's, exactly (`mind exec web1 -- ls -la`);
+- a command given as one single word holding shell syntax (a space, `|`, `;`, `&`, `<`, `>`, `$`,
+  quotes, globs...: hints.SHELL_SYNTAX), and no `--`, runs as `/bin/sh -c WORD`, as ssh runs it:
+  `mind exec web1 'ls -la | head -3'`. Every other command is an argv, word for word: several words
+  are not joined into one shell line as ssh joins them (ssh's `rm 'my file'` removes two files;
+  ours removes one), and after `--` one word is one program's name (`--shell` says "a shell line"
+  outright).
+A Hand's name never starts with `-` (protocol/limits.py LABEL_RE), so it cannot be read as an option,
+and `mind exec` has no subcommands, so a Hand named `exec` or `shell` is just a name (`mind exec
+shell ls`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from typing import Any
 
 from mind.cli import options
 from mind.cli.connection import connection_params
 from mind.cli.exits import EXIT_USAGE, die
+from mind.cli.hints import SHELL_SYNTAX
 from mind.cli.toolargs import tool_args_from
 from mind.client.credentials import load_credential
 from mind.errors import ClientError
 from protocol import limits
 
-HAND_RULE = "mind exec [OPTIONS] HAND -- COMMAND (or --hand HAND; --hands SELECTOR for a fleet)"
+HAND_RULE = "mind exec [OPTIONS] HAND COMMAND [ARG...] (or --hand HAND; --hands SELECTOR for a fleet)"
 
 TTY_NOTICE = "mind: -t: stdin is not a terminal, so the command runs without one (as ssh -t does)"
 """`mind exec -t` with a pipe or a file as stdin: as `ssh -t`, no terminal is made (a terminal
@@ -41,7 +51,7 @@ def add_parsers(sub: Any) -> None:
     e = options.command(sub, "exec", help="run a command on a Hand, streaming its output")
     options.connection(e)
     which = e.add_mutually_exclusive_group()
-    options.hand(which, required=False, help="the Hand's name (or give it as the first word: mind exec HAND -- CMD)")
+    options.hand(which, required=False, help="the Hand's name (or give it as the first word: mind exec HAND CMD)")
     which.add_argument(
         "--hands",
         metavar="SELECTOR",
@@ -49,7 +59,13 @@ def add_parsers(sub: Any) -> None:
     )
     options.fleet(e)
     options.timeout(e, options.EXEC_TIMEOUT_S, "the run is killed; stderr says so when it happens")
-    e.add_argument("--grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL (Hand default 5)")
+    e.add_argument(
+        "--grace",
+        type=options.duration,
+        default=None,
+        metavar="DURATION",
+        help="time between SIGTERM and SIGKILL (e.g. 5, 5s, 1m; Hand default 5 s)",
+    )
     options.place(e)
     e.add_argument(
         "-t",
@@ -92,7 +108,12 @@ def add_parsers(sub: Any) -> None:
     out = e.add_mutually_exclusive_group()
     options.json_output(out, "print one JSON object at the end instead of the output")
     out.add_argument("--events", action="store_true", help="print every event as one JSON line (NDJSON)")
-    options.program(e, "HAND (without --hand/--hands), then the command after --: mind exec web1 -- uptime")
+    options.program(
+        e,
+        "HAND (without --hand/--hands), then the command, options and all: mind exec web1 ls -la. One word "
+        "with shell syntax runs through /bin/sh -c (mind exec web1 'ls | head -3'); after -- the words are "
+        "the argv exactly",
+    )
     e.set_defaults(handler=run, resolve=resolve_hand, login=False)
 
     s = options.command(sub, "shell", help="a login shell on a Hand, in a terminal (as `ssh host`)")
@@ -151,26 +172,81 @@ def add_parsers(sub: Any) -> None:
     )
 
 
-def resolve_hand(args: argparse.Namespace, words: list[str], extra: list[str]) -> None:
-    """The Hand given as a word (the module's docstring has the rule). `words` is the command line
-    as typed: what follows its first `--` is the command's, whatever it looks like."""
-    named = args.hand is not None or args.hands is not None
-    if not named and extra[:1] == ["--"]:  # options after the Hand (`mind exec web1 -t -- top`): argparse
-        args.argv, extra = [*args.argv, *extra[1:]], []  # left the command after `--` over
+def split_command(sub: Any, words: list[str], at: int) -> tuple[list[str], list[str] | None]:
+    """`words` (the whole command line, `at` its subcommand) as the words argparse parses and the
+    command's tail, for `mind exec`; other commands are not split (None). The tail is what follows
+    mind's options and the Hand (the module's docstring has the rule), kept as typed: with its
+    leading `--` if one ended the options, so `resolve_hand` can tell `-- 'a | b'` (an argv) from
+    `'a | b'` (a shell line). The option table is the parser's own: a value-taking option (`--timeout
+    5`) and its value are ours, a switch (`-t`) is one word, a cluster (`-tn`) or `--opt=value` is
+    one, an abbreviation (`--time 5`) counts as argparse will read it."""
+    if words[at] != "exec":
+        return words, None
+    table: dict[str, argparse.Action] = sub.choices["exec"]._option_string_actions
+    named = hand_word = False
+    i = at + 1
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            return words[:i], words[i:]
+        if word.startswith("-") and word != "-":
+            width, action = option_width(table, words, i)
+            named = named or (action is not None and action.dest in ("hand", "hands"))
+            i += width
+            continue
+        if named or hand_word:
+            return words[:i], words[i:]
+        hand_word = True
+        i += 1
+    return words, []
+
+
+def option_width(table: dict[str, argparse.Action], words: list[str], i: int) -> tuple[int, argparse.Action | None]:
+    """How many words the option at `words[i]` takes (itself, and its value if separate), and its
+    action. An option the table does not know is one word: argparse says it is unrecognized."""
+    word = words[i]
+    if word.startswith("--"):
+        name, eq, _ = word.partition("=")
+        action = table.get(name)
+        if action is None:
+            close = [o for o in table if o.startswith("--") and o.startswith(name)]
+            action = table[close[0]] if len(close) == 1 else None
+        if action is None:
+            return 1, None
+        return (1 if eq or action.nargs == 0 else 2), action
+    for k in range(1, len(word)):  # -t, -tn, and a short option's value joined (-x5) or apart (-x 5)
+        action = table.get("-" + word[k])
+        if action is None:
+            return 1, None
+        if action.nargs != 0:
+            return (1 if k + 1 < len(word) else 2), action
+    return 1, table.get(word)
+
+
+def resolve_hand(args: argparse.Namespace, tail: list[str] | None, extra: list[str]) -> None:
+    """The Hand given as a word, and the command from the tail `split_command` cut (the module's
+    docstring has the rule)."""
     if extra:
-        where = "" if named else f" (a command with options goes after --: {HAND_RULE})"
-        die(f"unrecognized arguments: {' '.join(extra)}{where}", EXIT_USAGE)
-    if named:
-        return
-    after = len(words) - words.index("--") - 1 if "--" in words else 0
-    before = args.argv[: len(args.argv) - after]
-    if not before:
+        die(f"unrecognized arguments: {' '.join(extra)}; usage: {HAND_RULE}", EXIT_USAGE)
+    if tail is None:  # not split (never for `mind exec`, which the fast path parses): as typed
+        tail = args.argv[1:] if args.hand is None and args.hands is None else args.argv
+        args.argv = args.argv[: len(args.argv) - len(tail)]
+    exact = tail[:1] == ["--"]
+    command = tail[1:] if exact else tail
+    if args.hand is not None or args.hands is not None:
+        if args.argv:
+            flag = "--hand" if args.hand is not None else "--hands"
+            die(f"two Hands: {flag} {args.hand or args.hands} and {args.argv[0]}; give one", EXIT_USAGE)
+    elif args.argv:
+        args.hand = args.argv[0]
+    else:
         die(f"which Hand? {HAND_RULE}", EXIT_USAGE)
-    args.hand = before[0]
-    args.argv = args.argv[1:]
+    args.argv = command
+    if not exact and args.shell is None and len(command) == 1 and SHELL_SYNTAX.intersection(command[0]):
+        args.shell, args.argv = command[0], []  # one word of shell syntax: a shell line, as ssh runs it
 
 
-def resolve_shell_hand(args: argparse.Namespace, words: list[str], extra: list[str]) -> None:
+def resolve_shell_hand(args: argparse.Namespace, tail: list[str] | None, extra: list[str]) -> None:
     if extra:
         die(f"unrecognized arguments: {' '.join(extra)}", EXIT_USAGE)
     if args.hand is not None and args.target is not None and args.target != args.hand:
@@ -241,12 +317,8 @@ def run(args: argparse.Namespace) -> int:
         link, args, lambda t: Link.connect(url, credential, ca=ca, pin=pin, open_timeout=t, handshake_timeout=t)
     )
     session.hand_names = lambda: hand_names(url, cred_path, ca, pin)
-    try:
+    try:  # (a reader of our stdout that goes away, `| head`, ends us as it ends `ls`: mind/main.py)
         return session.run(tool, tool_args, timeout_ms, grace_ms)
-    except BrokenPipeError:  # our stdout's reader went away (`| head`): stop like a piped command does
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
     finally:
         session.status.clear()
         link.close()
@@ -270,10 +342,6 @@ def attach(args: argparse.Namespace) -> int:
     )
     try:
         return session.attach(args.run_id)
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
     finally:
         session.status.clear()
         link.close()

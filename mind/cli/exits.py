@@ -7,6 +7,7 @@ import sys
 from typing import Any, NoReturn
 
 from mind.cli.formatting import printable
+from mind.commandline import EXIT_USAGE as EXIT_USAGE
 
 EXIT_TIMED_OUT = 124
 EXIT_CANCELLED = 130
@@ -20,7 +21,7 @@ EXIT_WAIT_TIMEOUT = 121
 """`mind task wait --timeout D`, `mind exec --wait D`: D passed and the task or run had not ended (it
 goes on: `mind attach RUN_ID` takes a run up again). Not 124, which is one that ended `timed_out`: a
 script must tell "still running" from "killed at its deadline"."""
-EXIT_USAGE = 2
+# EXIT_USAGE = 2 (bad usage) is imported above: the daemon's commands name it too (mind/commandline.py)
 
 # Fleet runs (`mind exec --hands`; README "Fleet runs"). The numbers are decided in mind/core/fleet.py
 # (the plan's aggregate); repeated here so this table is whole without importing it on the fast path

@@ -81,12 +81,7 @@ def check_fleet_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], flo
 
 def run(args: argparse.Namespace) -> int:
     check_fleet_args(args)
-    try:
-        return asyncio.run(_main(args))
-    except BrokenPipeError:  # our stdout's reader went away (`| head`): the Mind cancels the runs
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
+    return asyncio.run(_main(args))  # (a reader of stdout gone, `| head`: mind/main.py; the Mind cancels the runs)
 
 
 async def _connect(args: argparse.Namespace) -> Any:

@@ -6,15 +6,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-
-def printable(text: object) -> str:
-    """`text` safe for a terminal: every control character (C0, DEL, C1) becomes a visible escape
-    (`\\x1b`, `\\n`), so a Hand's claim or reason cannot move the cursor, retitle the window or hide
-    itself (issue 13). Only for human output: JSON output is escaped by `json.dumps` already."""
-    s = str(text)
-    if all(" " <= c < "\x7f" or c > "\x9f" for c in s):
-        return s
-    return "".join(c if " " <= c < "\x7f" or c > "\x9f" else repr(c)[1:-1] for c in s)
+# the daemon's commands print these too, so they live below both sides (mind/commandline.py)
+from mind.commandline import printable as printable
+from mind.commandline import table as table
+from mind.commandline import timestamp as timestamp
 
 
 def json_text(b: bytes) -> Any:
@@ -70,29 +65,11 @@ def explain(end: Any) -> None:
     print(f"mind: run {end.run_id} {s.value}{code}{stage}: {printable(detail)}", file=sys.stderr)
 
 
-def timestamp(t: float | None) -> str:
-    """A wall-clock time for a table, local time to the second; `-` for none."""
-    if not t:
-        return "-"
-    import datetime
-
-    return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
-
-
 def away(info: Any) -> str | None:
     """What a person needs to know of a running run whose Hand is away (DESIGN §15): it waits for
     the Hand within the Mind's resume window, and since when."""
     since = getattr(info, "hand_away_since", None)
     return f"hand away since {timestamp(since)}" if since else None
-
-
-def table(headers: list[str], rows: list[list[str]]) -> None:
-    """Columns aligned by their widest cell, every cell `printable`, no trailing blanks."""
-    rows = [[printable(c) for c in r] for r in rows]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
 
 def stream_line(ev: Any) -> dict[str, Any]:

@@ -79,8 +79,8 @@ def parser(daemon: Sequence[AddParsers] = ()) -> argparse.ArgumentParser:
     return p
 
 
-def command_word(argv: list[str]) -> str | None:
-    """The subcommand named in `argv`, if it comes right after the global options."""
+def command_at(argv: list[str]) -> int | None:
+    """Where the subcommand is named in `argv`, if it comes right after the global options."""
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -89,34 +89,53 @@ def command_word(argv: list[str]) -> str | None:
         elif a.startswith("--home="):
             i += 1
         else:
-            return None if a.startswith("-") else a
+            return None if a.startswith("-") else i
     return None
+
+
+def command_word(argv: list[str]) -> str | None:
+    """The subcommand named in `argv`, if it comes right after the global options."""
+    at = command_at(argv)
+    return None if at is None else argv[at]
 
 
 def parse(argv: list[str] | None = None, daemon: Sequence[AddParsers] = ()) -> argparse.Namespace:
     """`mind exec` is the command people run in loops and scripts: it is parsed by a parser that
     knows only it (the same definition, mind/cli/exec.py), so its start does not pay for building,
     and importing what builds, every other command's options. Anything else gets the full parser.
-    A command that reads more than argparse can say (`mind exec HAND -- CMD`) finishes the
-    namespace in its `resolve(args, words, unrecognized)`."""
+    `mind exec HAND CMD ARGS...` takes its command as ssh does, options and all, which argparse
+    cannot say: its words are split first (`exec.split_command`: ours, then the command's tail) and
+    only ours are parsed. A command that reads more than argparse can say finishes the namespace in
+    its `resolve(args, tail, unrecognized)`."""
     words = sys.argv[1:] if argv is None else list(argv)
-    if command_word(words) in FAST:
+    at = command_at(words)
+    tail: list[str] | None = None
+    if at is not None and words[at] in FAST:
         from mind.cli import exec
 
         p, sub = top_parser()
         exec.add_parsers(sub)
+        words, tail = exec.split_command(sub, words, at)
     else:
         p = parser(daemon)
     args, extra = p.parse_known_args(words)
     resolve = getattr(args, "resolve", None)
     if resolve is not None:
-        resolve(args, words, extra)
+        resolve(args, tail, extra)
     elif extra:
         p.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
 
 
 def run(args: argparse.Namespace) -> int:
-    """The parsed command's handler: its exit code (None from a daemon command: 0)."""
-    code: int | None = args.handler(args)
+    """The parsed command's handler: its exit code (None from a daemon command: 0). A daemon command
+    that fails raises `CommandFailed` rather than calling `die` (it may not import the CLI): said here
+    as `die` says a client command's failure, `--json` included."""
+    from mind.cli.exits import die
+    from mind.commandline import CommandFailed
+
+    try:
+        code: int | None = args.handler(args)
+    except CommandFailed as exc:
+        die(exc.message, exc.code)
     return code or 0

@@ -32,11 +32,11 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument("--tls-key", metavar="FILE", help="with --listen: the certificate's private key (PEM)")
     sp.add_argument(
         "--keep",
-        type=float,
+        type=options.duration,
         default=3600.0,
-        metavar="SECONDS",
-        help="when this server ends, runs still going are kept unattended this long (default 3600; "
-        "the Mind caps it with --keep-max)",
+        metavar="DURATION",
+        help="when this server ends, runs still going are kept unattended this long (e.g. 30m, 2h; default "
+        "1h; the Mind caps it with --keep-max)",
     )
     sp.set_defaults(handler=run)
 
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         print("mind: --tls-cert and --tls-key go together", file=sys.stderr)
         return EXIT_USAGE
     if args.keep <= 0:
-        print("mind: --keep must be a positive number of seconds", file=sys.stderr)
+        print("mind: --keep must be more than 0 (e.g. 30m, 2h)", file=sys.stderr)
         return EXIT_USAGE
     from mind.mcp.server import main
 

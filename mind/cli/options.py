@@ -1,6 +1,7 @@
 """The options several `mind` commands share, each defined once, and the help formatters. A command
 module (mind/cli/exec.py, task.py, ...) builds its parser from these, so `--env` or `--mind` cannot
-mean one thing to `mind exec` and another to `mind task start`."""
+mean one thing to `mind exec` and another to `mind task start`. The two the daemon's commands take
+too (`--json`, `--label`) are defined below both sides, in mind/commandline.py, and named here as well."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import argparse
 import os
 import sys
 from typing import Any
+
+# defined below both sides (mind/commandline.py): the daemon's commands take them too
+from mind.commandline import json_output as json_output
+from mind.commandline import labels as labels
 
 EXEC_TIMEOUT_S = 3600.0
 """`mind exec`'s default deadline. ssh has none; ours kills the command's tree when it passes and says
@@ -62,20 +67,32 @@ def connection(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--pin", help="require the Mind's certificate to be sha256:HEX (default $MINDHAND_PIN)")
 
 
-def json_output(sp: argparse.ArgumentParser | Any, help: str | None = None) -> None:
-    """`--json`: one JSON document on stdout instead of the human output (errors too: mind/main.py)."""
-    sp.add_argument("--json", action="store_true", help=help or "print JSON instead of a table or text")
-
-
 def hand(sp: argparse.ArgumentParser | Any, required: bool = True, help: str = "the Hand's name") -> None:
     sp.add_argument("--hand", required=required, help=help)
 
 
+def duration(text: str) -> float:
+    """The `type` of every duration option (`--timeout`, `--grace`, `--keep`, ...): seconds from
+    `90`, `90s`, `5m`, `2h`, `1.5h`, by the one parser the daemons' settings use too
+    (`protocol.units`), so no option wants "a number" where its neighbour takes `5m`. 0 is a value
+    here; whether an option accepts it is the option's own check."""
+    from protocol.units import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def timeout(sp: argparse.ArgumentParser, default: float, what: str) -> None:
-    """`--timeout SECONDS` for a request or a run; `what` says what happens when it passes."""
+    """`--timeout DURATION` for a request or a run; `what` says what happens when it passes."""
     hours = f", {default / 3600:g} h" if default >= 3600 else ""
     sp.add_argument(
-        "--timeout", type=float, default=default, help=f"seconds before {what} (default {default:g}{hours})"
+        "--timeout",
+        type=duration,
+        default=default,
+        metavar="DURATION",
+        help=f"time before {what} (e.g. 90, 90s, 5m, 2h; default {default:g} s{hours})",
     )
 
 
@@ -121,7 +138,3 @@ def fleet(sp: argparse.ArgumentParser) -> None:
     g.add_argument("--fail-fast", action="store_true", help="a budget of 0, and runs in flight are cancelled")
     g.add_argument("--group", action="store_true", help="print each Hand's output together when it ends")
     g.add_argument("--dry-run", action="store_true", help="print the selection; run nothing")
-
-
-def labels(sp: argparse.ArgumentParser, help: str) -> None:
-    sp.add_argument("--label", dest="labels", action="append", default=[], metavar="K=V", help=help)

@@ -1,8 +1,9 @@
 """`mind task ...`: background tasks from the command line.
 
 Exit codes: 0 when the request did what it says (including "the Hand is offline, here is the stale
-snapshot" and "cancel recorded for delivery"); 125 refused / unknown task / Hand offline for logs;
-255 when a start's outcome is unknown (sent, no answer); 2 bad usage.
+snapshot" and "cancel recorded for delivery"); 125 refused (an unknown task, the Hand offline for
+`logs` and `rm`, `rm` of a task that has not ended); 255 when a start's outcome is unknown (sent, no
+answer); 2 bad usage.
 
 `mind task wait ID` and `mind task logs ID --follow` end with the TASK's outcome instead (issue 14),
 by the table of `mind exec` (`mind.cli.exits.task_exit_code`), so `mind task wait ID && deploy`
@@ -170,7 +171,7 @@ to the Mind's resume window (60 s if it has none), then gives up with 125."""
 
 
 def add_parsers(sub: Any) -> None:
-    t = options.command(sub, "task", help="durable background tasks: start, get, logs, wait, cancel, list")
+    t = options.command(sub, "task", help="durable background tasks: start, get, logs, wait, cancel, rm, list")
     ts = t.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     def action(name: str, help: str, handler: Any, **kwargs: Any) -> argparse.ArgumentParser:
@@ -186,7 +187,10 @@ def add_parsers(sub: Any) -> None:
     options.max_concurrency(st, "with --hands: starts at a time")
     st.add_argument("--id", dest="task_id", help="name the task (retrying the same start is then safe)")
     st.add_argument(
-        "--max-runtime", default="24h", help="the Hand kills it after this long (e.g. 90s, 30m, 2h; max 24h)"
+        "--max-runtime",
+        default="24h",
+        metavar="DURATION",
+        help="the Hand kills it after this long (e.g. 90s, 30m, 2h; max 24h)",
     )
     options.place(st)
     options.json_output(st)
@@ -228,7 +232,25 @@ def add_parsers(sub: Any) -> None:
     tc = action("cancel", "request a cancel, then wait for the authoritative end", cancel)
     tc.add_argument("task_id")
     tc.add_argument("--no-wait", action="store_true", help="return after the request is acknowledged")
-    tc.add_argument("--wait-timeout", type=float, default=60.0, help="seconds to wait for the end (default 60)")
+    tc.add_argument(
+        "--wait-timeout",
+        type=options.duration,
+        default=60.0,
+        metavar="DURATION",
+        help="how long to wait for the end (e.g. 90s, 5m; default 60 s)",
+    )
+
+    tr = action(
+        "rm",
+        "forget a finished task: its record and log on the Hand, and the Mind's snapshot",
+        remove,
+        description="Remove a task that has ended (succeeded, failed, cancelled, timed_out, lost): its row and "
+        "its log files on the Hand, then the Mind's snapshot, so it no longer counts against the Hand's "
+        "--max-retained-tasks. A task still queued or running is refused (cancel it first); its Hand must be "
+        "connected, since the record and the log live there. Exit 0 once removed, 125 when refused.",
+    )
+    tr.add_argument("task_id", type=_task_id)
+    options.json_output(tr)
 
     tli = action("list", "tasks the Mind knows (with staleness)", list_)
     options.hand(tli, required=False, help="only this Hand's tasks")
@@ -499,6 +521,44 @@ async def cancel(client: MindClient, args: argparse.Namespace) -> int:
                 status.show(f"waiting for task {args.task_id} to end: {v.state.value}{stale}... {elapsed(waited)}")
             await asyncio.sleep(0.2)
     print(f"mind: task {args.task_id} has not ended yet; `mind task get {args.task_id}` will tell", file=sys.stderr)
+    return 0
+
+
+def _task_id(text: str) -> str:
+    """A task id as the wire takes it, checked before connecting: a typo is a usage error (2)."""
+    if not limits.ID_RE.match(text):
+        raise argparse.ArgumentTypeError(
+            f"{printable(text)!r} is not a task id (1-128 of A-Z a-z 0-9 . _ - , starting with a letter or digit)"
+        )
+    return text
+
+
+async def remove(client: MindClient, args: argparse.Namespace) -> int:
+    """`mind task rm ID`: what went, on stdout (`--json`: one object). A refusal (unknown task, not
+    ended, Hand offline) is the Mind's or the Hand's sentence and 125, as every refused request."""
+    gone = await client.task_remove(args.task_id)
+    info = gone.task
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "task_id": gone.task_id,
+                    "hand": gone.hand,
+                    "removed": True,
+                    "state": info.state.value if info else None,
+                    "exit_code": info.exit_code if info else None,
+                    "log_bytes": info.log_bytes if info else None,
+                }
+            )
+        )
+        return 0
+    if info is None:
+        print(
+            f"task {gone.task_id} removed (hand {gone.hand!r} had already forgotten it; the Mind's record is gone too)"
+        )
+        return 0
+    how = info.state.value + (f", exit code {info.exit_code}" if info.exit_code is not None else "")
+    print(f"task {gone.task_id} removed from hand {gone.hand!r} ({how}; its log of {info.log_bytes} bytes is gone)")
     return 0
 
 

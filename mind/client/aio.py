@@ -78,6 +78,8 @@ from protocol.messages import (
     TaskListResult,
     TaskLogPage,
     TaskLogs,
+    TaskRemoved,
+    TaskRemoveRequest,
     TaskStart,
     TaskStartResult,
     TaskView,
@@ -669,6 +671,13 @@ class MindClient:
 
     async def task_cancel(self, task_id: str) -> TaskCancelReply:
         return await self._ask(TaskCancelRequest(task_id=task_id), TaskCancelReply)
+
+    async def task_remove(self, task_id: str) -> TaskRemoved:
+        """Forget a finished task: its row and log on its Hand, then the Mind's snapshot, so it no
+        longer counts against the Hand's retention quota. `ClientError` if it may not go: code
+        `unknown_task`, `not_allowed` (it has not ended: cancel it first), `hand_offline` (its
+        Hand must be connected: the row and the log live there)."""
+        return await self._ask(TaskRemoveRequest(task_id=task_id), TaskRemoved)
 
     async def task_list(
         self, hand: str | None = None, state: TaskState | None = None, limit: int = 1000

@@ -8,7 +8,10 @@ Mind the same way and say the same thing when they refuse. So each step is here 
   1.2, hostname; a pin alone trusts the pinned certificate), its refusals as `ClientError(ClientCode.CONFIG)`;
 - `check_pin`: right after the TLS handshake, before the credential is used at all;
 - `unreachable` and `verification_failed`: the sentences for a Mind that cannot be reached or
-  failed certificate verification.
+  failed certificate verification;
+- `locate`: where a client started from a command line finds the Mind and its credential (the `mind`
+  commands and `mind mcp` alike: here, in the client library, because the MCP server may not import
+  the CLI that starts it).
 
 `protocol.io.tls` (and `ssl` with it) is imported only when a URL is `wss://` or a CA or pin is
 given: a `mind exec` over `ws://` never pays for it.
@@ -97,3 +100,38 @@ def verification_failed(url: str, exc: ssl.SSLCertVerificationError) -> ClientEr
 
 def unreachable(url: str, why: object) -> ClientError:
     return ClientError(ClientCode.UNREACHABLE, f"cannot reach the Mind at {url}: {why}")
+
+
+def locate(
+    home: str | None, urls: list[str] | None, credential: str | None, ca: str | None, pin: str | None
+) -> tuple[str, str, str | None, str | None]:
+    """URL, credential file, CA file and pin of a client started from a command line: each value
+    given (`--mind`, repeatable, `--credential`, `--ca`, `--pin`), else its `MINDHAND_*` variable,
+    else the local Mind's files in `home` (`--home`): its `mind.url`, `admin.cred`, and for a local
+    `wss://` Mind with no CA or pin given, the pin of its own certificate. No URL anywhere:
+    `ClientError(ClientCode.CONFIG)` saying where to give one."""
+    import os
+
+    from mind import home as paths
+
+    where = paths.home(home)
+    local = False
+    url = ",".join(urls) if urls else os.environ.get("MINDHAND_URL")
+    if not url:
+        try:
+            url = paths.url_file(where).read_text().strip()
+            local = True
+        except OSError:
+            raise ClientError(
+                ClientCode.CONFIG,
+                f"no Mind URL: pass --mind URL, set MINDHAND_URL, or start `mind serve` (looked in {paths.url_file(where)})",
+            ) from None
+    cred = credential or os.environ.get("MINDHAND_CREDENTIAL") or str(paths.admin_cred_file(where))
+    ca = ca or os.environ.get("MINDHAND_CA")
+    pin = pin or os.environ.get("MINDHAND_PIN")
+    if local and not ca and not pin and url.startswith("wss://"):
+        try:
+            pin = paths.pin_file(where).read_text().strip()
+        except OSError:
+            pass
+    return url, cred, ca, pin

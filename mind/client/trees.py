@@ -551,10 +551,38 @@ async def download_tree(
     on_progress: Progress | None = None,
 ) -> TreeResult:
     """Copy the directory `remote` on `hand` to the local `local` (made if missing) as one listing
-    and one run (or a few, for a very long list); entries not copied are told to `fail`."""
+    and one run (or a few, for a very long list); entries not copied are told to `fail`.
+    In the order a tree must be made: the listing judged (`_remote_plan`), the directories
+    (`_make_dirs`), the files, retried across cuts (`_fetch_files`), then links and the
+    directories' modes and times (`_finish_tree`), and one flush."""
     started = time.monotonic()
     link = _Link(mc, reconnect)
     shown = f"{hand}:{remote}"
+    plan = await _remote_plan(link, hand, remote, checksum, shown)
+    for path, why in plan.refused:
+        fail(f"{hand}:{posixpath.join(remote, path)}", why)
+    try:
+        top = localfs.LocalTree(local)
+    except localfs.LocalRefused as exc:
+        raise CopyError(ClientCode.LOCAL, exc.message) from None
+    result = TreeResult(path=local, files=len(plan.files), attempts=0)
+    with top:
+        made = _make_dirs(top, plan.dirs, hand, remote, fail)
+        files = [e for e in plan.files if "/".join(e["path"].split("/")[:-1]) in made]
+        failed = await _fetch_files(
+            link, hand, remote, top, files, result, preserve, checksum, shown, fail, attempts, on_progress
+        )
+        _finish_tree(top, plan, made, hand, remote, preserve, fail)
+        if result.sent:  # one flush for the whole tree (nothing written: nothing to flush)
+            await asyncio.to_thread(_sync, top.top)
+    result.failed = failed + len(plan.refused)
+    result.duration_s = time.monotonic() - started
+    return result
+
+
+async def _remote_plan(link: _Link, hand: str, remote: str, checksum: bool, shown: str) -> rules.TreePlan:
+    """The first `list_tree` of `remote`, judged by `protocol.copy.plan_tree`: a malformed listing
+    ends the copy before anything local is made."""
     try:
         end = await link.mc.exec(
             hand, "list_tree", {"path": remote, **({"sha256": True} if checksum else {})}, timeout=60
@@ -566,92 +594,116 @@ async def download_tree(
     entries = end.value.get("entries") if isinstance(end.value, dict) else None
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise CopyError(ClientCode.FAILED, f"{shown}: refused: the Hand's listing is malformed")
-    plan = rules.plan_tree(entries)
-    for path, why in plan.refused:
-        fail(f"{hand}:{posixpath.join(remote, path)}", why)
-    try:
-        top = localfs.LocalTree(local)
-    except localfs.LocalRefused as exc:
-        raise CopyError(ClientCode.LOCAL, exc.message) from None
-    result = TreeResult(path=local, files=len(plan.files), attempts=0)
-    with top:
-        made: set[str] = {""}
-        for e in plan.dirs:
-            parts = e["path"].split("/")
-            if "/".join(parts[:-1]) not in made:
-                continue  # its parent failed (said once)
+    return rules.plan_tree(entries)
+
+
+def _make_dirs(top: localfs.LocalTree, dirs: list[dict[str, Any]], hand: str, remote: str, fail: Fail) -> set[str]:
+    """The directories (parents first) made below `top`: the relative paths made, "" for the top.
+    One that cannot be made is told to `fail` once, and nothing below it is attempted."""
+    made: set[str] = {""}
+    for e in dirs:
+        parts = e["path"].split("/")
+        if "/".join(parts[:-1]) not in made:
+            continue  # its parent failed (said once)
+        try:
+            top.make_dir(parts)
+            made.add(e["path"])
+        except localfs.LocalRefused as exc:
+            fail(f"{hand}:{posixpath.join(remote, e['path'])}", exc.message)
+    return made
+
+
+async def _fetch_files(
+    link: _Link,
+    hand: str,
+    remote: str,
+    top: localfs.LocalTree,
+    files: list[dict[str, Any]],
+    result: TreeResult,
+    preserve: bool,
+    checksum: bool,
+    shown: str,
+    fail: Fail,
+    attempts: int,
+    on_progress: Progress | None,
+) -> int:
+    """The files that differ, fetched in `get_file` runs; after a cut, listed again and compared
+    by digest, so only what did not arrive whole is asked again. Answers how many were not copied."""
+    by_digest = checksum
+    first = True
+    failed = 0
+    for attempt in range(1, attempts + 1):
+        result.attempts = attempt
+        if not first:
             try:
-                top.make_dir(parts)
-                made.add(e["path"])
-            except localfs.LocalRefused as exc:
-                fail(f"{hand}:{posixpath.join(remote, e['path'])}", exc.message)
-        files = [e for e in plan.files if "/".join(e["path"].split("/")[:-1]) in made]
-        by_digest = checksum
-        first = True
-        failed = 0
-        for attempt in range(1, attempts + 1):
-            result.attempts = attempt
-            if not first:
-                try:
-                    fresh = await _listing(link.mc, hand, remote, True) or {}
-                except CopyError as exc:
-                    if _away(exc) and attempt < attempts:
-                        await _pause(attempt)
-                        continue
-                    raise
-                except ClientError as exc:
-                    if attempt < attempts and await link.recover(exc):
-                        await _pause(attempt)
-                        continue
-                    raise CopyError(ClientCode.LOST, f"cannot copy from {hand}: {exc.message}") from None
-                files = [fresh.get(e["path"], e) for e in files]
-            todo = await asyncio.to_thread(_differ_down, top, files, by_digest)
-            wanted = set(todo)
-            sizes = sum(int(e.get("size") or 0) for e in files if e["path"] in wanted)
-            if first:
-                result.skipped = len(files) - len(todo)
-                first = False
-            failures: list[tuple[str, str]] = []
-            try:
-                end_ = await _get_batches(
-                    link.mc, hand, remote, top, todo, preserve, shown, _collect(failures), result, on_progress, sizes
-                )
-            except CopyError:
+                fresh = await _listing(link.mc, hand, remote, True) or {}
+            except CopyError as exc:
+                if _away(exc) and attempt < attempts:
+                    await _pause(attempt)
+                    continue
                 raise
             except ClientError as exc:
                 if attempt < attempts and await link.recover(exc):
                     await _pause(attempt)
-                    by_digest = True
                     continue
                 raise CopyError(ClientCode.LOST, f"cannot copy from {hand}: {exc.message}") from None
-            if end_ is None or end_.state is RunState.SUCCEEDED:
-                for what, why in failures:
-                    fail(what, why)
-                failed = len(failures)
-                break
-            if not _retryable(end_) or attempt == attempts:
-                raise failure(end_)
-            by_digest = True
-            await _pause(attempt)
-        for e in plan.links:
-            parts = e["path"].split("/")
-            if "/".join(parts[:-1]) in made:
+            files = [fresh.get(e["path"], e) for e in files]
+        todo = await asyncio.to_thread(_differ_down, top, files, by_digest)
+        wanted = set(todo)
+        sizes = sum(int(e.get("size") or 0) for e in files if e["path"] in wanted)
+        if first:
+            result.skipped = len(files) - len(todo)
+            first = False
+        failures: list[tuple[str, str]] = []
+        try:
+            end_ = await _get_batches(
+                link.mc, hand, remote, top, todo, preserve, shown, _collect(failures), result, on_progress, sizes
+            )
+        except CopyError:
+            raise
+        except ClientError as exc:
+            if attempt < attempts and await link.recover(exc):
+                await _pause(attempt)
+                by_digest = True
+                continue
+            raise CopyError(ClientCode.LOST, f"cannot copy from {hand}: {exc.message}") from None
+        if end_ is None or end_.state is RunState.SUCCEEDED:
+            for what, why in failures:
+                fail(what, why)
+            failed = len(failures)
+            break
+        if not _retryable(end_) or attempt == attempts:
+            raise failure(end_)
+        by_digest = True
+        await _pause(attempt)
+    return failed
+
+
+def _finish_tree(
+    top: localfs.LocalTree,
+    plan: rules.TreePlan,
+    made: set[str],
+    hand: str,
+    remote: str,
+    preserve: bool,
+    fail: Fail,
+) -> None:
+    """The links, once every file is in place, then (with `preserve`) the directories' modes and
+    times, deepest first: writing into a directory changes its time."""
+    for e in plan.links:
+        parts = e["path"].split("/")
+        if "/".join(parts[:-1]) in made:
+            try:
+                top.make_link(parts, str(e.get("target") or ""))
+            except localfs.LocalRefused as exc:
+                fail(f"{hand}:{posixpath.join(remote, e['path'])}", exc.message)
+    if preserve:
+        for e in reversed(plan.dirs):
+            if e["path"] in made:
                 try:
-                    top.make_link(parts, str(e.get("target") or ""))
+                    top.set_mode_time(e["path"].split("/"), e.get("mode"), e.get("mtime"))
                 except localfs.LocalRefused as exc:
                     fail(f"{hand}:{posixpath.join(remote, e['path'])}", exc.message)
-        if preserve:  # modes and times last: writing into a directory changes its time
-            for e in reversed(plan.dirs):
-                if e["path"] in made:
-                    try:
-                        top.set_mode_time(e["path"].split("/"), e.get("mode"), e.get("mtime"))
-                    except localfs.LocalRefused as exc:
-                        fail(f"{hand}:{posixpath.join(remote, e['path'])}", exc.message)
-        if result.sent:  # one flush for the whole tree (nothing written: nothing to flush)
-            await asyncio.to_thread(_sync, top.top)
-    result.failed = failed + len(plan.refused)
-    result.duration_s = time.monotonic() - started
-    return result
 
 
 def _collect(into: list[tuple[str, str]]) -> Fail:

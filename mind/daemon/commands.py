@@ -1,7 +1,10 @@
 """The daemon side of the `mind` command: `mind serve` and the local credential admin
 (`mind hand add`, `mind client rotate`, ...), which open the Mind's own database: their parsers
 (`add_parsers`, the shape of every command module in mind/cli) and what they do. The client
-commands never import this module (tests/layout); `mind.main` adds these parsers to theirs."""
+commands never import this module, nor this module theirs (tests/layout); `mind.main` adds these
+parsers to theirs. What both sides share (`--json`, `--label`, tables, times, the settings file's
+help) sits below both (mind/commandline.py, mind/config.py); a failure is `fail`, which
+`mind.cli.main.run` says as the CLI's `die` would."""
 
 from __future__ import annotations
 
@@ -10,11 +13,9 @@ import json
 import sys
 from typing import Any
 
-from mind.cli import options
-from mind.cli.config import FILE_HELP
-from mind.cli.exits import EXIT_USAGE, die
-from mind.cli.formatting import table, timestamp
-from mind.config import settings_source
+from mind import commandline
+from mind.commandline import EXIT_USAGE, fail, table, timestamp
+from mind.config import FILE_HELP, settings_source
 from mind.core.nodes import NODE_LABEL
 
 
@@ -44,7 +45,7 @@ def _add_role(sub: Any, role: str) -> None:
     a.add_argument("name")
     a.add_argument("--out", help=out_help)
     if role == "hand":
-        options.labels(a, "a label fleet selectors match (`--hands role=web`); repeatable")
+        commandline.labels(a, "a label fleet selectors match (`--hands role=web`); repeatable")
     if role == "client":
         a.add_argument("--hands", help="Hands it may use: names or globs, comma-separated (default: all)")
         a.add_argument("--tools", help="tools it may use: names or globs, comma-separated (default: all)")
@@ -54,7 +55,7 @@ def _add_role(sub: Any, role: str) -> None:
             help="may read and cancel other clients' runs and tasks (default: its own only)",
         )
     ls = rs.add_parser("list", help=f"list {role} credentials")
-    options.json_output(ls)
+    commandline.json_output(ls)
     rv = rs.add_parser("revoke", help=f"revoke a {role} credential; its live connections are closed at once")
     rv.add_argument("name")
     ro = rs.add_parser("rotate", help=f"give a {role} a new secret (printed once); the old one stops working at once")
@@ -103,7 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
             missing, given = ("tls_key", "tls_cert") if s["tls_cert"] else ("tls_cert", "tls_key")
             raise s.fail(given, f"needs {missing} too (--tls-cert and --tls-key go together)")
     except ConfigError as exc:
-        die(str(exc), EXIT_USAGE)
+        fail(str(exc), EXIT_USAGE)
     host, _, port_text = s["listen"].rpartition(":")
     host, port = host.strip("[]"), int(port_text)
     try:
@@ -111,16 +112,16 @@ def cmd_serve(args: argparse.Namespace) -> None:
         stream = logs.ReopeningFile(s["log_file"]) if s["log_file"] else None
         logs.configure(s["log_format"], s["log_level"], stream=stream, audit=audit)
     except ValueError as exc:
-        die(str(exc), EXIT_USAGE)
+        fail(str(exc), EXIT_USAGE)
     except OSError as exc:
-        die(f"cannot open the audit log in {home}: {exc.strerror}", 1)
+        fail(f"cannot open the audit log in {home}: {exc.strerror}", 1)
     if s["tls_cert"]:
         from protocol.io.tls import TLSConfigError, server_context
 
         try:
             server_context(s["tls_cert"], s["tls_key"])
         except TLSConfigError as exc:
-            die(str(exc), EXIT_USAGE)
+            fail(str(exc), EXIT_USAGE)
     elif host not in ("127.0.0.1", "::1", "localhost"):
         print(
             f"mind: WARNING: serving {host} without TLS: anyone on the network path can read and alter "
@@ -148,13 +149,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     try:
         mind = Mind(cfg)
     except Exception as exc:  # one clear line for a bad state dir or database
-        die(f"cannot open state in {home}: {exc}", 1)
+        fail(f"cannot open state in {home}: {exc}", 1)
     try:
         asyncio.run(mind.run(reload=_reloader(source, s)))
     except CannotOpen as exc:  # the home, or the shared database (unreachable, schema too new)
-        die(str(exc), exc.code)
+        fail(str(exc), exc.code)
     except OSError as exc:
-        die(f"cannot listen on {host}:{port}: {exc.strerror or exc}", 1)
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", 1)
     finally:
         audit.close()  # writes the counts of repeated refusals not yet written
 
@@ -195,7 +196,7 @@ def cmd_credentials(args: argparse.Namespace) -> None:
                 paths.write_private(_path(args.out), cred.token() + "\n")
             except OSError as exc:
                 print(cred.token(), flush=True)
-                die(
+                fail(
                     f"the credential was {verb.split(' ')[0]} and is shown above, but --out {args.out} could not be "
                     f"written: {exc.strerror or exc}",
                     1,
@@ -209,7 +210,7 @@ def cmd_credentials(args: argparse.Namespace) -> None:
 
     if args.cmd == "client" and args.action in ("add", "rotate") and getattr(args, "name", None) == NODE_LABEL:
         # its secret must never be in a file: whoever holds it may act for any client (DESIGN §16)
-        die(f"{NODE_LABEL!r} is the Mind nodes' own credential: the nodes make it and never write it out", EXIT_USAGE)
+        fail(f"{NODE_LABEL!r} is the Mind nodes' own credential: the nodes make it and never write it out", EXIT_USAGE)
 
     if getattr(args, "out", None) and args.action in ("add", "rotate"):
         _check_out(args.out)
@@ -230,12 +231,12 @@ def cmd_credentials(args: argparse.Namespace) -> None:
                         read_others=args.read_others,
                     ).to_json()
                 except ValueError as exc:
-                    die(str(exc), EXIT_USAGE)
+                    fail(str(exc), EXIT_USAGE)
             labels = _labels(getattr(args, "labels", None) or [])
             try:
                 cred = store.add(args.cmd, args.name, scope, labels)
             except StoreError as exc:
-                die(str(exc), 1)
+                fail(str(exc), 1)
             audit("add")
             show(cred, "created")
         elif args.action == "label":
@@ -244,20 +245,20 @@ def cmd_credentials(args: argparse.Namespace) -> None:
             try:
                 set_, remove = parse_label_edits(args.edits)
             except SelectorError as exc:
-                die(str(exc), EXIT_USAGE)
+                fail(str(exc), EXIT_USAGE)
             try:
                 now = store.set_labels(args.cmd, args.name, set_, remove)
             except StoreError as exc:
-                die(str(exc), 1)
+                fail(str(exc), 1)
             if now is None:
-                die(f"no active {args.cmd} named {args.name!r}", 1)
+                fail(f"no active {args.cmd} named {args.name!r}", 1)
             audit("label")
             shown = ",".join(f"{k}={v}" for k, v in now.items()) or "(none)"
             print(f"{args.cmd} {args.name!r} labels: {shown}")
         elif args.action == "rotate":
             rotated = store.rotate(args.cmd, args.name)
             if rotated is None:
-                die(f"no active {args.cmd} named {args.name!r}", 1)
+                fail(f"no active {args.cmd} named {args.name!r}", 1)
             audit("rotate")
             if args.cmd == "client" and args.name == "admin":
                 paths.write_private(
@@ -289,7 +290,7 @@ def cmd_credentials(args: argparse.Namespace) -> None:
                 )
         elif args.action == "revoke":
             if not store.revoke(args.cmd, args.name):
-                die(f"no active {args.cmd} named {args.name!r}", 1)
+                fail(f"no active {args.cmd} named {args.name!r}", 1)
             audit("revoke")
             print(f"revoked {args.cmd} {args.name!r}; it can no longer connect, and its live connections are closed")
     finally:
@@ -308,7 +309,7 @@ def _open_credentials(args: argparse.Namespace, home: Any) -> Any:
     try:
         database = database_setting(args)
     except ConfigError as exc:
-        die(str(exc), EXIT_USAGE)
+        fail(str(exc), EXIT_USAGE)
     if not database:
         return Store(paths.db_path(home))
     from mind.store.engines import BlockingCredentials
@@ -316,7 +317,7 @@ def _open_credentials(args: argparse.Namespace, home: Any) -> Any:
     try:
         return BlockingCredentials(home, database)
     except (StoreUnavailable, SchemaTooNew) as exc:
-        die(str(exc), 1)
+        fail(str(exc), 1)
 
 
 def _check_out(out: str) -> None:
@@ -329,18 +330,18 @@ def _check_out(out: str) -> None:
 
     path = _path(out)
     if path.is_dir() and not path.is_symlink():  # a planted link is replaced, never followed (issue 13)
-        die(f"--out {out} is a directory: give the file to write; nothing was created", EXIT_USAGE)
+        fail(f"--out {out} is a directory: give the file to write; nothing was created", EXIT_USAGE)
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        die(f"--out {out}: {parent} is not a directory; nothing was created", EXIT_USAGE)
+        fail(f"--out {out}: {parent} is not a directory; nothing was created", EXIT_USAGE)
     probe = parent / f".{path.name}.{secrets.token_hex(6)}.probe"
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
         os.unlink(probe)
     except OSError as exc:
-        die(f"cannot write --out {out} (in {parent}: {exc.strerror or exc}); nothing was created", EXIT_USAGE)
+        fail(f"cannot write --out {out} (in {parent}: {exc.strerror or exc}); nothing was created", EXIT_USAGE)
 
 
 def _path(p: str):
@@ -358,6 +359,6 @@ def _labels(items: list[str]) -> dict[str, str] | None:
         try:
             k, v = parse_label(item)
         except SelectorError as exc:
-            die(str(exc), EXIT_USAGE)
+            fail(str(exc), EXIT_USAGE)
         out[k] = v
     return out or None

@@ -1,10 +1,11 @@
-"""The Mind's side of background tasks: starts, queries, cancels and the reconciliation pass.
+"""The Mind's side of background tasks: starts, queries, cancels, removals and the reconciliation pass.
 
 The asyncio glue around `mind/core/taskstart.py` (how a start is decided), `mind/core/snapshots.py`
 (the rules of a snapshot) and `mind/store/snapshots.py` (the table): it performs each step of a
 start, asks the Hand when the Hand is connected (the authority), answers from the snapshot when it
-is not (saying so: `stale`, `last_synced_at`), records cancels for later delivery, and realigns
-every snapshot of a Hand after each `welcome`.
+is not (saying so: `stale`, `last_synced_at`), records cancels for later delivery, removes finished
+tasks on request (`mind task rm`: the Hand's row and log, then the snapshot), and realigns every
+snapshot of a Hand after each `welcome`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ from protocol.messages import (
     TaskListResult,
     TaskLogPage,
     TaskLogs,
+    TaskRemove,
+    TaskRemoved,
+    TaskRemoveRequest,
     TaskStart,
     TaskStatus,
 )
@@ -156,13 +160,20 @@ class TaskService:
         )
         await self._drive(start, step)
 
-    def _relay_needed(self, hand: str, req: TaskStart | TaskGet | TaskLogs | TaskCancelRequest) -> bool:
+    def _relay_needed(
+        self, hand: str, req: TaskStart | TaskGet | TaskLogs | TaskCancelRequest | TaskRemoveRequest
+    ) -> bool:
         """A request for a Hand not connected here, not itself relayed, on a node that routes."""
         m = self.mind
         return m.router is not None and req.on_behalf_of is None and hand not in m.hands
 
     async def _relay(
-        self, peer: Peer, id_: str, req: TaskStart | TaskGet | TaskLogs | TaskCancelRequest, me: str, hand: str
+        self,
+        peer: Peer,
+        id_: str,
+        req: TaskStart | TaskGet | TaskLogs | TaskCancelRequest | TaskRemoveRequest,
+        me: str,
+        hand: str,
     ) -> bool:
         """Send `req` for `me` to the live node holding `hand` (its answer goes to the client as
         it comes). False: no other live node holds it (served here from the shared snapshot)."""
@@ -390,6 +401,68 @@ class TaskService:
             TaskCancelReply(task_id=req.task_id, status=TaskCancelStatus.PENDING_DELIVERY, view=snap.view()), id_
         )
 
+    # --- remove ---
+
+    async def remove(self, peer: Peer, id_: str, req: TaskRemoveRequest) -> None:
+        """`mind task rm`: forget a finished task on its Hand (its row and its log: the authority
+        first, `TaskRemove`), then here (its snapshot), so it no longer counts against the Hand's
+        retention quota; audited on both sides. The Hand decides whether it may go (only once it
+        has ended and its outcome is on disk) and its refusal is the answer. Its Hand must be
+        connected (through any node): the row and the log live there, and removing only the
+        snapshot would be undone by the next reconciliation, which adopts the row back. A Hand
+        that no longer has the task (retention forgot it, or an earlier removal's answer was
+        lost) leaves only the snapshot to remove."""
+        m = self.mind
+        me = _me(peer, req)
+        snap = await self._visible(peer, id_, req.task_id, "remove", me)
+        if snap is None:
+            return
+        if self._relay_needed(snap.hand, req) and await self._relay(peer, id_, req, me, snap.hand):
+            return  # its Hand's node asks the Hand
+        if snap.start_pending:
+            why = f"task {req.task_id} is still being started on hand {snap.hand!r}: nothing was removed"
+            peer.outbox.put(Error(code=ErrorCode.NOT_ALLOWED, message=why), id_)
+            return
+        live = m.hands.get(snap.hand)
+        if live is None:
+            why = (
+                f"hand {snap.hand!r} is offline: task {req.task_id}'s record and log live on the hand, so nothing "
+                "was removed; remove it once the hand reconnects"
+            )
+            peer.outbox.put(Error(code=ErrorCode.HAND_OFFLINE, message=why), id_)
+            return
+        try:
+            reply = await m.ask(live, TaskRemove(task_id=req.task_id), ASK_TIMEOUT_S)
+        except (TimeoutError, ConnectionError) as exc:
+            code = ErrorCode.HAND_TIMEOUT if isinstance(exc, TimeoutError) else ErrorCode.HAND_OFFLINE
+            why = (
+                f"hand {snap.hand!r} did not answer: {exc or 'timeout'}; whether it removed task {req.task_id} is "
+                f"not known here (`mind task rm {req.task_id}` again is safe)"
+            )
+            peer.outbox.put(Error(code=code, message=why), id_)
+            return
+        if isinstance(reply, TaskInfo) and reply.task_id == req.task_id:
+            removed: TaskInfo | None = reply
+        elif isinstance(reply, Error) and reply.code is ErrorCode.UNKNOWN_TASK:
+            removed = None  # the Hand has nothing under the id: only the snapshot is left
+        elif isinstance(reply, Error):
+            peer.outbox.put(reply, id_)  # not ended (or the Hand failed): its own words
+            return
+        else:
+            peer.outbox.put(Error(code=ErrorCode.INTERNAL_ERROR, message="unexpected answer from the hand"), id_)
+            return
+        gone = await m.db(m.snapshots.remove, req.task_id, snap.hand)
+        log.info(
+            AuditEvent.TASK_REMOVED,
+            task_id=req.task_id,
+            hand=snap.hand,
+            client=me,
+            state=(removed.state if removed is not None else snap.state).value,
+            hand_had_it=removed is not None,
+            snapshot_removed=gone is not None,
+        )
+        peer.outbox.put(TaskRemoved(task_id=req.task_id, hand=snap.hand, task=removed), id_)
+
     # --- pushes and reconciliation ---
 
     async def on_update(self, peer: Peer, info: TaskInfo) -> None:
@@ -489,7 +562,7 @@ class TaskService:
         )
 
 
-def _me(peer: Peer, req: TaskStart | TaskGet | TaskLogs | TaskCancelRequest) -> str:
+def _me(peer: Peer, req: TaskStart | TaskGet | TaskLogs | TaskCancelRequest | TaskRemoveRequest) -> str:
     """Whose request: the client relayed by a node (`on_behalf_of`; the dispatcher refused it
     from anyone but a node) or the sender."""
     return req.on_behalf_of or peer.ident.label

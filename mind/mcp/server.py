@@ -48,6 +48,15 @@ current_runs: contextvars.ContextVar[Runs] = contextvars.ContextVar("mindhand_mc
 """The credential this call acts as (its client and runs): set per stdio server, or per HTTP request."""
 
 
+def where(args: argparse.Namespace) -> tuple[str, str, str | None, str | None]:
+    """The Mind's URL, the credential file, CA and pin from `mind mcp`'s connection options, found as
+    every `mind` command finds them (`locate` of the client library: this server, a client of the
+    Mind, imports no CLI module); `ClientError` when no URL is given anywhere."""
+    from mind.client.endpoint import locate
+
+    return locate(args.home, args.mind, args.credential, args.ca, args.pin)
+
+
 def build() -> MCPServer:
     cancels = PeerCancels(current_runs.get)
     server: MCPServer = MCPServer(
@@ -62,10 +71,11 @@ def build() -> MCPServer:
 
 
 async def serve_stdio(args: argparse.Namespace, server: MCPServer) -> int:
-    from mind.cli.connection import open_client
+    from mind.client.aio import load_credential
 
     try:
-        client = await open_client(args)
+        url, cred_path, ca, pin = where(args)
+        client = await MindClient.connect(url, load_credential(cred_path), ca=ca, pin=pin)
     except ClientError as exc:
         print(f"mind: {exc.message}", file=sys.stderr)
         return 125
@@ -97,9 +107,7 @@ class Pool:
     """One connection to the Mind per client credential seen as a bearer (keyed by its digest)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from mind.cli.connection import connection_params
-
-        self.url, _, self.ca, self.pin = connection_params(args)
+        self.url, _, self.ca, self.pin = where(args)
         self._runs: dict[str, Runs] = {}
         self._lock = asyncio.Lock()
         self.keep: float = args.keep
@@ -170,7 +178,11 @@ async def refuse(send: Any, status: int, error: str, message: str) -> None:
 async def serve_http(args: argparse.Namespace, server: MCPServer, host: str, port: int) -> int:
     import uvicorn
 
-    pool = Pool(args)
+    try:
+        pool = Pool(args)
+    except ClientError as exc:  # no Mind URL anywhere
+        print(f"mind: {exc.message}", file=sys.stderr)
+        return 125
     local = host in ("127.0.0.1", "localhost", "::1")
     security = None if local else TransportSecuritySettings(enable_dns_rebinding_protection=False)
     app = server.streamable_http_app(host=host, transport_security=security)

@@ -28,6 +28,7 @@ from protocol.states import RunState
 
 Current = Callable[[], Runs]
 """The runs (and the Mind client) of the credential this call acts as."""
+READ_ONLY = ToolAnnotations(read_only_hint=True)
 WAIT_S_DEFAULT = 30.0
 """Under the 60 s at which most MCP clients time a call out (the official one does not reset its
 timer on progress): a longer run comes back as still running, with its id, and goes on."""
@@ -114,15 +115,29 @@ def code_of(exc: MindhandError) -> str:
 
 
 def register(server: MCPServer, current: Current, cancels: PeerCancels) -> None:
-    read_only = ToolAnnotations(read_only_hint=True)
+    """Every tool, in the order an agent's `tools/list` shows them: one function per family, so each
+    tool's code reads on its own and none grows past the complexity gate (scripts/check)."""
+    register_hands(server, current)
+    register_exec(server, current, cancels)
+    register_run_tools(server, current, cancels)
+    register_runs(server, current)
+    register_file_tools(server, current)
+    tasks.register(server, current, result, failure)
+    files.register(server, current, result, failure, from_end)
 
-    async def guarded(call: Awaitable[CallToolResult]) -> CallToolResult:
-        try:
-            return await call
-        except ClientError as exc:
-            return failure(code_of(exc), exc.message)
 
-    @server.tool(annotations=read_only)
+async def guarded(call: Awaitable[CallToolResult]) -> CallToolResult:
+    """`call`'s answer, or the Mind's refusal as an error result."""
+    try:
+        return await call
+    except ClientError as exc:
+        return failure(code_of(exc), exc.message)
+
+
+def register_hands(server: MCPServer, current: Current) -> None:
+    """`hands`: the first tool an agent calls, to learn the names every other tool takes."""
+
+    @server.tool(annotations=READ_ONLY)
     async def hands() -> CallToolResult:
         """The Hands (machines) this credential may use: name, online, labels (role=web ...), runs in
         flight. Pass a name as `hand` to the other tools."""
@@ -133,6 +148,10 @@ def register(server: MCPServer, current: Current, cancels: PeerCancels) -> None:
             return result({"state": "succeeded", "hands": rows})
 
         return await guarded(go())
+
+
+def register_exec(server: MCPServer, current: Current, cancels: PeerCancels) -> None:
+    """`exec`: a command on one Hand, or on every Hand a selector names."""
 
     @server.tool(name="exec")
     async def exec_(
@@ -195,7 +214,7 @@ def register(server: MCPServer, current: Current, cancels: PeerCancels) -> None:
                 many = await fleet.start(runs, selector, tool, args, timeout_s)
             except ClientError as exc:
                 return failure(code_of(exc), exc.message)
-            return await fleet_waited(runs, many, wait_s, ctx)
+            return await fleet_waited(runs, many, wait_s, ctx, cancels)
         assert hand is not None
         first = stdin.encode() if stdin is not None else None
         feed = Feed(first) if stdin_open else None
@@ -211,27 +230,35 @@ def register(server: MCPServer, current: Current, cancels: PeerCancels) -> None:
         except ClientError as exc:
             return failure(code_of(exc), exc.message)
         f = runs.follow(handle, hand, feed)
-        return await waited(runs, f, wait_s, ctx)
+        return await waited(runs, f, wait_s, ctx, cancels)
 
-    async def waited(runs: Runs, f: Followed, wait_s: float, ctx: Context) -> CallToolResult:
-        async def progress(n: float, message: str) -> None:
-            await ctx.report_progress(n, None, message)
 
-        # notifications/cancelled for this call is a mindhand cancel of its run (spawned: the call's
-        # own scope is cancelled); a closed stream cancels the call alone, and the run goes on
-        key = key_of(runs, ctx.request_context.request, ctx.request_context.request_id)
-        with cancels.watching(key, lambda: runs.spawn(cancel_for_peer(runs, f))):
-            await wait(f, wait_s, progress)
-        return result(of_followed(f))
+async def waited(runs: Runs, f: Followed, wait_s: float, ctx: Context, cancels: PeerCancels) -> CallToolResult:
+    async def progress(n: float, message: str) -> None:
+        await ctx.report_progress(n, None, message)
 
-    async def fleet_waited(runs: Runs, many: fleet.Fleet, wait_s: float, ctx: Context) -> CallToolResult:
-        async def progress(n: float, message: str) -> None:
-            await ctx.report_progress(n, None, message)
+    # notifications/cancelled for this call is a mindhand cancel of its run (spawned: the call's
+    # own scope is cancelled); a closed stream cancels the call alone, and the run goes on
+    key = key_of(runs, ctx.request_context.request, ctx.request_context.request_id)
+    with cancels.watching(key, lambda: runs.spawn(cancel_for_peer(runs, f))):
+        await wait(f, wait_s, progress)
+    return result(of_followed(f))
 
-        key = key_of(runs, ctx.request_context.request, ctx.request_context.request_id)
-        with cancels.watching(key, many.run.cancel):  # as Ctrl-C: the runs in flight cancelled
-            await fleet.wait(many, wait_s, progress)
-        return result(many.answer(of_followed))
+
+async def fleet_waited(
+    runs: Runs, many: fleet.Fleet, wait_s: float, ctx: Context, cancels: PeerCancels
+) -> CallToolResult:
+    async def progress(n: float, message: str) -> None:
+        await ctx.report_progress(n, None, message)
+
+    key = key_of(runs, ctx.request_context.request, ctx.request_context.request_id)
+    with cancels.watching(key, many.run.cancel):  # as Ctrl-C: the runs in flight cancelled
+        await fleet.wait(many, wait_s, progress)
+    return result(many.answer(of_followed))
+
+
+def register_run_tools(server: MCPServer, current: Current, cancels: PeerCancels) -> None:
+    """What an agent does with a run once it has its id: wait for it, page its output, cancel it, feed its stdin."""
 
     @server.tool()
     async def run_get(
@@ -254,9 +281,9 @@ def register(server: MCPServer, current: Current, cancels: PeerCancels) -> None:
                 f = await runs.adopt(run, info.hand)  # left unattended (a server before this one)
             except ClientError as exc:
                 return failure(code_of(exc), exc.message)
-        return await waited(runs, f, wait_s, ctx)
+        return await waited(runs, f, wait_s, ctx, cancels)
 
-    @server.tool(annotations=read_only)
+    @server.tool(annotations=READ_ONLY)
     async def read_output(
         run: RunId,
         stream: Annotated[Literal["stdout", "stderr"], Field(description="Which output stream.")] = "stdout",
@@ -339,7 +366,11 @@ def register(server: MCPServer, current: Current, cancels: PeerCancels) -> None:
         f.feed.write(data.encode(), eof)
         return result({"state": "succeeded", "run": run, "bytes": len(data.encode()), "eof": eof})
 
-    @server.tool(annotations=read_only)
+
+def register_runs(server: MCPServer, current: Current) -> None:
+    """`runs`: this credential's history, to find a run whose answer was lost."""
+
+    @server.tool(annotations=READ_ONLY)
     async def runs(
         hand: Annotated[str | None, Field(description="Only this Hand's runs.")] = None,
         state: Annotated[RunState | None, Field(description="Only runs in this state.")] = None,
@@ -374,16 +405,22 @@ def register(server: MCPServer, current: Current, cancels: PeerCancels) -> None:
 
         return await guarded(go())
 
-    async def tool_call(hand: str, tool: str, args: dict[str, Any]) -> RunEnd | CallToolResult:
-        try:
-            end = await current().client.exec(hand, tool, args, FILE_CALL_TIMEOUT_S)
-        except ClientError as exc:
-            return failure(code_of(exc), exc.message)
-        if end.state is not RunState.SUCCEEDED:
-            return result(from_end(end), error=True)
-        return end
 
-    @server.tool(annotations=read_only)
+async def tool_call(current: Current, hand: str, tool: str, args: dict[str, Any]) -> RunEnd | CallToolResult:
+    """A file tool's successful end, or the result to answer with when it did not succeed."""
+    try:
+        end = await current().client.exec(hand, tool, args, FILE_CALL_TIMEOUT_S)
+    except ClientError as exc:
+        return failure(code_of(exc), exc.message)
+    if end.state is not RunState.SUCCEEDED:
+        return result(from_end(end), error=True)
+    return end
+
+
+def register_file_tools(server: MCPServer, current: Current) -> None:
+    """Single files through the Hand's file tools, each one call bounded by FILE_CALL_TIMEOUT_S."""
+
+    @server.tool(annotations=READ_ONLY)
     async def read_file(
         hand: Hand,
         path: Annotated[str, Field(description="The file, relative to the Hand's root.")],
@@ -394,7 +431,7 @@ def register(server: MCPServer, current: Current, cancels: PeerCancels) -> None:
         ] = "utf-8",
     ) -> CallToolResult:
         """Read a file on a Hand: its bytes from offset (at most max_bytes), its size, and eof."""
-        end = await tool_call(hand, "read_file", {"path": path, "offset": offset, "limit": max_bytes})
+        end = await tool_call(current, hand, "read_file", {"path": path, "offset": offset, "limit": max_bytes})
         if isinstance(end, CallToolResult):
             return end
         v = end.value
@@ -420,21 +457,18 @@ def register(server: MCPServer, current: Current, cancels: PeerCancels) -> None:
         except ValueError:
             return failure("invalid_request", "content is not valid base64")
         args = {"path": path, "data": data, "mode": mode, "make_dirs": make_dirs}
-        end = await tool_call(hand, "write_file", args)
+        end = await tool_call(current, hand, "write_file", args)
         if isinstance(end, CallToolResult):
             return end
         return result({"state": "succeeded", "path": path, "bytes_written": end.value["bytes_written"]})
 
-    @server.tool(annotations=read_only)
+    @server.tool(annotations=READ_ONLY)
     async def list_dir(
         hand: Hand, path: Annotated[str, Field(description="Directory, relative to the Hand's root.")] = "."
     ) -> CallToolResult:
         """List a directory on a Hand: entries with name, type (file, dir, symlink) and size."""
-        end = await tool_call(hand, "list_dir", {"path": path})
+        end = await tool_call(current, hand, "list_dir", {"path": path})
         if isinstance(end, CallToolResult):
             return end
         v = end.value
         return result({"state": "succeeded", "path": path, "entries": v["entries"], "truncated": v["truncated"]})
-
-    tasks.register(server, current, result, failure)
-    files.register(server, current, result, failure, from_end)

@@ -19,15 +19,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-SCHEMES = ("postgresql://", "postgres://")
-
-
-def check_database(value: str) -> str:
-    """The setting's check: a PostgreSQL URL, or nothing (SQLite)."""
-    if value and not value.startswith(SCHEMES):
-        raise ValueError("must be a postgresql://USER@HOST:PORT/DBNAME URL (or empty for the home's SQLite)")
-    return value
-
 
 def node_name(home: Path) -> str:
     """This node's name in the shared database (its life record): kept in HOME/node.id, made once."""

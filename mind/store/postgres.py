@@ -530,6 +530,24 @@ class PgSnapshots:
     async def delete(self, task_id: str) -> None:
         await self._db.run(lambda con: con.execute("DELETE FROM task_snapshots WHERE task_id = $1", task_id))
 
+    async def remove(self, task_id: str, hand: str) -> Snapshot | None:
+        """Delete the snapshot of a task its Hand has just removed (`mind task rm`), and return it;
+        None (nothing deleted) unless it is still `hand`'s and no start of its id is in flight: a
+        start that came in meanwhile owns the id now. A write about the Hand: fenced by this
+        node's claim, as a report is."""
+
+        async def run(con: asyncpg.Connection) -> Snapshot | None:
+            if self._fence is not None:
+                await self._fence.check(con, hand)
+            r = await con.fetchrow(
+                f"DELETE FROM task_snapshots WHERE task_id = $1 AND hand = $2 AND start_pending = 0 RETURNING {COLS}",
+                task_id,
+                hand,
+            )
+            return _row(tuple(r)) if r is not None else None
+
+        return await self._tx(run)
+
     async def report(self, hand: str, info: TaskInfo, now: float, adopt: bool = True) -> tuple[Snapshot | None, str]:
         async def run(con: asyncpg.Connection) -> tuple[Snapshot | None, str]:
             if self._fence is not None:

@@ -149,6 +149,17 @@ class SnapshotStore:
         with self._tx():
             self._db.execute("DELETE FROM task_snapshots WHERE task_id=?", (task_id,))
 
+    def remove(self, task_id: str, hand: str) -> Snapshot | None:
+        """Delete the snapshot of a task its Hand has just removed (`mind task rm`), and return it;
+        None (nothing deleted) unless it is still `hand`'s and no start of its id is in flight: a
+        start that came in meanwhile owns the id now."""
+        with self._tx():
+            snap = self._get(task_id)
+            if snap is None or snap.hand != hand or snap.start_pending:
+                return None
+            self._db.execute("DELETE FROM task_snapshots WHERE task_id=?", (task_id,))
+            return snap
+
     def report(self, hand: str, info: TaskInfo, now: float, adopt: bool = True) -> tuple[Snapshot | None, str]:
         """Apply a Hand's report. Returns (snapshot now held, what happened)."""
         with self._tx():

@@ -99,6 +99,9 @@ class SqliteSnapshots(_OnThread):
     async def delete(self, task_id: str) -> None:
         await self._call(self.sync.delete, task_id)
 
+    async def remove(self, task_id: str, hand: str) -> Snapshot | None:
+        return await self._call(self.sync.remove, task_id, hand)
+
     async def report(self, hand: str, info: TaskInfo, now: float, adopt: bool = True) -> tuple[Snapshot | None, str]:
         return await self._call(self.sync.report, hand, info, now, adopt)
 

@@ -10,6 +10,7 @@ root and its secret). The events written to the audit file are `protocol.audit.A
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import logging
 import os
@@ -68,6 +69,67 @@ def _aggregated(event: str, event_dict: dict[str, Any]) -> bool:
     return event == AuditEvent.RUN_TERMINAL and event_dict.get("state") == "rejected"
 
 
+class Dropped:
+    """Lines a sink could not write (a full disk, a quota, a pipe gone), counted by sink (`audit`,
+    `log`): a failed write is counted and the line dropped, never raised into the code that logged.
+    A Hand whose state disk filled exited 1 when the audit line of a run's end raised ENOSPC out of
+    the run's task group; a log line is worth less than the run it describes. The counts are what
+    the Hand's `/metrics` exposes (`mindhand_hand_log_writes_dropped`); `failing` says which sinks
+    are in a run of failures now, so each run is told once when it starts and once when it ends."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self._since: dict[str, int] = {}
+
+    def failed(self, sink: str) -> bool:
+        """Count one line `sink` dropped; True when it starts a run of failures."""
+        self.counts[sink] = self.counts.get(sink, 0) + 1
+        first = sink not in self._since
+        self._since[sink] = self._since.get(sink, 0) + 1
+        return first
+
+    def wrote(self, sink: str) -> int:
+        """`sink` wrote a line: the lines it dropped in the run of failures this ends (0: none)."""
+        return self._since.pop(sink, 0) if self._since else 0
+
+    def failing(self, sink: str) -> bool:
+        return sink in self._since
+
+
+DROPPED = Dropped()
+"""This process's dropped lines (one process, one log and one audit file)."""
+
+
+def _append(fd: int, data: bytes) -> tuple[int, OSError | None]:
+    """Write all of `data` to `fd` (a short write is continued); (bytes written, the error that
+    stopped it, if one did). Never raises: a sink that cannot write drops the line."""
+    done = 0
+    while done < len(data):
+        try:
+            n = os.write(fd, data[done:])
+        except OSError as exc:
+            return done, exc
+        if n <= 0:  # no progress and no error: as good as a full disk
+            return done, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        done += n
+    return done, None
+
+
+def _why(exc: OSError) -> str:
+    name = errno.errorcode.get(exc.errno or 0, "")
+    return f"{name}: {exc.strerror or exc}" if name else str(exc)
+
+
+def _stderr_notice(event: str, fields: dict[str, Any]) -> None:
+    """Where a sink's trouble is told before `configure` routes it through the log (the admin
+    commands write the audit file with no log configured): one line on stderr, best effort."""
+    detail = ", ".join(f"{k}={v}" for k, v in fields.items())
+    try:
+        os.write(2, f"mindhand: {event}: {detail}\n".encode(errors="replace"))
+    except OSError:
+        pass
+
+
 class _Repeats:
     __slots__ = ("fields", "start", "seen", "suppressed", "first", "last")
 
@@ -84,7 +146,12 @@ class AuditLog:
     Repeated refusals (`AGGREGATED`) are written `AUDIT_BURST` times per (event, who, why) and
     `AUDIT_INTERVAL_S`; the rest are counted and written as one line with `"repeated": N` (and the
     first and last time) when the interval is over or the log closes. The file follows logrotate's
-    move-and-create (checked at most once a second, so SIGHUP is not needed, as for `ReopeningFile`)."""
+    move-and-create (checked at most once a second, so SIGHUP is not needed, as for `ReopeningFile`).
+
+    A line the file cannot take (its disk is full) is counted (`DROPPED`, sink `audit`) and dropped;
+    `notice` is told once when such a run of failures starts and once when a line is written again.
+    A line cut short by the failure is closed by a newline before the next one, so every line
+    written whole stays a line of its own."""
 
     def __init__(self, path: os.PathLike[str] | str) -> None:
         self.path = Path(path)
@@ -94,6 +161,11 @@ class AuditLog:
         self._repeats: dict[tuple[str, ...], _Repeats] = {}
         self._swept = 0.0
         self._lock = threading.Lock()
+        self._torn = False
+        """The last write stopped part way: the next line starts on a line of its own."""
+        self._told: tuple[str, dict[str, Any]] | None = None
+        self.notice: Callable[[str, dict[str, Any]], None] = _stderr_notice
+        """Told `log_writes_failing` / `log_writes_recovered` (`configure` routes it to the log)."""
 
     def _open(self) -> int:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -116,8 +188,29 @@ class AuditLog:
             event = str(event_dict.get("event"))
             if _aggregated(event, event_dict) and self._counted(event, event_dict, now):
                 return False
-            os.write(self._fd, (line + "\n").encode())  # one write per line: O_APPEND keeps it whole
-            return True
+            self._put(line)  # one write per line: O_APPEND keeps it whole
+            told, self._told = self._told, None
+        if told is not None:  # outside the lock: the notice is a log line of its own
+            self.notice(*told)
+        return True
+
+    def _put(self, line: str) -> None:
+        """(under the lock) Append one line, or count it dropped; when the sink's state changes
+        (failures began, or a line went through after them), what to tell `notice` is kept in
+        `_told` for the caller to say once the lock is released."""
+        data = (line + "\n").encode()
+        if self._torn:
+            data = b"\n" + data
+        done, exc = _append(self._fd, data)
+        if exc is not None:
+            self._torn = self._torn or done > 0
+            if DROPPED.failed("audit"):
+                self._told = "log_writes_failing", {"sink": "audit", "path": str(self.path), "error": _why(exc)}
+            return
+        self._torn = False
+        dropped = DROPPED.wrote("audit")
+        if dropped:
+            self._told = "log_writes_recovered", {"sink": "audit", "path": str(self.path), "dropped": dropped}
 
     def _counted(self, event: str, event_dict: dict[str, Any], now: float) -> bool:
         key = (event, *(str(event_dict.get(f, "")) for f in _KEY_FIELDS))
@@ -157,7 +250,7 @@ class AuditLog:
                 }
                 if key[1:] == ("*",):
                     summary["who"] = "many (over the per-interval key limit)"
-                os.write(self._fd, (_json(summary) + "\n").encode())
+                self._put(_json(summary))  # a count that cannot be written is one more line dropped
 
     def _follow(self, now: float) -> None:
         if now - self._checked <= 1.0:
@@ -182,6 +275,9 @@ class AuditLog:
             self._sweep(time.monotonic(), force=True)
             os.close(self._fd)
             self._fd = -1
+            told, self._told = self._told, None
+        if told is not None:  # the last counts' line changed the sink's state: said as any other
+            self.notice(*told)
 
 
 _ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
@@ -369,38 +465,116 @@ _LEVELS = {
 
 class ReopeningFile:
     """A log file that follows rotation (logrotate's move-and-create): if the path no longer names
-    the file we hold, reopen it. Checked at most once a second."""
+    the file we hold, reopen it. Checked at most once a second. Each line is one `write(2)` of its
+    own, unbuffered: a line the disk refused is not kept in a buffer to come out later, cut, in the
+    middle of another (`_Console` counts it dropped)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._f = self._open()
+        self._fd = self._open()
         self._checked = 0.0
 
-    def _open(self):
+    def _open(self) -> int:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-        return os.fdopen(fd, "a", buffering=1)
+        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
 
-    def write(self, text: str) -> int:
-        import time
-
+    def append(self, data: bytes) -> tuple[int, OSError | None]:
+        """Write one line's bytes (`_append`'s answer: bytes written, the error that stopped it)."""
         now = time.monotonic()
         if now - self._checked > 1.0:
             self._checked = now
             try:
-                moved = os.stat(self.path).st_ino != os.fstat(self._f.fileno()).st_ino
+                moved = os.stat(self.path).st_ino != os.fstat(self._fd).st_ino
             except FileNotFoundError:
                 moved = True
+            except OSError:
+                moved = False
             if moved:
-                self._f.close()
-                self._f = self._open()
-        return self._f.write(text)
+                try:
+                    fd = self._open()
+                except OSError:
+                    pass  # keep writing to the file we hold rather than lose the line
+                else:
+                    os.close(self._fd)
+                    self._fd = fd
+        return _append(self._fd, data)
+
+    def write(self, text: str) -> int:
+        done, exc = self.append(text.encode(errors="backslashreplace"))
+        if exc is not None:
+            raise exc
+        return len(text)
 
     def flush(self) -> None:
-        self._f.flush()
+        pass
 
     def isatty(self) -> bool:
         return False
+
+
+Render = Callable[[str, dict[str, Any]], str]
+"""A notice (event and fields) as the console shows a line (JSON or the console's format)."""
+
+
+class _Console:
+    """The console stream as structlog's `WriteLogger` sees it: a line the stream cannot take (a
+    `--log-file` or a redirected stdout on a full disk) is counted (`DROPPED`, sink `log`) and
+    dropped, never raised into the code that logged. One notice when a run of failures starts (on
+    stderr, best effort: the console itself is what fails) and one in the console when a line is
+    written again, with the count.
+
+    A stream with a file descriptor is written one `write(2)` per line, bypassing its buffer (the
+    stream is flushed first): a buffered writer keeps the bytes a full disk refused and writes
+    them, cut, once there is room, in the middle of later lines."""
+
+    def __init__(self, stream: Any, render: Render) -> None:
+        self._stream = stream
+        self._render = render
+        self._torn = False
+        self._fd: int | None = None
+        if not isinstance(stream, ReopeningFile):
+            try:
+                stream.flush()
+                self._fd = stream.fileno()
+            except (OSError, ValueError, AttributeError):  # a StringIO, a test's stream: its own write
+                self._fd = None
+
+    def _raw(self, data: bytes, text: str) -> tuple[int, OSError | None]:
+        if isinstance(self._stream, ReopeningFile):
+            return self._stream.append(data)
+        if self._fd is not None:
+            return _append(self._fd, data)
+        try:
+            self._stream.write(text)
+            self._stream.flush()
+        except OSError as exc:
+            return 0, exc
+        return len(data), None
+
+    def write(self, text: str) -> int:
+        data = text.encode(errors="backslashreplace")
+        if self._torn:
+            data, text = b"\n" + data, "\n" + text
+        done, exc = self._raw(data, text)
+        if exc is not None:
+            self._torn = self._torn or done > 0
+            if DROPPED.failed("log"):
+                notice = self._render("log_writes_failing", {"sink": "log", "error": _why(exc)}) + "\n"
+                if self._fd != 2:
+                    _append(2, notice.encode(errors="backslashreplace"))
+            return len(text)
+        self._torn = False
+        dropped = DROPPED.wrote("log")
+        if dropped:
+            notice = self._render("log_writes_recovered", {"sink": "log", "dropped": dropped}) + "\n"
+            self._raw(notice.encode(errors="backslashreplace"), notice)
+        return len(text)
+
+    def flush(self) -> None:
+        pass  # every `write` went out whole (or was dropped)
+
+    def isatty(self) -> bool:
+        return bool(self._stream.isatty())
 
 
 def configure(
@@ -418,6 +592,15 @@ def configure(
         fmt = "console" if stream.isatty() else "json"
     console = structlog.dev.ConsoleRenderer(colors=stream.isatty()) if fmt == "console" else None
     set_levels(level)
+
+    def render(event: str, fields: dict[str, Any]) -> str:
+        level = _NOTICE_LEVELS[event]
+        line = {"event": event, **fields, "component": "logs", "level": level}
+        line["timestamp"] = datetime.datetime.now(datetime.UTC).isoformat()
+        return _json(line) if console is None else console(None, level, line)
+
+    if audit is not None:
+        audit.notice = _log_notice
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -428,7 +611,7 @@ def configure(
         ],
         wrapper_class=LevelledLogger,
         # One write of the line and its newline, then a flush: the bytes `print` wrote in two.
-        logger_factory=structlog.WriteLoggerFactory(file=stream),
+        logger_factory=structlog.WriteLoggerFactory(file=_Console(stream, render)),  # type: ignore[arg-type]
         # Daemons configure once at start: caching the bound loggers saves a proxy lookup and a bind
         # on every log call (measured: a tenth of the Mind's CPU per routed call).
         cache_logger_on_first_use=True,
@@ -437,3 +620,13 @@ def configure(
 
 def get(name: str) -> structlog.typing.FilteringBoundLogger:
     return structlog.get_logger(component=name)
+
+
+_NOTICE_LEVELS = {"log_writes_failing": "error", "log_writes_recovered": "warning"}
+"""A sink that starts failing is an error (the audit trail or the log has a gap from then on); its
+recovery a warning that says how many lines the gap holds."""
+
+
+def _log_notice(event: str, fields: dict[str, Any]) -> None:
+    """The audit file's trouble, told in the log."""
+    getattr(structlog.get_logger(component="logs"), _NOTICE_LEVELS[event])(event, **fields)

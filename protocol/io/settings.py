@@ -21,6 +21,7 @@ from typing import Any
 
 from protocol.audit import AuditEvent
 from protocol.errors import MindhandError
+from protocol.units import parse_duration
 
 ENV_PREFIX = "MINDHAND_"
 _TOKEN = re.compile(r"mh1:([a-z]+):([^:\s]+):[0-9a-fA-F]+")
@@ -33,6 +34,14 @@ class ConfigError(MindhandError, ValueError):
     """One line an operator can act on: which key, from where, and what is wrong."""
 
 
+class Duration(float):
+    """The kind of a key that holds seconds. Its flag, variable and file value take what every
+    duration option of the CLI takes (`90`, `90s`, `5m`, `2h`, `1.5h`: `protocol.units`), and the
+    file also a bare TOML number of seconds; the value resolved is a plain float of seconds. A kind
+    of its own rather than `float`, because an operator who types `--resume-window 3s` after
+    `mind exec --wait 5m` must not be told that a duration "wants a number"."""
+
+
 @dataclass(frozen=True)
 class Key:
     """One setting. Its TOML key is `name`, its flag `--name-with-dashes`, its variable
@@ -40,7 +49,8 @@ class Key:
 
     name: str
     kind: type
-    """str, int, float, bool or list (a list of strings; a comma-separated string also works)."""
+    """str, int, float, bool, list (a list of strings; a comma-separated string also works) or
+    `Duration` (seconds, typed as `90s`, `5m`, `2h` or a number)."""
     default: Any = None
     help: str = ""
     env: str | None = None
@@ -139,6 +149,8 @@ def _from_text(key: Key, text: str) -> Any:
     kind = key.kind
     if kind is str:
         return text
+    if kind is Duration:
+        return parse_duration(text)
     if kind is list:
         return [p.strip() for p in text.split(",") if p.strip()]
     if kind is bool:
@@ -163,6 +175,12 @@ def _from_toml(key: Key, value: Any) -> Any:
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return [p.strip() for v in value for p in v.split(",") if p.strip()]
         raise ValueError(f"wants a list of strings, got {_describe(value)}")
+    if kind is Duration:
+        if isinstance(value, str):
+            return parse_duration(value)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ValueError(f'wants a duration (seconds, or a string such as "90s" or "5m"), got {_describe(value)}')
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if type(value) is not kind:
@@ -416,7 +434,8 @@ def add_flags(
             if group_name not in made:
                 made[group_name] = parser.add_argument_group(group_name, group_help.get(group_name))
             target = made[group_name]
-        default = f" (default {key.default})" if key.default not in (None, [], False) else ""
+        shown = duration_text(key.default) if key.kind is Duration and key.default is not None else key.default
+        default = f" (default {shown})" if key.default not in (None, [], False) else ""
         help_text = (
             key.help + default + f" [env {key.env_name}]" + (" [SIGHUP reloads]" if key.reloadable else "")
         ).replace("%", "%%")
@@ -426,6 +445,14 @@ def add_flags(
             target.add_argument(key.flag, action="append", default=None, metavar=key.metavar, help=help_text)
         else:
             target.add_argument(key.flag, default=None, metavar=key.metavar, help=help_text)
+
+
+def duration_text(seconds: float) -> str:
+    """Seconds as a person would type them back (`3600` -> `1h`, `90` -> `90s`): for help texts."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def flags_given(args: Any, keys: Iterable[Key]) -> dict[str, Any]:

@@ -94,5 +94,15 @@ def test_refusals_before_anything_is_stored_come_in_a_fixed_order() -> None:
 
 
 def test_a_failed_commit_refuses_with_the_reason() -> None:
+    """A disk that filled between the admission's look and the commit is `disk_full`, as a start
+    refused at once for it is (SQLite says SQLITE_FULL, the OS ENOSPC or EDQUOT); anything else is
+    an internal error, with its reason."""
+    import sqlite3
+
     r = store_failed(OSError(28, "No space left on device"))
-    assert r.code is RejectCode.INTERNAL_ERROR and "No space left" in r.message
+    assert r.code is RejectCode.DISK_FULL and "No space left" in r.message and "nothing was stored" in r.message
+    full = sqlite3.OperationalError("database or disk is full")
+    full.sqlite_errorname = "SQLITE_FULL"  # as sqlite3 sets it (Python 3.11+)
+    assert store_failed(full).code is RejectCode.DISK_FULL
+    r = store_failed(sqlite3.OperationalError("database is locked"))
+    assert r.code is RejectCode.INTERNAL_ERROR and "database is locked" in r.message

@@ -18,6 +18,7 @@ from hand.core.runs import (
     PROGRESS_BYTES,
     PROGRESS_EVENTS,
     SHUTTING_DOWN,
+    STATE_ROOM_MIN,
     RecentRuns,
     RunBook,
     RunEnd,
@@ -60,11 +61,13 @@ def test_a_run_and_a_task_refused_for_the_same_reason_read_the_same_sentence() -
 
 
 def test_one_order_for_every_refusal() -> None:
-    worst = dict(known=True, closing=True, args_size=BIG, allowed=False, no_pty="no terminals here")
+    worst = dict(known=True, closing=True, state_free=0, args_size=BIG, allowed=False, no_pty="no terminals here")
     assert ask("nope", **worst).code is RejectCode.DUPLICATE_RUN  # type: ignore[union-attr]
     worst.pop("known")
     assert ask("nope", **worst) == SHUTTING_DOWN
     worst.pop("closing")
+    assert ask("nope", **worst).code is RejectCode.DISK_FULL  # type: ignore[union-attr]
+    worst.pop("state_free")
     assert ask("nope", **worst).code is RejectCode.UNKNOWN_TOOL  # type: ignore[union-attr]
     assert ask("read_file", background=True, **worst) == NOT_BACKGROUND
     r = ask("exec", **worst)
@@ -85,6 +88,24 @@ def test_one_order_for_every_refusal() -> None:
     worst.pop("no_pty")
     assert ask("exec", **worst) is None
     assert ask("shell", background=True) is None
+
+
+def test_a_full_state_disk_refuses_every_start_at_once_runs_and_tasks_alike() -> None:
+    """A start the audit file (and a task's row and log) could not record does not run: refused
+    `disk_full` below `STATE_ROOM_MIN` free, with the same sentence for a run and a task, and the
+    sentence says how much was free. At the floor and above, nothing is refused for it; an unknown
+    amount (no state disk, or `statvfs` failed) is never a refusal."""
+    for free in (0, 4096, STATE_ROOM_MIN - 1):
+        run = ask("exec", state_free=free)
+        task = background_refusal("exec", allowed=True, closing=False, args_size=10, state_free=free)
+        assert run is not None and run == task and run.code is RejectCode.DISK_FULL
+        assert f"({free} bytes free" in run.message and "nothing ran" in run.message
+    for free in (STATE_ROOM_MIN, None):
+        assert ask("exec", state_free=free) is None
+        assert background_refusal("exec", allowed=True, closing=False, args_size=10, state_free=free) is None
+    book: RunBook[object] = RunBook(RecentRuns())
+    r = book.refusal("r1", "exec", args_size=1, allowed=True, state_free=0)
+    assert r is not None and r.code is RejectCode.DISK_FULL and not book.knows("r1")  # nothing was taken in
 
 
 def test_a_background_start_is_never_a_duplicate_at_once() -> None:

@@ -19,11 +19,12 @@ from hand.core.tasks import (
     next_to_start,
     page_length,
     purge_cutoff,
+    removal,
 )
 from hand.system.process import ProcessOutcome, Tail
 from hand.system.taskdb import TaskStore
 from hand.system.tasklogs import LogSink
-from protocol.codes import CancelReason, KillStage
+from protocol.codes import CancelReason, ErrorCode, KillStage
 from protocol.states import IllegalTransition, TaskState
 
 
@@ -115,5 +116,41 @@ def test_store_bumps_version_on_every_change_and_refuses_illegal_transitions(tmp
         store.insert(row("u"))
         assert [r.task_id for r in store.page(None, 1)] == ["t"] and [r.task_id for r in store.page("t", 5)] == ["u"]
         assert store.purge(finished_before=3.5) == ["t"] and store.count() == 1  # terminal and old only
+    finally:
+        store.close()
+
+
+def test_only_a_finished_task_whose_outcome_is_on_disk_may_be_removed():
+    """`mind task rm`: a queued or running task is cancelled first, never removed (nothing that
+    runs loses its record or its log); an outcome held in memory for a full disk is not thrown away
+    with its row; an unknown id says so. A terminal row held by a runner still finishing is done."""
+    done = row(state=TaskState.SUCCEEDED)
+    assert removal("t", done, live=None, uncommitted=False) is None
+    assert removal("t", done, live=TaskState.SUCCEEDED, uncommitted=False) is None  # its runner is finishing
+    for live, stored in ((TaskState.RUNNING, row(state=TaskState.RUNNING)), (TaskState.QUEUED, row()), (None, row())):
+        err = removal("t", stored, live=live, uncommitted=False)
+        assert err is not None and err.code is ErrorCode.NOT_ALLOWED, live
+        assert f"task t is {(live or stored.state).value}" in err.message and "mind task cancel t" in err.message
+    kept = removal("t", row(state=TaskState.RUNNING), live=None, uncommitted=True)
+    assert kept is not None and kept.code is ErrorCode.NOT_ALLOWED and "could not record its outcome" in kept.message
+    unknown = removal("t", None, live=None, uncommitted=False)
+    assert unknown is not None and unknown.code is ErrorCode.UNKNOWN_TASK
+
+
+def test_the_store_removes_a_finished_row_and_its_logs_and_nothing_else(tmp_path):
+    store = TaskStore(tmp_path / "state")
+    try:
+        store.insert_many([row("t"), row("u")])
+        store.update("t", state=TaskState.RUNNING, started_at=1.5)
+        store.update("t", state=TaskState.FAILED, exit_code=2, finished_at=2.0)
+        for task_id in ("t", "u"):
+            for path in store.log_paths(task_id):
+                path.write_bytes(b"x")
+        assert store.remove("u") is None  # queued: its row and its log stay
+        assert store.get("u") is not None and all(p.exists() for p in store.log_paths("u"))
+        gone = store.remove("t")
+        assert gone is not None and gone.state is TaskState.FAILED and gone.exit_code == 2
+        assert store.get("t") is None and not any(p.exists() for p in store.log_paths("t"))
+        assert store.remove("t") is None and store.remove("nope") is None and store.count() == 1
     finally:
         store.close()

@@ -27,7 +27,7 @@ def test_the_hand_as_the_first_word_runs_as_with_hand(c):
 
 def test_without_a_hand_it_is_a_usage_error_that_shows_the_form(c):
     r = c.cli("exec", "--", "box", "true")
-    assert r.returncode == 2 and b"mind exec [OPTIONS] HAND -- COMMAND" in r.stderr
+    assert r.returncode == 2 and b"mind exec [OPTIONS] HAND COMMAND [ARG...]" in r.stderr
     assert b"Traceback" not in r.stderr
 
 

@@ -1,6 +1,6 @@
 """Issue 14, items 1-5: the answers stay true when a daemon dies, a Hand freezes, a link is cut or
-the Hand's state disk is full. Real processes, the fault proxy, a real tmpfs; each test failed
-before the fix it names.
+the Hand's state disk is full (and a full disk never ends the Hand). Real processes, the fault
+proxy, a real tmpfs; each test failed before the fix it names.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -169,6 +170,21 @@ def fill(where: Path) -> Path:
     return filler
 
 
+def brim(path: Path) -> None:
+    """On a filesystem `fill` filled, fill the room left in the last block of the file at `path`
+    too (an append there needs no new block): its next append fails. The padding is one JSON line
+    (or empty lines, if fewer bytes are left than a line takes), so the file stays JSON lines."""
+    st = os.stat(path)
+    room = st.st_blocks * 512 - st.st_size
+    line = b'{"event":"test_padding"}'
+    pad = line[:-1] + b" " * (room - len(line) - 1) + b"}\n" if room > len(line) else b"\n" * room
+    with open(path, "ab") as f:
+        f.write(pad)
+    with pytest.raises(OSError) as full, open(path, "ab") as f:
+        f.write(b"\n")
+    assert full.value.errno == errno.ENOSPC
+
+
 def free(where: Path) -> None:
     for name in ("filler", "filler2"):
         with contextlib.suppress(FileNotFoundError):
@@ -236,6 +252,74 @@ def _get(addr: str, path: str) -> str:
 
     with urllib.request.urlopen(f"http://{addr}{path}", timeout=5) as resp:
         return resp.read().decode()
+
+
+def _json_lines(text: str) -> list[dict]:
+    """The whole lines of a JSON-lines file (a line the full disk cut short is not one)."""
+    out = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
+def _dropped(metrics: str, sink: str) -> float:
+    m = re.search(rf'^mindhand_hand_log_writes_dropped_total{{sink="{sink}"}} (\S+)$', metrics, re.M)
+    assert m is not None, metrics
+    return float(m.group(1))
+
+
+def test_a_full_state_disk_never_ends_the_hand(tmp_path, as_root):
+    """The state disk fills while a run is going. Before, the audit line of its end (`run_terminal`)
+    raised ENOSPC out of the run's task group and the Hand exited 1; the run was `lost` and the
+    next `mind exec -- true` waited 12 s to end 124. Now: the admitted run ends truthfully (its
+    output and exit code), its audit lines are counted and dropped (the metric, one log line when
+    failures start), new starts are refused at once with 125 and `disk_full` (a run that cannot be
+    audited does not run; a task neither), the Hand stays up, and once there is room a run works
+    again and one log line says how many lines were dropped."""
+    with tmpfs(tmp_path / "state-box"), running(tmp_path, "box", "--metrics-listen", "127.0.0.1:0") as cl:
+        hand = cl.hands["box"]
+        state = hand.state_dir
+        addr = wait_until(lambda: (state / "metrics.addr").exists() and (state / "metrics.addr").read_text().strip(), 5)
+        assert _dropped(_get(addr, "/metrics"), "audit") == 0
+        gate, started = hand.root / "gate", hand.root / "started"
+        admitted = cl.cli_popen(
+            "exec", "--hand", "box", "--", "sh", "-c",
+            f"touch {started}; while [ ! -e {gate} ]; do sleep 0.05; done; echo done; exit 3",
+        )  # fmt: skip
+        wait_until(started.exists, 15, "the admitted run to start")
+        fill(state)
+        brim(state / "audit.jsonl")  # its next line needs a block of its own: none is left
+        gate.touch()
+        out, err = admitted.communicate(timeout=30)
+        assert (admitted.returncode, out) == (3, b"done\n"), err  # its own exit code, not lost (255)
+        assert hand.alive()
+        refused = cl.cli("exec", "--hand", "box", "--", "true")
+        assert refused.returncode == 125 and b"disk_full" in refused.stderr, refused
+        assert b"state disk is full" in refused.stderr
+        task = start(cl, "t1")
+        assert task.returncode == 125 and b"disk_full" in task.stderr, task
+        assert ran(cl, "t1") == 0
+        dropped = _dropped(_get(addr, "/metrics"), "audit")
+        assert dropped >= 1  # at least the admitted run's `run_terminal`
+        health = json.loads(_get(addr, "/healthz"))
+        assert (health["status"], health["state_disk_full"]) == ("degraded", True)
+        assert hand.alive()
+        free(state)
+        again = cl.cli("exec", "--hand", "box", "--", "echo", "back")
+        assert (again.returncode, again.stdout) == (0, b"back\n"), again.stderr
+        recovered = wait_until(
+            lambda: [e for e in hand.events() if e.get("event") == "log_writes_recovered"], 10, "the recovery line"
+        )
+        assert len(recovered) == 1 and recovered[0]["sink"] == "audit"
+        assert recovered[0]["dropped"] == _dropped(_get(addr, "/metrics"), "audit") >= dropped
+        failing = [e for e in hand.events() if e.get("event") == "log_writes_failing"]
+        assert len(failing) == 1 and failing[0]["sink"] == "audit" and "ENOSPC" in failing[0]["error"]
+        assert json.loads(_get(addr, "/healthz"))["state_disk_full"] is False
+        audited = _json_lines((state / "audit.jsonl").read_text())
+        assert any(e["event"] == "run_terminal" and e.get("exit_code") == 0 for e in audited)  # written again
+        assert hand.alive()
+    assert hand.p.returncode == 0  # stopped by the harness's SIGTERM, cleanly: it never ended on its own
 
 
 # --- item 5: a frozen Hand reports the command's own exit ----------------------------------------

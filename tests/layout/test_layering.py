@@ -1,5 +1,8 @@
 """The house's arrows (docs/design.md §2), read from the source with `ast`, so a wrong import fails
-here before a reviewer has to notice it.
+here before a reviewer has to notice it. An import counts wherever it is written (inside a function
+too), and a fence holds for everything a module loads, not only for what it names: a chain of
+imports through a module of the package root (`mind/config.py`, say) crosses the fence as surely
+as a direct import.
 
 - The pure rooms (`protocol/` itself, `mind/core/`, `hand/core/`, the client's session core
   `mind/client/session.py` and the CLI's escape state machine `mind/cli/escapes.py`) import no
@@ -7,10 +10,18 @@ here before a reviewer has to notice it.
   rules take the time as an argument, which is what lets the simulation and the race tests drive them.
 - `mind` and `hand` never import each other; `protocol` imports neither.
 - `protocol/` (pure) never imports `protocol/io/` (plumbing).
-- The client library, the CLI and the testing toolkit (`mind/testing/`, an I/O shell room: it starts
-  the daemons as processes, `mind serve` and `hand run`, never imports them) import no daemon module;
-  its fault vocabulary (`mind/testing/vocabulary.py`) is pure, because the simulation imports it.
-- There is no import cycle anywhere, counting imports inside functions too.
+- The client side, the rooms that reach the Mind through the protocol only, reaches no daemon or
+  store module through any chain of imports: the client library, the CLI, the MCP server
+  (`mind/mcp/`, a client of the Mind) and the testing toolkit (`mind/testing/`, an I/O shell room:
+  it starts the daemons as processes, `mind serve` and `hand run`, never imports them); the
+  toolkit's fault vocabulary (`mind/testing/vocabulary.py`) is pure, because the simulation
+  imports it. So `mind exec` never pays for the daemon's imports, and a client installed without
+  the daemon's dependencies works.
+- The Mind's side (`mind/daemon/`, `mind/store/`) reaches no CLI module either: what both sides
+  of the `mind` program share sits below both (`mind/commandline.py`, `mind/config.py`), and only
+  the entry point `mind/main.py` knows both.
+- No two rooms reach each other (the CLI starts the MCP server, so the server may not use the
+  CLI), and there is no import cycle anywhere.
 """
 
 from __future__ import annotations
@@ -72,8 +83,10 @@ def in_room(name: str, room: str) -> bool:
 
 
 PURE_ROOMS = ("mind.core", "hand.core", "mind.client.session", "mind.cli.escapes", "mind.testing.vocabulary")
-CLIENT_ROOMS = ("mind.client", "mind.cli", "mind.testing")
+CLIENT_ROOMS = ("mind.client", "mind.cli", "mind.mcp", "mind.testing")
 """The rooms on the client's side of the wire: they reach the Mind through the protocol only."""
+MIND_ROOMS = ("mind.daemon", "mind.store")
+"""The Mind's own side: the daemon and the stores it opens."""
 
 
 def is_pure(name: str) -> bool:
@@ -102,10 +115,64 @@ def test_packages_import_one_way(name: str) -> None:
     assert not bad, f"{name} imports across the house: {sorted(bad)}"
 
 
-@pytest.mark.parametrize("name", [n for n in MODULES if any(in_room(n, r) for r in CLIENT_ROOMS)])
-def test_client_and_cli_import_no_daemon(name: str) -> None:
-    bad = {n for n in ours(imports_of(name)) if in_room(n, "mind.daemon") or in_room(n, "mind.store")}
-    assert not bad, f"{name} (client side) imports daemon modules {sorted(bad)}"
+GRAPH = {n: {m for m in ours(imports_of(n)) if m in MODULES and m != n} for n in MODULES}
+"""Each module and the modules of ours it imports, anywhere in it."""
+
+
+def chain_to(start: str, rooms: tuple[str, ...]) -> list[str] | None:
+    """The shortest chain of imports from `start` into one of `rooms` (`start` first), or None when
+    nothing `start` loads, however indirectly, is in them."""
+    came_from = {start: start}
+    queue = [start]
+    for n in queue:
+        for d in sorted(GRAPH[n]):
+            if d in came_from:
+                continue
+            came_from[d] = n
+            if any(in_room(d, r) for r in rooms):
+                chain = [d]
+                while chain[-1] != start:
+                    chain.append(came_from[chain[-1]])
+                return chain[::-1]
+            queue.append(d)
+    return None
+
+
+def in_any(name: str, rooms: tuple[str, ...]) -> bool:
+    return any(in_room(name, r) for r in rooms)
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if in_any(n, CLIENT_ROOMS)])
+def test_client_side_reaches_no_daemon_or_store(name: str) -> None:
+    chain = chain_to(name, MIND_ROOMS)
+    assert chain is None, f"{name} (client side) reaches the Mind's side: {' -> '.join(chain)}"
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if in_any(n, MIND_ROOMS)])
+def test_daemon_and_store_reach_no_cli(name: str) -> None:
+    chain = chain_to(name, ("mind.cli",))
+    assert chain is None, f"{name} (the Mind's side) reaches the CLI: {' -> '.join(chain)}"
+
+
+def rooms() -> list[str]:
+    """Every room: a package directly under one of ours (`mind.cli`, `hand.aio`, `protocol.io`)."""
+    return sorted({n for n, p in MODULES.items() if p.name == "__init__.py" and n.count(".") == 1})
+
+
+def room_chain(a: str, b: str) -> list[str] | None:
+    """A chain of imports from some module of room `a` into room `b`, or None."""
+    for n in sorted(MODULES):
+        if in_room(n, a) and (chain := chain_to(n, (b,))):
+            return chain
+    return None
+
+
+@pytest.mark.parametrize("a,b", [(a, b) for i, a in enumerate(rooms()) for b in rooms()[i + 1 :]])
+def test_no_two_rooms_reach_each_other(a: str, b: str) -> None:
+    """A loop between rooms (`mind/cli` starts the MCP server, which once found the Mind through
+    the CLI's connection options) is a cycle waiting for one more import: one room must lie below."""
+    there, back = room_chain(a, b), room_chain(b, a)
+    assert there is None or back is None, f"{a} and {b} reach each other: {' -> '.join(there)} and {' -> '.join(back)}"
 
 
 def test_no_import_cycles() -> None:

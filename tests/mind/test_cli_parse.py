@@ -1,11 +1,12 @@
 """The `mind` command line, parsed in-process without starting anything: every command's `--help`,
-every `mind ...` line the README shows, the ssh habit `mind exec HAND -- CMD` and its rule, and the
+every `mind ...` line the README shows, the ssh habit `mind exec HAND CMD ARGS` and its rule, and the
 house rules of mind/cli (one shape per command, no private names across files)."""
 
 from __future__ import annotations
 
 import argparse
 import ast
+import re
 import shlex
 from pathlib import Path
 from types import SimpleNamespace
@@ -81,7 +82,11 @@ def test_every_leaf_command_has_a_handler():
         if words is None:
             words = [
                 *path,
-                *(["x"] if path[-1] in ("get", "logs", "wait", "cancel", "revoke", "rotate", "add", "attach") else []),
+                *(
+                    ["x"]
+                    if path[-1] in ("get", "logs", "wait", "cancel", "rm", "revoke", "rotate", "add", "attach")
+                    else []
+                ),
             ]
         args = parse(*words)
         assert callable(args.handler), path
@@ -132,7 +137,7 @@ def test_every_readme_command_line_parses(line):
     assert callable(args.handler)
 
 
-# --- `mind exec HAND -- CMD`, as ssh takes a host ------------------------------------------------
+# --- `mind exec HAND CMD ARGS`, as ssh takes a host and a command ----------------------------------
 
 
 def same(a: argparse.Namespace, b: argparse.Namespace) -> bool:
@@ -153,12 +158,12 @@ def test_options_may_follow_the_hand_before_the_command():
 
 def test_words_after_the_double_dash_are_never_the_hand(capsys):
     err = usage_error(capsys, "exec", "--", "web1", "uptime")
-    assert "which Hand?" in err and "mind exec [OPTIONS] HAND -- COMMAND" in err
+    assert "which Hand?" in err and "mind exec [OPTIONS] HAND COMMAND [ARG...]" in err
 
 
 def test_with_hand_or_hands_every_word_is_the_commands():
-    a = parse("exec", "--hand", "web1", "echo", "--", "hi")
-    assert (a.hand, a.argv) == ("web1", ["echo", "hi"])
+    a = parse("exec", "--hand", "web1", "echo", "--", "hi")  # the command's own `--` is the command's
+    assert (a.hand, a.argv) == ("web1", ["echo", "--", "hi"])
     f = parse("exec", "--hands", "web*", "uptime")
     assert (f.hand, f.hands, f.argv) == (None, "web*", ["uptime"])
 
@@ -181,17 +186,83 @@ def test_a_hand_that_looks_like_an_option_is_refused_not_guessed(capsys):
     assert exc.value.code == EXIT_USAGE and "--hand wants a Hand's name" in capsys.readouterr().err
 
 
-def test_a_command_with_options_and_no_double_dash_says_where_they_go(capsys):
-    err = usage_error(capsys, "exec", "web1", "ls", "-l")
-    assert "unrecognized arguments: -l" in err and "goes after --" in err
+D = options.EXEC_TIMEOUT_S
+
+
+@pytest.mark.parametrize(
+    "words, hand, argv, timeout",
+    [
+        (["web1", "ls", "-la"], "web1", ["ls", "-la"], D),
+        (["web1", "grep", "--timeout", "-r", "x", "."], "web1", ["grep", "--timeout", "-r", "x", "."], D),
+        (["--hand", "web1", "ls", "-la", "--json"], "web1", ["ls", "-la", "--json"], D),
+        (["-t", "web1", "top", "-d", "1"], "web1", ["top", "-d", "1"], D),
+        (["-n", "web1", "uptime"], "web1", ["uptime"], D),
+        (["-tn", "web1", "cat", "-A"], "web1", ["cat", "-A"], D),
+        (["web1", "-n", "--timeout=5m", "ls", "-l"], "web1", ["ls", "-l"], 300.0),
+        (["--time", "5", "web1", "ls", "-l"], "web1", ["ls", "-l"], 5.0),  # an abbreviation takes its value
+        (["web1", "echo", "--", "-n"], "web1", ["echo", "--", "-n"], D),
+    ],
+)
+def test_after_the_hand_every_word_is_the_commands_options_included(words, hand, argv, timeout):
+    """ssh's form: `mind exec web1 ls -la` runs `ls -la` (it was `unrecognized arguments: -la`, exit 2).
+    mind's options come before the command's first word; from there on nothing is ours."""
+    a = parse("exec", *words)
+    assert (a.hand, a.argv, a.shell, a.timeout) == (hand, argv, None, timeout)
+
+
+@pytest.mark.parametrize("word", ["ls -la | head -3", "echo $HOME", "cd /tmp && make", "ls *.py", "a=1", "x>y"])
+def test_one_word_with_shell_syntax_runs_through_sh_as_ssh_runs_it(word):
+    a = parse("exec", "web1", word)
+    assert (a.hand, a.shell, a.argv) == ("web1", word, [])
+    from mind.cli.toolargs import tool_args_from
+
+    assert tool_args_from(a) == ("shell", {"command": word})
+
+
+@pytest.mark.parametrize(
+    "words, argv",
+    [
+        (["--", "ls -la | head -3"], ["ls -la | head -3"]),  # after --: an argv, exactly (as before)
+        (["ls", "a b", "|", "wc"], ["ls", "a b", "|", "wc"]),  # several words: never joined into a line
+        (["uptime"], ["uptime"]),  # one word, no shell syntax: a program
+    ],
+)
+def test_every_other_command_is_an_exact_argv(words, argv):
+    a = parse("exec", "web1", *words)
+    assert (a.shell, a.argv) == (None, argv)
+
+
+def test_a_shell_line_and_shell_both_is_a_usage_error(capsys):
+    a = parse("exec", "web1", "--shell", "true", "a | b")
+    from mind.cli.toolargs import tool_args_from
+
+    with pytest.raises(SystemExit) as exc:
+        tool_args_from(a)
+    assert exc.value.code == EXIT_USAGE and "not both" in capsys.readouterr().err
+
+
+def test_a_hand_word_and_hand_flag_both_is_a_usage_error(capsys):
+    assert "two Hands: --hand b and a" in usage_error(capsys, "exec", "a", "--hand", "b", "ls")
+
+
+def test_an_unknown_option_before_the_command_is_still_refused(capsys):
+    err = usage_error(capsys, "exec", "--bogus", "web1", "ls")
+    assert "unrecognized arguments: --bogus" in err
 
 
 def test_exec_is_parsed_by_its_own_parser_the_same_as_by_the_whole():
-    words = ["exec", "web1", "--cwd", "src", "--env", "A=1", "--json", "--", "make", "-j4"]
-    full = main.parser([add_daemon_parsers])
-    args, extra = full.parse_known_args(words)
-    args.resolve(args, words, extra)
-    assert same(parse(*words), args)
+    from mind.cli.exec import split_command
+
+    for words in (
+        ["exec", "web1", "--cwd", "src", "--env", "A=1", "--json", "--", "make", "-j4"],
+        ["exec", "--cwd", "src", "web1", "make", "-j4", "--json"],
+    ):
+        full = main.parser([add_daemon_parsers])
+        sub = next(a for a in full._actions if isinstance(a.choices, dict))
+        ours, tail = split_command(sub, words, 0)
+        args, extra = full.parse_known_args(ours)
+        args.resolve(args, tail, extra)
+        assert same(parse(*words), args)
 
 
 def test_shell_takes_the_hand_as_ssh_takes_a_host(capsys):
@@ -333,3 +404,72 @@ def test_task_exit_codes_follow_the_exec_table():
     assert exits.task_exit_code(TaskState.FAILED, None, 9) == 137
     assert exits.task_exit_code(TaskState.TIMED_OUT, None, None) == exits.EXIT_TIMED_OUT
     assert exits.task_exit_code(TaskState.RUNNING, None, None) is None
+
+
+# --- durations: every option of seconds takes 90, 90s, 5m, 2h ----------------------------------
+
+
+def leaves(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    subs = [a for a in parser._actions if isinstance(a.choices, dict)]
+    if not subs:
+        return [(path, parser)]
+    return [leaf for a in subs for name, sp in a.choices.items() for leaf in leaves(sp, (*path, name))]
+
+
+LATE = {("exec", "--wait"), ("exec", "--keep"), ("exec", "--deliver-within"), ("runs", "--since")}
+LATE |= {("task", "start", "--max-runtime"), ("task", "wait", "--timeout")}
+"""Duration options kept as text by argparse and read by `protocol.units` in their handler (with a
+sentence naming the option), the same parser `options.duration` uses."""
+
+
+TIMED = re.compile(r"timeout|wait$|keep|grace|runtime|within|since|window|interval|lease|backoff|retention")
+"""The names of options that hold a time (`--cpu-seconds` is a CPU budget, counted as ulimit counts it)."""
+
+
+def test_every_duration_option_of_every_command_reads_units():
+    """`mind serve --resume-window 3s` was refused while `--wait 5m` was taken: no option of seconds
+    may want a bare number (`type=float`), and each one of a duration reads `protocol.units`."""
+    from mind.config import KEYS
+    from protocol.io.settings import Duration
+
+    settings = {k.flag: k for k in KEYS}
+    seen = set()
+    for path, p in leaves(main.parser([add_daemon_parsers])):
+        for action in p._actions:
+            assert action.type is not float, (path, action.option_strings)
+            if TIMED.search(action.dest) and action.option_strings and action.nargs != 0:
+                assert action.metavar in ("DURATION", "D"), (path, action.option_strings)
+            if action.metavar not in ("DURATION", "D") or not action.option_strings:
+                continue
+            flag = action.option_strings[-1]
+            seen.add((*path, flag))
+            if path in (("serve",), ("config", "show")):
+                assert settings[flag].kind is Duration, flag
+            else:
+                assert action.type is options.duration or (*path, flag) in LATE, (path, flag)
+    assert LATE <= seen
+    assert {("exec", "--timeout"), ("exec", "--grace"), ("shell", "--timeout"), ("call", "--timeout")} <= seen
+    assert {("task", "cancel", "--wait-timeout"), ("mcp", "--keep"), ("serve", "--resume-window")} <= seen
+
+
+@pytest.mark.parametrize(
+    "words, attr, seconds",
+    [
+        (["exec", "--timeout", "90s", "h", "x"], "timeout", 90.0),
+        (["exec", "--grace", "1.5s", "h", "x"], "grace", 1.5),
+        (["exec", "--timeout", "90", "h", "x"], "timeout", 90.0),
+        (["shell", "--timeout", "2h", "h"], "timeout", 7200.0),
+        (["call", "--hand", "h", "--timeout", "5m", "t"], "timeout", 300.0),
+        (["task", "cancel", "t1", "--wait-timeout", "1m"], "wait_timeout", 60.0),
+        (["mcp", "--keep", "30m"], "keep", 1800.0),
+    ],
+)
+def test_duration_options_read_as_seconds(words, attr, seconds):
+    assert getattr(parse(*words), attr) == seconds
+
+
+def test_a_bad_duration_is_a_usage_error_with_an_example(capsys):
+    err = usage_error(capsys, "exec", "--timeout", "soon", "h", "x")
+    assert "--timeout: 'soon' is not a duration (use e.g. 90s" in err

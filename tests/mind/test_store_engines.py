@@ -168,6 +168,25 @@ async def test_cancel_pending_and_start_retries(stores: Stores):
     assert (await s.get("a")).cancel_pending is None  # type: ignore[union-attr]
 
 
+async def test_a_removed_tasks_snapshot_goes_only_if_still_its_hands_and_settled(stores: Stores):
+    """`mind task rm`: after the Hand removed the task, its snapshot is deleted and returned, once;
+    not when it names another Hand, nor while a start of its id is in flight (that start owns the
+    id now), nor an id the Mind does not hold."""
+    s = stores.snapshots
+    await s.insert_new(snap("done", hand="h", owner="ci"))
+    await s.report("h", info("done", TaskState.SUCCEEDED, 3), 2.0)
+    await s.insert_new(snap("elsewhere", hand="g"))
+    await s.insert_new(snap("starting", hand="h", start_pending=True))
+    assert await s.remove("done", "g") is None and await s.get("done") is not None  # not g's
+    gone = await s.remove("done", "h")
+    assert gone is not None and gone.task_id == "done" and gone.state is TaskState.SUCCEEDED and gone.owner == "ci"
+    assert await s.get("done") is None and await s.remove("done", "h") is None
+    assert await s.remove("elsewhere", "h") is None and await s.get("elsewhere") is not None
+    assert await s.remove("starting", "h") is None and await s.get("starting") is not None
+    assert await s.remove("ghost", "h") is None
+    assert [x.task_id for x in await s.list()] == ["elsewhere", "starting"]
+
+
 async def test_listing_is_newest_first_in_pages(stores: Stores):
     s = stores.snapshots
     for i in range(7):
@@ -379,10 +398,13 @@ async def test_claims_fence_every_write_about_a_hand(pg_database, tmp_path):
             await a.snapshots.report("box", info("t1", version=3), 3.0)
         with pytest.raises(Fenced):
             await a.snapshots.reconcile("box", {}, 3.0)
+        with pytest.raises(Fenced):  # `mind task rm` through a node that no longer holds the Hand
+            await a.snapshots.remove("t1", "box")
+        assert await b.snapshots.get("t1") is not None
         late = RunEnd(run_id="r1", state=RunState.LOST, hand="box", tool="exec")
         with pytest.raises(Fenced):
             await a.endings.put(Ending(late, "ci", time.time()))
-        assert fenced == [("box", ca)] * 3
+        assert fenced == [("box", ca)] * 4
         run = RunInfo(
             run_id="r1", hand="box", tool="exec", state=RunState.LOST, created_at=1.0, ended_at=2.0, args_digest=D,
         )  # fmt: skip

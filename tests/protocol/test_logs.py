@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 
 import pydantic
 import pytest
@@ -120,3 +121,98 @@ def test_a_console_prints_the_traceback_below_the_line(stream):
     first, *rest = tty.getvalue().rstrip("\n").splitlines()
     assert "tick_failed" in first and "exc_type" in first
     assert rest[0] == "Traceback (most recent call last):" and rest[-1] == "KeyError: 'k'"
+
+
+# --- a sink that cannot write (a full disk) -------------------------------------------------------
+
+
+@pytest.fixture
+def dropped(monkeypatch):
+    """A fresh count of dropped lines for the test (the process's own is module-wide)."""
+    fresh = logs.Dropped()
+    monkeypatch.setattr(logs, "DROPPED", fresh)
+    return fresh
+
+
+def test_an_audit_file_on_a_full_disk_drops_its_lines_and_says_so_once(stream, tmp_path, dropped):
+    """A Hand whose state disk filled exited 1: the audit line of a run's end raised ENOSPC out of
+    the code that logged it. Now the line is counted and dropped (the console still shows it); one
+    error when the failures start, one warning with the count when a line goes through again, and
+    the file holds only whole lines. (`/dev/full` answers every write with ENOSPC.)"""
+    from protocol.audit import AuditEvent
+
+    audit = logs.AuditLog(tmp_path / "audit.jsonl")
+    audit._follow = lambda now: None  # type: ignore[method-assign]  # (no rotation: the descriptor is swapped)
+    real, full = audit._fd, os.open("/dev/full", os.O_WRONLY)
+    try:
+        logs.configure("json", "info", stream=stream, audit=audit)
+        log = logs.get("hand")
+        audit._fd = full
+        for i in range(3):
+            log.info(AuditEvent.RUN_TERMINAL, run_id=f"r{i}", state="succeeded")  # never raises
+        assert dropped.counts == {"audit": 3} and dropped.failing("audit")
+        audit._fd = real
+        log.info(AuditEvent.RUN_TERMINAL, run_id="r3", state="succeeded")
+    finally:
+        audit._fd = real
+        audit.close()
+        os.close(full)
+    shown = lines(stream)
+    assert [(e["event"], e.get("run_id")) for e in shown] == [
+        ("log_writes_failing", None),
+        ("run_terminal", "r0"),
+        ("run_terminal", "r1"),
+        ("run_terminal", "r2"),
+        ("log_writes_recovered", None),
+        ("run_terminal", "r3"),
+    ]
+    failing, recovered = shown[0], shown[4]
+    assert failing["level"] == "error" and failing["sink"] == "audit" and failing["error"].startswith("ENOSPC")
+    assert recovered["level"] == "warning" and recovered["dropped"] == 3
+    assert dropped.counts == {"audit": 3} and not dropped.failing("audit")
+    written = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [e["run_id"] for e in written] == ["r3"]
+
+
+def test_a_line_the_disk_cut_short_does_not_swallow_the_next(tmp_path, dropped):
+    """A write that stopped part way leaves a partial line: the next one starts on a line of its
+    own, so every line written whole is still one JSON line."""
+    audit = logs.AuditLog(tmp_path / "audit.jsonl")
+    try:
+        os.write(audit._fd, b'{"event": "cut sh')  # what a disk that filled mid-line leaves
+        audit._torn = True
+        audit.write({"event": "run_terminal", "run_id": "r1"})
+    finally:
+        audit.close()
+    *_, last = (tmp_path / "audit.jsonl").read_text().splitlines()
+    assert json.loads(last) == {"event": "run_terminal", "run_id": "r1"}
+
+
+def test_a_console_on_a_full_disk_drops_its_lines_and_says_so_once(tmp_path, dropped, capfd):
+    """A `--log-file` (or stdout) on a full disk: the line is counted and dropped, never raised;
+    the failures are told once on stderr (the console itself cannot take it), and when a line
+    goes through again the console says how many were dropped. Nothing refused is written later:
+    each line is one write of its own, never kept in a buffer."""
+    path = tmp_path / "hand.log"
+    console = open(path, "w")
+    keep, full = os.dup(console.fileno()), os.open("/dev/full", os.O_WRONLY)
+    try:
+        os.dup2(full, console.fileno())  # the console's file descriptor now answers ENOSPC
+        logs.configure("json", "info", stream=console)
+        log = logs.get("hand")
+        log.info("lost_one")
+        log.warning("lost_two")
+        assert dropped.counts == {"log": 2}
+        os.dup2(keep, console.fileno())  # room again
+        log.info("kept")
+    finally:
+        structlog.reset_defaults()
+        console.close()
+        os.close(keep)
+        os.close(full)
+    shown = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [e["event"] for e in shown] == ["kept", "log_writes_recovered"]
+    assert shown[1]["sink"] == "log" and shown[1]["dropped"] == 2
+    told = [json.loads(x) for x in capfd.readouterr().err.splitlines() if x.startswith("{")]
+    assert [(e["event"], e["sink"]) for e in told] == [("log_writes_failing", "log")]
+    assert told[0]["error"].startswith("ENOSPC")

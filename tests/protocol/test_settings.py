@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol.io.settings import ConfigError, Key, Source, between, log_levels, mask, resolve
+from protocol.io.settings import ConfigError, Duration, Key, Source, between, duration_text, log_levels, mask, resolve
 
 KEYS = (
     Key("ping_interval", float, 10.0, check=between(0.1, 3600, " seconds")),
@@ -177,3 +177,78 @@ def test_show_masks_a_password_in_a_url_and_keeps_the_rest():
     assert mask("postgresql://mind:s3cr%40t@db:5432/mindhand") == "postgresql://mind:****@db:5432/mindhand"
     assert mask("postgresql://mind@db/mindhand") == "postgresql://mind@db/mindhand"  # no password: nothing hidden
     assert mask(["ws://a:7470", "wss://b:7470/x"]) == ["ws://a:7470", "wss://b:7470/x"]  # a port is not a password
+
+
+# --- durations: one parser for every key that holds seconds -------------------------------------
+
+WINDOW = (Key("resume_window", Duration, 60.0, check=between(0, 86400, " seconds")),)
+
+
+@pytest.mark.parametrize(
+    "how, raw, seconds",
+    [
+        ("flag", "3s", 3.0),
+        ("flag", "90", 90.0),
+        ("flag", "1.5m", 90.0),
+        ("env", "2h", 7200.0),
+        ("file", "5", 5.0),
+        ("file", "2.5", 2.5),
+        ("file", '"5m"', 300.0),
+    ],
+)
+def test_a_duration_key_takes_what_every_duration_option_takes(how, raw, seconds):
+    """`mind serve --resume-window 3s` was refused ("wants a number") while `mind exec --wait 5m` took
+    units: a duration key reads flags, variables and the file by `protocol.units`, to a float."""
+    s = resolve(
+        WINDOW,
+        flags={"resume_window": raw} if how == "flag" else {},
+        env={"MINDHAND_RESUME_WINDOW": raw} if how == "env" else {},
+        file_text=f"resume_window = {raw}\n" if how == "file" else None,
+        file_path="/etc/mh/mind.toml" if how == "file" else None,
+    )
+    assert s["resume_window"] == seconds and type(s["resume_window"]) is float
+
+
+@pytest.mark.parametrize(
+    "flags, text, message",
+    [
+        ({"resume_window": "soon"}, None, "--resume-window: 'soon' is not a duration (use e.g. 90s"),
+        ({"resume_window": "2d"}, None, "--resume-window: must be between 0 and 86400 seconds (got 172800)"),
+        ({}, "resume_window = true\n", "line 1: resume_window: wants a duration (seconds, or a string such as"),
+        ({}, 'resume_window = "5x"\n', "line 1: resume_window: '5x' is not a duration"),
+    ],
+)
+def test_a_bad_duration_says_where_and_what_to_type(flags, text, message):
+    with pytest.raises(ConfigError) as err:
+        resolve(WINDOW, flags=flags, env={}, file_text=text, file_path="/etc/mh/mind.toml" if text else None)
+    assert message in str(err.value)
+
+
+def test_every_daemon_key_of_seconds_is_a_duration():
+    """Both daemons' tables: a key whose help or metavar speaks of seconds or a duration reads units."""
+    from hand.config import KEYS as HAND_KEYS
+    from mind.config import KEYS as MIND_KEYS
+
+    timed = {k.name for k in (*HAND_KEYS, *MIND_KEYS) if k.kind is Duration}
+    assert timed == {
+        "ping_interval",
+        "node_lease",
+        "resume_window",
+        "keep_max",
+        "max_backoff",
+        "kill_grace",
+        "task_retention",
+    }
+    for k in (*HAND_KEYS, *MIND_KEYS):
+        assert k.kind is Duration or (k.metavar != "S" and k.kind is not float), k.name
+
+
+def test_help_shows_a_duration_default_as_typed():
+    assert [duration_text(s) for s in (10.0, 60.0, 3600.0, 604800.0, 0.5, 90.0)] == [
+        "10s",
+        "1m",
+        "1h",
+        "7d",
+        "0.5s",
+        "90s",
+    ]
