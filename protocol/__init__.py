@@ -13,5 +13,6 @@ PROTOCOL_VERSION = 6
 would refuse it mid-connection (2: the fields of issues 14-17; 3: the continuity fields and messages, the
 window of a stream's opening, the fleet and connected-Hands requests; 4: a run's owner in `rpc` and what a Hand presents for a
 Mind that restarted to adopt it, `resume_pending`, the unattended filter of `list_runs`; 5: stream bytes as binary data frames named by `stream_numbers`, no
-`stream_data` envelope; 6: `mind task rm` (`task_remove`, `task_remove_request`, `task_removed`)
-and the reject code `disk_full`). Peers never downgrade: a mismatch is refused at `hello`."""
+`stream_data` envelope; 6: `mind task rm` (`task_remove`, `task_remove_request`, `task_removed`), the
+reject code `disk_full`, and a Mind's seal over each `rpc`, presented back with the run). Peers never
+downgrade: a mismatch is refused at `hello`."""

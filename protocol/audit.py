@@ -60,6 +60,9 @@ class AuditEvent(StrEnum):
     DENIED_BY_SCOPE = "denied_by_scope"
     HAND_INPUT_WRONG_GENERATION = "hand_input_wrong_generation"
     HAND_INPUT_UNKNOWN_RUN = "hand_input_unknown_run"
+    HAND_PRESENTED_UNSEALED = "hand_presented_unsealed"
+    """A Hand presented runs no Mind of this database sent it as presented (no seal, or one that does
+    not match): killed, never adopted; one line per presentation with the count."""
     TASK_UPDATE_FOREIGN = "task_update_foreign"
     TASK_UPDATE_UNSOLICITED = "task_update_unsolicited"
     """Mind: a Hand reported a task the Mind never asked it about (not adopted; issue 13)."""

@@ -38,6 +38,8 @@ RESUME_WINDOW_MAX_S = 7 * 24 * 3600.0
 """The longest resume window or `keep` a Mind may announce: past a week the answer is a background task."""
 WallTime = Annotated[float, Field(allow_inf_nan=False)]
 """A wall-clock time (seconds since the epoch): finite, as the fast path's reader requires too."""
+Seal = Annotated[str, Strict(), StringConstraints(pattern=r"^[0-9a-f]{32}$")]
+"""A Mind's seal over an `rpc` (`mind.core.seal`): 128 bits of HMAC-SHA256, in hex."""
 Window = Annotated[int, Strict(), Field(ge=limits.STREAM_WINDOW_MIN, le=limits.STREAM_WINDOW_MAX)]
 StartOutcome = Literal["accepted", "duplicate", "rejected", "unknown"]
 
@@ -240,6 +242,11 @@ class Rpc(Message):
     """The client identity the run belongs to (DESIGN §15). The Hand keeps it with the run and
     presents it after a cut, so a Mind that restarted (and remembers nothing) gives the run back to
     its owner and to nobody else. Never used by the Hand to decide anything."""
+    seal: Seal | None = None
+    """The Mind's seal over what a presentation of this run is adopted from (`mind.core.seal`):
+    the Hand keeps it with the run and presents it untouched; it cannot make one."""
+    sealed_at: WallTime | None = None
+    """When the Mind sent the run (its wall clock, sealed): an adopted run's creation time."""
 
 
 class Background(Message):
@@ -353,6 +360,12 @@ class PresentedRun(Message):
     """The run's streams as opened (`Rpc.streams`): which relays a Mind that restarted rebuilds."""
     args_digest: Str | None = None
     """The digest of the run's tool and arguments (never the arguments), for its history."""
+    timeout_ms: TimeoutMs | None = None
+    """`Rpc.timeout_ms` as sent: the bound on `remaining_ms` a Mind that restarted accepts."""
+    seal: Seal | None = None
+    sealed_at: WallTime | None = None
+    """`Rpc.seal` and `Rpc.sealed_at` as the run was sent: without a seal that matches what is
+    presented, a Mind that restarted kills the run instead of adopting it."""
 
 
 RUNS_PRESENT_MAX = 10_000

@@ -70,6 +70,9 @@ class ActiveRun:
             grace_ms=self.rpc.grace_ms,
             spec=self.rpc.streams,
             args_digest=self.digest,
+            timeout_ms=self.rpc.timeout_ms,
+            seal=self.rpc.seal,
+            sealed_at=self.rpc.sealed_at,
         )
 
     async def run_process(self, spec: ProcessSpec, send: Send, metrics: HandMetrics) -> ProcessOutcome | PtyOutcome:
@@ -206,6 +209,9 @@ class KeptResult:
             grace_ms=run.rpc.grace_ms,
             spec=run.rpc.streams,
             args_digest=run.digest,
+            timeout_ms=run.rpc.timeout_ms,
+            seal=run.rpc.seal,
+            sealed_at=run.rpc.sealed_at,
         )
 
 

@@ -106,11 +106,25 @@ class ClientRates:
         return len(self._rates)
 
 
-def stream_windows(stdin: bool, pty: bool) -> int:
-    """The bytes a streamed run may hold in the Mind: a window per stream it relays (stdout and
-    stderr, or the terminal; and stdin when the client sends it)."""
+STREAM_WINDOW_CAP = 32 << 20
+"""The largest window one stream may ask of this Mind (the protocol allows 64 MiB): 32 MiB keeps
+a 100 ms link at 2.6 Gbit/s, and one run's windows under a quarter of its client's budget."""
+
+
+def stream_windows(stdin: bool, pty: bool, window: int = limits.STREAM_WINDOW) -> int:
+    """The bytes a streamed run may hold in the Mind: the window it asked (`Streams.window`) per
+    stream it relays (stdout and stderr, or the terminal; and stdin when the client sends it).
+    Counted at the asked window, not the default: a client asking 64 MiB windows holds 32 times
+    what one at the default does, and its budget must say so."""
     streams = (1 if pty else 2) + (1 if stdin and not pty else 0)
-    return streams * limits.STREAM_WINDOW
+    return streams * window
+
+
+def window_problem(window: int, cap: int = STREAM_WINDOW_CAP) -> str | None:
+    """Why a stream's asked window is refused by this Mind (the sentence for the client), or None."""
+    if window <= cap:
+        return None
+    return f"a stream window of {window >> 20} MiB is over this mind's cap of {cap >> 20} MiB: ask for less"
 
 
 def stream_budget_problem(in_flight: int, want: int, budget: int = STREAM_BUDGET_BYTES) -> str | None:

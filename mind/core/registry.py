@@ -40,6 +40,7 @@ from mind.core.runs import (
     relays_for,
     relays_for_spec,
 )
+from mind.core.seal import seal, unsealed
 from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, CancelStatus, ErrorCode, RejectCode
 from protocol.digest import args_digest
@@ -69,10 +70,19 @@ from protocol.messages import (
     StreamNumbers,
     StreamPosition,
     StreamResume,
+    Streams,
 )
 from protocol.states import RUN_TERMINAL, RUN_TRANSITIONS, RunState, advance, can_advance
 from protocol.streams import check_resume
 
+ADOPT_MAX = 1024
+"""Unknown runs one presentation may have adopted (a Mind that restarted): more foreground runs than
+any Hand holds at once; the rest are killed, said in one line."""
+CANCEL_ANSWER_S = 60.0
+"""A cancel delivered to a Hand that is there is answered within the run's grace (it sends SIGTERM,
+then SIGKILL) plus this: past it the run ends `lost`, never `cancel_requested` for ever. Longer than
+the Mind takes to find a silent Hand gone (two ping intervals, 20 s by default): a Hand cut off
+without a word is away by then, and its runs wait for it under the window's rules instead."""
 MIND_DEADLINE_SLACK_S = 2.0
 """Extra time the Mind waits past the Hand's deadline and kill grace before deciding `timed_out`
 itself: the Hand's own `timed_out` result normally arrives first and carries the real details."""
@@ -103,13 +113,21 @@ def retained(end: RunEnd) -> RunEnd:
 
 class RunRegistry:
     def __init__(
-        self, retain_finished: int = 10_000, resume_window: float = 0.0, keep_max: float = RESUME_WINDOW_MAX_S
+        self,
+        retain_finished: int = 10_000,
+        resume_window: float = 0.0,
+        keep_max: float = RESUME_WINDOW_MAX_S,
+        seal_key: bytes = b"",
     ) -> None:
         """`resume_window`: seconds a run may be unattended on either leg before the seed's rule
         fires (DESIGN §15); 0 ends it at once, as before continuity. `keep_max`: the longest a
-        detached run is kept (`Detach.keep_s` is capped to it)."""
+        detached run is kept (`Detach.keep_s` is capped to it). `seal_key`: the store's key the
+        `rpc`s are sealed with (`mind.core.seal`), the same in every life of the Mind."""
         self.resume_window = resume_window
         self.keep_max = keep_max
+        self.seal_key = seal_key
+        self._presented: dict[str, int] = {}
+        """The generation each Hand last presented its runs on: one presentation per welcome."""
         self._newest_gen: dict[str, int] = {}
         """The newest generation heard of per Hand (a run sent on it, or its presentation): an older
         one is fenced, and its results are not acknowledged."""
@@ -350,12 +368,23 @@ class RunRegistry:
                     streams=req.streams if background is None else None,
                     background=background,
                     owner=run.owner or None,
+                    **self._sealed(run, req.streams if background is None else None, wall),
                 ),
             )
         )
         # The Hand's frame is the one the answer waits for, so it leaves first (issue 25); the client
         # hears of the admission, then (if it watches) of `sent`, in that order, right after.
         return acts + admitted + moved
+
+    def _sealed(self, run: Run, spec: Streams | None, wall: float) -> dict[str, Any]:
+        """A foreground run's seal and its time, for its `rpc` (a task's start run is never adopted)."""
+        if run.background is not None or not run.owner:
+            return {}
+        digest = run.args_digest
+        mark = seal(
+            self.seal_key, run.hand, run.run_id, run.owner, run.tool, digest, run.timeout_ms, run.grace_ms, spec, wall
+        )
+        return {"seal": mark, "sealed_at": wall}
 
     def on_accepted(self, run_id: str, hand: str, gen: int, now: float) -> list[Action]:
         run, acts = self._from_hand(run_id, hand, gen, "accepted")
@@ -610,6 +639,7 @@ class RunRegistry:
         acts = self._move(run, RunState.CANCEL_REQUESTED)
         if run.hand_away_since is None:  # else the cancel is delivered when the Hand is back
             acts.append(SendToHand(run.hand, run.gen, Cancel(run_id=run.run_id, reason=reason)))
+            run.cancel_sent_at = now
         return CancelStatus.CANCEL_REQUESTED, acts
 
     def on_hand_gone(self, hand: str, gen: int, now: float, wall: float) -> list[Action]:
@@ -644,13 +674,32 @@ class RunRegistry:
         generation that it does not present ends `lost` at once: the Hand restarted and nobody can
         know how it went. Streams resume from the offsets both sides give (`_resume_streams`), and
         a cancel or resize that came during the outage is delivered now, once."""
+        if self._presented.get(hand, 0) >= gen:
+            # one presentation per welcome: a Hand presenting again (or on an older connection)
+            # adds nothing, and cannot grow the Mind by a run list each time
+            self.foreign_inputs += 1
+            return [Log("runs_present_repeated", {"hand": hand, "gen": gen, "runs": len(msg.runs)})]
+        self._presented[hand] = gen
         self._newest_gen[hand] = max(gen, self._newest_gen.get(hand, 0))
         acts: list[Action] = []
         presented: set[str] = set()
+        adopted = refused = 0
+        forged: list[tuple[str, str]] = []
         for p in msg.runs:
             presented.add(p.run_id)
             run = self._runs.get(p.run_id)
             if run is None and p.owner is not None and p.tool is not None and self._adopting(now):
+                problem = unsealed(self.seal_key, hand, p)
+                if problem is not None or adopted >= ADOPT_MAX:
+                    # made up by the Hand or altered (never adopted), or more than a Hand runs at
+                    # once: killed, and said in one line below, not one per run
+                    if problem is not None:
+                        forged.append((p.run_id, problem))
+                    else:
+                        refused += 1
+                    acts.append(SendToHand(hand, gen, Cancel(run_id=p.run_id, reason=CancelReason.INTERNAL_FAILURE)))
+                    continue
+                adopted += 1
                 acts += self._adopt(hand, gen, p, now, wall)
                 continue
             if run is None or run.hand != hand or run.terminal:
@@ -666,6 +715,14 @@ class RunRegistry:
                 acts.append(self._log(AuditEvent.HAND_INPUT_WRONG_GENERATION, run, what="runs_present", from_gen=gen))
                 continue
             acts += self._rebind(run, gen, p.started, p.streams, now, wall)
+        if refused:
+            acts.append(
+                Log("runs_present_over_bound", {"hand": hand, "gen": gen, "refused": refused, "max": ADOPT_MAX})
+            )
+        if forged:
+            run_id, why = forged[0]
+            fields = {"hand": hand, "gen": gen, "refused": len(forged), "first": run_id, "why": why}
+            acts.append(Log(AuditEvent.HAND_PRESENTED_UNSEALED, fields))
         for run in list(self._active.values()):
             if run.hand != hand or run.gen is None or run.gen >= gen or run.run_id in presented:
                 continue
@@ -707,9 +764,12 @@ class RunRegistry:
         at the positions the Hand gives, its deadline from the time the Hand has left), unattended
         until its owner re-attaches within the window. A result pending on the Hand follows the
         presentation and ends it as any result does."""
-        assert p.owner is not None and p.tool is not None
+        assert p.owner is not None and p.tool is not None  # and sealed: `unsealed` said None
+        assert p.timeout_ms is not None and p.sealed_at is not None
         grace = p.grace_ms if p.grace_ms is not None else DEFAULT_GRACE_MS
-        remaining = p.remaining_ms if p.remaining_ms is not None else 0
+        # the Hand's word on the time left, never past the timeout the Mind sealed
+        remaining = min(p.remaining_ms if p.remaining_ms is not None else 0, p.timeout_ms)
+        age = max(0.0, wall - p.sealed_at)  # the run's own age, as the Mind sealed its start
         run = Run(
             run_id=p.run_id,
             hand=hand,
@@ -721,8 +781,8 @@ class RunRegistry:
             watch=True,
             timeout_ms=max(1, remaining),
             grace_ms=grace,
-            created_at=now,
-            created_wall=wall,
+            created_at=now - age,
+            created_wall=p.sealed_at,
             mind_deadline=now + (remaining + grace) / 1000 + MIND_DEADLINE_SLACK_S,
             state=RunState.RUNNING if p.started else RunState.ACCEPTED,
             gen=gen,
@@ -835,6 +895,7 @@ class RunRegistry:
         if run.state is RunState.CANCEL_REQUESTED:
             reason = run.cancel_reason or CancelReason.USER_REQUESTED
             acts.append(SendToHand(run.hand, gen, Cancel(run_id=run.run_id, reason=reason)))
+            run.cancel_sent_at = now
         if run.pending_resize is not None:
             acts.append(SendToHand(run.hand, gen, run.pending_resize))
             run.pending_resize = None
@@ -995,6 +1056,16 @@ class RunRegistry:
         resume window (or a detached run's `keep`) an absent leg's seed rule fires."""
         acts: list[Action] = []
         for run in list(self._active.values()):
+            if (
+                run.state is RunState.CANCEL_REQUESTED
+                and run.cancel_sent_at is not None
+                and run.hand_away_since is None
+                and now >= run.cancel_sent_at + run.grace_ms / 1000 + CANCEL_ANSWER_S
+            ):
+                # asked to stop, the Hand there, and no answer past its grace: nobody can know
+                why = f"the hand did not answer the cancel within {run.grace_ms / 1000 + CANCEL_ANSWER_S:g} s"
+                acts += self._terminate(run, self._end(run, RunState.LOST, why, now), now, wall, mind_decided=True)
+                continue
             if now >= run.mind_deadline and can_advance(RUN_TRANSITIONS, run.state, RunState.TIMED_OUT):
                 gen = run.gen
                 away = run.hand_away_since is not None

@@ -160,6 +160,8 @@ class Run:
     """A detached run's own end of waiting (`Detach.keep_s`), instead of the window's."""
     pending_resize: Resize | None = None
     """The last resize typed while the Hand was away: delivered once the Hand is back."""
+    cancel_sent_at: float | None = None
+    """When a `cancel` last went to the Hand (monotonic): its answer is awaited a bounded time."""
 
     @property
     def terminal(self) -> bool:

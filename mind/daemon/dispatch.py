@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
+from typing import Any
 
 import structlog
 
-from mind.core.admission import args_problem, touch_denial, use_denial
-from mind.core.budgets import stream_budget_problem, stream_windows
+from mind.core.admission import Denial, args_problem, touch_denial, use_denial
+from mind.core.budgets import stream_budget_problem, stream_windows, window_problem
 from mind.core.fleetids import FleetOwners
 from mind.core.nodes import request_owner
+from mind.core.routing import Facts, Kind, Route, after_find, after_lookup, decide
+from mind.core.runs import Run
 from mind.daemon.host import Host
 from mind.daemon.peer import INTERNAL_ERROR, Peer
 from mind.daemon.route import ROUTED_NUMBER_BASE, Forward, RoutedRun
 from mind.daemon.taskservice import TaskService
 from mind.daemon.views import Views
-from protocol import frames, limits
+from protocol import frames
 from protocol.codes import CancelReason, ErrorCode, RejectCode
 from protocol.envelope import Envelope
 from protocol.errors import ProtocolError
@@ -61,6 +65,7 @@ from protocol.messages import (
     TaskList,
     TaskLogPage,
     TaskLogs,
+    TaskRemoveRequest,
     TaskStart,
     TaskUpdate,
     WhichConnected,
@@ -77,7 +82,8 @@ class Dispatch:
         self.tasks = tasks
         self.views = views
         self.fleets = FleetOwners()
-        """Which client opened each fleet id (`fleet_open`): only its runs may be members (issue 23)."""
+        """Which client opened each fleet id (`fleet_open`): only its runs may be members."""
+        self._handlers = self._handler_table()
 
     # --- hands ---
 
@@ -139,6 +145,8 @@ class Dispatch:
     # --- clients ---
 
     def on_client_message(self, peer: Peer, id_: str | None, msg: Message) -> None:
+        """A client's frame: stream flow control (no answer), else a request served by the handler
+        of its type (`_handlers`), each asking `mind.core.routing` once where it is served."""
         m = self.mind
         if isinstance(msg, (StreamAck, Resize)):  # about a run's bytes, not a request: no answer
             if m.router is not None and m.router.from_client_stream(peer, msg):
@@ -147,136 +155,97 @@ class Dispatch:
             return
         if id_ is None:
             raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"a {msg.TYPE} request needs an envelope id")
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, f"a client may not send {msg.TYPE}")
         if isinstance(msg, (Exec, TaskStart)) and (problem := args_problem(msg.args)) is not None:
-            # before any digest, record or re-encode: their cost grows with the values (item 5)
+            # before any digest, record or re-encode: their cost grows with the values
             peer.outbox.put(Error(code=ErrorCode.INVALID_PAYLOAD, message=f"invalid {msg.TYPE}: {problem}"), id_)
             return
-        now, wall = time.monotonic(), time.time()
-        scope = peer.scope
         me = request_owner(peer.ident.label, getattr(msg, "on_behalf_of", None), m.router is not None)
         if me is None:  # a client posing as a node relaying another's request: refused, never obeyed
-            why = m.deny(peer, "act on behalf of another client", on_behalf_of=getattr(msg, "on_behalf_of", ""))
-            peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+            other = str(getattr(msg, "on_behalf_of", ""))
+            self._refuse(peer, id_, Denial("act on behalf of another client", {"on_behalf_of": other}))
             return
-        if isinstance(msg, Exec):
-            refusal = None
-            denial = use_denial(scope, msg.hand, msg.tool)
-            if denial is not None:
-                refusal = (RejectCode.DENIED_BY_SCOPE, m.deny(peer, denial.what, **denial.fields))
-            elif msg.fleet is not None and msg.on_behalf_of is None and self.fleets.problem(msg.fleet, me) is not None:
-                # (a relayed member's fleet id was minted and checked by the node that relayed it)
-                refusal = (RejectCode.DENIED_BY_SCOPE, m.deny(peer, f"join fleet {msg.fleet}", fleet=msg.fleet))
-                msg = msg.model_copy(update={"fleet": None})  # refused, and never listed as a member
-            elif msg.streams is not None:
-                want = stream_windows(msg.streams.stdin, msg.streams.pty is not None)
-                held = sum(len(r.relays) for r in m.registry.active() if r.owner == me) * limits.STREAM_WINDOW
-                if (problem := stream_budget_problem(held, want)) is not None:
-                    refusal = (RejectCode.QUOTA_EXCEEDED, problem)
-            live = m.hands.get(msg.hand)
-            if live is None and refusal is None:
-                if msg.on_behalf_of is None and m.router is not None:
-                    link = m.router.cached(msg.hand)
-                    if link is not None and link.ready:  # held by another node, its link open: relayed now
-                        link.relay(msg.model_copy(update={"on_behalf_of": me}), Forward(peer, id_, me, True, msg.hand))
-                        return
-                # Offline or unknown: the credentials table says which, read on the database thread.
-                peer.spawn(self._admit_offline(peer, id_, msg, me), reply_to=id_)
-                return
-            self._admit(peer, id_, msg, live, True, refusal, me)
-        elif isinstance(msg, (CancelRun, GetRun)):
-            run = m.registry.get(msg.run_id)
-            if run is None and msg.on_behalf_of is None and m.router is not None:
-                routed = m.router.runs.get(msg.run_id)
-                if routed is not None:  # a run relayed through this node: asked of its authority
-                    self._touch_routed(peer, id_, msg, me, routed)
-                    return
-                # neither here nor relayed here (started through another node): its node is asked
-                peer.spawn(self._touch_found(peer, id_, msg, me), reply_to=id_)
-                return
-            if run is None and isinstance(msg, GetRun) and m.history is not None:
-                peer.spawn(self.views.run_from_history(peer, id_, msg.run_id), reply_to=id_)  # another node's run
-                return
-            if run is None:
-                peer.outbox.put(Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {msg.run_id}"), id_)
-                return
-            verb = "cancel" if isinstance(msg, CancelRun) else "read"
-            if msg.on_behalf_of is not None and run.owner != me:
-                # Relayed: the relaying node checked its client's scope but cannot know this run's
-                # owner unless it relayed the run itself, so only the owner is served (a client
-                # allowed others' runs reads them where they run, or from the shared history).
-                scope = dataclasses.replace(scope, read_others=False)
-            denial = touch_denial(scope, me, run.hand, run.owner, f"{verb} run {msg.run_id}", run_id=msg.run_id)
-            if denial is not None:
-                why = m.deny(peer, denial.what, **denial.fields)
-                peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
-                return
-            if isinstance(msg, GetRun):
-                peer.outbox.put(run.info(), id_)
-                return
-            status, acts = m.registry.on_cancel(msg.run_id, CancelReason.USER_REQUESTED, now, wall)
-            m.perform(acts)  # the Hand's `cancel` is queued (and written) before the acknowledgement
-            peer.outbox.put(CancelRunResult(run_id=msg.run_id, status=status, state=run.state), id_)
-        elif isinstance(msg, Attach):
-            run = m.registry.get(msg.run_id)
-            if run is None and msg.on_behalf_of is None and m.router is not None:
-                routed = m.router.runs.get(msg.run_id)
-                if routed is not None:  # a run relayed through this node: attached at its authority
-                    if not scope.allows_hand(routed.hand):
-                        why = m.deny(peer, f"attach to run {msg.run_id}", run_id=msg.run_id)
-                        peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
-                        return
-                    peer.spawn(self._attach_routed(peer, id_, msg, me, routed.hand), reply_to=id_)
-                    return
-                peer.spawn(self._attach_found(peer, id_, msg, me), reply_to=id_)
-                return
-            if run is not None and not scope.allows_hand(run.hand):
-                why = m.deny(peer, f"attach to run {msg.run_id}", run_id=msg.run_id)
-                peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
-                return
-            # only the run's owner may take it over; the newest attachment wins (DESIGN §15)
-            m.perform(m.registry.on_attach(msg.run_id, peer.conn_id, me, id_, now, wall, msg.streams))
-        elif isinstance(msg, Detach):
-            if m.registry.get(msg.run_id) is None and m.router is not None:
-                via = m.router.streamed.get(msg.run_id)
-                routed = m.router.runs.get(msg.run_id)
-                if routed is not None and via is not None and via[1] == peer.conn_id:
-                    # this connection is the run's attachment through the link: detached there
-                    peer.spawn(routed.link.forward(msg, Forward(peer, id_, me, False, routed.hand)), reply_to=id_)
-                    return
-            m.perform(m.registry.on_detach(msg.run_id, peer.conn_id, id_, msg.keep_s, now, wall))
-        elif isinstance(msg, ListHands):
-            peer.spawn(self.views.list_hands(peer, id_, msg), reply_to=id_)
-        elif isinstance(msg, ListRuns):
-            if m.router is not None:  # every live node's runs (DESIGN §16)
-                peer.spawn(self.views.list_runs_of_nodes(peer, id_, msg, me), reply_to=id_)
-                return
-            self.views.list_runs(peer, id_, msg)
-        elif isinstance(msg, SelectHands):
-            peer.spawn(self.views.select_hands(peer, id_, msg), reply_to=id_)
-        elif isinstance(msg, WhichConnected):
-            if m.router is not None:  # held by another live node counts: a member is relayed there
-                peer.spawn(self.views.which_connected(peer, id_, msg), reply_to=id_)
-                return
-            up = [n for n in dict.fromkeys(msg.names) if n in m.hands and scope.allows_hand(n)]
-            peer.outbox.put(ConnectedNames(names=up), id_)
-        elif isinstance(msg, FleetOpen):
-            fleet = new_id("fleet-")
-            self.fleets.opened(fleet, me)
-            peer.outbox.put(FleetOpened(fleet=fleet), id_)
-        elif isinstance(msg, GetStatus):
-            peer.spawn(self.views.status(peer, id_), reply_to=id_)
-        elif isinstance(msg, TaskStart):
-            peer.spawn(self.tasks.start(peer, id_, msg), reply_to=id_)
-        elif isinstance(msg, TaskGet):
-            peer.spawn(self.tasks.get(peer, id_, msg), reply_to=id_)
-        elif isinstance(msg, TaskLogs):
-            peer.spawn(self.tasks.logs(peer, id_, msg), reply_to=id_)
-        elif isinstance(msg, TaskCancelRequest):
-            peer.spawn(self.tasks.cancel(peer, id_, msg), reply_to=id_)
-        elif isinstance(msg, TaskList):
-            peer.spawn(self.tasks.list(peer, id_, msg), reply_to=id_)
+        handler(peer, id_, msg, me)
+
+    def _handler_table(self) -> dict[type[Message], Callable[[Peer, str, Any, str], None]]:
+        """Each request type a client may send, and who serves it (built once, looked up per frame)."""
+        return {
+            Exec: self._exec,
+            CancelRun: self._touch,
+            GetRun: self._touch,
+            Attach: self._attach,
+            Detach: self._detach,
+            ListHands: lambda peer, id_, msg, me: peer.spawn(self.views.list_hands(peer, id_, msg), reply_to=id_),
+            ListRuns: self._list_runs,
+            SelectHands: lambda peer, id_, msg, me: peer.spawn(self.views.select_hands(peer, id_, msg), reply_to=id_),
+            WhichConnected: self._which_connected,
+            FleetOpen: self._fleet_open,
+            GetStatus: lambda peer, id_, msg, me: peer.spawn(self.views.status(peer, id_), reply_to=id_),
+            TaskStart: lambda peer, id_, msg, me: peer.spawn(self.tasks.start(peer, id_, msg), reply_to=id_),
+            TaskGet: lambda peer, id_, msg, me: peer.spawn(self.tasks.get(peer, id_, msg), reply_to=id_),
+            TaskLogs: lambda peer, id_, msg, me: peer.spawn(self.tasks.logs(peer, id_, msg), reply_to=id_),
+            TaskCancelRequest: lambda peer, id_, msg, me: peer.spawn(self.tasks.cancel(peer, id_, msg), reply_to=id_),
+            TaskList: lambda peer, id_, msg, me: peer.spawn(self.tasks.list(peer, id_, msg), reply_to=id_),
+            TaskRemoveRequest: lambda peer, id_, msg, me: peer.spawn(self.tasks.remove(peer, id_, msg), reply_to=id_),
+        }
+
+    def _refuse(self, peer: Peer, id_: str, denial: Denial) -> None:
+        """The one way a request outside the client's scope is answered: audited, then refused."""
+        why = self.mind.deny(peer, denial.what, **denial.fields)
+        peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+
+    def _facts(self, kind: Kind, msg: Any, **known: bool) -> Facts:
+        m = self.mind
+        return Facts(
+            kind, clustered=m.router is not None, relayed=getattr(msg, "on_behalf_of", None) is not None, **known
+        )
+
+    # --- exec ---
+
+    def _exec(self, peer: Peer, id_: str, msg: Exec, me: str) -> None:
+        m = self.mind
+        refusal, msg = self._exec_refusal(peer, msg, me)
+        live = m.hands.get(msg.hand)
+        link = None
+        if live is None and refusal is None and m.router is not None and msg.on_behalf_of is None:
+            link = m.router.cached(msg.hand)
+        facts = self._facts(
+            Kind.EXEC,
+            msg,
+            here=live is not None,
+            refused=refusal is not None,
+            link_ready=link is not None and link.ready,
+        )
+        route = decide(facts)
+        if route is Route.RELAY:  # held by another node, its link open: relayed now
+            assert link is not None
+            link.relay(msg.model_copy(update={"on_behalf_of": me}), Forward(peer, id_, me, True, msg.hand))
+        elif route is Route.LOOKUP:  # the holder, or the credentials table, read off this loop
+            peer.spawn(self._admit_offline(peer, id_, msg, me), reply_to=id_)
         else:
-            raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, f"a client may not send {msg.TYPE}")
+            self._admit(peer, id_, msg, live, True, refusal, me)
+
+    def _exec_refusal(self, peer: Peer, msg: Exec, me: str) -> tuple[tuple[RejectCode, str] | None, Exec]:
+        """A check made here that refuses the run (recorded and answered as a refused run), and the
+        request as it is admitted (a refused fleet id is never listed as a member)."""
+        m = self.mind
+        denial = use_denial(peer.scope, msg.hand, msg.tool)
+        if denial is not None:
+            return (RejectCode.DENIED_BY_SCOPE, m.deny(peer, denial.what, **denial.fields)), msg
+        if msg.fleet is not None and msg.on_behalf_of is None and self.fleets.problem(msg.fleet, me) is not None:
+            # (a relayed member's fleet id was minted and checked by the node that relayed it)
+            why = m.deny(peer, f"join fleet {msg.fleet}", fleet=msg.fleet)
+            return (RejectCode.DENIED_BY_SCOPE, why), msg.model_copy(update={"fleet": None})
+        if msg.streams is not None:
+            if (problem := window_problem(msg.streams.window)) is not None:
+                return (RejectCode.QUOTA_EXCEEDED, problem), msg
+            want = stream_windows(msg.streams.stdin, msg.streams.pty is not None, msg.streams.window)
+            held = sum(x.window for r in m.registry.active() if r.owner == me for x in r.relays.values())
+            if (problem := stream_budget_problem(held, want)) is not None:
+                return (RejectCode.QUOTA_EXCEEDED, problem), msg
+        return None, msg
 
     def _admit(
         self,
@@ -312,7 +281,9 @@ class Dispatch:
         m = self.mind
         if m.router is not None and msg.on_behalf_of is None:
             link = await m.router.holder(msg.hand)
-            if link is not None and m.clients.get(peer.conn_id) is peer and msg.hand not in m.hands:
+            here = m.clients.get(peer.conn_id) is peer
+            if after_lookup(link is not None, here, msg.hand in m.hands, relayed=False) is Route.RELAY:
+                assert link is not None
                 relayed = msg.model_copy(update={"on_behalf_of": owner})
                 await link.forward(relayed, Forward(peer, id_, owner, True, msg.hand))
                 return
@@ -322,15 +293,122 @@ class Dispatch:
         live = m.hands.get(msg.hand)
         self._admit(peer, id_, msg, live, known or live is not None, None, owner)
 
+    # --- a run's requests: run get, cancel, attach, detach ---
+
+    def _touch(self, peer: Peer, id_: str, msg: CancelRun | GetRun, me: str) -> None:
+        m = self.mind
+        run = m.registry.get(msg.run_id)
+        routed = m.router.runs.get(msg.run_id) if run is None and m.router is not None else None
+        kind = Kind.CANCEL if isinstance(msg, CancelRun) else Kind.GET
+        route = decide(
+            self._facts(kind, msg, here=run is not None, routed=routed is not None, history=m.history is not None)
+        )
+        if route is Route.HERE:
+            assert run is not None
+            self._touch_here(peer, id_, msg, me, run)
+        elif route is Route.RELAY:  # a run relayed through this node: asked of its authority
+            assert routed is not None
+            self._touch_routed(peer, id_, msg, me, routed)
+        elif route is Route.ASK_PEERS:  # started through another node: its node is asked
+            peer.spawn(self._touch_found(peer, id_, msg, me), reply_to=id_)
+        elif route is Route.HISTORY:  # another node's run, or this Mind's before a restart
+            peer.spawn(self.views.run_from_history(peer, id_, msg.run_id), reply_to=id_)
+        else:
+            peer.outbox.put(Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {msg.run_id}"), id_)
+
+    def _touch_here(self, peer: Peer, id_: str, msg: CancelRun | GetRun, me: str, run: Run) -> None:
+        m = self.mind
+        scope = peer.scope
+        if msg.on_behalf_of is not None and run.owner != me:
+            # Relayed: the relaying node checked its client's scope but cannot know this run's
+            # owner unless it relayed the run itself, so only the owner is served (a client
+            # allowed others' runs reads them where they run, or from the shared history).
+            scope = dataclasses.replace(scope, read_others=False)
+        verb = "cancel" if isinstance(msg, CancelRun) else "read"
+        denial = touch_denial(scope, me, run.hand, run.owner, f"{verb} run {msg.run_id}", run_id=msg.run_id)
+        if denial is not None:
+            self._refuse(peer, id_, denial)
+        elif isinstance(msg, GetRun):
+            peer.outbox.put(run.info(), id_)
+        else:
+            status, acts = m.registry.on_cancel(msg.run_id, CancelReason.USER_REQUESTED, time.monotonic(), time.time())
+            m.perform(acts)  # the Hand's `cancel` is queued (and written) before the acknowledgement
+            peer.outbox.put(CancelRunResult(run_id=msg.run_id, status=status, state=run.state), id_)
+
+    def _attach(self, peer: Peer, id_: str, msg: Attach, me: str) -> None:
+        m = self.mind
+        run = m.registry.get(msg.run_id)
+        routed = m.router.runs.get(msg.run_id) if run is None and m.router is not None else None
+        route = decide(self._facts(Kind.ATTACH, msg, here=run is not None, routed=routed is not None))
+        if route is Route.RELAY:  # a run relayed through this node: attached at its authority
+            assert routed is not None
+            if not peer.scope.allows_hand(routed.hand):
+                self._refuse(peer, id_, Denial(f"attach to run {msg.run_id}", {"run_id": msg.run_id}))
+                return
+            peer.spawn(self._attach_routed(peer, id_, msg, me, routed.hand), reply_to=id_)
+        elif route is Route.ASK_PEERS:
+            peer.spawn(self._attach_found(peer, id_, msg, me), reply_to=id_)
+        else:
+            self._attach_here(peer, id_, msg, me)
+
+    def _attach_here(self, peer: Peer, id_: str, msg: Attach, me: str) -> None:
+        """Only the run's owner may take it over; the newest attachment wins (DESIGN §15). A run not
+        here yet is waited for by the registry: its Hand may be on its way."""
+        m = self.mind
+        run = m.registry.get(msg.run_id)
+        if run is not None and not peer.scope.allows_hand(run.hand):
+            self._refuse(peer, id_, Denial(f"attach to run {msg.run_id}", {"run_id": msg.run_id}))
+            return
+        now, wall = time.monotonic(), time.time()
+        m.perform(m.registry.on_attach(msg.run_id, peer.conn_id, me, id_, now, wall, msg.streams))
+
+    def _detach(self, peer: Peer, id_: str, msg: Detach, me: str) -> None:
+        m = self.mind
+        here = m.registry.get(msg.run_id) is not None
+        routed = via = None
+        if not here and m.router is not None:
+            routed, via = m.router.runs.get(msg.run_id), m.router.streamed.get(msg.run_id)
+        facts = self._facts(
+            Kind.DETACH,
+            msg,
+            here=here,
+            routed=routed is not None,
+            attached_through_link=via is not None and via[1] == peer.conn_id,
+        )
+        if decide(facts) is Route.RELAY:  # this connection is the run's attachment through the link
+            assert routed is not None
+            peer.spawn(routed.link.forward(msg, Forward(peer, id_, me, False, routed.hand)), reply_to=id_)
+            return
+        m.perform(m.registry.on_detach(msg.run_id, peer.conn_id, id_, msg.keep_s, time.monotonic(), time.time()))
+
+    # --- listings and fleets ---
+
+    def _list_runs(self, peer: Peer, id_: str, msg: ListRuns, me: str) -> None:
+        if self.mind.router is not None:  # every live node's runs (DESIGN §16)
+            peer.spawn(self.views.list_runs_of_nodes(peer, id_, msg, me), reply_to=id_)
+        else:
+            self.views.list_runs(peer, id_, msg)
+
+    def _which_connected(self, peer: Peer, id_: str, msg: WhichConnected, me: str) -> None:
+        m = self.mind
+        if m.router is not None:  # held by another live node counts: a member is relayed there
+            peer.spawn(self.views.which_connected(peer, id_, msg), reply_to=id_)
+            return
+        up = [n for n in dict.fromkeys(msg.names) if n in m.hands and peer.scope.allows_hand(n)]
+        peer.outbox.put(ConnectedNames(names=up), id_)
+
+    def _fleet_open(self, peer: Peer, id_: str, msg: FleetOpen, me: str) -> None:
+        fleet = new_id("fleet-")
+        self.fleets.opened(fleet, me)
+        peer.outbox.put(FleetOpened(fleet=fleet), id_)
+
     def _touch_routed(self, peer: Peer, id_: str, msg: CancelRun | GetRun, me: str, routed: RoutedRun) -> None:
         """`run get` or cancel of a run whose authority is another node: the client's scope and
         ownership checked here, then asked there for its owner."""
-        m = self.mind
         verb = "cancel" if isinstance(msg, CancelRun) else "read"
         denial = touch_denial(peer.scope, me, routed.hand, routed.owner, f"{verb} run {msg.run_id}", run_id=msg.run_id)
         if denial is not None:
-            why = m.deny(peer, denial.what, **denial.fields)
-            peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+            self._refuse(peer, id_, denial)
             return
         relayed = msg.model_copy(update={"on_behalf_of": routed.owner})
         peer.spawn(routed.link.forward(relayed, Forward(peer, id_, routed.owner, False)), reply_to=id_)
@@ -344,19 +422,26 @@ class Dispatch:
         found = await m.router.find(peer, msg.run_id, me)
         if m.clients.get(peer.conn_id) is not peer:
             return
-        if found is not None and isinstance(msg, GetRun):  # the answer found it with: fresh
+        kind = Kind.CANCEL if isinstance(msg, CancelRun) else Kind.GET
+        run = m.registry.get(msg.run_id)  # it may have been presented here meanwhile
+        route = after_find(kind, found is not None, run is not None, m.history is not None)
+        if route is Route.RELAY and isinstance(msg, GetRun):  # the answer found it with: fresh
+            assert found is not None
             routed, info = found
             denial = touch_denial(
                 peer.scope, me, routed.hand, routed.owner, f"read run {msg.run_id}", run_id=msg.run_id
             )
             if denial is not None:
-                why = m.deny(peer, denial.what, **denial.fields)
-                peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+                self._refuse(peer, id_, denial)
             else:
                 peer.outbox.put(info, id_)
-        elif found is not None:
+        elif route is Route.RELAY:
+            assert found is not None
             self._touch_routed(peer, id_, msg, me, found[0])
-        elif isinstance(msg, GetRun) and m.history is not None:
+        elif route is Route.HERE:
+            assert run is not None
+            self._touch_here(peer, id_, msg, me, run)
+        elif route is Route.HISTORY:
             await self.views.run_from_history(peer, id_, msg.run_id)
         else:
             peer.outbox.put(Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {msg.run_id}"), id_)
@@ -370,21 +455,15 @@ class Dispatch:
         found = await m.router.find(peer, msg.run_id, me)
         if m.clients.get(peer.conn_id) is not peer:
             return
-        if found is not None:
+        if after_find(Kind.ATTACH, found is not None, False, False) is Route.RELAY:
+            assert found is not None
             routed = found[0]
             if not peer.scope.allows_hand(routed.hand):
-                why = m.deny(peer, f"attach to run {msg.run_id}", run_id=msg.run_id)
-                peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
+                self._refuse(peer, id_, Denial(f"attach to run {msg.run_id}", {"run_id": msg.run_id}))
                 return
             await self._attach_routed(peer, id_, msg, me, routed.hand)
             return
-        run = m.registry.get(msg.run_id)  # it may have been presented here meanwhile
-        if run is not None and not peer.scope.allows_hand(run.hand):
-            why = m.deny(peer, f"attach to run {msg.run_id}", run_id=msg.run_id)
-            peer.outbox.put(Error(code=ErrorCode.DENIED_BY_SCOPE, message=why), id_)
-            return
-        now, wall = time.monotonic(), time.time()
-        m.perform(m.registry.on_attach(msg.run_id, peer.conn_id, me, id_, now, wall, msg.streams))
+        self._attach_here(peer, id_, msg, me)
 
     async def _attach_routed(self, peer: Peer, id_: str, msg: Attach, me: str, hand: str) -> None:
         """An attach to a run relayed through this node: at the live node holding its Hand now. No
@@ -399,8 +478,7 @@ class Dispatch:
                 return
         if m.clients.get(peer.conn_id) is not peer:
             return
-        now, wall = time.monotonic(), time.time()
-        m.perform(m.registry.on_attach(msg.run_id, peer.conn_id, me, id_, now, wall, msg.streams))
+        self._attach_here(peer, id_, msg, me)
 
     # --- failures ---
 

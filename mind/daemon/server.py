@@ -235,6 +235,7 @@ class Mind:
             self.store, self.snapshots, self.endings = stores.credentials, stores.snapshots, stores.endings
             self.history = stores.history
             self.mind_id = await self.store.mind_id()
+            self.registry.seal_key = await self.store.seal_key()
             await self._restore_endings()
             if stores.nodes is not None:
                 self.nodes = NodeShell(self, stores.nodes, self.cfg.node_lease, self.epoch_changed)

@@ -92,6 +92,16 @@ class Store:
             self._db.execute("INSERT INTO meta(key, value) VALUES ('mind_id', ?)", (mid,))
             return mid
 
+    def seal_key(self) -> bytes:
+        """The key this Mind seals its `rpc`s with (`mind.core.seal`), made once, kept for every life."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key='seal_key'").fetchone()
+            if row:
+                return bytes.fromhex(row[0])
+            key = secrets.token_hex(32)
+            self._db.execute("INSERT INTO meta(key, value) VALUES ('seal_key', ?)", (key,))
+            return bytes.fromhex(key)
+
     def _bump_epoch(self) -> None:
         """Any change to credentials: the daemon watches this to close connections of revoked or
         rotated credentials at once."""

@@ -323,6 +323,16 @@ class PgCredentials:
 
         return await self._db.run(run)
 
+    async def seal_key(self) -> bytes:
+        """One key for every node of the database: a run one node sent, another adopts."""
+
+        async def run(con: asyncpg.Connection) -> bytes:
+            new = secrets.token_hex(32)
+            await con.execute("INSERT INTO meta (key, value) VALUES ('seal_key', $1) ON CONFLICT DO NOTHING", new)
+            return bytes.fromhex(str(await con.fetchval("SELECT value FROM meta WHERE key = 'seal_key'")))
+
+        return await self._db.run(run)
+
     async def epoch(self) -> int:
         value = await self._db.run(lambda con: con.fetchval("SELECT value FROM meta WHERE key = 'cred_epoch'"))
         return int(value) if value is not None else 0

@@ -48,6 +48,9 @@ class SqliteCredentials(_OnThread):
     async def mind_id(self) -> str:
         return await self._call(self.sync.mind_id)
 
+    async def seal_key(self) -> bytes:
+        return await self._call(self.sync.seal_key)
+
     async def epoch(self) -> int:
         return await self._call(self.sync.epoch)
 

@@ -13,6 +13,7 @@ from mind.core.budgets import (
     TokenBucket,
     stream_budget_problem,
     stream_windows,
+    window_problem,
 )
 from protocol import limits
 
@@ -86,3 +87,18 @@ def test_an_outbox_remembers_the_most_it_ever_queued():
     ob.add(100)
     assert ob.peak == 600_000 + 2 * OUTBOX_FRAME_OVERHEAD
     assert ob.queued < ob.peak
+
+
+def test_a_streamed_run_is_counted_at_the_window_it_asked():
+    big = 32 << 20
+    assert stream_windows(stdin=False, pty=False, window=big) == 2 * big
+    assert stream_windows(stdin=True, pty=False, window=big) == 3 * big
+    # the budget admits four such runs where it admits 64 at the default window
+    assert stream_budget_problem(3 * 2 * big, 2 * big) is None
+    assert stream_budget_problem(4 * 2 * big, 2 * big) is not None
+
+
+def test_a_window_over_the_minds_cap_is_refused_with_the_cap_named():
+    assert window_problem(32 << 20) is None
+    why = window_problem(64 << 20)
+    assert why is not None and "64 MiB" in why and "32 MiB" in why

@@ -11,6 +11,7 @@ from mind.core.registry import (
     SendToClient,
     SendToHand,
 )
+from mind.core.seal import seal
 from mind.store.endings import Ending, EndingStore
 from protocol.codes import CancelReason, ErrorCode
 from protocol.messages import (
@@ -51,7 +52,17 @@ def to_client(acts, client=None):
     ]
 
 
-def presented(run_id="r1", owner="alice", started=True, streams=(), spec=None, remaining_ms=30_000, **kw):
+SENT_AT = 4990.0
+"""When the earlier life sent the runs presented here (its wall clock)."""
+
+
+def presented(
+    run_id="r1", owner="alice", started=True, streams=(), spec=None, remaining_ms=30_000, hand=HAND, key=b"", **kw
+):
+    """A run as a Hand presents it, sealed as the earlier life sent it (the registries here share
+    the default key, as a Mind's lives share the key in its store)."""
+    timeout_ms = kw.pop("timeout_ms", 60_000)
+    mark = seal(key, hand, run_id, owner, "exec", "digest", timeout_ms, 1_000, spec, SENT_AT)
     return PresentedRun(
         run_id=run_id,
         started=started,
@@ -61,6 +72,10 @@ def presented(run_id="r1", owner="alice", started=True, streams=(), spec=None, r
         grace_ms=1_000,
         streams=list(streams),
         spec=spec,
+        args_digest="digest",
+        timeout_ms=timeout_ms,
+        seal=mark,
+        sealed_at=SENT_AT,
         **kw,
     )
 
@@ -248,3 +263,86 @@ def test_a_task_start_run_is_not_handed_over():
     reg.admit("r1", req, None, "", 4, True, 100.0, 5000.0, Background(max_runtime_ms=60_000), owner="alice")
     assert reg.on_hand_moved(HAND, 5)[0] == []
     assert reg.get("r1") is not None
+
+
+# --- a Hand's word: only what a Mind of this database sent it is adopted ---------------------------
+
+
+def test_a_run_the_mind_sent_is_sealed_and_its_presentation_adopted_with_the_runs_own_times():
+    """The seal is made at admission from what the run is adopted from; the Hand echoes it."""
+    life1 = RunRegistry(resume_window=WINDOW, seal_key=b"k" * 32)
+    req = Exec(hand=HAND, tool="exec", args={"argv": ["sleep", "9"]}, timeout_ms=9_000, streams=Streams())
+    acts = life1.admit("r1", req, "c1", "q1", 1, True, 10.0, 4990.0, owner="alice")
+    (rpc,) = [m for m in to_hand(acts)]
+    assert rpc.seal is not None and rpc.sealed_at == 4990.0
+    # the next life, same key: the Hand presents what it was sent
+    life2 = RunRegistry(resume_window=WINDOW, seal_key=b"k" * 32)
+    life2.expect_presentations(100.0 + WINDOW)
+    p = PresentedRun(
+        run_id="r1",
+        started=True,
+        owner="alice",
+        tool="exec",
+        remaining_ms=10**9,  # the Hand's word on the time left: capped by the sealed timeout
+        spec=rpc.streams,
+        grace_ms=rpc.grace_ms,
+        args_digest=life1.get("r1").args_digest,
+        timeout_ms=rpc.timeout_ms,
+        seal=rpc.seal,
+        sealed_at=rpc.sealed_at,
+    )
+    assert not to_hand(life2.on_runs_present(HAND, 2, RunsPresent(runs=[p]), 100.0, 5000.0))
+    run = life2.get("r1")
+    assert run is not None and run.owner == "alice"
+    assert run.created_wall == 4990.0 and run.info().created_at == 4990.0  # its own time, not the adoption's
+    assert run.mind_deadline == 100.0 + 9.0 + 5.0 + MIND_DEADLINE_SLACK_S  # remaining <= timeout, + grace
+
+
+def test_made_up_or_altered_presentations_are_killed_never_adopted():
+    """A Hand credential presented runs "owned" by any client it named, and each counted against
+    that client's stream budget: now a run adopts only with the seal of what was sent to that Hand."""
+    reg = restarted()
+    good = presented(run_id="r1")
+    forged = [
+        presented(run_id="r2").model_copy(update={"seal": None}),  # no seal at all
+        presented(run_id="r3").model_copy(update={"owner": "victim"}),  # another owner than sealed
+        presented(run_id="r4").model_copy(update={"timeout_ms": 86_400_000}),  # a longer timeout
+        presented(run_id="r5", hand="other"),  # sealed for another Hand
+        presented(run_id="r6", key=b"x" * 32),  # sealed with another key
+        presented(run_id="r7", spec=Streams(window=64 << 20)).model_copy(update={"spec": Streams()}),
+    ]
+    acts = reg.on_runs_present(HAND, 2, RunsPresent(runs=[good, *forged]), 100.0, 5000.0)
+    killed = [m.run_id for m in to_hand(acts) if isinstance(m, Cancel)]
+    assert killed == ["r2", "r3", "r4", "r5", "r6", "r7"]
+    assert reg.get("r1") is not None and all(reg.get(f"r{i}") is None for i in range(2, 8))
+
+
+def test_one_presentation_per_welcome_and_a_bound_on_what_one_adopts():
+    """`runs_present` was taken any number of times, 10,000 runs a message: 100,000 adopted runs."""
+    from mind.core.registry import ADOPT_MAX
+
+    reg = restarted()
+    many = [presented(run_id=f"r{i}") for i in range(ADOPT_MAX + 5)]
+    acts = reg.on_runs_present(HAND, 2, RunsPresent(runs=many), 100.0, 5000.0)
+    assert len(reg.active()) == ADOPT_MAX
+    assert len([m for m in to_hand(acts) if isinstance(m, Cancel)]) == 5
+    assert [a.event for a in acts if getattr(a, "event", "") == "runs_present_over_bound"] == [
+        "runs_present_over_bound"
+    ]
+    again = [presented(run_id=f"x{i}") for i in range(10)]
+    acts = reg.on_runs_present(HAND, 2, RunsPresent(runs=again), 101.0, 5001.0)
+    assert [getattr(a, "event", None) for a in acts] == ["runs_present_repeated"] and len(reg.active()) == ADOPT_MAX
+
+
+def test_a_cancel_the_hand_never_answers_ends_the_run_lost_after_a_bound():
+    from mind.core.registry import CANCEL_ANSWER_S
+
+    reg = restarted()
+    long = presented(remaining_ms=3_000_000, timeout_ms=3_600_000)  # its own deadline far off
+    reg.on_runs_present(HAND, 2, RunsPresent(runs=[long]), 100.0, 5000.0)
+    status, acts = reg.on_cancel("r1", CancelReason.USER_REQUESTED, 101.0, 5001.0)
+    assert Cancel(run_id="r1", reason=CancelReason.USER_REQUESTED) in to_hand(acts)
+    bound = 101.0 + 1.0 + CANCEL_ANSWER_S  # its grace (1 s) and the bound
+    assert not reg.on_tick(bound - 0.1, 5050.0) and reg.get("r1").state is RunState.CANCEL_REQUESTED
+    reg.on_tick(bound, 5051.0)
+    assert reg.get("r1").state is RunState.LOST  # nobody can know: never `cancelled` on a guess

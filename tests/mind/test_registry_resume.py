@@ -15,6 +15,7 @@ from mind.core.registry import (
     SendToHand,
     StartEnded,
 )
+from mind.core.seal import seal
 from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, CancelStatus, ErrorCode
 from protocol.messages import (
@@ -478,7 +479,11 @@ def test_a_run_presented_after_the_restarted_minds_window_is_killed_not_adopted(
     reg.expect_presentations(100.0 + WINDOW)
     (refused,) = to_client(reg.on_attach("r1", "c1", "alice", "q1", 100.0 + WINDOW + 1, 5061.0))
     assert isinstance(refused, Error) and refused.code is ErrorCode.UNKNOWN_RUN
-    late = PresentedRun(run_id="r1", started=True, result_pending=True, owner="alice", tool="exec", remaining_ms=0)
+    sealed = {"args_digest": "d", "timeout_ms": 9_000, "sealed_at": 4990.0}
+    mark = seal(b"", HAND, "r1", "alice", "exec", "d", 9_000, None, None, 4990.0)
+    late = PresentedRun(
+        run_id="r1", started=True, result_pending=True, owner="alice", tool="exec", remaining_ms=0, seal=mark, **sealed
+    )
     acts = reg.on_runs_present(HAND, 2, RunsPresent(runs=[late]), 100.0 + WINDOW + 2, 5062.0)
     assert [m.run_id for m in to_hand(acts) if isinstance(m, Cancel)] == ["r1"]
     assert reg.get("r1") is None  # still unknown, as the owner was told

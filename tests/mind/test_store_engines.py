@@ -126,6 +126,19 @@ async def test_one_mind_id(stores: Stores):
     assert a.startswith("mind-") and await stores.credentials.mind_id() == a
 
 
+async def test_one_seal_key_for_every_life(stores: Stores, request, tmp_path):
+    """The key runs are sealed with outlives the process (a Mind that restarted verifies what its
+    last life sent) and, on a shared database, is every node's."""
+    key = await stores.credentials.seal_key()
+    assert len(key) == 32 and await stores.credentials.seal_key() == key
+    database = request.getfixturevalue("pg_database") if stores.engine == "postgresql" else None
+    again = await open_stores(tmp_path / ("home" if database is None else "other-node"), database)
+    try:
+        assert await again.credentials.seal_key() == key
+    finally:
+        await again.close()
+
+
 # --- snapshots ---
 
 

@@ -363,6 +363,9 @@ class KeptRuns(HandRuns):
                     grace_ms=rpc.grace_ms,
                     spec=rpc.streams,
                     args_digest=args_digest(rpc.tool, rpc.args),
+                    timeout_ms=rpc.timeout_ms,
+                    seal=rpc.seal,
+                    sealed_at=rpc.sealed_at,
                 )
             )
         return RunsPresent(runs=runs)

@@ -30,6 +30,7 @@ from sim.runtime import Fut
 
 from mind.core import taskstart
 from mind.core.registry import Action, FrameToClient, FrameToHand, Log, SendToClient, SendToHand, StartEnded
+from mind.core.routing import Facts, Kind, Route, decide
 from mind.core.scope import FULL
 from mind.core.snapshots import Snapshot
 from mind.daemon.taskservice import ASK_TIMEOUT_S
@@ -249,9 +250,11 @@ class SimMind:
     def on_exec(self, conn: str, req_id: str, msg: Exec) -> str:
         run_id = self.world.next_id("r")
         live = self.hands.get(msg.hand)
-        if live is None:  # `_admit_offline`: the credentials table says which, after a database hop
+        if decide(Facts(Kind.EXEC, here=live is not None)) is Route.LOOKUP:
+            # `_admit_offline`: the credentials table says which, after a database hop
             self.loop.spawn(self._admit_offline(conn, req_id, msg, run_id), "admit offline")
         else:
+            assert live is not None
             self._admit(run_id, msg, conn, req_id, live.gen, True)
         return run_id
 
@@ -265,7 +268,7 @@ class SimMind:
     def on_cancel_run(self, conn: str, req_id: str, run_id: str) -> None:
         status, acts = self.registry.on_cancel(run_id, CancelReason.USER_REQUESTED, self.now, self.now)
         run = self.registry.get(run_id)
-        if run is None:
+        if decide(Facts(Kind.CANCEL, here=run is not None)) is Route.UNKNOWN:
             self.world.to_client(conn, req_id, Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {run_id}"))
         else:
             self.world.to_client(conn, req_id, CancelRunResult(run_id=run_id, status=status, state=run.state))

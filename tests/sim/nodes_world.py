@@ -21,8 +21,13 @@ moves, not inside one Mind. So this world keeps those three and drives the real
 - **each Hand** holds both node addresses (random start, the other one next), keeps its runs
   across a drop for the resume window and re-presents them (results included) on its next
   connection, wherever that is;
-- **clients** talk to a node that holds their Hand (routing is not built: another node refuses,
-  with an answer); a client whose node died asks the other one for its run's ending.
+- **clients** talk to any node: where an `exec` is served is decided by the real routing core
+  (`mind.core.routing`), as `Dispatch` asks it: here when the Hand is held here, else looked up
+  (the Hand's holder read from the database) and relayed over a node link to the node holding it,
+  at most one hop (a relayed request is never relayed again). The holder answers through the
+  relaying node; a client whose node died, or whose relay's far end lost the Hand (a claim heard
+  by the relaying node, or the holder handing it over), goes round and asks a live node for its
+  run's ending.
 
 Faults: kill a node (restarted later, empty), freeze it (SIGSTOP: nothing runs for longer than the
 lease, then it wakes and runs what piled up, core tick first), cut or delay node<->database, cut
@@ -44,6 +49,7 @@ from sim.nodes_checker import NodesChecker
 from sim.runtime import Clock
 
 from mind.core.nodes import CloseHand, LeaseLost, NodeCore, renew_every
+from mind.core.routing import Facts, Kind, Route, after_lookup, decide
 from mind.testing.vocabulary import Fault
 
 LEASE = 10.0
@@ -56,7 +62,8 @@ WELCOME_S = 4.0
 WINDOW_S = 20.0
 """The resume window: a Hand keeps its runs this long without any connection, then kills them."""
 POLL_S = 1.0
-NOT_HERE = "this Mind node does not hold that Hand (routing between nodes is not built): try the node that does"
+NODE_LINK_S = (0.0, 0.001, 0.01, 0.1)
+"""One way over a node-to-node link (ordered per direction, like every WebSocket)."""
 DB_AWAY = "this Mind cannot reach its database right now; nothing was started"
 NODES = ("n1", "n2")
 HANDS = ("h1", "h2", "h3")
@@ -143,6 +150,11 @@ class SimDb:
     def claim_of(self, hand: str) -> int:
         return self.hands.get(hand, ("", 0))[1]
 
+    def live_holder(self, hand: str) -> tuple[str, int] | None:
+        """`PgNodes.route`: the node holding the Hand's current claim, if that node is live."""
+        node, claim = self.hands.get(hand, ("", 0))
+        return (node, claim) if node and self.live(node) else None
+
     def holder(self, hand: str) -> tuple[str, int]:
         """(node, claim) of the Hand's current claim (`PgNodes.holders`, what the poll reads)."""
         return self.hands.get(hand, ("", 0))
@@ -186,6 +198,18 @@ class Waiter:
     claim: int = 0
     """A run started here: its Hand and the claim it was started on (an attach waits for a run
     this node does not hold: the real node asks the node that does, `Router.find`)."""
+    via: tuple[str, int] | None = None
+    """Relayed here by another node (its name and life): answered through it."""
+
+
+@dataclass
+class Relay:
+    """A request this node relayed to the node holding its Hand (`Forward` in `mind.daemon.route`)."""
+
+    req: str
+    hand: str
+    holder: str
+    holder_life: int
 
 
 class SimNode:
@@ -202,6 +226,8 @@ class SimNode:
         lease clock), the database only its own."""
         self.conns: dict[str, HandLink] = {}
         self.waiters: list[Waiter] = []
+        self.relays: dict[str, Relay] = {}
+        """Requests relayed from here, by request id, until answered or gone round."""
         self.uncertain: list[tuple[str, HandLink]] = []
         """Starts whose statement failed: (run, the connection it was for)."""
         self.frozen_until = 0.0
@@ -330,6 +356,10 @@ class SimNode:
         if node != self.name:
             self.perform(self.core.newer_claim(hand, claim))
             self.hand_over(hand, claim)
+        # `Router.hand_moved` / `hand_here`: a run relayed to a node that no longer holds its Hand
+        # is presented elsewhere; its client goes round and re-attaches where it is now
+        for rl in [rl for rl in self.relays.values() if rl.hand == hand and rl.holder != node]:
+            self.go_round(rl.req)
 
     def hand_over(self, hand: str, claim: int) -> None:
         """Another node claimed `hand` at `claim` (`NodeShell.hand_over`): the runs started here on
@@ -339,7 +369,10 @@ class SimNode:
         for wt in [wt for wt in self.waiters if wt.hand == hand and wt.claim < claim]:
             self.waiters.remove(wt)
             self.w.events["node:handed_over"] += 1
-            self.w.client_closed(wt.req)
+            if wt.via is None:
+                self.w.client_closed(wt.req, self.name, self.life)
+            else:  # its client is on the relaying node: told over the link (the link's run is lost)
+                self.w.over_link(self, wt.via, lambda n, req=wt.req: n.go_round(req))
 
     def fenced(self, hand: str, claim: int) -> None:
         actions = self.core.write_missed(hand, claim)
@@ -431,31 +464,95 @@ class SimNode:
 
     # --- clients ---
 
-    def exec(self, client: str, req: str, hand: str, run: str) -> None:
+    def exec(self, client: str, req: str, hand: str, run: str, via: tuple[str, int] | None = None) -> None:
+        """`Dispatch._exec`: the routing core decides (here, or looked up and relayed); `via`: the
+        node that relayed it here (answers go back through it)."""
         refusal = self.core.refusal(self.now())
         if refusal is not None:
-            self.w.answer(client, req, "refused: lease")
+            self.reply(client, req, via, "refused: lease")
             return
+        here = self.held(hand)
+        route = decide(Facts(Kind.EXEC, clustered=True, relayed=via is not None, here=here is not None))
+        if route is Route.HERE:
+            assert here is not None
+            self.start(client, req, hand, run, via, *here)
+            return
+
+        def looked_up(found: Any) -> None:  # `_admit_offline`: the holder from the database
+            holder = found is not None and found[0] not in ("", self.name) and self.w.db.live(found[0])
+            r = self.w.requests[req]
+            client_here = via is not None or (r.node == self.name and r.node_life == self.life)
+            if after_lookup(holder, client_here, self.held(hand) is not None, relayed=via is not None) is Route.RELAY:
+                self.relay(client, req, hand, run, found[0])
+                return
+            now_here = self.held(hand)
+            if now_here is None:
+                self.reply(client, req, via, "refused: offline")
+            else:
+                self.start(client, req, hand, run, via, *now_here)
+
+        self.db("holder", partial(self.w.db.live_holder, hand), looked_up)
+
+    def held(self, hand: str) -> tuple[int, HandLink] | None:
+        """The claim and connection this node acts for `hand` by, or None."""
         claim = self.core.acts_for(hand, self.now())
         link = self.conns.get(hand)
         if claim is None or link is None or link.claim != claim:
-            self.w.answer(client, req, "refused: not here")
-            return
+            return None
+        return claim, link
 
+    def start(
+        self, client: str, req: str, hand: str, run: str, via: tuple[str, int] | None, claim: int, link: HandLink
+    ) -> None:
         def started(r: Any) -> None:
             if r is None:  # it may have landed with its answer lost: settled by the poll
                 self.uncertain.append((run, link))
-                self.w.answer(client, req, "refused: database away")
+                self.reply(client, req, via, "refused: database away")
                 return
             if r == "fenced":
                 self.fenced(hand, claim)
-                self.w.answer(client, req, "refused: moved")
+                self.reply(client, req, via, "refused: moved")
                 return
             self.w.checker.on_started(run, hand)
-            self.waiters.append(Waiter(client, req, run, hand=hand, claim=claim))
+            self.waiters.append(Waiter(client, req, run, hand=hand, claim=claim, via=via))
             self.send(link, ("start", run))
 
         self.db("start", lambda: self.w.db.start(run, hand, self.name, claim), started)
+
+    def relay(self, client: str, req: str, hand: str, run: str, holder: str) -> None:
+        """`Link.relay`: the request over the link to the node holding the Hand, for this client."""
+        node = self.w.nodes[holder]
+        self.relays[req] = Relay(req, hand, holder, node.life)
+        self.w.events["node:relayed"] += 1
+        me = (self.name, self.life)
+        self.w.over_link(self, (holder, node.life), lambda n: n.exec(client, req, hand, run, via=me))
+
+    def reply(self, client: str, req: str, via: tuple[str, int] | None, what: str) -> None:
+        """An answer to the client: at once, or back over the link it was relayed on."""
+        if via is None:
+            self.w.answer(client, req, what)
+            return
+        self.w.over_link(self, via, lambda n: n.relayed_answer(client, req, what))
+
+    def relayed_answer(self, client: str, req: str, what: str) -> None:
+        """The holder's answer to a request relayed from here: to the client, if it is still on this
+        connection (gone round, it asks elsewhere and this answer is nobody's)."""
+        if self.relays.pop(req, None) is None:
+            return
+        r = self.w.requests[req]
+        if r.node == self.name and r.node_life == self.life:
+            self.w.answer(client, req, what)
+
+    def go_round(self, req: str) -> None:
+        """`Link._lost` with a resume window: the client's connection is closed; it re-attaches."""
+        if self.relays.pop(req, None) is not None:
+            self.w.events["node:relay_lost"] += 1
+            self.w.client_closed(req, self.name, self.life)
+
+    def link_to_dead(self, holder: str, life: int) -> None:
+        """The link to a node that died closed: every request relayed there goes round."""
+        for rl in [rl for rl in self.relays.values() if (rl.holder, rl.holder_life) == (holder, life)]:
+            self.go_round(rl.req)
 
     def attach(self, client: str, req: str, run: str) -> None:
         """A client whose node died asks here for its run's ending (read from the database). Its
@@ -469,10 +566,10 @@ class SimNode:
         started, ending = found
         if ending is not None:
             self.waiters.remove(wt)
-            self.w.answer(wt.client, wt.req, f"ended {ending}")
+            self.reply(wt.client, wt.req, wt.via, f"ended {ending}")
         elif wt.attached and not started:
             self.waiters.remove(wt)
-            self.w.answer(wt.client, wt.req, "refused: not started (its node died)")
+            self.reply(wt.client, wt.req, wt.via, "refused: not started (its node died)")
 
     def answer_all(self, run: str) -> None:
         for wt in [wt for wt in self.waiters if wt.run == run]:
@@ -611,6 +708,8 @@ class NodesWorld:
         self.down: set[str] = set()
         self.serial = 0
         self.links: list[HandLink] = []
+        self.node_links: dict[tuple[str, str], float] = {}
+        """(from, to) -> when the last message on that node link arrives (keeps them in order)."""
         self.requests: dict[str, Request] = {}
         self._ids = 0
         self._shown: dict[str, str] = {}
@@ -641,12 +740,23 @@ class NodesWorld:
             self.close_link(link, "node killed")
         for r in self.requests.values():  # the client's connection to it closed: it asks elsewhere
             if r.node == name and r.node_life == node.life and not r.answers:
+                r.node = ""
                 self.clock.at(self.clock.now + self.rng.uniform(0.1, 2.0), partial(self.reattach, r), label="reattach")
+        for other in self.nodes.values():  # their links to it closed (noticed a moment later)
+            if other is not node:
+                self.clock.at(
+                    self.clock.now + self.rng.uniform(0.0, 0.2),
+                    partial(other.run, partial(other.link_to_dead, name, node.life)),
+                    label="node link closed",
+                )
         self.clock.at(self.clock.now + self.rng.choice((2.0, 15.0, 40.0)), lambda: self.restart(name), label="restart")
 
-    def client_closed(self, req: str) -> None:
-        """A node closed the connection of the client waiting on `req`: it goes round (§15)."""
+    def client_closed(self, req: str, node: str, life: int) -> None:
+        """Node `node` closed the connection of the client waiting on `req`: it goes round (§15).
+        A connection it no longer has (it went round already) is not closed twice."""
         r = self.requests[req]
+        if (r.node, r.node_life) != (node, life):
+            return
         r.node = ""  # on no node until it lands on one (a node killed meanwhile is not its node)
         if not r.answers:
             self.clock.at(self.clock.now + self.rng.uniform(0.1, 2.0), partial(self.reattach, r), label="reattach")
@@ -788,10 +898,27 @@ class NodesWorld:
                 self.close_link(link, "keepalive")
         self.links = [lk for lk in self.links if lk.open]
 
+    def over_link(self, sender: SimNode, to: tuple[str, int], fn: Callable[[SimNode], None]) -> None:
+        """A message over the node-to-node link from `sender` to the node `to` (name, life): lost
+        if either end died meanwhile (the link closed with it), ordered per direction."""
+        key = (sender.name, to[0])
+        at = max(self.clock.now + self.rng.choice(NODE_LINK_S), self.node_links.get(key, 0.0))
+        self.node_links[key] = at
+        life = sender.life
+
+        def deliver() -> None:
+            node = self.nodes[to[0]]
+            if node.life == to[1] and self.nodes[sender.name].life == life and sender.alive:
+                node.run(lambda: fn(node))
+
+        self.clock.at(at, deliver, label=f"{sender.name}->{to[0]}")
+
     # --- clients ---
 
     def answer(self, client: str, req: str, what: str) -> None:
         r = self.requests[req]
+        if client != r.client:
+            self.checker.fail("every answer reaches the client that asked", f"{req} of {r.client} answered to {client}")
         r.answers.append(what)
         self.note(f"{client} <- {req}: {what}")
         self.checker.on_answer(r)

@@ -47,7 +47,9 @@ def test_the_seeds_exercise_nodes_leases_and_moves() -> None:
         "client:reattach",  # a client whose node died asks the other one
         "node:handed_over",  # a claim by the other node: the runs started here go with their Hand
         "answer:refused:lease",
-        "answer:refused:not here",  # routing is not built: refused, with an answer
+        "node:relayed",  # an exec for a Hand the other node holds: relayed over the node link
+        "node:relay_lost",  # the far end died or lost the Hand: the client went round
+        "answer:refused:offline",  # no live node holds it: refused, with an answer
         "outcome:exit_0",
         "outcome:lost",  # a start that never reached its Hand, reconciled
     ):
@@ -182,3 +184,22 @@ def test_a_node_cut_from_its_database_refuses_starts_with_an_answer() -> None:
     w.db_links[name].up = True
     w.advance_to(w.clock.now + LEASE)
     assert node.core.live(node.now())
+
+
+def test_an_answer_relayed_to_a_client_that_went_round_is_caught() -> None:
+    """The relaying node hands the holder's answer to the client only while the client is still on
+    its connection; one that went round asks elsewhere, so a second answer would reach it."""
+    from sim.nodes_world import SimNode
+
+    class Careless(SimNode):
+        def relayed_answer(self, client: str, req: str, what: str) -> None:
+            self.relays.pop(req, None)
+            self.w.answer(client, req, what)
+
+    class W(NodesWorld):
+        def start_node(self, name: str) -> None:
+            super().start_node(name)
+            self.nodes[name].__class__ = Careless
+
+    v = first_violation(W)
+    assert v.invariant == "every request gets one answer", v
