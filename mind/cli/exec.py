@@ -32,7 +32,7 @@ import sys
 from typing import Any
 
 from mind.cli import options
-from mind.cli.connection import connection_params
+from mind.cli.connection import FOLLOW_WAIT_S, connection_params, patient
 from mind.cli.exits import EXIT_USAGE, die
 from mind.cli.hints import SHELL_SYNTAX
 from mind.cli.toolargs import tool_args_from
@@ -308,8 +308,8 @@ def run(args: argparse.Namespace) -> int:
         args.tty = False
         print(TTY_NOTICE, file=sys.stderr, flush=True)
     url, cred_path, ca, pin = connection_params(args)
-    credential = load_credential(cred_path)
     try:
+        credential = load_credential(cred_path)
         link = Link.connect(url, credential, ca=ca, pin=pin)
     except ClientError as exc:
         die(exc.message, kind=exc.code)
@@ -332,9 +332,9 @@ def attach(args: argparse.Namespace) -> int:
     if not limits.ID_RE.fullmatch(args.run_id):
         die(f"not a run id: {args.run_id!r}", EXIT_USAGE)
     url, cred_path, ca, pin = connection_params(args)
-    credential = load_credential(cred_path)
     try:
-        link = Link.connect(url, credential, ca=ca, pin=pin)
+        credential = load_credential(cred_path)
+        link = Link.connect(url, credential, ca=ca, pin=pin, patience=patient(FOLLOW_WAIT_S, url))
     except ClientError as exc:
         die(exc.message, kind=exc.code)
     session = ExecSession(

@@ -132,6 +132,8 @@ class ExecSession(Rejoin):
         self.quiet = bool(args.json or args.events)
         self.attaching = bool(getattr(args, "attach", False))
         """`mind attach`: the run exists; its streams are known from `attached`."""
+        self.attached_once = False
+        """An `attached` came: the streams it named are made (once, whatever cuts follow)."""
         self.tty = bool(getattr(args, "tty", False))
         self.local_tty = self.tty and os.isatty(0)
         """A terminal run from a terminal: raw mode, the window size, `~` escapes."""

@@ -77,6 +77,7 @@ class Rejoin:
     cancel_id: str | None
     quiet: bool
     attaching: bool
+    attached_once: bool
     left: bool
     outs: dict[str, OutputStream]
     stdin: InputStream | None
@@ -179,7 +180,11 @@ class Rejoin:
         each stream stands, stdin is resent from where the Hand's leg stands, and what waited
         during the outage (a cancel, a resize) goes now, once."""
         positions = {p.stream: p for p in msg.streams}
-        first = self.attaching and not self.outs and self.outage is None
+        # `mind attach`'s first `attached`, also when its first ask was told `resume_pending` (a
+        # Mind that restarted, its Hand not back yet) and so met an outage: before, that case made
+        # no output stream, dropped every chunk unacknowledged and waited for ever
+        first = self.attaching and not self.attached_once
+        self.attached_once = True
         if first:
             self.args.hand = msg.hand
             for p in msg.streams:

@@ -82,10 +82,11 @@ class Reasker:
     being away (a restarted Mind sees its Hands come back a moment after its clients); before any
     outage an offline Hand is an answer, as it always was."""
 
-    def __init__(self, client: MindClient, hand_offline: bool = False) -> None:
+    def __init__(self, client: MindClient, hand_offline: bool = False, outage: bool = False) -> None:
         self.client = client
         self.hand_offline = hand_offline
-        self.outage = False
+        self.outage = outage
+        """An outage was met already (a Mind waited for at the command's start, `open_client`)."""
         self.since: float | None = None
 
     async def ask(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -170,6 +171,11 @@ A restart of the Mind or a cut of the connection is ridden out: it reconnects an
 to the Mind's resume window (60 s if it has none), then gives up with 125."""
 
 
+def _follows(args: argparse.Namespace) -> bool:
+    """`wait` and `logs --follow` follow a task: started while the Mind restarts, they wait for it."""
+    return args.action == "wait" or (args.action == "logs" and bool(getattr(args, "follow", False)))
+
+
 def add_parsers(sub: Any) -> None:
     t = options.command(sub, "task", help="durable background tasks: start, get, logs, wait, cancel, rm, list")
     ts = t.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -177,7 +183,7 @@ def add_parsers(sub: Any) -> None:
     def action(name: str, help: str, handler: Any, **kwargs: Any) -> argparse.ArgumentParser:
         a = options.command(ts, name, help=help, **kwargs)
         options.connection(a)
-        a.set_defaults(handler=with_client(handler))
+        a.set_defaults(handler=with_client(handler, _follows))
         return a
 
     st = action("start", "start a background task; prints its id at once", start)
@@ -365,7 +371,7 @@ async def logs(client: MindClient, args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     # On a terminal, a silent log says what it is waiting for: the task's state and its size so far
     # (erased before the next output; nothing at all when stderr is not a terminal).
-    reasker = Reasker(client, hand_offline=True)
+    reasker = Reasker(client, hand_offline=True, outage=getattr(args, "waited_for_mind", False))
     with Status(sys.stderr, enabled=args.follow) as status:
         quiet_since = time.monotonic()
         while True:

@@ -24,6 +24,7 @@ import os
 import selectors
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mind.client import wire
@@ -89,6 +90,7 @@ class Link:
         pin: str | None = None,
         open_timeout: float = 10.0,
         handshake_timeout: float = limits.HANDSHAKE_TIMEOUT_S,
+        patience: Callable[[Exception, float], float | None] | None = None,
     ) -> Link:
         """Connect and authenticate, as `MindClient.connect` does (same checks, same errors).
         A reconnection within a resume window passes shorter timeouts: what is left of it.
@@ -100,8 +102,12 @@ class Link:
             try:
                 link = cls._connect_one(rotation.current, credential, ca, pin, open_timeout, handshake_timeout)
             except ClientError as exc:
-                if exc.code not in MOVE_ON or not rotation.failed():
+                if exc.code in MOVE_ON and rotation.failed():
+                    continue
+                pause = patience(exc, 0.0) if patience is not None else None
+                if pause is None:
                     raise
+                time.sleep(pause)  # every node tried: wait for one (`patience` says how long, or no more)
                 continue
             rotation.worked()
             return link
