@@ -692,7 +692,11 @@ def test_cancel_and_attach_through_the_other_node_of_runs_started_on_the_holder(
             await asyncio.to_thread(
                 wait_until, lambda: pidfile.exists() and pidfile.read_text().strip(), 30, "the run to start"
             )
-            assert h.run_id is not None
+            # (the Hand may start the process before this loop has read the run's admission: the
+            # Mind writes the Hand's frame first; bounded)
+            async with asyncio.timeout(10):
+                while h.run_id is None:
+                    await asyncio.sleep(0.01)
             async with await a.client("stranger", url=b.url) as stranger:
                 with pytest.raises(ClientError) as refused:
                     await stranger.cancel(h.run_id)
