@@ -62,6 +62,10 @@ STATUS_TICK_S = 0.25
 NOT_STARTED = (None, RunState.ADMITTED, RunState.SENT)
 
 
+LEAVE_ANSWER_S = 2.0
+"""How long `~.` waits for the Mind to acknowledge its cancel before it hangs up anyway."""
+
+
 class Interrupts:
     """Ctrl-C as a counter plus a wakeup of the link's `select` (`signal.set_wakeup_fd`), so the loop
     acts on it between frames rather than a KeyboardInterrupt landing in the middle of one."""
@@ -308,13 +312,37 @@ class ExecSession(Rejoin):
         self.stdin_watched = want
 
     def _leave(self, raw: RawMode | None) -> int:
-        """`~.`: close the connection at once; the Mind cancels the run as for any client that went
-        away (as ssh's `~.`, exit 255)."""
+        """`~.`: hang up, as ssh's `~.` (exit 255), and the run is cancelled at once. Closing the
+        connection alone was a cut the Mind rides out for its resume window, the remote shell alive
+        that long; so the cancel is asked first and its answer awaited (LEAVE_ANSWER_S at most), and
+        the line said is what the Mind answered."""
         if raw is not None:
             raw.restore()
+        said = f"run {self.run_id} may still run on hand {self.args.hand}: mind run get {self.run_id}"
+        if self.run_id is not None and self.live:
+            try:
+                asked = self.link.request(wire.cancel_run(run_id=self.run_id), "cancel_run_result")
+                said = self._cancel_answer(asked, said)
+            except ClientError:
+                pass  # the link is gone: the Mind's window decides, as the line says
         self.link.abort()
-        self._say(f"mind: left the session with ~.; run {self.run_id} is cancelled on hand {self.args.hand}")
+        self._say(f"mind: left the session with ~.; {said}")
         return EXIT_LOST
+
+    def _cancel_answer(self, asked: str, said: str) -> str:
+        """What the Mind answered `~.`'s cancel (the sentence to print), within LEAVE_ANSWER_S."""
+        deadline = time.monotonic() + LEAVE_ANSWER_S
+        while (left := deadline - time.monotonic()) > 0:
+            for ev in self.link.poll(left):
+                if ev.id != asked:
+                    continue
+                status = getattr(getattr(ev, "msg", None), "status", None)
+                if status is None:
+                    return said
+                if status.value == "already_done":
+                    return f"run {self.run_id} had already ended on hand {self.args.hand}"
+                return f"run {self.run_id} is being cancelled on hand {self.args.hand} (its process tree is killed)"
+        return said
 
     def _send_stream(self, msg: Any) -> None:
         self.link.send(msg, self.xid)

@@ -5,6 +5,7 @@ restored however the CLI ends (DESIGN §11)."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import select
@@ -215,3 +216,24 @@ def _running(name: str) -> bool:
             except OSError:
                 pass
     return False
+
+
+def test_tilde_dot_cancels_at_once_on_a_mind_with_a_resume_window(tmp_path):
+    """With a resume window a closed connection is a cut the Mind rides out: `~.` left the remote
+    shell alive for the whole window (60 s) while saying it was cancelled. Now it asks the cancel
+    first and says what the Mind answered; the remote command is gone well within the window."""
+    with running(tmp_path, mind_args=("--resume-window", "60")) as cl:
+        marker = f"sleep-{os.getpid()}-{time.monotonic_ns()}"
+        argv = [MIND, "exec", "-t", "--hand", "box", "--", "python3", "-c", "import time; time.sleep(120)", marker]
+        t = Term({**cl.env, "TERM": "xterm-256color"}, argv)
+        try:
+            wait_until(lambda: _running(marker), 20, "the remote command to start")
+            t.type(b"\r~.")
+            assert t.wait() == 255
+            assert b"is being cancelled on hand box" in t.out, t.out
+            wait_until(lambda: not _running(marker), 15, "the run to be cancelled on the Hand, within the window")
+            state = json.loads(cl.cli("runs", "--json").stdout)
+            rows = state if isinstance(state, list) else state.get("runs", [])
+            assert [r["state"] for r in rows if r.get("tool") == "exec"] == ["cancelled"], rows
+        finally:
+            t.close()
