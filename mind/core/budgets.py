@@ -17,6 +17,7 @@ known amount:
 
 from __future__ import annotations
 
+from mind.core.nodes import NODE_LABEL
 from protocol import limits
 
 STREAM_BUDGET_BYTES = 128 * limits.STREAM_WINDOW
@@ -157,3 +158,12 @@ class OutboxBound:
 
     def sent(self, size: int) -> None:
         self.queued = max(0, self.queued - size - OUTBOX_FRAME_OVERHEAD)
+
+
+def relays_for_clients(label: str, shared: bool) -> bool:
+    """A node link (another Mind node of a shared database, authenticated by the node credential)
+    relays the requests of many clients, each already charged its own rate and requests in flight
+    at the node it reached (its door). Charged again here as one client, a few busy clients on that
+    node held back every other client's calls through it (7.4 s instead of 6 ms), and the held link
+    was then cut as a peer over its rate, moving every run on it: a node link is not rated again."""
+    return shared and label == NODE_LABEL

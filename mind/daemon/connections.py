@@ -18,7 +18,7 @@ from collections.abc import Callable
 import structlog
 from websockets.exceptions import ConnectionClosed
 
-from mind.core.budgets import CLIENT_REQUESTS_IN_FLIGHT, ClientRates
+from mind.core.budgets import CLIENT_REQUESTS_IN_FLIGHT, ClientRates, relays_for_clients
 from mind.core.nodes import LEASE_LOST_MESSAGE
 from mind.daemon import heap
 from mind.daemon.dispatch import Dispatch
@@ -149,14 +149,16 @@ class Connections:
     async def serve_client(self, peer: Peer) -> None:
         m = self.mind
         m.clients[peer.conn_id] = peer
-        peer.rate = self.rates.join(peer.ident.label, time.monotonic())
+        if not relays_for_clients(peer.ident.label, m.router is not None):
+            peer.rate = self.rates.join(peer.ident.label, time.monotonic())
         m.metrics.clients_connected.set(len(m.clients))
         clog = log.bind(client=peer.ident.label, conn=peer.conn_id)
         clog.debug("client_connected")
         try:
             await self.read_loop(peer, self._live(self.dispatch.on_client_message))
         finally:
-            self.rates.leave(peer.ident.label)
+            if peer.rate is not None:
+                self.rates.leave(peer.ident.label)
             if peer.outbox.bound.peak >= heap.LARGE_FRAME:
                 # its queue's buffers are free now (a reader that kept up never queues this much):
                 # give them back, as after a large frame (issue 23 attack 4: held after it left)
