@@ -102,3 +102,12 @@ def test_a_window_over_the_minds_cap_is_refused_with_the_cap_named():
     assert window_problem(32 << 20) is None
     why = window_problem(64 << 20)
     assert why is not None and "64 MiB" in why and "32 MiB" in why
+
+
+def test_only_a_node_link_on_a_shared_database_goes_unrated():
+    from mind.core.budgets import relays_for_clients
+    from mind.core.nodes import NODE_LABEL
+
+    assert relays_for_clients(NODE_LABEL, shared=True)
+    assert not relays_for_clients(NODE_LABEL, shared=False)  # one Mind: no node may relay to it
+    assert not relays_for_clients("ci-bot", shared=True)
