@@ -768,6 +768,22 @@ class GetRun(Message):
     but a Mind node's own credential naming it is refused (`denied_by_scope`)."""
 
 
+class RunExited(Message):
+    """Hand -> Mind: the run's process ended, and its output is still owed to a reader (its result
+    follows once that output is delivered, or the run is stopped). Without it a detached run whose
+    command had exited showed `running` until someone attached: now the Mind knows, and says so."""
+
+    TYPE = "run_exited"
+    run_id: Id
+    exit_code: Int | None = None
+    signal: Int | None = None
+
+    @property
+    def state(self) -> RunState:
+        """What the run's end will say, as far as the process decides it."""
+        return RunState.SUCCEEDED if self.exit_code == 0 else RunState.FAILED
+
+
 class RunInfo(Message):
     TYPE = "run_info"
     run_id: Id
@@ -792,6 +808,9 @@ class RunInfo(Message):
     node: Str | None = None
     """With Mind nodes sharing a database: the node whose registry this run is in, its authority
     (`mind runs` lists every live node's, DESIGN §16). None: one Mind."""
+    exited: RunExited | None = None
+    """The process ended with its output not yet collected (`state` stays the run's: it is over
+    when that output is delivered, `mind attach`); shown as the state it will end in."""
 
 
 class TaskStart(Message):
@@ -988,6 +1007,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         StreamResume,
         PresentedRun,
         RunsPresent,
+        RunExited,
         Attach,
         Attached,
         Replaced,

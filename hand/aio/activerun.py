@@ -31,7 +31,7 @@ from hand.system.process import ProcessOutcome, ProcessRun, Stream
 from hand.system.pty import PtyOutcome, PtyRun
 from hand.system.tools import Prepared, ProcessSpec
 from protocol.control import RunAborted, RunControl
-from protocol.messages import Message, PresentedRun, Progress, Result, Rpc
+from protocol.messages import Message, PresentedRun, Progress, Result, Rpc, RunExited
 
 Send = Callable[[Message], None]
 
@@ -97,7 +97,7 @@ class ActiveRun:
                 run_as=spec.run_as,
             )
             streams.attach(proc)
-            return await self._supervise(spec, proc, streams)
+            return await self._supervise(spec, proc, streams, send)
         proc = ProcessRun(
             spec.argv,
             cwd=spec.cwd,
@@ -114,10 +114,10 @@ class ActiveRun:
         )
         if streams is not None:
             streams.attach(proc)
-        return await self._supervise(spec, proc, streams)
+        return await self._supervise(spec, proc, streams, send)
 
     async def _supervise(
-        self, spec: ProcessSpec, proc: ProcessRun | PtyRun, streams: RunStreams | None
+        self, spec: ProcessSpec, proc: ProcessRun | PtyRun, streams: RunStreams | None, send: Send
     ) -> ProcessOutcome | PtyOutcome:
         """Run `proc` with the run's cancellation and CPU budget wired to it; for a streamed run,
         every byte owed is sent before the outcome is (or the run stops)."""
@@ -128,6 +128,8 @@ class ActiveRun:
         try:
             out = await proc.run()
             if streams is not None:  # every byte owed is sent before the result (or the run stops)
+                if not streams.flushed.is_set():  # the Mind hears the process ended meanwhile
+                    send(RunExited(run_id=self.rpc.run_id, exit_code=out.exit_code, signal=out.signal))
                 await self._flushed(streams)
             return out
         finally:

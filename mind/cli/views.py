@@ -114,14 +114,20 @@ async def run_get(client: Any, args: argparse.Namespace) -> int:
         return 0
     print(
         f"run      {info.run_id}\nhand     {info.hand} (gen {info.gen})\ntool     {printable(info.tool)}\n"
-        f"state    {info.state.value}"
+        f"state    {shown_state(info)}"
     )
+    if info.exited is not None:
+        print(f"exit     {dash(info.exited.exit_code)}  signal {dash(info.exited.signal)}")
+        print(f"output   not yet collected: mind attach {info.run_id}")
     if (note := away(info)) is not None:
         print(f"away     {note}")
     print(f"created  {timestamp(info.created_at)}\nended    {timestamp(info.ended_at)}")
     if info.end is not None:
         e = info.end
-        print(f"exit     {e.exit_code}  signal {e.signal}  duration {e.duration_ms} ms  dropped {e.progress_dropped}")
+        print(
+            f"exit     {dash(e.exit_code)}  signal {dash(e.signal)}  duration {e.duration_ms} ms  "
+            f"dropped {e.progress_dropped}"
+        )
         if e.reason:
             print(f"reason   {printable(e.reason)}")
         if e.error:
@@ -165,12 +171,24 @@ def warn_partial(listing: Any) -> list[Any]:
     return list(listing.runs)
 
 
+def dash(value: Any) -> str:
+    """A value, or `-` where it does not apply (never `None` on a person's screen)."""
+    return "-" if value is None else str(value)
+
+
+def shown_state(r: Any) -> str:
+    """The state a person reads: how the process ended once the Hand said so, even while its output
+    waits for a reader (the run itself ends when that output is delivered)."""
+    if r.exited is not None:
+        return f"{r.exited.state.value} (output not yet collected)"
+    return r.state.value if (note := away(r)) is None else f"{r.state.value} ({note})"
+
+
 def run_row(r: Any) -> list[str]:
     e = r.end
-    exit_ = "-" if e is None or e.exit_code is None else str(e.exit_code)
+    exit_ = dash(e.exit_code if e is not None else r.exited.exit_code if r.exited is not None else None)
     dur = "-" if e is None else f"{e.duration_ms / 1000:.2f}s"
-    state = r.state.value if (note := away(r)) is None else f"{r.state.value} ({note})"
-    return [r.run_id, r.hand, r.tool, state, timestamp(r.created_at), dur, exit_]
+    return [r.run_id, r.hand, r.tool, shown_state(r), timestamp(r.created_at), dur, exit_]
 
 
 RUN_HEADERS = ["RUN", "HAND", "TOOL", "STATE", "CREATED", "DURATION", "EXIT"]

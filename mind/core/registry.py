@@ -63,6 +63,7 @@ from protocol.messages import (
     ResultAck,
     Rpc,
     RunEnd,
+    RunExited,
     RunOutput,
     RunsPresent,
     RunUpdate,
@@ -385,6 +386,15 @@ class RunRegistry:
             self.seal_key, run.hand, run.run_id, run.owner, run.tool, digest, run.timeout_ms, run.grace_ms, spec, wall
         )
         return {"seal": mark, "sealed_at": wall}
+
+    def on_exited(self, msg: RunExited, hand: str, gen: int) -> list[Action]:
+        """The run's process ended and its output is still owed (a detached run nobody reads): the
+        run stays live until that output is delivered, and says how the process ended meanwhile."""
+        run, acts = self._from_hand(msg.run_id, hand, gen, "run_exited")
+        if run is None or run.terminal:
+            return acts
+        run.exited = msg
+        return [self._log("run_exited", run, exit_code=msg.exit_code, signal=msg.signal)]
 
     def on_accepted(self, run_id: str, hand: str, gen: int, now: float) -> list[Action]:
         run, acts = self._from_hand(run_id, hand, gen, "accepted")

@@ -12,7 +12,7 @@ from typing import Any
 from protocol import limits
 from protocol.codes import CancelReason
 from protocol.control import Budget
-from protocol.messages import Background, Exec, Message, Resize, RunEnd, RunInfo, Streams
+from protocol.messages import Background, Exec, Message, Resize, RunEnd, RunExited, RunInfo, Streams
 from protocol.states import RUN_TERMINAL, RunState
 from protocol.streams import Relay
 
@@ -160,6 +160,8 @@ class Run:
     """A detached run's own end of waiting (`Detach.keep_s`), instead of the window's."""
     pending_resize: Resize | None = None
     """The last resize typed while the Hand was away: delivered once the Hand is back."""
+    exited: RunExited | None = None
+    """The Hand said the process ended while its output is still owed (`run_exited`)."""
     cancel_sent_at: float | None = None
     """When a `cancel` last went to the Hand (monotonic): its answer is awaited a bounded time."""
 
@@ -182,4 +184,5 @@ class Run:
             fleet=self.fleet,
             hand_away_since=self.hand_away_wall,
             client_away_since=self.client_away_wall,
+            exited=self.exited if not self.terminal else None,
         )

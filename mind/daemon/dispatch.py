@@ -53,6 +53,7 @@ from protocol.messages import (
     Rejected,
     Resize,
     Result,
+    RunExited,
     RunsPresent,
     SelectHands,
     Started,
@@ -108,6 +109,8 @@ class Dispatch:
             acts = r.on_cancel_result(msg.run_id, label, gen, msg.status, now, wall)
         elif isinstance(msg, RunsPresent):  # after `welcome` on a new generation (DESIGN §15)
             acts = r.on_runs_present(label, gen, msg, now, wall)
+        elif isinstance(msg, RunExited):
+            acts = r.on_exited(msg, label, gen)
         elif id_ is not None and peer.answered(id_, msg):
             return
         elif isinstance(msg, TaskUpdate):

@@ -1,0 +1,37 @@
+"""A detached run whose command has exited is shown as it ended, before anyone collects its output:
+it showed `running` in `mind run get` and `mind runs` until someone attached (the Hand holds the
+result until the output is delivered). Now the Hand says the process ended (`run_exited`) and the
+listings show `failed (output not yet collected)` with the exit code; attach still gets every byte
+and the exit code, after which the run has its end. Real Mind, Hand and CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mind.testing.cluster import running, wait_until
+
+pytestmark = pytest.mark.slow  # a real Mind and Hand, the CLI
+
+
+def test_an_exited_detached_run_shows_how_it_ended_and_attach_collects_it(tmp_path):
+    with running(tmp_path, "box", mind_args=("--resume-window", "60")) as cl:
+        r = cl.cli("exec", "--detach", "box", "--", "sh", "-c", "echo out; echo err >&2; exit 3")
+        assert r.returncode == 0, r.stderr
+        run_id = r.stdout.decode().strip().split()[-1]
+
+        def info() -> dict:
+            return json.loads(cl.cli("run", "get", run_id, "--json").stdout)
+
+        got = wait_until(lambda: (i := info()).get("exited") and i, 20, "the Mind to hear the process ended")
+        assert got["exited"]["exit_code"] == 3 and got["end"] is None  # its output is still owed
+        text = cl.cli("run", "get", run_id).stdout.decode()
+        assert "state    failed (output not yet collected)" in text and "exit     3  signal -" in text, text
+        assert f"mind attach {run_id}" in text and "None" not in text, text
+        row = [ln for ln in cl.cli("runs").stdout.decode().splitlines() if ln.startswith(run_id)]
+        assert len(row) == 1 and "failed (output not yet collected)" in row[0] and row[0].rstrip().endswith("3"), row
+        a = cl.cli("attach", run_id)
+        assert a.returncode == 3 and a.stdout == b"out\n" and a.stderr == b"err\n", a
+        done = info()
+        assert done["state"] == "failed" and done["exited"] is None and done["end"]["exit_code"] == 3, done
