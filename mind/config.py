@@ -173,15 +173,29 @@ def settings_source(args: Any) -> Any:
 
 def database_setting(args: Any) -> str | None:
     """The database the local admin commands (`mind hand add`, `mind client revoke`, ...) act on:
-    the same `database` `mind serve` would use from this home (`$MINDHAND_DATABASE`, then the
-    file), so a credential added on one node's machine is the shared one every node checks."""
+    `--database`, else the same `database` `mind serve` would use from this home
+    (`$MINDHAND_DATABASE`, then the file), else the one this home's Mind last served from (a node
+    started with `mind serve --database URL` records it in its home): so a credential added on
+    one node's machine is the shared one every node checks, never a new SQLite file beside it."""
     import os
 
     from mind import home as paths
-    from protocol.io.settings import Source, read_file
+    from protocol.io.settings import ConfigError, Source, read_file
 
+    flag = getattr(args, "database", None)
+    if flag:
+        return str(flag)
     env = dict(os.environ)
-    path, explicit = config_path(getattr(args, "config", None), paths.home(args.home), env)
+    home = paths.home(args.home)
+    path, explicit = config_path(getattr(args, "config", None), home, env)
     source = Source(keys=KEYS, flags={}, env=env, path=path, explicit=explicit, read=read_file)
     value = source.load(require=False)["database"]
-    return str(value) if value else None
+    if value:
+        return str(value)
+    try:  # what this home's Mind last served from (`mind serve --database`, recorded at start)
+        recorded = paths.database_file(home).read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {paths.database_file(home)}: {exc.strerror}") from None
+    return recorded or None

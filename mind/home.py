@@ -42,5 +42,11 @@ def pin_file(h: Path) -> Path:
     return h / "mind.pin"
 
 
+def database_file(h: Path) -> Path:
+    """The shared database this home's Mind serves from (written 0600 by `mind serve --database`:
+    the URL may hold a password), so the admin commands on this home act on the same database."""
+    return h / "mind.database"
+
+
 def admin_cred_file(h: Path) -> Path:
     return h / "admin.cred"

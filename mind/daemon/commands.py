@@ -61,6 +61,8 @@ def _add_role(sub: Any, role: str) -> None:
     ro = rs.add_parser("rotate", help=f"give a {role} a new secret (printed once); the old one stops working at once")
     ro.add_argument("name")
     ro.add_argument("--out", help=out_help)
+    for p in (a, ls, rv, ro):
+        _database_flag(p)
     if role == "hand":
         lb = rs.add_parser(
             "label",
@@ -70,6 +72,16 @@ def _add_role(sub: Any, role: str) -> None:
         )
         lb.add_argument("name")
         lb.add_argument("edits", nargs="+", metavar="K=V|K-")
+        _database_flag(lb)
+
+
+def _database_flag(p: Any) -> None:
+    p.add_argument(
+        "--database",
+        metavar="URL",
+        help="the shared database to change (default: $MINDHAND_DATABASE, `database` in mind.toml, "
+        "else the one this home's Mind serves from)",
+    )
 
 
 def _reloader(source, started):

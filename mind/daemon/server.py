@@ -235,6 +235,7 @@ class Mind:
             self.store, self.snapshots, self.endings = stores.credentials, stores.snapshots, stores.endings
             self.history = stores.history
             self.mind_id = await self.store.mind_id()
+            self._record_database()
             self.registry.seal_key = await self.store.seal_key()
             await self._restore_endings()
             if stores.nodes is not None:
@@ -252,6 +253,16 @@ class Mind:
         except (OSError, sqlite3.Error) as exc:
             raise CannotOpen(f"cannot open {where}: {exc}", EXIT_STATE) from None
         log.info("mind_store_opened", engine=stores.engine)
+
+    def _record_database(self) -> None:
+        """The database this home serves from, for the admin commands run on this home (`mind hand
+        add` on a node's machine changes the shared database, never a new SQLite file beside it);
+        a home back on SQLite forgets it."""
+        recorded = paths.database_file(self.cfg.home)
+        if self.cfg.database:
+            paths.write_private(recorded, self.cfg.database + "\n")
+        else:
+            recorded.unlink(missing_ok=True)
 
     def _node_name(self) -> str | None:
         """`--node-name`, else the host name and port (the one kept in HOME/node.id when the

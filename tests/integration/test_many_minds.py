@@ -975,3 +975,27 @@ def test_clients_within_their_rates_on_one_node_hold_back_nobody_through_it(node
     print(f"honest read_file through B: before p50 {before[2] * 1000:.1f} ms, during p50 {during[5] * 1000:.1f} ms")
     assert during[5] < max(0.5, 20 * before[2]), (before, during)  # it was 7.4 s
     assert not _events(a, "peer_over_rate_too_long"), "A cut the node link as a peer over its rate"
+
+
+def test_admin_commands_on_a_nodes_home_act_on_its_database(tmp_path, pg_database):
+    """Two nodes started with `mind serve --database URL` (the README's form, no variable): `mind
+    hand add` on a node's home wrote the credential into a new SQLite file in that home, and the
+    Hand then failed `auth_failed`. The node records its database in its home; the admin commands
+    there act on it, and `--database` names one outright."""
+    (tmp_path / "home").mkdir()
+    c = Cluster(tmp_path / "home")
+    c.env.pop("MINDHAND_DATABASE", None)
+    c.start_mind("--database", pg_database)
+    home = c.home
+    assert (home / "mind.database").read_text().strip() == pg_database
+    assert oct((home / "mind.database").stat().st_mode & 0o777) == "0o600"  # the URL may hold a password
+    try:
+        cred = c.add_hand("pgbox")  # `mind hand add pgbox --out ...` on the node's home, as written
+        assert not (home / "mind.db").exists(), "a new SQLite file beside the shared database"
+        c.start_hand("pgbox")
+        c.wait_connected("pgbox")  # the credential is the shared database's: the Hand is welcomed
+        listed = c.cli("hand", "list", "--json", "--database", pg_database)
+        assert listed.returncode == 0 and "pgbox" in listed.stdout.decode(), listed.stderr
+        assert cred.exists()
+    finally:
+        c.stop_all()
