@@ -1,12 +1,14 @@
-"""The README's "Running it for real", run as written for a Mind and a Hand on ONE machine, with TLS
-(issue 24 item 3): the usual first try, where the Hand's `install -d` once re-moded the Mind's config
-directory and `install ca.crt` met itself.
+"""docs/operations.md, "Running mindhand for real" (the README's "Running it for real" until the README
+became a front door), run as written for a Mind and a Hand on ONE machine, with TLS (issue 24 item
+3): the usual first try, where the Hand's `install -d` once re-moded the Mind's config directory and
+`install ca.crt` met itself.
 
-The commands are read from README.md itself (its code blocks and the inline commands of "From
-another machine"), so the test fails when the README drifts from what works. Root is needed (users,
-`--owner`, `run_as`) and systemd is not: `systemctl enable --now UNIT` is performed from the unit
-file the README copied (its `User=`, `Group=`, `Environment=`, `StateDirectory=`, `UMask=` and
-`ExecStart=`, run as that user and its groups, as systemd does), and `journalctl -f` is read as the unit's log file.
+The commands are read from docs/operations.md itself (the code blocks from "The Mind's server" to
+"Configuration", and the inline commands of "From another machine"), so the test fails when the
+guide drifts from what works. Root is needed (users, `--owner`, `run_as`) and systemd is not:
+`systemctl enable --now UNIT` is performed from the unit file the guide copied (its `User=`, `Group=`,
+`Environment=`, `StateDirectory=`, `UMask=` and `ExecStart=`, run as that user and its groups, as
+systemd does), and `journalctl -f` is read as the unit's log file.
 
 What is parameterized, and only that: the install paths live under a temporary prefix (`/etc/mindhand`
 is `$P/etc/mindhand`, ...), the users get unique names (`mindhand` -> `mh-svc-XXXX`), the ports are
@@ -44,7 +46,9 @@ STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 INSTALL_PATHS = ("/opt/mindhand", "/etc/mindhand", "/var/lib/mindhand", "/srv/mindhand", "/etc/systemd/system")
 
 
-# --- reading the README ---------------------------------------------------------------------------
+# --- reading the guide ----------------------------------------------------------------------------
+
+GUIDE = ROOT / "docs" / "operations.md"
 
 
 def section(text: str, start: str, end: str) -> str:
@@ -64,12 +68,12 @@ def split_comment(line: str) -> tuple[str, str]:
 
 def readme_steps() -> tuple[list[tuple[str, str]], list[tuple[str, str]], str, list[tuple[str, str]]]:
     """(the Mind's lines, the Hand's lines, the prose of "From another machine", the client's lines)."""
-    text = (ROOT / "README.md").read_text()
-    real = section(text, "## Running it for real", "**Configuration.**")
+    text = GUIDE.read_text()
+    real = section(text, "## The Mind's server", "## Configuration")
     blocks = code_blocks(real)
-    assert len(blocks) == 3, "README 'Running it for real': the Mind's, the Hand's and the client's blocks"
+    assert len(blocks) == 3, "docs/operations.md: the Mind's, the Hand's and the client's blocks"
     mind, hand, client = ([split_comment(ln) for ln in b.splitlines() if ln.strip()] for b in blocks)
-    another = " ".join(section(real, "**From another machine.**", "```").split())
+    another = " ".join(section(real, "## From another machine", "```").split())
     return mind, hand, another, client
 
 
@@ -105,11 +109,11 @@ class Site:
     def __init__(self, prefix: Path) -> None:
         self.p = prefix
         tag = uuid.uuid4().hex[:6]
-        self.svc = f"mh-svc-{tag}"  # the README's `mindhand`
-        self.runu = f"mh-run-{tag}"  # the README's `mindhand-run`
+        self.svc = f"mh-svc-{tag}"  # the guide's `mindhand`
+        self.runu = f"mh-run-{tag}"  # the guide's `mindhand-run`
         self.mind_port = free_port()
         self.hand_port = free_port()
-        self.stage = prefix / "checkout"  # where the README's relative paths (contrib/, scripts/) are
+        self.stage = prefix / "checkout"  # where the guide's relative paths (contrib/, scripts/) are
         self.src = prefix / "src"  # /path/to/mindhand
         self.client_home = prefix / "alice"  # "another machine"'s ~
         self.procs: dict[str, subprocess.Popen] = {}
@@ -117,7 +121,7 @@ class Site:
         self.python = ""
 
     def sub(self, text: str) -> str:
-        """The README's (and contrib's) text with this site's paths, users, ports and host."""
+        """The guide's (and contrib's) text with this site's paths, users, ports and host."""
         for path in INSTALL_PATHS:
             text = re.sub(rf"(?<![\w./-]){re.escape(path)}(?![\w])", f"{self.p}{path}", text)
         # the users (not a unit's StateDirectory=mindhand, which names /var/lib/mindhand)
@@ -223,12 +227,12 @@ class Site:
 def site(as_root) -> Iterator[Site]:
     for tool in ("runuser", "curl", "openssl", "install"):
         if shutil.which(tool) is None:
-            pytest.fail(f"the README's steps need {tool} on PATH", pytrace=False)
+            pytest.fail(f"the guide's steps need {tool} on PATH", pytrace=False)
     prefix = Path(tempfile.mkdtemp(prefix="mh-real-", dir="/tmp"))  # outside root's 0700 pytest tree
     os.chmod(prefix, 0o755)
     s = Site(prefix)
     try:
-        # The checkout the README's relative paths are read from (contrib/, scripts/mkcerts), with the
+        # The checkout the guide's relative paths are read from (contrib/, scripts/mkcerts), with the
         # site's names in contrib's files; and /path/to/mindhand, a clean copy to pip install from.
         for d in ("contrib/config", "contrib/systemd"):
             for f in (ROOT / d).iterdir():
@@ -254,12 +258,12 @@ def site(as_root) -> Iterator[Site]:
         s.cleanup()
 
 
-# --- performing a README line ---------------------------------------------------------------------
+# --- performing a line of the guide ----------------------------------------------------------------
 
 
 def expected_json(comment: str) -> dict[str, object]:
     """`{"status": "ok", "version": ..., "hands_connected": 0, ...}` -> {status: "ok", version: ..., ...}:
-    the keys the README shows, with the values it shows (`...`: any value)."""
+    the keys the guide shows, with the values it shows (`...`: any value)."""
     return {k: (... if v.strip() == "..." else json.loads(v)) for k, v in re.findall(r'"(\w+)": ([^,}]+)', comment)}
 
 
@@ -273,7 +277,7 @@ def check_curl(out: str, comment: str) -> None:
 
 
 def perform(site: Site, line: str, comment: str, *, user_env: dict[str, str] | None = None) -> str:
-    """One README line (`a && b` too), performed on the site; returns what the last command printed."""
+    """One line of the guide (`a && b` too), performed on the site; returns what the last command printed."""
     out = ""
     tokens = shlex.split(site.sub(line))
     commands: list[list[str]] = [[]]
@@ -378,6 +382,11 @@ def test_the_readme_for_real_works_for_a_mind_and_a_hand_on_one_machine_with_tls
     exec_line, comment = client_lines[2]
     assert comment.split(":")[0] == "mindhand-run"
     assert perform(site, exec_line, comment, user_env=env) == f"{site.runu}\n"
+
+
+def test_the_readme_links_the_guide_it_runs():
+    """The README's front door sends an operator to these steps."""
+    assert "docs/operations.md" in (ROOT / "README.md").read_text()
 
 
 def test_mkcerts_names_every_host_and_ip_and_a_rerun_keeps_the_ca(tmp_path):
