@@ -62,6 +62,8 @@ STATUS_TICK_S = 0.25
 NOT_STARTED = (None, RunState.ADMITTED, RunState.SENT)
 
 
+SAME_WISH_S = 1.0
+"""A second Ctrl-C this soon after the first, before its cancel was answered, is the same wish."""
 LEAVE_ANSWER_S = 2.0
 """How long `~.` waits for the Mind to acknowledge its cancel before it hangs up anyway."""
 
@@ -109,6 +111,9 @@ class ExecSession(Rejoin):
         self.run_id: str | None = None
         self.state: RunState | None = None
         self.interrupts = 0
+        self.first_interrupt = 0.0
+        self.cancel_answered = False
+        """The Mind answered the cancel a first Ctrl-C asked for: a second one now means detach."""
         self.cancel_wanted = False
         self.cancel_id: str | None = None
         self.t0 = time.monotonic()
@@ -413,6 +418,7 @@ class ExecSession(Rejoin):
         if ev.id == self.cancel_id:
             if isinstance(ev, Failed) and not ev.lost:  # lost: the run's own event says so
                 self._say(f"mind: cancel request failed: {printable(ev.error.message)}")
+            self.cancel_answered = True
             return None
         if ev.id == self.detach_id:
             return self._detached(ev)
@@ -532,10 +538,17 @@ class ExecSession(Rejoin):
     # --- Ctrl-C ---
 
     def _on_interrupts(self, n: int) -> bool:
-        """True when the user asked to detach (a second Ctrl-C)."""
+        """True when the user asked to detach (a second Ctrl-C). A second one before the first's
+        cancel was answered and within SAME_WISH_S of it is the same wish delivered twice (SIGINT
+        to the process group, as `timeout -s INT` and a terminal's Ctrl-C send it, reaches us and
+        maybe a wrapper that passes it on): it was read as "detach", and the run left running."""
+        now = time.monotonic()
         for _ in range(n):
+            if self.interrupts and not self.cancel_answered and now - self.first_interrupt < SAME_WISH_S:
+                continue
             self.interrupts += 1
             if self.interrupts == 1:
+                self.first_interrupt = now
                 later = "; it goes to the Mind once it is back" if not self.live else ""
                 self._say(f"\nmind: cancel requested{later} (Ctrl-C again to detach)")
                 self.cancel_wanted = True

@@ -250,3 +250,38 @@ def test_status_and_runs_history(c):
     st = json.loads(c.cli("status", "--json").stdout)
     assert st["hands"][0]["name"] == "box" and st["recent_failures"][0]["state"] == "failed"
     assert c.cli("runs", "--since", "soon").returncode == 2
+
+
+def test_one_ctrl_c_delivered_twice_cancels_and_a_later_second_one_detaches(c, root):
+    """SIGINT to the process group (`timeout -s INT`, a terminal's Ctrl-C through a wrapper) can
+    reach `mind exec` twice in a moment: it was read as "Ctrl-C again", and the run was detached
+    and left running. Two in a moment, before the cancel was answered, are one wish: the run is
+    cancelled (130). A second one after the first was answered still detaches (121)."""
+    (root / "twice.pid").unlink(missing_ok=True)
+    p = c.cli_popen("exec", "--hand", "box", "--", "sh", "-c", "echo $$ > twice.pid; exec sleep 30")
+    try:
+        wait_until(lambda: (root / "twice.pid").exists() and (root / "twice.pid").read_text().strip(), 15, "start")
+        os.kill(p.pid, signal.SIGINT)
+        os.kill(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130 and b"detached" not in err, (p.returncode, err)
+    wait_until(lambda: not pid_alive(int((root / "twice.pid").read_text())), 5, "the run's process gone")
+
+    # a command that outlives its cancel (TERM ignored, a long grace): the first Ctrl-C is answered
+    # at once (cancel requested), and a second one later is a wish of its own: detach
+    (root / "stays.pid").unlink(missing_ok=True)
+    script = "trap '' TERM; echo $$ > stays.pid; sleep 20"
+    p = c.cli_popen("exec", "--hand", "box", "--grace", "15", "--", "sh", "-c", script)
+    try:
+        wait_until(lambda: (root / "stays.pid").exists() and (root / "stays.pid").read_text().strip(), 15, "start")
+        os.kill(p.pid, signal.SIGINT)
+        time.sleep(1.5)
+        os.kill(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert b"detached from run" in err, (p.returncode, err)
