@@ -30,6 +30,8 @@ them by it (`ValueError`).
     ├── SchemaTooNew                   mind/store/api.py           the database was migrated by a newer Mind: refused at start
     ├── CannotOpen                     mind/daemon/server.py       `mind serve` cannot open its state: the sentence and exit code
     ├── CommandFailed(message, code)   mind/commandline.py         a daemon's admin command could not do what it was asked
+    ├── Refusal(status, error, message) mind/mcp/bearers.py        `mind mcp --listen` answered a request without a tool
+    ├── OverBudget                     mind/mcp/budget.py          a run `mind mcp` will not follow: over its byte budget
     ├── FaultProxyError (RuntimeError) mind/testing/faultproxy/    the fault proxy refused a command or cannot be reached
     │   └── CommandError (ValueError)                              a command line it cannot perform
     ├── MindRefused(code, message)     hand/aio/agent.py           the Mind sent an `error` frame

@@ -9,7 +9,9 @@ command everywhere, and a failing Hand is reported, not a reason to skip the oth
 an error (`isError`) if any Hand's run did not succeed, or any Hand was not reached.
 
 Each Hand's output is bounded like a single run's, more tightly the more Hands there are (the whole
-answer stays within a few times one run's), with the same paging marker per run.
+answer stays within a few times one run's), with the same paging marker per run. What the members
+keep counts in the credential's byte budget (mind/mcp/budget.py): every member's floor is reserved
+before the fleet starts, so a selector naming more Hands than the budget holds is refused whole.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from mind.client.fleet import EmptySelection, FleetRun
 from mind.errors import ClientCode, ClientError, MindhandError
 from mind.mcp import results
+from mind.mcp.budget import Reservation
 from mind.mcp.runs import PROGRESS_EVERY_S, Followed, Runs
 
 Progress = Callable[[float, str], Awaitable[None]]
@@ -35,9 +38,11 @@ class Fleet:
     """One fleet `exec`: the fleet run read to its end in the background (owned by `Runs`), each
     member's events handed to its `Followed`, whatever the call that started it does."""
 
-    def __init__(self, runs: Runs, run: FleetRun) -> None:
+    def __init__(self, runs: Runs, run: FleetRun, held: Reservation | None = None) -> None:
         self.runs = runs
         self.run = run
+        self.held = held
+        """The members' floors, reserved at the start; what no member took is given back at the end."""
         self.members: dict[str, Followed] = {}
         self.unreached: dict[str, str] = {}
         """Hands without a run: hand_offline, not_started, undeliverable, or refused before a run."""
@@ -49,7 +54,7 @@ class Fleet:
         f = self.members.get(hand)
         handle = self.run.handle(hand)
         if f is None and handle is not None:
-            f = self.members[hand] = self.runs.add(Followed(handle, hand))
+            f = self.members[hand] = self.runs.add(Followed(handle, hand), self.held)
         return f
 
     async def drive(self) -> None:
@@ -63,12 +68,15 @@ class Fleet:
                         self.unreached[ev.hand] = ev.state
                         if f is not None and not f.done:
                             f.failure = ClientError(ClientCode.LOST, f"no end came from {ev.hand} ({ev.state})")
+                            f.settle()
                             f.changed.set()
                 self.changed.set()
         except MindhandError as exc:
             self.failure = exc
         finally:
             self.done = True
+            if self.held is not None:
+                self.held.release()
             self.changed.set()
 
     def all_ended(self) -> bool:
@@ -117,7 +125,8 @@ class Fleet:
 
 async def start(runs: Runs, selector: str, tool: str, args: dict[str, Any], timeout_s: float) -> Fleet:
     """Select (the Mind, within this credential's scope) and start the fleet; `ClientError` if the
-    selector is malformed or names no Hand this credential may use."""
+    selector is malformed or names no Hand this credential may use, `OverBudget` if the runs it would
+    start do not fit the credential's byte budget (nothing started)."""
     run = runs.client.exec_many(
         selector, tool, args, timeout=timeout_s, stream=True, max_errors="100%", output_limit=1 << 50
     )
@@ -125,7 +134,7 @@ async def start(runs: Runs, selector: str, tool: str, args: dict[str, Any], time
     run.selection = await runs.client.select_hands(selector)
     if not run.selection:
         raise EmptySelection(selector)
-    fleet = Fleet(runs, run)
+    fleet = Fleet(runs, run, runs.reserve(len(run.selection)))
     runs.spawn(fleet.drive(), follower=True)
     return fleet
 

@@ -7,6 +7,9 @@ and is still followed, so a later `run_get` or `read_output` finds it, its outpu
 Hand (a run nobody reads stops on flow control) and its end is seen. When the server ends, every
 run still going is detached with `keep_s`: the Mind keeps it unattended, and `run_get` from the next
 server (the same credential) attaches to it again.
+
+What the runs keep is bounded by their credential's byte budget (mind/mcp/budget.py): a run beyond
+it is refused before it starts, and a running run's window stops growing when it is spent.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 from mind.client.aio import MindClient
 from mind.client.run import RunHandle, StillRunning
 from mind.errors import ClientError, MindhandError
+from mind.mcp.budget import CREDENTIAL_BYTES, RUN_FLOOR, SERVER_BYTES, Ledger, OverBudget, Reservation
 from mind.mcp.results import Retained
 from protocol.messages import RunEnd, StreamData
 
@@ -32,7 +36,8 @@ PROGRESS_TEXT_MAX = 2 << 10
 output is in the result and `read_output`)."""
 KEEP_ENDED = 64
 """Ended runs whose output this server keeps for `read_output` (at most 8 MiB each: `RETAIN_BYTES`
-per stream); an older one is answered from the Mind's record (the last 4 KiB of each stream)."""
+per stream, and all of them within the credential's byte budget, mind/mcp/budget.py); an older one
+is answered from the Mind's record (the last 4 KiB of each stream)."""
 DETACH_KEEP_S = 3600.0
 """When the server ends, a run still going is kept this long by the Mind (capped by its --keep-max)."""
 
@@ -40,24 +45,40 @@ Progress = Callable[[float, str], Awaitable[None]]
 """Sends one progress notification: a number that only grows, and a message."""
 
 
+FEED_MAX = 1 << 20
+"""What `write_stdin` may queue for a run that has not read it yet (one call's most): past it a call is
+refused until the command reads, so a command that never reads its stdin holds a bounded buffer."""
+
+
 class Feed:
-    """A run's standard input kept open for `write_stdin`: what each call gives, in order, then its end."""
+    """A run's standard input kept open for `write_stdin`: what each call gives, in order, then its end.
+    `queued` counts what the command has not taken yet (held in the run's budget, at most `FEED_MAX`
+    from `write_stdin`)."""
 
     def __init__(self, first: bytes | None = None) -> None:
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.closed = False
+        self.queued = 0
+        self.on_change: Callable[[], None] | None = None
+        """Told when `queued` changes (the run's budget follows it)."""
         if first:
-            self._queue.put_nowait(first)
+            self.write(first, False)
 
     def write(self, data: bytes, eof: bool) -> None:
         if data:
             self._queue.put_nowait(data)
+            self.queued += len(data)
         if eof:
             self.closed = True
             self._queue.put_nowait(None)
+        if self.on_change is not None:
+            self.on_change()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         while (data := await self._queue.get()) is not None:
+            self.queued -= len(data)
+            if self.on_change is not None:
+                self.on_change()
             yield data
 
 
@@ -74,6 +95,12 @@ class Followed:
     failure: MindhandError | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    ledger: Ledger | None = None
+    """The budget its bytes are held in (its credential's); None: not counted (nothing kept yet)."""
+    held: int = 0
+    """What it holds in `ledger` now: at least `RUN_FLOOR` while it runs, what it keeps once ended."""
+    make_room: Callable[[int], bool] | None = None
+    """Lets ended runs of its credential go until this many more bytes fit (`Runs.make_room`)."""
 
     @property
     def run_id(self) -> str | None:
@@ -86,12 +113,50 @@ class Followed:
     def stream(self, name: str) -> Retained:
         return self.stdout if name == "stdout" else self.stderr
 
+    def __post_init__(self) -> None:
+        if self.feed is not None:
+            self.feed.on_change = self.settle
+
+    @property
+    def charge(self) -> int:
+        """What it should hold in its ledger: its bytes (output kept, stdin not taken yet), and while
+        it runs at least its floor."""
+        kept = self.stdout.held + self.stderr.held + (self.feed.queued if self.feed is not None else 0)
+        return kept if self.done else max(kept, RUN_FLOOR)
+
+    def may_queue(self, n: int) -> bool:
+        """Whether `n` more bytes of stdin fit the run's budget (ended runs let go to make room)."""
+        return self._fits(self.charge - self.held + n)
+
+    def settle(self) -> None:
+        """Hold `charge` in the ledger (more as it grew, less once it ended)."""
+        if self.ledger is not None:
+            self.ledger.add(self.charge - self.held)
+            self.held = self.charge
+
+    def release(self) -> None:
+        """Forgotten: what it held goes back to the ledger, and nothing more is counted."""
+        if self.ledger is not None:
+            self.ledger.add(-self.held)
+        self.ledger, self.held = None, 0
+
+    def _may_grow(self, r: Retained, n: int) -> bool:
+        return self._fits(max(self.charge + r.growth(n), RUN_FLOOR) - self.held)
+
+    def _fits(self, more: int) -> bool:
+        if self.ledger is None or self.ledger.fits(more):
+            return True
+        return self.make_room is not None and self.make_room(more)
+
     def take(self, ev: object) -> None:
-        """One event of the run: its output kept, its end noted, its waiters woken."""
+        """One event of the run: its output kept (within its budget), its end noted, its waiters woken."""
         if isinstance(ev, StreamData) and ev.data:
-            self.stream(ev.stream).append(ev.data)
+            r = self.stream(ev.stream)
+            r.append(ev.data, self._may_grow(r, len(ev.data)))
+            self.settle()
         elif isinstance(ev, RunEnd):
             self.end = ev
+            self.settle()
         self.changed.set()
 
     async def follow(self) -> None:
@@ -104,17 +169,20 @@ class Followed:
         except MindhandError as exc:
             self.failure = exc
         finally:
+            self.settle()
             self.changed.set()
 
 
 class Runs:
     """The runs followed on one connection to the Mind (one credential), by run id. Ended runs are
     kept for `read_output` up to `keep_ended` of them (the oldest forgotten first): a server that
-    lives for weeks holds at most that many runs' retained output, not every run it ever saw."""
+    lives for weeks holds at most that many runs' retained output, not every run it ever saw. What
+    they all hold is bounded by `ledger` (this credential's budget, under the server's)."""
 
-    def __init__(self, client: MindClient, keep_ended: int = KEEP_ENDED) -> None:
+    def __init__(self, client: MindClient, keep_ended: int = KEEP_ENDED, ledger: Ledger | None = None) -> None:
         self.client = client
         self.keep_ended = keep_ended
+        self.ledger = ledger if ledger is not None else Ledger(CREDENTIAL_BYTES, Ledger(SERVER_BYTES))
         self._by_id: dict[str, Followed] = {}
         self._all: dict[Followed, None] = {}  # insertion-ordered: the oldest first
         self._chores: set[asyncio.Task[None]] = set()
@@ -131,16 +199,39 @@ class Runs:
             self._followers.add(task)
             task.add_done_callback(self._followers.discard)
 
-    def follow(self, handle: RunHandle, hand: str, feed: Feed | None = None) -> Followed:
-        f = Followed(handle, hand, feed=feed)
+    def reserve(self, runs: int = 1) -> Reservation:
+        """Admit `runs` new runs: their floors held now (ended runs let go to make room), handed to
+        each by `follow`/`add`; `OverBudget` if they do not fit. Use it as `with runs.reserve():`
+        around the start, so a start that fails gives its floor back."""
+        need = runs * RUN_FLOOR
+        if not self.make_room(need):
+            running = sum(1 for f in self._all if not f.done)
+            raise OverBudget(self.ledger.refusal(need, running))
+        self.ledger.add(need)
+        return Reservation(self.ledger, need)
+
+    def make_room(self, need: int) -> bool:
+        """Let ended runs go, oldest first, until `need` more bytes fit; False if they never do."""
+        while not self.ledger.fits(need):
+            oldest = next((f for f in self._all if f.done), None)
+            if oldest is None:
+                return False
+            self._forget(oldest)
+        return True
+
+    def follow(
+        self, handle: RunHandle, hand: str, feed: Feed | None = None, held: Reservation | None = None
+    ) -> Followed:
+        f = self.add(Followed(handle, hand, feed=feed), held)
         f.task = asyncio.create_task(f.follow(), name=f"mcp-follow-{hand}")
-        self._all[f] = None
-        self._forget_old()
         return f
 
-    def add(self, f: Followed) -> Followed:
+    def add(self, f: Followed, held: Reservation | None = None) -> Followed:
         """Keep a run whose events someone else reads and hands to `f.take` (a fleet member: the
-        fleet run reads its members' events), so `run_get`, `read_output` and `cancel` find it."""
+        fleet run reads its members' events), so `run_get`, `read_output` and `cancel` find it. Its
+        floor comes from `held` (what admitted it), else it is added to the ledger as it stands."""
+        f.ledger, f.held, f.make_room = self.ledger, held.take() if held is not None else 0, self.make_room
+        f.settle()
         self._all[f] = None
         self._forget_old()
         return f
@@ -148,9 +239,13 @@ class Runs:
     def _forget_old(self) -> None:
         ended = [f for f in self._all if f.done]
         for f in ended[: max(0, len(ended) - self.keep_ended)]:
-            del self._all[f]
-            if f.run_id is not None and self._by_id.get(f.run_id) is f:
-                del self._by_id[f.run_id]
+            self._forget(f)
+
+    def _forget(self, f: Followed) -> None:
+        del self._all[f]
+        f.release()
+        if f.run_id is not None and self._by_id.get(f.run_id) is f:
+            del self._by_id[f.run_id]
 
     def get(self, run_id: str) -> Followed | None:
         self._index()
@@ -165,9 +260,11 @@ class Runs:
 
     async def adopt(self, run_id: str, hand: str) -> Followed:
         """Follow a run started elsewhere by this identity (another server's, one detached): `attach`
-        takes it over, its output from where the previous consumer stopped."""
-        handle = await self.client.attach(run_id)
-        f = self.follow(handle, hand)
+        takes it over, its output from where the previous consumer stopped. `OverBudget` as for a
+        new run."""
+        with self.reserve() as held:
+            handle = await self.client.attach(run_id)
+            f = self.follow(handle, hand, held=held)
         self._by_id[run_id] = f
         return f
 
@@ -183,6 +280,8 @@ class Runs:
             task.cancel()
         await asyncio.gather(*self._chores, return_exceptions=True)
         await asyncio.gather(*(f.task for f in self._all if f.task is not None), return_exceptions=True)
+        for f in self._all:  # the server's budget gets back what this credential held
+            f.release()
 
 
 async def wait(f: Followed, wait_s: float, progress: Progress | None) -> None:

@@ -21,8 +21,9 @@ from pydantic import Field
 
 from mind.errors import ClientError, MindhandError
 from mind.mcp import files, fleet, results, tasks
+from mind.mcp.budget import OverBudget
 from mind.mcp.cancels import PeerCancels, key_of
-from mind.mcp.runs import Feed, Followed, Runs, cancel_for_peer, wait
+from mind.mcp.runs import FEED_MAX, Feed, Followed, Runs, cancel_for_peer, wait
 from protocol.messages import RunEnd, RunInfo
 from protocol.states import RunState
 
@@ -120,6 +121,7 @@ def register(server: MCPServer, current: Current, cancels: PeerCancels) -> None:
     register_hands(server, current)
     register_exec(server, current, cancels)
     register_run_tools(server, current, cancels)
+    register_cancel_and_stdin(server, current)
     register_runs(server, current)
     register_file_tools(server, current)
     tasks.register(server, current, result, failure)
@@ -214,22 +216,27 @@ def register_exec(server: MCPServer, current: Current, cancels: PeerCancels) -> 
                 many = await fleet.start(runs, selector, tool, args, timeout_s)
             except ClientError as exc:
                 return failure(code_of(exc), exc.message)
+            except OverBudget as exc:
+                return failure(exc.code, exc.message)
             return await fleet_waited(runs, many, wait_s, ctx, cancels)
         assert hand is not None
         first = stdin.encode() if stdin is not None else None
         feed = Feed(first) if stdin_open else None
         try:
-            handle = await runs.client.start(
-                hand,
-                tool,
-                args,
-                timeout=timeout_s,
-                watch=False,
-                stdin=feed.chunks() if feed is not None else first,
-            )
+            with runs.reserve() as held:  # the byte budget first: a run beyond it never starts
+                handle = await runs.client.start(
+                    hand,
+                    tool,
+                    args,
+                    timeout=timeout_s,
+                    watch=False,
+                    stdin=feed.chunks() if feed is not None else first,
+                )
+                f = runs.follow(handle, hand, feed, held)
+        except OverBudget as exc:
+            return failure(exc.code, exc.message)
         except ClientError as exc:
             return failure(code_of(exc), exc.message)
-        f = runs.follow(handle, hand, feed)
         return await waited(runs, f, wait_s, ctx, cancels)
 
 
@@ -281,6 +288,8 @@ def register_run_tools(server: MCPServer, current: Current, cancels: PeerCancels
                 f = await runs.adopt(run, info.hand)  # left unattended (a server before this one)
             except ClientError as exc:
                 return failure(code_of(exc), exc.message)
+            except OverBudget as exc:
+                return failure(exc.code, exc.message)
         return await waited(runs, f, wait_s, ctx, cancels)
 
     @server.tool(annotations=READ_ONLY)
@@ -291,9 +300,11 @@ def register_run_tools(server: MCPServer, current: Current, cancels: PeerCancels
         max_bytes: Annotated[int, Field(gt=0, le=results.READ_MAX, description="At most this many bytes.")] = 64 << 10,
     ) -> CallToolResult:
         """Page through a run's output by byte offset (as the marker in a result names). Available:
-        the last 4 MiB of each stream of a run this server followed (started by exec or looked at
-        with run_get); for any other run, only the last 4 KiB the Mind keeps with its end. Answers
-        next_offset to continue from and eof once the run ended and nothing more will come."""
+        the first 4 KiB and the last 4 MiB of each stream of a run this server followed (started by
+        exec or looked at with run_get; less when many runs print a lot); for any other run, only
+        the last 4 KiB the Mind keeps with its end. An offset no longer kept is answered with `gone`
+        (exactly which bytes) and the page from the first byte kept after them. Answers next_offset
+        to continue from and eof once the run ended and nothing more will come."""
         runs = current()
         f = runs.get(run)
         if f is None:
@@ -308,23 +319,40 @@ def register_run_tools(server: MCPServer, current: Current, cancels: PeerCancels
             tail = info.end.stdout if stream == "stdout" else info.end.stderr
             r = results.Retained(total=tail.total, base=tail.total - len(tail.data))
             r.window += tail.data
-            total, done = tail.total, True
+            done = True
         else:
-            r, total, done = f.stream(stream), f.stream(stream).total, f.done
-        start, data = r.read(offset, max_bytes)
-        out: dict[str, Any] = {
-            "state": "succeeded",
-            "run": run,
-            "stream": stream,
-            "offset": start,
-            "next_offset": start + len(data),
-            "total": total,
-            "eof": done and start + len(data) >= total,
-            "data": results.text(data),
-        }
-        if start > offset:
-            out["note"] = f"bytes {offset} to {start} are no longer retained; this page starts at {start}"
-        return result(out)
+            r, done = f.stream(stream), f.done
+        return result(page(run, stream, r, done, offset, max_bytes))
+
+
+def page(run: str, stream: str, r: results.Retained, done: bool, offset: int, max_bytes: int) -> dict[str, Any]:
+    """One `read_output` answer: the bytes from `offset`, or, when that offset is gone, exactly which
+    bytes are gone and the page from where reading can go on (never silently another range)."""
+    if offset > r.total:
+        return results.error_result(
+            "invalid_request",
+            f"offset {offset} is past the end of {stream}: {r.total} bytes so far (read from {r.total} at most)",
+        )
+    start, data = r.read(offset, max_bytes)
+    out: dict[str, Any] = {"state": "succeeded", "run": run, "stream": stream}
+    gone = r.gone()
+    if start != offset and gone is not None:
+        out["gone"] = {"from": gone[0], "to": gone[1]}
+        out["note"] = (
+            f"bytes {gone[0]} to {gone[1]} of {stream} are no longer kept (offset {offset} is among them); "
+            f"this page starts at {start}, the first byte kept after them"
+        )
+    return out | {
+        "offset": start,
+        "next_offset": start + len(data),
+        "total": r.total,
+        "eof": done and start + len(data) >= r.total,
+        "data": results.text(data),
+    }
+
+
+def register_cancel_and_stdin(server: MCPServer, current: Current) -> None:
+    """`cancel` and `write_stdin`: what an agent does to a run it started."""
 
     @server.tool()
     async def cancel(run: RunId) -> CallToolResult:
@@ -363,8 +391,19 @@ def register_run_tools(server: MCPServer, current: Current, cancels: PeerCancels
             return failure("invalid_request", f"run {run} was not started by exec with stdin_open=true on this server")
         if f.feed.closed or f.done:
             return failure("stdin_closed", f"run {run}: its stdin is closed (eof was sent, or the run ended)")
-        f.feed.write(data.encode(), eof)
-        return result({"state": "succeeded", "run": run, "bytes": len(data.encode()), "eof": eof})
+        raw = data.encode()
+        if f.feed.queued + len(raw) > FEED_MAX:
+            return failure(
+                "stdin_full",
+                f"run {run}: {f.feed.queued} bytes sent before are not read yet, and {len(raw)} more would pass "
+                f"the {FEED_MAX} that may wait here: send less at a time, or see with run_get what the command does",
+            )
+        if not f.may_queue(len(raw)):
+            return failure(
+                "over_budget", f"run {run}: {len(raw)} more bytes of stdin do not fit this credential's budget"
+            )
+        f.feed.write(raw, eof)
+        return result({"state": "succeeded", "run": run, "bytes": len(raw), "eof": eof})
 
 
 def register_runs(server: MCPServer, current: Current) -> None:

@@ -40,10 +40,13 @@ def test_long_output_shows_head_and_tail_and_names_the_gap_in_bytes() -> None:
     assert OUTPUT[:start] == head.encode() and OUTPUT[end:] == tail.encode()
 
 
-def test_the_window_slides_and_a_read_before_it_starts_at_what_is_kept() -> None:
+def test_the_window_slides_the_head_stays_and_a_read_in_between_starts_at_what_is_kept() -> None:
     r = retained(OUTPUT, cap=10_000)
     assert r.total == len(OUTPUT) and r.base == len(OUTPUT) - 10_000 and r.head == OUTPUT[:HEAD_KEEP]
-    start, data = r.read(0, 500)
+    assert r.gone() == (HEAD_KEEP, r.base)
+    assert r.read(0, 500) == (0, OUTPUT[:500])  # the head is kept: offset 0 is still readable
+    assert r.read(100, 1 << 20) == (100, OUTPUT[100:HEAD_KEEP])  # up to the gap, never across it
+    start, data = r.read(HEAD_KEEP, 500)
     assert start == r.base and data == OUTPUT[r.base : r.base + 500]
     start, data = r.read(len(OUTPUT) - 10, 500)
     assert data == OUTPUT[-10:]
@@ -55,6 +58,7 @@ def test_only_the_ends_tail_known_the_marker_still_names_real_offsets() -> None:
     shown = render(view, "r2", "stderr")
     assert shown.startswith("\n[... ") and shown.endswith(OUTPUT[-4096:].decode())
     assert f"(bytes 0 to {len(OUTPUT) - 4096} of {len(OUTPUT)})" in shown
+    assert "no longer kept" in shown and "read_output(" not in shown  # nothing of the gap can be read
     assert StreamView.of_tail(3, b"ab\n") == StreamView(3, b"ab\n", b"ab\n")
 
 
