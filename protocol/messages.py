@@ -580,6 +580,10 @@ class RunEnd(Outcome):
     hand: Label
     tool: Label
     reject_code: RejectCode | None = None
+    collected: Annotated[list[StreamPosition], Field(max_length=4)] | None = None
+    """A streamed run's output as its clients had acknowledged it when it ended, per stream (set on
+    the end the Mind retains): an attach after the end prints only what follows, never bytes a
+    previous consumer already took (`--wait 1s > f; attach >> f` duplicated the last 4 KiB)."""
 
     @model_validator(mode="after")
     def _terminal(self) -> RunEnd:

@@ -493,15 +493,23 @@ class ExecSession(Rejoin):
         return EXIT_INCOMPLETE if code == 0 and not complete else code
 
     def _retained(self, end: Any) -> None:
-        """`mind attach` of a run that had ended: what the Mind retained of its output (its tails)."""
+        """`mind attach` of a run that had ended: what the Mind retained of its output (its tails),
+        from where its clients had taken it (`collected`): nothing printed twice, and the bytes
+        neither taken nor retained said as gone."""
+        taken = {p.stream: p.consumed for p in getattr(end, "collected", None) or ()}
         for name, f in (("stdout", sys.stdout.buffer), ("stderr", sys.stderr.buffer)):
             tail = getattr(end, name)
-            if tail.total > len(tail.data):
-                self._say(
-                    f"mind: run {end.run_id} had ended; {tail.total - len(tail.data)} bytes of its {name} were "
-                    f"not retained (the last {len(tail.data)} follow)"
-                )
-            f.write(tail.data)
+            start = tail.total - len(tail.data)
+            have = taken.get(name, taken.get("pty", 0) if name == "stdout" else 0)
+            if have > start:
+                f.write(tail.data[have - start :])
+            else:
+                if have < start:
+                    self._say(
+                        f"mind: run {end.run_id} had ended; {start - have} bytes of its {name} were neither "
+                        f"collected nor retained (the last {len(tail.data)} follow)"
+                    )
+                f.write(tail.data)
             f.flush()
 
     def _hints(self, end: Any) -> list[str]:

@@ -119,6 +119,16 @@ OUTPUT_TAIL = model(
     },
 )
 
+STREAM_POSITION = model(
+    "stream_position",
+    {
+        "stream": (literal("stdin", "stdout", "stderr", "pty"), REQUIRED),
+        "offset": (strict_int(ge=0), REQUIRED),
+        "consumed": (strict_int(ge=0), REQUIRED),
+    },
+    rule=RULES["StreamPosition._ordered"],
+)
+
 RUN_END = model(
     "run_end",
     {
@@ -138,6 +148,7 @@ RUN_END = model(
         "hand": (strict_str(pattern=limits.LABEL_VALUE_RE), REQUIRED),
         "tool": (strict_str(pattern=limits.LABEL_VALUE_RE), REQUIRED),
         "reject_code": (optional(enum(RejectCode)), None),
+        "collected": (optional(list_of(STREAM_POSITION, max_len=4)), None),
     },
     rule=RULES["RunEnd._terminal"],
 )
@@ -159,16 +170,6 @@ STREAM_RESUME = model(
         "offset": (strict_int(ge=0), REQUIRED),
         "consumed": (strict_int(ge=0), REQUIRED),
     },
-)
-
-STREAM_POSITION = model(
-    "stream_position",
-    {
-        "stream": (literal("stdin", "stdout", "stderr", "pty"), REQUIRED),
-        "offset": (strict_int(ge=0), REQUIRED),
-        "consumed": (strict_int(ge=0), REQUIRED),
-    },
-    rule=RULES["StreamPosition._ordered"],
 )
 
 ATTACHED = model(

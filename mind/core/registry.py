@@ -216,6 +216,13 @@ class RunRegistry:
         With the window 0 no run outlives its connections, so no Hand can ever re-present one and
         there is nothing to persist."""
         kept = retained(end)
+        collected = [
+            StreamPosition(stream=name, offset=relay.acked, consumed=relay.acked)  # type: ignore[arg-type]
+            for name, relay in run.relays.items()
+            if name != "stdin"
+        ]
+        if collected:  # what a later attach need not print again
+            kept = kept.model_copy(update={"collected": collected})
         acts: list[Action] = []
         if (mind_decided or durable) and self.resume_window > 0:
             acts.append(PersistEnding(run.run_id, kept, run.owner, run.cancel_reason, run.args_digest))

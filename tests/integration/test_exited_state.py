@@ -35,3 +35,19 @@ def test_an_exited_detached_run_shows_how_it_ended_and_attach_collects_it(tmp_pa
         assert a.returncode == 3 and a.stdout == b"out\n" and a.stderr == b"err\n", a
         done = info()
         assert done["state"] == "failed" and done["exited"] is None and done["end"]["exit_code"] == 3, done
+
+
+def test_attach_after_the_end_prints_nothing_the_previous_consumer_took(tmp_path):
+    """`mind exec --wait 1s ... > f` printed everything; the run then ended; `mind attach RUN >> f`
+    printed the last 4 KiB again (exit 0), so f held them twice. The Mind's retained end says what
+    its clients had acknowledged, and attach prints only what follows: here nothing."""
+    with running(tmp_path, "box", mind_args=("--resume-window", "60")) as cl:
+        r = cl.cli("exec", "--wait", "1s", "box", "--", "sh", "-c", "seq 1 3000; sleep 2")
+        assert r.returncode == 121, r.stderr  # still running: left unattended, its id on stderr
+        expected = "".join(f"{i}\n" for i in range(1, 3001)).encode()
+        assert r.stdout == expected
+        run_id = json.loads(cl.cli("runs", "--json").stdout)[0]["run_id"]
+        wait_until(lambda: json.loads(cl.cli("run", "get", run_id, "--json").stdout)["end"], 20, "the run's end")
+        a = cl.cli("attach", run_id)
+        assert a.returncode == 0, a.stderr
+        assert r.stdout + a.stdout == expected, a.stdout[-200:]  # nothing twice
