@@ -128,6 +128,8 @@ class ExecSession(Rejoin):
         self.hand_away: float | None = None
         """Wall-clock time the run's Hand went away, while the Mind waits for it."""
         self.detach_id: str | None = None
+        self.redetach = False
+        """A detach was cut in flight: the next `attached` is only to detach again."""
         self.wait_until: float | None = None
         """`--wait`: when to leave the run running and exit 121."""
         self.tool_args: dict[str, Any] = {}
@@ -251,7 +253,8 @@ class ExecSession(Rejoin):
                 if n and self._on_interrupts(n):
                     return EXIT_CANCELLED
                 if self.wait_until is not None and time.monotonic() >= self.wait_until and self.live:
-                    return self._still_running()
+                    if (code := self._still_running()) is not None:
+                        return code
                 self._tick()
         finally:
             if winch is not None:

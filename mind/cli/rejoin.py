@@ -73,6 +73,7 @@ class Rejoin:
     outage: Backoff | None
     hand_away: float | None
     detach_id: str | None
+    redetach: bool
     wait_until: float | None
     cancel_id: str | None
     quiet: bool
@@ -203,6 +204,10 @@ class Rejoin:
                 )
         self.state = msg.state
         self.live = True
+        if self.redetach:  # taken up again only to finish the detach the cut interrupted
+            self.redetach = False
+            self.outage = None
+            return self._send_detach()
         if self.outage is not None:
             self.outage = None
             self.status.clear()
@@ -280,14 +285,14 @@ class Rejoin:
 
     # --- detach, wait ---
 
-    def _detach_now(self) -> int:
+    def _detach_now(self) -> int | None:
         """`--detach`: the run is admitted; say its id and leave it running unattended."""
         assert self.run_id is not None
         if not self.args.json:  # (with --json: one object once the Mind said how long it keeps it)
             print(self.run_id, flush=True)
         return self._send_detach()
 
-    def _still_running(self) -> int:
+    def _still_running(self) -> int | None:
         """`--wait`: the time passed and the run goes on. What we wrote is acknowledged first, so a
         `mind attach` resumes exactly after it."""
         for name, out in self.outs.items():
@@ -298,13 +303,18 @@ class Rejoin:
         self.wait_until = None
         return self._send_detach()
 
-    def _send_detach(self) -> int:
+    def _send_detach(self) -> int | None:
+        """Ask the Mind to keep the run unattended and say so. A link that fails (or goes silent)
+        with the detach in flight is a cut like any other: within the window the run is taken up
+        again on a new connection and detached there (`redetach`, done at its `attached`); the
+        outcome was "unknown" (255) after a 6.5 s blackhole of the client's leg. None: the loop
+        goes on with the new link."""
         assert self.run_id is not None
         keep = getattr(self.args, "keep", None)
         try:
             self.detach_id = self.link.request(wire.detach(run_id=self.run_id, keep_s=keep), "detached")
         except ClientError as exc:
-            return self._lost(exc)
+            return self._detach_again(exc)
         self.live = False  # nothing more of the run is ours
         self.wait_until = None
         deadline = time.monotonic() + DETACH_REPLY_S
@@ -312,12 +322,19 @@ class Rejoin:
             try:
                 events = self.link.poll(max(0.0, deadline - time.monotonic()))
             except ClientError as exc:
-                return self._lost(exc)
+                return self._detach_again(exc)
             for ev in events:
                 if ev.id == self.detach_id:
+                    if isinstance(ev, Failed) and ev.lost:
+                        return self._detach_again(ev.error)
                     return self._detached(ev)
             if time.monotonic() >= deadline:
-                return self._lost(ClientError(ClientCode.CLOSED, "the Mind did not answer the detach"))
+                return self._detach_again(ClientError(ClientCode.CLOSED, "the Mind did not answer the detach"))
+
+    def _detach_again(self, exc: ClientError) -> int | None:
+        self.detach_id = None
+        self.redetach = True
+        return self._cut(exc, "the connection dropped while detaching; reconnecting to detach")
 
     def _detached(self, ev: Routed) -> int:
         self.status.clear()

@@ -369,3 +369,21 @@ def test_mind_exec_rides_out_a_restart_of_the_mind(tmp_path, how):
         out, err = finish(p, head, 40)
         assert p.returncode == 7, err
         assert out == EXPECTED, (out, err)
+
+
+def test_a_wait_whose_detach_meets_a_blackhole_reconnects_and_detaches(tmp_path):
+    """`mind exec --wait` whose detach request was in flight during a 6.5 s blackhole of the
+    client's leg exited 255 "outcome unknown". Within the window it reconnects, takes the run up
+    and detaches it there: 121, the run's id printed, the run still going (attachable)."""
+    with running(tmp_path, mind_args=window(60)) as cl:
+        fp = cl.start_proxy()
+        p = popen(cl, "exec", "--mind", fp.url, "--wait", "2s", "box", "--", "sh", "-c", "echo up; sleep 30")
+        head = read_until(p.stdout, b"up\n", 20)
+        fp.blackhole()  # before --wait's 2 s pass: the detach goes into the blackhole
+        time.sleep(6.5)
+        fp.resume()
+        out, err = finish(p, head, 60)
+        assert p.returncode == 121, err
+        assert b"still running: mind attach " in err, err
+        run_id = err.split(b"still running: mind attach ")[1].split()[0].decode()
+        assert run_id in unattended(cl), err
