@@ -87,8 +87,64 @@ def peek_version(raw: object) -> int | None:
     return None
 
 
-def unpack(data: object) -> dict[str, Any]:
-    """Bytes -> the raw envelope map, checked for shape but not for version or payload."""
+class _TooManyContainers(Exception):
+    pass
+
+
+class PayloadRefused(ProtocolError):
+    """A frame whose envelope was read (its id, seq and generation) and whose payload was refused
+    before it was built: it is answered under its id and the connection goes on, as for any
+    request refused for its arguments."""
+
+    def __init__(self, code: ErrorCode, message: str, header: dict[str, Any]) -> None:
+        super().__init__(code, message)
+        self.header = header
+
+
+def _unpack_counted(data: bytes, bound: int, bounds: dict[str, Any]) -> Any:
+    """`msgpack.unpackb`, refusing a frame with more than `bound` lists and maps while they are
+    built. The envelope map is read key by key, so a payload refused this way still has the
+    header read before it (its encoder writes v, t, id, seq, gen, then p)."""
+    count = _counting(bound)
+    up = msgpack.Unpacker(list_hook=count, object_hook=count, max_buffer_size=len(data) or 1, **bounds)
+    up.feed(data)
+    try:
+        n = up.read_map_header()
+    except Exception:
+        return msgpack.unpackb(data, **bounds)  # not a map: the usual decode says what it is
+    raw: dict[Any, Any] = {}
+    for _ in range(n):
+        key = up.unpack()
+        try:
+            raw[key] = up.unpack()
+        except _TooManyContainers:
+            why = f"frame holds more than {bound} lists and maps: refused before decoding it"
+            raise PayloadRefused(ErrorCode.INVALID_PAYLOAD, why, raw) from None
+    if up.tell() != len(data):
+        raise msgpack.ExtraData(raw, b"")
+    return raw
+
+
+def _counting(bound: int) -> Any:
+    """A list/map hook that stops the decode once `bound` containers were built: what a frame of a
+    million empty lists costs is the building of them (100-190 ms of the loop for 1 MiB), so the
+    count is kept while they are built, not after."""
+    built = 0
+
+    def hook(x: Any) -> Any:
+        nonlocal built
+        built += 1
+        if built > bound:
+            raise _TooManyContainers
+        return x
+
+    return hook
+
+
+def unpack(data: object, max_containers: int | None = None) -> dict[str, Any]:
+    """Bytes -> the raw envelope map, checked for shape but not for version or payload.
+    `max_containers`: refuse a frame holding more lists and maps than that, before the rest of it
+    is built (a client's frames: `limits.ARGS_MAX_ITEMS`)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ProtocolError(ErrorCode.MALFORMED_FRAME, "frames must be binary WebSocket messages")
     if len(data) > limits.MAX_FRAME_BYTES:
@@ -101,19 +157,22 @@ def unpack(data: object) -> dict[str, Any]:
     # form a cycle, so it is paused for the decode (issue 13, items 4 and 5).
     paused = gc.isenabled()
     gc.disable()
+    bounds: dict[str, Any] = dict(
+        raw=False,
+        strict_map_key=True,
+        ext_hook=_refuse_ext,
+        timestamp=0,
+        max_str_len=limits.MAX_FRAME_BYTES,
+        max_bin_len=limits.MAX_FRAME_BYTES,
+        max_array_len=limits.MAX_CONTAINER_ITEMS,
+        max_map_len=limits.MAX_CONTAINER_ITEMS,
+        max_ext_len=0,
+    )
     try:
-        raw = msgpack.unpackb(
-            bytes(data),
-            raw=False,
-            strict_map_key=True,
-            ext_hook=_refuse_ext,
-            timestamp=0,
-            max_str_len=limits.MAX_FRAME_BYTES,
-            max_bin_len=limits.MAX_FRAME_BYTES,
-            max_array_len=limits.MAX_CONTAINER_ITEMS,
-            max_map_len=limits.MAX_CONTAINER_ITEMS,
-            max_ext_len=0,
-        )
+        if max_containers is None:
+            raw = msgpack.unpackb(bytes(data), **bounds)
+        else:
+            raw = _unpack_counted(bytes(data), max_containers, bounds)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises many types: ExtraData, ValueError, StackError, ...
@@ -177,8 +236,10 @@ def unknown_type(t: str) -> ProtocolError:
     return ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {shown!r}")
 
 
-def decode(data: object, expected_version: int = PROTOCOL_VERSION) -> Envelope[Message]:
-    t, id_, seq, gen, p = check(unpack(data), expected_version)
+def decode(
+    data: object, expected_version: int = PROTOCOL_VERSION, max_containers: int | None = None
+) -> Envelope[Message]:
+    t, id_, seq, gen, p = check(unpack(data, max_containers), expected_version)
     return Envelope(msg=validate(t, p), seq=seq, id=id_, gen=gen)
 
 
@@ -254,6 +315,8 @@ class Channel:
         """The largest frame this side may send: a client's are read by the Mind only up to
         `limits.CLIENT_MAX_FRAME_BYTES`, so a client refuses a larger one itself, with a sentence,
         instead of having its connection closed."""
+        self.max_containers: int | None = None
+        """The most lists and maps a received frame may hold (the Mind sets it for its clients)."""
 
     def stamp(self, msg: Message, id: str | None = None) -> bytes:
         """Encode with the next seq. The counter moves only if encoding succeeded, so a frame
@@ -312,7 +375,7 @@ class Channel:
             if env is None:
                 raise ProtocolError(ErrorCode.UNEXPECTED_MESSAGE, "a data frame of a stream that has ended")
             return env
-        env = decode(data)
+        env = decode(data, max_containers=self.max_containers)
         self.accept(env)
         return env
 
@@ -321,7 +384,15 @@ class Channel:
         a stream that has died, a late frame of an ended run, dropped)."""
         if frames.is_frame(data):
             return self.receive_chunk(data, chunk_model)  # type: ignore[arg-type]
-        env = decode(data)
+        try:
+            env = decode(data, max_containers=self.max_containers)
+        except PayloadRefused as exc:  # answered under its id: its header must be in order too
+            if not set(exc.header) >= _KEYS - {"p"}:
+                raise ProtocolError(exc.code, exc.message) from None
+            t, id_, seq, gen, _ = check({**exc.header, "p": {}})
+            self.accept_header(seq, gen)
+            exc.header = {"t": t, "id": id_}
+            raise
         self.accept(env)
         return env
 

@@ -27,8 +27,9 @@ from mind.daemon.host import Host
 from mind.daemon.peer import CLOSE_INTERNAL, CLOSE_PROTOCOL, CLOSE_REPLACED, Peer, close_quietly
 from mind.daemon.taskservice import TaskService
 from mind.store.api import StoreUnavailable
-from protocol import frames
+from protocol import frames, limits
 from protocol.codes import ErrorCode
+from protocol.envelope import PayloadRefused
 from protocol.errors import ProtocolError
 from protocol.messages import Error, Message, StreamAck
 
@@ -149,6 +150,7 @@ class Connections:
     async def serve_client(self, peer: Peer) -> None:
         m = self.mind
         m.clients[peer.conn_id] = peer
+        peer.outbox.channel.max_containers = limits.ARGS_MAX_ITEMS  # a million empty lists: refused as built
         if not relays_for_clients(peer.ident.label, m.router is not None):
             peer.rate = self.rates.join(peer.ident.label, time.monotonic())
         m.metrics.clients_connected.set(len(m.clients))
@@ -192,6 +194,11 @@ class Connections:
                     if peer.rate is not None:  # a client: its rate, and its requests in flight (issue 23)
                         await _within_rate(peer, len(data), isinstance(env.msg, StreamAck))
                         await peer.wait_for_room(CLIENT_REQUESTS_IN_FLIGHT)
+                except PayloadRefused as exc:  # its envelope in order, its payload too big to build
+                    log.warning("request_refused", label=peer.ident.label, conn=peer.conn_id, reason=exc.message)
+                    peer.outbox.put(Error(code=exc.code, message=exc.message), exc.header.get("id"))
+                    if peer.rate is not None:
+                        await _within_rate(peer, len(data), False)
                 except ProtocolError as exc:
                     log.warning(
                         "peer_protocol_error",
