@@ -262,8 +262,10 @@ def test_metrics_listen_warns_off_loopback_refuses_a_busy_port_and_cleans_up(tmp
 
 
 def test_sigterm_mind_during_a_foreground_run_gives_lost_and_kills_the_tree(tmp_path):
-    """README: "SIGTERM stops cleanly: the Mind ends unfinished foreground runs `lost` (it will not be
-    there to hear their results) and tells their clients" -> the client exits 255 (mind/cli/main.py)."""
+    """docs/operations.md: "SIGTERM stops cleanly: without a resume window the Mind ends unfinished
+    foreground runs `lost` (it will not be there to hear their results) and tells their clients (with
+    one, above, it ends nothing)" -> the client exits 255. This cluster's Mind has no window (the
+    toolkit's default); with one, tests/integration/test_continuity_restart.py holds the other half."""
     pids: list[int] = []
     with running(tmp_path, "box", *METRICS) as cl:
         addr = metrics_addr(cl)
