@@ -80,6 +80,21 @@ def _locate(
         raise CopyFailed(f"cannot {what} {shown}: {_why(exc)}") from None
 
 
+def _locate_probe(what: str, root: Path, user_path: str, shown: str, *, follow_last: bool) -> Located | None:
+    """`_locate` for a probe (`stat_file`, `list_tree`): None when a directory on the way does not
+    exist. A copy asks what is at its destination before it makes it; "nothing, not even its
+    directory" is an answer to that question, not a failed run (a failed probe once showed in
+    `mind status` as a failure of a copy that succeeded)."""
+    try:
+        return locate(root, user_path, follow_last=follow_last)
+    except FileNotFoundError:
+        return None
+    except PathRefused as exc:
+        raise CopyFailed(f"cannot {what}: {exc.message}") from None
+    except OSError as exc:
+        raise CopyFailed(f"cannot {what} {shown}: {_why(exc)}") from None
+
+
 def _lstat(at: Located) -> os.stat_result | None:
     try:
         return os.stat(at.name, dir_fd=at.parent, follow_symlinks=False)
@@ -361,9 +376,13 @@ class Download:
 
 
 def stat_file(root: Path, user_path: str, shown: str, copy_id: str | None) -> dict[str, Any]:
-    """What is at `user_path` (the name itself: a symlink is reported, not followed), and how many
-    bytes the part file of `copy_id` beside it holds (None: no part file): where a copy resumes."""
-    with _locate("stat", root, user_path, shown, follow_last=False) as at:
+    """What is at `user_path` (the name itself: a symlink is reported, not followed; `type` None
+    when nothing is, its directory included), and how many bytes the part file of `copy_id` beside
+    it holds (None: no part file): where a copy resumes."""
+    found = _locate_probe("stat", root, user_path, shown, follow_last=False)
+    if found is None:
+        return {"type": None, "part": None}  # its directory does not exist either
+    with found as at:
         try:
             if at.name == ".":
                 st: os.stat_result | None = os.stat(".", dir_fd=at.parent)
@@ -408,22 +427,48 @@ def _file_sha256(dir_fd: int, name: str) -> str | None:
         os.close(fd)
 
 
+def _open_listed(root: Path, user_path: str, shown: str, digests: bool) -> int | dict[str, Any]:
+    """A handle on the directory `list_tree` lists, or, when `user_path` is not a directory, the
+    whole answer: `type` None when nothing is there (its directory included), else the top
+    described as `stat_file` describes it (a file's `sha256` too, with `digests`), no entries.
+    A copy probes its destination this way before making it (a missing one must not fail the run),
+    and a single file's digest comes this way for `mind cp -c` (one file hashed, not its directory)."""
+    found = _locate_probe("list", root, user_path, shown, follow_last=True)
+    if found is None:
+        return {"type": None, "entries": []}
+    with found as at:
+        try:
+            st = os.stat(at.name, dir_fd=at.parent, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                return os.open(at.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at.parent)
+            top: dict[str, Any] = {
+                "type": entry_type(st.st_mode),
+                "size": st.st_size,
+                "mode": stat.S_IMODE(st.st_mode),
+                "mtime": st.st_mtime,
+                "entries": [],
+            }
+            if digests and stat.S_ISREG(st.st_mode):
+                top["sha256"] = _file_sha256(at.parent, at.name)
+            return top
+        except FileNotFoundError:
+            return {"type": None, "entries": []}
+        except OSError as exc:
+            raise CopyFailed(f"cannot list {shown}: {_why(exc)}") from None
+
+
 def list_tree(root: Path, user_path: str, shown: str, digests: bool = False) -> dict[str, Any]:
-    """Every entry under the directory `user_path`, depth first, paths relative to it. Symlinks are
+    """Every entry under the directory `user_path`, depth first, paths relative to it, with `type:
+    "dir"` (what is not a directory answers its `type` and no entries: `_open_listed`). Symlinks are
     reported with their target, never followed; special files as `fifo`, `socket` or `device` (the
     client refuses them by name). More than `TREE_MAX_ENTRIES` is refused: a copy must not miss files.
     `digests`: each regular file's `sha256` too (`mind cp --checksum` compares them in one call)."""
     entries: list[dict[str, Any]] = []
     weight = 0
     base = len(user_path.encode("utf-8", "surrogateescape")) + 1
-    with _locate("list", root, user_path, shown, follow_last=True) as at:
-        try:
-            st = os.stat(at.name, dir_fd=at.parent, follow_symlinks=False)
-            if not stat.S_ISDIR(st.st_mode):
-                raise CopyFailed(f"cannot list {shown}: it is {describe_kind(st.st_mode)}, not a directory")
-            top = os.open(at.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at.parent)
-        except OSError as exc:
-            raise CopyFailed(f"cannot list {shown}: {_why(exc)}") from None
+    top = _open_listed(root, user_path, shown, digests)
+    if isinstance(top, dict):
+        return top
     stack: list[tuple[int, str]] = [(top, "")]
     try:
         while stack:
@@ -478,7 +523,7 @@ def list_tree(root: Path, user_path: str, shown: str, digests: bool = False) -> 
     finally:
         for fd, _ in stack:
             os.close(fd)
-    return {"entries": entries}
+    return {"type": "dir", "entries": entries}
 
 
 def make_dir(root: Path, user_path: str, shown: str, mode: int | None, mtime: float | None) -> dict[str, Any]:

@@ -8,7 +8,10 @@ pattern (`box:logs/*.log`), matched on the Hand. `-` is standard input (as a sou
 standard output (as the destination). Local to Hand and Hand to local; Hand to Hand goes through
 this machine (downloaded to a temporary file, then uploaded). With `-r` a directory travels as one
 run (`mind.client.trees`), skipping files already the same on the other side (size and time, or
-sha256 with `-c`), and says how many it sent and skipped.
+sha256 with `-c`), and says how many it sent and skipped; `dir/` (a trailing slash) is the
+directory's contents, copied into the destination itself, as rsync reads it (`contents_only`), so
+the same command line run again lands on the same files. A single file is compared the same way
+with `-p` or `-c`, and one already the same is skipped and said so.
 
 Exit codes (with the table in `mind/cli/exits.py`): 0 every file copied and verified; 1 a copy
 failed (no such file, permission denied, disk full on the Hand, digest mismatch, a special file or
@@ -39,7 +42,7 @@ from mind.cli.formatting import printable
 from mind.cli.progress import Status, is_terminal
 from mind.client import files, trees
 from mind.client.files import CopyError, CopyResult
-from mind.errors import ClientCode, Code
+from mind.errors import ClientCode, ClientError, Code
 from protocol import copy as rules
 from protocol import limits
 
@@ -81,12 +84,17 @@ def add_parsers(sub: Any) -> None:
     cp.add_argument(
         "-r", "--recursive", action="store_true", help="copy directories (symlinks inside the tree as links)"
     )
-    cp.add_argument("-p", "--preserve", action="store_true", help="keep modes and modification times")
+    cp.add_argument(
+        "-p",
+        "--preserve",
+        action="store_true",
+        help="keep modes and modification times; a file already there with the same size and time is skipped",
+    )
     cp.add_argument(
         "-c",
         "--checksum",
         action="store_true",
-        help="with -r: skip a file only when its sha256 is the same on the other side (default: size and time)",
+        help="skip a file only when its sha256 is the same on the other side (default: size and time)",
     )
     cp.add_argument(
         "--resume", action="store_true", help="continue the part file an interrupted `mind cp` of the same file left"
@@ -127,11 +135,21 @@ class _Run:
         return show
 
     def done(self, res: CopyResult, shown: str) -> None:
+        """The --json line; a file skipped as unchanged is also said on stderr, in the words of a
+        tree's summary, so a copy that moved nothing says why."""
         self.status.clear()
         if self.args.json:
             out = res.summary()
             out["path"] = shown
             print(json.dumps(out), flush=True)
+        if res.skipped:
+            print(f"mind: cp: {printable(shown)}: 0 files sent, 1 skipped (unchanged)", file=sys.stderr)
+
+    @property
+    def compare(self) -> bool:
+        """Whether a single file is compared with the other side before it is sent (-p: size and
+        time, -c: sha256), as a tree's files always are."""
+        return bool(self.args.preserve or self.args.checksum)
 
     def fail(self, what: str | None, exc: CopyError | str) -> None:
         self.status.clear()
@@ -167,6 +185,8 @@ class _Run:
                 preserve=self.args.preserve,
                 make_dirs=make_dirs,
                 resume=self.args.resume,
+                skip_unchanged=self.compare and shown is None,  # (Hand to Hand compared before)
+                checksum=self.args.checksum and shown is None,
                 on_progress=self.progress(os.path.basename(local), started),
                 reconnect=self._reconnect,
             )
@@ -186,6 +206,8 @@ class _Run:
                 local,
                 preserve=self.args.preserve,
                 resume=self.args.resume,
+                skip_unchanged=self.compare and shown is None,  # (not into a temporary file of ours)
+                checksum=self.args.checksum and shown is None,
                 on_progress=self.progress(posixpath.basename(remote), started),
                 reconnect=self._reconnect,
                 into=into,
@@ -369,6 +391,11 @@ async def _expand_globs(job: _Run, srcs: list[Operand]) -> list[Operand]:
         value = await job.call(f"{s.hand}:{s.path}", s.hand, "list_tree", {"path": parent or "."})
         if value is None:
             continue
+        kind = trees.listed_type(value)
+        if kind != "dir":
+            why = "no such directory" if kind is None else "it is not a directory"
+            job.fail(f"{s.hand}:{s.path}", f"cannot list {parent or '.'}: {why}")
+            continue
         names: list[str] = []
         refused = 0
         for e in value["entries"]:
@@ -419,69 +446,130 @@ def _colon_hints(operands: list[str]) -> None:
 
 
 async def _copy(job: _Run, srcs: list[Operand], dst: Operand) -> int:
-    args = job.args
-    many = len(srcs) > 1
     try:
         if dst.remote:
-            assert dst.hand is not None
-            into_dir = dst.path.endswith("/") or await job.remote_dir(dst.hand, dst.path)
-            if many and not into_dir:
-                print(f"mind: cp: {printable(dst.hand)}:{printable(dst.path)} is not a directory", file=sys.stderr)
-                return EXIT_FAILED
-            for s in srcs:
-                if s.remote:
-                    await _hand_to_hand(job, s, dst, into_dir)
-                    continue
-                target = posixpath.join(dst.path, os.path.basename(s.path.rstrip("/"))) if into_dir else dst.path
-                kind = "stdin" if s.path == "-" else _local_kind(s.path)
-                if kind == "stdin":
-                    await _put_stdin(job, dst.hand, dst.path)
-                elif kind == "dir":
-                    if not args.recursive:
-                        job.fail(s.path, "is a directory (use -r)")
-                        continue
-                    await job.put_tree(s.path, dst.hand, target)
-                elif kind == "missing":
-                    job.fail(s.path, "no such file or directory")
-                elif kind == "special":
-                    job.fail(s.path, "not copied: it is a special file (FIFO, socket or device)")
-                else:
-                    await job.put(s.path, dst.hand, target)
-        else:
-            if any(not s.remote for s in srcs):
-                print("mind: cp: one side must be HAND:PATH (local to local is `cp`'s job)", file=sys.stderr)
-                return EXIT_USAGE
-            if dst.path == "-":
-                if many or args.recursive:
-                    print("mind: cp: '-' takes one file", file=sys.stderr)
-                    return EXIT_USAGE
-                assert srcs[0].hand is not None
-                await job.get_stdout(srcs[0].hand, srcs[0].path)
-                return job.worst
-            into_dir = _local_kind(dst.path) == "dir"
-            if many and not into_dir:
-                print(f"mind: cp: {printable(dst.path)} is not a directory", file=sys.stderr)
-                return EXIT_FAILED
-            for s in srcs:
-                assert s.hand is not None
-                name = target_name(s)
-                if into_dir and name is None:
-                    job.fail(f"{s.hand}:{s.path}", f"refused: its name would lead out of {dst.path}")
-                    continue
-                target = os.path.join(dst.path, name or ".") if into_dir else dst.path
-                if args.recursive:
-                    info = await files.stat_remote(job.mc, s.hand, s.path)
-                    if info.get("type") == "dir":
-                        await job.get_tree(s.hand, s.path, target)
-                        continue
-                await job.get(s.hand, s.path, target)
+            return await _copy_up(job, srcs, dst)
+        return await _copy_down(job, srcs, dst)
     except CopyError as exc:
         job.fail(None, exc)  # (the message names the path)
+        return job.worst
     finally:
         job.status.clear()
         if job.mc is not job.first:
             await job.mc.close()
+
+
+def contents_only(path: str) -> bool:
+    """rsync's rule for a directory given as a source: `tree/` (a trailing slash) stands for what
+    `tree` holds, copied into the destination itself, whether it exists or not; `tree` without one
+    is copied as `DEST/tree` into an existing directory (scp's and rsync's rule). So the same
+    command line lands on the same target every time, and a second run finds the first's files to
+    skip."""
+    return path.endswith("/")
+
+
+def _local_contents_only(path: str) -> bool:
+    """`contents_only` for a local directory; `.` and `..` have no name of their own to give
+    (`..` as a name would have put the tree beside the destination, not in it)."""
+    path = path.replace(os.sep, "/")
+    return contents_only(path) or posixpath.basename(path) in (".", "..")
+
+
+async def _copy_up(job: _Run, srcs: list[Operand], dst: Operand) -> int:
+    assert dst.hand is not None
+    into_dir = dst.path.endswith("/") or await job.remote_dir(dst.hand, dst.path)
+    if len(srcs) > 1 and not into_dir:
+        print(f"mind: cp: {printable(dst.hand)}:{printable(dst.path)} is not a directory", file=sys.stderr)
+        return EXIT_FAILED
+    for s in srcs:
+        if s.remote:
+            await _hand_to_hand(job, s, dst, into_dir)
+            continue
+        kind = "stdin" if s.path == "-" else _local_kind(s.path)
+        named = into_dir and not (kind == "dir" and _local_contents_only(s.path))
+        target = posixpath.join(dst.path, os.path.basename(s.path.rstrip("/"))) if named else dst.path
+        if kind == "stdin":
+            await _put_stdin(job, dst.hand, dst.path)
+        elif kind == "dir":
+            if not job.args.recursive:
+                job.fail(s.path, "is a directory (use -r)")
+                continue
+            await job.put_tree(s.path, dst.hand, target)
+        elif kind == "missing":
+            job.fail(s.path, "no such file or directory")
+        elif kind == "special":
+            job.fail(s.path, "not copied: it is a special file (FIFO, socket or device)")
+        else:
+            await job.put(s.path, dst.hand, target)
     return job.worst
+
+
+async def _copy_down(job: _Run, srcs: list[Operand], dst: Operand) -> int:
+    args = job.args
+    if any(not s.remote for s in srcs):
+        print("mind: cp: one side must be HAND:PATH (local to local is `cp`'s job)", file=sys.stderr)
+        return EXIT_USAGE
+    if dst.path == "-":
+        if len(srcs) > 1 or args.recursive:
+            print("mind: cp: '-' takes one file", file=sys.stderr)
+            return EXIT_USAGE
+        assert srcs[0].hand is not None
+        await job.get_stdout(srcs[0].hand, srcs[0].path)
+        return job.worst
+    into_dir = _local_kind(dst.path) == "dir"
+    if len(srcs) > 1 and not into_dir:
+        print(f"mind: cp: {printable(dst.path)} is not a directory", file=sys.stderr)
+        return EXIT_FAILED
+    for s in srcs:
+        assert s.hand is not None
+        name = target_name(s)
+        if into_dir and name is None and not contents_only(s.path):
+            job.fail(f"{s.hand}:{s.path}", f"refused: its name would lead out of {dst.path}")
+            continue
+        if args.recursive:
+            info = await files.stat_remote(job.mc, s.hand, s.path)
+            if info.get("type") == "dir":
+                await _get_tree_into(job, s, dst.path, into_dir)
+                continue
+        if into_dir and name is None:
+            job.fail(f"{s.hand}:{s.path}", f"refused: its name would lead out of {dst.path}")
+            continue
+        target = os.path.join(dst.path, name or ".") if into_dir else dst.path
+        await job.get(s.hand, s.path, target)
+    return job.worst
+
+
+async def _get_tree_into(job: _Run, src: Operand, dest: str, into_dir: bool) -> None:
+    """A Hand's directory to `dest` (`contents_only`'s rule), and, when a copy of `tree` went into
+    `DEST/tree` while DEST already held what tree holds (the result of `mind cp -r box:tree DEST`
+    run once before, when DEST did not exist), a hint that `box:tree/` updates DEST itself."""
+    assert src.hand is not None
+    if not into_dir or contents_only(src.path):
+        await job.get_tree(src.hand, src.path, dest)
+        return
+    name = target_name(src)
+    assert name is not None  # (refused by the caller)
+    target = os.path.join(dest, name)
+    new = not await asyncio.to_thread(os.path.lexists, target)
+    await job.get_tree(src.hand, src.path, target)
+    if new and _mirrors(target, dest, name):
+        print(
+            f"mind: cp: {printable(dest)} already held what {printable(src.hand)}:{printable(src.path)} holds, "
+            f"so this copy made {printable(target)}; to update {printable(dest)} itself, write "
+            f"{printable(src.hand)}:{printable(src.path)}/ (a trailing slash: its contents, as rsync reads it)",
+            file=sys.stderr,
+        )
+
+
+def _mirrors(made: str, dest: str, name: str) -> bool:
+    """Whether every top-level name of the directory `made` (just copied into `dest` as `name`) is
+    also in `dest`: then `dest` is most likely an earlier copy of the same tree."""
+    try:
+        ours = set(os.listdir(made))
+        there = set(os.listdir(dest)) - {name}
+    except OSError:
+        return False
+    return bool(ours) and ours <= there
 
 
 async def _put_stdin(job: _Run, hand: str, remote: str) -> None:
@@ -506,9 +594,31 @@ async def _hand_to_hand(job: _Run, src: Operand, dst: Operand, into_dir: bool) -
         job.fail(f"{src.hand}:{src.path}", f"refused: its name would lead out of {dst.hand}:{dst.path}")
         return
     target = posixpath.join(dst.path, name or ".") if into_dir else dst.path
+    if job.compare and await _same_on_both(job, src.hand, src.path, dst.hand, target):
+        return
     with tempfile.TemporaryDirectory(prefix="mindhand-cp-") as tmp:
         local = os.path.join(tmp, "file")
         before = job.failures
         await job.get(src.hand, src.path, local, shown=f"{dst.hand}:{target}")
         if job.failures == before:
             await job.put(local, dst.hand, target, shown=f"{src.hand}:{src.path}")
+
+
+async def _same_on_both(job: _Run, hand: str, path: str, other: str, target: str) -> bool:
+    """Hand to Hand with -p or -c: whether `target` on `other` is already the file `path` on
+    `hand` (compared on the Hands, before a byte comes through this machine); said as skipped."""
+    try:
+        mine = await files.stat_remote(job.mc, hand, path)
+        theirs = await files.stat_remote(job.mc, other, target)
+    except ClientError:
+        return False  # the copy itself will say what is wrong
+    if theirs.get("type") != "file" or mine.get("size") != theirs.get("size"):
+        return False
+    if job.args.checksum:
+        mine["sha256"] = await files.remote_sha256(job.mc, hand, path)
+        theirs["sha256"] = await files.remote_sha256(job.mc, other, target)
+    if not files.is_unchanged(mine, theirs, job.args.checksum):
+        return False
+    res = CopyResult(path=target, size=int(theirs["size"]), sha256=mine.get("sha256") or "", attempts=0, skipped=True)
+    job.done(res, f"{other}:{target}")
+    return True

@@ -78,16 +78,19 @@ class CopyResult:
     attempts: int = 1
     mode: int | None = None
     mtime: float | None = None
+    skipped: bool = False
+    """Nothing was sent: the other side already had the same file (`skip_unchanged`)."""
 
     def summary(self) -> dict[str, Any]:
         return {
             "path": self.path,
             "size": self.size,
-            "sha256": self.sha256,
+            "sha256": self.sha256 or None,  # (a file skipped by size and time was never hashed)
             "duration_s": round(self.duration_s, 3),
             "resumed_from": self.resumed_from,
             "sent": self.sent,
             "attempts": self.attempts,
+            "skipped": self.skipped,
         }
 
 
@@ -151,7 +154,75 @@ async def stat_remote(mc: MindClient, hand: str, path: str, copy_id: str | None 
     return value
 
 
+async def remote_sha256(mc: MindClient, hand: str, path: str) -> str | None:
+    """The sha256 of the regular file `path` on `hand`, hashed there (`list_tree` with `sha256` of
+    a file answers that file alone), or None when it cannot be had: not a file, or a Hand whose
+    `list_tree` lists only directories. `stat_file` carries no digest, and hashing the file's
+    whole directory to learn one digest would cost what the comparison saves."""
+    try:
+        end = await mc.exec(hand, "list_tree", {"path": path, "sha256": True}, timeout=TIMEOUT_S)
+    except ClientError:
+        return None
+    value = end.value if end.state is RunState.SUCCEEDED and isinstance(end.value, dict) else {}
+    digest = value.get("sha256")
+    return digest if value.get("type") == "file" and isinstance(digest, str) else None
+
+
+def is_unchanged(mine: dict[str, Any], theirs: dict[str, Any], checksum: bool) -> bool:
+    """The rule a tree's files are skipped by (`protocol.copy.same_file`), for one file: `mine`
+    and `theirs` as `stat_file` describes a file (`sha256` added when `checksum`)."""
+    size, mtime = mine.get("size"), mine.get("mtime")
+    if mine.get("type") != "file" or not isinstance(size, int):
+        return False
+    when = float(mtime) if isinstance(mtime, (int, float)) and not isinstance(mtime, bool) else None
+    return rules.same_file(size, when, mine.get("sha256"), theirs, checksum)
+
+
+def _local_info(st: os.stat_result) -> dict[str, Any]:
+    kind = "file" if stat.S_ISREG(st.st_mode) else "other"
+    return {"type": kind, "size": st.st_size, "mtime": st.st_mtime}
+
+
+def _skipped(path: str, info: dict[str, Any], sha256: str | None, started: float) -> CopyResult:
+    return CopyResult(
+        path=path,
+        size=int(info["size"]),
+        sha256=sha256 or "",
+        duration_s=time.monotonic() - started,
+        attempts=0,
+        mode=info.get("mode"),
+        mtime=info.get("mtime"),
+        skipped=True,
+    )
+
+
 # --- upload ------------------------------------------------------------------------------------
+
+
+async def _unchanged_up(
+    mc: MindClient, hand: str, local: str | os.PathLike[str], remote: str, checksum: bool, started: float
+) -> CopyResult | None:
+    """A skipped result when `remote` already holds the same file as `local`, else None. A probe
+    that cannot answer (a Hand's policy denies it, the link dropped) is no reason to fail the copy:
+    the file is then sent, as it would have been without the comparison."""
+    try:
+        mine = _local_info(await asyncio.to_thread(os.stat, local))
+        theirs = await stat_remote(mc, hand, remote)
+    except (OSError, ClientError):
+        return None
+    if theirs.get("type") != "file" or theirs.get("size") != mine["size"]:
+        return None
+    if checksum:
+        theirs["sha256"] = await remote_sha256(mc, hand, remote)
+        if theirs["sha256"] is None:
+            return None
+        try:
+            mine["sha256"] = (await asyncio.to_thread(file_digest, local))[1]
+        except OSError:
+            return None
+    if not is_unchanged(mine, theirs, checksum):
+        return None
+    return _skipped(remote, theirs, mine.get("sha256"), started)
 
 
 async def _file_chunks(f: BinaryIO, offset: int, done: Callable[[int], None]) -> AsyncIterator[bytes]:
@@ -170,13 +241,22 @@ async def upload(
     preserve: bool = False,
     make_dirs: bool = False,
     resume: bool = True,
+    skip_unchanged: bool = False,
+    checksum: bool = False,
     on_progress: Progress | None = None,
     reconnect: Reconnect | None = None,
     attempts: int = ATTEMPTS,
 ) -> CopyResult:
     """Copy the local file `local` to `remote` on `hand` (a path relative to its root). With
-    `resume`, a part file an earlier call left for the same copy is continued."""
+    `resume`, a part file an earlier call left for the same copy is continued. With
+    `skip_unchanged` (or `checksum`), a file already the same at `remote` is not sent
+    (`CopyResult.skipped`): the same size and modification time, or with `checksum` the same size
+    and sha256, the rule a tree's files are skipped by, so `mind cp -p` twice sends nothing."""
     started = time.monotonic()
+    if skip_unchanged or checksum:
+        same = await _unchanged_up(mc, hand, local, remote, checksum, started)
+        if same is not None:
+            return same
     try:
         st, size, sha, f = await asyncio.to_thread(_open_source, local)
     except OSError as exc:
@@ -366,6 +446,42 @@ async def download_iter(
         await _pause(attempt)
 
 
+async def _source_file(link: _Link, hand: str, remote: str) -> dict[str, Any]:
+    """What `stat_file` says of a download's source, which must be a regular file."""
+    try:
+        info = await stat_remote(link.mc, hand, remote)
+    except CopyError:
+        raise
+    except ClientError as exc:
+        raise CopyError(ClientCode.LOST, f"cannot copy from {hand}: {exc.message}") from None
+    if info.get("type") is None:
+        raise CopyError(ClientCode.FAILED, f"cannot read {remote!r} on {hand}: no such file")
+    if info["type"] != "file":
+        kind = KINDS.get(info["type"], "not a regular file")
+        hint = " (use -r)" if info["type"] == "dir" else ""
+        raise CopyError(ClientCode.FAILED, f"cannot read {remote!r} on {hand}: it is {kind}{hint}")
+    return info
+
+
+async def _unchanged_down(
+    mc: MindClient, hand: str, remote: str, theirs: dict[str, Any], dir_fd: int, name: str, checksum: bool
+) -> str | None:
+    """Whether the local `name` in `dir_fd` (never through a link) is already the file `theirs`
+    describes: None if not, else its sha256 ("" when compared by size and time only)."""
+    try:
+        mine = _local_info(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+    except OSError:
+        return None
+    if mine["type"] != "file" or mine["size"] != theirs.get("size"):
+        return None
+    if checksum:
+        mine["sha256"] = await asyncio.to_thread(localfs.sha256_at, dir_fd, name)
+        if mine["sha256"] is None:
+            return None
+        theirs = {**theirs, "sha256": await remote_sha256(mc, hand, remote)}
+    return str(mine.get("sha256") or "") if is_unchanged(mine, theirs, checksum) else None
+
+
 def _umask() -> int:
     try:
         with open("/proc/self/status", encoding="ascii") as f:
@@ -399,6 +515,8 @@ async def download(
     *,
     preserve: bool = False,
     resume: bool = True,
+    skip_unchanged: bool = False,
+    checksum: bool = False,
     on_progress: Progress | None = None,
     reconnect: Reconnect | None = None,
     attempts: int = ATTEMPTS,
@@ -406,23 +524,14 @@ async def download(
 ) -> CopyResult:
     """Copy `remote` on `hand` to the local file `local`: a part file beside it, renamed only once
     the whole file's sha256 matches. With `resume`, a part file an earlier call left is continued.
+    With `skip_unchanged` (or `checksum`), a file already the same at `local` is not fetched, by
+    `upload`'s rule (`CopyResult.skipped`).
     `into`: a handle on `local`'s directory (a tree copied down gives the one it made), so the
     file is written there whatever its path now leads to (`mind.client.localfs`)."""
     started = time.monotonic()
     local = _absolute(local)
     link = _Link(mc, reconnect)
-    try:
-        info = await stat_remote(link.mc, hand, remote)
-    except CopyError:
-        raise
-    except ClientError as exc:
-        raise CopyError(ClientCode.LOST, f"cannot copy from {hand}: {exc.message}") from None
-    if info.get("type") is None:
-        raise CopyError(ClientCode.FAILED, f"cannot read {remote!r} on {hand}: no such file")
-    if info["type"] != "file":
-        kind = KINDS.get(info["type"], "not a regular file")
-        hint = " (use -r)" if info["type"] == "dir" else ""
-        raise CopyError(ClientCode.FAILED, f"cannot read {remote!r} on {hand}: it is {kind}{hint}")
+    info = await _source_file(link, hand, remote)
     cid = rules.copy_id(f"{hand}:{remote}", local, int(info["size"]), f"mtime:{info['mtime']!r}")
     try:
         if into is None:
@@ -432,6 +541,10 @@ async def download(
     except localfs.LocalRefused as exc:
         raise CopyError(ClientCode.LOCAL, exc.message) from None
     try:
+        if skip_unchanged or checksum:
+            sha = await _unchanged_down(link.mc, hand, remote, info, dir_fd, name, checksum)
+            if sha is not None:
+                return _skipped(local, info, sha, started)
         part = localfs.LocalPart(dir_fd, name, local, cid)
     finally:
         os.close(dir_fd)

@@ -274,10 +274,10 @@ DENIED = (RejectCode.DENIED_BY_POLICY, RejectCode.DENIED_BY_SCOPE)
 async def _listing(
     mc: MindClient, hand: str, path: str, checksum: bool, required: bool = True
 ) -> dict[str, Any] | None:
-    """`list_tree` of `path` as {relative path: entry}; None when it failed (nothing there, or not
-    a directory: the copy itself will say what). Unless `required`, a listing the Hand's policy or
-    the credential's scope refuses is None too: an upload then sends everything, as it did before
-    it compared (a drop box may allow `put_file` and deny listing)."""
+    """`list_tree` of `path` as {relative path: entry}; None when there is no directory to compare
+    with (nothing there, or not a directory: the copy itself will say what). Unless `required`, a
+    listing the Hand's policy or the credential's scope refuses is None too: an upload then sends
+    everything, as it did before it compared (a drop box may allow `put_file` and deny listing)."""
     args: dict[str, Any] = {"path": path}
     if checksum:
         args["sha256"] = True
@@ -287,9 +287,18 @@ async def _listing(
             raise failure(end)
         return None
     entries = end.value.get("entries") if isinstance(end.value, dict) else None
-    if not isinstance(entries, list):
+    if not isinstance(entries, list) or listed_type(end.value) != "dir":
         return None
     return {e["path"]: e for e in entries if isinstance(e, dict) and isinstance(e.get("path"), str)}
+
+
+def listed_type(value: Any) -> str | None:
+    """What a `list_tree` answer says its path is: `dir`, None (nothing there), or another type.
+    A Hand that answers only for directories (and fails the run otherwise) sends no `type`."""
+    if not isinstance(value, dict):
+        return None
+    kind = value.get("type", "dir")
+    return kind if isinstance(kind, str) else None
 
 
 def _away(exc: CopyError) -> bool:
@@ -591,7 +600,12 @@ async def _remote_plan(link: _Link, hand: str, remote: str, checksum: bool, show
         raise CopyError(ClientCode.LOST, f"cannot copy from {hand}: {exc.message}") from None
     if end.state is not RunState.SUCCEEDED:
         raise failure(end)
-    entries = end.value.get("entries") if isinstance(end.value, dict) else None
+    value = end.value if isinstance(end.value, dict) else {}
+    kind = listed_type(value)
+    if value and kind != "dir":
+        why = "no such directory" if kind is None else "it is not a directory"
+        raise CopyError(ClientCode.FAILED, f"cannot copy {shown}: {why}")
+    entries = value.get("entries")
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise CopyError(ClientCode.FAILED, f"{shown}: refused: the Hand's listing is malformed")
     return rules.plan_tree(entries)
