@@ -17,7 +17,7 @@ import msgpack
 
 from protocol import PROTOCOL_VERSION, frames, limits
 from protocol.codes import ErrorCode
-from protocol.errors import ProtocolError
+from protocol.errors import MindhandError, ProtocolError
 from protocol.record import Frozen
 
 if TYPE_CHECKING:
@@ -87,8 +87,8 @@ def peek_version(raw: object) -> int | None:
     return None
 
 
-class _TooManyContainers(Exception):
-    pass
+class _TooManyContainers(MindhandError):
+    """Raised inside the decoder's hook to stop it; never leaves `unpack`."""
 
 
 class PayloadRefused(ProtocolError):

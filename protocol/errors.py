@@ -8,6 +8,7 @@ them by it (`ValueError`).
 
     MindhandError
     ├── ProtocolError(code, message)   protocol/errors.py          a peer sent something we refuse
+    │   └── PayloadRefused             protocol/envelope.py        its envelope in order, its payload refused unbuilt: answered
     ├── IllegalTransition              protocol/states.py          a state rule broken: a bug, not a peer's doing
     ├── RunAborted                     protocol/control.py         not an error: a run must stop at a checkpoint
     │   └── BudgetExceeded

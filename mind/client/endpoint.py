@@ -109,7 +109,8 @@ def locate(
     given (`--mind`, repeatable, `--credential`, `--ca`, `--pin`), else its `MINDHAND_*` variable,
     else the local Mind's files in `home` (`--home`): its `mind.url`, `admin.cred`, and for a local
     `wss://` Mind with no CA or pin given, the pin of its own certificate. No URL anywhere:
-    `ClientError(ClientCode.CONFIG)` saying where to give one."""
+    `ClientError(ClientCode.CONFIG)` saying where to give one; a CA or pin with a `ws://` URL: the
+    same, naming where each came from (`tls_without_wss`)."""
     import os
 
     from mind import home as paths
@@ -117,21 +118,44 @@ def locate(
     where = paths.home(home)
     local = False
     url = ",".join(urls) if urls else os.environ.get("MINDHAND_URL")
+    url_from = "from --mind" if urls else "from MINDHAND_URL"
     if not url:
         try:
             url = paths.url_file(where).read_text().strip()
             local = True
+            url_from = f"the local Mind's, from {paths.url_file(where)}"
         except OSError:
             raise ClientError(
                 ClientCode.CONFIG,
                 f"no Mind URL: pass --mind URL, set MINDHAND_URL, or start `mind serve` (looked in {paths.url_file(where)})",
             ) from None
     cred = credential or os.environ.get("MINDHAND_CREDENTIAL") or str(paths.admin_cred_file(where))
+    sources = [("--ca" if ca else "MINDHAND_CA"), ("--pin" if pin else "MINDHAND_PIN")]
     ca = ca or os.environ.get("MINDHAND_CA")
     pin = pin or os.environ.get("MINDHAND_PIN")
+    set_by = [name for name, value in zip(sources, (ca, pin), strict=True) if value]
+    if set_by and (wrong := tls_without_wss(url, url_from, set_by)) is not None:
+        raise ClientError(ClientCode.CONFIG, wrong)
     if local and not ca and not pin and url.startswith("wss://"):
         try:
             pin = paths.pin_file(where).read_text().strip()
         except OSError:
             pass
     return url, cred, ca, pin
+
+
+def tls_without_wss(url: str, url_from: str, set_by: list[str]) -> str | None:
+    """Why a CA file or a pin cannot be used with `url` (one of its URLs is `ws://`), or None: names
+    what set each (`--ca`, or a `MINDHAND_CA` left in an agent's configuration) and where the URL
+    came from. Said here, where the sources are known: the TLS layer below can only say that
+    "--ca and --pin" need `wss://`, naming a flag nobody gave when a variable set it."""
+    plain = next((u.strip() for u in url.split(",") if u.strip().startswith("ws://")), None)
+    if plain is None:
+        return None
+    what = " and ".join(f"{s} is set" if s.startswith("MINDHAND_") else f"{s} is given" for s in set_by)
+    undo = [f"unset {s}" if s.startswith("MINDHAND_") else f"drop {s}" for s in set_by]
+    fix = undo[0].split()[0] + " it" if len(undo) == 1 else " and ".join(undo)
+    return (
+        f"{what} but the Mind URL is {plain} ({url_from}): {fix} or use a wss:// URL "
+        "(a CA file and a pin need a wss:// Mind URL)"
+    )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import codecs
 import contextlib
 import hashlib
 from collections.abc import Callable
@@ -49,16 +50,43 @@ def decode(data: str, encoding: str) -> bytes | str:
         return "data is not valid base64 (A-Z a-z 0-9 + / with = padding, no line breaks)"
 
 
+def text_of(data: bytes, final: bool = True) -> tuple[str, int] | None:
+    """`data` as text, and how many of its bytes that text stands for, when it is text: valid UTF-8
+    with no NUL byte (what git, grep and `file` take for text). A page with more after it (not
+    `final`) may end inside a character: the text stops before it and the next page starts with it,
+    so paging a text file never mangles a character. None when it is not text (binary, or a page
+    starting inside a character): give base64, byte for byte."""
+    if b"\0" in data:
+        return None
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        text = decoder.decode(data, final=final)
+    except UnicodeDecodeError:
+        return None
+    used = len(data) - len(decoder.getstate()[0])
+    return (text, used) if used or not data else None
+
+
 def encode(data: bytes, encoding: str) -> tuple[str, str]:
     """(the text a model is given, the encoding it is in): `auto` is UTF-8 text when the bytes are
-    valid UTF-8, else base64, so a binary file is never silently mangled."""
-    if encoding in ("auto", "utf-8"):
+    text (`text_of`), else base64, so a binary file is never silently mangled."""
+    if encoding == "auto" and (text := text_of(data)) is not None:
+        return text[0], "utf-8"
+    if encoding == "utf-8":
         try:
             return data.decode("utf-8"), "utf-8"
         except UnicodeDecodeError:
-            if encoding == "utf-8":
-                return data.decode("utf-8", "replace"), "utf-8 (undecodable bytes replaced)"
+            return data.decode("utf-8", "replace"), "utf-8 (undecodable bytes replaced)"
     return base64.b64encode(data).decode(), "base64"
+
+
+def encode_page(data: bytes, encoding: str, eof: bool) -> tuple[str, str, int]:
+    """One page of a file as `encode` gives a whole one, and how many bytes it stands for: with
+    `auto`, a text page stops before a character its end would cut (`text_of`)."""
+    if encoding == "auto" and (text := text_of(data, final=eof)) is not None:
+        return text[0], "utf-8", text[1]
+    content, used = encode(data, encoding)
+    return content, used, len(data)
 
 
 def register(

@@ -23,9 +23,12 @@ import contextvars
 import os
 import signal
 import sys
+from typing import Any
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import CallToolResult, InputRequiredResult
+from mcp_types import Tool as MCPTool
 
 from mind import __version__
 from mind.client.aio import MindClient
@@ -54,9 +57,34 @@ def where(args: argparse.Namespace) -> tuple[str, str, str | None, str | None]:
     return locate(args.home, args.mind, args.credential, args.ca, args.pin)
 
 
+class Server(MCPServer):
+    """The SDK's server, with a tool's arguments closed: its schema says `additionalProperties: false`
+    and a call naming an argument the tool does not take is refused (a tool error naming the valid
+    ones), where the SDK would drop the argument and run the call without it. Through the two public
+    methods the SDK's handlers call, so its answers keep their envelope for every protocol version."""
+
+    _arguments: dict[str, list[str]] | None = None
+
+    async def list_tools(self) -> list[MCPTool]:
+        listed = await super().list_tools()
+        return [
+            t.model_copy(update={"input_schema": {**t.input_schema, "additionalProperties": False}}) for t in listed
+        ]
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        if self._arguments is None:
+            self._arguments = {t.name: list(t.input_schema.get("properties", {})) for t in await super().list_tools()}
+        known = self._arguments.get(name)
+        if known is not None and (wrong := tools.unknown_arguments(name, arguments, known)) is not None:
+            return tools.failure("invalid_request", wrong)
+        return await super().call_tool(name, arguments, context)
+
+
 def build() -> MCPServer:
     cancels = PeerCancels(current_runs.get)
-    server: MCPServer = MCPServer(
+    server: MCPServer = Server(
         "mindhand",
         instructions=INSTRUCTIONS,
         version=__version__,

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import difflib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -113,6 +114,45 @@ def of_info(info: RunInfo) -> dict[str, Any]:
 
 def code_of(exc: MindhandError) -> str:
     return str(getattr(exc, "code", "error"))
+
+
+SAID_ELSEWHERE = {
+    "limit": ("max_bytes",),
+    "length": ("max_bytes",),
+    "size": ("max_bytes",),
+    "timeout": ("timeout_s", "wait_s"),
+    "cmd": ("command", "argv"),
+    "args": ("argv",),
+    "run_id": ("run",),
+    "data": ("content",),
+    "content": ("data",),
+    "file": ("path",),
+    "filename": ("path",),
+    "dir": ("path",),
+    "host": ("hand",),
+    "machine": ("hand",),
+}
+"""Names an agent brings from elsewhere (the Hand's own tools, `mind call`, other servers), and
+the argument of ours it means: the Hand's `read_file` takes `limit` where ours takes `max_bytes`."""
+
+
+def unknown_arguments(tool: str, given: Iterable[str], known: Sequence[str]) -> str | None:
+    """The sentence refusing a call with arguments `tool` does not take (naming the valid ones, and
+    the one each was likely meant as), or None. Refused, not ignored: an ignored `limit` reads the
+    default 256 KiB instead of what was asked, and the agent never learns why."""
+    unknown = [name for name in given if name not in known]
+    if not unknown:
+        return None
+    hints = []
+    for name in unknown:
+        meant = [m for m in SAID_ELSEWHERE.get(name, ()) if m in known] or difflib.get_close_matches(name, known, 1)
+        if meant:
+            hints.append(meant[0] if len(unknown) == 1 else f"{meant[0]} for {name}")
+    said = ", ".join(repr(name) for name in unknown)
+    out = f"{tool} takes no argument{'s' if len(unknown) > 1 else ''} {said}"
+    if hints:
+        out += f" (did you mean {', '.join(hints)}?)"
+    return out + f"; its arguments: {', '.join(known) or 'none'}"
 
 
 def register(server: MCPServer, current: Current, cancels: PeerCancels) -> None:
@@ -464,20 +504,25 @@ def register_file_tools(server: MCPServer, current: Current) -> None:
         hand: Hand,
         path: Annotated[str, Field(description="The file, relative to the Hand's root.")],
         offset: Annotated[int, Field(ge=0)] = 0,
-        max_bytes: Annotated[int, Field(gt=0, le=1 << 20)] = 256 << 10,
+        max_bytes: Annotated[int, Field(gt=0, le=1 << 20, description="At most this many bytes.")] = 256 << 10,
         encoding: Annotated[
-            Literal["utf-8", "base64"], Field(description="utf-8 text (undecodable bytes replaced) or base64.")
-        ] = "utf-8",
+            Literal["auto", "utf-8", "base64"],
+            Field(
+                description="auto: text if the bytes are UTF-8 text, else base64 (the answer's encoding says "
+                "which); utf-8: text, undecodable bytes replaced; base64: always base64."
+            ),
+        ] = "auto",
     ) -> CallToolResult:
-        """Read a file on a Hand: its bytes from offset (at most max_bytes), its size, and eof."""
+        """Read a file on a Hand: content from offset (at most max_bytes; text, or base64 for binary:
+        see encoding), its size, eof, and next_offset to continue from."""
         end = await tool_call(current, hand, "read_file", {"path": path, "offset": offset, "limit": max_bytes})
         if isinstance(end, CallToolResult):
             return end
         v = end.value
         data: bytes = v["data"]
-        content = base64.b64encode(data).decode() if encoding == "base64" else results.text(data)
+        content, used, n = files.encode_page(data, encoding, v["eof"])
         out = {"state": "succeeded", "path": path, "offset": v["offset"], "size": v["size"], "eof": v["eof"]}
-        return result(out | {"next_offset": v["offset"] + len(data), "encoding": encoding, "content": content})
+        return result(out | {"next_offset": v["offset"] + n, "encoding": used, "content": content})
 
     @server.tool()
     async def write_file(

@@ -4,8 +4,10 @@ The SQLite engine (`mind.store.sqlite`) is the embedded default: today's files i
 today's synchronous classes, each call run on the store's own thread so the loop never waits on a
 disk. The PostgreSQL engine (`mind.store.postgres`) is the system of record shared by many Mind
 nodes (`mind serve --database postgresql://...`): asyncpg on the loop itself, every statement under
-a timeout. The daemon only ever awaits these methods, so it cannot tell the two apart, and one
-test suite (tests/mind/test_store_engines.py) holds both to the same answers.
+a timeout. The snapshot and ending operations are scripts written once (`mind.store.scripts`) over
+a port each engine implements; the rows both write are encoded once (`mind.store.rows`). The
+daemon only ever awaits these methods, so it cannot tell the two apart, and one test suite
+(tests/mind/test_store_engines.py) holds both to the same answers.
 
 A store that cannot answer (the database went away, a statement timed out) raises
 `StoreUnavailable`: the request that needed it gets an error frame with that sentence, the
@@ -18,8 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from mind.core.snapshots import Plan, Snapshot
-from mind.store.credentials import CredentialRow
-from mind.store.endings import Ending
+from mind.store.rows import CredentialRow, Ending
 from protocol.auth import Credential
 from protocol.errors import MindhandError
 from protocol.messages import RunInfo, TaskInfo

@@ -15,9 +15,9 @@ import secrets
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from mind.store.rows import CredentialRow, labels_json
 from protocol import limits
 from protocol.auth import Credential
 from protocol.errors import MindhandError
@@ -42,22 +42,6 @@ CREATE TABLE IF NOT EXISTS credentials (
 
 class StoreError(MindhandError):
     pass
-
-
-@dataclass(frozen=True)
-class CredentialRow:
-    role: str
-    label: str
-    created_at: float
-    revoked_at: float | None
-    generation: int
-    last_seen_at: float | None
-    scope: str | None = None
-    labels: str | None = None
-    """A Hand's operator labels as JSON (`{"role": "web"}`), None when it has none."""
-
-    def label_map(self) -> dict[str, str]:
-        return json.loads(self.labels) if self.labels else {}
 
 
 class Store:
@@ -130,12 +114,12 @@ class Store:
                 self._db.execute(
                     "UPDATE credentials SET secret=?, created_at=?, revoked_at=NULL, scope=?, labels=? "
                     "WHERE role=? AND label=?",
-                    (secret, time.time(), scope, _labels_json(labels), role, label),
+                    (secret, time.time(), scope, labels_json(labels), role, label),
                 )
             else:
                 self._db.execute(
                     "INSERT INTO credentials(role, label, secret, created_at, scope, labels) VALUES (?, ?, ?, ?, ?, ?)",
-                    (role, label, secret, time.time(), scope, _labels_json(labels)),
+                    (role, label, secret, time.time(), scope, labels_json(labels)),
                 )
             self._bump_epoch()
         return Credential(role=role, label=label, secret=secret)
@@ -178,7 +162,7 @@ class Store:
                     self._db.execute("ROLLBACK")
                     raise StoreError(f"{role} {label!r} would have {len(now)} labels; at most {limits.HAND_LABELS_MAX}")
                 self._db.execute(
-                    "UPDATE credentials SET labels=? WHERE role=? AND label=?", (_labels_json(now), role, label)
+                    "UPDATE credentials SET labels=? WHERE role=? AND label=?", (labels_json(now), role, label)
                 )
                 self._db.execute("COMMIT")
             except StoreError:
@@ -240,7 +224,3 @@ class Store:
                 (role,),
             ).fetchall()
         return [CredentialRow(*r) for r in rows]
-
-
-def _labels_json(labels: dict[str, str] | None) -> str | None:
-    return json.dumps(dict(sorted(labels.items())), separators=(",", ":")) if labels else None

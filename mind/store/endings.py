@@ -20,20 +20,26 @@ longest run timeout plus a window; older rows are deleted at start and every `PR
 and at most `MAX_ROWS` newest are kept. A row keeps the ending's metadata and at most `TAIL_KEPT`
 bytes of each output tail (the owner who attaches after a restart gets the state, the exit code and
 the last lines; the whole output went to the client that was attached).
+
+The scripts (when to prune, what a load returns, what a life record means) are written once for
+both engines (`mind.store.scripts.EndingBook`), the rows encoded once (`mind.store.rows`); this
+module is their SQLite port, `SqliteEndingRows`, and the synchronous store the loop calls. The
+record (`Ending`) and the bounds (`MAX_ROWS`, `PRUNE_EVERY`, `TAIL_KEPT`) are defined with them and
+named here too, where the Mind and the tests find them.
 """
 
 from __future__ import annotations
 
 import sqlite3
-import time
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-import msgpack
-
-from protocol import limits
+from mind.store.rows import ENDING_COLS, TAIL_KEPT, Ending, ending_row
+from mind.store.scripts import MAX_ROWS, PRUNE_EVERY, EndingBook, run_now
 from protocol.io.files import private_file
-from protocol.messages import RunEnd
+
+__all__ = ["MAX_ROWS", "PRUNE_EVERY", "TAIL_KEPT", "Ending", "EndingStore"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS run_endings (
@@ -52,28 +58,52 @@ CREATE TABLE IF NOT EXISTS life (
 );
 """
 
-MAX_ROWS = 100_000
-"""Endings kept at most (the newest): 10,000 runs lost at once, ten times over."""
-PRUNE_EVERY = 1000
-TAIL_KEPT = 512
 
+class SqliteEndingRows:
+    """The port of `mind.store.scripts.EndingRows` on `endings.db`, on the caller's thread (the loop)."""
 
-@dataclass(frozen=True)
-class Ending:
-    """One run the Mind ended by itself, as a restarted Mind needs it back."""
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+        self._count: int = db.execute("SELECT count(*) FROM run_endings").fetchone()[0]
+        """Rows in the table, or more (a replaced row counts twice: a count never too low): what
+        `prune` checks against its bound."""
 
-    end: RunEnd
-    owner: str
-    ended_at: float
-    """Wall-clock time."""
-    cancel_reason: str | None = None
-    args_digest: str = ""
-    hand: str = ""
-    """The run's Hand: on a shared database the ending is written only while this node's claim of
-    it is current (`mind.store.postgres`); not stored."""
+    async def write(self, endings: list[Ending]) -> list[tuple[str, int]]:
+        rows = [ending_row(e) for e in endings]
+        with self._db:  # BEGIN ... COMMIT, or ROLLBACK on an error
+            self._db.execute("BEGIN")
+            self._db.executemany(f"INSERT OR REPLACE INTO run_endings ({ENDING_COLS}) VALUES (?,?,?,?,?,?)", rows)
+        self._count += len(rows)
+        return []  # one Mind, no claims: nothing is refused
+
+    async def prune(self, horizon: float, keep: int) -> None:
+        self._count -= self._db.execute("DELETE FROM run_endings WHERE ended_at < ?", (horizon,)).rowcount
+        if self._count <= keep:
+            return
+        # On the age index, only when over the bound: `NOT IN (newest MAX_ROWS)` scanned and sorted
+        # the whole table every PRUNE_EVERY writes, a stall of the loop that grew with the table.
+        cutoff = self._db.execute(
+            "SELECT ended_at FROM run_endings ORDER BY ended_at DESC LIMIT 1 OFFSET ?", (keep,)
+        ).fetchone()
+        if cutoff is not None:  # ties at the cutoff go too: at most `keep` are kept
+            self._db.execute("DELETE FROM run_endings WHERE ended_at <= ?", (cutoff[0],))
+        self._count = self._db.execute("SELECT count(*) FROM run_endings").fetchone()[0]
+
+    async def read(self) -> list[Sequence[Any]]:
+        return self._db.execute(f"SELECT {ENDING_COLS} FROM run_endings ORDER BY ended_at").fetchall()
+
+    async def start_life(self) -> tuple[bool, int] | None:
+        row = self._db.execute("SELECT running, live_runs FROM life WHERE id = 1").fetchone()
+        self._db.execute("INSERT OR REPLACE INTO life (id, running, live_runs) VALUES (1, 1, 0)")
+        return None if row is None else (bool(row[0]), int(row[1]))
+
+    async def end_life(self, live_runs: int) -> None:
+        self._db.execute("INSERT OR REPLACE INTO life (id, running, live_runs) VALUES (1, 0, ?)", (live_runs,))
 
 
 class EndingStore:
+    """The SQLite engine's endings, synchronous: each method one script of `EndingBook`."""
+
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         private_file(path)
@@ -81,25 +111,20 @@ class EndingStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
-        self._writes = 0
-        self._window = 0.0
-        self._rows = self._db.execute("SELECT count(*) FROM run_endings").fetchone()[0]
-        """Rows in the table, or more: what `prune` checks against `MAX_ROWS`."""
+        # the bounds as this module names them when the store opens (a test lowers them here)
+        self._book = EndingBook(SqliteEndingRows(self._db), PRUNE_EVERY, MAX_ROWS)
 
     def close(self) -> None:
         self._db.close()
 
     def begin_life(self) -> bool:
         """This Mind starts. True if its previous life may have left runs going on Hands: it
-        crashed (never said it stopped), or it stopped with runs resumable. Only then may a Hand
-        still present a run this Mind does not know, and an attach to one is told to wait."""
-        row = self._db.execute("SELECT running, live_runs FROM life WHERE id = 1").fetchone()
-        self._db.execute("INSERT OR REPLACE INTO life (id, running, live_runs) VALUES (1, 1, 0)")
-        return row is not None and (bool(row[0]) or row[1] > 0)
+        crashed (never said it stopped), or it stopped with runs resumable."""
+        return run_now(self._book.begin_life())
 
     def end_life(self, live_runs: int) -> None:
         """This Mind stops, leaving `live_runs` runs resumable on their Hands."""
-        self._db.execute("INSERT OR REPLACE INTO life (id, running, live_runs) VALUES (1, 0, ?)", (live_runs,))
+        run_now(self._book.end_life(live_runs))
 
     def put(self, ending: Ending) -> None:
         """Write one ending, durably, before returning (raises `sqlite3.Error` if it cannot)."""
@@ -109,64 +134,14 @@ class EndingStore:
         """Write `endings` in one transaction, durably, before returning (raises `sqlite3.Error` if
         it cannot, and then none is written): one commit for every call that ended in one turn of
         the Mind's loop, instead of one each (issue 25)."""
-        if not endings:
-            return
-        rows = [self._row(e) for e in endings]
-        with self._db:  # BEGIN ... COMMIT, or ROLLBACK on an error
-            self._db.execute("BEGIN")
-            self._db.executemany(
-                "INSERT OR REPLACE INTO run_endings (run_id, owner, ended_at, cancel_reason, args_digest, run_end) "
-                "VALUES (?,?,?,?,?,?)",
-                rows,
-            )
-        self._rows += len(rows)
-        before, self._writes = self._writes, self._writes + len(rows)
-        if before // PRUNE_EVERY != self._writes // PRUNE_EVERY:
-            self.prune(self._window, endings[-1].ended_at)
-
-    @staticmethod
-    def _row(ending: Ending) -> tuple[object, ...]:
-        end = ending.end
-        short = {
-            name: tail.model_copy(update={"data": tail.data[-TAIL_KEPT:]})
-            for name in ("stdout", "stderr")
-            if len((tail := getattr(end, name)).data) > TAIL_KEPT
-        }
-        if short:
-            end = end.model_copy(update=short)
-        blob = msgpack.packb(end.model_dump(mode="python"), use_bin_type=True)
-        return (ending.end.run_id, ending.owner, ending.ended_at, ending.cancel_reason, ending.args_digest, blob)
+        run_now(self._book.put_many(endings))
 
     def prune(self, window: float, now: float) -> None:
         """Delete the endings no Hand can present any more (older than the longest run timeout
         plus `window`), and all but the newest `MAX_ROWS`."""
-        horizon = now - limits.RUN_TIMEOUT_MAX_MS / 1000 - window
-        self._rows -= self._db.execute("DELETE FROM run_endings WHERE ended_at < ?", (horizon,)).rowcount
-        if self._rows <= MAX_ROWS:
-            return  # counted from the writes (a replaced row counts twice: a count never too low)
-        # On the age index, only when over the bound: `NOT IN (newest MAX_ROWS)` scanned and sorted
-        # the whole table every PRUNE_EVERY writes, a stall of the loop that grew with the table.
-        cutoff = self._db.execute(
-            "SELECT ended_at FROM run_endings ORDER BY ended_at DESC LIMIT 1 OFFSET ?", (MAX_ROWS,)
-        ).fetchone()
-        if cutoff is not None:  # ties at the cutoff go too: at most MAX_ROWS are kept
-            self._db.execute("DELETE FROM run_endings WHERE ended_at <= ?", (cutoff[0],))
-        self._rows = self._db.execute("SELECT count(*) FROM run_endings").fetchone()[0]
+        run_now(self._book.prune(window, now))
 
     def load(self, window: float, now: float | None = None) -> list[Ending]:
         """The endings that still matter, oldest first, after `prune`. A row that does not decode
         (a damaged file) is skipped, not fatal: it is one run's memory."""
-        now = time.time() if now is None else now
-        self._window = window
-        self.prune(window, now)
-        out: list[Ending] = []
-        for run_id, owner, ended_at, reason, digest, blob in self._db.execute(
-            "SELECT run_id, owner, ended_at, cancel_reason, args_digest, run_end FROM run_endings ORDER BY ended_at"
-        ):
-            try:
-                end = RunEnd.model_validate(msgpack.unpackb(blob, raw=False))
-            except Exception:
-                continue
-            if end.run_id == run_id:
-                out.append(Ending(end, owner, ended_at, reason, digest))
-        return out
+        return run_now(self._book.load(window, now))

@@ -1,24 +1,32 @@
 """The Mind's task snapshots in SQLite (the `task_snapshots` table of mind.db).
 
-Every read-modify-write happens under one lock with the pure rules of `mind/core/snapshots.py` in between, so a
-push, a query reply and a reconciliation pass racing each other still apply in version order.
-Synchronous: the asyncio shell calls it through one worker thread. Raw arguments are never stored:
-`info` is a `TaskInfo`, which carries digests only.
+Every operation is a script of `mind.store.scripts` (written once for both engines: the reads, the
+pure rules of `mind/core/snapshots.py`, the writes) run over this module's port, the SQLite
+statements (`SqliteSnapshotRows`), under one lock and, when it reads to write, in one `BEGIN
+IMMEDIATE` transaction, so a push, a query reply and a reconciliation pass racing each other still
+apply in version order. Synchronous: the asyncio shell calls it through one worker thread
+(`mind.store.sqlite`); its port never suspends, so a script runs to its end in the calling thread
+(`run_now`). Raw arguments are never stored: `info` is a `TaskInfo`, which carries digests only.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable
-from dataclasses import replace
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from types import TracebackType
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-import msgpack
-
-from mind.core.snapshots import Plan, Snapshot, apply_report, from_report, reconcile, within_quota
+from mind.core.snapshots import Plan, Snapshot
+from mind.store import scripts
+from mind.store.rows import COLS, NON_TERMINAL, snapshot_of, snapshot_row
+from mind.store.scripts import SnapshotRows, run_now
 from protocol.messages import TaskInfo
-from protocol.states import TASK_TERMINAL, TaskState
+from protocol.states import TaskState
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS task_snapshots (
@@ -41,205 +49,73 @@ CREATE TABLE IF NOT EXISTS task_snapshots (
 CREATE INDEX IF NOT EXISTS task_snapshots_hand ON task_snapshots(hand, state);
 """
 
-COLS = (
-    "task_id, hand, tool, args_digest, binding_digest, state, stale, created_at, last_synced_at, "
-    "version, info, cancel_pending, start_pending, reason, owner"
-)
-NON_TERMINAL = tuple(s.value for s in TaskState if s not in TASK_TERMINAL)
+_PUT = f"INSERT OR REPLACE INTO task_snapshots ({COLS}) VALUES ({', '.join('?' * 15)})"
+_STALE_STATES = ",".join("?" * len(NON_TERMINAL))
 
 
-def _row(r: tuple) -> Snapshot:
-    info = TaskInfo.model_validate(msgpack.unpackb(r[10], raw=False)) if r[10] is not None else None
-    return Snapshot(
-        task_id=r[0],
-        hand=r[1],
-        tool=r[2],
-        args_digest=r[3],
-        binding_digest=r[4],
-        state=TaskState(r[5]),
-        stale=bool(r[6]),
-        created_at=r[7],
-        last_synced_at=r[8],
-        version=r[9],
-        info=info,
-        cancel_pending=r[11],
-        start_pending=bool(r[12]),
-        reason=r[13],
-        owner=r[14],
-    )
+class SqliteSnapshotRows:
+    """The port of `mind.store.scripts.SnapshotRows` on one SQLite connection. Its caller holds the
+    store's lock; its transaction is `BEGIN IMMEDIATE` (the database's write lock: nothing else
+    writes until it ends), so its reads need no row locks."""
 
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
 
-def _values(s: Snapshot) -> tuple:
-    info = msgpack.packb(s.info.model_dump(mode="python"), use_bin_type=True) if s.info is not None else None
-    return (
-        s.task_id,
-        s.hand,
-        s.tool,
-        s.args_digest,
-        s.binding_digest,
-        s.state.value,
-        int(s.stale),
-        s.created_at,
-        s.last_synced_at,
-        s.version,
-        info,
-        s.cancel_pending,
-        int(s.start_pending),
-        s.reason,
-        s.owner,
-    )
+    def transaction(self) -> _Transaction:
+        return _Transaction(self)
 
+    async def fence(self, hand: str) -> None:
+        """One Mind, no claims: a Hand's generation fences its connections."""
 
-class SnapshotStore:
-    def __init__(self, path: Path) -> None:
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    # --- plumbing ---
-
-    def _get(self, task_id: str) -> Snapshot | None:
+    async def get(self, task_id: str) -> Snapshot | None:
         r = self._db.execute(f"SELECT {COLS} FROM task_snapshots WHERE task_id=?", (task_id,)).fetchone()
-        return _row(r) if r else None
+        return snapshot_of(r) if r else None
 
-    def _put_many(self, snaps: Iterable[Snapshot]) -> None:
-        self._db.executemany(
-            f"INSERT OR REPLACE INTO task_snapshots ({COLS}) VALUES ({', '.join('?' * 15)})",
-            [_values(s) for s in snaps],
+    async def of_hand(self, hand: str) -> list[Snapshot]:
+        return [snapshot_of(r) for r in self._db.execute(f"SELECT {COLS} FROM task_snapshots WHERE hand=?", (hand,))]
+
+    async def holders(self, task_ids: list[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for i in range(0, len(task_ids), 500):  # within SQLite's bound on a statement's variables
+            chunk = task_ids[i : i + 500]
+            found.update(
+                self._db.execute(
+                    f"SELECT task_id, hand FROM task_snapshots WHERE task_id IN ({','.join('?' * len(chunk))})", chunk
+                ).fetchall()
+            )
+        return found
+
+    async def insert(self, snap: Snapshot) -> bool:
+        cur = self._db.execute(
+            f"INSERT INTO task_snapshots ({COLS}) VALUES ({', '.join('?' * 15)}) ON CONFLICT (task_id) DO NOTHING",
+            snapshot_row(snap),
         )
+        return cur.rowcount == 1
 
-    def _tx(self):
-        store = self
+    async def put(self, snaps: list[Snapshot]) -> None:
+        if snaps:
+            self._db.executemany(_PUT, [snapshot_row(s) for s in snaps])
 
-        class _Tx:
-            def __enter__(self):
-                store._lock.acquire()
-                store._db.execute("BEGIN IMMEDIATE")
+    async def delete(self, task_ids: list[str]) -> None:
+        if task_ids:
+            self._db.executemany("DELETE FROM task_snapshots WHERE task_id=?", [(t,) for t in task_ids])
 
-            def __exit__(self, exc_type, *_):
-                try:
-                    store._db.execute("ROLLBACK" if exc_type else "COMMIT")
-                finally:
-                    store._lock.release()
+    async def clear_cancel(self, task_id: str) -> None:
+        self._db.execute("UPDATE task_snapshots SET cancel_pending=NULL WHERE task_id=?", (task_id,))
 
-        return _Tx()
+    async def mark_stale(self, hand: str | None) -> int:
+        if hand is None:
+            sql = f"UPDATE task_snapshots SET stale=1 WHERE stale=0 AND state IN ({_STALE_STATES})"
+            return self._db.execute(sql, NON_TERMINAL).rowcount
+        sql = f"UPDATE task_snapshots SET stale=1 WHERE hand=? AND stale=0 AND state IN ({_STALE_STATES})"
+        return self._db.execute(sql, (hand, *NON_TERMINAL)).rowcount
 
-    # --- operations ---
+    async def clear_starts(self) -> None:
+        self._db.execute("UPDATE task_snapshots SET start_pending=0 WHERE start_pending=1")
 
-    def get(self, task_id: str) -> Snapshot | None:
-        with self._lock:
-            return self._get(task_id)
-
-    def insert_new(self, snap: Snapshot) -> Snapshot | None:
-        """Insert if no snapshot has this id; else return the existing one (nothing written)."""
-        with self._tx():
-            existing = self._get(snap.task_id)
-            if existing is not None:
-                return existing
-            self._put_many([snap])
-            return None
-
-    def delete(self, task_id: str) -> None:
-        with self._tx():
-            self._db.execute("DELETE FROM task_snapshots WHERE task_id=?", (task_id,))
-
-    def remove(self, task_id: str, hand: str) -> Snapshot | None:
-        """Delete the snapshot of a task its Hand has just removed (`mind task rm`), and return it;
-        None (nothing deleted) unless it is still `hand`'s and no start of its id is in flight: a
-        start that came in meanwhile owns the id now."""
-        with self._tx():
-            snap = self._get(task_id)
-            if snap is None or snap.hand != hand or snap.start_pending:
-                return None
-            self._db.execute("DELETE FROM task_snapshots WHERE task_id=?", (task_id,))
-            return snap
-
-    def report(self, hand: str, info: TaskInfo, now: float, adopt: bool = True) -> tuple[Snapshot | None, str]:
-        """Apply a Hand's report. Returns (snapshot now held, what happened)."""
-        with self._tx():
-            snap = self._get(info.task_id)
-            if snap is None:
-                if not adopt:
-                    return None, "unknown"
-                new = from_report(hand, info, now)
-                self._put_many([new])
-                return new, "adopted"
-            if snap.hand != hand:
-                return snap, "foreign"
-            updated = apply_report(snap, info, now)
-            if updated is None:
-                return snap, "unchanged"
-            self._put_many([updated])
-            return updated, "updated"
-
-    def retry_start(self, snap: Snapshot) -> Snapshot | None:
-        """Write `snap` (a start asked of the Hand again) if the row is still one the Hand never
-        reported and no start is in flight; None if it changed meanwhile (nothing written)."""
-        with self._tx():
-            current = self._get(snap.task_id)
-            if current is None or current.version > 0 or current.start_pending:
-                return None
-            self._put_many([snap])
-            return snap
-
-    def finish_start(self, task_id: str) -> Snapshot | None:
-        """The start run ended without a report: keep the snapshot stale for reconciliation."""
-        with self._tx():
-            snap = self._get(task_id)
-            if snap is None:
-                return None
-            if snap.start_pending:
-                snap = replace(snap, start_pending=False)
-                self._put_many([snap])
-            return snap
-
-    def set_cancel_pending(self, task_id: str, reason: str) -> Snapshot | None:
-        with self._tx():
-            snap = self._get(task_id)
-            if snap is None or snap.terminal:
-                return snap
-            snap = replace(snap, cancel_pending=reason)
-            self._put_many([snap])
-            return snap
-
-    def clear_cancel_pending(self, task_id: str) -> None:
-        with self._tx():
-            self._db.execute("UPDATE task_snapshots SET cancel_pending=NULL WHERE task_id=?", (task_id,))
-
-    def mark_hand_stale(self, hand: str) -> int:
-        with self._tx():
-            cur = self._db.execute(
-                f"UPDATE task_snapshots SET stale=1 WHERE hand=? AND stale=0 AND state IN ({','.join('?' * len(NON_TERMINAL))})",
-                (hand, *NON_TERMINAL),
-            )
-            return cur.rowcount
-
-    def mark_all_stale(self) -> int:
-        """Mind restart: nothing it holds about an unfinished task can be trusted as current."""
-        with self._tx():
-            cur = self._db.execute(
-                f"UPDATE task_snapshots SET stale=1 WHERE stale=0 AND state IN ({','.join('?' * len(NON_TERMINAL))})",
-                NON_TERMINAL,
-            )
-            # A start in flight when the Mind stopped will never get its answer: reconciliation decides.
-            self._db.execute("UPDATE task_snapshots SET start_pending=0 WHERE start_pending=1")
-            return cur.rowcount
-
-    def list(
-        self,
-        hand: str | None = None,
-        state: TaskState | None = None,
-        limit: int = 1000,
-        after: tuple[float, str] | None = None,
+    async def listing(
+        self, hand: str | None, state: TaskState | None, limit: int, after: tuple[float, str] | None
     ) -> list[Snapshot]:
-        """Newest first (`created_at`, then `task_id`); with `after`, only the rows that come after
-        that (created_at, task_id) in this order: one page of a listing (keyset paging)."""
         where: list[str] = []
         params: list[object] = []
         if after is not None:
@@ -255,32 +131,115 @@ class SnapshotStore:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at DESC, task_id LIMIT ?"
+        return [snapshot_of(r) for r in self._db.execute(sql, (*params, limit)).fetchall()]
+
+    async def counts_by_state(self) -> dict[str, int]:
+        return dict(self._db.execute("SELECT state, COUNT(*) FROM task_snapshots GROUP BY state").fetchall())
+
+    async def groups(self) -> list[tuple[str, str, str, bool, int]]:
+        return self._db.execute(
+            "SELECT hand, owner, state, stale, COUNT(*) FROM task_snapshots GROUP BY hand, owner, state, stale"
+        ).fetchall()
+
+    async def count_stale(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM task_snapshots WHERE stale=1").fetchone()[0])
+
+
+class _Transaction:
+    """`BEGIN IMMEDIATE` ... `COMMIT`, or `ROLLBACK` when the script raised."""
+
+    def __init__(self, rows: SqliteSnapshotRows) -> None:
+        self._rows = rows
+
+    async def __aenter__(self) -> SqliteSnapshotRows:
+        self._rows._db.execute("BEGIN IMMEDIATE")
+        return self._rows
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._rows._db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+class SnapshotStore:
+    """The SQLite engine's snapshot store: each method one script of `mind.store.scripts`."""
+
+    def __init__(self, path: Path) -> None:
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        self._rows = SqliteSnapshotRows(self._db)
+
+    def close(self) -> None:
         with self._lock:
-            rows = self._db.execute(sql, (*params, limit)).fetchall()
-        return [_row(r) for r in rows]
+            self._db.close()
+
+    def _run(
+        self,
+        script: Callable[Concatenate[SnapshotRows, P], Coroutine[Any, Any, T]],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        with self._lock:
+            return run_now(script(self._rows, *args, **kwargs))
+
+    def get(self, task_id: str) -> Snapshot | None:
+        return self._run(scripts.get, task_id)
+
+    def insert_new(self, snap: Snapshot) -> Snapshot | None:
+        """Insert if no snapshot has this id; else return the existing one (nothing written)."""
+        return self._run(scripts.insert_new, snap)
+
+    def delete(self, task_id: str) -> None:
+        self._run(scripts.delete, task_id)
+
+    def remove(self, task_id: str, hand: str) -> Snapshot | None:
+        """`mind task rm` (`scripts.remove`)."""
+        return self._run(scripts.remove, task_id, hand)
+
+    def report(self, hand: str, info: TaskInfo, now: float, adopt: bool = True) -> tuple[Snapshot | None, str]:
+        """Apply a Hand's report. Returns (snapshot now held, what happened)."""
+        return self._run(scripts.report, hand, info, now, adopt)
+
+    def retry_start(self, snap: Snapshot) -> Snapshot | None:
+        return self._run(scripts.retry_start, snap)
+
+    def finish_start(self, task_id: str) -> Snapshot | None:
+        return self._run(scripts.finish_start, task_id)
+
+    def set_cancel_pending(self, task_id: str, reason: str) -> Snapshot | None:
+        return self._run(scripts.set_cancel_pending, task_id, reason)
+
+    def clear_cancel_pending(self, task_id: str) -> None:
+        self._run(scripts.clear_cancel_pending, task_id)
+
+    def mark_hand_stale(self, hand: str) -> int:
+        return self._run(scripts.mark_hand_stale, hand)
+
+    def mark_all_stale(self) -> int:
+        """Mind restart: nothing it holds about an unfinished task can be trusted as current."""
+        return self._run(scripts.mark_all_stale)
+
+    def list(
+        self,
+        hand: str | None = None,
+        state: TaskState | None = None,
+        limit: int = 1000,
+        after: tuple[float, str] | None = None,
+    ) -> list[Snapshot]:
+        """Newest first (`created_at`, then `task_id`); with `after`, one page after that key."""
+        return self._run(scripts.listing, hand, state, limit, after)
 
     def counts_by_state(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._db.execute("SELECT state, COUNT(*) FROM task_snapshots GROUP BY state").fetchall())
+        return self._run(scripts.counts_by_state)
 
     def counts_visible(self, visible: Callable[[str, str], bool]) -> tuple[dict[str, int], int]:
-        """(tasks by state, stale snapshots) over the snapshots whose (hand, owner) `visible` allows:
-        what `mind status` shows a scoped client, never the fleet's totals (issue 13)."""
-        with self._lock:
-            groups = self._db.execute(
-                "SELECT hand, owner, state, stale, COUNT(*) FROM task_snapshots GROUP BY hand, owner, state, stale"
-            ).fetchall()
-        counts: dict[str, int] = {}
-        stale = 0
-        for hand, owner, state, is_stale, n in groups:
-            if visible(hand, owner):
-                counts[state] = counts.get(state, 0) + n
-                stale += n if is_stale else 0
-        return counts, stale
+        return self._run(scripts.counts_visible, visible)
 
     def count_stale(self) -> int:
-        with self._lock:
-            return self._db.execute("SELECT COUNT(*) FROM task_snapshots WHERE stale=1").fetchone()[0]
+        return self._run(scripts.count_stale)
 
     def reconcile(
         self,
@@ -290,28 +249,5 @@ class SnapshotStore:
         synced_since: float | None = None,
         quota: int | None = None,
     ) -> Plan:
-        """One reconciliation pass for `hand`, planned and applied in one transaction. With `quota`,
-        the Hand's snapshots (its own and adopted ones) stay at most that many: reported ids beyond it
-        are not adopted, so a hostile Hand cannot grow the Mind's database without bound."""
-        with self._tx():
-            mine = [
-                _row(r) for r in self._db.execute(f"SELECT {COLS} FROM task_snapshots WHERE hand=?", (hand,)).fetchall()
-            ]
-            settled = [s for s in mine if not s.start_pending]
-            in_flight = {s.task_id: hand for s in mine if s.start_pending}
-            held_elsewhere: dict[str, str] = dict(in_flight)
-            mine_ids = {s.task_id for s in mine}
-            unknown_ids = [tid for tid in hand_rows if tid not in mine_ids]
-            for i in range(0, len(unknown_ids), 500):
-                chunk = unknown_ids[i : i + 500]
-                for tid, owner in self._db.execute(
-                    f"SELECT task_id, hand FROM task_snapshots WHERE task_id IN ({','.join('?' * len(chunk))})", chunk
-                ).fetchall():
-                    held_elsewhere[tid] = owner
-            hand_rows, over = within_quota(hand_rows, unknown_ids, held_elsewhere, len(mine), quota)
-            plan = reconcile(hand, settled, hand_rows, held_elsewhere, now, synced_since)
-            plan.over_quota = over
-            self._put_many(plan.writes)
-            for tid in plan.never_stored:
-                self._db.execute("DELETE FROM task_snapshots WHERE task_id=?", (tid,))
-            return plan
+        """One reconciliation pass for `hand`, planned and applied in one transaction."""
+        return self._run(scripts.reconcile, hand, hand_rows, now, synced_since, quota)

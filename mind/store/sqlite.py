@@ -1,11 +1,13 @@
 """The SQLite engine of `mind.store.api`: today's files and classes, awaited.
 
 `mind.db` (credentials and task snapshots) and `endings.db` in the Mind's home, exactly as before
-many Minds existed (DESIGN §16: no database configured, nothing changes). The synchronous stores
-stay what they were; this module only gives each call its thread, as the daemon did itself:
-credentials on their own thread (handshakes must not queue behind a reconciliation's snapshot
-batches: a client's round trip went from ~40 ms to ~200 ms when both shared one), snapshots on the
-database thread (one writer), endings on the loop (one small WAL insert, before anyone hears).
+many Minds existed (DESIGN §16: no database configured, nothing changes). The stores stay
+synchronous (their snapshot and ending operations are the scripts of `mind.store.scripts`, each
+run to its end on the calling thread); this module only gives each call its thread, as the daemon
+did itself: credentials on their own thread (handshakes must not queue behind a reconciliation's
+snapshot batches: a client's round trip went from ~40 ms to ~200 ms when both shared one),
+snapshots on the database thread (one writer), endings on the loop (one small WAL insert, before
+anyone hears).
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mind.core.snapshots import Plan, Snapshot
+from mind.store import scripts
 from mind.store.api import Calls, Results
-from mind.store.credentials import CredentialRow, Store
+from mind.store.credentials import Store
 from mind.store.endings import Ending, EndingStore
+from mind.store.rows import CredentialRow
+from mind.store.scripts import run_now
 from mind.store.snapshots import SnapshotStore
 from protocol.auth import Credential
 from protocol.messages import TaskInfo
@@ -155,22 +160,13 @@ class SqliteSnapshots(_OnThread):
         return await self._call(self.sync.reconcile, hand, hand_rows, now, synced_since, quota)
 
     async def batch(self, calls: Calls) -> Results:
+        """`scripts.batch` in one hop to the database thread, each call straight to the store there."""
         sync = self.sync
 
-        def run_all() -> Results:
-            out: Results = []
-            for name, args, hand in calls:
-                try:
-                    try:
-                        out.append((True, getattr(sync, name)(*args)))
-                    finally:
-                        if hand is not None:
-                            sync.mark_hand_stale(hand)
-                except Exception as exc:  # this call's waiter hears it; the batch goes on
-                    out.append((False, exc))
-            return out
+        async def call(name: str, args: tuple[Any, ...]) -> Any:
+            return getattr(sync, name)(*args)
 
-        return await self._call(run_all)
+        return await self._call(lambda: run_now(scripts.batch(call, calls)))
 
     async def close(self) -> None:
         self.sync.close()

@@ -1,6 +1,6 @@
 """docs/agents.md is true: its Python program (the official MCP SDK's client starting `mind mcp`
 over stdio) runs as written against a real Mind and a Hand named `web1`; its configuration entries
-are valid JSON naming `mind mcp`; the README points to it."""
+are valid JSON naming `mind mcp` as `--print-config` prints it; the README points to it."""
 
 from __future__ import annotations
 
@@ -23,9 +23,16 @@ def blocks(lang: str) -> list[str]:
 
 
 def test_the_configuration_entries_start_mind_mcp():
+    """The stdio entry is what `mind mcp --print-config` prints for the README's local Mind (its shape
+    is checked against the real output in tests/integration/test_mcp_config.py): `mind` by an absolute
+    path (an agent's PATH seldom holds a virtualenv's bin), a `ws://` loopback URL and no CA beside it
+    (which `mind mcp` would refuse)."""
     stdio, http = (json.loads(b)["mcpServers"]["mindhand"] for b in blocks("json"))
-    assert (stdio["command"], stdio["args"]) == ("mind", ["mcp"])
-    assert set(stdio["env"]) == {"MINDHAND_URL", "MINDHAND_CREDENTIAL", "MINDHAND_CA"}
+    assert stdio["command"].startswith("/") and stdio["command"].endswith("/bin/mind") and stdio["args"] == ["mcp"]
+    assert set(stdio["env"]) == {"MINDHAND_URL", "MINDHAND_CREDENTIAL"}
+    assert stdio["env"]["MINDHAND_URL"].startswith("ws://127.0.0.1:")
+    assert stdio["env"]["MINDHAND_CREDENTIAL"].startswith("/")
+    assert "mind mcp --print-config" in GUIDE.read_text()
     assert http["url"].endswith("/mcp") and http["headers"]["Authorization"].startswith("Bearer mh1:client:")
     assert "docs/agents.md" in (ROOT / "README.md").read_text()
 

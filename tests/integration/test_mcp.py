@@ -178,6 +178,48 @@ async def test_stdio_tools_exec_and_bad_input(cl: Cluster) -> None:
         assert res.is_error and body(res)["code"] == "invalid_request"
 
 
+async def test_stdio_read_file_says_its_encoding_and_refuses_unknown_arguments(cl: Cluster) -> None:
+    """`read_file` answers a binary file as base64 byte for byte (by default: `auto`, as `download`)
+    and says so; a text file paged by bytes never has a character cut. An argument the tool does
+    not take (`limit`, the Hand tool's name for `max_bytes`) is refused naming the valid ones, not
+    dropped with the call run without it; every tool's schema says so (`additionalProperties`)."""
+    root = cl.hands["box"].root
+    blob = bytes(range(256)) * 4 + b"\xff\xfe"
+    (root / "blob.bin").write_bytes(blob)
+    text = "naïve café, 10 €\n"
+    (root / "utf8.txt").write_text(text)
+    async with stdio(cl) as c:
+        res = await c.call_tool("read_file", {"hand": "box", "path": "blob.bin"})
+        out = body(res)
+        assert not res.is_error and (out["encoding"], out["size"], out["eof"]) == ("base64", len(blob), True)
+        assert base64.b64decode(out["content"]) == blob and out["next_offset"] == len(blob)
+
+        got, offset, pages = b"", 0, 0
+        while True:  # 3 bytes at a time: pages end before a character they would cut
+            args = {"hand": "box", "path": "utf8.txt", "offset": offset, "max_bytes": 3}
+            page = body(await c.call_tool("read_file", args))
+            pages += 1
+            assert page["encoding"] == "utf-8" and page["next_offset"] > offset, page
+            got += page["content"].encode()
+            offset = page["next_offset"]
+            if page["eof"]:
+                break
+        assert got.decode() == text
+
+        res = await c.call_tool("read_file", {"hand": "box", "path": "utf8.txt", "limit": 4})
+        assert res.is_error and body(res)["code"] == "invalid_request" and "content" not in body(res)
+        assert body(res)["error"] == (
+            "read_file takes no argument 'limit' (did you mean max_bytes?); its arguments: hand, path, offset, "
+            "max_bytes, encoding"
+        )
+        schemas = {t.name: t.input_schema for t in (await c.list_tools()).tools}
+        assert all(schema.get("additionalProperties") is False for schema in schemas.values()), schemas
+        res = await c.call_tool("exec", {"hand": "box", "cmd": "true"})  # nothing runs
+        assert res.is_error and "did you mean command?" in body(res)["error"]
+        runs = body(await c.call_tool("runs", {"hand": "box", "limit": 200}))["runs"]
+        assert [r["tool"] for r in runs] == ["read_file"] * (1 + pages)  # the refused calls ran nothing
+
+
 async def test_stdio_long_output_is_bounded_with_a_paging_marker(cl: Cluster) -> None:
     async with stdio(cl) as c:
         res = await c.call_tool("exec", {"hand": "box", "command": "seq 1 20000"})

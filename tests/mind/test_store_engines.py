@@ -451,7 +451,7 @@ async def test_a_welcome_claims_checks_the_secret_and_reads_endings_in_one_state
     import asyncpg
 
     from mind.store.api import NotLive
-    from mind.store.postgres import _ending_blob
+    from mind.store.rows import ending_blob
 
     a = await open_stores(tmp_path / "a", pg_database, "node-a")
     b = await open_stores(tmp_path / "b", pg_database, "node-b")
@@ -482,7 +482,7 @@ async def test_a_welcome_claims_checks_the_secret_and_reads_endings_in_one_state
             "INSERT INTO run_endings (run_id, owner, ended_at, cancel_reason, args_digest, run_end, hand) "
             "VALUES ('r1', 'ci', $1, NULL, '', $2, 'box')",
             late.ended_at,
-            _ending_blob(late),
+            ending_blob(late),
         )
         welcome = asyncio.create_task(nb.welcome("box", 10.0, cred.secret, 0.0))
         for _ in range(500):  # B's claim waits on the row (a lock wait, seen by the server), 10 s at most
@@ -655,7 +655,7 @@ async def test_the_lease_renews_while_the_pool_is_taken_and_after_its_connection
     killed by the server, a renewal opens another."""
     import asyncpg
 
-    from mind.store.postgres import POOL_MAX
+    from mind.store.postgres.pool import POOL_MAX
 
     a = await open_stores(tmp_path / "a", pg_database, "node-a")
     try:

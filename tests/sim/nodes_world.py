@@ -8,7 +8,7 @@ moves, not inside one Mind. So this world keeps those three and drives the real
 - **the database** (`SimDb`) holds the rows the core's safety rests on: `hands(label, node, claim)`,
   `nodes(heartbeat_at)`, `runs` (a start, written conditional on the claim) and `endings` (first
   terminal wins). It has its own clock (the virtual one): the claim statement is refused unless the
-  node's heartbeat is younger than the lease there, as `_CLAIM` in `mind/store/postgres.py` is;
+  node's heartbeat is younger than the lease there, as `_CLAIM` in `mind/store/postgres/nodes.py` is;
 - **each node's link to the database** carries every statement there and its answer back, with a
   latency; the fault layer cuts it (a statement on its way is lost, or executed with its answer
   lost) or delays it; every statement is bounded (half the lease, as the shell's are);
@@ -74,7 +74,7 @@ HANDS = ("h1", "h2", "h3")
 
 @dataclass
 class SimDb:
-    """The shared database's rows, on its own clock (the statements of `mind/store/postgres.py`)."""
+    """The shared database's rows, on its own clock (the statements of `mind/store/postgres/`)."""
 
     world: NodesWorld
     hands: dict[str, tuple[str, int]] = field(default_factory=dict)

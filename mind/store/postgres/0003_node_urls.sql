@@ -1,0 +1,3 @@
+
+    ALTER TABLE nodes ADD COLUMN url TEXT;
+    
