@@ -99,6 +99,10 @@ class Welcome(Message):
     """How long the Mind keeps a run whose leg went away (DESIGN §15): a Hand keeps its foreground
     runs this long after its connection drops, and presents them (`runs_present`) when it is back.
     0: no continuity, a drop ends the runs (the rule before issue 22)."""
+    tools: Annotated[list[Str], Field(max_length=256)] | None = None
+    """A client's: the tool patterns its credential's scope allows (`["*"]`: any), so a client can
+    show only what it may call (`mind mcp`'s `tools/list`). Informational: the Mind checks every
+    request against the scope whatever the client shows."""
 
 
 class Error(Message):

@@ -131,6 +131,12 @@ class MindClient:
 
     # --- connecting ---
 
+    @property
+    def tools(self) -> tuple[str, ...] | None:
+        """The tool patterns this credential may call, as the Mind's `welcome` said (globs; None:
+        a Mind that did not say). Informational: the Mind checks every request anyway."""
+        return self._session.tools
+
     @classmethod
     async def connect(
         cls,

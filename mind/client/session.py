@@ -171,6 +171,8 @@ class ClientSession:
         """The Mind's resume window (its `welcome`): how long a run waits for this client to come
         back after a cut (DESIGN §15). 0: a cut ends the runs."""
         self.ping_interval_s: float | None = None
+        self.tools: tuple[str, ...] | None = None
+        """The tool patterns this credential may call, as the Mind's `welcome` said (None: not said)."""
         self.error: ClientError | None = None  # set once the session is over
         self._decode = decode
         self._chunk = chunk
@@ -357,6 +359,8 @@ class ClientSession:
         except ProtocolError as exc:
             return self._end(ClientError(exc.code, exc.message))
         self.resume_window_s = float(getattr(msg, "resume_window_s", 0.0) or 0.0)
+        tools = getattr(msg, "tools", None)
+        self.tools = tuple(tools) if tools is not None else None
         self.ping_interval_s = getattr(msg, "ping_interval_s", None)
         self.state = OPEN
         return [Opened(self.gen)]

@@ -56,6 +56,7 @@ WELCOME = model(
         "mac": (strict_bytes(min_len=32, max_len=32), REQUIRED),
         "ping_interval_s": (number(gt=0, le=3600), REQUIRED),
         "resume_window_s": (number(ge=0, le=604800.0), 0.0),
+        "tools": (optional(list_of(strict_str(max_len=4096), max_len=256)), None),
     },
 )
 

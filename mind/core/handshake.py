@@ -98,7 +98,9 @@ class ServerHandshake:
         self.step = Step.DONE
         return Identity(role=self._hello.role, label=self._hello.label, claims=self._hello.claims)
 
-    def welcome(self, gen: int, ping_interval_s: float, resume_window_s: float = 0.0) -> Welcome:
+    def welcome(
+        self, gen: int, ping_interval_s: float, resume_window_s: float = 0.0, tools: list[str] | None = None
+    ) -> Welcome:
         if self.step is not Step.DONE:
             raise RuntimeError("welcome before a verified proof")
         return Welcome(
@@ -106,4 +108,5 @@ class ServerHandshake:
             mac=mind_mac(self._secret, self._transcript, gen),
             ping_interval_s=ping_interval_s,
             resume_window_s=resume_window_s,
+            tools=tools,
         )

@@ -208,7 +208,7 @@ class Door:
         stage: list[str] = []  # "hello" once a challenge is owed: a close after it is an abandon (item 13)
         try:
             async with asyncio.timeout(limits.HANDSHAKE_TIMEOUT_S):
-                ident, gen, secret = await self._handshake(ws, channel, limited, stage)
+                ident, gen, secret, scope = await self._handshake(ws, channel, limited, stage)
         except TimeoutError:
             m.metrics.handshakes.labels("failed").inc()
             self._failed(peer_addr, now)
@@ -255,9 +255,9 @@ class Door:
         if ident.role == "hand":
             outbox.on_refused = peer.fail_request
         outbox.on_overflow = ws.transport.abort  # a peer that does not read is closed, not buffered
-        if ident.role == "client":
+        if scope is not None:
             # Full scope is what the credential was created with (no stored scope), never a name.
-            peer.scope = Scope.from_json(await m.creds(m.store.scope, "client", ident.label))
+            peer.scope = scope
         # The ticker sweeps the registered peers when the credentials change; this one registers
         # only when served (with no await between this return and that): a change it noticed since
         # the handshake began is checked here, until none slipped in (item 6).
@@ -285,7 +285,7 @@ class Door:
 
     async def _handshake(
         self, ws: Connection, channel: Channel, limited: bool = False, stage: list[str] | None = None
-    ) -> tuple[Identity, int, bytes]:
+    ) -> tuple[Identity, int, bytes, Scope | None]:
         m = self.mind
         loop = asyncio.get_running_loop()
         try:
@@ -340,5 +340,9 @@ class Door:
         ws.protocol.max_message_size = limits.MAX_FRAME_BYTES if ident.role == "hand" else limits.CLIENT_MAX_FRAME_BYTES
         if isinstance(ws, CountedConnection):
             ws.welcomed(m.cfg.ping_interval)
-        await ws.send(channel.stamp(hs.welcome(gen, m.cfg.ping_interval, m.cfg.resume_window)))
-        return ident, gen, secret
+        scope = None
+        if ident.role == "client":  # read once here: the client is told its tools, the peer keeps it
+            scope = Scope.from_json(await m.creds(m.store.scope, "client", ident.label))
+        tools = list(scope.tools) if scope is not None else None
+        await ws.send(channel.stamp(hs.welcome(gen, m.cfg.ping_interval, m.cfg.resume_window, tools)))
+        return ident, gen, secret, scope

@@ -57,6 +57,15 @@ def where(args: argparse.Namespace) -> tuple[str, str, str | None, str | None]:
     return locate(args.home, args.mind, args.credential, args.ca, args.pin)
 
 
+def _scope_tools() -> tuple[str, ...] | None:
+    """The Hand tools this call's credential may use, as the Mind's welcome said (None: unknown)."""
+    try:
+        runs = current_runs.get()
+    except LookupError:
+        return None
+    return getattr(runs.client, "tools", None)
+
+
 class Server(MCPServer):
     """The SDK's server, with a tool's arguments closed: its schema says `additionalProperties: false`
     and a call naming an argument the tool does not take is refused (a tool error naming the valid
@@ -67,8 +76,11 @@ class Server(MCPServer):
 
     async def list_tools(self) -> list[MCPTool]:
         listed = await super().list_tools()
+        allowed = _scope_tools()
         return [
-            t.model_copy(update={"input_schema": {**t.input_schema, "additionalProperties": False}}) for t in listed
+            t.model_copy(update={"input_schema": {**t.input_schema, "additionalProperties": False}})
+            for t in listed
+            if tools.offered(t.name, allowed)
         ]
 
     async def call_tool(

@@ -556,3 +556,36 @@ def register_file_tools(server: MCPServer, current: Current) -> None:
             return end
         v = end.value
         return result({"state": "succeeded", "path": path, "entries": v["entries"], "truncated": v["truncated"]})
+
+
+NEEDS: dict[str, tuple[str, ...]] = {
+    "exec": ("exec", "shell"),
+    "run_get": ("exec", "shell"),
+    "read_output": ("exec", "shell"),
+    "cancel": ("exec", "shell"),
+    "write_stdin": ("exec", "shell"),
+    "runs": ("exec", "shell"),
+    "task_start": ("exec", "shell"),
+    "task_get": ("exec", "shell"),
+    "task_logs": ("exec", "shell"),
+    "task_cancel": ("exec", "shell"),
+    "read_file": ("read_file",),
+    "write_file": ("write_file",),
+    "list_dir": ("list_dir",),
+    "upload": ("put_file",),
+    "download": ("get_file",),
+}
+"""The Hand tools each MCP tool calls (any one of them suffices); `hands` and any tool not named here
+need none. A credential scoped `--tools read_file,list_dir` is offered `hands`, `read_file` and
+`list_dir`, not thirteen tools every call of which the Mind would refuse."""
+
+
+def offered(name: str, allowed: tuple[str, ...] | None) -> bool:
+    """Whether `tools/list` shows MCP tool `name` to a credential allowed the Hand tools `allowed`
+    (globs, as its scope holds them; None: not known, so everything is shown)."""
+    from fnmatch import fnmatchcase
+
+    needs = NEEDS.get(name)
+    if allowed is None or needs is None:
+        return True
+    return any(fnmatchcase(tool, pattern) for tool in needs for pattern in allowed)

@@ -303,6 +303,26 @@ async def test_stdio_scoped_credential_sees_only_its_hands(cl: Cluster) -> None:
         assert res.is_error and body(res)["code"]
 
 
+async def test_tools_list_shows_what_the_credentials_scope_may_call(cl: Cluster, http: str) -> None:
+    """A credential scoped to two tools was offered all 16, thirteen of which every call would be
+    refused: the Mind's welcome now says its tool patterns and `tools/list` offers what they allow
+    (stdio and HTTP alike); a full credential still sees every tool."""
+    scoped = cl.client_credential("reader", "--tools", "read_file,list_dir")
+    async with stdio(cl, scoped) as c:
+        assert sorted(t.name for t in (await c.list_tools()).tools) == ["hands", "list_dir", "read_file"]
+        (cl.tmp / "root-box" / "seen.txt").write_text("seen")
+        res = await c.call_tool("read_file", {"hand": "box", "path": "seen.txt"})
+        assert not res.is_error and body(res)["content"] == "seen"
+    async with http_client(http, token(scoped)) as c:
+        assert sorted(t.name for t in (await c.list_tools()).tools) == ["hands", "list_dir", "read_file"]
+    runner = cl.client_credential("runner", "--tools", "ex*")  # a glob: exec and every run tool
+    async with stdio(cl, runner) as c:
+        names = {t.name for t in (await c.list_tools()).tools}
+        assert {"exec", "run_get", "read_output", "cancel", "task_start"} <= names and "read_file" not in names
+    async with stdio(cl) as c:
+        assert len((await c.list_tools()).tools) == 16
+
+
 async def test_http_bearer_scope_and_401(cl: Cluster, http: str) -> None:
     cl.start_hand("other")
     cl.wait_connected("other")
