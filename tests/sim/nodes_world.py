@@ -525,7 +525,14 @@ class SimNode:
         self.relays[req] = Relay(req, hand, holder, node.life)
         self.w.events["node:relayed"] += 1
         me = (self.name, self.life)
-        self.w.over_link(self, (holder, node.life), lambda n: n.exec(client, req, hand, run, via=me))
+
+        def unreachable() -> None:  # the far node is down: the client is told `busy`, as `Link.offer` does
+            if self.relays.pop(req, None) is not None:
+                r = self.w.requests[req]
+                if r.node == self.name and r.node_life == self.life:
+                    self.w.answer(client, req, "refused: busy")
+
+        self.w.over_link(self, (holder, node.life), lambda n: n.exec(client, req, hand, run, via=me), unreachable)
 
     def reply(self, client: str, req: str, via: tuple[str, int] | None, what: str) -> None:
         """An answer to the client: at once, or back over the link it was relayed on."""
@@ -898,9 +905,17 @@ class NodesWorld:
                 self.close_link(link, "keepalive")
         self.links = [lk for lk in self.links if lk.open]
 
-    def over_link(self, sender: SimNode, to: tuple[str, int], fn: Callable[[SimNode], None]) -> None:
+    def over_link(
+        self,
+        sender: SimNode,
+        to: tuple[str, int],
+        fn: Callable[[SimNode], None],
+        unreachable: Callable[[], None] | None = None,
+    ) -> None:
         """A message over the node-to-node link from `sender` to the node `to` (name, life): lost
-        if either end died meanwhile (the link closed with it), ordered per direction."""
+        if either end died meanwhile (the link closed with it), ordered per direction. A link that
+        cannot be opened (the far node is down: its lease may still look live in the database)
+        calls `unreachable` on the sender (`Link.offer` answers the client `busy`)."""
         key = (sender.name, to[0])
         at = max(self.clock.now + self.rng.choice(NODE_LINK_S), self.node_links.get(key, 0.0))
         self.node_links[key] = at
@@ -908,8 +923,12 @@ class NodesWorld:
 
         def deliver() -> None:
             node = self.nodes[to[0]]
-            if node.life == to[1] and self.nodes[sender.name].life == life and sender.alive:
+            if self.nodes[sender.name].life != life or not sender.alive:
+                return
+            if node.life == to[1] and node.alive:
                 node.run(lambda: fn(node))
+            elif unreachable is not None:
+                sender.run(unreachable)
 
         self.clock.at(at, deliver, label=f"{sender.name}->{to[0]}")
 
