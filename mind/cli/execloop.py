@@ -50,11 +50,24 @@ from mind.cli.streamio import InputStream, OutputStream, StreamPrinter
 from mind.cli.terminal import DEFAULT_SIZE, RawMode, WindowWatch, window_size
 from mind.client import wire
 from mind.client.blocking import Link
+from mind.client.follow import (
+    PROTOCOL,
+    Action,
+    AttachLater,
+    Broken,
+    Deliver,
+    Ended,
+    Follower,
+    SendAck,
+    SendStdin,
+    Show,
+    Took,
+)
 from mind.client.reconnect import Backoff
-from mind.client.session import Failed, Routed, RunEnded
+from mind.client.session import Failed, Routed
 from mind.errors import ClientCode, ClientError
 from protocol import limits
-from protocol.codes import RejectCode
+from protocol.codes import ErrorCode, RejectCode
 from protocol.states import RunState
 
 STATUS_AFTER_S = 1.0
@@ -149,15 +162,20 @@ class ExecSession(Rejoin):
         self.local_tty = self.tty and os.isatty(0)
         """A terminal run from a terminal: raw mode, the window size, `~` escapes."""
         self.outs: dict[str, OutputStream] = {}
+        names: tuple[str, ...] = ()
         if self.attaching:
             pass  # made from the positions `attached` gives
         elif self.tty:  # a terminal has one output stream: stdout and stderr are one on the Hand
-            self.outs = {"pty": self._output("pty", 0)}
+            names = ("pty",)
         else:
-            self.outs = {"stdout": self._output("stdout", 0), "stderr": self._output("stderr", 0)}
+            names = ("stdout", "stderr")
+        self.outs = {name: self._output(name, 0) for name in names}
         escapes = EscapeFilter() if self.local_tty else None
         no_stdin = (args.no_stdin and not self.tty) or self.attaching
         self.stdin = None if no_stdin else InputStream(0, escapes)
+        self.follower = Follower(streams=names, stdin=not no_stdin)
+        """The rules of following the run (mind/client/follow.py), as the library's: this loop
+        performs what it says."""
         self.stdin_watched = False
         self.left = False
         self._interrupts: Interrupts | None = None
@@ -198,6 +216,7 @@ class ExecSession(Rejoin):
     def attach(self, run_id: str) -> int:
         """`mind attach RUN_ID`: take the run over from where its previous consumer acknowledged."""
         self.run_id = run_id
+        self.follower = Follower(run_id=run_id)
         return self._drive(wire.attach(run_id=run_id))
 
     def _drive(self, first: Any) -> int:
@@ -218,7 +237,8 @@ class ExecSession(Rejoin):
             self.t0 = time.monotonic()
             while True:
                 sin = self.stdin
-                busy = sin is not None and sin.always_ready and sin.wants_data() and self.run_id is not None
+                busy = sin is not None and sin.always_ready and self.run_id is not None
+                busy = busy and sin is not None and sin.wants_data(self.follower.stdin_credit())
                 timeout = 0 if busy else STATUS_TICK_S if self.status.enabled else None
                 timeout = self._bound(timeout, self.wait_until)
                 if self.outage is not None:
@@ -289,26 +309,28 @@ class ExecSession(Rejoin):
         """Acknowledge what our writers wrote; forward stdin while the Hand grants credit."""
         if not self.live:  # the link is down or the attachment not yet ours: all of it waits
             return
+        f = self.follower
         for name, out in self.outs.items():
-            ack = out.ack_due()
-            if out.broken and not out.closed_sent and self.run_id is not None:
+            if out.broken and not out.closed_sent:
                 out.closed_sent = True
-                self._send_stream(wire.stream_ack(run_id=self.run_id, stream=name, offset=out.consumed(), closed=True))
-            elif ack is not None and self.run_id is not None:
-                self._send_stream(wire.stream_ack(run_id=self.run_id, stream=name, offset=ack))
+                self._act(f.reader_closed(name, out.consumed()))
+            else:
+                self._act(f.took(name, out.consumed()))
         sin = self.stdin
         if sin is None or self.run_id is None:
             return
-        if sin.wants_data() and (sin.always_ready or self.link.ready(0)):
-            for action in sin.read():
+        if sin.wants_data(f.stdin_credit()) and (sin.always_ready or self.link.ready(0)):
+            for action in sin.read(f.stdin_credit()):
                 if action is Escape.LEAVE:
                     self.left = True
                     return
                 os.write(_fileno(sys.stderr, 2), help_text().encode())
-        while (chunk := sin.next_chunk()) is not None:
-            offset, data, eof = chunk
-            self._send_stream(wire.stream_data(run_id=self.run_id, stream="stdin", offset=offset, data=data, eof=eof))
-        want = sin.wants_data() and not sin.always_ready
+        while (piece := sin.next_piece(f.stdin_credit())) is not None:
+            self._act(f.send_stdin(piece))
+        if sin.at_end() or f.stdin_closed:
+            sin.done = True
+            self._act(f.close_stdin())
+        want = sin.wants_data(f.stdin_credit()) and not sin.always_ready
         if want and not self.stdin_watched:
             try:
                 self.link.watch(0)
@@ -355,62 +377,65 @@ class ExecSession(Rejoin):
     def _send_stream(self, msg: Any) -> None:
         self.link.send(msg, self.xid)
 
-    def _on_stream(self, msg: Any) -> None:
-        if msg.TYPE == "stream_resume":  # the Hand came back: stdin goes on from where it stands
-            if self.stdin is not None and msg.stream == "stdin":
-                self._resend_stdin(msg.offset, msg.consumed)
-            return
-        if msg.TYPE == "stream_ack":
-            if self.stdin is not None and msg.stream == "stdin":
-                try:
-                    self.stdin.tx.on_ack(msg.offset)
-                except Exception:  # the Mind checked it; a wrong one opens no credit
-                    pass
-                if msg.closed:  # the command closed its stdin: stop reading ours
-                    self.stdin.done = True
-            return
-        out = self.outs.get(msg.stream)
-        if out is None:
-            return
-        if self.args.events:
-            if msg.data:
-                print(json.dumps(stream_line(msg)), flush=True)
-        if msg.data or msg.eof:
+    def _act(self, actions: list[Action]) -> int | None:
+        """Perform what the follower decided, in order: an exit code once the run is over here."""
+        for a in actions:
+            if isinstance(a, Deliver):
+                self._deliver(a)
+            elif isinstance(a, SendAck):
+                assert self.run_id is not None
+                self._send_stream(
+                    wire.stream_ack(run_id=self.run_id, stream=a.stream, offset=a.offset, closed=a.closed)
+                )
+            elif isinstance(a, SendStdin):
+                assert self.run_id is not None
+                self._send_stream(
+                    wire.stream_data(run_id=self.run_id, stream="stdin", offset=a.offset, data=a.data, eof=a.eof)
+                )
+            elif isinstance(a, Show):
+                self._show(a.msg)
+            elif isinstance(a, Took):
+                code, go_on = self._on_attached(a.msg, a.first)
+                if not go_on:
+                    return code
+            elif isinstance(a, Ended):
+                return self._finish(a.end)
+            elif isinstance(a, Broken):
+                return self._refused(ClientError(ClientCode.PROTOCOL if a.code == PROTOCOL else a.code, a.message))
+            elif isinstance(a, AttachLater):
+                return self._cut(ClientError(ErrorCode.RESUME_PENDING, "not presented yet"), self._not_back())
+        return None
+
+    def _deliver(self, a: Deliver) -> None:
+        if self.args.events and a.data:
+            print(json.dumps(stream_line(a, self.run_id)), flush=True)
+        if a.data or a.eof:
             self.status.clear()
             self.last_output = time.monotonic()
-        out.feed(msg.offset, msg.data, msg.eof)
+        out = self.outs.get(a.stream)
+        if out is not None:
+            out.feed(a.data)
+        else:  # a stream nobody here writes: taken at once
+            self._act(self.follower.took(a.stream, a.offset + len(a.data)))
+
+    def _show(self, msg: Any) -> None:
+        if msg.TYPE == "run_update":
+            self.state = msg.state
+            self._hand_away(msg.hand_away_since)
+        elif msg.TYPE == "run_output" and not self.args.json and not self.args.events:
+            self.status.clear()
+            self.last_output = time.monotonic()
+            self.printer.chunk(msg.stream, msg.offset, msg.data)
 
     def _stream_report(self, end: Any) -> bool:
         """After the end: wait for the writers, then say on stderr what was not delivered. True
         if every byte the command wrote reached us (and, when it says, matches its digest)."""
-        complete = True
-        for name, out in self.outs.items():
+        for out in self.outs.values():
             out.finish()
-            tail = getattr(end, name, None)
-            sent = getattr(tail, "sent", None)
-            if tail is None or sent is None:  # the Hand's account never came (the run is lost)
-                if not out.eof:
-                    complete = False
-                    self._say(
-                        f"mind: {name}: delivered up to offset {out.rx.offset}; whether more was written is unknown"
-                    )
-                continue
-            if out.gap is not None:
-                complete = False
-                self._say(f"mind: {name}: bytes from offset {out.gap} were not delivered (the stream broke)")
-            elif out.rx.offset < sent:
-                complete = False
-                self._say(f"mind: {name}: bytes from offset {out.rx.offset} of {sent} were not delivered")
-            elif tail.sha256 is not None and out.start == 0 and out.hash.hexdigest() != tail.sha256:
-                complete = False
-                self._say(f"mind: {name}: the bytes delivered do not match the Hand's digest")
-            if tail.total > sent and not out.broken:
-                complete = False
-                self._say(
-                    f"mind: {name}: cut at offset {sent} by the output limit; "
-                    f"{tail.total - sent} bytes of {tail.total} were not delivered"
-                )
-        return complete
+        verdict = self.follower.delivery(end)
+        for note in verdict.notes:
+            self._say(f"mind: {note}")
+        return verdict.complete
 
     # --- events ---
 
@@ -430,31 +455,16 @@ class ExecSession(Rejoin):
         if isinstance(ev, Failed):
             if ev.lost:
                 return self._cut(ev.error)
-            return self._refused(ev.error)
+            return self._act(self.follower.on_error(ev.error.code, ev.error.message))
         msg = ev.msg
         if self.run_id is None:
             self.run_id = msg.run_id
             if getattr(self.args, "detach", False):
                 return self._detach_now()
             self._send_cancel()
-        if msg.TYPE == "attached":
-            return self._on_attached(msg)
-        if msg.TYPE in ("stream_data", "stream_ack", "stream_resume"):
-            self._on_stream(msg)
-            return None
-        if self.args.events:
+        if self.args.events and msg.TYPE in ("run_update", "run_output", "run_end"):
             print(json.dumps(event_line(msg)), flush=True)
-        if msg.TYPE == "run_update":
-            self.state = msg.state
-            self._hand_away(msg.hand_away_since)
-        elif msg.TYPE == "run_output":
-            if not self.args.json and not self.args.events:
-                self.status.clear()
-                self.last_output = time.monotonic()
-                self.printer.chunk(msg.stream, msg.offset, msg.data)
-        elif isinstance(ev, RunEnded):
-            return self._finish(msg)
-        return None
+        return self._act(self.follower.on_message(msg))
 
     def _suggest(self, end: Any) -> list[str]:
         if end.reject_code is not RejectCode.UNKNOWN_HAND or self.hand_names is None:
@@ -473,9 +483,11 @@ class ExecSession(Rejoin):
             summary["stdout"] = json_text(end.stdout.data)
             summary["stderr"] = json_text(end.stderr.data)
             if streamed:
+                got = self.follower.delivery(end).streams
                 summary["delivered"] = {
-                    name: {"bytes": out.rx.offset, "sha256": out.hash.hexdigest(), "complete": complete}
-                    for name, out in self.outs.items()
+                    name: {"bytes": got[name].bytes, "sha256": got[name].sha256, "complete": complete}
+                    for name in self.outs
+                    if name in got
                 }
             if close:
                 summary["did_you_mean"] = close
@@ -543,8 +555,8 @@ class ExecSession(Rejoin):
     def _delivered(self) -> None:
         for name, out in self.outs.items():
             out.finish(timeout=5.0)
-            if out.rx.offset:
-                print(f"mind: {name}: delivered up to offset {out.rx.offset}", file=sys.stderr)
+            if got := self.follower.received(name):
+                print(f"mind: {name}: delivered up to offset {got}", file=sys.stderr)
 
     # --- Ctrl-C ---
 

@@ -72,11 +72,11 @@ def away(info: Any) -> str | None:
     return f"hand away since {timestamp(since)}" if since else None
 
 
-def stream_line(ev: Any) -> dict[str, Any]:
-    """A `stream_data` chunk as one `--events` line."""
+def stream_line(ev: Any, run_id: str | None) -> dict[str, Any]:
+    """A `stream_data` chunk (or the follower's delivery of one) of run `run_id` as one `--events` line."""
     return {
         "event": "output",
-        "run_id": ev.run_id,
+        "run_id": run_id,
         "stream": ev.stream,
         "offset": ev.offset,
         "data": json_text(ev.data),

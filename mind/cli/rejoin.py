@@ -36,6 +36,7 @@ from mind.cli.progress import Status
 from mind.cli.streamio import InputStream, OutputStream
 from mind.client import wire
 from mind.client.blocking import Link
+from mind.client.follow import Action, Follower
 from mind.client.reconnect import PERMANENT, Backoff
 from mind.client.session import Failed, Reply, Routed
 from mind.errors import ClientCode, ClientError
@@ -79,6 +80,7 @@ class Rejoin:
     quiet: bool
     attaching: bool
     attached_once: bool
+    follower: Follower
     left: bool
     outs: dict[str, OutputStream]
     stdin: InputStream | None
@@ -93,6 +95,7 @@ class Rejoin:
         def _output(self, name: str, start: int) -> OutputStream: ...
         def _send_stream(self, msg: Any) -> None: ...
         def _send_cancel(self) -> None: ...
+        def _act(self, actions: list[Action]) -> int | None: ...
         def _on_interrupts(self, n: int) -> bool: ...
         def _say(self, line: str) -> None: ...
 
@@ -129,10 +132,12 @@ class Rejoin:
                     return self._lost(refused)
                 continue  # not yet: the next try after a longer pause
             self._take_link(link)
-            positions = []
-            for name, out in self.outs.items():
-                offset, consumed = out.resume_point()
-                positions.append({"stream": name, "offset": offset, "consumed": consumed})
+            for name, out in self.outs.items():  # what our writers took counts, acknowledged or not
+                self.follower.took(name, out.consumed())
+            positions = [
+                {"stream": name, "offset": offset, "consumed": consumed}
+                for name, offset, consumed in self.follower.resume_points()
+            ]
             try:
                 self.xid = link.start_run(wire.attach(run_id=self.run_id, streams=positions))
             except ClientError:
@@ -176,15 +181,15 @@ class Rejoin:
             return EXIT_CANCELLED
         return None
 
-    def _on_attached(self, msg: Any) -> int | None:
+    def _on_attached(self, msg: Any, first: bool) -> tuple[int | None, bool]:
         """The run is ours again (or, for `mind attach`, for the first time): output resumes where
-        each stream stands, stdin is resent from where the Hand's leg stands, and what waited
-        during the outage (a cancel, a resize) goes now, once."""
-        positions = {p.stream: p for p in msg.streams}
+        each stream stands and what waited during the outage (a cancel, a resize) goes now, once.
+        (The follower resends stdin from where the Hand's leg stands, and at `mind attach`'s first
+        attachment closes a stdin nobody here can feed: the actions after this one.) Returns the
+        exit code and whether the loop goes on with the follower's next actions."""
         # `mind attach`'s first `attached`, also when its first ask was told `resume_pending` (a
         # Mind that restarted, its Hand not back yet) and so met an outage: before, that case made
         # no output stream, dropped every chunk unacknowledged and waited for ever
-        first = self.attaching and not self.attached_once
         self.attached_once = True
         if first:
             self.args.hand = msg.hand
@@ -197,40 +202,24 @@ class Rejoin:
                     json.dumps({"attached": msg.run_id, "hand": msg.hand, "state": msg.state.value, "streams": streams})
                 )
                 sys.stdout.flush()
-            stdin = positions.get("stdin")
-            if stdin is not None:  # the run's stdin was its first client's: it ends here
-                self.link.send(
-                    wire.stream_data(run_id=msg.run_id, stream="stdin", offset=stdin.offset, eof=True), self.xid
-                )
         self.state = msg.state
         self.live = True
         if self.redetach:  # taken up again only to finish the detach the cut interrupted
             self.redetach = False
             self.outage = None
-            return self._send_detach()
+            return self._send_detach(), False
         if self.outage is not None:
             self.outage = None
             self.status.clear()
             if not self.status.enabled and not self.quiet:
                 self._say(f"mind: reconnected; run {self.run_id} goes on")
-        stdin_pos = positions.get("stdin")
-        if self.stdin is not None and stdin_pos is not None:
-            self._resend_stdin(stdin_pos.offset, stdin_pos.consumed)
         self.cancel_id = None  # a cancel sent before the cut may not have arrived: asking again is harmless
         self._send_cancel()
         self._hand_away(msg.hand_away_since)
-        return None
+        return None, True
 
-    def _resend_stdin(self, offset: int, consumed: int) -> None:
-        assert self.stdin is not None and self.run_id is not None
-        try:
-            chunks = self.stdin.tx.resume(offset, consumed)
-        except Exception as exc:  # a position we cannot have: nothing can be placed any more
-            self._say(f"mind: stdin cannot resume from offset {offset}: {exc}")
-            self.stdin.done = True
-            return
-        for off, data, eof in chunks:
-            self._send_stream(wire.stream_data(run_id=self.run_id, stream="stdin", offset=off, data=data, eof=eof))
+    def _not_back(self) -> str:
+        return f"run {self.run_id} is not back on the mind yet, asking again"
 
     def _hand_away(self, since: float | None) -> None:
         if since == self.hand_away:
@@ -261,7 +250,7 @@ class Rejoin:
         if error.code == ErrorCode.RESUME_PENDING and self.window > 0:
             # the Mind (restarted) has not got the run back from its Hand yet: ask again, within the window
             self.live = False
-            return self._cut(error, f"run {self.run_id} is not back on the mind yet, asking again")
+            return self._cut(error, self._not_back())
         if self.outage is not None:  # re-attaching after a cut
             why = f"cannot re-attach to run {self.run_id}: {error.message}; its fate: mind run get {self.run_id}"
             self._say(f"mind: {printable(why)}")
@@ -297,9 +286,8 @@ class Rejoin:
         `mind attach` resumes exactly after it."""
         for name, out in self.outs.items():
             out.finish()
-            out.ack_due()
-            if self.run_id is not None and out.consumed() > out.start:
-                self._send_stream(wire.stream_ack(run_id=self.run_id, stream=name, offset=out.consumed()))
+            self.follower.took(name, out.consumed())  # (an acknowledgement these say is in ack_all's)
+        self._act(self.follower.ack_all())
         self.wait_until = None
         return self._send_detach()
 

@@ -16,7 +16,6 @@ stream, its `stdout`/`stderr` (or `pty`) streams become our stdout/stderr, byte 
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import queue
 import stat
@@ -26,30 +25,25 @@ from typing import Any
 
 from mind.cli.escapes import Escape, EscapeFilter
 from protocol import limits
-from protocol.errors import ProtocolError
 from protocol.io.pipes import grow_pipe
-from protocol.streams import Incoming, Outgoing
 
 
 class OutputStream:
-    """One remote output stream written to a local file descriptor by its own thread."""
+    """One remote output stream written to a local file descriptor by its own thread. What was
+    received, in what order, and what is acknowledged is the run follower's (mind/client/follow.py):
+    this only writes, and counts what it wrote."""
 
     def __init__(self, name: str, fd: int | None, wake_fd: int, start: int = 0) -> None:
-        """`fd` None: the bytes are counted and hashed, not written (`--json`). `start`: the offset
-        this consumer begins at (`mind attach` takes over a stream under way)."""
+        """`fd` None: the bytes are counted, not written (`--json`). `start`: the offset this
+        consumer begins at (`mind attach` takes over a stream under way)."""
         self.name = name
         self.fd = fd
-        self.rx = Incoming(start=start)
         self.start = start
-        self.hash = hashlib.sha256()
         self.delivered = 0
-        """Bytes written to `fd` (what the run's sha256 covers, when nothing was lost)."""
-        self.gap: int | None = None
-        """The offset from which bytes did not arrive (a broken stream), if any."""
+        """Bytes written to `fd`."""
         self.broken = False
         self.error: str | None = None
         self.closed_sent = False
-        self.eof = False
         self._q: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._written = 0
         self._lock = threading.Lock()
@@ -57,41 +51,16 @@ class OutputStream:
         self._thread = threading.Thread(target=self._write_loop, name=f"mind-{name}", daemon=True)
         self._thread.start()
 
-    def feed(self, offset: int, data: bytes, eof: bool) -> None:
-        """A chunk from the Mind, in order (checked): queued for the writer thread. A repeat of
-        bytes already here (resent after a resume) is dropped: every byte is written once."""
-        if self.gap is not None:
-            return
-        try:
-            if not self.rx.on_data(offset, len(data), eof):
-                return
-        except ProtocolError:
-            self.gap = self.rx.offset  # nothing from here on can be placed: say so at the end
-            return
+    def feed(self, data: bytes) -> None:
+        """New bytes, in order (the follower checked them and dropped repeats): queued for the writer."""
         if data:
-            self.hash.update(data)
             self._q.put(data)
-        if eof:
-            self.eof = True
 
     def consumed(self) -> int:
+        """The offset up to which the writer has taken the stream (written, or discarded once
+        the reader went away)."""
         with self._lock:
             return self.start + self._written
-
-    def ack_due(self) -> int | None:
-        """The offset to acknowledge now (what the writer has written), if one is due."""
-        self._sync()
-        return self.rx.ack_due()
-
-    def resume_point(self) -> tuple[int, int]:
-        """(offset, consumed) for an `attach` after a cut: what arrived, and what is written."""
-        self._sync()
-        return self.rx.resume_point()
-
-    def _sync(self) -> None:
-        written = self.consumed()
-        if written > self.rx.consumed:
-            self.rx.consume(written - self.rx.consumed)
 
     def finish(self, timeout: float | None = None) -> None:
         """Wait until everything queued is written (or the reader went away)."""
@@ -125,14 +94,13 @@ class OutputStream:
 
 
 class InputStream:
-    """Our stdin as the run's `stdin` stream, read only while the Hand has granted credit. For a
-    terminal run the keys pass through the `~` escape filter (mind/cli/escapes.py) first."""
+    """Our stdin as the run's `stdin` stream, read only while the Hand has granted credit (the
+    follower's: mind/client/follow.py keeps what was sent until the Hand consumed it, and resends
+    from where the Hand stands after a cut). For a terminal run the keys pass through the `~`
+    escape filter (mind/cli/escapes.py) first."""
 
-    def __init__(self, fd: int = 0, escapes: EscapeFilter | None = None) -> None:
+    def __init__(self, fd: int = 0, escapes: EscapeFilter | None = None, window: int = limits.STREAM_WINDOW) -> None:
         self.fd = fd
-        self.tx = Outgoing()
-        """Keeps what was sent until the Hand consumed it: resent from where the Hand stands after
-        a cut (`Outgoing.resume`), so no byte of stdin is lost or doubled."""
         self.escapes = escapes
         self.pending: bytes | bytearray = b""
         """Read and filtered, not yet sent (the filter may give back a held `~`). One read is
@@ -144,19 +112,19 @@ class InputStream:
             mode = os.fstat(fd).st_mode
         except OSError:
             mode = 0
-        if stat.S_ISFIFO(mode):  # read a chunk at a time, not the default pipe's 64 KiB (issue 25)
-            grow_pipe(fd, self.tx.sender.window)
+        if stat.S_ISFIFO(mode):  # read a chunk at a time, not the default pipe's 64 KiB
+            grow_pipe(fd, window)
         self.always_ready = stat.S_ISREG(mode) or stat.S_ISBLK(mode)
         """A regular file cannot be waited on (epoll refuses it) and never blocks: read it whenever
         there is credit."""
 
-    def wants_data(self) -> bool:
+    def wants_data(self, credit: int) -> bool:
         """Worth reading now: not at the end, and the Hand has room beyond what is pending."""
-        return not self.done and not self.eof_read and self.tx.credit() > len(self.pending)
+        return not self.done and not self.eof_read and credit > len(self.pending)
 
-    def read(self) -> list[Escape]:
+    def read(self, credit: int) -> list[Escape]:
         """Read what `fd` has (call when it is readable and `wants_data()`); the escapes typed."""
-        n = min(self.tx.credit() - len(self.pending), limits.STREAM_CHUNK_MAX)
+        n = min(credit - len(self.pending), limits.STREAM_CHUNK_MAX)
         try:
             data = os.read(self.fd, max(1, n))
         except OSError:
@@ -181,24 +149,24 @@ class InputStream:
         else:
             self.pending += data
 
-    def next_chunk(self) -> tuple[int, bytes, bool] | None:
-        """(offset, data, eof) to send now, if any."""
-        if self.done:
+    def next_piece(self, credit: int) -> bytes | None:
+        """The bytes to send now (at most `credit`), if any."""
+        if self.done or not self.pending or credit <= 0:
             return None
-        credit = self.tx.credit()
-        if self.pending and credit > 0:
-            n = min(len(self.pending), credit, limits.STREAM_CHUNK_MAX)
-            if n == len(self.pending) and isinstance(self.pending, bytes):
-                data, self.pending = self.pending, b""  # as read: no copy
-            else:
-                data = bytes(self.pending[:n])
-                self.pending = self.pending[n:]
-            (chunk,) = self.tx.send(data)
-            return chunk
-        if self.eof_read and not self.pending:
-            self.done = True
-            return self.tx.close()
-        return None
+        n = min(len(self.pending), credit, limits.STREAM_CHUNK_MAX)
+        if n == len(self.pending) and isinstance(self.pending, bytes):
+            data, self.pending = self.pending, b""  # as read: no copy
+        else:
+            data = bytes(self.pending[:n])
+            self.pending = self.pending[n:]
+        return data
+
+    def at_end(self) -> bool:
+        """Everything was read and sent: the end of input is due (once)."""
+        if self.done or not self.eof_read or self.pending:
+            return False
+        self.done = True
+        return True
 
 
 class StreamPrinter:

@@ -450,7 +450,7 @@ class MindClient:
             await self.reconnect()  # an outage: the run starts once the Mind is back (within the window)
         id_ = new_id("x")
         self._session.send(req, id_)  # `ClientError` if the connection is gone
-        handle = RunHandle(self, id_, stdin)
+        handle = RunHandle(self, id_, stdin, streams=("stdout", "stderr") if stream else ())
         self._runs[id_] = handle
         self._live.add(handle)
         try:

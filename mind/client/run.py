@@ -1,9 +1,9 @@
 """One run as the Python client holds it: its events, its streams, and its life across cuts.
 
-A `RunHandle` is what `MindClient.start` and `MindClient.attach` return. It drives the one stream
-endpoint of `protocol/streams.py` (DESIGN §11b, §15): an `Incoming` per output stream (order,
-window, acknowledgement pacing, and after a cut the point to resume from) and an `Outgoing` for
-stdin (credit, and the bytes sent but not yet acknowledged, kept for a resend). Because both ends
+A `RunHandle` is what `MindClient.start` and `MindClient.attach` return. The rules of following a
+run (DESIGN §11b, §15: numbers, windows, acknowledgements, attachments, the stdin resend, gaps and
+digests, the verdict) are the run follower's (mind/client/follow.py), shared with `mind exec`; the
+handle is its asyncio shell: a queue of events, the stdin pump, cancel and detach. Because both ends
 keep their positions in this process, a cut of the connection is not the end of the run: the client
 (mind/client/aio.py) reconnects and re-attaches, the handle says where each stream stands, and the
 events go on in the same handle: the caller sees no gap and no repeat.
@@ -18,26 +18,35 @@ import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import BinaryIO, Protocol
 
+from mind.client.follow import (
+    PROTOCOL,
+    Action,
+    AttachLater,
+    Broken,
+    Credit,
+    Deliver,
+    Delivery,
+    Ended,
+    Follower,
+    SendAck,
+    SendStdin,
+    Show,
+    Took,
+)
 from mind.errors import ClientCode, ClientError
 from protocol import limits
 from protocol.codes import ErrorCode
-from protocol.errors import MindhandError, ProtocolError
+from protocol.errors import MindhandError
 from protocol.messages import (
-    Attached,
     CancelRunResult,
-    Error,
     Message,
-    Replaced,
     RunEnd,
     RunOutput,
     RunUpdate,
     StreamAck,
     StreamData,
-    StreamNumbers,
     StreamPosition,
-    StreamResume,
 )
-from protocol.streams import Chunk, Incoming, Outgoing
 
 
 class RunClient(Protocol):
@@ -64,9 +73,6 @@ RunEvent = RunUpdate | RunOutput | StreamData | RunEnd
 Stdin = bytes | BinaryIO | AsyncIterable[bytes]
 """What `MindClient.start(stdin=...)` sends as the run's standard input: all of it, any size."""
 
-RUN_MESSAGES = (RunUpdate, RunOutput, StreamData, StreamAck, RunEnd, Attached, Replaced, StreamResume, StreamNumbers)
-"""What the Mind may send under a run's envelope id: its events, and the answers about its attachment."""
-
 
 class RunFailed(ClientError):
     def __init__(self, end: RunEnd) -> None:
@@ -88,7 +94,9 @@ class StillRunning(MindhandError):
 
 
 class RunHandle:
-    """One run in flight: iterate its events, await its end, request a cancel, or detach."""
+    """One run in flight: iterate its events, await its end, request a cancel, or detach. The rules
+    of following it are the follower's (mind/client/follow.py, as for `mind exec`); this is its
+    asyncio shell: a queue of events, the stdin pump, the cancel and detach requests."""
 
     def __init__(
         self,
@@ -98,15 +106,12 @@ class RunHandle:
         *,
         window: int = limits.STREAM_WINDOW,
         run_id: str | None = None,
+        streams: tuple[str, ...] = (),
     ) -> None:
         self._client = client
         self.req_id = req_id
         """The envelope id the run's events come under (a new one at each attachment)."""
-        self.run_id: str | None = run_id
-        self.hand: str | None = None
-        self.hand_away_since: float | None = None
-        """Wall time since which the run's Hand has been away (its leg cut, or the Mind restarted),
-        as the Mind last said; None while it is there. The run waits for it within the window."""
+        self.follower = Follower(window=window, run_id=run_id, streams=streams, stdin=stdin is not None)
         self._events: asyncio.Queue[RunEvent | MindhandError] = asyncio.Queue()
         self._id_known = asyncio.Event()
         if run_id is not None:
@@ -114,123 +119,121 @@ class RunHandle:
         self._failed: ClientError | None = None
         self.end: RunEnd | None = None
         self.detached = False
-        self._window = window
-        self._rx: dict[str, Incoming] = {}
-        """Output streams: a chunk counts as consumed once `events()` has handed it over, so a
-        caller that reads slowly slows the remote command instead of filling memory."""
         self._stdin = stdin
-        self._tx = Outgoing(window)
-        self._stdin_closed = False  # the command closed its stdin: nothing more is wanted
         self._credit = asyncio.Event()
         self._pump: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
-        """Attached on the live connection: stdin and acknowledgements may be sent. Cleared at a
-        cut, set again when the Mind answers the re-attachment (after the resend is queued)."""
+        """Attached on the live connection. Cleared at a cut, set again when the Mind answers the
+        re-attachment (after the resend is queued)."""
         self._settled = asyncio.Event()  # ready again, or failed, or ended: a waiting cancel goes on
         self._cancel: asyncio.Future[CancelRunResult] | None = None  # one request at a time
         self._handed: StreamData | None = None
         """The chunk `events()` handed over last; consumed when its consumer asks for the next."""
-        self.attaching = False
-        """An `attach` of this handle is waiting for its answer."""
-        self._id_given = run_id is not None  # made by `attach`, not by `start`
         if run_id is None:  # started on this connection: its `exec` is the attachment
             self._ready.set()
+
+    @property
+    def run_id(self) -> str | None:
+        return self.follower.run_id
+
+    @property
+    def hand(self) -> str | None:
+        return self.follower.hand
+
+    @property
+    def hand_away_since(self) -> float | None:
+        """Wall time since which the run's Hand has been away (its leg cut, or the Mind restarted),
+        as the Mind last said; None while it is there. The run waits for it within the window."""
+        return self.follower.hand_away_since
+
+    @property
+    def attaching(self) -> bool:
+        """An `attach` of this handle is waiting for its answer."""
+        return self.follower.attaching
 
     @property
     def live(self) -> bool:
         """The run has an id, has not ended, and this handle still follows it."""
         return self.run_id is not None and self.end is None and self._failed is None and not self.detached
 
+    def delivery(self) -> Delivery:
+        """Whether every output byte the command wrote reached this handle (and matches the Hand's
+        digest); `notes` say what is missing (a broken stream, the output limit, stdin that could
+        not be resumed). As `mind exec` exits 122 on an incomplete 0."""
+        return self.follower.delivery(self.end)
+
     # --- what the client tells the handle ---
 
     def on_message(self, msg: Message) -> bool:
         """One message the Mind sent under this run's envelope id. True when it was the run's last
-        (its end, or a failure): the client stops routing that id here."""
-        if isinstance(msg, Error):
-            if msg.code is ErrorCode.RESUME_PENDING and self.attaching:
-                # the Mind has not heard from the run's Hand yet: this attachment is answered (the
-                # client's retry attaches only a handle not attaching; left set, it never retried and
-                # failed the run at the window's end whenever a client came back before the Hand)
-                self.attaching = False
-                self._client.attach_later(self)
-                return True
-            if msg.code is ErrorCode.UNKNOWN_RUN and self.attaching and self._followed():
-                why = f"the Mind no longer knows run {self.run_id} (it restarted without it): its fate is unknown here"
-                return self._fail(ClientError(msg.code, why))
-            return self._fail(ClientError(msg.code, msg.message))
-        if not isinstance(msg, RUN_MESSAGES):
-            return self._fail(ClientError(ClientCode.PROTOCOL, f"the Mind answered a run with {msg.TYPE}"))
-        if self.run_id is None:
-            self.run_id = msg.run_id
+        (its end, a failure, or an attachment the Mind asked to repeat): the client stops routing
+        that id here."""
+        had_id = self.run_id is not None
+        actions = self.follower.on_message(msg)
+        if not had_id and self.run_id is not None:
             self._id_known.set()
             if self._stdin is not None and self._pump is None:
                 self._pump = asyncio.get_running_loop().create_task(self._send_stdin())
-        elif msg.run_id != self.run_id:
-            return self._fail(
-                ClientError(ClientCode.PROTOCOL, f"the Mind sent events of run {msg.run_id} for run {self.run_id}")
-            )
-        if isinstance(msg, StreamNumbers):  # the session's channel took them: data frames are named by them
-            return False
-        if isinstance(msg, (Attached, RunUpdate)):
-            self.hand_away_since = msg.hand_away_since
-        if isinstance(msg, Attached):
-            return self._attached(msg)
-        if isinstance(msg, Replaced):
-            why = (
-                f"run {self.run_id} was attached by a newer client of the same identity "
-                "(the newest attachment wins): this one gets nothing more of it"
-            )
-            return self._fail(ClientError(ErrorCode.REPLACED, why))
-        if isinstance(msg, StreamResume):
-            if msg.stream == "stdin" and self._stdin is not None:
-                return self._resend(msg.offset, msg.consumed)
-            return False
-        if isinstance(msg, StreamAck):
-            if msg.stream == "stdin":
-                try:
-                    self._tx.on_ack(msg.offset)
-                except ProtocolError:
-                    pass
-                if msg.closed:
-                    self._stdin_closed = True
-                self._credit.set()
-            return False
-        if isinstance(msg, StreamData):
-            rx = self._rx.get(msg.stream)
-            if rx is None:
-                rx = self._rx[msg.stream] = Incoming(self._window)
-            try:
-                if not rx.on_data(msg.offset, len(msg.data), msg.eof):
-                    return False  # a repeat of bytes already here (a resend after a resume)
-            except ProtocolError as exc:
-                return self._fail(ClientError(ClientCode.PROTOCOL, f"stream {msg.stream}: {exc.message}"))
-        self._events.put_nowait(msg)
-        if isinstance(msg, RunEnd):
-            self.end = msg
-            self._settle()
-            return True
-        return False
+        return self._act(actions, msg)
 
-    def _followed(self) -> bool:
-        """This handle followed the run before (this is a re-attachment, not a first `attach`)."""
-        return not self._id_given or self.hand is not None
+    def _act(self, actions: list[Action], msg: Message | None = None) -> bool:
+        last = False
+        for a in actions:
+            if isinstance(a, Deliver):
+                self._events.put_nowait(msg)  # type: ignore[arg-type]
+            elif isinstance(a, Show):
+                self._events.put_nowait(a.msg)
+            elif isinstance(a, (SendAck, SendStdin)):
+                if not self._send(a):
+                    break
+            elif isinstance(a, Took):
+                self._client.kick()
+                self._ready.set()
+                self._settled.set()
+                self._credit.set()
+            elif isinstance(a, Credit):
+                self._credit.set()
+            elif isinstance(a, Ended):
+                self.end = a.end
+                self._events.put_nowait(a.end)
+                self._settle()
+                last = True
+            elif isinstance(a, Broken):
+                last = self._fail(ClientError(ClientCode.PROTOCOL if a.code == PROTOCOL else a.code, a.message))
+            elif isinstance(a, AttachLater):
+                self._client.attach_later(self)
+                last = True
+        return last
+
+    def _send(self, a: SendAck | SendStdin) -> bool:
+        """Queue one frame on the connection, in order, without yielding (a resend and a new chunk
+        can never swap). False if the connection is gone: what was sent stays kept for a resume."""
+        assert self.run_id is not None
+        msg: Message
+        if isinstance(a, SendAck):
+            msg = StreamAck(run_id=self.run_id, stream=a.stream, offset=a.offset, closed=a.closed)  # type: ignore[arg-type]
+        else:
+            msg = StreamData(run_id=self.run_id, stream="stdin", offset=a.offset, data=a.data, eof=a.eof)
+        try:
+            self._client.queue(msg, self.req_id)
+        except ClientError:
+            self._ready.clear()
+            return False
+        return True
 
     def on_cut(self) -> None:
         """The connection this run was attached on ended; the client is reconnecting. Everything
         received and sent is kept: the re-attachment says where to go on from."""
+        self.follower.on_cut()
         self._ready.clear()
         self._settled.clear()
-        self.attaching = False
 
     def attach_request(self) -> list[StreamPosition]:
-        """Where this handle stands on each output stream, for an `attach` (a resume point
-        acknowledges what was consumed, which also stands for any acknowledgement the cut lost)."""
-        self.attaching = True
-        out = []
-        for name, rx in self._rx.items():
-            offset, consumed = rx.resume_point()
-            out.append(StreamPosition(stream=name, offset=offset, consumed=consumed))  # type: ignore[arg-type]
-        return out
+        """Where this handle stands on each output stream, for an `attach`."""
+        return [
+            StreamPosition(stream=name, offset=offset, consumed=consumed)  # type: ignore[arg-type]
+            for name, offset, consumed in self.follower.resume_points()
+        ]
 
     async def attached(self) -> None:
         """Return once the Mind answered this handle's attachment (`ClientError` if it refused)."""
@@ -241,47 +244,6 @@ class RunHandle:
     def fail(self, error: ClientError) -> None:
         """The run cannot be followed any more (the connection is gone for good)."""
         self._fail(error)
-
-    # --- the rules ---
-
-    def _attached(self, msg: Attached) -> bool:
-        self.attaching = False
-        self.hand = msg.hand
-        for pos in msg.streams:
-            if pos.stream == "stdin":
-                if self._stdin is not None and self._resend(pos.offset, pos.consumed):
-                    return True
-            elif pos.stream not in self._rx:  # a new consumer starts where the Hand resends from
-                self._rx[pos.stream] = Incoming(self._window, start=pos.offset)
-        self._ready.set()
-        self._settled.set()
-        self._credit.set()
-        return False
-
-    def _resend(self, offset: int, consumed: int) -> bool:
-        """The stdin bytes the Hand's side lacks, sent again before anything new."""
-        try:
-            chunks = self._tx.resume(offset, consumed)
-        except ProtocolError as exc:
-            return self._fail(ClientError(ClientCode.PROTOCOL, f"cannot resume stdin: {exc.message}"))
-        self._queue(chunks)
-        self._client.kick()
-        self._credit.set()
-        return False
-
-    def _queue(self, chunks: list[Chunk]) -> bool:
-        """Queue stdin chunks on the connection, in order, without yielding (so a resend and a new
-        chunk can never swap). False if the connection is gone: the chunks stay kept in `_tx`."""
-        assert self.run_id is not None
-        try:
-            for offset, data, eof in chunks:
-                self._client.queue(
-                    StreamData(run_id=self.run_id, stream="stdin", offset=offset, data=data, eof=eof), self.req_id
-                )
-        except ClientError:
-            self._ready.clear()
-            return False
-        return True
 
     def _fail(self, error: ClientError) -> bool:
         if self.end is not None or self._failed is not None:
@@ -300,41 +262,28 @@ class RunHandle:
     async def _send_stdin(self) -> None:
         """The run's stdin, within the credit the Hand grants; then its end. Owned by this handle
         (cancelled when the run ends: a command that never reads stdin never blocks its result).
-        A cut does not end it: it waits for the re-attachment, which resends what was lost."""
+        A cut does not end it: what it sends meanwhile is kept, and the re-attachment resends it."""
         assert self.run_id is not None and self._stdin is not None
+        f = self.follower
         async for data in chunks_of(self._stdin):
             while data:
-                while not (self._ready.is_set() and (self._tx.credit() > 0 or self._stdin_closed)):
+                while (credit := f.stdin_credit()) <= 0:
+                    if f.stdin_closed:
+                        return
                     self._credit.clear()
-                    await (self._credit.wait() if self._ready.is_set() else self._ready.wait())
-                if self._stdin_closed:
-                    return
-                n = min(len(data), self._tx.credit(), limits.STREAM_CHUNK_MAX)
-                self._queue(self._tx.send(data[:n]))  # kept until acknowledged, sent or not
+                    await self._credit.wait()
+                n = min(len(data), credit, limits.STREAM_CHUNK_MAX)
+                self._act(f.send_stdin(data[:n]))
                 data = data[n:]
                 await self._client.flush_quietly()
         await self._ready.wait()
-        if not self._stdin_closed:
-            self._queue([self._tx.close()])
-            await self._client.flush_quietly()
-
-    def _consume(self, item: StreamData) -> Incoming | None:
-        rx = self._rx.get(item.stream)
-        if rx is None or not item.data:
-            return None
-        rx.consume(len(item.data))
-        return rx
+        self._act(f.close_stdin())
+        await self._client.flush_quietly()
 
     async def _consumed(self, item: StreamData) -> None:
-        rx = self._consume(item)
-        if rx is None or self.run_id is None:
-            return
-        offset = rx.ack_due()
-        if offset is not None and self.end is None and self._ready.is_set():  # else the resume point says it
-            try:
-                self._client.queue(StreamAck(run_id=self.run_id, stream=item.stream, offset=offset), self.req_id)
-            except ClientError:
-                return
+        actions = self.follower.consume(item.stream, len(item.data)) if item.data else []
+        if actions:
+            self._act(actions)
             await self._client.flush_quietly()
 
     # --- the caller's side ---
@@ -342,7 +291,8 @@ class RunHandle:
     @property
     def stdin_sent(self) -> int:
         """Bytes of stdin sent so far (what a resumed copy counts: nothing acknowledged is resent)."""
-        return self._tx.offset
+        stdin = self.follower.stdin
+        return stdin.offset if stdin is not None else 0
 
     async def events(self) -> AsyncIterator[RunEvent]:
         """The run's events in order: state changes, output (`StreamData` for a streamed run:
@@ -422,9 +372,9 @@ class RunHandle:
             assert self._failed is not None
             raise self._failed
         if self._handed is not None:  # handed over, its consumer not back yet: it counts
-            self._consume(self._handed)
+            self._act(self.follower.consume(self._handed.stream, len(self._handed.data)))
             self._handed = None
-        self._ack_all()  # what was handed over is acknowledged: the next consumer starts after it
+        self._act(self.follower.ack_all())  # what was handed over is acknowledged: the next consumer starts after it
         keep_s = await self._client.detach_run(self, keep)
         self.detached = True
         self._settle()
@@ -432,19 +382,6 @@ class RunHandle:
             self._events.get_nowait()
         self._events.put_nowait(StillRunning(self.run_id, keep_s))
         return keep_s
-
-    def _ack_all(self) -> None:
-        if self.run_id is None or not self._ready.is_set():
-            return  # not attached here: the resume point will say what was consumed
-        for name, rx in self._rx.items():
-            r = rx.receiver
-            if r.consumed <= r.acked:
-                continue
-            r.acked = r.consumed
-            try:
-                self._client.queue(StreamAck(run_id=self.run_id, stream=name, offset=r.acked), self.req_id)  # type: ignore[arg-type]
-            except ClientError:
-                return
 
 
 async def chunks_of(stdin: Stdin) -> AsyncIterator[bytes]:

@@ -194,10 +194,11 @@ def run_result(
 
 
 def is_error(result: dict[str, Any]) -> bool:
-    """`isError`: anything but a run that succeeded, except one still running (nothing failed)."""
+    """`isError`: anything but a run that succeeded with all its output, except one still running
+    (nothing failed)."""
     if result.get("still_running"):
         return False
-    return result.get("state") != "succeeded"
+    return result.get("state") != "succeeded" or result.get("complete") is False
 
 
 def error_result(code: str, message: str) -> dict[str, Any]:

@@ -72,7 +72,7 @@ def from_end(end: RunEnd, f: Followed | None = None, limit: int = results.SHOW_B
     else:
         out = results.StreamView.of_tail(end.stdout.total, end.stdout.data)
         err = results.StreamView.of_tail(end.stderr.total, end.stderr.data)
-    return results.run_result(
+    said = results.run_result(
         run_id=end.run_id,
         hand=end.hand,
         state=end.state.value,
@@ -85,6 +85,12 @@ def from_end(end: RunEnd, f: Followed | None = None, limit: int = results.SHOW_B
         reject_code=end.reject_code.value if end.reject_code else None,
         limit=limit,
     )
+    if f is not None:  # the follower's verdict, as `mind exec`'s 122: bytes the command wrote that never came
+        verdict = f.handle.delivery()
+        if not verdict.complete:
+            said["complete"] = False
+            said["incomplete"] = verdict.notes
+    return said
 
 
 def of_followed(f: Followed, limit: int = results.SHOW_BYTES) -> dict[str, Any]:

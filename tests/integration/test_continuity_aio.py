@@ -364,3 +364,35 @@ async def test_a_client_back_before_the_hand_after_a_restart_waits_for_it_and_ge
             end = await asyncio.wait_for(reading, 40)
     assert end.state is RunState.FAILED and end.exit_code == 3
     assert bytes(got) == EXPECTED
+
+
+async def test_an_attach_closes_the_stdin_its_first_client_left_open_in_the_library_as_in_the_cli(cl: Cluster):
+    """One run follower (mind/client/follow.py) for every client: a run whose first client left its
+    stdin open (detached while still typing) is taken over by `mc.attach` and by `mind attach` alike,
+    and both close that stdin (nobody there can feed it): `cat` sees its end and the run ends
+    `succeeded`. The library's attach used to leave it open, the run waiting for input for ever."""
+    forever = asyncio.Event()
+
+    async def typing(line: bytes):
+        yield line
+        await forever.wait()  # the user stops typing but never ends the input
+
+    async def left_open(mc, line: bytes) -> str:
+        h = await mc.start("box", "exec", {"argv": ["cat"]}, stdin=typing(line))
+        got = b""
+        async for ev in h.events():
+            got += ev.data if isinstance(ev, StreamData) else b""
+            if got == line:
+                break
+        assert h.run_id is not None
+        await h.detach()
+        return h.run_id
+
+    async with await cl.client() as mc:
+        by_library = await left_open(mc, b"hello\n")
+        end = await asyncio.wait_for((await mc.attach(by_library)).wait(), 20)
+        assert end.state is RunState.SUCCEEDED and end.exit_code == 0 and end.stdout.data == b"hello\n"
+        by_cli = await left_open(mc, b"again\n")
+    r = await asyncio.to_thread(cl.cli, "attach", "--credential", str(cl.client_credential()), by_cli, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"", r.stdout  # its first client took "again\n" already: nothing twice

@@ -31,7 +31,6 @@ def session(monkeypatch):
     s.t0 = time.monotonic() - 10
     yield s, tty
     for out in s.outs.values():
-        out.feed(out.rx.offset, b"", True)
         out.finish(timeout=5.0)
 
 
@@ -45,7 +44,13 @@ def test_the_line_is_erased_and_stays_away_while_the_command_talks(session, capf
     s, tty = session
     s._tick()
     assert s.status.shown
-    s._on_stream(SimpleNamespace(TYPE="stream_data", stream="stdout", offset=0, data=b"trap says bye\n", eof=False))
+    s._act(
+        s.follower.on_message(
+            SimpleNamespace(
+                TYPE="stream_data", run_id="r-1", stream="stdout", offset=0, data=b"trap says bye\n", eof=False
+            )
+        )
+    )
     assert not s.status.shown and tty.getvalue().endswith("\r\x1b[K")
     drawn = len(tty.getvalue())
     s._tick()  # the writer thread may not have written yet: no line in front of it

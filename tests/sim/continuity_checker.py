@@ -9,7 +9,8 @@ Beside `sim.checker` (which still checks every rule of §3, §5, §7 and §8):
   Mind's window for that Hand ran out;
 - no byte lost or duplicated: every chunk a client or a command takes is the one produced (or
   typed) at that offset; order and contiguity are the endpoints' own checks (`Incoming` refuses
-  a gap or overlap, and any refusal here is a violation); a run whose command exited by itself
+  a gap or overlap; a client's follower, `mind.client.follow.Follower`, marks the stream broken,
+  and any refusal or broken stream here is a violation); a run whose command exited by itself
   with its output not abandoned ends with every byte at the client, and stdin ends exactly where
   the client closed it;
 - memory: what each sender keeps (`Outgoing.kept`: the Hand's output, the client's stdin) and
@@ -130,7 +131,7 @@ class ContinuityChecker:
         life = self.world.mind.life if self.world.mind is not None else -1
         self.client_runs[run.run_id] = (c, run, life)
         self.notes["stream_runs"] += 1
-        if run.stdin is not None:
+        if run.follower.stdin is not None:
             self.notes["stream_runs_with_stdin"] += 1
 
     def on_client_output(self, c: StreamClient, run_id: str, stream: str, offset: int, data: bytes) -> None:
@@ -163,7 +164,8 @@ class ContinuityChecker:
         )
         if st is None or st.abandoned or not exited:
             return
-        for name, inc in run.outs.items():
+        for name, out in run.follower.outs.items():
+            inc = out.rx
             produced = st.job.produced[name]
             if inc.offset != produced:  # (its end may have gone to a client away: the bytes did not)
                 self.fail(
@@ -207,7 +209,8 @@ class ContinuityChecker:
                         self.notes["hand_sender_full"] += 1
         for c in self.ext.clients:
             for run in c.runs.values():
-                if run.stdin is not None and run.stdin.kept > run.stdin.sender.window:
+                stdin = run.follower.stdin
+                if stdin is not None and stdin.kept > stdin.sender.window:
                     self.fail("memory: a sender keeps at most its window", f"{c.name} stdin of {run.run_id}")
         if w.mind is not None:
             for r in w.mind.registry.active():

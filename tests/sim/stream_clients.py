@@ -8,8 +8,13 @@ re-attaches every run it holds, giving its resume point on each output stream; s
 where the Mind says. Now and then it opens a second connection and re-attaches there while the
 first is still open (two attachments at once: the first is told `replaced`).
 
-Its streams are the REAL endpoints (`protocol.streams.Incoming` per output stream, `Outgoing` for
-stdin), and every chunk it takes is checked against what the command produced at that offset.
+Its rules of following a run are the REAL ones: each run is a `mind.client.follow.Follower`, the
+one `mind exec`, `mind attach` and the library (`RunHandle`) drive (its endpoints: `Incoming` per
+output stream, `Outgoing` for stdin; its resume points, its stdin resend, its verdict on a refusal).
+The simulation feeds it every frame of the run's current attachment, tells it of each cut, and
+performs the actions it returns on the run's link; every chunk it delivers is checked against what
+the command produced at that offset, and a stream it finds broken (a gap, an overrun, a stdin
+resume it cannot place) is a violation.
 
 `Continuity` is what the variant adds to the `World`: these clients, their links (delivered by
 the world's scheduler like the Hands'), the client leg's faults, and the continuity checker.
@@ -26,10 +31,20 @@ from sim.jobs import JobSpec
 from sim.network import Direction, Frame, Link
 from sim.stream_jobs import pattern, stream_args
 
+from mind.client.follow import (
+    Action,
+    AttachLater,
+    Broken,
+    Credit,
+    Deliver,
+    Ended,
+    Follower,
+    SendAck,
+    SendStdin,
+    Took,
+)
 from mind.core.runs import PersistEnding
 from mind.testing.vocabulary import Fault
-from protocol.codes import ErrorCode
-from protocol.errors import ProtocolError
 from protocol.messages import (
     Attach,
     Attached,
@@ -42,23 +57,26 @@ from protocol.messages import (
     Message,
     Replaced,
     RunEnd,
+    RunOutput,
     RunUpdate,
     StreamAck,
     StreamData,
+    StreamNumbers,
     StreamPosition,
     StreamResume,
     Streams,
 )
-from protocol.streams import Incoming, Outgoing
 
 if TYPE_CHECKING:
     from sim.simulation import World
 
 WINDOW = 64 << 10
 """Every stream's window (`Streams.window`, its minimum): outputs of a few hundred KiB fill it."""
-CHUNK = 16 << 10
 TYPING_S = 0.3
 TYPING_BURST = 4000
+RUN_EVENTS = (Attached, RunUpdate, RunOutput, RunEnd, StreamData, StreamAck, StreamResume, StreamNumbers)
+"""What the Mind sends under a run's request id, for its follower (`replaced` the client handles:
+it may take the run back; `detached` and a cancel's answer are answers to requests of its own)."""
 
 
 class ClientLink(Link):
@@ -75,8 +93,8 @@ class ClientLink(Link):
 @dataclass(eq=False)
 class ClientRun:
     run_id: str
-    outs: dict[str, Incoming]
-    stdin: Outgoing | None
+    follower: Follower
+    """The run as the shipped clients follow it (mind/client/follow.py): its streams, its stdin."""
     stdin_total: int
     link: ClientLink | None = None
     """The connection the run is attached on (None: not attached)."""
@@ -168,7 +186,8 @@ class Continuity:
                 run.attaching = run.attach_link = None
                 left.append(run)
         for run in left:
-            self._type(run)  # the user goes on typing through the outage
+            run.follower.on_cut()
+            self._type(c, run)  # the user goes on typing through the outage
         if c.link is link:
             c.link = None
             self._plan_return(c)
@@ -275,10 +294,10 @@ class Continuity:
         link = c.link
         if link is None:
             return
-        positions = []
-        for name, inc in run.outs.items():
-            offset, consumed = inc.resume_point()
-            positions.append(StreamPosition(stream=name, offset=offset, consumed=consumed))  # type: ignore[arg-type]
+        positions = [
+            StreamPosition(stream=name, offset=offset, consumed=consumed)  # type: ignore[arg-type]
+            for name, offset, consumed in run.follower.resume_points()
+        ]
         req = self.world.next_id("q")
         run.attaching, run.attach_link = req, link
         run.link = None
@@ -411,21 +430,13 @@ class Continuity:
             self.checker.fail("nothing after replaced", f"{c.name} ({link.conn}) got {msg.TYPE} for {run_id}")
         if isinstance(msg, RunUpdate) and req_id in c.execs:
             asked = c.execs.pop(req_id)
-            self._new_run(c, link, msg.run_id, asked["stdin"])
+            self._new_run(c, link, msg, asked["stdin"])
             return
         if run_id is None and isinstance(msg, Error):  # an answer to an attach names no run
             run_id = next((r.run_id for r in c.runs.values() if r.attaching == req_id), None)
         run = c.runs.get(run_id) if run_id is not None else None
         if isinstance(msg, Replaced):
-            link.replaced.add(msg.run_id)
-            self.checker.notes["replaced"] += 1
-            if run is not None and run.link is link:
-                # its own older connection's attach arrived last and took the run: take it back
-                run.link = None
-                if link is c.link and run.end is None and run.attaching is None:
-                    self.checker.notes["replaced_current"] += 1
-                    link.replaced.discard(msg.run_id)
-                    self.attach(c, run)
+            self._replaced(c, link, run, msg)
             return
         if run is None:
             return
@@ -437,60 +448,129 @@ class Continuity:
                 self._attach_refused(c, run, msg)
                 return
             run.link = link
-            if isinstance(msg, Attached):
-                self._attached(c, link, run, msg)
-                return
         if run.link is not link:
             return  # an attachment this run has left
         if isinstance(msg, Detached):
             self._detached(c, run, msg.keep_s)
-        elif isinstance(msg, RunEnd):
-            run.ends += 1
-            self.checker.on_client_end(c, run, msg)
-            run.end = msg
-            run.link = None
-        elif isinstance(msg, StreamData):
-            self._output(c, link, run, msg)
-        elif isinstance(msg, StreamAck):
-            try:
-                if run.stdin is not None:
-                    run.stdin.on_ack(msg.offset)
-            except ProtocolError as exc:
-                self.checker.fail("no byte lost or duplicated", f"{c.name} stdin ack of {run.run_id}: {exc.message}")
-            self._type(run)
-        elif isinstance(msg, StreamResume) and run.stdin is not None:
-            self._resend_stdin(c, run, msg.offset, msg.consumed)
+        elif isinstance(msg, RUN_EVENTS):
+            self._follow(c, run, msg)
 
-    def _new_run(self, c: StreamClient, link: ClientLink, run_id: str, stdin: int) -> None:
-        run = ClientRun(
-            run_id,
-            {"stdout": Incoming(WINDOW), "stderr": Incoming(WINDOW)},
-            Outgoing(WINDOW) if stdin else None,
-            stdin,
-            link=link,
+    def _follow(self, c: StreamClient, run: ClientRun, msg: Message) -> None:
+        """One event of the run's current attachment, through its follower."""
+        f = run.follower
+        if isinstance(msg, StreamData) and msg.stream not in f.outs:
+            self.checker.fail("no byte lost or duplicated", f"{c.name} got {msg.stream} of {run.run_id}")
+        if isinstance(msg, StreamAck) and msg.stream == "stdin" and f.stdin is not None and msg.offset > f.stdin.offset:
+            # (the follower opens no credit for it; the Mind must never have relayed it)
+            self.checker.fail(
+                "no byte lost or duplicated",
+                f"{c.name} stdin ack of {run.run_id}: offset {msg.offset} of a stream sent up to {f.stdin.offset}",
+            )
+        resumes = (
+            f.stdin is not None
+            and not f.stdin_closed
+            and (
+                (isinstance(msg, StreamResume) and msg.stream == "stdin")
+                or (isinstance(msg, Attached) and any(p.stream == "stdin" for p in msg.streams))
+            )
         )
-        c.runs[run_id] = run
+        actions = f.on_message(msg)
+        self._check(c, run, msg)
+        if resumes:
+            self.checker.notes["stdin_resumed"] += 1
+        if isinstance(msg, StreamData) and not any(isinstance(a, Deliver) for a in actions):
+            self.checker.notes["client_repeat_dropped"] += 1  # a chunk in flight before a resume, and its resent copy
+        self._act(c, run, actions, msg)
+
+    def _check(self, c: StreamClient, run: ClientRun, msg: Message) -> None:
+        """A stream the follower found broken (the Mind broke its rules) is a violation here."""
+        f = run.follower
+        for name, out in f.outs.items():
+            if out.gap is not None:
+                what = (
+                    f": the Mind sent a chunk at offset {msg.offset} ({len(msg.data)} bytes{', eof' if msg.eof else ''})"
+                    if isinstance(msg, StreamData) and msg.stream == name
+                    else ""
+                )
+                self.checker.fail(
+                    "no byte lost or duplicated", f"{c.name} {name} of {run.run_id} broke at offset {out.gap}{what}"
+                )
+        if f.stdin_broken is not None:
+            self.checker.fail("no byte lost or duplicated", f"{c.name} {run.run_id}: {f.stdin_broken}")
+
+    def _act(self, c: StreamClient, run: ClientRun, actions: list[Action], msg: Message | None = None) -> None:
+        """Perform what the follower returned, in order."""
+        for a in actions:
+            if isinstance(a, Deliver):
+                if a.data:
+                    self.checker.on_client_output(c, run.run_id, a.stream, a.offset, a.data)
+                self._act(c, run, run.follower.consume(a.stream, len(a.data)))
+            elif isinstance(a, SendAck):
+                ack = StreamAck(run_id=run.run_id, stream=a.stream, offset=a.offset, closed=a.closed)  # type: ignore[arg-type]
+                self._send(self._attachment(run), ack)
+            elif isinstance(a, SendStdin):
+                data = StreamData(run_id=run.run_id, stream="stdin", offset=a.offset, data=a.data, eof=a.eof)
+                self._send(self._attachment(run), data)
+            elif isinstance(a, Took):
+                self.checker.notes["attached"] += 1
+            elif isinstance(a, Credit):
+                self._type(c, run)
+            elif isinstance(a, Ended):
+                run.ends += 1
+                self.checker.on_client_end(c, run, a.end)
+                run.end = a.end
+                run.link = None
+            elif isinstance(a, AttachLater):
+                self._attach_later(c, run)
+            elif isinstance(a, Broken):
+                if not isinstance(msg, Error):  # events the follower cannot place on its run
+                    self.checker.fail("the client follows its run", f"{c.name} {run.run_id}: {a.message}")
+                    return
+                self.checker.on_client_lost_run(c, run, msg)
+                run.gave_up = True
+
+    @staticmethod
+    def _attachment(run: ClientRun) -> ClientLink:
+        """The link the follower sends on: it sends only while attached (else it keeps, and the
+        next attachment's positions say it)."""
+        assert run.link is not None and run.follower.ready, f"{run.run_id}: sent while not attached"
+        return run.link
+
+    def _new_run(self, c: StreamClient, link: ClientLink, first: RunUpdate, stdin: int) -> None:
+        follower = Follower(window=WINDOW, streams=("stdout", "stderr"), stdin=stdin > 0)
+        follower.on_message(first)  # an exec's follower: its first event names the run
+        run = ClientRun(first.run_id, follower, stdin, link=link)
+        c.runs[run.run_id] = run
         self.checker.on_client_run(c, run)
-        if run.stdin is not None and self.rng.random() < 0.5:
+        if follower.stdin is not None and self.rng.random() < 0.5:
             run.paced = True
-            self._typing(run)
+            self._typing(c, run)
         if c.link is not None and link is not c.link:  # asked on a connection it has left since
             self.attach(c, run)
             return
-        self._type(run)
+        self._type(c, run)
 
-    def _attached(self, c: StreamClient, link: ClientLink, run: ClientRun, msg: Attached) -> None:
-        run.link = link
-        self.checker.notes["attached"] += 1
-        for pos in msg.streams:
-            if pos.stream == "stdin" and run.stdin is not None:
-                self._resend_stdin(c, run, pos.offset, pos.consumed)
-        self._type(run)
+    def _replaced(self, c: StreamClient, link: ClientLink, run: ClientRun | None, msg: Replaced) -> None:
+        """`replaced` is this client's own to handle, not its follower's: a follower told it stops
+        following for good (another client of the identity took the run), while here the newer
+        attachment may be the client's own older connection's (its attach arrived last)."""
+        link.replaced.add(msg.run_id)
+        self.checker.notes["replaced"] += 1
+        if run is None or run.link is not link:
+            return
+        run.link = None
+        run.follower.on_cut()  # this attachment is gone; what was received and sent is kept
+        if link is c.link and run.end is None and run.attaching is None:
+            # its own older connection's attach arrived last and took the run: take it back
+            self.checker.notes["replaced_current"] += 1
+            link.replaced.discard(msg.run_id)
+            self.attach(c, run)
 
     def _detached(self, c: StreamClient, run: ClientRun, keep: float) -> None:
         """`mind exec --detach`: the run goes on unattended; the owner comes back for it within
         what the Mind keeps it, or after (it then finds its ending), or never."""
         run.link = None
+        run.follower.on_cut()  # not attached any more: the next attachment says where to go on from
         w = self.world
         after = pick(self.rng, (("within", 50), ("after", 30), ("never", 20)))
         self.checker.notes[f"detached:{after}"] += 1
@@ -509,87 +589,53 @@ class Continuity:
 
     def _attach_refused(self, c: StreamClient, run: ClientRun, msg: Error) -> None:
         self.checker.notes[f"attach_refused:{msg.code.value}"] += 1
-        if msg.code is ErrorCode.RESUME_PENDING:  # the Mind restarted: its Hand has not presented yet
-            w = self.world
+        self._act(c, run, run.follower.on_error(msg.code, msg.message), msg)
 
-            run.retrying = True
+    def _attach_later(self, c: StreamClient, run: ClientRun) -> None:
+        """`resume_pending`: the Mind restarted and its Hand has not presented yet."""
+        w = self.world
+        run.retrying = True
 
-            def again() -> None:
-                run.retrying = False
-                if c.link is not None and run.end is None and run.attaching is None:
-                    self.attach(c, run)
+        def again() -> None:
+            run.retrying = False
+            if c.link is not None and run.end is None and run.attaching is None:
+                self.attach(c, run)
 
-            w.clock.at(w.clock.now + 1.0, again, label="client_reattach")
-            return
-        self.checker.on_client_lost_run(c, run, msg)
-        run.gave_up = True
-
-    def _output(self, c: StreamClient, link: ClientLink, run: ClientRun, msg: StreamData) -> None:
-        inc = run.outs.get(msg.stream)
-        if inc is None:
-            self.checker.fail("no byte lost or duplicated", f"{c.name} got {msg.stream} of {run.run_id}")
-            return
-        try:
-            new = inc.on_data(msg.offset, len(msg.data), msg.eof)
-        except ProtocolError as exc:
-            self.checker.fail("no byte lost or duplicated", f"{c.name} {msg.stream} of {run.run_id}: {exc.message}")
-            return
-        if not new:
-            self.checker.notes["client_repeat_dropped"] += 1
-            return
-        if msg.data:
-            self.checker.on_client_output(c, run.run_id, msg.stream, msg.offset, msg.data)
-            inc.consume(len(msg.data))
-        ack = inc.ack_due()
-        if ack is not None:
-            self._send(link, StreamAck(run_id=run.run_id, stream=msg.stream, offset=ack))
+        w.clock.at(w.clock.now + 1.0, again, label="client_reattach")
 
     # --- stdin ---------------------------------------------------------------------------------
 
-    def _type(self, run: ClientRun) -> None:
-        """Type stdin as fast as credit allows, then its end (`cat file | mind exec ...`). While
-        the run is not attached (an outage, an attach not yet answered) what is typed is kept by
-        the endpoint and goes when the Mind says where to resume from: once, in order."""
-        out = run.stdin
-        if out is None or run.end is not None or run.gave_up or out.eof:
-            return
-        link = run.link if run.attaching is None else None
-        left = run.stdin_total - out.offset
-        n = min(left, out.credit(), TYPING_BURST if run.paced else left)
-        if n > 0:
-            data = pattern(run.run_id, "stdin", out.offset, n)
-            chunks = out.send(data, CHUNK)
-            if link is None:
-                self.checker.notes["stdin_typed_while_away"] += n
-            else:
-                for offset, piece, _ in chunks:
-                    self._send(link, StreamData(run_id=run.run_id, stream="stdin", offset=offset, data=piece))
-        if out.offset == run.stdin_total:
-            offset, _, _ = out.close()
-            if link is not None:
-                self._send(link, StreamData(run_id=run.run_id, stream="stdin", offset=offset, eof=True))
+    @staticmethod
+    def _typed_all(run: ClientRun) -> bool:
+        f = run.follower
+        return f.stdin is None or run.end is not None or run.gave_up or f.stdin.eof or f.stdin_closed
 
-    def _typing(self, run: ClientRun) -> None:
+    def _type(self, c: StreamClient, run: ClientRun) -> None:
+        """Type stdin as fast as credit allows, then its end (`cat file | mind exec ...`). While
+        the run is not attached (an outage, an attach not yet answered) the follower keeps what is
+        typed and sends it with the resend the next attachment asks for: once, in order."""
+        if self._typed_all(run):
+            return
+        f = run.follower
+        out = f.stdin
+        assert out is not None
+        left = run.stdin_total - out.offset
+        n = min(left, f.stdin_credit(), TYPING_BURST if run.paced else left)
+        if n > 0:
+            if not f.ready:
+                self.checker.notes["stdin_typed_while_away"] += n
+            self._act(c, run, f.send_stdin(pattern(run.run_id, "stdin", out.offset, n)))
+        if out.offset == run.stdin_total:
+            self._act(c, run, f.close_stdin())
+
+    def _typing(self, c: StreamClient, run: ClientRun) -> None:
         """The next burst a person types, on and on until the end of input or of the run."""
-        out = run.stdin
-        if out is None or run.end is not None or run.gave_up or out.eof:
+        if self._typed_all(run):
             return
         w = self.world
 
         def burst() -> None:
-            self._type(run)
-            self._typing(run)
+            self._type(c, run)
+            self._typing(c, run)
 
         w.clock.at(w.clock.now + TYPING_S, burst, label="typing")
-
-    def _resend_stdin(self, c: StreamClient, run: ClientRun, offset: int, consumed: int) -> None:
-        assert run.stdin is not None and run.link is not None
-        try:
-            chunks = run.stdin.resume(offset, consumed)
-        except ProtocolError as exc:
-            self.checker.fail("no byte lost or duplicated", f"{c.name} stdin resume of {run.run_id}: {exc.message}")
-            return
-        self.checker.notes["stdin_resumed"] += 1
-        for off, piece, eof in chunks:
-            self._send(run.link, StreamData(run_id=run.run_id, stream="stdin", offset=off, data=piece, eof=eof))
-        self._type(run)

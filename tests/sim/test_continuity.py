@@ -187,7 +187,7 @@ def test_race_result_vs_window_expiry(back: float) -> None:
     assert run.end is not None
     if back < W:
         assert run.end.state is RunState.FAILED and run.end.exit_code == 3
-        assert run.outs["stdout"].offset == produced(w, run) > 0
+        assert run.follower.outs["stdout"].rx.offset == produced(w, run) > 0
         assert w.ext.disk[run.run_id].end.exit_code == 3  # the Hand's result, durable before its ack
     else:
         assert run.end.state is RunState.LOST
@@ -230,13 +230,13 @@ def test_race_reattach_vs_window_expiry(back: float) -> None:
     assert run.end is not None
     if back < W:
         assert run.end.state is RunState.SUCCEEDED and run.end.exit_code == 0
-        assert run.outs["stdout"].offset == produced(w, run)
-        assert run.outs["stderr"].offset == produced(w, run, "stderr")
+        assert run.follower.outs["stdout"].rx.offset == produced(w, run)
+        assert run.follower.outs["stderr"].rx.offset == produced(w, run, "stderr")
     else:
         assert run.end.state is RunState.CANCELLED and run.end.reason == CancelReason.CLIENT_DISCONNECTED.value
         job = w.ext.checker.jobs[run.run_id].job
         assert job.kill_requested and not job.alive
-        assert run.outs["stdout"].offset < produced(w, run) or produced(w, run) == 0 or job.exited
+        assert run.follower.outs["stdout"].rx.offset < produced(w, run) or produced(w, run) == 0 or job.exited
 
 
 def test_race_two_attachments_at_once_the_newest_wins() -> None:
@@ -261,8 +261,8 @@ def test_race_two_attachments_at_once_the_newest_wins() -> None:
     w.close_link(old, "client left", 0.0, 0.0)
     settle(w)
     assert run.end is not None and run.end.state is RunState.SUCCEEDED and run.ends == 1
-    assert run.outs["stdout"].offset == produced(w, run)
-    assert run.stdin is not None and run.stdin.acked == 100_000  # the command read all of its stdin
+    assert run.follower.outs["stdout"].rx.offset == produced(w, run)
+    assert run.follower.stdin is not None and run.follower.stdin.acked == 100_000  # the command read all of its stdin
 
 
 def test_race_a_hand_restart_presents_nothing_and_the_run_is_lost_at_once() -> None:
@@ -332,8 +332,10 @@ def test_race_a_mind_crash_mid_run_the_command_goes_on_and_finishes() -> None:
     settle(w)
     assert w.ext.checker.notes["adopted"] == 1
     assert run.end is not None and run.end.state is RunState.FAILED and run.end.exit_code == 5
-    assert run.outs["stdout"].offset == produced(w, run) and run.outs["stderr"].offset == produced(w, run, "stderr")
-    assert run.stdin is not None and run.stdin.acked == 150_000
+    assert run.follower.outs["stdout"].rx.offset == produced(w, run) and run.follower.outs[
+        "stderr"
+    ].rx.offset == produced(w, run, "stderr")
+    assert run.follower.stdin is not None and run.follower.stdin.acked == 150_000
 
 
 # --- the continuity checker trips on broken rules -----------------------------------------------
