@@ -240,7 +240,7 @@ class ExecSession(Rejoin):
                 busy = sin is not None and sin.always_ready and self.run_id is not None
                 busy = busy and sin is not None and sin.wants_data(self.follower.stdin_credit())
                 timeout = 0 if busy else STATUS_TICK_S if self.status.enabled else None
-                timeout = self._bound(timeout, self.wait_until)
+                timeout = self._bound(timeout, self.wait_until if self.live else None)
                 if self.outage is not None:
                     timeout = self._bound(timeout, self.outage.deadline)
                 try:

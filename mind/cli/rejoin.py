@@ -111,6 +111,7 @@ class Rejoin:
             left = max(0.0, self.outage.deadline - time.monotonic())
             self._notice(f"{why} (up to {left:.0f} s)")
         self.live = False
+        self.follower.on_cut()
         self._drop_link()
         outage = self.outage
         while True:
@@ -286,7 +287,7 @@ class Rejoin:
         `mind attach` resumes exactly after it."""
         for name, out in self.outs.items():
             out.finish()
-            self.follower.took(name, out.consumed())  # (an acknowledgement these say is in ack_all's)
+            self._act(self.follower.took(name, out.consumed()))
         self._act(self.follower.ack_all())
         self.wait_until = None
         return self._send_detach()

@@ -424,6 +424,7 @@ class MindClient:
         stream: bool | None = None,
         output_limit: int = limits.OUTPUT_LIMIT_DEFAULT,
         fleet: str | None = None,
+        verify: bool = True,
     ) -> RunHandle:
         """Send the run; events (and its end) arrive on the returned handle. With `watch=False` the
         handle sees only `admitted`, the output and the end (fewer frames: faster calls).
@@ -431,7 +432,9 @@ class MindClient:
         `stdin` (bytes, a binary file, or an async iterator of bytes; no size limit) becomes the
         command's standard input, ended when it is exhausted. `stream` (default: for `exec` and
         `shell`) sends the output as flow-controlled `StreamData` events, every byte in order,
-        instead of droppable progress; iterate `events()` to read it."""
+        instead of droppable progress; iterate `events()` to read it. `verify` (default on): check
+        the streamed bytes against the Hand's sha256 (`handle.delivery()`); a caller that checks
+        its own digest (a copy) turns it off rather than hash every byte twice."""
         if stream is None:
             stream = tool in ("exec", "shell")
         if stdin is not None and not stream:
@@ -450,7 +453,7 @@ class MindClient:
             await self.reconnect()  # an outage: the run starts once the Mind is back (within the window)
         id_ = new_id("x")
         self._session.send(req, id_)  # `ClientError` if the connection is gone
-        handle = RunHandle(self, id_, stdin, streams=("stdout", "stderr") if stream else ())
+        handle = RunHandle(self, id_, stdin, streams=("stdout", "stderr") if stream else (), digest=verify)
         self._runs[id_] = handle
         self._live.add(handle)
         try:

@@ -281,15 +281,20 @@ class Link:
         `Failed`), in order. `[]` when `timeout` passed or a wakeup fd fired. Raises `ClientError`
         once the connection is gone (after the events that came before the end were returned)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        looked = False
         while True:
             if self._events:
                 out, self._events = self._events, []
                 return out
             if self._error is not None:
                 raise self._error
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if left == 0.0 and looked:
                 return []
+            # (a timeout of 0 looks at the socket once: it returned before reading anything, so a
+            # loop that polled with 0, as `mind exec --wait` does once its time has passed, never
+            # heard the `attached` of its re-attachment and gave the run up as unreachable)
+            looked = True
             if self._wait(left):
                 return []
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from protocol import limits
@@ -133,7 +133,8 @@ class StreamDelivery:
     bytes: int
     """The stream's offset reached (from its start: a consumer that attached later began there)."""
     sha256: str
-    """Of the bytes received by this follower (compared only when it received them from 0)."""
+    """Of the bytes received by this follower (compared only when it received them from 0; empty
+    when the follower was asked not to hash)."""
     complete: bool
 
 
@@ -151,7 +152,8 @@ class Delivery:
 class _Out:
     rx: Incoming
     start: int
-    hash: Any = field(default_factory=hashlib.sha256)
+    hash: Any = None
+    """The sha256 of what arrived (None: not asked for, the caller verifies its own digest)."""
     gap: int | None = None
     """The offset from which nothing more could be placed (the Mind broke the stream's rules)."""
     closed: bool = False
@@ -169,17 +171,21 @@ class Follower:
         run_id: str | None = None,
         streams: Iterable[str] = (),
         stdin: bool = False,
+        digest: bool = True,
     ) -> None:
         """`run_id` given: made by an `attach` (the streams come with `attached`); else by an
         `exec`, whose output `streams` are known (`stdout`, `stderr`; or `pty`) and whose first
-        event names the run. `stdin`: this follower sends the run's stdin."""
+        event names the run. `stdin`: this follower sends the run's stdin. `digest`: check what
+        arrives against the Hand's sha256 (off for a copy, which checks the file's own digest:
+        hashing every byte twice cost a copy's throughput)."""
         self.window = window
+        self.digest = digest
         self.run_id = run_id
         self.hand: str | None = None
         self.state: Any = None
         self.hand_away_since: float | None = None
         """Wall time since which the run's Hand has been away, as the Mind last said (None: here)."""
-        self.outs: dict[str, _Out] = {name: _Out(Incoming(window), 0) for name in streams}
+        self.outs: dict[str, _Out] = {name: self._out(0) for name in streams}
         self.stdin: Outgoing | None = Outgoing(window) if stdin else None
         self.stdin_closed = False
         """The command closed its stdin (or it cannot be resumed): nothing more is sent."""
@@ -360,7 +366,12 @@ class Follower:
             elif got < sent:
                 ok = False
                 notes.append(f"{name}: bytes from offset {got} of {sent} were not delivered")
-            elif tail.sha256 is not None and out.start == 0 and out.hash.hexdigest() != tail.sha256:
+            elif (
+                tail.sha256 is not None
+                and out.start == 0
+                and out.hash is not None
+                and out.hash.hexdigest() != tail.sha256
+            ):
                 ok = False
                 notes.append(f"{name}: the bytes delivered do not match the Hand's digest")
             if tail is not None and sent is not None and tail.total > sent and not out.closed:
@@ -369,12 +380,15 @@ class Follower:
                     f"{name}: cut at offset {sent} by the output limit; "
                     f"{tail.total - sent} bytes of {tail.total} were not delivered"
                 )
-            streams[name] = StreamDelivery(got, out.hash.hexdigest(), ok)
+            streams[name] = StreamDelivery(got, out.hash.hexdigest() if out.hash is not None else "", ok)
         if self.stdin_broken is not None:
             notes.append(self.stdin_broken)
         return Delivery(not notes, streams, notes)
 
     # --- the rules ---
+
+    def _out(self, start: int) -> _Out:
+        return _Out(Incoming(self.window, start=start), start, hashlib.sha256() if self.digest else None)
 
     def _break(self, code: Any, message: str) -> list[Action]:
         self.broken = Broken(code, message)
@@ -384,7 +398,7 @@ class Follower:
     def _data(self, msg: Any) -> list[Action]:
         out = self.outs.get(msg.stream)
         if out is None:  # a stream the exec did not name (an older Mind): followed all the same
-            out = self.outs[msg.stream] = _Out(Incoming(self.window), 0)
+            out = self.outs[msg.stream] = self._out(0)
         if out.gap is not None:
             return []
         try:
@@ -393,7 +407,7 @@ class Follower:
         except ProtocolError:
             out.gap = out.rx.offset  # nothing from here on can be placed: the verdict says so
             return []
-        if msg.data:
+        if msg.data and out.hash is not None:
             out.hash.update(msg.data)
         if msg.eof:
             out.eof = True
@@ -426,7 +440,7 @@ class Follower:
                 elif first:  # nobody here can give it input: close it, or it waits for ever
                     out.append(SendStdin(pos.offset, b"", True))
             elif pos.stream not in self.outs:  # a new consumer starts where the Hand resends from
-                self.outs[pos.stream] = _Out(Incoming(self.window, start=pos.offset), pos.offset)
+                self.outs[pos.stream] = self._out(pos.offset)
         self.ready = True
         return [*out, Credit()]
 

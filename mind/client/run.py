@@ -107,11 +107,12 @@ class RunHandle:
         window: int = limits.STREAM_WINDOW,
         run_id: str | None = None,
         streams: tuple[str, ...] = (),
+        digest: bool = True,
     ) -> None:
         self._client = client
         self.req_id = req_id
         """The envelope id the run's events come under (a new one at each attachment)."""
-        self.follower = Follower(window=window, run_id=run_id, streams=streams, stdin=stdin is not None)
+        self.follower = Follower(window=window, run_id=run_id, streams=streams, stdin=stdin is not None, digest=digest)
         self._events: asyncio.Queue[RunEvent | MindhandError] = asyncio.Queue()
         self._id_known = asyncio.Event()
         if run_id is not None:

@@ -5,6 +5,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,24 @@ def test_a_frozen_mind_is_noticed_by_the_keepalive(tmp_path, monkeypatch, capsys
             cl.mind.signal(signal.SIGCONT)
     assert code == 255
     assert "stopped answering" in capsys.readouterr().err
+
+
+def test_a_poll_with_no_time_left_still_reads_what_arrived(tmp_path):
+    """`Link.poll(0)` looks at the socket once. It returned before reading anything, so `mind exec
+    --wait` (whose loop polls with 0 once its time has passed) re-attached after a cut of its leg
+    and never heard the `attached`: the run, still there, was given up as unreachable (exit 255)."""
+    from mind.client import blocking as link
+    from mind.client import wire
+    from mind.client.credentials import load_credential
+
+    with running(tmp_path) as cl:
+        lk = link.Link.connect(cl.url, load_credential(cl.client_credential()))
+        try:
+            asked = lk.request(wire.cancel_run(run_id="r0000000000000000"), "cancel_run_result")
+            deadline = time.monotonic() + 10
+            got = []
+            while not got and time.monotonic() < deadline:
+                got = [ev for ev in lk.poll(0) if ev.id == asked]
+            assert got, "poll(0) never read the answer that had arrived"
+        finally:
+            lk.abort()
