@@ -1,5 +1,7 @@
 """A Hand's task database after a restart, and over time: what the previous run of the Hand left
-unfinished becomes `lost`, and rows past their retention are forgotten (DESIGN §7).
+unfinished becomes `lost`, and rows past their retention are forgotten (DESIGN §7). The rules are
+the core's (`hand.core.tasks.orphaned`, `recovered`, `purge_cutoff`), which the simulation drives
+too; this is their I/O.
 
 - Hand restart: every `queued`/`running` row becomes `lost` ("hand restarted before completion");
   nothing re-runs; the log stays readable. If a `running` row's process is still alive (same pid
@@ -18,11 +20,10 @@ from typing import Any
 
 from hand.aio.metrics import HandMetrics
 from hand.core.rows import Change, TaskRow, Write
-from hand.core.tasks import lost_reason, purge_cutoff
+from hand.core.tasks import orphaned, purge_cutoff, recovered
 from hand.system.process import kill_group, start_time
 from hand.system.taskdb import TaskStore
 from protocol.audit import AuditEvent
-from protocol.states import TaskState
 
 PURGE_EVERY_S = 60.0
 
@@ -56,19 +57,15 @@ async def _recover_one(
     metrics: HandMetrics,
 ) -> None:
     killed = False
-    if row.pid is not None and row.pid_start_time is not None and start_time(row.pid) == row.pid_start_time:
+    if row.pid is not None and orphaned(row, start_time(row.pid)):
         await kill_group(row.pid, grace)  # the crashed Hand's tree: nobody else will stop it
         killed = True
+    size: int | None
     try:
         size = os.stat(store.log_path(row.task_id)).st_size
     except OSError:
-        size = row.log_bytes
-    new = await write(
-        Change(
-            row.task_id,
-            dict(state=TaskState.LOST, reason=lost_reason(killed), finished_at=clock(), log_bytes=size),
-        )
-    )
+        size = None
+    new = await write(Change(row.task_id, recovered(row, killed, size, clock())))
     log.bind(task_id=row.task_id).info(
         AuditEvent.TASK_TERMINAL,
         state=new.state.value,

@@ -262,6 +262,25 @@ def lost_reason(orphan_killed: bool) -> str:
     return f"{LOST_REASON}; its leftover processes were killed" if orphan_killed else LOST_REASON
 
 
+def orphaned(row: TaskRow, start_time_now: int | None) -> bool:
+    """Whether the process a row the previous run of the Hand left unfinished names is still that
+    process: alive (`start_time_now`, None if the pid is gone) AND started when the row says. A pid
+    reused since is someone else's and is never killed."""
+    return row.pid is not None and row.pid_start_time is not None and start_time_now == row.pid_start_time
+
+
+def recovered(row: TaskRow, orphan_killed: bool, log_size: int | None, now: float) -> dict[str, object]:
+    """What an unfinished row becomes after a restart of the Hand (DESIGN §7): `lost`, never re-run,
+    the reason saying whether its orphaned tree was killed, its log's size as found on disk (the
+    row's own count when the log cannot be read)."""
+    return {
+        "state": TaskState.LOST,
+        "reason": lost_reason(orphan_killed),
+        "finished_at": now,
+        "log_bytes": row.log_bytes if log_size is None else log_size,
+    }
+
+
 def page_length(offset: int, limit: int, log_bytes: int) -> int:
     """How many bytes a log page holds: never past the known end, so a page never shows bytes the
     `log_bytes` beside it does not count."""

@@ -12,6 +12,8 @@ each engine implements with its own SQL:
   transaction `BEGIN IMMEDIATE`; the PostgreSQL one (`mind.store.postgres.snapshots`) on one
   pooled connection, its transaction an asyncpg transaction with the rows read `FOR UPDATE` and a
   write about a Hand fenced by this node's claim (`tx.fence(hand)`, nothing on SQLite).
+- `SnapshotRules`: the pure rules a script calls, the module `mind.core.snapshots` itself unless
+  the caller passes others (the simulation's tests inject broken rules through it).
 - `EndingRows`: the `run_endings` table and the life record, each call one transaction (no
   ending script decides between two statements of one transaction). `EndingBook` holds the
   scripts and what they count between calls (writes since the last prune, the window).
@@ -29,7 +31,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
-from mind.core import snapshots as rules
+from mind.core import snapshots as core_rules
 from mind.core.snapshots import Plan, Snapshot
 from mind.store.api import Calls, Results
 from mind.store.rows import Ending, endings_of
@@ -105,6 +107,25 @@ class SnapshotRows(Protocol):
     async def count_stale(self) -> int: ...
 
 
+class SnapshotRules(Protocol):
+    """The rules of `mind.core.snapshots` that the scripts call (that module satisfies it)."""
+
+    def from_report(self, hand: str, info: TaskInfo, now: float) -> Snapshot: ...
+    def apply_report(self, snap: Snapshot, info: TaskInfo, now: float) -> Snapshot | None: ...
+    def within_quota(
+        self, rows: dict[str, Any], unknown_ids: list[str], held_elsewhere: dict[str, str], mine: int, quota: int | None
+    ) -> tuple[dict[str, Any], int]: ...
+    def reconcile(
+        self,
+        hand: str,
+        snapshots: list[Snapshot],
+        hand_rows: dict[str, TaskInfo],
+        held_elsewhere: dict[str, str],
+        now: float,
+        synced_since: float | None = None,
+    ) -> Plan: ...
+
+
 async def get(rows: SnapshotRows, task_id: str) -> Snapshot | None:
     return await rows.get(task_id)
 
@@ -135,7 +156,7 @@ async def remove(rows: SnapshotRows, task_id: str, hand: str) -> Snapshot | None
 
 
 async def report(
-    rows: SnapshotRows, hand: str, info: TaskInfo, now: float, adopt: bool = True
+    rows: SnapshotRows, hand: str, info: TaskInfo, now: float, adopt: bool = True, rules: SnapshotRules = core_rules
 ) -> tuple[Snapshot | None, str]:
     """Apply a Hand's report. Returns (snapshot now held, what happened). Fenced."""
     async with rows.transaction() as tx:
@@ -245,6 +266,7 @@ async def reconcile(
     now: float,
     synced_since: float | None = None,
     quota: int | None = None,
+    rules: SnapshotRules = core_rules,
 ) -> Plan:
     """One reconciliation pass for `hand`, planned and applied in one transaction with the Hand's
     rows locked (fenced). With `quota`, the Hand's snapshots (its own and adopted ones) stay at

@@ -18,10 +18,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from mind.core import snapshots as core_rules
 from mind.core.snapshots import Plan, Snapshot
 from mind.store import scripts
 from mind.store.rows import COLS, NON_TERMINAL, snapshot_of, snapshot_row
-from mind.store.scripts import SnapshotRows, run_now
+from mind.store.scripts import SnapshotRows, SnapshotRules, run_now
 from protocol.messages import TaskInfo
 from protocol.states import TaskState
 
@@ -162,9 +163,11 @@ class _Transaction:
 
 
 class SnapshotStore:
-    """The SQLite engine's snapshot store: each method one script of `mind.store.scripts`."""
+    """The SQLite engine's snapshot store: each method one script of `mind.store.scripts`, with
+    `rules` the pure rules its scripts call (`mind.core.snapshots`; a test may pass broken ones)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, rules: SnapshotRules = core_rules) -> None:
+        self._rules = rules
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -201,7 +204,7 @@ class SnapshotStore:
 
     def report(self, hand: str, info: TaskInfo, now: float, adopt: bool = True) -> tuple[Snapshot | None, str]:
         """Apply a Hand's report. Returns (snapshot now held, what happened)."""
-        return self._run(scripts.report, hand, info, now, adopt)
+        return self._run(scripts.report, hand, info, now, adopt, rules=self._rules)
 
     def retry_start(self, snap: Snapshot) -> Snapshot | None:
         return self._run(scripts.retry_start, snap)
@@ -250,4 +253,4 @@ class SnapshotStore:
         quota: int | None = None,
     ) -> Plan:
         """One reconciliation pass for `hand`, planned and applied in one transaction."""
-        return self._run(scripts.reconcile, hand, hand_rows, now, synced_since, quota)
+        return self._run(scripts.reconcile, hand, hand_rows, now, synced_since, quota, rules=self._rules)

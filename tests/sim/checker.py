@@ -217,11 +217,13 @@ class Checker:
     # --- after every event ----------------------------------------------------------------------
 
     def after_event(self) -> None:
-        """Look at every snapshot written since the last event (the table tracks them), and at all
-        of them when a Hand connected or went."""
+        """Look at every snapshot that changed since the last event (the table reads them back from
+        the real store after each write), and at all of them when a Hand connected or went."""
         if self.world.ext is not None:
             self.world.ext.checker.after_event()
         table = self.world.snapshots
+        if table.mismatch is not None:  # `Rules(checked_store=True)` only
+            self.fail("the snapshot table keeps what the store holds", table.mismatch)
         mind = self.world.mind
         if mind is not None and mind.hands_changed:
             mind.hands_changed = False

@@ -3,12 +3,12 @@
 The rules are the REAL ones of `hand/core/tasks.py` and `hand/core/runs.py`: the decisions
 (`admit_batch`, `answer_for`, `started`, `background_refusal` (the refusals of a foreground run, in
 their order), `store_failed`, `next_to_start`, `ending`, `starts_first`, `cancel_action`,
-`lost_reason`, `purge_cutoff`) and the ORDER of admission (`Admissions`: one drainer, one batch at a
+`orphaned`, `recovered`, `purge_cutoff`) and the ORDER of admission (`Admissions`: one drainer, one batch at a
 time, a batch is what arrived meanwhile). Rows are real `TaskRow`s reported with the real `to_info`,
 writes are the real `Insert`/`Change`, a task in memory is the real `LiveTask` (its `kill` and
 `final`). What is still modelled by hand is the asyncio glue between them (a `yield` at every
 `await`), and `tests/sim/test_mirrors.py` fails when `TaskManager`, `TaskStarts`, `LiveTask`,
-`recover`, `GroupCommit` or `LogSink` change without this model being checked again
+`GroupCommit` or `LogSink` change without this model being checked again
 (`tests/sim/mirrors.py`):
 - starts are taken in on arrival (`on_start` never waits): a policy/argument refusal is answered at
   once with nothing stored, the others are queued; one drainer in the Hand's owner takes every
@@ -62,10 +62,11 @@ from hand.core.tasks import (
     background_refusal,
     cancel_action,
     ending,
-    lost_reason,
     next_to_start,
     not_started,
+    orphaned,
     purge_cutoff,
+    recovered,
     start_request,
     started,
     starts_first,
@@ -238,16 +239,15 @@ class HandTasks:
         self._push = push
 
     def _recover(self) -> None:
+        """The shell's recovery (`hand.aio.taskrecovery.recover`) with its rules, the core's
+        `orphaned` and `recovered`; a simulated process's start time is its pid."""
         for row in self.store.unfinished():
             killed = False
-            orphan = self.hand.machine.alive(row.pid) if row.pid_start_time == row.pid else None
-            if orphan is not None:
+            orphan = self.hand.machine.alive(row.pid) if row.pid is not None else None
+            if orphan is not None and orphaned(row, row.pid):
                 orphan.orphan_kill()
                 killed = True
-            size = self.store.log_sizes.get(row.task_id, row.log_bytes)
-            self.store.update(
-                row.task_id, state=TaskState.LOST, reason=lost_reason(killed), finished_at=self.now, log_bytes=size
-            )
+            self.store.update(row.task_id, **recovered(row, killed, self.store.log_sizes.get(row.task_id), self.now))
 
     def _purge(self) -> None:
         self.store.purge(purge_cutoff(self.now, self.limits.retention_s))

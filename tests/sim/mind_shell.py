@@ -1,8 +1,10 @@
-"""The Mind, simulated: the REAL `mind.core.registry.RunRegistry`, the REAL `mind.core.snapshots`
-rules (through `SnapshotTable`), the REAL task-start decisions of `mind.core.taskstart` (driven here
-as the task service drives them) and the REAL scope verdicts of `mind.core.admission`, inside a
-synchronous copy of the asyncio glue around them. `tests/sim/test_mirrors.py` fails when the
-mirrored classes of `mind/daemon/` change without this copy being checked again.
+"""The Mind, simulated: the REAL `mind.core.registry.RunRegistry`, the REAL snapshot store
+(`mind.store.snapshots.SnapshotStore` on SQLite in memory, its scripts and the rules of
+`mind.core.snapshots`: `sim.snapshot_table`), the REAL task-start decisions of
+`mind.core.taskstart` (driven here as the task service drives them) and the REAL scope verdicts of
+`mind.core.admission`, inside a synchronous copy of the asyncio glue around them.
+`tests/sim/test_mirrors.py` fails when the mirrored classes of `mind/daemon/` change without this
+copy being checked again.
 
 What is mirrored, and from where (keep in step with the real files):
 - `mind/daemon/server.py` (`Mind`): `perform` (SendToHand only onto the live connection of that
@@ -16,7 +18,7 @@ What is mirrored, and from where (keep in step with the real files):
   where the real coroutines await (`m.db`, `m.ask`).
 
 A Mind crash is the loss of this object: its registry, asks, starts in flight and connections.
-What survives is outside it: the snapshot table and the generation counter (both on disk).
+What survives is outside it: the snapshot store and the generation counter (both on disk).
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ if the behaviour changed, then record the new fingerprints:
 The Mind's rooms that the simulation does not model are not mirrored: the door (handshakes: the
 simulated links are authenticated by construction), the views and the HTTP answers (they only
 read). The task-start decisions are not mirrored either: they are a core (`mind.core.taskstart`)
-that the simulation drives itself.
+that the simulation drives itself, and neither are the task-snapshot store (the simulation drives
+the real `SnapshotStore` on an in-memory SQLite database) nor the Hand's restart recovery (its
+rules are the core's `hand.core.tasks.orphaned` and `recovered`).
 
 (This is the test that would have failed when the Hand's group commit changed `hand/aio/tasks.py` by
 342 lines and no simulation file changed.)
@@ -43,8 +45,6 @@ MIRRORS: dict[str, str] = {
     "hand.aio.tasks:TaskManager": "sim.hand_tasks:HandTasks",
     "hand.aio.taskstarts:TaskStarts": "sim.hand_tasks:HandTasks",
     "hand.aio.taskrun:LiveTask": "sim.hand_tasks:HandTasks",
-    "hand.aio.taskrecovery:recover": "sim.hand_tasks:HandTasks",
-    "hand.aio.taskrecovery:_recover_one": "sim.hand_tasks:HandTasks",
     "hand.aio.groupcommit:GroupCommit": "sim.hand_tasks:GroupCommit",
     "hand.system.tasklogs:LogSink": "sim.hand_tasks:LogSink",
     "hand.aio.runs:RunTable": "sim.continuity_hand:KeptRuns",  # HandRuns, and what a window adds
@@ -57,7 +57,6 @@ MIRRORS: dict[str, str] = {
     "mind.daemon.connections:Connections": "sim.mind_shell:SimMind",
     "mind.daemon.dispatch:Dispatch": "sim.mind_shell:SimMind",
     "mind.daemon.taskservice:TaskService": "sim.mind_shell:SimMind",
-    "mind.store.snapshots:SnapshotStore": "sim.snapshot_table:SnapshotTable",
 }
 
 

@@ -15,10 +15,11 @@ Each step picks one event, biased towards progress:
   and new connections refused for a while), Hand crash + restart, Mind crash + restart, a start
   sent twice in one write (same id; same binding or another: one batch), a Hand's disk failing its
   next commit of starts (the batch is refused, nothing stored).
-After every event the always-invariants are checked (`checker.py`). After the steps comes the
-quiesce phase: heal everything, restart what is down, run until nothing is in flight and every job
-has ended, check the reconciled invariants; then force one more reconnect of every Hand (a final
-reconciliation pass) and check them again.
+The Mind's snapshot table is the REAL `mind.store.snapshots.SnapshotStore` (SQLite in memory, one
+per world: the disk; `snapshot_table.py`). After every event the always-invariants are checked
+(`checker.py`). After the steps comes the quiesce phase: heal everything, restart what is down, run
+until nothing is in flight and every job has ended, check the reconciled invariants; then force one
+more reconnect of every Hand (a final reconciliation pass) and check them again.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from sim.jobs import Machine
 from sim.mind_shell import SimMind
 from sim.network import Direction, Link
 from sim.runtime import Clock, Loop
-from sim.snapshot_table import CheckedSnapshots, SnapshotTable
+from sim.snapshot_table import SnapshotTable, store_rules
 from sim.tracing import Tracer, describe
 
 from hand.core.tasks import TaskLimits
@@ -76,11 +77,13 @@ class Rules:
     registry_cls: type[RunRegistry] = RunRegistry
     reconcile: Callable[..., Any] = mind_tasks.reconcile
     apply_report: Callable[..., Any] = mind_tasks.apply_report
+    """The rules the real snapshot store's scripts call (`SnapshotStore(rules=)`): a test swaps them."""
     hand_tasks_cls: type[HandTasks] = HandTasks
     hand_cls: type[HandProcess] = HandProcess
     mind_cls: type[SimMind] = SimMind
     checked_store: bool = False
-    """Run the real SQLite `SnapshotStore` beside the model and compare every answer (slower)."""
+    """After every snapshot operation, compare the rows the table kept from the real store's answers
+    with a full listing of the store; the checker fails on a difference (slower)."""
     variant: str = ""
     """The `scripts/sim --variant` name that selects these rules (for the replay command)."""
     resume_windows: tuple[float, ...] = ()
@@ -126,8 +129,11 @@ class World:
         self.checker = Checker(self)
         self._ids = 0
         self.loops: list[Loop] = []
-        table = SnapshotTable(self.rules.reconcile, self.rules.apply_report)
-        self.snapshots: Any = CheckedSnapshots(table) if self.rules.checked_store else table
+        self.snapshots = SnapshotTable(
+            store_rules(self.rules.reconcile, self.rules.apply_report), checked=self.rules.checked_store
+        )
+        """The real `SnapshotStore` (SQLite in memory) behind a thin adapter: the disk, it outlives
+        every Mind."""
         self.gens = {h: 0 for h in self.config.hands}
         self.hand_labels = frozenset(self.config.hands)
         self.links: list[Link] = []

@@ -1,185 +1,160 @@
-"""The Mind's `task_snapshots` table, in memory: `mind.store.snapshots.SnapshotStore`'s operations over a
-dict, with the REAL pure rules of `mind.core.snapshots` (`apply_report`, `from_report`, `mark_stale`,
-`reconcile`) in between, exactly where the store calls them.
+"""The Mind's `task_snapshots` table: the REAL `mind.store.snapshots.SnapshotStore` (SQLite, in
+memory), its REAL transaction scripts (`mind.store.scripts`) and the REAL pure rules of
+`mind.core.snapshots` in between, unless a test swaps in broken ones (the store's `rules`).
 
-It survives Mind crashes (it is the disk). `CheckedSnapshots` runs every operation against this
-model AND the real SQLite store (in memory) and fails on the first difference: the model is then
-known to be the store, not a guess about it.
+One per World; it survives Mind crashes (it is the disk). `SnapshotTable` is a thin adapter: it
+passes each operation to the store and keeps, from the store's answers, what the checker and the
+clients read besides: `rows` (task id -> snapshot) and `dirty` (the ids whose row changed since the
+checker last looked). An answer names the row now held (a report's, an insert's, a start's), or
+what a reconciliation wrote and deleted, or how many rows went stale; where it does not say which
+(a cleared cancel, rows gone stale, a Mind's restart), the adapter reads the rows back from the
+store. With `checked=True` (`Rules(checked_store=True)`) it also compares `rows` with a full
+listing of the store after every operation: an answer that is not what the store holds shows there
+(`mismatch`, which the checker fails on).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from mind.core import snapshots as rules
+from mind.core import snapshots as core_rules
 from mind.core.snapshots import Plan, Snapshot
+from mind.store.scripts import SnapshotRules
+from mind.store.snapshots import SnapshotStore
 from protocol.messages import TaskInfo
+
+EVERY = 1_000_000
+"""A listing's limit that no simulated table reaches."""
+
+
+@dataclass(frozen=True)
+class SwappedRules:
+    """`mind.core.snapshots` with `reconcile` and `apply_report` swapped: a test's broken rules."""
+
+    reconcile: Callable[..., Plan]
+    apply_report: Callable[..., Snapshot | None]
+    from_report = staticmethod(core_rules.from_report)
+    within_quota = staticmethod(core_rules.within_quota)
+
+
+def store_rules(reconcile: Callable[..., Plan], apply_report: Callable[..., Snapshot | None]) -> SnapshotRules:
+    """The rules for the store: `mind.core.snapshots` itself unless a test swapped one."""
+    if reconcile is core_rules.reconcile and apply_report is core_rules.apply_report:
+        return core_rules
+    return SwappedRules(reconcile, apply_report)
 
 
 class SnapshotTable:
-    def __init__(
-        self,
-        reconcile: Callable[..., Plan] = rules.reconcile,
-        apply_report: Callable[..., Snapshot | None] = rules.apply_report,
-    ) -> None:
-        self.rows: dict[str, Snapshot] = {}
-        self.dirty: dict[str, None] = {}
-        """Task ids written since the checker last looked (it checks only those)."""
-        self._reconcile = reconcile
-        self._apply_report = apply_report
+    """The real `SnapshotStore`'s operations (those the simulated Mind calls), and `rows`, `dirty`
+    and `all()` kept from its answers."""
 
-    def _put(self, snap: Snapshot) -> None:
-        self.rows[snap.task_id] = snap
-        self.dirty[snap.task_id] = None
+    def __init__(self, rules: SnapshotRules = core_rules, checked: bool = False) -> None:
+        self.real = SnapshotStore(Path(":memory:"), rules)
+        self.rows: dict[str, Snapshot] = {}
+        """The store's rows (task id -> snapshot), as its answers and read-backs showed them."""
+        self.dirty: dict[str, None] = {}
+        """Task ids whose row changed since the checker last looked (it checks only those)."""
+        self.checked = checked
+        self.mismatch: str | None = None
+        """With `checked`: the first difference between `rows` and the store (the checker fails on
+        it after the event; raised here, it would reach the simulated Mind as a database error)."""
+
+    def _held(self, task_id: str, snap: Snapshot | None) -> None:
+        """The store holds `snap` for `task_id` now (None: no row): note it, and whether it changed."""
+        if snap is None:
+            if self.rows.pop(task_id, None) is not None:
+                self.dirty[task_id] = None
+        elif self.rows.get(task_id) != snap:
+            self.rows[task_id] = snap
+            self.dirty[task_id] = None
+
+    def _listed(self, before: list[str], listing: list[Snapshot]) -> None:
+        """`listing`: every row the store holds now among `before` (and others); the rest are gone."""
+        found = {s.task_id: s for s in listing}
+        for task_id in before:
+            if task_id not in found:
+                self._held(task_id, None)
+        for task_id, snap in found.items():
+            self._held(task_id, snap)
+
+    def _check(self) -> None:
+        if self.checked:
+            store = {s.task_id: s for s in self.real.list(limit=EVERY)}
+            if store != self.rows and self.mismatch is None:
+                self.mismatch = f"kept {self.rows!r} != store {store!r}"
+
+    def _of_hand(self, hand: str) -> list[str]:
+        return [tid for tid, s in self.rows.items() if s.hand == hand]
 
     def get(self, task_id: str) -> Snapshot | None:
-        return self.rows.get(task_id)
+        return self.real.get(task_id)
 
     def insert_new(self, snap: Snapshot) -> Snapshot | None:
-        existing = self.rows.get(snap.task_id)
-        if existing is not None:
-            return existing
-        self._put(snap)
-        return None
+        existing = self.real.insert_new(snap)
+        self._held(snap.task_id, existing or snap)  # None: `snap` was inserted
+        self._check()
+        return existing
 
     def delete(self, task_id: str) -> None:
-        self.rows.pop(task_id, None)
-        self.dirty[task_id] = None
+        self.real.delete(task_id)
+        self._held(task_id, None)
+        self._check()
 
     def report(self, hand: str, info: TaskInfo, now: float, adopt: bool = True) -> tuple[Snapshot | None, str]:
-        snap = self.rows.get(info.task_id)
-        if snap is None:
-            if not adopt:
-                return None, "unknown"
-            new = rules.from_report(hand, info, now)
-            self._put(new)
-            return new, "adopted"
-        if snap.hand != hand:
-            return snap, "foreign"
-        new = self._apply_report(snap, info, now)
-        if new is None:
-            return snap, "unchanged"
-        self._put(new)
-        return new, "updated"
+        held, what = self.real.report(hand, info, now, adopt)
+        self._held(info.task_id, held)
+        self._check()
+        return held, what
 
     def retry_start(self, snap: Snapshot) -> Snapshot | None:
-        current = self.rows.get(snap.task_id)
-        if current is None or current.version > 0 or current.start_pending:
-            return None
-        self._put(snap)
-        return snap
+        written = self.real.retry_start(snap)
+        if written is not None:  # None: nothing written
+            self._held(snap.task_id, written)
+        self._check()
+        return written
 
     def finish_start(self, task_id: str) -> Snapshot | None:
-        snap = self.rows.get(task_id)
-        if snap is None:
-            return None
-        if snap.start_pending:
-            snap = replace(snap, start_pending=False)
-            self._put(snap)
-        return snap
+        held = self.real.finish_start(task_id)
+        self._held(task_id, held)
+        self._check()
+        return held
 
     def set_cancel_pending(self, task_id: str, reason: str) -> Snapshot | None:
-        snap = self.rows.get(task_id)
-        if snap is None or snap.terminal:
-            return snap
-        snap = replace(snap, cancel_pending=reason)
-        self._put(snap)
-        return snap
+        held = self.real.set_cancel_pending(task_id, reason)
+        self._held(task_id, held)
+        self._check()
+        return held
 
     def clear_cancel_pending(self, task_id: str) -> None:
-        snap = self.rows.get(task_id)
-        if snap is not None:
-            self._put(replace(snap, cancel_pending=None))
+        self.real.clear_cancel_pending(task_id)
+        self._held(task_id, self.real.get(task_id))
+        self._check()
 
     def mark_hand_stale(self, hand: str) -> int:
-        n = 0
-        for snap in list(self.rows.values()):
-            if snap.hand == hand:
-                new = rules.mark_stale(snap)
-                if new is not None:
-                    self._put(new)
-                    n += 1
+        n = self.real.mark_hand_stale(hand)
+        if n:  # how many it changed
+            self._listed(self._of_hand(hand), self.real.list(hand=hand, limit=EVERY))
+        self._check()
         return n
 
     def mark_all_stale(self) -> int:
-        n = 0
-        for snap in list(self.rows.values()):
-            new = rules.mark_stale(snap)
-            if new is not None:
-                snap = new
-                n += 1
-            if snap.start_pending:
-                snap = replace(snap, start_pending=False)
-            if new is not None or snap is not self.rows[snap.task_id]:
-                self._put(snap)
+        n = self.real.mark_all_stale()
+        self._listed(list(self.rows), self.real.list(limit=EVERY))
+        self._check()
         return n
 
     def reconcile(
         self, hand: str, hand_rows: dict[str, TaskInfo], now: float, synced_since: float | None = None
     ) -> Plan:
-        mine = [s for s in self.rows.values() if s.hand == hand]
-        settled = [s for s in mine if not s.start_pending]
-        held_elsewhere = {s.task_id: hand for s in mine if s.start_pending}
-        mine_ids = {s.task_id for s in mine}
-        for tid in hand_rows:
-            if tid not in mine_ids and tid in self.rows:
-                held_elsewhere[tid] = self.rows[tid].hand
-        plan = self._reconcile(hand, settled, hand_rows, held_elsewhere, now, synced_since)
-        for snap in plan.writes:
-            self._put(snap)
-        for tid in plan.never_stored:
-            self.delete(tid)
+        plan = self.real.reconcile(hand, hand_rows, now, synced_since)
+        for snap in plan.writes:  # what it wrote, and what it deleted: nothing else
+            self._held(snap.task_id, snap)
+        for task_id in plan.never_stored:
+            self._held(task_id, None)
+        self._check()
         return plan
 
     def all(self) -> list[Snapshot]:
         return list(self.rows.values())
-
-
-class ModelMismatch(AssertionError):
-    pass
-
-
-def _norm(value: Any) -> Any:
-    """Plans list snapshots in table order, which SQLite does not promise: compare them sorted."""
-    if isinstance(value, Plan):
-        key = lambda s: s.task_id
-        return (
-            sorted(value.updated, key=key),
-            sorted(value.adopted, key=key),
-            sorted(value.lost, key=key),
-            sorted(value.cancels),
-            sorted(value.foreign),
-            value.unchanged,
-        )
-    return value
-
-
-class CheckedSnapshots:
-    """The model and the real `SnapshotStore` side by side; every answer must be the same."""
-
-    def __init__(self, model: SnapshotTable) -> None:
-        from mind.store.snapshots import SnapshotStore
-
-        self.model = model
-        self.real = SnapshotStore(Path(":memory:"))
-
-    def __getattr__(self, name: str) -> Any:
-        ours = getattr(self.model, name)
-        if name in ("rows", "all", "dirty"):
-            return ours
-        theirs = getattr(self.real, name)
-
-        def both(*args: Any, **kwargs: Any) -> Any:
-            a = ours(*args, **kwargs)
-            b = theirs(*args, **kwargs)
-            if _norm(a) != _norm(b):
-                raise ModelMismatch(f"{name}{args}: model {a!r} != store {b!r}")
-            real_rows = {s.task_id: s for s in self.real.list(limit=100_000)}
-            if real_rows != self.model.rows:
-                raise ModelMismatch(f"after {name}{args}: model {self.model.rows!r} != store {real_rows!r}")
-            return a
-
-        return both

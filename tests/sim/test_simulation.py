@@ -1,5 +1,5 @@
 """The deterministic simulation: a few hundred seeds hold every invariant; a seed replays exactly;
-the in-memory snapshot table is the real store; the checker does trip, on deliberately broken
+the snapshot table keeps what the real store holds; the checker does trip, on deliberately broken
 rules and on the races it found (replayed here as scripted scenarios on the virtual clock); and the
 Hand's batched admission (group commit) behaves as shipped: one batch per read, the same id twice in
 a batch, the quota within a batch, a failed commit, a crash before the commit, requests waiting."""
@@ -71,8 +71,9 @@ def test_a_seed_replays_exactly_in_another_process() -> None:
     assert outs[0] == outs[1] and "digest" in outs[0]
 
 
-def test_the_snapshot_model_is_the_real_store() -> None:
-    """Every snapshot operation runs against the model and the real SQLite `SnapshotStore`."""
+def test_the_snapshot_table_keeps_what_the_real_store_holds() -> None:
+    """The checker looks at the rows the table keeps from the real `SnapshotStore`'s answers: after
+    every operation, they are the whole store (a full listing)."""
     for seed in range(12):
         run_seed(seed, 300, rules=Rules(checked_store=True))
 
