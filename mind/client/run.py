@@ -179,6 +179,11 @@ class RunHandle:
 
     def _act(self, actions: list[Action], msg: Message | None = None) -> bool:
         last = False
+        if any(isinstance(a, (SendAck, SendStdin)) for a in actions):
+            # written soon, whoever queued: a resend the Mind asked for (`stream_resume` after the
+            # Hand's leg was cut) may fill the whole window, and then no pump flushes it (a copy
+            # cut at half stalled for ever)
+            self._client.kick()
         for a in actions:
             if isinstance(a, Deliver):
                 self._events.put_nowait(msg)  # type: ignore[arg-type]

@@ -41,6 +41,7 @@ class FakeClient:
         self.cancels = 0
         self.later: list[RunHandle] = []
         self.detached: list[float | None] = []
+        self.kicks = 0
 
     def queue(self, msg: Any, id_: str) -> None:
         if not self.up:
@@ -48,7 +49,7 @@ class FakeClient:
         self.sent.append((msg, id_))
 
     def kick(self) -> None:
-        pass
+        self.kicks += 1
 
     async def flush_quietly(self) -> None:
         await asyncio.sleep(0)
@@ -246,3 +247,19 @@ async def test_a_run_the_mind_forgot_across_a_cut_is_said_to_have_an_unknown_fat
     with pytest.raises(ClientError) as unknown:
         await fresh.attached()
     assert unknown.value.message == f"no run {RUN}"  # a first attach of a wrong id: the Mind's own words
+
+
+async def test_a_resend_the_mind_asks_for_is_written_even_when_no_pump_will_flush_it():
+    """The Hand's leg was cut: the Mind's `stream_resume` asks for stdin again from the Hand's
+    position. The resend may fill the whole window, so the stdin pump (waiting for credit) never
+    flushes it: the handle asks the client to write it. Without that a copy cut at half stalled."""
+    client = FakeClient()
+    h = RunHandle(client, "x1", stdin=b"y" * 300_000)
+    h.on_message(RunUpdate(run_id=RUN, hand="box", state=RunState.RUNNING))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert h.follower.stdin_credit() == 0  # the window is full: the pump waits for credit
+    client.sent.clear()
+    kicks = client.kicks
+    h.on_message(StreamResume(run_id=RUN, stream="stdin", offset=0, consumed=0))
+    assert client.stdin()[0][0] == 0 and client.kicks > kicks
