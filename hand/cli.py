@@ -15,6 +15,7 @@ Heavy modules are imported inside `main`, so `hand --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -168,6 +169,7 @@ def build_config(settings: Settings) -> Any:
     sandbox = _sandbox(s)
     state = _state_dir(s["state_dir"])
     _check_task_db(state)
+    sandbox = dataclasses.replace(sandbox, cgroups=_cgroups(s, state, sandbox.caps))
     from protocol.io.tls import TLSConfigError, client_context
 
     try:
@@ -214,14 +216,17 @@ def _sandbox(s: Settings) -> Any:
         allow = DEFAULT_ALLOW.extended(parse_env_allow(s["env_allow"]))
     except ValueError as exc:
         raise s.fail("env_allow", str(exc)) from None
-    caps: dict[str, int | None] = {
+    caps: dict[str, int | float | None] = {
         "cpu_seconds": s["max_cpu_seconds"],
         "open_files": s["max_open_files"],
         "processes": s["max_processes"],
         "address_space": parse_size(s["max_address_space"]) if s["max_address_space"] is not None else None,
+        "memory": parse_size(s["max_memory"]) if s["max_memory"] is not None else None,
+        "pids": s["max_pids"],
+        "cpus": float(s["max_cpus"]) if s["max_cpus"] is not None else None,
     }
     try:
-        limits = ResourceLimits(**caps)
+        limits = ResourceLimits(**caps)  # type: ignore[arg-type]
     except ValueError as exc:
         raise ConfigError(f"a --max-* value is out of range: {str(exc).splitlines()[-1].strip()}") from None
     run_as = None
@@ -241,6 +246,26 @@ def _sandbox(s: Settings) -> Any:
         max_upload_bytes=parse_size(upload) if upload is not None else None,
         max_output_bytes=parse_size(s["output_limit"]),
     )
+
+
+def _cgroups(s: Settings, state: Path, caps: Any) -> Any:
+    """Where runs get a cgroup of their own (DESIGN §20), found now: a cap this host cannot enforce
+    is a configuration error, not a limit silently ignored."""
+    from hand.system.cgroups import NO_CGROUPS, CgroupLimits, detect, instance_of
+
+    if s["cgroups"] == "off":
+        host = dataclasses.replace(NO_CGROUPS, why="--cgroups off")
+    else:
+        host = detect(instance_of(state), root=s["cgroup_root"])
+        if s["cgroup_root"] is not None and not host.enabled:
+            raise s.fail("cgroup_root", f"cannot make the runs' cgroups there ({host.why})")
+    why = host.refusal(CgroupLimits(memory=caps.memory, pids=caps.pids, cpus=caps.cpus))
+    if why is not None:
+        flags = [
+            f for f, v in (("--max-memory", caps.memory), ("--max-pids", caps.pids), ("--max-cpus", caps.cpus)) if v
+        ]
+        raise ConfigError(f"{', '.join(flags)}: {why}")
+    return host
 
 
 def _check_task_db(state: Path) -> None:

@@ -25,6 +25,23 @@ def _size(value: str) -> str:
     return value
 
 
+def _cpus(value: str) -> str:
+    """A CPU share, kept as typed (a number of CPUs is no duration: `Key` floats are seconds)."""
+    try:
+        share = float(value)
+    except ValueError:
+        share = -1.0
+    if not 0.01 <= share <= 4096:  # NaN fails too
+        raise ValueError("wants a CPU share from 0.01 to 4096 (0.5 = half a CPU)")
+    return value
+
+
+def _cgroup_path(value: str) -> str:
+    if not value.startswith("/") or ".." in value.split("/") or "\x00" in value:
+        raise ValueError("wants an absolute cgroup path such as /system.slice/hand.service/runs")
+    return value
+
+
 def _tools(value: list[str]) -> list[str]:
     from hand.core.policy import parse_tool_list
 
@@ -215,6 +232,47 @@ KEYS: tuple[Key, ...] = (
         metavar="N",
     ),
     Key(
+        "max_memory",
+        str,
+        None,
+        "cap on the memory a run uses (its cgroup's, all its processes): bytes or K, M, G; needs cgroups",
+        check=_size,
+        metavar="SIZE",
+    ),
+    Key(
+        "max_pids",
+        int,
+        None,
+        "cap on a run's processes and threads at once (its cgroup's); needs cgroups",
+        check=positive,
+        metavar="N",
+    ),
+    Key(
+        "max_cpus",
+        str,
+        None,
+        "cap on a run's CPU share (its cgroup's quota; 0.5 = half a CPU); needs cgroups",
+        check=_cpus,
+        metavar="CPUS",
+    ),
+    Key(
+        "cgroups",
+        str,
+        "auto",
+        "a cgroup per run and task (a kill nothing escapes, memory/pids/cpus limits, usage): "
+        "auto (where this Hand may make them) or off (process-group kill only)",
+        check=one_of("auto", "off"),
+    ),
+    Key(
+        "cgroup_root",
+        str,
+        None,
+        "make the runs' cgroups under this cgroup (a path as in /proc/self/cgroup, e.g. a delegated "
+        "/system.slice/hand.service/runs); default: under this Hand's own",
+        check=_cgroup_path,
+        metavar="PATH",
+    ),
+    Key(
         "max_upload_bytes",
         str,
         None,
@@ -278,6 +336,11 @@ GROUPS: dict[str, str] = {
     "max_address_space": SANDBOX,
     "max_open_files": SANDBOX,
     "max_processes": SANDBOX,
+    "max_memory": SANDBOX,
+    "max_pids": SANDBOX,
+    "max_cpus": SANDBOX,
+    "cgroups": SANDBOX,
+    "cgroup_root": SANDBOX,
     "max_upload_bytes": SANDBOX,
     "run_as": SANDBOX,
     "log_format": LOGS,

@@ -43,6 +43,8 @@ them by it (`ValueError`).
     ├── CopyFailed                     hand/system/copy.py         a copy's file work failed (the run's `ToolFailed`)
     ├── Interrupted                    hand/aio/copyrun.py         a copy run stopped before its stream ended
     ├── OverCap (ValueError)           hand/system/sandbox.py      a limit above the Hand's cap
+    │   └── NotEnforceable                                         a limit this host has no cgroup controller for
+    ├── CgroupError (OSError)          hand/system/cgroups.py      a run's cgroup could not be set up
     ├── TaskStoreError                 hand/system/taskdb.py       the Hand's task database cannot be used
     └── NotThisUser (OSError)          hand/system/fsuser.py       a file call on a thread not acting as the run's user
 

@@ -65,6 +65,10 @@ class HandClaims(Message):
     machine: Str
     python: Str
     version: Str
+    cgroups: Literal["v2", "hybrid", "v1", "none"] | None = None
+    """How the Hand contains runs (DESIGN §20); None: a Hand from before cgroups."""
+    limits: Annotated[list[Str], Field(max_length=16)] | None = None
+    """The cgroup limits it can enforce (`memory`, `pids`, `cpus`)."""
 
 
 class Hello(Message):
@@ -302,6 +306,27 @@ class OutputTail(Message):
     """For a streamed run: the sha256 of those `sent` bytes, to check what arrived end to end."""
 
 
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+KillMode = Literal["cgroup", "process_group"]
+"""How a run's processes were contained and killed (DESIGN §20): its own cgroup (nothing escapes),
+or its process group (descendants that left it may survive)."""
+
+
+class Usage(Message):
+    """What a run's cgroup counted (DESIGN §20); a figure this host cannot count is None."""
+
+    TYPE = "usage"
+    cpu_user_s: Seconds | None = None
+    cpu_system_s: Seconds | None = None
+    memory_peak: NonNeg | None = None
+    """Bytes: the most the run's processes used together."""
+    pids_peak: NonNeg | None = None
+    oom_kills: NonNeg | None = None
+    """Processes the kernel killed for the run's memory limit."""
+    throttled_s: Seconds | None = None
+    """Time the run was held back by its CPU share."""
+
+
 class Outcome(Message):
     """How a run ended: what the Hand reports (`result`) and what the client is told (`run_end`)."""
 
@@ -319,6 +344,10 @@ class Outcome(Message):
     value: Any = None
     error: Text | None = None
     duration_ms: NonNeg = 0
+    usage: Usage | None = None
+    """A process run's: what it used (where its cgroup counted it)."""
+    kill: KillMode | None = None
+    """A process run's: how its processes were contained, so how sure its kill was."""
 
 
 OUTCOME_FIELDS = tuple(Outcome.model_fields)
@@ -429,6 +458,8 @@ class TaskInfo(Message):
     uncommitted: Text | None = None
     """Set while the task has ended but the Hand could not commit its outcome yet (a full disk):
     how it ended. `state` stays the committed one until the commit lands (then a new version)."""
+    usage: Usage | None = None
+    """An ended task's: what it used (where its cgroup counted it)."""
 
 
 class TaskStartValue(Message):

@@ -26,12 +26,14 @@ from hand.aio.metrics import HandMetrics
 from hand.aio.streams import RunStreams
 from hand.core.cpu import CPU_SECONDS
 from hand.core.runs import progress_pieces
-from hand.system.cputime import stop_watching, watch_cpu
+from hand.system.cgroups import RunCgroup
+from hand.system.cputime import stop_watching, tree_reader, watch_cpu
 from hand.system.process import ProcessOutcome, ProcessRun, Stream
 from hand.system.pty import PtyOutcome, PtyRun
+from hand.system.sandbox import cgroup_limits
 from hand.system.tools import Prepared, ProcessSpec
 from protocol.control import RunAborted, RunControl
-from protocol.messages import Message, PresentedRun, Progress, Result, Rpc, RunExited
+from protocol.messages import Message, PresentedRun, Progress, Result, Rpc, RunExited, Usage
 
 Send = Callable[[Message], None]
 
@@ -56,6 +58,10 @@ class ActiveRun:
     told_to_stop: bool = False
     """The Mind sent a `cancel` for it: its result goes out at once, whatever its streams wait for
     (the Mind ended the run, or wants the truth now)."""
+    usage: Usage | None = None
+    """What the process run used, as its cgroup counted it (None: it had none)."""
+    memory_limit: int | None = None
+    """The memory limit its cgroup had: named when the kernel killed for it."""
 
     def presented(self, now: float) -> PresentedRun:
         """The run as the Hand presents it after a cut: enough for a Mind that restarted to adopt it."""
@@ -76,7 +82,20 @@ class ActiveRun:
         )
 
     async def run_process(self, spec: ProcessSpec, send: Send, metrics: HandMetrics) -> ProcessOutcome | PtyOutcome:
-        """Run the command, on a terminal or not, with its output as progress (or streams)."""
+        """Run the command, on a terminal or not, with its output as progress (or streams), in a
+        cgroup of its own where the Hand has them (`hand.system.cgroups`): what it used is kept in
+        `usage` once the cgroup is empty and gone. Raises OSError when it cannot start."""
+        cg = spec.cgroups.create(f"run-{self.rpc.run_id}", cgroup_limits(spec.limits)) if spec.cgroups else None
+        try:
+            return await self._run_process(spec, send, metrics, cg)
+        finally:
+            if cg is not None:
+                self.usage = await cg.close()
+                self.memory_limit = spec.limits.memory if spec.limits is not None else None
+
+    async def _run_process(
+        self, spec: ProcessSpec, send: Send, metrics: HandMetrics, cg: RunCgroup | None
+    ) -> ProcessOutcome | PtyOutcome:
         streams = self.streams
         pty = streams.spec.pty if streams is not None else None
         proc: ProcessRun | PtyRun
@@ -95,6 +114,7 @@ class ActiveRun:
                 grace=self.grace,
                 limits=spec.limits,
                 run_as=spec.run_as,
+                cgroup=cg,
             )
             streams.attach(proc)
             return await self._supervise(spec, proc, streams, send)
@@ -111,6 +131,7 @@ class ActiveRun:
             on_stdin_consumed=streams.on_stdin_consumed if streams is not None else None,
             on_output_closed=streams.on_output_end if streams is not None else None,
             pipe_size=streams.spec.window if streams is not None else None,
+            cgroup=cg,
         )
         if streams is not None:
             streams.attach(proc)
@@ -124,7 +145,8 @@ class ActiveRun:
         unregister = self.ctl.cancellation.on_cancel(lambda _reason: proc.kill())
         watcher = None
         if cpu_limit(spec) is not None:
-            watcher = asyncio.get_running_loop().create_task(watch_cpu(lambda: proc.pid, self._charge_cpu))
+            read = tree_reader(proc.cgroup)
+            watcher = asyncio.get_running_loop().create_task(watch_cpu(lambda: proc.pid, self._charge_cpu, read=read))
         try:
             out = await proc.run()
             if streams is not None:  # every byte owed is sent before the result (or the run stops)

@@ -68,6 +68,7 @@ from hand.core.policy import LivePolicy, Policy
 from hand.core.runs import STATE_ROOM_MIN
 from hand.core.sanitize import Sanitizer
 from hand.core.tasks import TaskLimits
+from hand.system.cgroups import NO_CGROUPS, CgroupHost
 from hand.system.disk import free_bytes
 from hand.system.process import DEFAULT_GRACE_S
 from hand.system.sandbox import Sandbox
@@ -167,7 +168,7 @@ class _Stopped(MindhandError):
     """A stop was requested while connecting or handshaking."""
 
 
-def claims() -> HandClaims:
+def claims(cgroups: CgroupHost = NO_CGROUPS) -> HandClaims:
     try:
         from importlib.metadata import version
 
@@ -180,6 +181,8 @@ def claims() -> HandClaims:
         machine=platform.machine() or "unknown",
         python=platform.python_version(),
         version=ours,
+        cgroups=cgroups.layout,
+        limits=list(cgroups.limits),
     )
 
 
@@ -242,7 +245,7 @@ class Agent:
         self._sanitize = Sanitizer(config.root, secrets=[cred.secret.hex()])
         # The credential never reaches a child, whatever the environment allowlist says.
         self._sandbox = dataclasses.replace(config.sandbox, secrets=config.sandbox.secrets + (cred.secret.hex(),))
-        self._claims = claims()
+        self._claims = claims(self._sandbox.cgroups)
         self._urls = Rotation(split_urls(config.url) or [config.url])
         """The Mind nodes this Hand may connect to (DESIGN §16): a random start, the next on a refusal."""
         self._dests = {u: (parse_uri(u), client_context(u, config.ca, config.pin)) for u in self._urls.urls}
@@ -340,6 +343,19 @@ class Agent:
     async def _run(self) -> int:
         """Open the task manager (restart recovery happens here, before any connection), then
         connect forever; on stop, shut the tasks down (`cancelled`, reason `shutdown`)."""
+        cgroups = self._sandbox.cgroups
+        self._log.info("cgroups", layout=cgroups.layout, kill=cgroups.kill_mode, limits=list(cgroups.limits))
+        print(f"hand: {cgroups.describe()}", file=sys.stderr, flush=True)
+        if cgroups.enabled:  # what a previous life's runs left (a crash): killed before anything is reported
+            swept = await cgroups.sweep()
+            if swept:
+                self._log.warning("cgroups_swept", count=len(swept))
+        try:
+            return await self._run_tasks()
+        finally:
+            cgroups.release()
+
+    async def _run_tasks(self) -> int:
         if self.cfg.state_dir is None:
             return await self._connect_forever()
         async with asyncio.TaskGroup() as owner:  # outlives every connection

@@ -48,11 +48,13 @@ from hand.aio.streams import RunStreams, capped_spec
 from hand.core.cpu import CPU_SECONDS
 from hand.core.policy import ToolPolicy
 from hand.core.runs import (
+    OUT_OF_MEMORY,
     RecentRuns,
     RunBook,
     RunEnd,
     final,
     kill_grace,
+    oom_error,
     process_end,
     run_limits,
     stopped,
@@ -480,6 +482,7 @@ class RunTable:
             cancel=run.ctl.cancellation.reason,
             cpu_seconds=run.ctl.budget.limit(CPU_SECONDS),
             cpu_used=run.ctl.budget.used(CPU_SECONDS),
+            oom_kills=(run.usage.oom_kills or 0) if run.usage is not None else 0,
         )
         return Result(
             run_id=run.rpc.run_id,
@@ -492,6 +495,9 @@ class RunTable:
             stderr=stderr,
             truncated=out.stdout.truncated or out.stderr.truncated,
             duration_ms=_ms(out.duration),
+            error=oom_error(run.memory_limit) if end.reason == OUT_OF_MEMORY else None,
+            usage=run.usage,
+            kill="cgroup" if out.contained else "process_group",
         )
 
     def _failed(

@@ -18,15 +18,33 @@ from hand.aio.metrics import HandMetrics
 from hand.core.cpu import CPU_SECONDS
 from hand.core.rows import TaskRow
 from hand.core.sanitize import Sanitizer
-from hand.core.spawn import spawn_failure
+from hand.core.spawn import SpawnFailure, spawn_failure
 from hand.core.tasks import Ending, ending, not_started
-from hand.system.cputime import stop_watching, watch_cpu
+from hand.system.cgroups import RunCgroup
+from hand.system.cputime import stop_watching, tree_reader, watch_cpu
 from hand.system.process import ProcessRun, Stream
+from hand.system.sandbox import cgroup_limits
 from hand.system.tasklogs import TaskLog
 from hand.system.tools import ProcessSpec
 from protocol.audit import AuditEvent
 from protocol.codes import CancelReason
 from protocol.control import Budget
+from protocol.messages import Usage
+
+
+def proc_args(
+    spec: ProcessSpec, output: Callable[[Stream, bytes], None], grace: float, on_spawn: Callable[[int], Awaitable[None]]
+) -> dict[str, Any]:
+    return dict(
+        cwd=spec.cwd,
+        env=spec.env,
+        stdin=spec.stdin,
+        on_output=output,
+        grace=grace,
+        on_spawn=on_spawn,
+        limits=spec.limits,
+        run_as=spec.run_as,
+    )
 
 
 @dataclass(eq=False)
@@ -43,6 +61,8 @@ class LiveTask:
     cpu: Budget | None = None
     outcome: dict[str, Any] | None = None
     """The ending the Hand knows but could not commit yet (a full disk): kept, retried, reported."""
+    usage: Usage | None = None
+    """What the task used, as its cgroup counted it once empty (None: it had none)."""
 
     async def run(
         self,
@@ -61,17 +81,20 @@ class LiveTask:
             self.sink = await asyncio.to_thread(TaskLog, log_path, stream_paths, log_max)
         except OSError as exc:
             return ending(None, None, max_ms, f"cannot open the task log: {exc.strerror or exc}")
-        proc = ProcessRun(
-            spec.argv,
-            cwd=spec.cwd,
-            env=spec.env,
-            stdin=spec.stdin,
-            on_output=self._output,
-            grace=grace,
-            on_spawn=on_spawn,
-            limits=spec.limits,
-            run_as=spec.run_as,
-        )
+        try:
+            cg = spec.cgroups.create(f"task-{self.row.task_id}", cgroup_limits(spec.limits)) if spec.cgroups else None
+        except OSError as exc:
+            return not_started(SpawnFailure(None, "tool failed", sanitize(f"cannot start {spec.argv[0]}: {exc}")))
+        try:
+            return await self._run(proc_args(spec, self._output, grace, on_spawn), cg, sanitize)
+        finally:
+            if cg is not None:
+                self.usage = await cg.close()
+
+    async def _run(self, args: dict[str, Any], cg: RunCgroup | None, sanitize: Sanitizer) -> Ending:
+        spec = self.spec
+        max_ms = self.row.max_runtime_ms
+        proc = ProcessRun(spec.argv, cgroup=cg, **args)
         self.proc = proc
         if self.cancel is not None:
             proc.kill()
@@ -79,7 +102,8 @@ class LiveTask:
         watcher = None
         if cpu_seconds is not None:
             self.cpu = Budget({CPU_SECONDS: cpu_seconds})
-            watcher = asyncio.get_running_loop().create_task(watch_cpu(lambda: proc.pid, self._charge_cpu))
+            read = tree_reader(cg)
+            watcher = asyncio.get_running_loop().create_task(watch_cpu(lambda: proc.pid, self._charge_cpu, read=read))
         try:
             out = await proc.run()
         except OSError as exc:  # the command could not start: 127 / 126 as a shell says, if it is the program's
@@ -94,7 +118,10 @@ class LiveTask:
                 if failure is not None:  # metering broke; the task's own outcome stands
                     self.log.error("task_cpu_watch_failed", error=type(failure).__name__)
         used = self.cpu.used(CPU_SECONDS) if self.cpu is not None else 0.0
-        return ending(out, self.cancel, max_ms, self.sink.error, cpu_seconds, used)
+        assert self.sink is not None
+        oom = (cg.read_usage().oom_kills or 0) if cg is not None else 0
+        memory = spec.limits.memory if spec.limits is not None else None
+        return ending(out, self.cancel, max_ms, self.sink.error, cpu_seconds, used, oom, memory)
 
     def _charge_cpu(self, seconds: float) -> bool:
         """Spend CPU the tree used; past the budget, kill the tree (it ends `failed`)."""
@@ -151,4 +178,5 @@ class LiveTask:
             error=end.error,
             log_bytes=sink.size if sink is not None else self.row.log_bytes,
             truncated=sink.truncated if sink is not None else self.row.truncated,
+            usage=self.usage.model_dump_json(exclude_none=True) if self.usage is not None else None,
         )

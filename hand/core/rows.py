@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.codes import KillStage
-from protocol.messages import TaskInfo
+from protocol.messages import TaskInfo, Usage
 from protocol.states import TASK_TERMINAL, TaskState
 
 
@@ -34,6 +34,8 @@ class TaskRow:
     truncated: bool = False
     pid: int | None = None
     pid_start_time: int | None = None
+    usage: str | None = None
+    """What the ended task used (`protocol.messages.Usage` as JSON), where its cgroup counted it."""
 
     @property
     def terminal(self) -> bool:
@@ -77,4 +79,5 @@ def to_info(row: TaskRow) -> TaskInfo:
         error=row.error[:16384] if row.error is not None else None,
         log_bytes=row.log_bytes,
         truncated=row.truncated,
+        usage=Usage.model_validate_json(row.usage) if row.usage else None,
     )

@@ -279,10 +279,13 @@ def process_end(
     cancel: CancelReason | None,
     cpu_seconds: float | None = None,
     cpu_used: float = 0.0,
+    oom_kills: int = 0,
 ) -> RunEnd:
     """How a run's process ended. The truth wins: only a kill we performed (`killed`) makes it end
     as its cancel reason says; CPU spent past the budget is `budget_exhausted` whether we or the
-    kernel's per-process limit killed it; otherwise its exit status decides."""
+    kernel's per-process limit killed it; a run that failed after the kernel killed in it for its
+    memory limit (`oom_kills`, its cgroup's count) is `out_of_memory`; otherwise its exit status
+    decides (a run that succeeded although one of its processes was killed for memory succeeded)."""
     cpu = int(cpu_seconds) if cpu_seconds is not None else None
     if killed and cancel is CancelReason.BUDGET_EXHAUSTED and cpu is not None:
         return RunEnd(RunState.BUDGET_EXHAUSTED, cpu_exhausted(cpu))
@@ -292,7 +295,27 @@ def process_end(
         return RunEnd(RunState.BUDGET_EXHAUSTED, kernel_cpu_reason(cpu))
     if exit_code == 0:
         return RunEnd(RunState.SUCCEEDED, "")
+    if oom_kills:
+        return RunEnd(RunState.FAILED, OUT_OF_MEMORY)
     return RunEnd(RunState.FAILED, exit_reason(exit_code, signal))
+
+
+OUT_OF_MEMORY = "out_of_memory"
+
+
+def oom_error(memory_limit: int | None) -> str:
+    """The sentence a run killed for its memory limit carries (`error`)."""
+    if memory_limit is None:
+        return "out of memory: the kernel killed a process of the run for its memory limit"
+    return f"out of memory: the run's memory limit is {_size(memory_limit)}"
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            value = n / (1 << shift)
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def stopped(termination: Termination | None, cancel: CancelReason | None) -> RunEnd:

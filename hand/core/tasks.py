@@ -28,8 +28,8 @@ from typing import Generic, Protocol, TypeVar
 
 from hand.core.cpu import cpu_exhausted, kernel_cpu_kill
 from hand.core.rows import TaskRow
+from hand.core.runs import OUT_OF_MEMORY, Refused, exit_reason, kernel_cpu_reason, oom_error, refusal
 from hand.core.runs import SHUTTING_DOWN as SHUTTING_DOWN  # the start's refusal, as tests name it
-from hand.core.runs import Refused, exit_reason, kernel_cpu_reason, refusal
 from hand.core.spawn import SpawnFailure
 from protocol.codes import CancelReason, ErrorCode, KillStage, RejectCode
 from protocol.digest import args_digest, binding_digest
@@ -184,6 +184,8 @@ def ending(
     error: str | None = None,
     cpu_seconds: int | None = None,
     cpu_used: float = 0.0,
+    oom_kills: int = 0,
+    memory_limit: int | None = None,
 ) -> Ending:
     """How a task ended. The truth wins: only a kill we performed makes it `cancelled`,
     `timed_out` or (its CPU budget spent) `failed`; a command that exited on its own reports its
@@ -211,6 +213,10 @@ def ending(
     if kernel_cpu_kill(out.killed, out.signal, cpu_seconds, cpu_used):
         assert cpu_seconds is not None
         return Ending(TaskState.FAILED, kernel_cpu_reason(cpu_seconds), out.exit_code, out.signal, None, error)
+    if oom_kills:  # the kernel killed in its cgroup for its memory limit (`process_end` says the same)
+        return Ending(
+            TaskState.FAILED, OUT_OF_MEMORY, out.exit_code, out.signal, None, error or oom_error(memory_limit)
+        )
     return Ending(TaskState.FAILED, exit_reason(out.exit_code, out.signal), out.exit_code, out.signal, None, error)
 
 

@@ -26,7 +26,8 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from hand.core.cpu import CPU_SECONDS as CPU_SECONDS  # the budget kind, named where it is metered
+from hand.core.cpu import CPU_SECONDS as CPU_SECONDS
+from hand.system.cgroups import RunCgroup  # the budget kind, named where it is metered
 
 CPU_POLL_S = 0.2
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -99,6 +100,19 @@ class CpuMeter:
             return 0.0
         delta, self.seen = total - self.seen, total
         return delta
+
+
+def tree_reader(cgroup: RunCgroup | None) -> Callable[[int], float]:
+    """How a run's CPU is read: its cgroup's count where it has one (exact: what left the group
+    and what exited count too), else a scan of /proc by its group and session."""
+    if cgroup is None:
+        return read_tree_seconds
+
+    def read(leader: int) -> float:
+        seconds = cgroup.cpu_seconds()
+        return seconds if seconds is not None else read_tree_seconds(leader)
+
+    return read
 
 
 async def watch_cpu(

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from hand.system.cgroups import RunCgroup, check_program, shim_argv, shim_fits
 from hand.system.sandbox import ResourceLimits, RunAs, preexec_for, rlimit_plan
 from protocol import limits
 from protocol.codes import KillStage
@@ -114,7 +115,11 @@ class ProcessOutcome:
     stderr: Tail
     duration: float
     stragglers_killed: bool = False
-    """Leftovers of the group were killed after the main process exited on its own."""
+    """Leftovers of the group (or the run's cgroup) were killed after the main process exited on
+    its own."""
+    contained: bool = False
+    """The run had a cgroup of its own: nothing of it is left (a kill by process group only
+    reaches the descendants that stayed in the group)."""
 
 
 class _Protocol(asyncio.SubprocessProtocol):
@@ -472,12 +477,15 @@ class ProcessRun(Killable):
         on_stdin_consumed: Callable[[int], None] | None = None,
         on_output_closed: Callable[[Stream], None] | None = None,
         pipe_size: int | None = None,
+        cgroup: RunCgroup | None = None,
     ) -> None:
         """`on_spawn(pid)` is awaited right after the child started, before anything else: a
         background task records `running` and the pid there. Output and exit are still observed
         meanwhile, and a `kill()` requested during it is honoured as soon as it returns.
 
-        `limits` become `setrlimit` calls in the child, `run_as` its user and groups.
+        `limits` become `setrlimit` calls in the child, `run_as` its user and groups. `cgroup`:
+        the run's own (made by the caller, who also closes it): the child enters it before it
+        execs, the kill reaches everything in it, and the run is over only once it is empty.
 
         Streams (DESIGN §11): with `stdin_stream` the child's stdin is a pipe fed by `write_stdin`
         and closed by `close_stdin`; `on_stdin_consumed(n)` reports the bytes the child's pipe has
@@ -514,19 +522,22 @@ class ProcessRun(Killable):
         self._straggler_grace = straggler_grace
         self._on_spawn = on_spawn
         self._sandbox: dict[str, Any] = {}
-        """Extra `subprocess.Popen` keywords (`preexec_fn`, `user`, ...), passed through `subprocess_exec`."""
-        preexec = preexec_for(rlimit_plan(limits))
-        if preexec is not None:
-            self._sandbox["preexec_fn"] = preexec
+        """Extra `subprocess.Popen` keywords (`user`, ...), passed through `subprocess_exec`."""
+        self._plan = rlimit_plan(limits)
+        self.cgroup = cgroup
         if run_as is not None:
             self._sandbox.update(run_as.popen_args())
         self.stdout = Tail()
         self.stderr = Tail()
 
     def _first_signals(self, pid: int) -> None:
-        """SIGTERM (and SIGCONT, so a stopped member can act on it) to the group."""
+        """SIGTERM (and SIGCONT, so a stopped member can act on it) to the group, and to whatever
+        of the run's cgroup left it."""
         _signal_group(pid, signal.SIGTERM)
         _signal_group(pid, signal.SIGCONT)
+        if self.cgroup is not None:
+            self.cgroup.signal(signal.SIGTERM)
+            self.cgroup.signal(signal.SIGCONT)
 
     # --- streams ---
 
@@ -614,10 +625,18 @@ class ProcessRun(Killable):
             return ProcessOutcome(None, None, True, None, self.stdout, self.stderr, 0.0)
         proto = _Protocol(loop, self._on_data, self._pipe_closed, self._report_stdin)
         piped = self._stdin is not None or self._stdin_stream
+        argv = self._argv
+        if self.cgroup is not None and not self._plan and "user" not in self._sandbox and shim_fits(argv, self._env):
+            check_program(argv[0], self._cwd, self._env)  # fails as it would without the shell
+            argv = shim_argv(self.cgroup, argv)  # vfork stays: see `shim_argv`
+        else:
+            preexec = preexec_for(self._plan, self.cgroup.open_join() if self.cgroup is not None else ())
+            if preexec is not None:
+                self._sandbox["preexec_fn"] = preexec
         try:
             transport, _ = await loop.subprocess_exec(
                 lambda: proto,
-                *self._argv,
+                *argv,
                 stdin=asyncio.subprocess.PIPE if piped else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -628,6 +647,9 @@ class ProcessRun(Killable):
             )
         except subprocess.SubprocessError as exc:  # the preexec function failed: it did not start
             raise OSError(f"the sandbox could not be set up ({exc})") from None
+        finally:
+            if self.cgroup is not None:
+                self.cgroup.closed_join()
         pgid = transport.get_pid()
         self.pid = pgid
         self._transport = transport
@@ -661,12 +683,16 @@ class ProcessRun(Killable):
             if await self._exit_or_kill(proto.exited):
                 killed = True
                 stage, gone = await self._kill_group(pgid, self._grace, proto.exited, terminated=True)
+                if self.cgroup is not None:  # what left the group had the SIGTERM too: now the rest
+                    await self.cgroup.empty(self._straggler_grace)
             drained = await self._wait_output(proto)
             stragglers = False
             # Seen gone, it stays gone: a new member needs a live one to fork it.
             if not gone and (await live_members(pgid)) != []:
                 stragglers = True
                 await self._kill_group(pgid, self._straggler_grace, None)
+            if self.cgroup is not None and await self.cgroup.empty(self._straggler_grace):
+                stragglers = True  # what left the group (`setsid`, a daemon) is the run's too
             if not drained:
                 await self._wait_closed(proto, self._drain)
             finished = True
@@ -675,6 +701,8 @@ class ProcessRun(Killable):
             transport.close()  # stop reading pipes a setsid'd escapee may still hold
             if not finished:  # cancelled or failed mid-way: leave nothing running
                 _signal_group(pgid, signal.SIGKILL)
+                if self.cgroup is not None:
+                    self.cgroup.kill()
         exit_code, sig = split_returncode(transport.get_returncode())
         return ProcessOutcome(
             exit_code=exit_code,
@@ -685,6 +713,7 @@ class ProcessRun(Killable):
             stderr=self.stderr,
             duration=loop.time() - started,
             stragglers_killed=stragglers,
+            contained=self.cgroup is not None,
         )
 
     async def _wait_output(self, proto: _Protocol) -> bool:

@@ -64,6 +64,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from hand.system.cgroups import RunCgroup
 from hand.system.cputime import parse_stat
 from hand.system.process import (
     DEFAULT_GRACE_S,
@@ -228,9 +229,12 @@ class PtyOutcome:
     """The last bytes of the one output stream and its total (stdout and stderr are one here)."""
     duration: float
     stragglers_killed: bool = False
-    """Leftovers of the session were killed after the main process exited on its own."""
+    """Leftovers of the session (or the run's cgroup) were killed after the main process exited on
+    its own."""
     stdin_dropped: int = 0
     """Input bytes never taken by the terminal: queued when the run ended, or written after it."""
+    contained: bool = False
+    """The run had a cgroup of its own (see `ProcessOutcome.contained`)."""
 
     @property
     def stdout(self) -> Tail:
@@ -288,10 +292,12 @@ class PtyRun(Killable):
         straggler_grace: float = STRAGGLER_GRACE_S,
         limits: ResourceLimits | None = None,
         run_as: RunAs | None = None,
+        cgroup: RunCgroup | None = None,
     ) -> None:
         """`rows`, `cols` and `term` come from the client's first frame; `env` is the run's
         environment already built by `Sandbox.child_env` (None: the Hand's own), TERM set on top.
-        `executable` runs instead of argv[0] (a login shell's `-bash`: see `login_shell`)."""
+        `executable` runs instead of argv[0] (a login shell's `-bash`: see `login_shell`).
+        `cgroup`: the run's own, as for `ProcessRun`."""
         if not argv:
             raise ValueError("argv must not be empty")
         super().__init__()
@@ -307,7 +313,8 @@ class PtyRun(Killable):
         self._drain = drain
         self._straggler_grace = straggler_grace
         self._run_as = run_as
-        self._rlimits = preexec_for(rlimit_plan(limits))
+        self._plan = rlimit_plan(limits)
+        self.cgroup = cgroup
         self._master: int | None = None
         self._closed = False
         """The terminal is gone (hung up or the run is over): input is dropped from now on."""
@@ -333,6 +340,9 @@ class PtyRun(Killable):
         """SIGHUP, SIGTERM and SIGCONT to the child's group; `run()` finds the rest of the session
         and goes on with the kill sequence."""
         _signal_groups({pid}, HANGUP)
+        if self.cgroup is not None:  # what left the session gets the SIGTERM too
+            self.cgroup.signal(signal.SIGTERM)
+            self.cgroup.signal(signal.SIGCONT)
 
     def resize(self, rows: int, cols: int) -> None:
         """Set the terminal's size (`TIOCSWINSZ` on the master sets the slave's): the kernel sends
@@ -521,7 +531,12 @@ class PtyRun(Killable):
             "cwd": self._cwd,
             "env": self._env,
             "start_new_session": True,
-            "preexec_fn": partial(_child_setup, self._rlimits, fcntl.ioctl, termios.TIOCSCTTY),
+            "preexec_fn": partial(
+                _child_setup,
+                preexec_for(self._plan, self.cgroup.open_join() if self.cgroup is not None else ()),
+                fcntl.ioctl,
+                termios.TIOCSCTTY,
+            ),
         }
         if self._executable is not None:
             args["executable"] = self._executable
@@ -565,6 +580,8 @@ class PtyRun(Killable):
             raise
         finally:
             os.close(slave)  # the child holds it now; ours would keep EIO from ever coming
+            if self.cgroup is not None:
+                self.cgroup.closed_join()
         self.pid = pid = transport.get_pid()
         self._exited = exit_watch.exited
         killed, stage, stragglers, finished = False, None, False, False
@@ -587,6 +604,8 @@ class PtyRun(Killable):
             elif await asyncio.to_thread(session_groups, pid) != set():  # exited, leaving part of its session
                 stragglers = True
                 await kill_session(pid, self._straggler_grace)
+            if self.cgroup is not None and await self.cgroup.empty(self._straggler_grace):
+                stragglers = stragglers or not killed  # what left the session is the run's too
             await self._read_to_end(killed)
             finished = True
         finally:
@@ -595,6 +614,8 @@ class PtyRun(Killable):
             transport.close()
             if not finished:  # cancelled or failed mid-way: leave nothing running
                 _signal_groups((session_groups(pid) or set()) | {pid}, (signal.SIGKILL,))
+                if self.cgroup is not None:
+                    self.cgroup.kill()
         exit_code, sig = split_returncode(transport.get_returncode())
         return PtyOutcome(
             exit_code=exit_code,
@@ -605,6 +626,7 @@ class PtyRun(Killable):
             duration=loop.time() - started,
             stragglers_killed=stragglers,
             stdin_dropped=self.stdin_dropped,
+            contained=self.cgroup is not None,
         )
 
     async def _read_to_end(self, killed: bool) -> None:

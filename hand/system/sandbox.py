@@ -23,10 +23,11 @@ each one means and where it falls short. The CPU limit is also a budget for the 
 Why `preexec_fn` at all: it is documented as unsafe with threads (the forked child may find a lock
 held by a thread that does not exist there), and the Hand has threads (`asyncio.to_thread`).
 Everything else the child needs is done by `subprocess` itself in C (`start_new_session`, `user`,
-`group`, `extra_groups`), so the preexec function is used only when a run has limits, and it only
-calls `resource.setrlimit` with values computed in the parent beforehand: no imports, no
-allocation-heavy work, no locks of ours, which is as safe as a Python preexec function gets.
-Without limits no preexec function is passed, and `subprocess` keeps its fast `vfork` path.
+`group`, `extra_groups`), so the preexec function is used only when a run has rlimits or a cgroup
+of its own, and it only writes `0` to descriptors opened beforehand (joining the cgroup) and calls
+`resource.setrlimit` with values computed in the parent: no imports, no allocation-heavy work, no
+locks of ours, which is as safe as a Python preexec function gets. Without either no preexec
+function is passed, and `subprocess` keeps its fast `vfork` path.
 
 User - `hand run --run-as USER` (only when the Hand runs as root): children run with that user's
 uid, primary gid and supplementary groups (set by `subprocess` in the child, after the session and
@@ -49,6 +50,7 @@ from functools import partial
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hand.system.cgroups import NO_CGROUPS, CgroupHost, CgroupLimits
 from protocol import limits
 from protocol.errors import MindhandError
 
@@ -126,6 +128,12 @@ class ResourceLimits(BaseModel):
     - `address_space`: bytes of virtual memory per process (RLIMIT_AS).
     - `open_files`: file descriptors per process (RLIMIT_NOFILE).
     - `processes`: processes of the child's user (RLIMIT_NPROC; see `rlimit_plan`).
+    - `memory`: bytes of memory the whole run uses (its cgroup's; not address space). Past it the
+      kernel kills a process of the run, and the run ends `failed`, `out_of_memory`.
+    - `pids`: processes and threads of the run at once (its cgroup's); a fork past it fails.
+    - `cpus`: the run's CPU share (its cgroup's quota): 0.5 is half of one CPU.
+    The last three need a cgroup per run (`hand.system.cgroups`): a host without the controller
+    refuses them (`NotEnforceable`), never ignores them.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -134,6 +142,9 @@ class ResourceLimits(BaseModel):
     address_space: int | None = Field(default=None, gt=0, le=1 << 62)
     open_files: int | None = Field(default=None, gt=0, le=1 << 30)
     processes: int | None = Field(default=None, gt=0, le=1 << 30)
+    memory: int | None = Field(default=None, ge=1 << 20, le=1 << 62)
+    pids: int | None = Field(default=None, gt=0, le=1 << 22)
+    cpus: float | None = Field(default=None, ge=0.01, le=4096, allow_inf_nan=False)
 
     @property
     def empty(self) -> bool:
@@ -145,19 +156,42 @@ LIMIT_FLAGS: dict[str, str] = {
     "address_space": "--max-address-space",
     "open_files": "--max-open-files",
     "processes": "--max-processes",
+    "memory": "--max-memory",
+    "pids": "--max-pids",
+    "cpus": "--max-cpus",
 }
-_UNITS = {"cpu_seconds": " s", "address_space": " bytes", "open_files": "", "processes": ""}
+_UNITS = {
+    "cpu_seconds": " s",
+    "address_space": " bytes",
+    "open_files": "",
+    "processes": "",
+    "memory": " bytes",
+    "pids": "",
+    "cpus": " CPUs",
+}
 
 
 class OverCap(MindhandError, ValueError):
     """A requested limit is above the Hand's cap. The message is safe to send."""
 
 
+class NotEnforceable(OverCap):
+    """A requested limit this host cannot enforce (no cgroup controller for it): refused, never
+    silently ignored. The message is safe to send."""
+
+
+def cgroup_limits(limits: ResourceLimits | None) -> CgroupLimits:
+    """The part of a run's limits its cgroup enforces."""
+    if limits is None:
+        return CgroupLimits()
+    return CgroupLimits(memory=limits.memory, pids=limits.pids, cpus=limits.cpus)
+
+
 def effective_limits(requested: ResourceLimits | None, caps: ResourceLimits) -> ResourceLimits | None:
     """The limits a run gets: what it asked for, refused above a cap, and the cap where it asked
     for nothing. None when there is nothing to limit."""
     requested = requested or ResourceLimits()
-    values: dict[str, int | None] = {}
+    values: dict[str, int | float | None] = {}
     for name, flag in LIMIT_FLAGS.items():
         want, cap = getattr(requested, name), getattr(caps, name)
         if want is not None and cap is not None and want > cap:
@@ -165,7 +199,7 @@ def effective_limits(requested: ResourceLimits | None, caps: ResourceLimits) -> 
                 f"limits.{name} of {want}{_UNITS[name]} is over this hand's cap of {cap}{_UNITS[name]} ({flag})"
             )
         values[name] = want if want is not None else cap
-    limits = ResourceLimits(**values)
+    limits = ResourceLimits(**values)  # type: ignore[arg-type]
     return None if limits.empty else limits
 
 
@@ -216,18 +250,26 @@ def rlimit_plan(limits: ResourceLimits | None) -> RlimitPlan:
     return tuple(plan)
 
 
-def _apply_rlimits(plan: RlimitPlan, setrlimit: Callable[[int, tuple[int, int]], None]) -> None:
-    """Runs in the forked child, before `exec`: nothing but the prepared `setrlimit` calls."""
+def _apply_rlimits(
+    plan: RlimitPlan,
+    cgroup_fds: tuple[int, ...],
+    setrlimit: Callable[[int, tuple[int, int]], None],
+    write: Callable[[int, bytes], int],
+) -> None:
+    """Runs in the forked child, before `exec`: enter the run's cgroup (writes to descriptors the
+    parent opened: `hand.system.cgroups`), then the prepared `setrlimit` calls. Nothing else."""
+    for fd in cgroup_fds:
+        write(fd, b"0")
     for which, pair in plan:
         setrlimit(which, pair)
 
 
-def preexec_for(plan: RlimitPlan) -> Callable[[], None] | None:
-    """The `preexec_fn` applying `plan`, or None when there is nothing to apply (no preexec
-    function at all: see the module docstring)."""
-    if not plan:
+def preexec_for(plan: RlimitPlan, cgroup_fds: tuple[int, ...] = ()) -> Callable[[], None] | None:
+    """The `preexec_fn` applying `plan` and joining the run's cgroup, or None when there is nothing
+    to do (no preexec function at all: see the module docstring)."""
+    if not plan and not cgroup_fds:
         return None
-    return partial(_apply_rlimits, plan, resource.setrlimit)
+    return partial(_apply_rlimits, plan, cgroup_fds, resource.setrlimit, os.write)
 
 
 # --- user ------------------------------------------------------------------------------------------
@@ -285,6 +327,8 @@ class Sandbox:
     """The largest file `put_file` (`mind cp`) accepts; a larger one is refused before any write."""
     max_output_bytes: int = limits.OUTPUT_LIMIT_DEFAULT
     """`hand run --output-limit`: what a client's `output_limit` is capped at (issue 23)."""
+    cgroups: CgroupHost = NO_CGROUPS
+    """Where runs get a cgroup of their own (`hand.system.cgroups`), as found at start."""
 
     def child_env(self, extra: Mapping[str, str] | None, parent: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment of a child: the allowed part of `parent` (the Hand's own environment,
@@ -304,5 +348,9 @@ class Sandbox:
         return env
 
     def limits_for(self, requested: ResourceLimits | None) -> ResourceLimits | None:
-        """Raises `OverCap`."""
-        return effective_limits(requested, self.caps)
+        """Raises `OverCap` (`NotEnforceable` for a limit this host has no cgroup controller for)."""
+        granted = effective_limits(requested, self.caps)
+        why = self.cgroups.refusal(cgroup_limits(granted))
+        if why is not None:
+            raise NotEnforceable(why)
+        return granted

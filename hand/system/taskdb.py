@@ -57,10 +57,22 @@ CREATE TABLE IF NOT EXISTS tasks (
     log_bytes      INTEGER NOT NULL DEFAULT 0,
     truncated      INTEGER NOT NULL DEFAULT 0,
     pid            INTEGER,
-    pid_start_time INTEGER
+    pid_start_time INTEGER,
+    usage          TEXT
 );
 CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (state, finished_at);
 """
+
+
+_ADDED = (("usage", "TEXT"),)
+"""Columns added since the first schema: a database made by an older Hand gets them at open."""
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    have = {row[1] for row in db.execute("PRAGMA table_info(tasks)")}
+    for name, kind in _ADDED:
+        if name not in have:
+            db.execute(f"ALTER TABLE tasks ADD COLUMN {name} {kind}")
 
 
 class TaskStoreError(MindhandError):
@@ -111,6 +123,7 @@ class TaskStore:
                 raise TaskStoreError(f"{self.path}: cannot switch to WAL journaling (got {mode})")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
+            _add_columns(self._db)
             for suffix in ("-wal", "-shm"):
                 extra = Path(f"{self.path}{suffix}")
                 if extra.exists():

@@ -38,6 +38,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from hand.core.policy import KNOWN_TOOLS
 from hand.system import copy, copytree
+from hand.system.cgroups import CgroupHost
 from hand.system.fsuser import as_user
 from hand.system.paths import (
     Located,
@@ -202,6 +203,8 @@ class ProcessSpec:
     run_as: RunAs | None = None
     executable: str | None = None
     """Run this program with `argv` as given (a login shell's argv[0] is `-bash`)."""
+    cgroups: CgroupHost | None = None
+    """Where the run gets a cgroup of its own (None: this Hand has none: process-group kill)."""
 
 
 @dataclass(frozen=True)
@@ -281,7 +284,15 @@ def _process(argv: tuple[str, ...], a: _ProcessArgs, root: Path, sandbox: Sandbo
         granted = sandbox.limits_for(a.limits)
     except OverCap as exc:
         raise Refusal(RejectCode.INVALID_REQUEST, str(exc)) from None
-    return ProcessSpec(argv, _cwd(root, a.cwd), child_env(a.env, sandbox), a.stdin, granted, sandbox.run_as)
+    return ProcessSpec(
+        argv,
+        _cwd(root, a.cwd),
+        child_env(a.env, sandbox),
+        a.stdin,
+        granted,
+        sandbox.run_as,
+        cgroups=sandbox.cgroups if sandbox.cgroups.enabled else None,
+    )
 
 
 def _prepare_exec(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Prepared:

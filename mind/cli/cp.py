@@ -38,7 +38,7 @@ from typing import Any
 from mind.cli import options
 from mind.cli.connection import open_client, with_client
 from mind.cli.exits import EXIT_COPY_FAILED, EXIT_LOST, EXIT_REFUSED, EXIT_USAGE
-from mind.cli.formatting import printable
+from mind.cli.formatting import byte_size, printable
 from mind.cli.progress import Status, is_terminal
 from mind.client import files, trees
 from mind.client.files import CopyError, CopyResult
@@ -130,7 +130,9 @@ class _Run:
             rate = done / dt
             eta = (total - done) / rate if rate > 0 else 0
             pct = 100 * done // total if total else 100
-            self.status.show(f"{name}  {pct:3d}%  {_size(done)}/{_size(total)}  {_size(rate)}/s  ETA {int(eta)} s")
+            self.status.show(
+                f"{name}  {pct:3d}%  {byte_size(done)}/{byte_size(total)}  {byte_size(rate)}/s  ETA {int(eta)} s"
+            )
 
         return show
 
@@ -341,14 +343,6 @@ def _utf8(name: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover
 
 
 async def run(mc: Any, args: argparse.Namespace, reconnect: Callable[[], Awaitable[Any]]) -> int:

@@ -28,7 +28,7 @@ from typing import Any
 
 from mind.cli.connection import open_client
 from mind.cli.exits import EXIT_CANCELLED, EXIT_LOST, EXIT_REFUSED, EXIT_USAGE, die
-from mind.cli.formatting import end_summary, json_text, printable, table
+from mind.cli.formatting import OUT_OF_MEMORY, end_summary, json_text, printable, table
 from mind.cli.toolargs import tool_args_from
 from mind.core import fleet as plan_core
 from mind.errors import ClientCode, ClientError
@@ -39,6 +39,8 @@ from protocol.messages import SelectedHand
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
 TAIL_BYTES = 4 << 10
 """Bytes of each stream's last output kept per Hand for `--json`."""
+END_KEYS = ("run_id", "exit_code", "signal", "reason", "reject_code", "duration_ms", "usage", "kill")
+"""What `--json` says of each Hand's run end (`usage` and `kill` as `mind exec --json` has them)."""
 
 
 def check_fleet_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], float, float | None, float | None]:
@@ -310,7 +312,8 @@ class Printer:
             width = max(len(h) for h in agg.not_succeeded)
             for hand, state in agg.not_succeeded.items():
                 r = self.fleet.results.get(hand)
-                code = f" (exit {r.exit_code})" if r is not None and r.exit_code is not None else ""
+                how = _how(r.end) if r is not None and r.end is not None else []
+                code = f" ({', '.join(how)})" if how else ""
                 self._say(f"mind:   {printable(hand).ljust(width)}  {state}{code}")
         if agg.counts.get("timed_out"):
             self._say(
@@ -325,9 +328,7 @@ class Printer:
             item: dict[str, Any] = {"state": r.state if r else "pending"}
             if r is not None and r.end is not None:
                 e = end_summary(r.end)
-                item.update(
-                    {k: e[k] for k in ("run_id", "exit_code", "signal", "reason", "reject_code", "duration_ms")}
-                )
+                item.update({k: e[k] for k in END_KEYS})
             item["bytes"] = {s: (r.bytes.get(s, 0) if r else 0) for s in ("stdout", "stderr")}
             item["tails"] = {s: json_text(self.tails.get((name, s), b"")) for s in ("stdout", "stderr")}
             hands[name] = item
@@ -387,12 +388,25 @@ def _why(ev: Any, interrupted: bool) -> str:
             plan_core.UNDELIVERABLE: " (did not connect within --deliver-within)",
             plan_core.LOST: " (the connection to the Mind was lost: the outcome is unknown)",
         }.get(ev.state, "")
+    if e.reason == OUT_OF_MEMORY:  # the reason, then the Hand's sentence naming the limit
+        return f" ({', '.join(_how(e))})" + (f": {printable(e.error)}" if e.error else "")
     if e.exit_code is not None:
         return f" (exit {e.exit_code})"
     if e.signal is not None:
         return f" (signal {e.signal})"
     detail = e.error or e.reason
     return f": {printable(detail)}" if detail else ""
+
+
+def _how(e: Any) -> list[str]:
+    """What the summary says of a Hand's end beside its state: its exit code, and the reason of a run
+    the kernel killed for its memory limit (with the signal, when that is how it ended)."""
+    how = [f"exit {e.exit_code}"] if e.exit_code is not None else []
+    if e.reason != OUT_OF_MEMORY:
+        return how
+    if not how and e.signal is not None:
+        how = [f"signal {e.signal}"]
+    return [*how, OUT_OF_MEMORY]
 
 
 def _write(fd: int, data: bytes) -> None:

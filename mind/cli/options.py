@@ -109,9 +109,30 @@ def program(sp: argparse.ArgumentParser, words: str = "the command (after --)") 
 
 
 def limits(sp: argparse.ArgumentParser) -> None:
-    g = sp.add_argument_group("resource limits (applied by the Hand to the process tree; it may cap them)")
+    """The run's `limits` (mind/cli/toolargs.py reads them). `--memory`, `--pids` and `--cpus` are the
+    run's cgroup's: a Hand without cgroups (`mind hands --json`: `cgroups`, `limits`) refuses them."""
+    g = sp.add_argument_group(
+        "resource limits (applied by the Hand to the run; it may cap them, and refuses one it cannot enforce)"
+    )
     g.add_argument("--cpu-seconds", type=int, help="CPU budget for the whole tree; exhausted -> budget_exhausted (123)")
-    g.add_argument("--memory", metavar="SIZE", help="address space per process (e.g. 512M)")
+    g.add_argument(
+        "--memory",
+        metavar="SIZE",
+        help="memory the whole run may use, e.g. 512M (at least 1M); past it the kernel kills it: failed, "
+        "out_of_memory (137). Needs the Hand's cgroups",
+    )
+    g.add_argument(
+        "--pids",
+        type=int,
+        metavar="N",
+        help="processes and threads of the run at once; a fork past it fails. Needs the Hand's cgroups",
+    )
+    g.add_argument(
+        "--cpus",
+        metavar="X",
+        help="the run's CPU share, e.g. 0.5 (half of one CPU), 2 (two CPUs). Needs the Hand's cgroups",
+    )
+    g.add_argument("--address-space", metavar="SIZE", help="address space per process (e.g. 4G)")
     g.add_argument("--max-files", type=int, help="open files per process")
     g.add_argument("--max-procs", type=int, help="processes of the user (mostly useful with the Hand's --run-as)")
 

@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 from mind.cli import options
 from mind.cli.connection import with_client
 from mind.cli.exits import EXIT_LOST, EXIT_REFUSED, EXIT_USAGE, EXIT_WAIT_TIMEOUT, die, task_exit_code
-from mind.cli.formatting import printable, table, timestamp
+from mind.cli.formatting import OUT_OF_MEMORY, printable, table, timestamp, usage_text
 from mind.cli.hints import did_you_mean, hand_suggestions
 from mind.cli.progress import Status, elapsed
 from mind.cli.toolargs import tool_args_from
@@ -145,6 +145,7 @@ def view_json(v: TaskView) -> dict[str, Any]:
         "max_runtime_ms": info.max_runtime_ms if info else None,
         "args_digest": info.args_digest if info else None,
         "uncommitted": info.uncommitted if info else None,
+        "usage": info.usage.model_dump(mode="json") if info and info.usage else None,
     }
 
 
@@ -358,6 +359,8 @@ async def get(client: MindClient, args: argparse.Namespace) -> int:
         print(f"reason    {printable(d['reason'])}")
     if d["error"]:
         print(f"error     {printable(d['error'])}")
+    if v.task is not None and (used := usage_text(v.task.usage)) is not None:
+        print(f"usage     {used}")
     if d["uncommitted"]:
         print(f"ended     {printable(d['uncommitted'])} (the hand's state disk may be full)")
     return 0
@@ -456,7 +459,8 @@ def waiting_on(v: TaskView) -> str:
 
 def final_line(v: TaskView) -> str:
     """`wait`'s last word on stderr: the state, and what decided the exit code (the exit code and
-    signal, then the reason unless it only says the same: the Hand's `exit status N`)."""
+    signal, then the reason unless it only says the same: the Hand's `exit status N`); for a task the
+    kernel killed for its memory limit, the Hand's sentence naming the limit too."""
     parts = []
     exit_code, signal = _exit(v)
     if exit_code is not None:
@@ -466,7 +470,10 @@ def final_line(v: TaskView) -> str:
     reason = (v.task.reason if v.task else "") or v.reason
     if reason and reason not in (f"exit status {exit_code}", f"killed by signal {signal}"):
         parts.append(printable(reason))
-    return f"task {v.task_id} {v.state.value}" + (f" ({', '.join(parts)})" if parts else "")
+    said = f"task {v.task_id} {v.state.value}" + (f" ({', '.join(parts)})" if parts else "")
+    if reason == OUT_OF_MEMORY and v.task is not None and v.task.error:  # the sentence naming the limit
+        said += f": {printable(v.task.error)}"
+    return said
 
 
 async def wait(client: MindClient, args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 from mind.cli import options
 from mind.cli.connection import with_client
 from mind.cli.exits import EXIT_USAGE, die
-from mind.cli.formatting import away, jsonable, printable, table, timestamp
+from mind.cli.formatting import away, jsonable, kill_text, printable, table, timestamp, usage_text
 from protocol.states import RunState
 
 
@@ -72,7 +72,7 @@ async def list_hands(client: Any, args: argparse.Namespace) -> int:
                 die(str(exc), EXIT_USAGE)
         hands = [h for h in hands if all(h.labels.get(k) == v for k, v in want)]
     if args.json:
-        print(json.dumps([h.model_dump(mode="json") for h in hands], indent=2))
+        print(json.dumps([hand_json(h) for h in hands], indent=2))
         return 0
     rows = []
     nodes = any(h.node for h in hands)  # Mind nodes sharing a database: which holds each Hand
@@ -86,16 +86,29 @@ async def list_hands(client: Any, args: argparse.Namespace) -> int:
                 timestamp(h.since),
                 c.hostname if c else "-",
                 f"{c.platform}/{c.machine}" if c else "-",
+                (c.cgroups if c else None) or "-",
                 str(h.running),
                 ",".join(f"{k}={v}" for k, v in h.labels.items()) or "-",
             ]
             + ([h.node or "-"] if nodes else [])
         )
     table(
-        ["NAME", "CONNECTED", "GEN", "SINCE", "HOST", "PLATFORM", "RUNNING", "LABELS"] + (["NODE"] if nodes else []),
+        ["NAME", "CONNECTED", "GEN", "SINCE", "HOST", "PLATFORM", "CGROUPS", "RUNNING", "LABELS"]
+        + (["NODE"] if nodes else []),
         rows,
     )
     return 0
+
+
+def hand_json(h: Any) -> dict[str, Any]:
+    """A Hand for `mind hands --json`: its info, and how it contains runs (from its claims, null when
+    unknown): `cgroups` (`v2`, `hybrid`, `v1`, `none`) and the cgroup `limits` it can enforce
+    (`memory`, `pids`, `cpus`: what `--memory`, `--pids`, `--cpus` need)."""
+    d: dict[str, Any] = h.model_dump(mode="json")
+    c = h.claims
+    d["cgroups"] = c.cgroups if c else None
+    d["limits"] = list(c.limits) if c and c.limits is not None else None
+    return d
 
 
 def limits_id_ok(text: str) -> bool:
@@ -132,6 +145,10 @@ async def run_get(client: Any, args: argparse.Namespace) -> int:
             print(f"reason   {printable(e.reason)}")
         if e.error:
             print(f"error    {printable(e.error)}")
+        if (used := usage_text(e.usage)) is not None:
+            print(f"usage    {used}")
+        if (kill := kill_text(e.kill)) is not None:
+            print(f"kill     {kill}")
     if info.value_not_retained:
         print("value    not retained (it went to the waiting client; the Mind keeps run metadata, not payloads)")
     return 0

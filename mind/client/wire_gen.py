@@ -120,6 +120,18 @@ OUTPUT_TAIL = model(
     },
 )
 
+USAGE = model(
+    "usage",
+    {
+        "cpu_user_s": (optional(number(ge=0)), None),
+        "cpu_system_s": (optional(number(ge=0)), None),
+        "memory_peak": (optional(strict_int(ge=0)), None),
+        "pids_peak": (optional(strict_int(ge=0)), None),
+        "oom_kills": (optional(strict_int(ge=0)), None),
+        "throttled_s": (optional(number(ge=0)), None),
+    },
+)
+
 STREAM_POSITION = model(
     "stream_position",
     {
@@ -146,6 +158,8 @@ RUN_END = model(
         "value": (any_value, None),
         "error": (optional(strict_str(max_len=16384)), None),
         "duration_ms": (strict_int(ge=0), 0),
+        "usage": (optional(USAGE), None),
+        "kill": (optional(literal("cgroup", "process_group")), None),
         "hand": (strict_str(pattern=limits.LABEL_VALUE_RE), REQUIRED),
         "tool": (strict_str(pattern=limits.LABEL_VALUE_RE), REQUIRED),
         "reject_code": (optional(enum(RejectCode)), None),

@@ -164,10 +164,14 @@ def run_result(
     error: str | None = None,
     reject_code: str | None = None,
     value: Any = None,
+    usage: dict[str, Any] | None = None,
+    kill: str | None = None,
     limit: int = SHOW_BYTES,
 ) -> dict[str, Any]:
     """A run as a tool's structured result (ended or still running); each stream shows at most
-    `limit` bytes (a fleet's answer gives each Hand a share)."""
+    `limit` bytes (a fleet's answer gives each Hand a share). `usage`: what an ended process run used
+    (its cgroup's figures, unknown ones left out); `kill`: how its processes were contained
+    (`cgroup`, or `process_group`: descendants that left the group may have survived its kill)."""
     out: dict[str, Any] = {"run": run_id, "hand": hand, "state": state, "exit_code": exit_code}
     if signal is not None:
         out["signal"] = signal
@@ -183,6 +187,10 @@ def run_result(
     out["stderr_bytes"] = stderr.total
     if value is not None:
         out["value"] = value
+    if usage:
+        out["usage"] = usage
+    if kill is not None:
+        out["kill"] = kill
     if state not in TERMINAL:
         out["still_running"] = True
         out["next"] = (

@@ -26,8 +26,10 @@ def view(v: TaskView) -> dict[str, Any]:
         out |= {"exit_code": v.task.exit_code, "signal": v.task.signal, "log_bytes": v.task.log_bytes}
         if v.task.error:
             out["error"] = v.task.error
-    if v.reason:
-        out["reason"] = v.reason
+        if v.task.usage is not None and (used := v.task.usage.model_dump(mode="json", exclude_none=True)):
+            out["usage"] = used
+    if reason := (v.task.reason if v.task is not None else "") or v.reason:
+        out["reason"] = reason  # the Hand's (`out_of_memory`, `exit status 3`), else the Mind's (`lost`)
     if v.stale:
         out["note"] = "the Hand is offline: this is the Mind's last word on the task"
     return out

@@ -83,6 +83,8 @@ def from_end(end: RunEnd, f: Followed | None = None, limit: int = results.SHOW_B
         reason=end.reason,
         error=end.error,
         reject_code=end.reject_code.value if end.reject_code else None,
+        usage=end.usage.model_dump(mode="json", exclude_none=True) if end.usage is not None else None,
+        kill=end.kill,
         limit=limit,
     )
     if f is not None:  # the follower's verdict, as `mind exec`'s 122: bytes the command wrote that never came

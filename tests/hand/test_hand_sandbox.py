@@ -6,6 +6,7 @@ Real processes throughout; every wait is bounded and polls a condition."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import resource
 import shutil
@@ -25,6 +26,7 @@ from test_hand_tasks import Hand as TaskHand
 from hand import cli
 from hand.core.cpu import kernel_cpu_kill
 from hand.core.tasks import TaskLimits
+from hand.system.cgroups import NO_CGROUPS, detect, instance_of
 from hand.system.cputime import CpuMeter, parse_stat, read_tree_seconds, tree_ticks
 from hand.system.sandbox import (
     DEFAULT_ALLOW,
@@ -211,7 +213,10 @@ def _config(tmp_path: Path, *extra: str):
 
 def test_hand_run_flags_build_the_sandbox(tmp_path, monkeypatch):
     cfg = _config(tmp_path)
-    assert cfg.sandbox == Sandbox()  # scrubbed, no caps, no user by default
+    # scrubbed, no caps, no user by default; a cgroup per run where this machine gives them
+    assert dataclasses.replace(cfg.sandbox, cgroups=NO_CGROUPS) == Sandbox()
+    assert cfg.sandbox.cgroups.layout == detect(instance_of(tmp_path / "state")).layout
+    assert _config(tmp_path, "--cgroups", "off").sandbox.cgroups.layout == "none"
     cfg = _config(
         tmp_path,
         "--env-allow",
@@ -226,16 +231,24 @@ def test_hand_run_flags_build_the_sandbox(tmp_path, monkeypatch):
         "256",
         "--max-processes",
         "64",
+        *(["--max-memory", "512M", "--max-pids", "100", "--max-cpus", "1.5"] if cfg.sandbox.cgroups.enabled else []),
     )
     box = cfg.sandbox
     assert box.env_allow.allows("SECRET_TOKEN") and box.env_allow.allows("CI_X") and box.env_allow.allows("OTHER")
     assert box.env_allow.allows("LC_ALL") and not box.env_allow.allows("AWS_KEY") and not box.env_inherit
-    assert box.caps == ResourceLimits(cpu_seconds=30, address_space=1 << 30, open_files=256, processes=64)
+    cgroup_caps = dict(memory=512 << 20, pids=100, cpus=1.5) if box.cgroups.enabled else {}
+    assert box.caps == ResourceLimits(
+        cpu_seconds=30, address_space=1 << 30, open_files=256, processes=64, **cgroup_caps
+    )
     assert _config(tmp_path, "--env-inherit").sandbox.env_inherit
     for bad, words in (
         (["--env-allow", "A*B"], "--env-allow"),
         (["--max-cpu-seconds", "0"], "--max-cpu-seconds"),
         (["--max-address-space", "lots"], "--max-address-space"),
+        (["--max-cpus", "0"], "--max-cpus"),
+        (["--cgroups", "maybe"], "--cgroups"),
+        (["--cgroup-root", "relative/path"], "--cgroup-root"),
+        (["--cgroups", "off", "--max-memory", "1G"], "--max-memory"),
         (["--run-as", f"no-such-user-{uuid.uuid4().hex[:8]}"], "unknown user"),
     ):
         with pytest.raises(cli.ConfigError, match=words):

@@ -249,7 +249,7 @@ def test_cpu_budget_from_the_cli_and_the_hands_own_audit_log(tmp_path):
     with running(tmp_path) as cl:
         r = cl.cli("exec", "--hand", "box", "--cpu-seconds", "1", "--", "sh", "-c", "while :; do :; done", timeout=60)
         assert r.returncode == 123 and b"budget_exhausted" in r.stderr
-        r = cl.cli("exec", "--hand", "box", "--memory", "64M", "--", "python3", "-c", "bytearray(512 << 20)")
+        r = cl.cli("exec", "--hand", "box", "--address-space", "64M", "--", "python3", "-c", "bytearray(512 << 20)")
         assert r.returncode != 0 and b"MemoryError" in r.stderr
         audit = tmp_path / "state-box" / "audit.jsonl"
         assert stat.S_IMODE(audit.stat().st_mode) == 0o600

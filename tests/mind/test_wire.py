@@ -52,6 +52,18 @@ STREAMS = st.sampled_from(["stdin", "stdout", "stderr", "pty"])
 POSITION = st.tuples(STREAMS, NONNEG, NONNEG).map(
     lambda t: {"stream": t[0], "offset": max(t[1], t[2]), "consumed": min(t[1], t[2])}
 )
+SECONDS = st.floats(min_value=0, allow_nan=False, allow_infinity=False) | st.integers(0, 2**53)
+USAGE = st.fixed_dictionaries(
+    {},
+    optional={
+        "cpu_user_s": st.none() | SECONDS,
+        "cpu_system_s": st.none() | SECONDS,
+        "memory_peak": st.none() | NONNEG,
+        "pids_peak": st.none() | NONNEG,
+        "oom_kills": st.none() | NONNEG,
+        "throttled_s": st.none() | SECONDS,
+    },
+)
 OUTCOME = {
     "run_id": ID,
     "state": values(RunState),
@@ -66,6 +78,8 @@ OUTCOME = {
     "value": MSGPACK,
     "error": st.none() | st.text(max_size=30),
     "duration_ms": NONNEG,
+    "usage": st.none() | USAGE,
+    "kill": st.none() | st.sampled_from(["cgroup", "process_group"]),
 }
 VALID = {  # field -> strategy of values the model accepts; `required` as in the model
     "challenge": (
