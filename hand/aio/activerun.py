@@ -90,7 +90,7 @@ class ActiveRun:
             return await self._run_process(spec, send, metrics, cg)
         finally:
             if cg is not None:
-                self.usage = await cg.close()
+                self.usage = await cg.close(remove_soon=True)  # after the result is sent
                 self.memory_limit = spec.limits.memory if spec.limits is not None else None
 
     async def _run_process(
