@@ -20,9 +20,11 @@ import shutil
 import signal
 import sys
 import time
+from pathlib import Path
 
 from benchlib.core import Ctx, Row, med, ms, pct, spread, verdict
 from benchlib.figures import client, figure, flat, procs_with, run, sequential_calls, until_procs, wait_running
+from hand.system.cgroups import instance_of
 from protocol.states import RunState
 
 PYTHON = shutil.which("python3") or sys.executable
@@ -160,6 +162,9 @@ def fig_limits(ctx: Ctx) -> list[Row]:
     )
     total = sum(cg_left.values())
     trials_n = per_kind * len(kinds)
+    instance = instance_of(cl.hands["cg"].state_dir)
+    dirs = [p for p in Path("/sys/fs/cgroup").rglob(f"{instance}/*") if p.is_dir()]
+    runs_n = (n + 10) * ctx.rounds + trials_n  # on the cgroup Hand
     return [
         Row(
             "limits",
@@ -182,6 +187,17 @@ def fig_limits(ctx: Ctx) -> list[Row]:
             "",
             "0",
             verdict(total == 0),
+        ),
+        Row(
+            "limits",
+            f"cgroup directories left after {runs_n:,} runs",
+            str(len(dirs)),
+            "",
+            "",
+            "",
+            "",
+            "0",
+            verdict(not dirs),
         ),
         Row(
             "limits",
