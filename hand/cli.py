@@ -238,7 +238,11 @@ def _sandbox(s: Settings) -> Any:
         except ValueError as exc:
             raise s.fail("run_as", str(exc)) from None
     upload = s["max_upload_bytes"]
+    from hand.core.forwards import DEFAULT_FORWARD_ALLOW, parse_allow
+
+    forward_allow = parse_allow(s["forward_allow"]) or DEFAULT_FORWARD_ALLOW
     return Sandbox(
+        forward_allow=forward_allow,
         env_allow=allow,
         env_inherit=s["env_inherit"],
         caps=limits,

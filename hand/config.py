@@ -42,6 +42,13 @@ def _cgroup_path(value: str) -> str:
     return value
 
 
+def _forward_allow(value: list[str]) -> list[str]:
+    from hand.core.forwards import parse_allow
+
+    parse_allow(value)
+    return value
+
+
 def _tools(value: list[str]) -> list[str]:
     from hand.core.policy import parse_tool_list
 
@@ -273,6 +280,15 @@ KEYS: tuple[Key, ...] = (
         metavar="PATH",
     ),
     Key(
+        "forward_allow",
+        list,
+        [],
+        "where `mind forward` may connect through this Hand: HOST:PORT globs, comma-separated, "
+        "repeatable (e.g. 'db*.internal:5432,10.0.*:*'); default: this Hand's loopback, any port",
+        check=_forward_allow,
+        metavar="HOST:PORT",
+    ),
+    Key(
         "max_upload_bytes",
         str,
         None,
@@ -341,6 +357,7 @@ GROUPS: dict[str, str] = {
     "max_cpus": SANDBOX,
     "cgroups": SANDBOX,
     "cgroup_root": SANDBOX,
+    "forward_allow": SANDBOX,
     "max_upload_bytes": SANDBOX,
     "run_as": SANDBOX,
     "log_format": LOGS,

@@ -30,6 +30,7 @@ from benchlib import core  # noqa: E402
 from benchlib import cp as _cp  # noqa: E402, F401 - registers the `mind cp` figure
 from benchlib import fleet as _fleet  # noqa: E402, F401 - registers the fleet figures
 from benchlib import flood as _flood  # noqa: E402, F401 - registers the flood figure
+from benchlib import forward as _forward  # noqa: E402, F401 - registers the `mind forward` figure
 from benchlib import limits as _limits  # noqa: E402, F401 - registers the cgroup-per-run figure
 from benchlib import mcp as _mcp  # noqa: E402, F401 - registers the `mind mcp` figure
 from benchlib import nodes as _nodes  # noqa: E402, F401 - registers the Many Minds figure

@@ -41,7 +41,7 @@ from typing import Any
 import msgpack
 import structlog
 
-from hand.aio import copyrun
+from hand.aio import copyrun, forwardrun
 from hand.aio.activerun import ActiveRun, KeptResult, cpu_limit
 from hand.aio.metrics import HandMetrics
 from hand.aio.streams import RunStreams, capped_spec
@@ -207,7 +207,7 @@ class RunTable:
         if isinstance(prepared, StreamCall):
             refused = stream_refusal(
                 rpc.tool,
-                wants_stdin=prepared.kind == "put",
+                wants_stdin=prepared.kind in ("put", "forward"),
                 streams=streams is not None,
                 pty=pty is not None,
                 stdin=streams is not None and streams.stdin,
@@ -436,8 +436,9 @@ class RunTable:
                 return self._from_process(run, await run.run_process(run.prepared, self._send, self._metrics))
             if isinstance(run.prepared, StreamCall):
                 assert run.streams is not None
+                drive = forwardrun.drive if run.prepared.kind == "forward" else copyrun.drive
                 try:
-                    value = await copyrun.drive(run.prepared, run.streams, run.ctl)
+                    value = await drive(run.prepared, run.streams, run.ctl)
                 except copyrun.Interrupted:
                     return self._stopped(run)
                 finally:

@@ -20,10 +20,22 @@ from dataclasses import dataclass
 from typing import Protocol
 
 KNOWN_TOOLS: frozenset[str] = frozenset(
-    {"exec", "shell", "read_file", "write_file", "list_dir", "put_file", "get_file", "stat_file", "list_tree"}
+    {
+        "exec",
+        "shell",
+        "read_file",
+        "write_file",
+        "list_dir",
+        "put_file",
+        "get_file",
+        "stat_file",
+        "list_tree",
+        "forward",
+    }
 )
 """`put_file` is every write of `mind cp` (files, and a tree's directories and links); `get_file`
-every read of a file's bytes; `stat_file` and `list_tree` only look (like `list_dir`)."""
+every read of a file's bytes; `stat_file` and `list_tree` only look (like `list_dir`); `forward` is
+one connection of `mind forward` (a port reached through the Hand)."""
 PTY_TOOLS: frozenset[str] = frozenset({"exec", "shell"})
 """The tools a terminal can be asked for: the ones that start a command."""
 

@@ -50,6 +50,7 @@ from functools import partial
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hand.core.forwards import DEFAULT_FORWARD_ALLOW
 from hand.system.cgroups import NO_CGROUPS, CgroupHost, CgroupLimits
 from protocol import limits
 from protocol.errors import MindhandError
@@ -329,6 +330,8 @@ class Sandbox:
     """`hand run --output-limit`: what a client's `output_limit` is capped at (issue 23)."""
     cgroups: CgroupHost = NO_CGROUPS
     """Where runs get a cgroup of their own (`hand.system.cgroups`), as found at start."""
+    forward_allow: tuple[str, ...] = DEFAULT_FORWARD_ALLOW
+    """`hand run --forward-allow`: where `forward` runs (`mind forward`) may connect."""
 
     def child_env(self, extra: Mapping[str, str] | None, parent: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment of a child: the allowed part of `parent` (the Hand's own environment,

@@ -36,6 +36,7 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from hand.core.forwards import allowed, endpoint
 from hand.core.policy import KNOWN_TOOLS
 from hand.system import copy, copytree
 from hand.system.cgroups import CgroupHost
@@ -178,6 +179,39 @@ class GetFileArgs(_Args):
     paths: list[str] | None = Field(None, max_length=copy_rules.TREE_PATHS_MAX)
 
 
+class ForwardArgs(_Args):
+    """One tunnelled connection (`mind forward`): to `host:port` as seen from the Hand, or to the
+    Unix socket `path` inside its root. `check`: only say whether it is allowed (and where it goes),
+    connecting nothing: what `mind forward` asks before it listens."""
+
+    host: Annotated[str, Field(min_length=1, max_length=253)] | None = None
+    port: int | None = Field(None, ge=1, le=65535)
+    path: str | None = None
+    check: bool = False
+
+    @pydantic.model_validator(mode="after")
+    def _one(self) -> ForwardArgs:
+        if (self.path is None) == (self.host is None):
+            raise ValueError("give host and port, or path (a Unix socket)")
+        if self.host is not None and self.port is None:
+            raise ValueError("host needs a port")
+        if self.path is not None and self.port is not None:
+            raise ValueError("a Unix socket path takes no port")
+        return self
+
+
+@dataclass(frozen=True)
+class ForwardTarget:
+    """Where a `forward` run connects (`hand.aio.forwardrun`), checked against `allow` there, after
+    the lookup (the addresses checked are the ones connected to)."""
+
+    host: str | None
+    port: int | None
+    path: Path | None
+    shown: str
+    allow: tuple[str, ...]
+
+
 class StatFileArgs(_Args):
     path: str
     copy_id: CopyId | None = None
@@ -225,7 +259,7 @@ class StreamCall:
     `stdout`): `hand.aio.copyrun` drives `make()`'s object, each blocking step on `executor` (None:
     the default pool) through `guard` (the run-as check)."""
 
-    kind: Literal["put", "get"]
+    kind: Literal["put", "get", "forward"]
     make: Callable[[], Any]
     executor: Executor | None = None
     guard: Callable[[Callable[[], Any]], Callable[[], Any]] = lambda call: call
@@ -428,6 +462,71 @@ def _prepare_get_file(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Pre
     return _stream_call("get", lambda: copy.Download(root, a.path, shown, a.offset), sandbox, None)
 
 
+def _prepare_forward(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Prepared:
+    a: ForwardArgs = _validate(ForwardArgs, "forward", args)
+    if a.path is not None:
+        where = _path(root, a.path)  # inside the root, as every path a peer names
+        target = ForwardTarget(None, None, where, a.path, sandbox.forward_allow)
+    else:
+        assert a.host is not None and a.port is not None
+        target = ForwardTarget(a.host, a.port, None, endpoint(a.host, a.port), sandbox.forward_allow)
+        literal = _ip_literal(a.host)
+        if literal is not None and not allowed(target.allow, a.host, a.port, [literal]):
+            raise Refusal(RejectCode.DENIED_BY_POLICY, _not_allowed(target))
+    if a.check:
+        return FileCall(lambda: check_forward(target))
+    return StreamCall("forward", lambda: target)
+
+
+def check_forward(target: ForwardTarget) -> dict[str, Any]:
+    """Blocking (a name lookup): the destination allowed, and where it goes; ToolFailed if not."""
+    if target.path is not None:
+        if not stat.S_ISSOCK(_stat_or_fail(target).st_mode):
+            raise ToolFailed(f"{target.shown} is not a Unix socket")
+        return {"to": target.shown}
+    assert target.host is not None and target.port is not None
+    addresses = resolve_forward(target)
+    return {"to": target.shown, "addresses": addresses}
+
+
+def _stat_or_fail(target: ForwardTarget) -> os.stat_result:
+    assert target.path is not None
+    try:
+        return os.stat(target.path)
+    except OSError as exc:
+        raise ToolFailed(f"{target.shown}: {exc.strerror or exc}") from None
+
+
+def resolve_forward(target: ForwardTarget) -> list[str]:
+    """Blocking: the addresses `target` resolves to, all allowed by the Hand's `--forward-allow`
+    (or the name itself is); ToolFailed otherwise."""
+    import socket
+
+    assert target.host is not None and target.port is not None
+    try:
+        infos = socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ToolFailed(f"cannot resolve {target.host}: {exc.strerror}") from None
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    if not allowed(target.allow, target.host, target.port, addresses):
+        raise ToolFailed(_not_allowed(target))
+    return addresses
+
+
+def _not_allowed(target: ForwardTarget) -> str:
+    return f"{target.shown} is not a destination this hand allows (--forward-allow; default: its loopback)"
+
+
+def _ip_literal(host: str) -> str | None:
+    """`host` as an address when it is one (then the policy is decided at admission: `rejected`)."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(host.strip("[]")))
+    except ValueError:
+        return None
+
+
 def _prepare_stat_file(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Prepared:
     a: StatFileArgs = _validate(StatFileArgs, "stat_file", args)
     _entry(root, a.path)
@@ -452,6 +551,7 @@ _PREPARE: dict[str, Callable[[dict[str, Any], Path, Sandbox], Prepared]] = {
     "get_file": _prepare_get_file,
     "stat_file": _prepare_stat_file,
     "list_tree": _prepare_list_tree,
+    "forward": _prepare_forward,
 }
 assert frozenset(_PREPARE) == KNOWN_TOOLS, "policy.KNOWN_TOOLS and the tool table disagree"
 

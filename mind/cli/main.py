@@ -1,8 +1,8 @@
 """The `mind` command assembled: the top-level parser, one family of subcommands per module, and the
 fast path that builds only `mind exec`'s parser for `mind exec` (and `mind shell`).
 
-A command module (mind/cli/exec.py, cp.py, call.py, task.py, views.py, config.py; the daemon's own in
-mind/daemon/commands.py) has `add_parsers(sub)`, which adds its subcommands built from the shared
+A command module (mind/cli/exec.py, cp.py, forward.py, call.py, task.py, views.py, config.py; the
+daemon's own in mind/daemon/commands.py) has `add_parsers(sub)`, which adds its subcommands built from the shared
 options (mind/cli/options.py) and sets each one's `handler` (args -> exit code). Dispatch is
 `args.handler(args)`: no table of names to keep in step.
 
@@ -57,13 +57,14 @@ def top_parser() -> tuple[argparse.ArgumentParser, Any]:
 
 def client_families() -> list[AddParsers]:
     """Every client command module's `add_parsers`, in the order `mind --help` lists them."""
-    from mind.cli import call, config, cp, exec, mcp, task, views
+    from mind.cli import call, config, cp, exec, forward, mcp, task, views
 
     return [
         config.add_parsers,
         views.add_parsers,
         exec.add_parsers,
         cp.add_parsers,
+        forward.add_parsers,
         call.add_parsers,
         task.add_parsers,
         mcp.add_parsers,

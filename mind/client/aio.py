@@ -26,6 +26,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -33,6 +34,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from mind.client import files
+from mind.client import forward as tunnels
 from mind.client import session as core
 from mind.client.credentials import load_credential
 from mind.client.dial import Dial, open_connection
@@ -552,6 +554,31 @@ class MindClient:
     def download_iter(self, hand: str, remote: str, **kw: Any) -> AsyncIterator[bytes]:
         """The verified bytes of `remote`, chunk by chunk; see `files.download_iter`."""
         return files.download_iter(self, hand, remote, **kw)
+
+    # --- tunnels (mind/client/forward.py: each accepted connection one `forward` run) ---
+
+    def forward(
+        self,
+        hand: str,
+        spec: str | tunnels.ForwardSpec | None = None,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        path: str | None = None,
+        local_port: int = 0,
+        bind: str = tunnels.DEFAULT_BIND,
+        on_error: Callable[[str], None] | None = None,
+        on_closed: Callable[[tunnels.ForwardConnection], None] | None = None,
+    ) -> AbstractAsyncContextManager[tunnels.LocalForward]:
+        """A local port forward through `hand`, as `ssh -L`: `spec` is `[BIND:]PORT:HOST:HOSTPORT`
+        or `[BIND:]PORT:/PATH` (a Unix socket in the Hand's root), or give the fields (`host` and
+        `port`, or `path`; `local_port` 0 picks a free one, `bind` defaults to 127.0.0.1). An async
+        context manager: on entry the Hand is asked whether it allows the destination (`ForwardError`
+        if not, before anything listens), then the forward listens; it yields the `LocalForward`
+        (`.address`: the (host, port) bound). `on_error(line)`: a connection that failed. A bad
+        spec raises `ValueError` at once."""
+        fields = tunnels.make_spec(spec, host=host, port=port, path=path, local_port=local_port, bind=bind)
+        return tunnels.open_forward(self, hand, fields, on_error=on_error, on_closed=on_closed)
 
     async def hands(self) -> list[HandInfo]:
         """Every Hand the Mind knows, by name, fetched page by page (each reply is bounded)."""

@@ -75,6 +75,7 @@ def test_every_leaf_command_has_a_handler():
             ("exec",): ["exec", "h", "--", "true"],
             ("shell",): ["shell", "h"],
             ("cp",): ["cp", "a", "h:b"],
+            ("forward",): ["forward", "h", "-L", "0:db:1"],
             ("call",): ["call", "--hand", "h", "list_dir"],
             ("task", "start"): ["task", "start", "--hand", "h", "--", "true"],
             ("hand", "label"): ["hand", "label", "h", "k=v"],

@@ -1,0 +1,135 @@
+"""`mind forward`: ports reached through a Hand, as `ssh -L` (DESIGN §18; mind/client/forward.py).
+
+    mind forward [--json] HAND -L [BIND:]PORT:HOST:HOSTPORT [-L [BIND:]PORT:/PATH/ON/HAND.sock ...]
+
+In order, so that nothing is opened for a command that cannot work: every spec is read (a bad one:
+exit 2), every listening socket is bound (a port in use: exit 2, `cannot listen on 127.0.0.1:5432:
+address in use`), then the Mind is reached and the Hand asked whether it lets each destination be
+reached (a refusal: exit 125 with its reason), then all listen: one line per forward on stderr
+(`forwarding 127.0.0.1:41234 -> box:127.0.0.1:5432`), and with `--json` one object per forward on
+stdout, flushed at once so a script that asked for port 0 reads the port. It runs until Ctrl-C or
+SIGTERM (exit 0: the connections' runs are cancelled, bounded). A connection that fails (refused,
+reset on the Hand's side) is reset here and said in one line on stderr (`box: 127.0.0.1:5433 refused
+the connection`); the forward goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import socket
+import sys
+from typing import Any
+
+from mind.cli import options
+from mind.cli.connection import open_client
+from mind.cli.exits import EXIT_USAGE, die
+from mind.cli.formatting import printable
+from mind.client.forward import ForwardError, ForwardSpec, LocalForward, bind_listener, parse_spec
+from mind.errors import ClientError
+from protocol import limits
+
+SPEC_HELP = "[BIND:]PORT:HOST:HOSTPORT, or [BIND:]PORT:/PATH for a Unix socket on the Hand"
+
+
+def add_parsers(sub: Any) -> None:
+    fw = options.command(
+        sub,
+        "forward",
+        help="carry local ports to destinations seen from a Hand (ssh -L), each connection one run",
+        description="Listen on this machine and carry each accepted TCP connection to HOST:HOSTPORT as "
+        "the Hand sees it (or to a Unix socket inside its root). BIND defaults to 127.0.0.1 ('*': every "
+        "interface), PORT 0 picks a free port, IPv6 addresses go in brackets. The Hand decides which "
+        "destinations it allows (hand run --forward-allow; default its loopback). Runs until Ctrl-C or "
+        "SIGTERM. Exit: 0 stopped, 2 a bad spec or a port that cannot be listened on, 125 refused (the "
+        "Hand does not allow the destination, Mind unreachable). Needs the tool forward.",
+    )
+    options.connection(fw)
+    fw.add_argument("hand", metavar="HAND", help="the Hand the connections go through")
+    fw.add_argument(
+        "-L",
+        dest="local",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help=f"a local forward: {SPEC_HELP} (repeatable)",
+    )
+    options.json_output(
+        fw, 'one JSON object per forward on stdout once listening: {"listen", "to", "hand", "direction"}'
+    )
+    fw.set_defaults(handler=handle)
+
+
+def specs_of(args: argparse.Namespace) -> list[ForwardSpec]:
+    """Every `-L`, read before anything is opened: a bad one ends the command (exit 2)."""
+    if not limits.LABEL_RE.match(args.hand):
+        die(f"forward: {args.hand!r} is not a Hand name", EXIT_USAGE)
+    if not args.local:
+        die(f"forward: give at least one -L {SPEC_HELP}", EXIT_USAGE)
+    specs: list[ForwardSpec] = []
+    for text in args.local:
+        try:
+            specs.append(parse_spec(text))
+        except ValueError as exc:
+            die(f"forward: -L: {exc}", EXIT_USAGE)
+    return specs
+
+
+def handle(args: argparse.Namespace) -> int:
+    specs = specs_of(args)
+    return asyncio.run(serve(args, specs))
+
+
+def bind_all(specs: list[ForwardSpec]) -> list[socket.socket]:
+    """A bound socket per spec, or exit 2 naming the one that cannot listen (the others closed)."""
+    socks: list[socket.socket] = []
+    try:
+        for spec in specs:
+            socks.append(bind_listener(spec))
+    except ForwardError as exc:
+        for s in socks:
+            s.close()
+        die(f"forward: {exc.message}", EXIT_USAGE)
+    return socks
+
+
+def say(line: str) -> None:
+    print(printable(line), file=sys.stderr, flush=True)
+
+
+async def serve(args: argparse.Namespace, specs: list[ForwardSpec]) -> int:
+    socks = bind_all(specs)
+    try:
+        mc = await open_client(args)
+    except ClientError as exc:
+        for s in socks:
+            s.close()
+        die(exc.message, kind=exc.code)
+    forwards = [LocalForward(mc, args.hand, spec, sock=s, on_error=say) for spec, s in zip(specs, socks, strict=True)]
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    try:
+        for fwd in forwards:
+            await fwd.check()  # a refused destination: 125, before anything listens
+        for fwd in forwards:
+            try:
+                await fwd.start()
+            except ForwardError as exc:
+                die(f"forward: {exc.message}", EXIT_USAGE)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        for fwd in forwards:
+            say(f"forwarding {fwd.listen} -> {args.hand}:{fwd.to}")
+            if args.json:
+                print(json.dumps(fwd.describe()), flush=True)
+        await stop.wait()
+        return 0
+    except ClientError as exc:  # a ForwardError from a check: the Hand's reason
+        die(exc.message, kind=exc.code)
+    finally:
+        await asyncio.gather(*(fwd.close() for fwd in forwards))
+        await mc.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
