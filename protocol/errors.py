@@ -18,7 +18,8 @@ them by it (`ValueError`).
     ├── ClientError(code, message)     mind/errors.py              a client call could not be made or answered
     │   ├── RunFailed                  mind/client/run.py          a run that did not succeed, for `call`
     │   ├── EmptySelection             mind/client/fleet.py        a fleet selector that matches no Hand
-    │   └── CopyError                  mind/client/files.py        a copy (`mind cp`) that failed, was refused or lost
+    │   ├── CopyError                  mind/client/files.py        a copy (`mind cp`) that failed, was refused or lost
+    │   └── ForwardError               mind/client/forward.py      a forward (`mind forward`) that could not be set up
     ├── StillRunning                   mind/client/run.py          not an error: a wait bound passed, the run goes on detached
     ├── SelectorError                  mind/core/selector.py       a fleet selector or label that does not parse
     ├── LimitError                     mind/core/fleet.py          a --max-concurrency / --max-errors that is not N or P%

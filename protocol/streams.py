@@ -181,6 +181,12 @@ class Relay:
         self.resumed = False
         """A resume happened: a chunk that repeats bytes already relayed is dropped, not refused."""
 
+    @property
+    def holds(self) -> int:
+        """The bytes this stream may still put in flight through the Mind: its window, or nothing
+        once it has ended and every byte was acknowledged (a `forward` run's stderr ends at once)."""
+        return 0 if self.eof and self.acked >= self.offset else self.window
+
     def on_data(self, offset: int, size: int, eof: bool) -> bool:
         """True if the chunk must be forwarded; False for a repeat after a resume (`replayed`)."""
         if self.resumed and replayed(self.offset, self.eof, offset, size, eof):

@@ -427,6 +427,7 @@ class MindClient:
         output_limit: int = limits.OUTPUT_LIMIT_DEFAULT,
         fleet: str | None = None,
         verify: bool = True,
+        window: int = limits.STREAM_WINDOW,
     ) -> RunHandle:
         """Send the run; events (and its end) arrive on the returned handle. With `watch=False` the
         handle sees only `admitted`, the output and the end (fewer frames: faster calls).
@@ -447,7 +448,7 @@ class MindClient:
             args=args,
             timeout_ms=max(1, int(timeout * 1000)),
             grace_ms=None if grace is None else int(grace * 1000),
-            streams=Streams(stdin=stdin is not None, output_limit=output_limit) if stream else None,
+            streams=Streams(stdin=stdin is not None, output_limit=output_limit, window=window) if stream else None,
             watch=watch,
             fleet=fleet,
         )
@@ -455,7 +456,9 @@ class MindClient:
             await self.reconnect()  # an outage: the run starts once the Mind is back (within the window)
         id_ = new_id("x")
         self._session.send(req, id_)  # `ClientError` if the connection is gone
-        handle = RunHandle(self, id_, stdin, streams=("stdout", "stderr") if stream else (), digest=verify)
+        handle = RunHandle(
+            self, id_, stdin, window=window, streams=("stdout", "stderr") if stream else (), digest=verify
+        )
         self._runs[id_] = handle
         self._live.add(handle)
         try:

@@ -55,6 +55,11 @@ TIMEOUT_S = limits.RUN_TIMEOUT_MAX_MS / 1000
 CHECK_TIMEOUT_S = 60.0
 OUTPUT_LIMIT = 1 << 50
 """A connection's bytes back are not cut at the default output limit (1 GiB)."""
+WINDOW = 512 << 10
+"""Each connection's window, each way. A client's stream budget on the Mind is 128 windows of 2 MiB
+(256 MiB); at 512 KiB a connection holds 1 MiB (stdin and stdout), so some 250 can be open at once
+per client, and one connection still moves 200+ MiB/s on loopback; a far link is window-bound
+sooner than with the 2 MiB of `mind exec` (measured: docs/performance.md)."""
 READ_CHUNK = 256 << 10
 """The most read from a local socket at once (one chunk of the run's stdin)."""
 BACKLOG = 1024
@@ -515,6 +520,7 @@ class _Connection:
                 watch=False,
                 output_limit=OUTPUT_LIMIT,
                 verify=False,  # TCP's bytes: no digest to check them against
+                window=WINDOW,
             )
         except ClientError as exc:
             self.info.error = exc.message

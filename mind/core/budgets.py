@@ -112,12 +112,14 @@ STREAM_WINDOW_CAP = 32 << 20
 a 100 ms link at 2.6 Gbit/s, and one run's windows under a quarter of its client's budget."""
 
 
-def stream_windows(stdin: bool, pty: bool, window: int = limits.STREAM_WINDOW) -> int:
+def stream_windows(stdin: bool, pty: bool, window: int = limits.STREAM_WINDOW, tool: str = "") -> int:
     """The bytes a streamed run may hold in the Mind: the window it asked (`Streams.window`) per
     stream it relays (stdout and stderr, or the terminal; and stdin when the client sends it).
     Counted at the asked window, not the default: a client asking 64 MiB windows holds 32 times
-    what one at the default does, and its budget must say so."""
-    streams = (1 if pty else 2) + (1 if stdin and not pty else 0)
+    what one at the default does, and its budget must say so. A `forward` run (one tunnelled
+    connection) has no stderr: the Hand ends it at once, so it holds its stdout and stdin only."""
+    outputs = 1 if pty or tool == "forward" else 2
+    streams = outputs + (1 if stdin and not pty else 0)
     return streams * window
 
 

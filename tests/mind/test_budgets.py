@@ -111,3 +111,21 @@ def test_only_a_node_link_on_a_shared_database_goes_unrated():
     assert relays_for_clients(NODE_LABEL, shared=True)
     assert not relays_for_clients(NODE_LABEL, shared=False)  # one Mind: no node may relay to it
     assert not relays_for_clients("ci-bot", shared=True)
+
+
+def test_a_forward_run_holds_its_stdout_and_stdin_only_and_an_ended_stream_holds_nothing():
+    """A tunnelled connection (`forward`) has no stderr: it is counted at two windows, so 100
+    connections of one client fit its budget (issue 37); a stream that ended with every byte
+    acknowledged holds nothing in the Mind any more."""
+    from mind.core.budgets import stream_windows
+    from protocol.streams import Relay
+
+    assert stream_windows(True, False, 512 << 10, "forward") == 2 * (512 << 10)
+    assert stream_windows(True, False, 512 << 10, "exec") == 3 * (512 << 10)
+    relay = Relay(1 << 20)
+    assert relay.holds == 1 << 20
+    relay.on_data(0, 0, True)  # stderr of a forward run: ended at once, nothing sent
+    assert relay.holds == 0
+    busy = Relay(1 << 20)
+    busy.on_data(0, 1000, True)  # ended, but 1,000 bytes not acknowledged yet
+    assert busy.holds == 1 << 20
