@@ -207,7 +207,7 @@ class RunTable:
         if isinstance(prepared, StreamCall):
             refused = stream_refusal(
                 rpc.tool,
-                wants_stdin=prepared.kind in ("put", "forward"),
+                wants_stdin=prepared.kind in ("put", "forward", "claim"),
                 streams=streams is not None,
                 pty=pty is not None,
                 stdin=streams is not None and streams.stdin,
@@ -436,7 +436,7 @@ class RunTable:
                 return self._from_process(run, await run.run_process(run.prepared, self._send, self._metrics))
             if isinstance(run.prepared, StreamCall):
                 assert run.streams is not None
-                drive = forwardrun.drive if run.prepared.kind == "forward" else copyrun.drive
+                drive = forwardrun.drive if run.prepared.kind in forwardrun.KINDS else copyrun.drive
                 try:
                     value = await drive(run.prepared, run.streams, run.ctl)
                 except copyrun.Interrupted:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from hand.core.forwards import allowed, endpoint
 from hand.core.policy import KNOWN_TOOLS
@@ -200,6 +200,40 @@ class ForwardArgs(_Args):
         return self
 
 
+class ListenArgs(_Args):
+    """`mind forward -R`: the Hand listens on `bind:port` (its loopback: a wider bind is refused)
+    and says on the run's stdout, one JSON line each, where it listens and every connection it
+    accepts (a token the client claims with a `forward` run of `accepted`)."""
+
+    listen: Literal[True]
+    bind: Annotated[str, Field(min_length=1, max_length=253)] = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535)
+
+
+class ClaimArgs(_Args):
+    """A connection the Hand accepted for a `-R` forward, taken by the client's run: its bytes are
+    then carried as a `forward` run's (`close`: the client could not reach its side; reset it)."""
+
+    accepted: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
+    close: bool = False
+
+
+@dataclass(frozen=True)
+class ListenTarget:
+    bind: str
+    port: int
+
+
+@dataclass(frozen=True)
+class ClaimTarget:
+    token: str
+    close: bool
+    shown: str = "the accepted connection"
+
+
+LOOPBACK_BINDS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
 @dataclass(frozen=True)
 class ForwardTarget:
     """Where a `forward` run connects (`hand.aio.forwardrun`), checked against `allow` there, after
@@ -259,7 +293,7 @@ class StreamCall:
     `stdout`): `hand.aio.copyrun` drives `make()`'s object, each blocking step on `executor` (None:
     the default pool) through `guard` (the run-as check)."""
 
-    kind: Literal["put", "get", "forward"]
+    kind: Literal["put", "get", "forward", "listen", "claim"]
     make: Callable[[], Any]
     executor: Executor | None = None
     guard: Callable[[Callable[[], Any]], Callable[[], Any]] = lambda call: call
@@ -463,6 +497,15 @@ def _prepare_get_file(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Pre
 
 
 def _prepare_forward(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Prepared:
+    if "listen" in args:
+        lis: ListenArgs = _validate(ListenArgs, "forward", args)
+        literal = _ip_literal(lis.bind)
+        if lis.bind not in LOOPBACK_BINDS and not (literal is not None and literal.startswith("127.")):
+            raise Refusal(RejectCode.DENIED_BY_POLICY, f"this hand listens for -R only on its loopback, not {lis.bind}")
+        return StreamCall("listen", lambda: ListenTarget(lis.bind, lis.port))
+    if "accepted" in args:
+        claim: ClaimArgs = _validate(ClaimArgs, "forward", args)
+        return StreamCall("claim", lambda: ClaimTarget(claim.accepted, claim.close))
     a: ForwardArgs = _validate(ForwardArgs, "forward", args)
     if a.path is not None:
         where = _path(root, a.path)  # inside the root, as every path a peer names

@@ -1,6 +1,7 @@
 """`mind forward`: ports reached through a Hand, as `ssh -L` (DESIGN §18; mind/client/forward.py).
 
     mind forward [--json] HAND -L [BIND:]PORT:HOST:HOSTPORT [-L [BIND:]PORT:/PATH/ON/HAND.sock ...]
+    mind forward [--json] HAND -R [BIND:]PORT:HOST:HOSTPORT     # the Hand listens, connections come here
 
 In order, so that nothing is opened for a command that cannot work: every spec is read (a bad one:
 exit 2), every listening socket is bound (a port in use: exit 2, `cannot listen on 127.0.0.1:5432:
@@ -27,7 +28,7 @@ from mind.cli import options
 from mind.cli.connection import open_client
 from mind.cli.exits import EXIT_USAGE, die
 from mind.cli.formatting import printable
-from mind.client.forward import ForwardError, ForwardSpec, LocalForward, bind_listener, parse_spec
+from mind.client.forward import ForwardError, ForwardSpec, LocalForward, RemoteForward, bind_listener, parse_spec
 from mind.errors import ClientError
 from protocol import limits
 
@@ -56,6 +57,15 @@ def add_parsers(sub: Any) -> None:
         metavar="SPEC",
         help=f"a local forward: {SPEC_HELP} (repeatable)",
     )
+    fw.add_argument(
+        "-R",
+        dest="remote",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="a remote forward: the Hand listens on [BIND:]PORT (its loopback) and carries each connection "
+        "to HOST:HOSTPORT (or /PATH, a Unix socket) as seen from HERE (repeatable)",
+    )
     options.json_output(
         fw, 'one JSON object per forward on stdout once listening: {"listen", "to", "hand", "direction"}'
     )
@@ -66,8 +76,8 @@ def specs_of(args: argparse.Namespace) -> list[ForwardSpec]:
     """Every `-L`, read before anything is opened: a bad one ends the command (exit 2)."""
     if not limits.LABEL_RE.match(args.hand):
         die(f"forward: {args.hand!r} is not a Hand name", EXIT_USAGE)
-    if not args.local:
-        die(f"forward: give at least one -L {SPEC_HELP}", EXIT_USAGE)
+    if not args.local and not getattr(args, "remote", []):
+        die(f"forward: give at least one -L {SPEC_HELP} (or -R)", EXIT_USAGE)
     specs: list[ForwardSpec] = []
     for text in args.local:
         try:
@@ -77,9 +87,21 @@ def specs_of(args: argparse.Namespace) -> list[ForwardSpec]:
     return specs
 
 
+def remote_specs_of(args: argparse.Namespace) -> list[ForwardSpec]:
+    """Every `-R`: the Hand's [BIND:]PORT, then the destination here (a bad one: exit 2)."""
+    out: list[ForwardSpec] = []
+    for text in getattr(args, "remote", []):
+        try:
+            out.append(parse_spec(text))
+        except ValueError as exc:
+            die(f"forward: -R: {exc}", EXIT_USAGE)
+    return out
+
+
 def handle(args: argparse.Namespace) -> int:
     specs = specs_of(args)
-    return asyncio.run(serve(args, specs))
+    remotes = remote_specs_of(args)
+    return asyncio.run(serve(args, specs, remotes))
 
 
 def bind_all(specs: list[ForwardSpec]) -> list[socket.socket]:
@@ -99,7 +121,7 @@ def say(line: str) -> None:
     print(printable(line), file=sys.stderr, flush=True)
 
 
-async def serve(args: argparse.Namespace, specs: list[ForwardSpec]) -> int:
+async def serve(args: argparse.Namespace, specs: list[ForwardSpec], remotes: list[ForwardSpec] | None = None) -> int:
     socks = bind_all(specs)
     try:
         mc = await open_client(args)
@@ -108,6 +130,7 @@ async def serve(args: argparse.Namespace, specs: list[ForwardSpec]) -> int:
             s.close()
         die(exc.message, kind=exc.code)
     forwards = [LocalForward(mc, args.hand, spec, sock=s, on_error=say) for spec, s in zip(specs, socks, strict=True)]
+    reverse = [RemoteForward(mc, args.hand, spec, on_error=say) for spec in remotes or []]
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     try:
@@ -118,18 +141,24 @@ async def serve(args: argparse.Namespace, specs: list[ForwardSpec]) -> int:
                 await fwd.start()
             except ForwardError as exc:
                 die(f"forward: {exc.message}", EXIT_USAGE)
+        for rev in reverse:
+            await rev.start()  # the Hand's refusal (a bind off its loopback, a port in use): 125
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         for fwd in forwards:
             say(f"forwarding {fwd.listen} -> {args.hand}:{fwd.to}")
             if args.json:
                 print(json.dumps(fwd.describe()), flush=True)
+        for rev in reverse:
+            say(f"forwarding {args.hand}:{rev.listen} -> {rev.to}")
+            if args.json:
+                print(json.dumps(rev.describe()), flush=True)
         await stop.wait()
         return 0
     except ClientError as exc:  # a ForwardError from a check: the Hand's reason
         die(exc.message, kind=exc.code)
     finally:
-        await asyncio.gather(*(fwd.close() for fwd in forwards))
+        await asyncio.gather(*(fwd.close() for fwd in forwards), *(rev.close() for rev in reverse))
         await mc.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

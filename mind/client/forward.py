@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import errno
 import ipaddress
+import json
 import re
 import socket
 import struct
@@ -474,8 +475,16 @@ class _Connection:
     """One accepted connection carried by one `forward` run: the local socket's bytes are its stdin,
     its stdout is written to the socket, one chunk at a time (`drain` before the next)."""
 
-    def __init__(self, fwd: LocalForward, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        fwd: LocalForward | RemoteForward,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        args: dict[str, Any] | None = None,
+    ) -> None:
         self.fwd = fwd
+        self.args = args if args is not None else fwd.spec.args()
+        """The run's arguments: the destination (`-L`), or the connection the Hand accepted (`-R`)."""
         self.reader = reader
         self.writer = writer
         peer = writer.get_extra_info("peername")
@@ -513,7 +522,7 @@ class _Connection:
             self.handle = await mc.start(
                 fwd.hand,
                 "forward",
-                fwd.spec.args(),
+                self.args,
                 timeout=TIMEOUT_S,
                 stdin=self._from_local(),
                 stream=True,
@@ -602,6 +611,170 @@ class _Connection:
             await asyncio.wait_for(self.writer.wait_closed(), CLOSE_GRACE_S)
         except (TimeoutError, OSError):
             _reset(self.writer)
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    """An empty stdin (a `forward` run carries one; the one that drops a connection sends nothing)."""
+    return
+    yield b""  # pragma: no cover - makes this an async generator
+
+
+class RemoteForward:
+    """One `-R`: the Hand listens (on its loopback) and each connection it accepts is carried to
+    `spec`'s destination HERE (`host:port`, or a local Unix socket `path`). The Hand's listener is a
+    `forward` run of its own (`{"listen": true, ...}`) whose stdout says, one JSON line each, where
+    it listens and every connection it accepted; each is taken by a `forward` run (`{"accepted":
+    TOKEN}`) once the local side is connected, or dropped at once (`close`) when it cannot be: the
+    peer on the Hand's side sees a reset, never a hang. The same `on_error`/`on_closed` as
+    `LocalForward`."""
+
+    def __init__(
+        self,
+        mc: MindClient,
+        hand: str,
+        spec: ForwardSpec,
+        *,
+        on_error: Callable[[str], None] | None = None,
+        on_closed: Callable[[ForwardConnection], None] | None = None,
+    ) -> None:
+        self.mc = mc
+        self.hand = hand
+        self.spec = spec
+        self.on_error = on_error
+        self.on_closed = on_closed
+        self.closing = False
+        self.remote = ""
+        """Where the Hand listens (`127.0.0.1:41234`), once `start` returned."""
+        self.opened = 0
+        self.failed = 0
+        self._listener: RunHandle | None = None
+        self._end: RunEnd | None = None
+        """The listener's run's end, once it came (it ends only by a cancel, or a refusal at once)."""
+        self._serving: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._conns: set[_Connection] = set()
+
+    @property
+    def listen(self) -> str:
+        return self.remote
+
+    @property
+    def to(self) -> str:
+        return self.spec.target
+
+    @property
+    def active(self) -> int:
+        return len(self._tasks)
+
+    def describe(self) -> dict[str, Any]:
+        return {"listen": self.remote, "to": self.to, "hand": self.hand, "direction": "remote"}
+
+    async def start(self) -> None:
+        """Have the Hand listen; returns once it does (`ForwardError` with its reason if it cannot)."""
+        args = {"listen": True, "bind": self.spec.bind, "port": self.spec.local_port}
+        self._listener = await self.mc.start(
+            self.hand, "forward", args, timeout=TIMEOUT_S, stream=True, watch=False, verify=False, window=WINDOW
+        )
+        lines = self._lines(self._listener)
+        first = await anext(lines, None)
+        if first is None or "listening" not in first:
+            end = self._end if self._end is not None else await self._listener.wait()
+            raise ForwardError(
+                ClientCode(end.state.value), f"cannot listen on {self.hand}:{self.spec.listen}: {end_reason(end)}"
+            )
+        self.remote = str(first["listening"])
+        self._serving = asyncio.get_running_loop().create_task(self._serve(lines))
+
+    async def _lines(self, handle: RunHandle) -> AsyncIterator[dict[str, Any]]:
+        buf = b""
+        async for ev in handle.events():
+            if isinstance(ev, StreamData) and ev.stream == "stdout":
+                buf += ev.data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    try:
+                        value = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(value, dict):
+                        yield value
+            elif isinstance(ev, RunEnd):
+                self._end = ev
+                if self.remote and not self.closing and self.on_error is not None:
+                    with contextlib.suppress(Exception):
+                        self.on_error(
+                            f"{self.hand}: the listener on {self.remote or self.spec.listen} ended: {end_reason(ev)}"
+                        )
+                return
+
+    async def _serve(self, lines: AsyncIterator[dict[str, Any]]) -> None:
+        async for value in lines:
+            token = value.get("accepted")
+            if isinstance(token, str) and not self.closing:
+                self.opened += 1
+                task = asyncio.get_running_loop().create_task(self._one(token))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _one(self, token: str) -> None:
+        try:
+            if self.spec.path is not None:
+                reader, writer = await asyncio.open_unix_connection(self.spec.path, limit=READ_CHUNK)
+            else:
+                assert self.spec.host is not None and self.spec.port is not None
+                reader, writer = await asyncio.open_connection(self.spec.host, self.spec.port, limit=READ_CHUNK)
+        except OSError as exc:
+            self.failed += 1
+            if self.on_error is not None:
+                with contextlib.suppress(Exception):
+                    self.on_error(f"{self.hand}: {self.to} (here) could not be reached: {_why(exc)}")
+            with contextlib.suppress(ClientError):  # the Hand resets the accepted connection at once
+                drop = await self.mc.start(
+                    self.hand,
+                    "forward",
+                    {"accepted": token, "close": True},
+                    timeout=CHECK_TIMEOUT_S,
+                    stdin=_nothing(),
+                    stream=True,
+                    watch=False,
+                    verify=False,
+                    window=WINDOW,
+                )
+                await drop.wait()
+            return
+        conn = _Connection(self, reader, writer, args={"accepted": token})
+        self._conns.add(conn)
+        try:
+            await conn.run()
+        finally:
+            self._conns.discard(conn)
+
+    async def close(self, grace: float = CLOSE_GRACE_S) -> None:
+        """Stop the Hand's listener, cancel the connections' runs, wait for them (bounded)."""
+        self.closing = True
+        if self._listener is not None and self._listener.live:
+            with contextlib.suppress(ClientError):
+                await self._listener.cancel()
+        for conn in list(self._conns):
+            conn.cancel()
+        tasks = set(self._tasks) | ({self._serving} if self._serving is not None else set())
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=grace)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
+
+    def _report(self, conn: ForwardConnection) -> None:
+        self.failed += 1
+        if self.on_error is not None:
+            with contextlib.suppress(Exception):
+                self.on_error(f"{self.hand}: {conn.error}")
+
+    def _ended(self, conn: ForwardConnection) -> None:
+        if self.on_closed is not None:
+            with contextlib.suppress(Exception):
+                self.on_closed(conn)
 
 
 @contextlib.asynccontextmanager

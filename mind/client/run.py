@@ -302,11 +302,14 @@ class RunHandle:
 
     async def events(self) -> AsyncIterator[RunEvent]:
         """The run's events in order: state changes, output (`StreamData` for a streamed run:
-        every byte, in order, `eof` closing each stream), and last its `RunEnd`."""
+        every byte, in order, `eof` closing each stream), and last its `RunEnd`. Once the end was
+        handed over, it stays: a later `events()` yields it alone and a later `wait()` returns it
+        (before, a `wait()` after the events had been read waited for ever)."""
         while True:
             item = await self._events.get()
-            if isinstance(item, MindhandError):
+            if isinstance(item, MindhandError | RunEnd):
                 self._events.put_nowait(item)  # a later `wait()` says the same
+            if isinstance(item, MindhandError):
                 raise item
             self._handed = item if isinstance(item, StreamData) else None
             yield item

@@ -251,3 +251,66 @@ def test_sigterm_with_a_connection_open_cancels_its_run_and_exits_0(c: Cluster, 
             pass  # its run was cancelled: the connection is reset
     runs = json.loads(c.cli("runs", "--json").stdout)
     assert runs[0]["tool"] == "forward" and runs[0]["state"] == "cancelled", runs[0]
+
+
+class Reverse(Forward):
+    """`mind forward box -R ... --json` running: the Hand listens, connections come back here."""
+
+    def __init__(self, c: Cluster, *specs: str) -> None:
+        args = ["forward", "box", "--json"]
+        for spec in specs:
+            args += ["-R", spec]
+        self.p = c.cli_popen(*args)
+        try:
+            self.forwards = [json.loads(_line(self.p.stdout, 30)) for _ in specs]
+        except AssertionError:
+            self.p.kill()
+            _, err = self.p.communicate(timeout=10)
+            raise AssertionError(f"mind forward -R did not start: {err.decode(errors='replace')}") from None
+        self.stderr_lines = [_line(self.p.stderr, 10).decode() for _ in specs]
+
+
+def test_a_remote_forward_carries_the_hands_connections_here(c: Cluster, echo: int) -> None:
+    """`-R`: the Hand listens on its loopback; a connection made there reaches our echo server, both
+    ways exact, half-close carried; several at once."""
+    fw = Reverse(c, f"0:127.0.0.1:{echo}")
+    try:
+        [info] = fw.forwards
+        host, port = fw.address()
+        assert info == {"listen": f"127.0.0.1:{port}", "to": f"127.0.0.1:{echo}", "hand": "box", "direction": "remote"}
+        assert fw.stderr_lines == [f"forwarding box:127.0.0.1:{port} -> 127.0.0.1:{echo}\n"]
+        assert _exchange((host, port), b"from the hand's side\n") == b"from the hand's side\n"
+        payload = os.urandom(4 * MIB)
+        assert _exchange((host, port), payload) == payload
+        with ThreadPoolExecutor(10) as pool:
+            outs = list(pool.map(lambda i: _exchange((host, port), bytes([i]) * 100_000), range(10)))
+        assert outs == [bytes([i]) * 100_000 for i in range(10)]
+    finally:
+        code, err = fw.stop()
+    assert code == 0, err
+    runs = json.loads(c.cli("runs", "--json").stdout)
+    assert any(r["tool"] == "forward" and r["state"] == "cancelled" for r in runs)  # the listener, stopped
+
+
+def test_a_remote_forward_whose_destination_here_refuses_resets_at_once(c: Cluster) -> None:
+    closed = _free_port()
+    fw = Reverse(c, f"0:127.0.0.1:{closed}")
+    try:
+        started = time.monotonic()
+        with socket.create_connection(fw.address(), timeout=30) as s:
+            try:
+                assert s.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        assert time.monotonic() - started < 15  # never a hang
+        line = _line(fw.p.stderr, 15).decode()
+        assert line.startswith(f"box: 127.0.0.1:{closed} (here) could not be reached"), line
+    finally:
+        code, err = fw.stop()
+    assert code == 0, err
+
+
+def test_a_remote_forward_off_the_hands_loopback_is_refused(c: Cluster, echo: int) -> None:
+    r = c.cli("forward", "box", "-R", f"0.0.0.0:0:127.0.0.1:{echo}", timeout=60)
+    assert r.returncode == 125, r.stderr
+    assert b"only on its loopback" in r.stderr and r.stdout == b""

@@ -263,3 +263,16 @@ async def test_a_resend_the_mind_asks_for_is_written_even_when_no_pump_will_flus
     kicks = client.kicks
     h.on_message(StreamResume(run_id=RUN, stream="stdin", offset=0, consumed=0))
     assert client.stdin()[0][0] == 0 and client.kicks > kicks
+
+
+async def test_the_end_stays_once_the_events_were_read():
+    """A caller that read the events to the end and then asks `wait()` (or reads again) gets the
+    end at once; it waited for ever before (found by `mind forward -R`, a listener refused)."""
+    h = RunHandle(FakeClient(), "x1")
+    h.on_message(data(0, b"out", eof=True))
+    h.on_message(end(RunState.FAILED, 3))
+    assert await drain(h) == b"out"
+    done = await asyncio.wait_for(h.wait(), 2)
+    assert done.state is RunState.FAILED and done.exit_code == 3
+    again = [ev async for ev in h.events()]
+    assert len(again) == 1 and isinstance(again[0], RunEnd)
