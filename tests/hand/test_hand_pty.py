@@ -212,7 +212,11 @@ async def test_paused_output_blocks_the_child_and_loses_nothing():
     t = Term(py(f"import sys; sys.stdout.write('x' * {n}); sys.stdout.flush(); print('END')"))
     t.on_data = lambda _data: t.run.pause_output()  # a window of one read
     t.start()
-    await until(lambda: t.run.pid and _blocked_writing_stdout(t.run.pid), what="the child blocked in write(1)")
+    # The child may block in write(1) before our first read (a loaded machine): wait for the pause too.
+    await until(
+        lambda: t.run.pid and not t.run.reading and _blocked_writing_stdout(t.run.pid),
+        what="the child blocked in write(1) with reading paused",
+    )
     assert not t.run.exited and not t.run.reading and 0 < len(t.out) < n
     t.on_data = None
     t.run.resume_output()
