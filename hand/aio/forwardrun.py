@@ -26,7 +26,7 @@ import socket
 from collections import deque
 from typing import Any
 
-from hand.aio.copyrun import Interrupted, _either
+from hand.aio.copyrun import Interrupted, _either, _Gate
 from hand.aio.streams import RunStreams
 from hand.core.forwards import endpoint
 from hand.system.tools import ClaimTarget, ForwardTarget, ListenTarget, StreamCall, ToolFailed, resolve_forward
@@ -35,17 +35,15 @@ from protocol.control import RunControl
 READ_CHUNK = 256 << 10
 
 
-class _Pipes:
-    """`RunStreams`' pipes for a connection: stdin chunks queued for the writer; the read side open
-    while the client has credit."""
+class _Pipes(_Gate):
+    """`RunStreams`' pipes for a connection: the read side open while the client has credit (a
+    copy's `_Gate`), and stdin chunks queued for the writer."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.chunks: list[bytes] = []
         self.eof = False
         self.ready = asyncio.Event()
-        self.open = asyncio.Event()
-        self.open.set()
-        self.gone = False
 
     def write_stdin(self, data: bytes) -> None:
         self.chunks.append(data)
@@ -54,19 +52,6 @@ class _Pipes:
     def close_stdin(self) -> None:
         self.eof = True
         self.ready.set()
-
-    def pause_output(self, stream: str) -> None:
-        if stream == "stdout":
-            self.open.clear()
-
-    def resume_output(self, stream: str) -> None:
-        if stream == "stdout":
-            self.open.set()
-
-    def close_output(self, stream: str) -> None:
-        if stream == "stdout":
-            self.gone = True
-            self.open.set()
 
 
 async def _connect(target: ForwardTarget) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

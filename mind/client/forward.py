@@ -306,7 +306,39 @@ class ForwardConnection:
     """Why it failed (None: it ended cleanly, or was closed by us)."""
 
 
-class LocalForward:
+class _Owner:
+    """What `LocalForward` and `RemoteForward` share: the callbacks a connection reports through,
+    and the bounded wait for the connections' tasks when the forward closes."""
+
+    hand: str
+    on_error: Callable[[str], None] | None
+    on_closed: Callable[[ForwardConnection], None] | None
+    failed: int
+
+    def _report(self, conn: ForwardConnection) -> None:
+        self.failed += 1
+        if self.on_error is not None:
+            with contextlib.suppress(Exception):  # a callback's bug is not the connection's
+                self.on_error(f"{self.hand}: {conn.error}")
+
+    def _ended(self, conn: ForwardConnection) -> None:
+        if self.on_closed is not None:
+            with contextlib.suppress(Exception):
+                self.on_closed(conn)
+
+    @staticmethod
+    async def _wait_for(tasks: set[asyncio.Task[None]], grace: float) -> None:
+        """Wait for `tasks` at most `grace` seconds, then cancel what is left (bounded too)."""
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=1.0)
+
+
+class LocalForward(_Owner):
     """One `-L`: a listener here, each accepted connection one `forward` run on `hand`. `check()`
     (the Hand says whether it allows the destination), then `start()` (listen), then `close()`.
     `on_error(line)`: one line per connection that failed (`box: 127.0.0.1:5433 refused the
@@ -406,13 +438,7 @@ class LocalForward:
             self._sock.close()
         for conn in list(self._conns):
             conn.cancel()
-        tasks = set(self._tasks)
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=grace)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=1.0)
+        await self._wait_for(set(self._tasks), grace)
         if self._server is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
@@ -439,17 +465,6 @@ class LocalForward:
     def _gone(self, task: asyncio.Task[None], conn: _Connection) -> None:
         self._tasks.discard(task)
         self._conns.discard(conn)
-
-    def _report(self, conn: ForwardConnection) -> None:
-        self.failed += 1
-        if self.on_error is not None:
-            with contextlib.suppress(Exception):  # a callback's bug is not the connection's
-                self.on_error(f"{self.hand}: {conn.error}")
-
-    def _ended(self, conn: ForwardConnection) -> None:
-        if self.on_closed is not None:
-            with contextlib.suppress(Exception):
-                self.on_closed(conn)
 
 
 def end_reason(end: RunEnd) -> str:
@@ -619,7 +634,7 @@ async def _nothing() -> AsyncIterator[bytes]:
     yield b""  # pragma: no cover - makes this an async generator
 
 
-class RemoteForward:
+class RemoteForward(_Owner):
     """One `-R`: the Hand listens (on its loopback) and each connection it accepts is carried to
     `spec`'s destination HERE (`host:port`, or a local Unix socket `path`). The Hand's listener is a
     `forward` run of its own (`{"listen": true, ...}`) whose stdout says, one JSON line each, where
@@ -757,24 +772,7 @@ class RemoteForward:
                 await self._listener.cancel()
         for conn in list(self._conns):
             conn.cancel()
-        tasks = set(self._tasks) | ({self._serving} if self._serving is not None else set())
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=grace)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=1.0)
-
-    def _report(self, conn: ForwardConnection) -> None:
-        self.failed += 1
-        if self.on_error is not None:
-            with contextlib.suppress(Exception):
-                self.on_error(f"{self.hand}: {conn.error}")
-
-    def _ended(self, conn: ForwardConnection) -> None:
-        if self.on_closed is not None:
-            with contextlib.suppress(Exception):
-                self.on_closed(conn)
+        await self._wait_for(set(self._tasks) | ({self._serving} if self._serving is not None else set()), grace)
 
 
 @contextlib.asynccontextmanager

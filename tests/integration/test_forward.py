@@ -89,10 +89,12 @@ def _line(stream: Any, timeout: float) -> bytes:
 class Forward:
     """`mind forward box -L ... --json` running: its forwards as it announced them."""
 
+    FLAG = "-L"
+
     def __init__(self, c: Cluster, *specs: str) -> None:
         args = ["forward", "box", "--json"]
         for spec in specs:
-            args += ["-L", spec]
+            args += [self.FLAG, spec]
         self.p = c.cli_popen(*args)
         try:
             self.forwards = [json.loads(_line(self.p.stdout, 30)) for _ in specs]
@@ -256,18 +258,7 @@ def test_sigterm_with_a_connection_open_cancels_its_run_and_exits_0(c: Cluster, 
 class Reverse(Forward):
     """`mind forward box -R ... --json` running: the Hand listens, connections come back here."""
 
-    def __init__(self, c: Cluster, *specs: str) -> None:
-        args = ["forward", "box", "--json"]
-        for spec in specs:
-            args += ["-R", spec]
-        self.p = c.cli_popen(*args)
-        try:
-            self.forwards = [json.loads(_line(self.p.stdout, 30)) for _ in specs]
-        except AssertionError:
-            self.p.kill()
-            _, err = self.p.communicate(timeout=10)
-            raise AssertionError(f"mind forward -R did not start: {err.decode(errors='replace')}") from None
-        self.stderr_lines = [_line(self.p.stderr, 10).decode() for _ in specs]
+    FLAG = "-R"
 
 
 def test_a_remote_forward_carries_the_hands_connections_here(c: Cluster, echo: int) -> None:
