@@ -20,6 +20,7 @@ the Mind like any other (its streams resume where they stood), is audited, scope
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import secrets
 import socket
@@ -72,8 +73,8 @@ async def _connect(target: ForwardTarget) -> tuple[asyncio.StreamReader, asyncio
 def _failure(target: ForwardTarget | ClaimTarget, exc: OSError) -> ToolFailed:
     if isinstance(exc, ConnectionRefusedError):
         return ToolFailed(f"{target.shown} refused the connection")
-    if isinstance(exc, ConnectionResetError | BrokenPipeError):
-        return ToolFailed(f"connection reset by {target.shown}")
+    if isinstance(exc, ConnectionResetError | BrokenPipeError) or exc.errno == errno.ENOTCONN:
+        return ToolFailed(f"connection reset by {target.shown}")  # ENOTCONN: the half-close met a reset
     if isinstance(exc, FileNotFoundError):
         return ToolFailed(f"{target.shown}: no such socket")
     return ToolFailed(f"cannot reach {target.shown}: {exc.strerror or type(exc).__name__}")

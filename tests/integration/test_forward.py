@@ -41,6 +41,7 @@ class _Echo(socketserver.BaseRequestHandler):
 class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # socketserver's 5 overflows under 20 connections on a loaded machine: resets
 
 
 class _UnixServer(socketserver.ThreadingUnixStreamServer):
