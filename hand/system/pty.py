@@ -96,9 +96,23 @@ WINSIZE_MAX = 0xFFFF
 """`struct winsize` holds unsigned shorts; 0 means "unknown", as the kernel allows."""
 
 
-def _child_setup(rlimits: Callable[[], None] | None, ioctl: Callable[[int, int, int], Any], request: int) -> None:
-    """Runs in the forked child after `setsid` and the user switch, before `exec`: the rlimit plan,
-    then the slave (already fd 0) becomes the controlling terminal of the new session."""
+TERMINAL_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)
+"""Reset to their default in a terminal's child, as login and sshd do: an ignored disposition is
+inherited across `exec`, and a Hand (or a test) started under `nohup` would give every shell a
+SIGHUP it ignores: a hung-up terminal (`close_output`, `~.`) would not end it."""
+
+
+def _child_setup(
+    rlimits: Callable[[], None] | None,
+    ioctl: Callable[[int, int, int], Any],
+    request: int,
+    reset: Callable[[int, Any], Any] = signal.signal,
+) -> None:
+    """Runs in the forked child after `setsid` and the user switch, before `exec`: the terminal's
+    signals back to their defaults, the rlimit plan (and the run's cgroup), then the slave (already
+    fd 0) becomes the controlling terminal of the new session."""
+    for sig in TERMINAL_SIGNALS:
+        reset(sig, signal.SIG_DFL)
     if rlimits is not None:
         rlimits()
     ioctl(0, request, 0)
