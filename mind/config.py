@@ -14,6 +14,7 @@ from typing import Any
 from mind.home import DEFAULT_LISTEN
 from protocol.io.settings import Duration, Key, between, listen_address, log_levels, one_of
 from protocol.messages import RESUME_WINDOW_MAX_S
+from protocol.units import parse_size
 
 CONFIG_NAME = "mind.toml"
 
@@ -22,6 +23,12 @@ FILE_HELP = "TOML settings file (default $MINDHAND_CONFIG, else HOME/mind.toml i
 (mind/cli/config.py): here, below both, because neither may import the other."""
 
 DATABASE_SCHEMES = ("postgresql://", "postgres://")
+
+
+def _size(value: str) -> str:
+    """A size setting's check (kept as its text: `mind config show` prints what was given)."""
+    parse_size(value)
+    return value
 
 
 def check_database(value: str) -> str:
@@ -110,6 +117,54 @@ KEYS: tuple[Key, ...] = (
         "the longest a detached run is kept unattended (`mind exec --detach --keep`; e.g. 1h)",
         check=between(1, RESUME_WINDOW_MAX_S, " seconds"),
         metavar="DURATION",
+    ),
+    Key(
+        "record",
+        str,
+        "pty",
+        "what the Mind records as it relays (DESIGN §19): off, pty (terminal sessions) or all (also every "
+        "foreground run's stdin, stdout and stderr); `mind recordings`, `mind play`",
+        check=one_of("off", "pty", "all"),
+        metavar="MODE",
+    ),
+    Key(
+        "record_max_bytes",
+        str,
+        "64M",
+        "stream bytes one run's recording keeps (e.g. 64M, 1G); past it the recording marks a gap with "
+        "the byte count and the run goes on",
+        check=_size,
+        metavar="SIZE",
+    ),
+    Key(
+        "record_strict",
+        bool,
+        False,
+        "cancel runs whose recording cannot be kept (the store failed or fell behind) instead of marking a gap",
+    ),
+    Key(
+        "record_retention",
+        Duration,
+        90 * 86400.0,
+        "how long recordings are kept (e.g. 90d, 12h); older ones are pruned in the background",
+        check=between(60, 100 * 365 * 86400, " seconds"),
+        metavar="DURATION",
+    ),
+    Key(
+        "record_dir",
+        str,
+        None,
+        "where the embedded default keeps recordings.db (default: the Mind's home); a volume of their own "
+        "keeps a full disk of recordings away from the Mind's state (with a database: unused)",
+        metavar="DIR",
+    ),
+    Key(
+        "record_key",
+        str,
+        None,
+        "the file holding the key that signs recordings (0600; default HOME/recording.key, made on first "
+        "use); give every node of a shared database the same file",
+        metavar="FILE",
     ),
     Key(
         "max_pending_handshakes",

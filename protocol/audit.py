@@ -67,6 +67,9 @@ class AuditEvent(StrEnum):
     TASK_UPDATE_UNSOLICITED = "task_update_unsolicited"
     """Mind: a Hand reported a task the Mind never asked it about (not adopted; issue 13)."""
     RECONCILE_FOREIGN_TASK = "reconcile_foreign_task"
+    # --- who read what was recorded ---
+    RECORDING_READ = "recording_read"
+    """Mind: a recording listed, played or verified (`what`), by whom, allowed or not (DESIGN §19)."""
     # --- what the operator changed while it ran ---
     CONFIG_RELOADED = "config_reloaded"
     CONFIG_RELOAD_FAILED = "config_reload_failed"

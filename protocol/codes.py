@@ -71,6 +71,8 @@ class CancelReason(StrEnum):
     INTERNAL_FAILURE = "internal_failure"
     CONNECTION_LOST = "connection_lost"
     """The Hand lost the connection that carried a foreground run: nobody can receive its result."""
+    RECORDING_FAILED = "recording_failed"
+    """`mind serve --record-strict`: the Mind could not keep the run's recording (DESIGN §19)."""
 
 
 class CancelStatus(StrEnum):

@@ -168,6 +168,7 @@ REASON_TO_STATE: dict[CancelReason, RunState] = {
     CancelReason.CLIENT_DISCONNECTED: RunState.CANCELLED,
     CancelReason.SHUTDOWN: RunState.CANCELLED,
     CancelReason.CONNECTION_LOST: RunState.CANCELLED,
+    CancelReason.RECORDING_FAILED: RunState.CANCELLED,
     CancelReason.DEADLINE_EXCEEDED: RunState.TIMED_OUT,
     CancelReason.BUDGET_EXHAUSTED: RunState.BUDGET_EXHAUSTED,
     CancelReason.INTERNAL_FAILURE: RunState.FAILED,

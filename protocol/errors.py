@@ -21,6 +21,7 @@ them by it (`ValueError`).
     │   ├── CopyError                  mind/client/files.py        a copy (`mind cp`) that failed, was refused or lost
     │   └── ForwardError               mind/client/forward.py      a forward (`mind forward`) that could not be set up
     ├── StillRunning                   mind/client/run.py          not an error: a wait bound passed, the run goes on detached
+    ├── Quit                           mind/cli/recordings.py      not an error: `q` during `mind play`
     ├── SelectorError                  mind/core/selector.py       a fleet selector or label that does not parse
     ├── LimitError                     mind/core/fleet.py          a --max-concurrency / --max-errors that is not N or P%
     ├── WsError, Invalid               mind/client/                the fast path: transport, reply checks
@@ -30,6 +31,7 @@ them by it (`ValueError`).
     │   ├── NotLive                    mind/store/api.py           this node's lease passed: it claims and starts nothing
     │   └── Fenced                     mind/store/api.py           a write about a Hand another node claimed since: not written
     ├── SchemaTooNew                   mind/store/api.py           the database was migrated by a newer Mind: refused at start
+    ├── RecordingKeyError              mind/store/recordings.py    the key that signs recordings cannot be read or is not private
     ├── CannotOpen                     mind/daemon/server.py       `mind serve` cannot open its state: the sentence and exit code
     ├── CommandFailed(message, code)   mind/commandline.py         a daemon's admin command could not do what it was asked
     ├── Refusal(status, error, message) mind/mcp/bearers.py        `mind mcp --listen` answered a request without a tool

@@ -1020,6 +1020,103 @@ class StatusReply(Message):
     """The node that answered (Mind nodes sharing a database); None: one Mind."""
     nodes: list[NodeInfo] | None = None
     """Every node of the shared database with its heartbeat age; None: one Mind."""
+    recording: Str | None = None
+    """What this node records and whether its store keeps up (`off`; `pty, keeping up`; `all,
+    failing since ...: <the store's words>`); None from a Mind that has no recorder."""
+
+
+# --- recordings (DESIGN §19) ---
+
+
+class RecordingInfo(Message):
+    """A recording's listing: what it is of and how it ended (None while it goes on, or when the
+    node recording it stopped first). `mind recordings verify` compares it with the signed record."""
+
+    TYPE = "recording_info"
+    run_id: Id
+    hand: Label
+    client: Str
+    tool: Label
+    kind: Str
+    """`terminal`, `streams`, `copy` or `forward`."""
+    command: dict[Str, Any]
+    started: WallTime
+    node: Str = ""
+    ended: WallTime | None = None
+    state: Str | None = None
+    exit_code: Int | None = None
+    bytes: NonNeg = 0
+    blocks: NonNeg = 0
+    gaps: NonNeg = 0
+
+
+class ListRecordings(Message):
+    """The recordings this client may read, newest first."""
+
+    TYPE = "list_recordings"
+    hand: Label | None = None
+    client: Label | None = None
+    since: WallTime | None = None
+    limit: Annotated[int, Strict(), Field(gt=0, le=PAGE_LIMIT_MAX)] = 100
+    after: Cursor | None = None
+
+
+class RecordingList(Message):
+    TYPE = "recording_list"
+    items: list[RecordingInfo]
+    next_after: Cursor | None = None
+
+
+class GetRecording(Message):
+    """A page of a recording's blocks after block `after` (-1: from the first), as stored."""
+
+    TYPE = "get_recording"
+    run_id: Id
+    after: Annotated[int, Strict(), Field(ge=-1)] = -1
+
+
+class RecordingBlock(Message):
+    TYPE = "recording_block"
+    seq: NonNeg
+    t: NonNeg
+    data: Bytes
+    compressed: Bool
+    head: Bytes
+    mac: Bytes
+
+
+class RecordingPage(Message):
+    """`more`: further blocks are stored already (ask again at once); otherwise the recording has
+    no more yet (`info.ended` unset: it may still grow, `mind play --follow` asks again later)."""
+
+    TYPE = "recording_page"
+    info: RecordingInfo
+    blocks: list[RecordingBlock]
+    more: Bool = False
+
+
+class VerifyRecordings(Message):
+    """Check recordings against the Mind's key: one (`run_id`), or every one this client may read."""
+
+    TYPE = "verify_recordings"
+    run_id: Id | None = None
+
+
+class RecordingCheck(Message):
+    TYPE = "recording_check"
+    run_id: Id
+    ok: Bool
+    problem: Text = ""
+    at: NonNeg | None = None
+    """The first block that does not check."""
+    blocks: NonNeg = 0
+    complete: Bool = False
+    """The recording holds the run's signed end."""
+
+
+class VerifyResult(Message):
+    TYPE = "verify_result"
+    items: list[RecordingCheck]
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
@@ -1093,6 +1190,15 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         RunList,
         GetStatus,
         StatusReply,
+        RecordingInfo,
+        ListRecordings,
+        RecordingList,
+        GetRecording,
+        RecordingBlock,
+        RecordingPage,
+        VerifyRecordings,
+        RecordingCheck,
+        VerifyResult,
     )
 }
 

@@ -57,11 +57,12 @@ def top_parser() -> tuple[argparse.ArgumentParser, Any]:
 
 def client_families() -> list[AddParsers]:
     """Every client command module's `add_parsers`, in the order `mind --help` lists them."""
-    from mind.cli import call, config, cp, exec, forward, mcp, task, views
+    from mind.cli import call, config, cp, exec, forward, mcp, recordings, task, views
 
     return [
         config.add_parsers,
         views.add_parsers,
+        recordings.add_parsers,
         exec.add_parsers,
         cp.add_parsers,
         forward.add_parsers,

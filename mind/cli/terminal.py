@@ -132,7 +132,11 @@ class RawMode:
         atexit.register(self.restore)
         self.saved = saved
         self._install()
-        termios.tcsetattr(self.fd, termios.TCSADRAIN, raw_attributes(saved))
+        termios.tcsetattr(self.fd, termios.TCSADRAIN, self.attributes(saved))
+
+    def attributes(self, saved: Attributes) -> Attributes:
+        """The attributes set while active (a playback's cbreak mode overrides this)."""
+        return raw_attributes(saved)
 
     def restore(self) -> None:
         """Put the saved attributes back and the signal dispositions as they were. Idempotent, and

@@ -287,6 +287,8 @@ async def show_status(client: Any, args: argparse.Namespace) -> int:
         print(f"... and {active - len(st.active_runs)} more: `mind runs` lists them all")
     counts = ", ".join(f"{k} {v}" for k, v in sorted(st.task_counts.items())) or "none"
     print(f"\nTASKS  {counts};  stale snapshots {st.stale_snapshots}")
+    if st.recording is not None:
+        print(f"\nRECORDING  {st.recording}")
     print(f"\nRECENT FAILURES ({len(st.recent_failures)})")
     table(RUN_HEADERS, [run_row(r) for r in st.recent_failures])
     return 0

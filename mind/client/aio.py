@@ -58,14 +58,18 @@ from protocol.messages import (
     Exec,
     FleetOpen,
     FleetOpened,
+    GetRecording,
     GetRun,
     GetStatus,
     HandInfo,
     HandsList,
     HandsSelected,
     ListHands,
+    ListRecordings,
     ListRuns,
     Message,
+    RecordingList,
+    RecordingPage,
     RunEnd,
     RunInfo,
     RunList,
@@ -85,6 +89,8 @@ from protocol.messages import (
     TaskStart,
     TaskStartResult,
     TaskView,
+    VerifyRecordings,
+    VerifyResult,
     WhichConnected,
 )
 from protocol.states import RunState, TaskState
@@ -679,6 +685,29 @@ class MindClient:
 
     async def status(self) -> StatusReply:
         return await self._ask(GetStatus(), StatusReply)
+
+    # --- recordings (DESIGN §19) ---
+
+    async def list_recordings(
+        self,
+        hand: str | None = None,
+        client: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> RecordingList:
+        """One page of the recordings this client may read, newest first."""
+        msg = ListRecordings(hand=hand, client=client, since=since, limit=limit, after=after)
+        return await self._ask(msg, RecordingList, read=True)
+
+    async def get_recording(self, run_id: str, after: int = -1) -> RecordingPage:
+        """The blocks of `run_id`'s recording after block `after`, as stored (decode with
+        `mind.core.recording.unpack`); `more`: ask again at once."""
+        return await self._ask(GetRecording(run_id=run_id, after=after), RecordingPage, read=True)
+
+    async def verify_recordings(self, run_id: str | None = None) -> VerifyResult:
+        """The Mind's check of one recording, or of every one this client may read."""
+        return await self._ask(VerifyRecordings(run_id=run_id), VerifyResult, read=True)
 
     # --- background tasks ---
 

@@ -17,6 +17,9 @@ class Scope:
     tools: tuple[str, ...] = ("*",)
     read_others: bool = False
     """May read and cancel runs and tasks that other clients started (and tasks adopted from a Hand)."""
+    recordings: bool = False
+    """May read the recordings of any client's runs on the Hands it may use (DESIGN §19); without it
+    a client reads only its own runs' recordings."""
 
     def allows_hand(self, hand: str) -> bool:
         return any(fnmatchcase(hand, p) for p in self.hands)
@@ -27,22 +30,36 @@ class Scope:
     def may_touch(self, owner: str | None, me: str) -> bool:
         return self.read_others or owner == me
 
+    def may_read_recording(self, hand: str, client: str, me: str) -> bool:
+        """Its own runs' recordings, or with the `recordings` scope those of the Hands it may use.
+        Whoever may not is told the same as for a recording that does not exist (no leak)."""
+        return client == me or (self.recordings and self.allows_hand(hand))
+
     def to_json(self) -> str:
-        return json.dumps({"hands": list(self.hands), "tools": list(self.tools), "read_others": self.read_others})
+        d: dict[str, object] = {"hands": list(self.hands), "tools": list(self.tools), "read_others": self.read_others}
+        if self.recordings:  # absent when off: a scope written before recordings reads the same
+            d["recordings"] = True
+        return json.dumps(d)
 
     @classmethod
     def from_json(cls, text: str | None) -> Scope:
         if not text:
             return FULL
         d = json.loads(text)
-        return cls(hands=tuple(d["hands"]), tools=tuple(d["tools"]), read_others=bool(d["read_others"]))
+        return cls(
+            hands=tuple(d["hands"]),
+            tools=tuple(d["tools"]),
+            read_others=bool(d["read_others"]),
+            recordings=bool(d.get("recordings", False)),
+        )
 
     def describe(self) -> str:
         others = "any client's" if self.read_others else "own only"
-        return f"hands {','.join(self.hands)}; tools {','.join(self.tools)}; runs/tasks: {others}"
+        recs = "; recordings: any client's" if self.recordings else ""
+        return f"hands {','.join(self.hands)}; tools {','.join(self.tools)}; runs/tasks: {others}{recs}"
 
 
-FULL = Scope(read_others=True)
+FULL = Scope(read_others=True, recordings=True)
 
 
 def parse_patterns(text: str | None, what: str) -> tuple[str, ...]:

@@ -54,6 +54,12 @@ def _add_role(sub: Any, role: str) -> None:
             action="store_true",
             help="may read and cancel other clients' runs and tasks (default: its own only)",
         )
+        a.add_argument(
+            "--recordings",
+            action="store_true",
+            help="may list, play and verify the recordings of any client's runs on the Hands it may use "
+            "(default: those of its own runs only)",
+        )
     ls = rs.add_parser("list", help=f"list {role} credentials")
     commandline.json_output(ls)
     rv = rs.add_parser("revoke", help=f"revoke a {role} credential; its live connections are closed at once")
@@ -107,6 +113,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from mind.daemon.server import CannotOpen, Mind, MindConfig
     from protocol.io import logs
     from protocol.io.settings import ConfigError
+    from protocol.units import parse_size
 
     home = paths.home(args.home)
     source = settings_source(args)
@@ -157,6 +164,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
         node_lease=s["node_lease"],
         node_name=s["node_name"] or None,
         node_url=s["node_url"] or None,
+        record=s["record"],
+        record_max_bytes=parse_size(s["record_max_bytes"]),
+        record_strict=s["record_strict"],
+        record_retention=s["record_retention"],
+        record_key=s["record_key"] or None,
+        record_dir=_path(s["record_dir"]) if s["record_dir"] else None,
     )
     try:
         mind = Mind(cfg)
@@ -241,6 +254,7 @@ def cmd_credentials(args: argparse.Namespace) -> None:
                         hands=parse_patterns(args.hands, "hands"),
                         tools=parse_patterns(args.tools, "tools"),
                         read_others=args.read_others,
+                        recordings=args.recordings,
                     ).to_json()
                 except ValueError as exc:
                     fail(str(exc), EXIT_USAGE)

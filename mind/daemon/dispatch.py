@@ -24,6 +24,7 @@ from mind.core.routing import Facts, Kind, Route, after_find, after_lookup, deci
 from mind.core.runs import Run
 from mind.daemon.host import Host
 from mind.daemon.peer import INTERNAL_ERROR, Peer
+from mind.daemon.recordingviews import RecordingViews
 from mind.daemon.route import ROUTED_NUMBER_BASE, Forward, RoutedRun
 from mind.daemon.taskservice import TaskService
 from mind.daemon.views import Views
@@ -44,9 +45,11 @@ from protocol.messages import (
     Exec,
     FleetOpen,
     FleetOpened,
+    GetRecording,
     GetRun,
     GetStatus,
     ListHands,
+    ListRecordings,
     ListRuns,
     Message,
     Progress,
@@ -69,6 +72,7 @@ from protocol.messages import (
     TaskRemoveRequest,
     TaskStart,
     TaskUpdate,
+    VerifyRecordings,
     WhichConnected,
 )
 
@@ -82,6 +86,7 @@ class Dispatch:
         self.mind = mind
         self.tasks = tasks
         self.views = views
+        self.recordings = RecordingViews(mind)
         self.fleets = FleetOwners()
         """Which client opened each fleet id (`fleet_open`): only its runs may be members."""
         self._handlers = self._handler_table()
@@ -154,6 +159,10 @@ class Dispatch:
         if isinstance(msg, (StreamAck, Resize)):  # about a run's bytes, not a request: no answer
             if m.router is not None and m.router.from_client_stream(peer, msg):
                 return  # a relayed run's: its holding node's flow control
+            if isinstance(msg, Resize) and m.recorder is not None and msg.run_id in m.recorder.live:
+                run = m.registry.get(msg.run_id)
+                if run is not None and run.client == peer.conn_id:
+                    m.recorder.resize(msg.run_id, msg.cols, msg.rows)
             m.perform(m.registry.on_client_stream(msg, peer.conn_id))
             return
         if id_ is None:
@@ -192,6 +201,11 @@ class Dispatch:
             TaskCancelRequest: lambda peer, id_, msg, me: peer.spawn(self.tasks.cancel(peer, id_, msg), reply_to=id_),
             TaskList: lambda peer, id_, msg, me: peer.spawn(self.tasks.list(peer, id_, msg), reply_to=id_),
             TaskRemoveRequest: lambda peer, id_, msg, me: peer.spawn(self.tasks.remove(peer, id_, msg), reply_to=id_),
+            ListRecordings: lambda peer, id_, msg, me: peer.spawn(self.recordings.list(peer, id_, msg), reply_to=id_),
+            GetRecording: lambda peer, id_, msg, me: peer.spawn(self.recordings.get(peer, id_, msg), reply_to=id_),
+            VerifyRecordings: lambda peer, id_, msg, me: peer.spawn(
+                self.recordings.verify(peer, id_, msg), reply_to=id_
+            ),
         }
 
     def _refuse(self, peer: Peer, id_: str, denial: Denial) -> None:
@@ -261,9 +275,10 @@ class Dispatch:
         owner: str,
     ) -> None:
         m = self.mind
+        run_id = new_id("r")
         m.perform(
             m.registry.admit(
-                new_id("r"),
+                run_id,
                 msg,
                 peer.conn_id,
                 id_,
@@ -275,6 +290,8 @@ class Dispatch:
                 refusal=refusal,
             )
         )
+        if m.recorder is not None and m.recorder.on and (run := m.registry.get(run_id)) is not None:
+            m.recorder.begin(run, msg, owner)
 
     async def _admit_offline(self, peer: Peer, id_: str, msg: Exec, owner: str) -> None:
         """An exec for a Hand with no connection here: relayed to the node holding it (DESIGN §16,

@@ -17,8 +17,10 @@ if TYPE_CHECKING:
     from mind.core.registry import Action, RunRegistry
     from mind.daemon.metrics import MindMetrics
     from mind.daemon.peer import Peer
+    from mind.daemon.recorder import Recorder
     from mind.daemon.route import Router
     from mind.store.api import Credentials, History, Snapshots
+    from mind.store.recordings import Recordings
     from protocol.messages import Message, NodeInfo
 
 try:
@@ -56,6 +58,13 @@ class MindConfig:
     """With a database: this node's name (default: host name and port)."""
     node_url: str | None = None
     """With a database: where other nodes reach this one (default: its listen URL; DESIGN §16)."""
+    record: str = "off"
+    """`off`, `pty` or `all` (DESIGN §19); `mind serve` defaults to `pty`, this record to off."""
+    record_max_bytes: int = 64 << 20
+    record_strict: bool = False
+    record_retention: float = 90 * 86400.0
+    record_key: str | None = None
+    record_dir: Path | None = None
     max_pending_handshakes: int = 1024
     auth_fail_limit: int = 10
     auth_fail_window: float = 60.0
@@ -97,6 +106,11 @@ class Host(Protocol):
     history: History | None
     """Finished runs' metadata in the shared database (PostgreSQL), None on SQLite."""
     metrics: MindMetrics
+    recordings: Recordings | None
+    """The recordings store (DESIGN §19), open while the Mind runs."""
+    recording_key: bytes | None
+    """The key that signs recordings (never in a database)."""
+    recorder: Recorder | None
     epoch: int
     """The credential table's epoch the last sweep saw (`Mind.check_credentials`)."""
     large_frames: bool

@@ -46,6 +46,9 @@ class MindMetrics:
             "mindhand_event_loop_lag_max_seconds", "Largest event-loop lag since start", registry=r
         )
         self.denied = Counter("mindhand_denied", "Requests refused outside a credential's scope", registry=r)
+        self.recording_gaps = Counter(
+            "mindhand_recording_gap_bytes", "Bytes relayed that a recording could not keep (store failed)", registry=r
+        )
         self.foreign = Counter("mindhand_foreign_inputs", "Hand messages about runs or tasks not theirs", registry=r)
 
     def observe_lag(self, lag: float) -> None:

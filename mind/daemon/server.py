@@ -29,6 +29,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from mind import home as paths
 from mind.core.admission import Denial, denial_message
+from mind.core.recording import Mode
 from mind.core.registry import Action, Log, PersistEnding, RunRegistry, SendToClient, SendToHand, StartEnded
 from mind.core.runs import FrameToClient, FrameToHand
 from mind.daemon import heap, http
@@ -40,6 +41,8 @@ from mind.daemon.host import MindConfig
 from mind.daemon.metrics import MindMetrics
 from mind.daemon.nodes import NodeShell
 from mind.daemon.peer import CLOSE_REVOKED, Peer, close_quietly
+from mind.daemon.recorder import Recorder
+from mind.daemon.recorder import Settings as RecordSettings
 from mind.daemon.route import Router
 from mind.daemon.taskservice import TaskService
 from mind.daemon.views import Views
@@ -56,6 +59,7 @@ from mind.store.api import (
 )
 from mind.store.endings import Ending
 from mind.store.engines import open_stores
+from mind.store.recordings import RecordingKeyError, Recordings, load_key
 from protocol import limits
 from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, ErrorCode
@@ -220,6 +224,11 @@ class Mind:
         self.started = time.time()
         self.large_frames = False
         """A large frame came in since the last tick: the ticker gives its freed memory back (`heap`)."""
+        self.recordings: Recordings | None = None
+        """The recordings store (DESIGN §19), opened with the stores; kept when `--record off` (the
+        recordings made before are still listed and played)."""
+        self.recorder: Recorder | None = None
+        self.recording_key: bytes | None = None
         self.tasks = TaskService(self)
         self.views = Views(self)
         self.dispatch = Dispatch(self, self.tasks, self.views)
@@ -234,6 +243,7 @@ class Mind:
             self.stores = stores = await open_stores(self.cfg.home, self.cfg.database, self._node_name())
             self.store, self.snapshots, self.endings = stores.credentials, stores.snapshots, stores.endings
             self.history = stores.history
+            self._open_recordings(stores)
             self.mind_id = await self.store.mind_id()
             self._record_database()
             self.registry.seal_key = await self.store.seal_key()
@@ -248,11 +258,28 @@ class Mind:
                     self.registry.expect_presentations(float("inf"))
         except SchemaTooNew as exc:
             raise CannotOpen(str(exc), EXIT_SCHEMA_TOO_NEW) from None
+        except RecordingKeyError as exc:
+            raise CannotOpen(str(exc), EXIT_STATE) from None
         except StoreUnavailable as exc:
             raise CannotOpen(str(exc), EXIT_STATE) from None
         except (OSError, sqlite3.Error) as exc:
             raise CannotOpen(f"cannot open {where}: {exc}", EXIT_STATE) from None
         log.info("mind_store_opened", engine=stores.engine)
+
+    def _open_recordings(self, stores: Stores) -> None:
+        cfg = self.cfg
+        key = self.recording_key = load_key(cfg.home, cfg.record_key)
+        self.recordings = stores.open_recordings(key, cfg.record_dir)
+        settings = RecordSettings(
+            Mode(cfg.record), cfg.record_max_bytes, cfg.record_strict, cfg.record_retention, self._node_name() or ""
+        )
+        self.recorder = Recorder(settings, self.recordings, self._cancel_unrecorded, self.metrics.recording_gaps.inc)
+        if cfg.record != "off":
+            log.info("recording", mode=cfg.record, max_bytes=cfg.record_max_bytes, strict=cfg.record_strict)
+
+    def _cancel_unrecorded(self, run_id: str, reason: CancelReason) -> None:
+        """`--record-strict`: a run whose recording cannot be kept is cancelled."""
+        self.perform(self.registry.on_cancel(run_id, reason, time.monotonic(), time.time())[1])
 
     def _record_database(self) -> None:
         """The database this home serves from, for the admin commands run on this home (`mind hand
@@ -370,6 +397,8 @@ class Mind:
             except (sqlite3.Error, StoreUnavailable) as exc:  # the next start waits for presentations it need not
                 log.error("mind_life_not_recorded", error=str(exc))
         finally:
+            if self.recordings is not None:
+                await self.recordings.close()
             await self.stores.close()
             self.stores = None
         log.info("mind_stopped")
@@ -432,6 +461,7 @@ class Mind:
                 ticker = tg.create_task(self._ticker())
                 history = tg.create_task(self._write_history()) if self.history is not None else None
                 lag_probe = tg.create_task(self._lag_probe())
+                recorder = tg.create_task(self.recorder.run()) if self.recorder is not None else None
                 keepalive = tg.create_task(self.door.kept.run(lambda: self.cfg.ping_interval, self.spawn))
                 node_tasks = (
                     [tg.create_task(t) for t in (self.nodes.heartbeats(), self.nodes.listen(), self.nodes.poll())]
@@ -447,6 +477,9 @@ class Mind:
                     log.info("mind_stopping")
                     self.perform(self.registry.on_shutdown(time.monotonic(), time.time()))
                 await self._flush_all(timeout=2.0)
+                if recorder is not None and self.recorder is not None:
+                    recorder.cancel()
+                    await self.recorder.close()
                 ticker.cancel()
                 lag_probe.cancel()
                 keepalive.cancel()
@@ -615,15 +648,21 @@ class Mind:
             peer = self.clients.get(a.client)
             if peer is not None:
                 peer.outbox.put_frame(a.number, a.offset, a.eof, a.payload)
+            if self.recorder is not None and a.run_id in self.recorder.live:
+                self.recorder.output(a.run_id, a.stream, a.payload)
         elif isinstance(a, FrameToHand):
             peer = self.hands.get(a.hand)
             if peer is not None and peer.gen == a.gen:
                 self.acks.release(peer)
                 peer.outbox.put_frame(a.number, a.offset, a.eof, a.payload)
+            if self.recorder is not None and a.run_id in self.recorder.live:
+                self.recorder.input(a.run_id, a.payload)
         elif isinstance(a, StartEnded):
             self.spawn(self.tasks.start_ended(a))
         elif isinstance(a, Log):
             getattr(log, LOG_LEVELS.get(a.event, "info"))(a.event, **a.fields)
+            if self.recorder is not None and (a.fields.get("run_id") in self.recorder.live or a.event == "run_adopted"):
+                self.recorder.on_log(a.event, a.fields, self.registry.get(a.fields["run_id"]))
             if a.event == AuditEvent.RUN_TERMINAL:
                 f = a.fields
                 if self.history is not None and (run := self.registry.get(f["run_id"])) is not None:

@@ -253,6 +253,7 @@ class Views:
                 active_runs_total=len(active),
                 node=m.nodes.name if m.nodes is not None else None,
                 nodes=await m.nodes.node_infos() if m.nodes is not None else None,
+                recording=m.recorder.status() if m.recorder is not None else None,
             ),
             id_,
         )

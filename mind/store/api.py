@@ -17,10 +17,14 @@ daemon goes on (never a crash, never a stalled loop).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mind.core.snapshots import Plan, Snapshot
 from mind.store.rows import CredentialRow, Ending
+
+if TYPE_CHECKING:
+    from mind.store.recordings import Recordings
 from protocol.auth import Credential
 from protocol.errors import MindhandError
 from protocol.messages import RunInfo, TaskInfo
@@ -205,5 +209,10 @@ class Stores(Protocol):
     def history(self) -> History | None: ...
     @property
     def nodes(self) -> Nodes | None: ...
+
+    def open_recordings(self, key: bytes, where: Path | None = None) -> Recordings:
+        """This engine's recordings (DESIGN §19), their heads signed with `key`: opened apart, and
+        closed by whoever opened them."""
+        ...
 
     async def close(self) -> None: ...

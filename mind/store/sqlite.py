@@ -24,6 +24,7 @@ from mind.store import scripts
 from mind.store.api import Calls, Results
 from mind.store.credentials import Store
 from mind.store.endings import Ending, EndingStore
+from mind.store.recordings import SqliteRecordings
 from mind.store.rows import CredentialRow
 from mind.store.scripts import run_now
 from mind.store.snapshots import SnapshotStore
@@ -203,6 +204,7 @@ class SqliteStores:
     engine = "sqlite"
 
     def __init__(self, db: Path, endings: Path) -> None:
+        self._home = db.parent
         self.credentials = SqliteCredentials(db)
         self.snapshots = SqliteSnapshots(db)
         self.endings = SqliteEndings(endings)
@@ -210,6 +212,11 @@ class SqliteStores:
         """One SQLite Mind keeps its run history in memory (`mind serve --retain-runs`), as before."""
         self.nodes = None
         """One Mind, no claims: a Hand's credential generation fences its connections, as before."""
+
+    def open_recordings(self, key: bytes, where: Path | None = None) -> SqliteRecordings:
+        """`recordings.db` beside mind.db (or in `where`: `--record-dir`), its heads signed with
+        `key` (DESIGN §19)."""
+        return SqliteRecordings((where or self._home) / "recordings.db", key)
 
     async def close(self) -> None:
         await self.credentials.close()

@@ -85,7 +85,8 @@ def test_every_leaf_command_has_a_handler():
                 *path,
                 *(
                     ["x"]
-                    if path[-1] in ("get", "logs", "wait", "cancel", "rm", "revoke", "rotate", "add", "attach")
+                    if path[-1]
+                    in ("get", "logs", "wait", "cancel", "rm", "revoke", "rotate", "add", "attach", "export", "play")
                     else []
                 ),
             ]

@@ -106,3 +106,12 @@ def test_runner_that_observes_the_end_itself_keeps_the_truth():
     ctl.cancel(CancelReason.USER_REQUESTED, 1.0)
     # the process had already exited 0 before the kill landed: that is what happened
     assert ctl.lifecycle.finish(RunState.SUCCEEDED, "exit 0", 1.1)
+
+
+def test_every_cancel_reason_ends_a_run_in_a_state():
+    """A reason added without its terminal was a KeyError on the Hand when the Mind sent it (found
+    when `recording_failed` arrived): every reason maps to the terminal it ends a run in."""
+    from protocol.codes import CancelReason
+    from protocol.control import REASON_TO_STATE
+
+    assert set(REASON_TO_STATE) == set(CancelReason)

@@ -238,6 +238,7 @@ def test_every_daemon_key_of_seconds_is_a_duration():
         "max_backoff",
         "kill_grace",
         "task_retention",
+        "record_retention",
     }
     for k in (*HAND_KEYS, *MIND_KEYS):
         assert k.kind is Duration or (k.metavar != "S" and k.kind is not float), k.name

@@ -3,12 +3,15 @@ five stores, sharing the pool and this node's claims (`Fence`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from mind.store.postgres.credentials import PgCredentials
 from mind.store.postgres.endings import PgEndings
 from mind.store.postgres.fence import Fence
 from mind.store.postgres.history import PgHistory
 from mind.store.postgres.nodes import PgNodes
 from mind.store.postgres.pool import Db, open_db
+from mind.store.postgres.recordings import PgRecordings
 from mind.store.postgres.schema import migrate
 from mind.store.postgres.snapshots import PgSnapshots
 
@@ -37,6 +40,11 @@ class PostgresStores:
         self.endings = PgEndings(db, node, fence)
         self.history: PgHistory | None = PgHistory(db, fence)
         self.nodes: PgNodes | None = PgNodes(db, fence)
+
+    def open_recordings(self, key: bytes, where: Path | None = None) -> PgRecordings:
+        """The recordings in this database, their heads signed with `key` (never stored here);
+        `where` (`--record-dir`) is the embedded engine's."""
+        return PgRecordings(self._db, key)
 
     async def close(self) -> None:
         if self.nodes is not None:
