@@ -210,6 +210,11 @@ class Recorder:
             rec.resume(0, 0, rec.started - max(0.0, time.time() - listing.started))
             return
         stored.node = self.settings.node
+        stored.ended, stored.state, stored.exit_code = (
+            listing.ended,
+            listing.state,
+            listing.exit_code,
+        )  # it may have ended meanwhile
         self._listings[rec.run_id] = stored
         rec.resume(last + 1, stored.bytes, rec.started - max(0.0, time.time() - stored.started))
 

@@ -230,11 +230,11 @@ WINDOW = 20.0
 """`--resume-window`: the run rides out the move of its Hand and of its client."""
 
 
-def _start_pair(a: Cluster, b: Cluster, window: float = WINDOW) -> None:
+def _start_pair(a: Cluster, b: Cluster, window: float = WINDOW, extra: tuple[str, ...] = ()) -> None:
     for n in (a, b):
         n.resume_window = window
-    pa = a._spawn_mind(("--node-lease", LEASE), None)
-    pb = b._spawn_mind(("--node-lease", LEASE), None)
+    pa = a._spawn_mind(("--node-lease", LEASE, *extra), None)
+    pb = b._spawn_mind(("--node-lease", LEASE, *extra), None)
     a._wait_listening(pa, 30)
     b._wait_listening(pb, 30)
 
@@ -285,6 +285,54 @@ def test_kill_9_of_the_node_holding_a_hand_mid_run_the_run_finishes_elsewhere(no
     assert out == b"before\nafter\n", err
     runs = _started(other)
     assert len(runs) == 1 and runs[0]["end"]["exit_code"] == 7  # one run per start
+
+
+def test_a_session_recorded_on_a_node_killed_mid_run_is_read_whole_through_the_other(nodes, tmp_path):
+    """Recording on a shared database (issue 38): the node holding the Hand records the run and is
+    killed (-9) mid-run; the node the Hand moves to adopts the run and goes on in the same
+    recording (the same key, given to both), so the other node lists it, plays it from its start
+    to its end, and `verify` finds it whole and signed. At most the killed node's last flush is
+    missing, and the recording says where it resumed."""
+    a, b = nodes
+    key = tmp_path / "recording.key"
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
+    _start_pair(a, b, extra=("--record", "all", "--record-key", str(key)))
+    a.add_hand("box")
+    a.start_hand("box", url=f"{a.url},{b.url}")
+    first = wait_until(lambda: holder(a, b), 30, "box connected to a node")
+    other = b if first is a else a
+    gen = first._connected_by_log("box", 1)
+    assert gen is not None
+    go = tmp_path / "go"
+    p, _ = _exec_through_either(
+        tmp_path, other, [other.url], f"echo before; while [ ! -e {go} ]; do sleep 0.1; done; echo after; exit 7"
+    )
+    wait_until(
+        lambda: b"before" in other.cli("play", "--stream", "stdout", _started(first)[0]["run_id"]).stdout,
+        10,
+        "the first node's flush of the run's first output",
+    )
+    run_id = _started(first)[0]["run_id"]
+    assert first.mind is not None
+    first.mind.kill9()
+    wait_until(lambda: other._connected_by_log("box", gen + 1), 30, "box reconnected to the other node")
+    wait_until(lambda: _events(other, "run_adopted"), 30, "the other node to adopt the presented run")
+    go.touch()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 7 and out == b"before\nafter\n", err
+    played = wait_until(
+        lambda: (r := other.cli("play", "--stream", "stdout", run_id)).returncode == 0 and r, 15, "the whole recording"
+    )
+    assert played.stdout == b"before\nafter\n", played.stderr
+    check = other.cli("recordings", "verify", run_id, "--json")
+    assert check.returncode == 0, check.stdout + check.stderr
+    (item,) = json.loads(check.stdout)
+    assert item["ok"] and item["complete"], item
+    doc = json.loads(other.cli("recordings", "export", run_id, "--format", "json").stdout)
+    notes = [e[2] for e in doc["events"] if e[1] == "m"]
+    assert notes[0] == "start" and "resumed" in notes and notes[-1] == "end", notes
+    assert doc["complete"] and doc["info"]["exit_code"] == 7 and doc["info"]["client"] == "admin"
 
 
 def test_a_node_frozen_past_its_lease_acts_for_nothing_when_it_wakes(nodes, tmp_path, pg_database):
