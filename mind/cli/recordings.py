@@ -185,11 +185,14 @@ def run_id_of(text: str) -> str:
 def decoded(run_id: str, blocks: list[RecordingBlock]) -> tuple[list[Stored], list[list[Any]]]:
     """The blocks as stored and their events, with what the chain says of them on stderr: this
     side has no key, so it tells a break (a block removed, reordered or altered), not a forgery
-    (`mind recordings verify` asks the Mind, which holds the key). Events stop at an unreadable block."""
+    (`mind recordings verify` asks the Mind, which holds the key). Events stop at the first block
+    that breaks the chain (or does not decode), and the caller's output ends there, said on stderr."""
     stored = [rec.stored_of(run_id, b) for b in blocks]
     check = verify(run_id, stored, None)
     if not check.ok:
-        warn(f"warning: recording {run_id}: {check.problem}")
+        # what follows a break is not what was recorded: shown up to it, never past it
+        warn(f"recording {run_id}: {check.problem}: shown up to there")
+        stored = stored[: check.at or 0]
     events: list[list[Any]] = []
     for s in stored:
         try:

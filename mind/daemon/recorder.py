@@ -233,6 +233,11 @@ class Recorder:
         if listing is not None:
             listing.ended, listing.state, listing.exit_code = wall, end.state.value, end.exit_code
 
+    def listing(self, run_id: str) -> Listing | None:
+        """A recording this node is making, before its first flush wrote its listing (`mind play
+        --follow` right after a start finds it, with no blocks yet)."""
+        return self._listings.get(run_id)
+
     # --- the writer's side ---
 
     def _seal(self) -> Batch:

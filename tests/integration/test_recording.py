@@ -197,6 +197,10 @@ async def test_verify_names_what_a_database_writer_changed(c: Cluster):
     db.commit()
     x = await check()
     assert not x.ok and x.at == 2 and "block 2" in x.problem
+    played = await asyncio.to_thread(c.cli, "play", "--stream", "stdout", run_id)
+    whole = b"".join(b"line %d\n" % i for i in range(1, 7))
+    assert played.returncode == 1 and whole.startswith(played.stdout) and len(played.stdout) < len(whole)
+    assert b"block 2" in played.stderr and b"shown up to there" in played.stderr, played.stderr
     db.execute("UPDATE recording_blocks SET data = ? WHERE run_id = ? AND seq = 2", (b2.data, run_id))
     db.commit()
     assert (await check()).ok
@@ -446,3 +450,20 @@ def test_the_default_records_terminals_only_and_never_their_keystrokes(tmp_path:
     assert b"got-7" in stream(events, "pty")
     assert not [e for e in events if e[1] == "i"]
     assert b"hunter2" not in json.dumps(events, default=repr).encode()
+
+
+def test_play_follow_watches_a_run_in_progress_to_its_end(c: Cluster):
+    p = c.cli_popen("exec", "box", "--", "sh", "-c", "for i in 1 2 3 4 5; do echo live $i; sleep 0.5; done")
+    try:
+        run_id = wait_until(lambda: next((r["run_id"] for r in _runs(c) if r["state"] == "running"), None), 10, "run")
+        follow = c.cli_popen("play", "--follow", run_id)
+        out, err = follow.communicate(timeout=30)
+        assert follow.returncode == 0, err
+        assert out == b"".join(b"live %d\n" % i for i in range(1, 6))
+    finally:
+        p.communicate(timeout=30)
+
+
+def _runs(c: Cluster) -> list[dict]:
+    r = c.cli("runs", "--json")
+    return json.loads(r.stdout) if r.returncode == 0 else []

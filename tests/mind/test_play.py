@@ -145,8 +145,8 @@ def test_stdin_is_its_own_stream():
 # --- the schedule of a timed playback -------------------------------------------------------------
 
 
-def terminal() -> Rec:
-    r = Rec()
+def terminal(run_id: str = "r1") -> Rec:
+    r = Rec(run_id)
     r.out(0.0, b"a").out(1.0, b"b").seal(1.5).out(3.0, b"c").out(13.0, b"d")
     return r.end(13.5)
 
@@ -477,7 +477,7 @@ def test_play_refusals(capsysbinary):
 
 
 def test_play_stream_pty_of_a_terminal_is_byte_exact(capsysbinary):
-    fake = FakeMind({"t1": (info("t1"), terminal().blocks)})
+    fake = FakeMind({"t1": (info("t1"), terminal("t1").blocks)})
     assert run(fake, "play", "--stream", "pty", "t1") == 0
     assert capsysbinary.readouterr().out == b"abcd"
 
