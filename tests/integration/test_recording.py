@@ -467,3 +467,30 @@ def test_play_follow_watches_a_run_in_progress_to_its_end(c: Cluster):
 def _runs(c: Cluster) -> list[dict]:
     r = c.cli("runs", "--json")
     return json.loads(r.stdout) if r.returncode == 0 else []
+
+
+async def test_an_agents_tool_calls_through_mind_mcp_are_recorded(c: Cluster):
+    """`--record all` records the runs `mind mcp` makes for an agent (the official MCP SDK's client
+    as the agent): its exec's streams byte-exact, its file calls by their arguments."""
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    from mind.testing.cluster import program
+
+    argv = [*program("mind"), "mcp"]
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=dict(c.env))
+    async with Client(params, read_timeout_seconds=30.0) as agent:
+        res = await agent.call_tool("exec", {"hand": "box", "command": "echo from the agent; echo oops >&2"})
+        assert not res.is_error, res.content
+        res = await agent.call_tool("write_file", {"hand": "box", "path": "agent.txt", "content": "by an agent\n"})
+        assert not res.is_error
+    async with await admin(c) as mc:
+        runs = await mc.list_runs(limit=10)
+        ex = next(r for r in runs if r.tool in ("exec", "shell"))
+        wf = next(r for r in runs if r.tool == "write_file")
+        _, events = await read_all(mc, ex.run_id)
+        assert stream(events, "stdout") == b"from the agent\n" and stream(events, "stderr") == b"oops\n"
+        _, wevents = await read_all(mc, wf.run_id)
+    start = next(e[3] for e in wevents if e[1] == "m" and e[2] == "start")
+    assert start["tool"] == "write_file" and start["command"].get("path") == "agent.txt"
+    assert next(e[3] for e in wevents if e[1] == "m" and e[2] == "end")["state"] == "succeeded"
