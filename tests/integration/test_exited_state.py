@@ -51,3 +51,19 @@ def test_attach_after_the_end_prints_nothing_the_previous_consumer_took(tmp_path
         a = cl.cli("attach", run_id)
         assert a.returncode == 0, a.stderr
         assert r.stdout + a.stdout == expected, a.stdout[-200:]  # nothing twice
+
+
+def test_output_made_after_the_detach_is_kept_until_collected_not_a_4_kib_tail(tmp_path):
+    """Issue 35 row 10: a run left by `--wait` writes 335 KB more and ends before anyone attaches.
+    Its unacknowledged output is kept (the Hand holds the run's streams until they are collected,
+    within the resume window), so attach prints exactly what the first consumer did not take:
+    every byte once, not the last 4 KiB."""
+    with running(tmp_path, "box", mind_args=("--resume-window", "60")) as cl:
+        r = cl.cli("exec", "--wait", "1s", "box", "--", "sh", "-c", "seq 1 3000; sleep 2; seq 3001 60000")
+        assert r.returncode == 121, r.stderr
+        run_id = json.loads(cl.cli("runs", "--json").stdout)[0]["run_id"]
+        wait_until(lambda: json.loads(cl.cli("run", "get", run_id, "--json").stdout).get("exited"), 20, "the exit")
+        a = cl.cli("attach", run_id)
+        assert a.returncode == 0, a.stderr
+        expected = "".join(f"{i}\n" for i in range(1, 60001)).encode()
+        assert len(a.stdout) > 300_000 and r.stdout + a.stdout == expected
