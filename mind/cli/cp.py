@@ -242,6 +242,7 @@ class _Run:
         if self.mc is not self.first:
             await self.mc.close()
         self.mc = fresh
+        await _group(fresh)
         return fresh
 
     async def remote_dir(self, hand: str, path: str) -> bool:
@@ -345,6 +346,13 @@ def _utf8(name: str) -> bool:
     return True
 
 
+async def _group(mc: Any) -> None:
+    """Every run of this copy in one group (a fleet id the Mind mints for this client), so `mind
+    runs` lists the copy as one entry, `cp`, with its files and bytes (`mind runs --fleet ID`: its
+    parts). A new connection opens a new group: a Mind that restarted knows no id minted before."""
+    mc.group = await mc.open_fleet()
+
+
 async def run(mc: Any, args: argparse.Namespace, reconnect: Callable[[], Awaitable[Any]]) -> int:
     ops = [parse_operand(o) for o in args.operands]
     if len(ops) < 2:
@@ -356,6 +364,7 @@ async def run(mc: Any, args: argparse.Namespace, reconnect: Callable[[], Awaitab
         return EXIT_USAGE
     job = _Run(mc, args, reconnect)
     try:
+        await _group(mc)
         srcs = await _expand_globs(job, srcs)
         if not srcs:
             return job.worst

@@ -12,7 +12,7 @@ from typing import Any
 from mind.cli import options
 from mind.cli.connection import with_client
 from mind.cli.exits import EXIT_USAGE, die
-from mind.cli.formatting import away, jsonable, kill_text, printable, table, timestamp, usage_text
+from mind.cli.formatting import away, byte_size, jsonable, kill_text, printable, table, timestamp, usage_text
 from protocol.states import RunState
 
 
@@ -209,6 +209,48 @@ def run_row(r: Any) -> list[str]:
 
 
 RUN_HEADERS = ["RUN", "HAND", "TOOL", "STATE", "CREATED", "DURATION", "EXIT"]
+COPY_PARTS = frozenset({"put_file", "get_file", "stat_file", "list_tree", "list_dir"})
+"""The tools one `mind cp` runs: its transfers (`put_file`, `get_file`) and the probes that look
+before them, which are not failures of the copy when they find nothing."""
+TRANSFERS = frozenset({"put_file", "get_file"})
+
+
+def copy_rows(runs: list[Any], nodes: bool = False) -> list[list[str]]:
+    """The table of `mind runs`, a copy as one row: the runs of one group (`mind cp` tags its runs
+    with a fleet id of its own) that are all copy tools become `cp` with the files and bytes it
+    moved, at the place of its newest run; every other run is its own row (`run_row`)."""
+    groups: dict[str, list[Any]] = {}
+    for r in runs:
+        if r.fleet is not None:
+            groups.setdefault(r.fleet, []).append(r)
+    copies = {f for f, members in groups.items() if all(m.tool in COPY_PARTS for m in members)}
+    rows: list[list[str]] = []
+    for r in runs:
+        node = [r.node or "-"] if nodes else []
+        if r.fleet not in copies:
+            rows.append(run_row(r) + node)
+        elif groups[r.fleet][0] is r:
+            rows.append(copy_row(r.fleet, groups[r.fleet]) + node)
+    return rows
+
+
+def copy_row(group: str, members: list[Any]) -> list[str]:
+    moved = [m for m in members if m.tool in TRANSFERS]
+    files = bytes_ = 0
+    for m in moved:
+        value = m.end.value if m.end is not None and isinstance(m.end.value, dict) else {}
+        files += int(value.get("files", 0))
+        bytes_ += int(value.get("bytes", 0))
+    live = [m for m in members if m.end is None]
+    bad = [m for m in moved if m.end is not None and m.state is not RunState.SUCCEEDED]
+    # the Mind knows the transfers' ends, not the CLI's verdict: a copy that moved nothing says so
+    state = "running" if live else bad[0].state.value if bad else "succeeded" if moved else "nothing moved"
+    start = min(m.created_at for m in members)
+    ends = [m.created_at + m.end.duration_ms / 1000 for m in members if m.end is not None]
+    dur = "-" if live or not ends else f"{max(ends) - start:.2f}s"
+    hands = ",".join(sorted({m.hand for m in members}))
+    what = f"cp ({files} file{'s' if files != 1 else ''}, {byte_size(bytes_)})" if moved else "cp"
+    return [group, hands, what, state, timestamp(start), dur, "-"]
 
 
 async def list_runs(client: Any, args: argparse.Namespace) -> int:
@@ -239,7 +281,11 @@ async def list_runs(client: Any, args: argparse.Namespace) -> int:
         print(json.dumps([jsonable(r.model_dump(mode="python")) for r in runs], indent=2, default=str))
         return 0
     nodes = any(r.node for r in runs)  # Mind nodes sharing a database: which holds each run
-    table(RUN_HEADERS + (["NODE"] if nodes else []), [run_row(r) + ([r.node or "-"] if nodes else []) for r in runs])
+    headers = RUN_HEADERS + (["NODE"] if nodes else [])
+    if args.fleet is not None:  # a group's parts, each its own row
+        table(headers, [run_row(r) + ([r.node or "-"] if nodes else []) for r in runs])
+    else:
+        table(headers, copy_rows(runs, nodes))
     return 0
 
 

@@ -136,6 +136,9 @@ class MindClient:
         self.reconnects = 0
         """Connections made again after a cut (0: this is the first)."""
         self._later: set[asyncio.Task[Any]] = set()  # flushes and delayed re-attachments this client owns
+        self.group: str | None = None
+        """A fleet id (`open_fleet`) every run this client starts is tagged with, unless it names its
+        own: the many runs of one `mind cp` are listed by `mind runs` as one entry."""
 
     # --- connecting ---
 
@@ -446,6 +449,8 @@ class MindClient:
         its own digest (a copy) turns it off rather than hash every byte twice."""
         if stream is None:
             stream = tool in ("exec", "shell")
+        if fleet is None:
+            fleet = self.group
         if stdin is not None and not stream:
             raise ClientError(ClientCode.INVALID_REQUEST, "stdin= needs a streamed run (stream=True)")
         req = Exec(

@@ -97,12 +97,26 @@ HISTORY_ERROR_MAX = 1 << 10
 """Characters of a finished run's error text kept in history."""
 
 
+COPIES = frozenset({"put_file", "get_file"})
+
+
+def copy_summary(tool: str, value: Any) -> dict[str, int] | None:
+    """What history keeps of a copy's value: how many files and bytes it moved (`mind runs` shows
+    a `mind cp` as one entry with them, issue 36), two integers whatever the copy was."""
+    if tool not in COPIES or not isinstance(value, dict):
+        return None
+    files, size = value.get("files", 1), value.get("bytes", value.get("size"))
+    if not isinstance(files, int) or not isinstance(size, int):
+        return None
+    return {"files": files, "bytes": size}
+
+
 def retained(end: RunEnd) -> RunEnd:
     """What history keeps of a run's end: its metadata (state, times, exit code, signal, stage,
     reason, byte counts and digests) and bounded tails, never its payload. The tool value (a
     `read_file` result is up to 4 MiB) went to the waiting client and is not kept: 10,000 retained
-    runs must cost the same whatever their tools returned (DESIGN §11)."""
-    update: dict[str, Any] = {"value": None}
+    runs must cost the same whatever their tools returned (DESIGN §11); of a copy, two counts."""
+    update: dict[str, Any] = {"value": copy_summary(end.tool, end.value)}
     if end.error is not None and len(end.error) > HISTORY_ERROR_MAX:
         update["error"] = end.error[: HISTORY_ERROR_MAX - 1] + "\u2026"
     for name in ("stdout", "stderr"):
