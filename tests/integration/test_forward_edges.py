@@ -148,6 +148,7 @@ def test_a_hand_that_denies_forward_refuses_it_at_start(c: Cluster, echo: _Count
     assert r.returncode == 125, r.stderr
     err = r.stderr.decode()
     assert err.startswith(f"mind: cannot forward to locked:127.0.0.1:{_port(echo)}: "), err
+    print(err, end="")
     assert "denied_by_policy" in err, err
     assert "forwarding" not in err and r.stdout == b""
     assert _refused(port) and echo.accepted == 0  # nothing listened here, nothing reached the destination
@@ -169,6 +170,7 @@ def test_a_credential_scoped_without_forward_is_refused_at_start(c: Cluster, ech
     r = c.cli("forward", "--credential", str(cred), "box", "-L", f"{port}:127.0.0.1:{_port(echo)}", timeout=60)
     assert r.returncode == 125, r.stderr
     err = r.stderr.decode()
+    print(err, end="")
     assert "denied_by_scope" in err, err
     assert err.startswith("mind: ") and err.count("\n") == 1, err  # one line, the reason
     assert "forwarding" not in err and r.stdout == b""
