@@ -299,12 +299,13 @@ def seal_mac(key: bytes, run_id: str, head: bytes) -> bytes:
     return hmac.new(key, run_id.encode() + b"\x00" + head, hashlib.sha256).digest()
 
 
-def store_block(block: Block, prev: bytes, key: bytes) -> Stored:
-    """Encode, compress, link and sign one block: the writer's work, on its own thread (hashlib and
-    zlib release the GIL on large buffers)."""
+def store_block(block: Block, prev: bytes, key: bytes, pack: bool = True) -> Stored:
+    """Encode, compress (unless `pack` is off: the writer is behind, and disk is cheaper than a
+    gap), link and sign one block: the writer's work, on its own thread (hashlib and zlib release
+    the GIL on large buffers)."""
     raw = encode(block.events)
     head = link(prev, block.run_id, block.seq, block.t, raw)
-    data, packed = compress(raw)
+    data, packed = compress(raw) if pack else (raw, False)
     return Stored(block.run_id, block.seq, block.t, data, packed, head, seal_mac(key, block.run_id, head), len(raw))
 
 

@@ -41,6 +41,8 @@ log = structlog.get_logger("mind.recorder")
 FLUSH_S = 0.5
 FLUSH_BYTES = 8 << 20
 """Bytes kept since the last flush that wake the writer before its time (a fast run)."""
+PACK_BELOW = 16 << 20
+"""Bytes waiting for the writer under which it compresses (above: stored raw, see `Batch.pack`)."""
 BEHIND_BYTES = 64 << 20
 """Bytes kept and not yet written past which new bytes are counted instead of kept."""
 PRUNE_EVERY_S = 3600.0
@@ -242,7 +244,7 @@ class Recorder:
 
     def _seal(self) -> Batch:
         now = time.monotonic()
-        batch = Batch(begun=self._begun, blocks=self._retry)
+        batch = Batch(begun=self._begun, blocks=self._retry, pack=self._queued < PACK_BELOW)
         self._begun, self._retry = [], []
         self._since_flush = 0
         for run_id, rec in list(self.live.items()):

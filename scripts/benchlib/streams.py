@@ -48,14 +48,14 @@ def _shell_time(cmd: str, env: dict[str, str], timeout: float = 600) -> float:
     return dt
 
 
-def _cpu_s(pid: int) -> float:
+def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) process `pid` has used so far, from /proc/PID/stat."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _mind_exec(argv: list[str], env: dict[str, str], stdin: Path | None, timeout: float = 600) -> tuple[float, float]:
+def mind_exec(argv: list[str], env: dict[str, str], stdin: Path | None, timeout: float = 600) -> tuple[float, float]:
     """Wall seconds and CPU seconds of one `mind exec` (our direct child, its stdout to /dev/null,
     stdin from a file or /dev/null); it must exit 0. The CPU comes from wait4's rusage, so it is the
     CLI's own, not a shell's or a `cat`'s."""
@@ -134,10 +134,10 @@ def _streams(ctx: Ctx, cl: Any, variant: str) -> list[Row]:
         ref_r: list[float] = []
         ns: dict[str, list[float]] = {"Hand": [], "Mind": [], "CLI": []}
         for _ in range(ctx.rounds):
-            before = {k: _cpu_s(pid) for k, pid in pids.items()}
-            wall, cli_cpu = _mind_exec(ours_argv, env, stdin)
+            before = {k: cpu_s(pid) for k, pid in pids.items()}
+            wall, cli_cpu = mind_exec(ours_argv, env, stdin)
             for k, pid in pids.items():
-                ns[k].append((_cpu_s(pid) - before[k]) * 1e9 / size)
+                ns[k].append((cpu_s(pid) - before[k]) * 1e9 / size)
             ns["CLI"].append(cli_cpu * 1e9 / size)
             ours_r.append(size / wall / 2**20)
             if ref_cmd is not None and ssh is not None:
@@ -212,7 +212,7 @@ def fig_slow_reader(ctx: Ctx) -> list[Row]:
     ]
 
 
-def _echo_times(env: dict[str, str], n: int) -> list[float]:
+def echo_times(env: dict[str, str], n: int) -> list[float]:
     """Keystroke -> echo round trips (ms) of `mind exec -t -- cat` on a real pty."""
     pid, fd = pty.fork()
     if pid == 0:
@@ -254,7 +254,7 @@ def fig_echo(ctx: Ctx) -> list[Row]:
     cl = basic(ctx)
     n = 50 if ctx.quick else 200
     env = {**cl.env, "TERM": "xterm"}
-    rounds = [_echo_times(env, n) for _ in range(ctx.rounds)]
+    rounds = [echo_times(env, n) for _ in range(ctx.rounds)]
     o = med(flat(rounds))
     relay = relay_p50(ctx)
     return [

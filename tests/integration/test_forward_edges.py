@@ -15,9 +15,11 @@ What a user relies on:
 - **Many Minds.** The client on node A, the Hand held by node B: a connection is routed through B
   and echoes 1 MiB exactly both ways. The node holding the Hand is killed (-9) with a connection
   open: the Hand reconnects to the survivor (the client's own node), which adopts the connection's
-  run, and the SAME connection goes on (a line sent after the kill comes back, then the half-close).
-  What survives is the connection whose client sits on the surviving node; a client on the killed
-  node loses its link, which no design promises to carry.
+  run, and the SAME connection goes on (a line sent after the kill comes back, then the half-close;
+  the run ends `succeeded` on the survivor). It survives too when the killed node was the client's
+  own as well (`mind forward --mind A --mind B`, A holding the Hand): the client goes round its URLs
+  and re-attaches on B, which adopted the run. (A client given only the killed node's URL has
+  nowhere to go: not tested, nothing promises it.)
 - **A peer that never reads stalls only its own connection.** One connection pushes 8 MiB into the
   echo server and never reads the echo (so its window fills and the far side stops); another
   connection through the same forward meanwhile does 64 KiB round trips promptly and exactly.
@@ -378,6 +380,46 @@ def test_a_forward_through_the_other_node_survives_a_kill_9_of_the_hands_node(
         assert run["tool"] == "forward" and run["state"] == "succeeded", run
         stdout = next(s for s in run["end"]["collected"] if s["stream"] == "stdout")
         assert stdout["offset"] == len(b"before the kill\nafter the kill\n"), run
+    finally:
+        code, err = fw.stop()
+    assert code == 0, err
+
+
+def test_a_forward_whose_own_node_holds_the_hand_and_is_killed_goes_round_to_the_other(
+    nodes: tuple[Cluster, Cluster], echo: _CountingServer
+) -> None:
+    """The client (`mind forward --mind A --mind B`) on node A, which holds the Hand too; A is killed
+    (-9) with a connection open: the Hand moves to B, which adopts the run; the client goes round its
+    URLs (§15, §16) and re-attaches there; the SAME connection goes on."""
+    a, b = nodes
+    _start_pair(a, b)
+    a.add_hand("box")
+    a.start_hand("box", url=f"{a.url},{b.url}")
+    first = wait_until(lambda: holder(a, b), 30, "box connected to a node")
+    other = b if first is a else a
+    gen = first._connected_by_log("box", 1)
+    assert gen is not None
+    to_other = first.start_proxy(target=other.port)
+    to_other.refuse()  # so the client starts on the holder, whichever URL it tries first
+    fw = Through(first, "box", f"0:127.0.0.1:{_port(echo)}", extra=("--mind", first.url, "--mind", to_other.url))
+    try:
+        to_other.accept()
+        with socket.create_connection(fw.address(), timeout=30) as s:
+            s.sendall(b"before the kill\n")
+            assert _recv_exactly(s, 16, 15) == b"before the kill\n"
+            assert first.mind is not None
+            first.mind.kill9()
+            killed = time.monotonic()
+            other.wait_connected("box", min_gen=gen + 1, timeout=30)
+            wait_until(lambda: _events(other, "run_adopted"), 30, "the survivor to adopt the connection's run")
+            s.sendall(b"after the kill\n")
+            assert _recv_exactly(s, 15, 45) == b"after the kill\n"
+            print(f"the same connection answered {time.monotonic() - killed:.2f} s after its node's kill")
+            s.shutdown(socket.SHUT_WR)
+            assert _recv_exactly_eof(s, 30)
+        assert fw.p.poll() is None
+        payload = os.urandom(MIB)
+        assert _exchange(fw.address(), payload) == payload
     finally:
         code, err = fw.stop()
     assert code == 0, err

@@ -42,7 +42,9 @@ class PgRecordings:
         for b in batch.blocks:  # a run picked up from another node follows that node's last head
             if b.seq > 0 and b.run_id not in heads and not self.chain.knows(b.run_id, b.seq - 1):
                 heads[b.run_id] = await self._head(b.run_id, b.seq - 1)
-        stored = await asyncio.to_thread(self.chain.store, batch.blocks, lambda run_id, seq: heads.get(run_id))
+        stored = await asyncio.to_thread(
+            self.chain.store, batch.blocks, lambda run_id, seq: heads.get(run_id), batch.pack
+        )
 
         async def run(con: asyncpg.Connection) -> None:
             async with con.transaction():
