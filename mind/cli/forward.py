@@ -22,6 +22,7 @@ import json
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 from mind.cli import options
@@ -121,6 +122,35 @@ def say(line: str) -> None:
     print(printable(line), file=sys.stderr, flush=True)
 
 
+class Failures:
+    """`on_error`: one line per connection that failed, up to `per_s` a second; past that, a
+    burst (10,000 connections refused past the client's stream budget printed 9,744 identical
+    lines) is counted and said as `(and 9734 more like it)` when the second is over (at the next
+    line) or at the end."""
+
+    def __init__(self, per_s: int = 10) -> None:
+        self.per_s = per_s
+        self.window = 0.0
+        self.said = 0
+        self.repeats = 0
+
+    def __call__(self, line: str) -> None:
+        now = time.monotonic()
+        if now - self.window >= 1.0:
+            self.flush()
+            self.window, self.said = now, 0
+        if self.said < self.per_s:
+            self.said += 1
+            say(line)
+        else:
+            self.repeats += 1
+
+    def flush(self) -> None:
+        if self.repeats:
+            say(f"(and {self.repeats} more like it)")
+            self.repeats = 0
+
+
 async def serve(args: argparse.Namespace, specs: list[ForwardSpec], remotes: list[ForwardSpec] | None = None) -> int:
     socks = bind_all(specs)
     try:
@@ -129,8 +159,11 @@ async def serve(args: argparse.Namespace, specs: list[ForwardSpec], remotes: lis
         for s in socks:
             s.close()
         die(exc.message, kind=exc.code)
-    forwards = [LocalForward(mc, args.hand, spec, sock=s, on_error=say) for spec, s in zip(specs, socks, strict=True)]
-    reverse = [RemoteForward(mc, args.hand, spec, on_error=say) for spec in remotes or []]
+    failed = Failures()
+    forwards = [
+        LocalForward(mc, args.hand, spec, sock=s, on_error=failed) for spec, s in zip(specs, socks, strict=True)
+    ]
+    reverse = [RemoteForward(mc, args.hand, spec, on_error=failed) for spec in remotes or []]
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     try:
@@ -159,6 +192,7 @@ async def serve(args: argparse.Namespace, specs: list[ForwardSpec], remotes: lis
         die(exc.message, kind=exc.code)
     finally:
         await asyncio.gather(*(fwd.close() for fwd in forwards), *(rev.close() for rev in reverse))
+        failed.flush()
         await mc.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
