@@ -150,6 +150,9 @@ class RunRegistry:
         self._active: dict[str, Run] = {}
         """The non-terminal runs: ticks, disconnects and counts touch only these, never the
         (much larger) retained history."""
+        self._owners: dict[str, dict[str, Run]] = {}
+        """The non-terminal runs by owner: a start's stream budget adds up its client's own runs,
+        not every active run (10,000 tunnel connections at once spent a third of the Mind there)."""
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._retain = retain_finished
         self._seq = 0
@@ -174,6 +177,22 @@ class RunRegistry:
 
     def active(self) -> list[Run]:
         return list(self._active.values())
+
+    def active_of(self, owner: str) -> list[Run]:
+        """The non-terminal runs `owner` started (or was given by an adoption)."""
+        return list(self._owners.get(owner, {}).values())
+
+    def _activate(self, run: Run) -> None:
+        self._active[run.run_id] = run
+        self._owners.setdefault(run.owner, {})[run.run_id] = run
+
+    def _deactivate(self, run: Run) -> None:
+        self._active.pop(run.run_id, None)
+        mine = self._owners.get(run.owner)
+        if mine is not None:
+            mine.pop(run.run_id, None)
+            if not mine:
+                del self._owners[run.owner]
 
     def history(
         self,
@@ -247,7 +266,7 @@ class RunRegistry:
         self._unbind(run)
         run.ended_at = now
         run.ended_wall = wall
-        self._active.pop(run.run_id, None)
+        self._deactivate(run)
         self._finished[run.run_id] = None
         acts.append(
             self._log(
@@ -353,7 +372,7 @@ class RunRegistry:
         self._seq += 1
         run.seq = self._seq
         self._runs[run_id] = run
-        self._active[run_id] = run
+        self._activate(run)
         refused = {"reject_code": refusal[0].value} if refusal is not None else {}  # (audit: aggregated)
         acts: list[Action] = [
             self._log(AuditEvent.RUN_ADMITTED, run, tool=req.tool, args_digest=run.args_digest, client=owner, **refused)
@@ -776,7 +795,7 @@ class RunRegistry:
             if run.hand != hand or run.gen is None or run.gen >= claim or run.background is not None:
                 continue
             self._unbind(run)
-            del self._active[run.run_id]
+            self._deactivate(run)
             del self._runs[run.run_id]
             moved.append(run)
             acts.append(self._log("run_handed_over", run, claim=claim, state=run.state.value, client=run.client))
@@ -831,7 +850,7 @@ class RunRegistry:
         self._seq += 1
         run.seq = self._seq
         self._runs[run.run_id] = run
-        self._active[run.run_id] = run
+        self._activate(run)
         return [
             self._log(
                 "run_adopted", run, owner=p.owner, state=run.state.value, result_pending=p.result_pending, to_gen=gen

@@ -259,7 +259,7 @@ class Dispatch:
             if (problem := window_problem(msg.streams.window)) is not None:
                 return (RejectCode.QUOTA_EXCEEDED, problem), msg
             want = stream_windows(msg.streams.stdin, msg.streams.pty is not None, msg.streams.window, msg.tool)
-            held = sum(x.holds for r in m.registry.active() if r.owner == me for x in r.relays.values())
+            held = sum(x.holds for r in m.registry.active_of(me) for x in r.relays.values())
             if (problem := stream_budget_problem(held, want)) is not None:
                 return (RejectCode.QUOTA_EXCEEDED, problem), msg
         return None, msg

@@ -234,3 +234,26 @@ def test_the_hand_is_sent_the_run_first_and_a_watcher_still_hears_admitted_then_
     assert [a.msg.state.value for a in sends[1:]] == ["admitted", "sent"]
     events = [a.event for a in acts if isinstance(a, Log)]
     assert events == ["run_admitted", "run_state"]
+
+
+def test_a_clients_active_runs_are_what_it_started_and_has_not_seen_end():
+    """`active_of(owner)`: the runs a start's stream budget adds up (only its client's, not every
+    active run), kept in step with admission, every end, and a Hand moving to another node."""
+    reg = RunRegistry()
+    for i, owner in enumerate(["ann", "bob", "ann", "ann"]):
+        req = Exec(hand=HAND if i < 3 else "other", tool="exec", args={"argv": ["true"]}, timeout_ms=10_000)
+        reg.admit(f"r{i}", req, f"c{i}", f"q{i}", 1, True, now=0.0, wall=1000.0, owner=owner)
+
+    def ids(owner: str) -> set[str]:
+        assert {r.run_id for r in reg.active_of(owner)} == {r.run_id for r in reg.active() if r.owner == owner}
+        return {r.run_id for r in reg.active_of(owner)}
+
+    assert ids("ann") == {"r0", "r2", "r3"} and ids("bob") == {"r1"} and ids("eve") == set()
+    reg.on_accepted("r0", HAND, 1, 0.1)
+    reg.on_result(Result(run_id="r0", state="succeeded", exit_code=0), HAND, 1, 0.5, 1000.5)
+    assert ids("ann") == {"r2", "r3"}
+    reg.on_cancel("r1", CancelReason.USER_REQUESTED, 0.6, 1000.6)  # bob's run waits for the Hand's end
+    assert ids("bob") == {"r1"}
+    moved, _ = reg.on_hand_moved(HAND, claim=2)  # another node claimed the Hand: its runs are that node's
+    assert {r.run_id for r in moved} == {"r1", "r2"}
+    assert ids("ann") == {"r3"} and ids("bob") == set()
