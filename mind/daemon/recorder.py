@@ -292,14 +292,25 @@ class Recorder:
         self._begun = batch.begun + self._begun
         lost = 0
         for b in batch.blocks:
-            kept, dropped = [], 0
+            kept, dropped, gaps = [], 0, 0
             for e in b.events:
                 if e[1] in ("o", "i"):
                     n = len(e[-1])
                     dropped += n
+                    gaps += 1
                     kept.append([e[0], "g", e[2] if e[1] == "o" else "stdin", n, "store"])
                 else:
                     kept.append(e)
+            for e in kept:  # the end, if this block holds it, counts what is kept now
+                if e[1] == "m" and e[2] == "end":
+                    e[3] = {**e[3], "recorded": e[3]["recorded"] - dropped, "gaps": e[3]["gaps"] + gaps}
+            rec = self.live.get(b.run_id)
+            if rec is not None:
+                rec.recorded -= dropped
+                rec.gaps += gaps
+            listing = next((x for x in batch.updated if x.run_id == b.run_id), None)
+            if listing is not None:
+                listing.bytes, listing.gaps = listing.bytes - dropped, listing.gaps + gaps
             lost += dropped
             self._retry.append(Block(b.run_id, b.seq, b.t, kept, 0, b.last))
         for x in batch.updated:
