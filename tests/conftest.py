@@ -1,4 +1,5 @@
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -24,6 +25,66 @@ GUARD = install()
 # The suite's Minds run without continuity (`--resume-window 0`, the rules of DESIGN §5 and §8 as
 # written) unless a test names its window: the continuity tests do, and one checks the default.
 Cluster.resume_window = 0
+
+
+FIRST = (
+    "integration/test_bench_quick.py",
+    "integration/test_testing_guide.py",
+    "integration/test_many_minds.py",
+    "integration/test_mcp.py",
+    "integration/test_continuity_client.py",
+    "integration/test_followers_wait.py",
+    "integration/test_continuity_hand.py",
+    "integration/test_continuity_restart.py",
+    "integration/test_demo.py",
+)
+"""The modules that take longest (a minute to four, `--durations`), collected first: `scripts/test`
+hands whole modules to its workers in collection order (`--dist loadfile`), so a long one started
+last would leave one worker running it alone at the end. A stale list costs time, never a test."""
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--failed-to",
+        metavar="FILE",
+        help="write the node id of every test that failed to FILE, one a line (scripts/test reruns them alone)",
+    )
+
+
+_FAILED: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    """(On the controller under pytest-xdist too: the workers' reports come through here.)"""
+    if report.failed and report.nodeid not in _FAILED:
+        _FAILED.append(report.nodeid)
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("--failed-to", None)
+    if path and not hasattr(session.config, "workerinput"):  # the controller writes it, once
+        Path(path).write_text("".join(f"{nodeid}\n" for nodeid in _FAILED))
+
+
+@pytest.fixture(autouse=True)
+def _sigint_as_it_was():
+    """A test that runs a CLI in this process may leave SIGINT ignored (the fleet follower ignores a
+    late Ctrl-C on purpose, as its process ends): every process a later test starts would inherit
+    that and never take a Ctrl-C. Put back what was there."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    if signal.getsignal(signal.SIGINT) is not before and before is not None:
+        signal.signal(signal.SIGINT, before)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(FIRST)}
+
+    def key(item):
+        path = Path(str(item.fspath))
+        return rank.get(f"{path.parent.name}/{path.name}", len(FIRST))
+
+    items.sort(key=key)  # stable: the order within a module, and of the rest, is kept
 
 
 @pytest.hookimpl(wrapper=True)

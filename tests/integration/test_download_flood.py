@@ -97,6 +97,7 @@ def download(name: str) -> Exec:
     )
 
 
+@pytest.mark.alone  # a thousand downloads, and the Mind closing a slow reader within its bound
 @pytest.mark.parametrize("reads", ["slowly", "nothing"])
 async def test_attack4_a_thousand_downloads_read_slowly_hold_no_memory_and_delay_nobody(tmp_path, reads):
     with running(tmp_path) as cl:

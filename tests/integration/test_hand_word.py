@@ -59,6 +59,7 @@ async def hostile_hand(url: str, cred, victim: str, times: int) -> object:
     return ws
 
 
+@pytest.mark.alone  # 30,000 presented runs against keepalives of 1 s
 async def test_made_up_runs_of_another_client_are_never_adopted_and_the_victim_runs_on(tmp_path):
     with running(tmp_path, "box", mind_args=WINDOW) as cl:
         cl.client_credential("victim")

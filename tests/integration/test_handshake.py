@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import random
 
 import msgpack
 import pytest
@@ -95,7 +96,12 @@ async def test_other_protocol_version_is_refused_naming_both(mind):
     await still_serving(mind)
 
 
-@pytest.mark.parametrize("garbage", [b"\xc1\xc1\xc1", b"GET / HTTP/1.1\r\n", os.urandom(64), msgpack.packb([1, 2, 3])])
+# Fixed bytes, not os.urandom: every pytest-xdist worker must collect the same test ids.
+@pytest.mark.parametrize(
+    "garbage",
+    [b"\xc1\xc1\xc1", b"GET / HTTP/1.1\r\n", random.Random(98).randbytes(64), msgpack.packb([1, 2, 3])],
+    ids=["invalid-msgpack", "http", "random-64", "a-list"],
+)
 async def test_garbage_instead_of_msgpack(mind, garbage):
     err = await raw_error(mind.url, [garbage])
     assert err.code in (ErrorCode.MALFORMED_FRAME, ErrorCode.UNKNOWN_TYPE)

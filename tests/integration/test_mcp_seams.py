@@ -155,6 +155,7 @@ FLOOD_S = 6.0
 REFUSED = {401, 429, 503}
 
 
+@pytest.mark.alone  # the agent's calls are bounded by its own baseline: other tests' load would be noise
 async def test_http_a_flood_of_made_up_bearers_never_holds_an_agent_already_connected(cl: Cluster) -> None:
     """The attack: while an agent with a valid bearer makes calls, a loop of requests with made-up
     bearers runs (bounded in count and time, loopback only). Every call of the agent succeeds and is

@@ -267,6 +267,7 @@ def _tmpfs(path: Path, size: str) -> None:
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], check=True)
 
 
+@pytest.mark.alone  # mounts a tmpfs and fills it; beside other tests its status did not come in 30 s
 async def test_a_full_disk_under_the_recordings_marks_gaps_and_says_so_and_runs_go_on(tmp_path: Path, as_root):
     where = tmp_path / "recs"
     _tmpfs(where, "1m")
@@ -281,7 +282,7 @@ async def test_a_full_disk_under_the_recordings_marks_gaps_and_says_so_and_runs_
                 text = cl.cli("status").stdout.decode()
                 return text if "FAILING" in text else None
 
-            status = wait_until(failing, 10, "status FAILING")
+            status = wait_until(failing, 30, "status FAILING")
             assert "No space left" in status or "full" in status, status
             failed = [e for e in cl.mind.events() if e.get("event") == "recording_store_failed"]
             assert len(failed) == 1 and failed[0]["error"], failed  # said once, with the store's words
@@ -367,6 +368,7 @@ async def _newest_ended(cl: Cluster, tool: str) -> str:
         return run.run_id
 
 
+@pytest.mark.alone  # the replay's pauses are timed against the wall clock
 def test_a_terminal_session_typed_on_a_pty_plays_back_as_it_was_seen(c: Cluster):
     """`mind shell` on a real pty, typed at, resized, paused; then `mind play` gives back what the
     terminal showed (the session's output as relayed), with its pause, and the asciicast export

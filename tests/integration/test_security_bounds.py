@@ -150,6 +150,7 @@ async def test_attack4_many_unread_downloads_are_bounded_per_client(tmp_path):
         assert cl.cli("exec", "--hand", "box", "--", "echo", "ok").stdout == b"ok\n"
 
 
+@pytest.mark.alone  # its admin client lives through 1 s keepalives while the Mind works off 1,000 lists
 async def test_a_client_pipelining_a_thousand_lists_without_reading_locks_nobody_out(tmp_path):
     """Found while bounding attack 4: 1,000 pipelined `list_hands` over 3,000 Hands, from a client
     that reads none of the answers, queued a minute of work on the Mind's credential thread, and

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -106,10 +105,13 @@ def test_sleeps(mindhand_cluster, hand, faultproxy):
     time.sleep(120)
 """
     )
-    before = set(Path(tempfile.gettempdir()).glob(TMP_PREFIX + "*"))
+    tmp = tmp_path / "tmp"  # the run's own temporary directory: other tests' clusters are not in it
+    tmp.mkdir()
     p = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
         cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmp)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a Ctrl-C reaches it as a user's would
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -125,7 +127,7 @@ def test_sleeps(mindhand_cluster, hand, faultproxy):
     assert p.returncode == 2, out.decode(errors="replace")  # pytest's "interrupted"
     assert b"KeyboardInterrupt" in out
     nothing_left(record)
-    assert set(Path(tempfile.gettempdir()).glob(TMP_PREFIX + "*")) <= before
+    assert not list(tmp.glob(TMP_PREFIX + "*"))
 
 
 def test_startup_of_a_mind_and_one_hand(tmp_path: Path) -> None:

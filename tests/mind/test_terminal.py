@@ -92,7 +92,7 @@ class Pty:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+            preexec_fn=_child_setup,
         )
         return self.proc
 
@@ -120,6 +120,14 @@ class Pty:
             os.close(fd)
 
 
+def _child_setup() -> None:
+    """In the child: the pty as its terminal, and SIGINT and SIGQUIT at their defaults (a suite
+    started in the background inherits them ignored, and the child would inherit that)."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 @pytest.fixture
 def pty():
     p = Pty()
@@ -136,6 +144,7 @@ def assert_raw(attrs: list) -> None:
     assert attrs[6][termios.VMIN] == 1 and attrs[6][termios.VTIME] == 0
 
 
+@pytest.mark.alone  # a child dies by a signal within 10 s (SIGQUIT dumps core)
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_raw_inside_and_exactly_restored_after(pty, case):
@@ -228,7 +237,22 @@ def test_window_size_of_a_terminal_and_of_something_else():
     assert DEFAULT_SIZE == (24, 80)
 
 
-def test_raw_mode_refuses_what_is_not_a_terminal():
+@pytest.fixture
+def default_sigterm():
+    """SIGTERM at its default action and SIGINT at Python's own, as in a CLI that set nothing: what
+    RawMode watches. A test run that started processes has the reaper's SIGTERM handler there, and a
+    suite started in the background (`cmd &` in a script) inherits SIGINT ignored; RawMode rightly
+    leaves a handler or an ignored signal be."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+
+
+def test_raw_mode_refuses_what_is_not_a_terminal(default_sigterm):
     r, w = os.pipe()
     try:
         raw = RawMode(r)
@@ -241,7 +265,7 @@ def test_raw_mode_refuses_what_is_not_a_terminal():
         os.close(w)
 
 
-def test_raw_mode_in_process_restores_and_puts_handlers_back():
+def test_raw_mode_in_process_restores_and_puts_handlers_back(default_sigterm):
     master, slave = os.openpty()
     try:
         before = termios.tcgetattr(slave)
