@@ -26,6 +26,10 @@ STREAM_WINDOW_MAX = 64 << 20
 """The windows a stream's opening may ask for (`Streams.window`): at least enough for the quarter-window
 acknowledgement pacing to stay cheap, at most what a peer agrees to hold (the sender keeps a window's
 unacknowledged bytes for a resume, DESIGN §15)."""
+STREAM_WINDOW_GROWN_MAX = 32 << 20
+"""The largest window a receiver grows a stream's to (`protocol.streams.WindowTuner`): 32 MiB in
+flight carries 320 MiB/s over a 100 ms round trip. The Mind's cap on what a client may ask
+(`mind.core.budgets.STREAM_WINDOW_CAP`) is the same."""
 OUTPUT_LIMIT_DEFAULT = 1 << 30
 """Bytes per output stream a Hand delivers to a client by default; past it the command keeps
 running, the rest is counted, and the stream says where it was cut."""

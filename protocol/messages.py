@@ -183,24 +183,29 @@ class StreamNumbers(Message):
 
 class StreamAck(Message):
     """The receiver consumed everything of the stream before `offset` (the sender's credit).
-    `closed`: the receiver will take nothing more (its reader went away: a closed pipe)."""
+    `closed`: the receiver will take nothing more (its reader went away: a closed pipe). `window`:
+    the receiver changed the stream's window, from this acknowledgement on (`protocol.streams`;
+    the Mind may lower a growth to the client's budget as it forwards it)."""
 
     TYPE = "stream_ack"
     run_id: Id
     stream: DataStream
     offset: NonNeg
     closed: Bool = False
+    window: Window | None = None
 
 
 class StreamPosition(Message):
     """Where one stream stands for a resume (DESIGN §15). From a receiver: it holds every byte
     before `offset` and consumed those before `consumed` (the sender resends from `offset`). From a
-    sender presenting its run: it sent up to `offset` and was acknowledged up to `consumed`."""
+    sender presenting its run: it sent up to `offset` and was acknowledged up to `consumed`, under
+    `window` if its receiver had changed the opening's (a Mind adopting the run relays within it)."""
 
     TYPE = "stream_position"
     stream: DataStream
     offset: NonNeg
     consumed: NonNeg
+    window: Window | None = None
 
     @model_validator(mode="after")
     def _ordered(self) -> StreamPosition:

@@ -21,11 +21,19 @@ it sent until the receiver acknowledges it (at most the window, so memory stays 
 the bytes the receiver does not have, from the offsets alone: 0 bytes lost, 0 duplicated, whatever
 the cut. The window is a field of the stream's opening (`Streams.window`), checked by
 `check_window`, not a constant every peer assumes.
+
+The receiver may change the window as the stream goes (`stream_ack`'s `window`): a far link needs
+more bytes in flight than a near one (the bandwidth-delay product), and a slow reader needs fewer.
+Every party keeps the *limit*, the offset the sender may send up to: `acked + window` as of the
+newest acknowledgement, and never lower than a limit already granted (TCP's rule: a window shrinks
+by the limit moving on more slowly, never by moving back), so a chunk sent under a larger window
+is never refused after a smaller one. `WindowTuner` is the receiver's rule for choosing it.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from protocol import limits
 from protocol.codes import ErrorCode
@@ -65,24 +73,131 @@ def replayed(expected: int, ended: bool, offset: int, size: int, eof: bool) -> b
     return offset + size <= expected and (size > 0 or eof) and (ended or not eof)
 
 
-def check_chunk(
-    expected: int, acked: int, window: int, ended: bool, offset: int, size: int, eof: bool
-) -> tuple[int, bool]:
-    """One chunk as a receiver or a relay sees it: in order, contiguous, within the window granted
-    after `acked`, not after the end. Returns the new (offset, eof)."""
+def check_chunk(expected: int, limit: int, ended: bool, offset: int, size: int, eof: bool) -> tuple[int, bool]:
+    """One chunk as a receiver or a relay sees it: in order, contiguous, within the limit granted
+    (see the module docstring), not after the end. Returns the new (offset, eof)."""
     if ended:
         raise _bad("data after the end of the stream")
     if offset != expected:
         raise _bad(f"chunk at offset {offset}, expected {expected}")
-    if expected + size - acked > window:
-        raise _bad(f"the sender exceeded its window of {window} bytes")
+    if expected + size > limit:
+        raise _bad(f"the sender exceeded its window: bytes up to {expected + size}, granted up to {limit}")
     return expected + size, eof
+
+
+GRANTS_KEPT = 16
+"""How many recent limits a receiver remembers: acknowledgements go out a quarter window apart, so
+the sender has heard one of the last few when it runs out of credit."""
+
+
+GROWTH_GAIN = 1.1
+"""A larger window is kept only if it delivered at least this much more per second than the one
+before: on a far link a doubled window nearly doubles the rate; where the link's bandwidth (or the
+machine) is the bound, it buys nothing but a longer queue."""
+HOLD_WINDOWS = 16
+"""After a growth that bought nothing, this many windows of bytes pass before the next try."""
+
+
+class WindowTuner:
+    """The receiver's choice of window as a stream goes: more bytes in flight while the window is
+    what holds the stream back, fewer while the reader is, and no more than pays.
+
+    The sign that the window holds the stream back needs no clock: a chunk that ends exactly at a
+    limit we granted lately means the sender stopped there, its credit used up, and waits for our
+    acknowledgement (`stalled`; we acknowledge a quarter window at a time, so it may have heard any
+    of our last few limits by then, and a chunk of a command's own output rarely ends on one by
+    chance). If our reader had taken nearly everything before that chunk came (within a quarter
+    window), the bytes were waiting on the link, not on us. But a link whose bandwidth is the bound,
+    with a deep buffer before it, looks the same, and there a larger window only queues more bytes
+    ahead of everything else on the connection (its keepalives too). So the tuner measures: under
+    each window, over one window of its bytes (after one window sent under the one before), the
+    rate (`clock`, seconds). The window doubles if
+    the rate under it was at least `GROWTH_GAIN` times the rate under the one before (or it is the
+    first measured); if not, the growth bought nothing, and the window goes back to half, to try
+    again only after `HOLD_WINDOWS` windows of bytes. On a far link that climbs by doubling until
+    the machine, not the window, is the bound; on loopback or a slow link it probes once and comes
+    back. If our reader was behind (over half a window unconsumed), a larger window would only hold
+    more bytes in the Mind: it halves, never below the opening's. `ceiling` bounds it (the Mind
+    also lowers what it forwards to what the client's stream budget allows)."""
+
+    __slots__ = ("_bytes", "_clock", "_hold", "_rate", "_received", "_since", "_skip", "_stall", "ceiling", "floor")
+
+    def __init__(
+        self, clock: Callable[[], float], floor: int = WINDOW, ceiling: int = limits.STREAM_WINDOW_GROWN_MAX
+    ) -> None:
+        self._clock = clock
+        self.floor = floor
+        self.ceiling = max(floor, ceiling)
+        self._stall: int | None = None
+        """The smallest unconsumed backlog at a stall since the last acknowledgement."""
+        self._since: float | None = None
+        """When the measurement of the current window began (None: not measuring)."""
+        self._skip: int | None = None
+        """Bytes still to come before the measurement begins (a window just changed: the bytes
+        already in flight were sent under the old one); None: no measurement is due."""
+        self._bytes = 0
+        """Bytes received since `_since`."""
+        self._rate: float | None = None
+        """Bytes per second under the window before the current one (None: nothing to beat)."""
+        self._received = 0
+        self._hold = 0
+        """No growth is tried before `_received` reaches this."""
+
+    def received(self, n: int) -> None:
+        """`n` more bytes arrived."""
+        self._received += n
+        if self._since is not None:
+            self._bytes += n
+        elif self._skip is not None:
+            self._skip -= n
+            if self._skip <= 0:
+                self._since, self._bytes, self._skip = self._clock(), 0, None
+
+    def stalled(self, backlog: int, window: int) -> None:
+        """The sender reached the limit; `backlog`: the bytes received before its last chunk and
+        not yet consumed when that chunk came."""
+        self._stall = backlog if self._stall is None else min(self._stall, backlog)
+
+    def _measure_after(self, skip: int) -> None:
+        """Measure the window from `skip` bytes on (0: from now)."""
+        self._since, self._bytes, self._skip = None, 0, skip
+        if skip <= 0:
+            self._since, self._skip = self._clock(), None
+
+    def next_window(self, window: int) -> int:
+        """The window to grant with the acknowledgement being made now."""
+        stall, self._stall = self._stall, None
+        if stall is None or window // 4 < stall <= window // 2:
+            return window
+        if stall > window // 2:  # our reader is behind: fewer bytes in flight do as well
+            self._rate = None
+            self._measure_after(window)
+            return max(self.floor, window // 2)
+        if self._since is None:
+            if self._skip is None:  # the first sign: measure this window
+                self._measure_after(0)
+            return window
+        if self._bytes < window:
+            return window
+        rate = self._bytes / max(self._clock() - self._since, 1e-9)
+        if self._rate is not None and rate < self._rate * GROWTH_GAIN:  # the last growth bought nothing
+            self._rate = None
+            self._hold = self._received + HOLD_WINDOWS * window
+            self._measure_after(window)
+            return max(self.floor, window // 2)
+        if window >= self.ceiling or self._received < self._hold:
+            self._rate = None  # measured afresh when growth is tried again
+            self._measure_after(0)
+            return window
+        self._rate = rate
+        self._measure_after(window)  # what is in flight now was sent under the old window
+        return min(self.ceiling, window * 2)
 
 
 class Sender:
     """The sending side of one stream: what has been sent, what the receiver has consumed."""
 
-    __slots__ = ("acked", "eof", "offset", "window")
+    __slots__ = ("acked", "eof", "limit", "offset", "window")
 
     def __init__(self, window: int = WINDOW) -> None:
         self.offset = 0
@@ -90,11 +205,13 @@ class Sender:
         self.acked = 0
         """What the receiver says it has consumed."""
         self.window = window
+        self.limit = window
+        """The offset the receiver lets us send up to (module docstring)."""
         self.eof = False
 
     def credit(self) -> int:
         """How many more bytes may be sent now."""
-        return max(0, self.acked + self.window - self.offset)
+        return max(0, self.limit - self.offset)
 
     def take(self, n: int) -> int:
         """Record `n` bytes about to be sent (at most the credit); returns their offset."""
@@ -111,14 +228,17 @@ class Sender:
         self.eof = True
         return self.offset
 
-    def on_ack(self, offset: int) -> bool:
-        """The receiver consumed everything before `offset`. True if that opened credit."""
+    def on_ack(self, offset: int, window: int | None = None) -> bool:
+        """The receiver consumed everything before `offset` (and now grants `window`, if it says).
+        True if that opened credit."""
         if offset > self.offset:
             raise _bad(f"acknowledged offset {offset} of a stream sent up to {self.offset}")
-        if offset <= self.acked:
-            return False  # an old or repeated acknowledgement: nothing new
-        self.acked = offset
-        return True
+        if window is not None:
+            self.window = check_window(window)
+        self.acked = max(self.acked, offset)  # an old or repeated acknowledgement moves nothing back
+        limit = max(self.limit, self.acked + self.window)
+        opened, self.limit = limit > self.limit, limit
+        return opened
 
     @property
     def drained(self) -> bool:
@@ -132,18 +252,35 @@ class Receiver:
     Acknowledgements are batched: one per quarter window consumed, and one when everything is
     consumed (so a sender waiting on its last bytes is never left hanging)."""
 
-    __slots__ = ("acked", "consumed", "eof", "offset", "window")
+    __slots__ = ("_grants", "acked", "announced", "consumed", "eof", "limit", "offset", "tuner", "window")
 
-    def __init__(self, window: int = WINDOW) -> None:
+    def __init__(self, window: int = WINDOW, tuner: WindowTuner | None = None) -> None:
         self.offset = 0
         """The offset the next chunk must have (= bytes received)."""
         self.consumed = 0
         self.acked = 0
         self.window = window
+        self.announced = window
+        """The window the sender was last told (the opening's, or the newest acknowledgement's)."""
+        self.limit = window
         self.eof = False
+        self.tuner = tuner
+        """Chooses the window as the stream goes (None: the opening's, for the stream's life)."""
+        self._grants: deque[int] = deque([window], maxlen=GRANTS_KEPT)
+        """The limits granted lately: the sender stops at one of them when its credit runs out."""
+
+    def start_at(self, offset: int) -> None:
+        """A consumer that takes the stream up at `offset` (its predecessor consumed the rest)."""
+        self.offset = self.consumed = self.acked = offset
+        self.limit = max(self.limit, offset + self.window)
+        self._grants.append(self.limit)
 
     def on_data(self, offset: int, size: int, eof: bool) -> None:
-        self.offset, self.eof = check_chunk(self.offset, self.acked, self.window, self.eof, offset, size, eof)
+        self.offset, self.eof = check_chunk(self.offset, self.limit, self.eof, offset, size, eof)
+        if self.tuner is not None and size:
+            self.tuner.received(size)
+            if self.offset in self._grants:
+                self.tuner.stalled(offset - self.consumed, self.window)  # what was still ours to take before it
 
     def consume(self, n: int) -> None:
         """`n` more bytes were consumed (written where they belong)."""
@@ -152,13 +289,26 @@ class Receiver:
         self.consumed += n
 
     def ack_due(self) -> int | None:
-        """The offset to acknowledge now, or None if an acknowledgement can wait."""
+        """The offset to acknowledge now, or None if an acknowledgement can wait. The window it
+        grants is `window` (`changed_window` says whether to tell it)."""
         if self.consumed <= self.acked:
             return None
         if self.consumed - self.acked >= self.window // 4 or self.consumed == self.offset:
+            if self.tuner is not None:
+                self.window = self.tuner.next_window(self.window)
             self.acked = self.consumed
+            self.limit = max(self.limit, self.acked + self.window)
+            self._grants.append(self.limit)
             return self.acked
         return None
+
+    def changed_window(self) -> int | None:
+        """The window to put in the acknowledgement being sent, if the sender does not know it
+        yet (then it does)."""
+        if self.window == self.announced:
+            return None
+        self.announced = self.window
+        return self.window
 
     @property
     def done(self) -> bool:
@@ -171,12 +321,16 @@ class Relay:
     final receiver granted, chunks are contiguous, acknowledgements only cover bytes relayed.
     It holds no bytes: a chunk is forwarded as soon as it passes."""
 
-    __slots__ = ("acked", "eof", "offset", "resumed", "window")
+    __slots__ = ("acked", "eof", "limit", "offset", "relayed", "resumed", "window")
 
     def __init__(self, window: int = WINDOW, start: int = 0) -> None:
         self.offset = start
+        self.relayed = start
+        """The furthest offset ever relayed: a resume may rewind `offset`, but the sender still
+        holds everything it sent (up to here at least), and a receiver may have all of it."""
         self.acked = start
         self.window = window
+        self.limit = start + window
         self.eof = False
         self.resumed = False
         """A resume happened: a chunk that repeats bytes already relayed is dropped, not refused."""
@@ -191,19 +345,31 @@ class Relay:
         """True if the chunk must be forwarded; False for a repeat after a resume (`replayed`)."""
         if self.resumed and replayed(self.offset, self.eof, offset, size, eof):
             return False
-        self.offset, self.eof = check_chunk(self.offset, self.acked, self.window, self.eof, offset, size, eof)
+        self.offset, self.eof = check_chunk(self.offset, self.limit, self.eof, offset, size, eof)
+        self.relayed = max(self.relayed, self.offset)
         return True
 
     def resume(self, offset: int, consumed: int | None = None) -> None:
         """The stream's receiver came back (a new connection, or a new consumer): it has every byte
         before `offset` and consumed those before `consumed`. Bytes relayed past `offset` were lost
         in the cut; the sender resends them from there, and the relay expects them again."""
-        check_resume(self.acked, self.offset, offset, consumed)
+        check_resume(self.acked, self.relayed, offset, consumed)
         self.offset = offset
         self.eof = False  # the end, if it was sent, is sent again after the bytes before it
         self.resumed = True
         if consumed is not None and consumed > self.acked:
             self.acked = consumed
+        self.limit = max(self.limit, self.acked + self.window)
+
+    def take_up(self, offset: int, consumed: int, window: int | None = None) -> None:
+        """A stream adopted as its sender presents it (a restarted Mind, another node): sent up
+        to `offset`, acknowledged up to `consumed`, under `window` if the receiver had changed it."""
+        self.offset, self.acked = offset, consumed
+        self.relayed = offset
+        if window is not None:
+            self.window = window
+        self.limit = max(offset, consumed + self.window)
+        self.resumed = True
 
     def expect_resend(self) -> None:
         """The stream's sender came back while its receiver's leg held: it resends from this
@@ -211,14 +377,17 @@ class Relay:
         before the cut drop quietly. Nothing rewinds, the end included."""
         self.resumed = True
 
-    def on_ack(self, offset: int) -> bool:
-        """True if the acknowledgement is new and must be forwarded."""
+    def on_ack(self, offset: int, window: int | None = None) -> bool:
+        """True if the acknowledgement is new (it moves the acknowledged offset, or changes the
+        window) and must be forwarded."""
         if offset > self.offset:
             raise _bad(f"acknowledged offset {offset} of a stream relayed up to {self.offset}")
-        if offset <= self.acked:
-            return False
-        self.acked = offset
-        return True
+        new = offset > self.acked or (window is not None and window != self.window)
+        if window is not None:
+            self.window = check_window(window)
+        self.acked = max(self.acked, offset)
+        self.limit = max(self.limit, self.acked + self.window)
+        return new
 
     @property
     def in_flight(self) -> int:
@@ -281,11 +450,23 @@ class Outgoing:
         """The end of the stream, as the chunk to send."""
         return (self.sender.close(), b"", True)
 
-    def on_ack(self, offset: int) -> bool:
-        """The receiver consumed everything before `offset`: those bytes are let go. True if that
-        opened credit."""
-        if not self.sender.on_ack(offset):
-            return False
+    @property
+    def window(self) -> int:
+        return self.sender.window
+
+    @property
+    def granted(self) -> int:
+        """The bytes the receiver lets us have unacknowledged now: the window, or more while a
+        limit granted before a smaller window still stands (what a presentation states)."""
+        return self.sender.limit - self.sender.acked
+
+    def on_ack(self, offset: int, window: int | None = None) -> bool:
+        """The receiver consumed everything before `offset` (and grants `window`, if it says):
+        those bytes are let go. True if that opened credit."""
+        before = self.sender.acked
+        opened = self.sender.on_ack(offset, window)
+        if self.sender.acked == before:
+            return opened
         kept = self._kept
         while kept:
             start, piece = kept[0]
@@ -298,7 +479,7 @@ class Outgoing:
                 kept[0] = (offset, piece[offset - start :])
                 self.kept -= offset - start
             break
-        return True
+        return opened
 
     def resume(self, offset: int, consumed: int | None = None) -> list[Chunk]:
         """The receiver came back with every byte before `offset`, having consumed those before
@@ -327,11 +508,11 @@ class Incoming:
 
     __slots__ = ("receiver", "resumed")
 
-    def __init__(self, window: int = WINDOW, start: int = 0) -> None:
+    def __init__(self, window: int = WINDOW, start: int = 0, tuner: WindowTuner | None = None) -> None:
         """`start`: a new consumer of a stream already under way (`mind attach` after the first
         consumer died) begins where its predecessor's acknowledgement left it."""
-        self.receiver = Receiver(window)
-        self.receiver.offset = self.receiver.consumed = self.receiver.acked = start
+        self.receiver = Receiver(window, tuner)
+        self.receiver.start_at(start)
         self.resumed = False
 
     @property
@@ -361,6 +542,14 @@ class Incoming:
     def ack_due(self) -> int | None:
         return self.receiver.ack_due()
 
+    def changed_window(self) -> int | None:
+        return self.receiver.changed_window()
+
+    @property
+    def granted(self) -> int:
+        """The bytes the sender may have beyond what we acknowledged (what a presentation states)."""
+        return self.receiver.limit - self.receiver.acked
+
     def resume_point(self) -> tuple[int, int]:
         """(offset, consumed) to tell the sender after a cut: every byte before `offset` is here
         (received bytes survive a cut of the connection, they are in this process), those before
@@ -368,6 +557,7 @@ class Incoming:
         in the cut is owed any more."""
         r = self.receiver
         r.acked = max(r.acked, r.consumed)
+        r.limit = max(r.limit, r.acked + r.window)  # as the acknowledgement it stands for would
         self.resumed = True
         return r.offset, r.consumed
 

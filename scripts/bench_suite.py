@@ -28,6 +28,7 @@ import traceback  # noqa: E402
 
 from benchlib import core  # noqa: E402
 from benchlib import cp as _cp  # noqa: E402, F401 - registers the `mind cp` figure
+from benchlib import far as _far  # noqa: E402, F401 - registers the far-link figure (a Hand 50/100 ms away)
 from benchlib import fleet as _fleet  # noqa: E402, F401 - registers the fleet figures
 from benchlib import flood as _flood  # noqa: E402, F401 - registers the flood figure
 from benchlib import forward as _forward  # noqa: E402, F401 - registers the `mind forward` figure

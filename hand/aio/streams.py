@@ -141,7 +141,7 @@ class RunStreams:
         if out is None:
             return
         try:
-            out.sender.on_ack(ack.offset)
+            out.sender.on_ack(ack.offset, ack.window)
         except ProtocolError:
             return  # the Mind checked it already; a wrong one changes nothing here
         if ack.closed and not out.reader_gone:  # `mind exec ... | head`: the local reader is gone
@@ -202,16 +202,23 @@ class RunStreams:
         self._check_done()
 
     def positions(self) -> list[StreamPosition]:
-        """Where each stream stands, for the run's presentation: output as sent and acknowledged,
-        stdin as received and consumed (that point acknowledges what was consumed, and repeats of
+        """Where each stream stands, for the run's presentation: output as sent and acknowledged
+        (with the window its receiver grants, if that is no longer the opening's), stdin as received and consumed (that point acknowledges what was consumed, and repeats of
         chunks from before it are dropped from now on)."""
         out = [
-            StreamPosition(stream=name, offset=o.sender.offset, consumed=o.sender.acked)  # type: ignore[arg-type]
+            StreamPosition(
+                stream=name,  # type: ignore[arg-type]
+                offset=o.sender.offset,
+                consumed=o.sender.acked,
+                window=o.sender.granted if o.sender.granted != self.spec.window else None,
+            )
             for name, o in self._out.items()
         ]
         if self._stdin is not None:
             offset, consumed = self._stdin.resume_point()
-            out.append(StreamPosition(stream="stdin", offset=offset, consumed=consumed))
+            granted = self._stdin.granted
+            window = granted if granted != self.spec.window else None
+            out.append(StreamPosition(stream="stdin", offset=offset, consumed=consumed, window=window))
         return out
 
     def _flush(self, stream: str, out: _Out) -> None:
@@ -292,4 +299,4 @@ class RunStreams:
         rx.consume(min(total, rx.offset) - rx.consumed)
         offset = rx.ack_due()
         if offset is not None:
-            self._send(StreamAck(run_id=self.run_id, stream="stdin", offset=offset))
+            self._send(StreamAck(run_id=self.run_id, stream="stdin", offset=offset, window=rx.changed_window()))

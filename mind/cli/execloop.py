@@ -173,7 +173,7 @@ class ExecSession(Rejoin):
         escapes = EscapeFilter() if self.local_tty else None
         no_stdin = (args.no_stdin and not self.tty) or self.attaching
         self.stdin = None if no_stdin else InputStream(0, escapes)
-        self.follower = Follower(streams=names, stdin=not no_stdin)
+        self.follower = Follower(streams=names, stdin=not no_stdin, clock=time.monotonic)
         """The rules of following the run (mind/client/follow.py), as the library's: this loop
         performs what it says."""
         self.stdin_watched = False
@@ -216,7 +216,7 @@ class ExecSession(Rejoin):
     def attach(self, run_id: str) -> int:
         """`mind attach RUN_ID`: take the run over from where its previous consumer acknowledged."""
         self.run_id = run_id
-        self.follower = Follower(run_id=run_id)
+        self.follower = Follower(run_id=run_id, clock=time.monotonic)
         return self._drive(wire.attach(run_id=run_id))
 
     def _drive(self, first: Any) -> int:
@@ -385,7 +385,9 @@ class ExecSession(Rejoin):
             elif isinstance(a, SendAck):
                 assert self.run_id is not None
                 self._send_stream(
-                    wire.stream_ack(run_id=self.run_id, stream=a.stream, offset=a.offset, closed=a.closed)
+                    wire.stream_ack(
+                        run_id=self.run_id, stream=a.stream, offset=a.offset, closed=a.closed, window=a.window
+                    )
                 )
             elif isinstance(a, SendStdin):
                 assert self.run_id is not None

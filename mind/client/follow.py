@@ -31,14 +31,14 @@ the pydantic models are both fine.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from protocol import limits
 from protocol.codes import ErrorCode
 from protocol.errors import ProtocolError
-from protocol.streams import Incoming, Outgoing
+from protocol.streams import Incoming, Outgoing, WindowTuner
 
 PROTOCOL = "protocol"
 """The code of a run whose events broke the rules (`ClientCode.PROTOCOL`)."""
@@ -64,6 +64,8 @@ class SendAck:
     stream: str
     offset: int
     closed: bool = False
+    window: int | None = None
+    """The window we now grant, when it changed (`protocol.streams.WindowTuner`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,13 +174,16 @@ class Follower:
         streams: Iterable[str] = (),
         stdin: bool = False,
         digest: bool = True,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         """`run_id` given: made by an `attach` (the streams come with `attached`); else by an
         `exec`, whose output `streams` are known (`stdout`, `stderr`; or `pty`) and whose first
         event names the run. `stdin`: this follower sends the run's stdin. `digest`: check what
         arrives against the Hand's sha256 (off for a copy, which checks the file's own digest:
-        hashing every byte twice cost a copy's throughput)."""
+        hashing every byte twice cost a copy's throughput). `clock` (seconds): each output stream's
+        window grows as the link needs (`protocol.streams.WindowTuner`); None: the opening's."""
         self.window = window
+        self.clock = clock
         self.digest = digest
         self.run_id = run_id
         self.hand: str | None = None
@@ -280,7 +285,7 @@ class Follower:
         offset = out.rx.ack_due()
         if offset is None or not self.ready or self.over:
             return []  # (not attached here: the next resume point says it)
-        return [SendAck(stream, offset)]
+        return [SendAck(stream, offset, window=out.rx.changed_window())]
 
     def took(self, stream: str, upto: int) -> list[Action]:
         """The consumer of `stream` has taken everything before offset `upto` (a writer that
@@ -388,7 +393,9 @@ class Follower:
     # --- the rules ---
 
     def _out(self, start: int) -> _Out:
-        return _Out(Incoming(self.window, start=start), start, hashlib.sha256() if self.digest else None)
+        tuner = WindowTuner(self.clock, self.window) if self.clock is not None else None
+        rx = Incoming(self.window, start=start, tuner=tuner)
+        return _Out(rx, start, hashlib.sha256() if self.digest else None)
 
     def _break(self, code: Any, message: str) -> list[Action]:
         self.broken = Broken(code, message)
@@ -417,7 +424,7 @@ class Follower:
         if msg.stream != "stdin" or self.stdin is None:
             return []
         try:
-            self.stdin.on_ack(msg.offset)
+            self.stdin.on_ack(msg.offset, msg.window)
         except ProtocolError:
             pass  # the Mind checked it; a wrong one opens no credit
         if msg.closed:

@@ -15,6 +15,7 @@ order, synchronously) and tells it when the connection is cut and when a new att
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import BinaryIO, Protocol
 
@@ -112,7 +113,14 @@ class RunHandle:
         self._client = client
         self.req_id = req_id
         """The envelope id the run's events come under (a new one at each attachment)."""
-        self.follower = Follower(window=window, run_id=run_id, streams=streams, stdin=stdin is not None, digest=digest)
+        self.follower = Follower(
+            window=window,
+            run_id=run_id,
+            streams=streams,
+            stdin=stdin is not None,
+            digest=digest,
+            clock=time.monotonic,
+        )
         self._events: asyncio.Queue[RunEvent | MindhandError] = asyncio.Queue()
         self._id_known = asyncio.Event()
         if run_id is not None:
@@ -217,7 +225,7 @@ class RunHandle:
         assert self.run_id is not None
         msg: Message
         if isinstance(a, SendAck):
-            msg = StreamAck(run_id=self.run_id, stream=a.stream, offset=a.offset, closed=a.closed)  # type: ignore[arg-type]
+            msg = StreamAck(run_id=self.run_id, stream=a.stream, offset=a.offset, closed=a.closed, window=a.window)  # type: ignore[arg-type]
         else:
             msg = StreamData(run_id=self.run_id, stream="stdin", offset=a.offset, data=a.data, eof=a.eof)
         try:

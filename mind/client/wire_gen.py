@@ -107,6 +107,7 @@ STREAM_ACK = model(
         "stream": (literal("stdin", "stdout", "stderr", "pty"), REQUIRED),
         "offset": (strict_int(ge=0), REQUIRED),
         "closed": (strict_bool, False),
+        "window": (optional(strict_int(ge=65536, le=67108864)), None),
     },
 )
 
@@ -138,6 +139,7 @@ STREAM_POSITION = model(
         "stream": (literal("stdin", "stdout", "stderr", "pty"), REQUIRED),
         "offset": (strict_int(ge=0), REQUIRED),
         "consumed": (strict_int(ge=0), REQUIRED),
+        "window": (optional(strict_int(ge=65536, le=67108864)), None),
     },
     rule=RULES["StreamPosition._ordered"],
 )
@@ -314,6 +316,7 @@ def stream_ack(
     stream: Any,
     offset: Any,
     closed: Any = False,
+    window: Any = None,
 ) -> Msg:
     """`stream_ack`, as `protocol.messages.StreamAck(...).model_dump()` holds it."""
     return Msg(
@@ -323,6 +326,7 @@ def stream_ack(
             "stream": stream,
             "offset": offset,
             "closed": closed,
+            "window": window,
         },
     )
 

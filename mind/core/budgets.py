@@ -107,9 +107,24 @@ class ClientRates:
         return len(self._rates)
 
 
-STREAM_WINDOW_CAP = 32 << 20
-"""The largest window one stream may ask of this Mind (the protocol allows 64 MiB): 32 MiB keeps
-a 100 ms link at 2.6 Gbit/s, and one run's windows under a quarter of its client's budget."""
+STREAM_WINDOW_CAP = limits.STREAM_WINDOW_GROWN_MAX
+"""The largest window one stream may ask of this Mind, at its opening or as it goes (the protocol
+allows 64 MiB): 32 MiB keeps a 100 ms link at 2.6 Gbit/s, and one run's windows under a quarter of
+its client's budget. A receiver grows its windows up to the same (`WindowTuner`)."""
+
+
+def grown_window(
+    asked: int, current: int, held: int, cap: int = STREAM_WINDOW_CAP, budget: int = STREAM_BUDGET_BYTES
+) -> int:
+    """The window a receiver's acknowledgement may grant as it passes the Mind: what it asked,
+    within the cap, and while the client's streams hold (`held`, this one at `current`) under half
+    its budget: growth takes at most that half, so the client's new runs still find the rest at
+    their opening windows. Never below `current` (a window granted stays granted); a smaller window
+    passes as asked."""
+    if asked <= current:
+        return asked
+    room = budget // 2 - held + current
+    return max(current, min(asked, cap, room))
 
 
 def stream_windows(stdin: bool, pty: bool, window: int = limits.STREAM_WINDOW, tool: str = "") -> int:

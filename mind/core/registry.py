@@ -25,8 +25,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
+from mind.core.budgets import STREAM_WINDOW_CAP, grown_window
 from mind.core.runs import (
     Action,
     FrameToClient,
@@ -601,12 +603,18 @@ class RunRegistry:
                     return [self._log("stream_refused", run, stream=msg.stream, why=exc.message)]
         return []
 
-    def _relay(self, run: Run, msg: StreamAck, forward: Action) -> list[Action]:
+    def _relay(self, run: Run, msg: StreamAck, forward: SendToHand | SendToClient) -> list[Action]:
         relay = run.relays.get(msg.stream)
         if relay is None:
             return [self._log("stream_unknown", run, stream=msg.stream)]
+        window = msg.window
+        if window is not None and window > relay.window:  # a growth: within the client's budget
+            held = sum(x.holds for r in self.active_of(run.owner) for x in r.relays.values())
+            window = grown_window(window, relay.window, held)
+            if window != msg.window:
+                forward = replace(forward, msg=msg.model_copy(update={"window": window}))
         try:
-            if not relay.on_ack(msg.offset) and not msg.closed:
+            if not relay.on_ack(msg.offset, window) and not msg.closed:
                 return []  # nothing new for the sender
         except ProtocolError as exc:
             return [self._log("stream_refused", run, stream=msg.stream, why=exc.message)]
@@ -844,8 +852,8 @@ class RunRegistry:
             for name, relay in relays_for_spec(p.spec).items():
                 pos = given.get(name)
                 if pos is not None:  # where the Hand stands: sent/acknowledged, or received/consumed
-                    relay.offset, relay.acked = pos.offset, pos.consumed
-                    relay.resumed = True
+                    window = None if pos.window is None else min(pos.window, STREAM_WINDOW_CAP)
+                    relay.take_up(pos.offset, pos.consumed, window)
                 run.relays[name] = relay
         self._seq += 1
         run.seq = self._seq
@@ -1017,7 +1025,7 @@ class RunRegistry:
             pos = given.get(name)
             points[name] = (pos.offset, pos.consumed) if pos is not None else (relay.acked, relay.acked)
             try:  # every point checked before any relay moves: a refusal changes nothing
-                check_resume(relay.acked, relay.offset, *points[name])
+                check_resume(relay.acked, relay.relayed, *points[name])
             except ProtocolError as exc:
                 why = f"cannot resume run {run_id} from there: {exc.message}"
                 return [SendToClient(client, req_id, Error(code=ErrorCode.INVALID_PAYLOAD, message=why))]

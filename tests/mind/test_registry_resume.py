@@ -345,7 +345,7 @@ def test_the_client_resumes_output_from_its_own_point_or_the_acknowledged_one():
     stderr = next(p for p in to_client(acts)[-1].streams if p.stream == "stderr")
     assert (stderr.offset, stderr.consumed) == (0, 0), "a stream not named starts from its acknowledgement"
     [err] = to_client(
-        reg.on_attach("r1", "c3", "alice", "q3", 7.0, 1007.0, [StreamPosition(stream="stdout", offset=61, consumed=0)])
+        reg.on_attach("r1", "c3", "alice", "q3", 7.0, 1007.0, [StreamPosition(stream="stdout", offset=111, consumed=0)])
     )
     assert isinstance(err, Error) and err.code is ErrorCode.INVALID_PAYLOAD, "bytes never relayed"
     both = [
@@ -355,6 +355,24 @@ def test_the_client_resumes_output_from_its_own_point_or_the_acknowledged_one():
     [err] = to_client(reg.on_attach("r1", "c3", "alice", "q3", 8.0, 1008.0, both))
     assert isinstance(err, Error) and reg.get("r1").relays["stdout"].acked == 55, "a refusal moves no relay"
     assert reg.get("r1").client == "c2"
+
+
+def test_an_attach_may_resume_past_a_rewind_up_to_what_was_ever_relayed():
+    """An older connection's attach rewinds a stream (its consumer had nothing), then the client's
+    newer one takes the run back from where it really is: the bytes up to there were relayed once
+    and the Hand still keeps them, so the point is accepted, not refused as never relayed (found
+    by the continuity simulation, seed 459, once windows grew)."""
+    reg = setup(streams=Streams())
+    hand_chunk(reg, "stdout", 0, 100)
+    reg.on_client_gone("c1", 5.0, 1005.0)
+    reg.on_attach("r1", "c2", "alice", "q2", 6.0, 1006.0, [StreamPosition(stream="stdout", offset=0, consumed=0)])
+    assert reg.get("r1").relays["stdout"].offset == 0, "rewound: the Hand resends from 0"
+    acts = reg.on_attach(
+        "r1", "c2", "alice", "q3", 7.0, 1007.0, [StreamPosition(stream="stdout", offset=100, consumed=100)]
+    )
+    assert not [a for a in to_client(acts) if isinstance(a, Error)]
+    assert StreamResume(run_id="r1", stream="stdout", offset=100, consumed=100) in to_hand(acts, gen=1)
+    assert hand_chunk(reg, "stdout", 0, 100) == [], "the first resend's repeat is dropped"
 
 
 def test_the_minds_own_deadline_is_persisted_first_with_a_window():

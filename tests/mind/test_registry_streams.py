@@ -113,3 +113,36 @@ def test_nothing_flows_after_the_end_and_streams_never_move_a_state():
 def test_resize_goes_only_to_a_terminal_run():
     reg = streamed()
     assert reg.on_client_stream(Resize(run_id="r1", rows=50, cols=100), "c1") == []
+
+
+def test_a_grown_window_passes_within_the_clients_budget_and_is_lowered_to_what_it_leaves():
+    """A client's acknowledgement that grows a window (`stream_ack.window`) is forwarded to the Hand,
+    and the relay then passes bytes up to the new limit; a growth past half the client's stream
+    budget is lowered to what that half leaves in the acknowledgement the Hand gets (the budget
+    counts the grown window), and a window never shrinks the limit already granted."""
+    from mind.core.budgets import STREAM_BUDGET_BYTES
+
+    reg = streamed(stdin=False)
+    big = limits.STREAM_CHUNK_MAX
+    for offset in range(0, W, big):
+        out(reg, offset, big)
+    [fwd] = reg.on_client_stream(StreamAck(run_id="r1", stream="stdout", offset=W, window=8 * W), "c1")
+    assert isinstance(fwd, SendToHand) and fwd.msg.window == 8 * W, "within the budget: passed as asked"
+    for offset in range(W, 9 * W, big):
+        assert isinstance(out(reg, offset, big)[0], FrameToClient), "the relay passes the grown window"
+    assert [a.event for a in out(reg, 9 * W, 1) if isinstance(a, Log)] == ["stream_refused"]
+
+    # the same client's other runs hold most of its budget: the next growth gets only what is left
+    req = Exec(hand=HAND, tool="exec", args={"argv": ["cat"]}, timeout_ms=10_000, streams=Streams(window=32 << 20))
+    reg.admit("r2", req, "c1", "q2", 1, True, now=0.0, wall=1000.0)
+    reg.admit("r5", req.model_copy(update={"streams": Streams(window=16 << 20)}), "c1", "q5", 1, True, 0.0, 1000.0)
+    held = sum(x.holds for r in reg.active_of(reg.get("r1").owner) for x in r.relays.values())
+    left = STREAM_BUDGET_BYTES // 2 - held  # growth takes at most half: new runs find the rest
+    assert 0 < left < 16 * W
+    [fwd] = reg.on_client_stream(StreamAck(run_id="r1", stream="stdout", offset=9 * W, window=16 * W), "c1")
+    assert isinstance(fwd, SendToHand) and fwd.msg.window == 8 * W + left, "lowered to what the budget leaves"
+    assert reg.get("r1").relays["stdout"].window == 8 * W + left
+
+    # a smaller window: the limit already granted stands
+    [fwd] = reg.on_client_stream(StreamAck(run_id="r1", stream="stdout", offset=9 * W, window=W), "c1")
+    assert fwd.msg.window == W and reg.get("r1").relays["stdout"].limit == 9 * W + 8 * W + left

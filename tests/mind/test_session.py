@@ -384,7 +384,7 @@ def test_the_welcome_says_how_long_the_mind_keeps_a_run_for_a_client_that_comes_
 @CODECS
 def test_an_attach_holds_the_run_until_a_newer_attachment_replaces_it(codec):
     s, mind = opened(codec)
-    positions = [{"stream": "stdout", "offset": 12, "consumed": 10}]
+    positions = [{"stream": "stdout", "offset": 12, "consumed": 10, "window": None}]
     msg = wire.attach(run_id="r1", streams=positions) if codec is FAST else Attach(run_id="r1", streams=positions)
     att = s.start_run(msg)
     (sent,) = mind.read(s)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from sim.stream_jobs import pattern
 
 from mind.core.runs import Log, PersistEnding
+from protocol.limits import STREAM_WINDOW_GROWN_MAX
 from protocol.messages import Error, RunEnd, RunsPresent
 from protocol.states import RunState
 
@@ -202,20 +203,26 @@ class ContinuityChecker:
                 continue
             for st in kept.streams.values():
                 for o in st.outs.values():
-                    if o.out.kept > st.window:
+                    granted = o.out.granted  # the window, or one granted before a shrink
+                    if o.out.kept > granted or granted > max(st.window, STREAM_WINDOW_GROWN_MAX):
                         self.fail("memory: a sender keeps at most its window", f"{slot.label} {st.run_id} {o.name}")
-                    if o.out.kept == st.window and (st.run_id, o.name) not in self.full:
+                    if o.out.window > st.window:
+                        self.notes["window_grown"] += 1
+                    if o.out.kept == granted and (st.run_id, o.name) not in self.full:
                         self.full.add((st.run_id, o.name))  # the credit rule stopped it there
                         self.notes["hand_sender_full"] += 1
         for c in self.ext.clients:
             for run in c.runs.values():
                 stdin = run.follower.stdin
-                if stdin is not None and stdin.kept > stdin.sender.window:
+                if stdin is not None and (
+                    stdin.kept > stdin.granted or stdin.granted > max(stdin.sender.window, STREAM_WINDOW_GROWN_MAX)
+                ):
                     self.fail("memory: a sender keeps at most its window", f"{c.name} stdin of {run.run_id}")
         if w.mind is not None:
             for r in w.mind.registry.active():
                 for name, relay in r.relays.items():
-                    if relay.in_flight > relay.window:
+                    granted = relay.limit - relay.acked
+                    if relay.in_flight > granted or granted > max(relay.window, STREAM_WINDOW_GROWN_MAX):
                         self.fail("memory: the relay holds at most a window", f"{r.run_id} {name}")
 
     def reconciled(self, phase: str) -> None:

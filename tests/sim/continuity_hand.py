@@ -301,7 +301,7 @@ class KeptRuns(HandRuns):
             if o is None:
                 return
             if isinstance(msg, StreamAck):
-                o.out.on_ack(msg.offset)
+                o.out.on_ack(msg.offset, msg.window)
             else:
                 for offset, piece, eof in o.out.resume(msg.offset, msg.consumed):
                     self.chand.send_now(
@@ -325,7 +325,9 @@ class KeptRuns(HandRuns):
             st.stdin.consume(len(data))
         ack = st.stdin.ack_due()
         if ack is not None:
-            self.chand.send_now(StreamAck(run_id=st.run_id, stream="stdin", offset=ack))
+            self.chand.send_now(
+                StreamAck(run_id=st.run_id, stream="stdin", offset=ack, window=st.stdin.changed_window())
+            )
         if eof:
             check.on_child_stdin_end(st.run_id, st.stdin.offset)
             job.stdin_end()
@@ -346,10 +348,14 @@ class KeptRuns(HandRuns):
             positions: list[StreamPosition] = []
             if st is not None:
                 for o in st.outs.values():
-                    positions.append(StreamPosition(stream=o.name, offset=o.out.offset, consumed=o.out.acked))  # type: ignore[arg-type]
+                    granted = o.out.granted if o.out.granted != st.window else None
+                    positions.append(
+                        StreamPosition(stream=o.name, offset=o.out.offset, consumed=o.out.acked, window=granted)  # type: ignore[arg-type]
+                    )
                 if st.stdin is not None:
                     offset, consumed = st.stdin.resume_point()
-                    positions.append(StreamPosition(stream="stdin", offset=offset, consumed=consumed))
+                    granted = st.stdin.granted if st.stdin.granted != st.window else None
+                    positions.append(StreamPosition(stream="stdin", offset=offset, consumed=consumed, window=granted))
             deadline = run.ctl.deadline if run.ctl.deadline is not None else self.now
             runs.append(
                 PresentedRun(

@@ -506,7 +506,7 @@ class Continuity:
                     self.checker.on_client_output(c, run.run_id, a.stream, a.offset, a.data)
                 self._act(c, run, run.follower.consume(a.stream, len(a.data)))
             elif isinstance(a, SendAck):
-                ack = StreamAck(run_id=run.run_id, stream=a.stream, offset=a.offset, closed=a.closed)  # type: ignore[arg-type]
+                ack = StreamAck(run_id=run.run_id, stream=a.stream, offset=a.offset, closed=a.closed, window=a.window)  # type: ignore[arg-type]
                 self._send(self._attachment(run), ack)
             elif isinstance(a, SendStdin):
                 data = StreamData(run_id=run.run_id, stream="stdin", offset=a.offset, data=a.data, eof=a.eof)
@@ -537,7 +537,8 @@ class Continuity:
         return run.link
 
     def _new_run(self, c: StreamClient, link: ClientLink, first: RunUpdate, stdin: int) -> None:
-        follower = Follower(window=WINDOW, streams=("stdout", "stderr"), stdin=stdin > 0)
+        clock = self.world.clock
+        follower = Follower(window=WINDOW, streams=("stdout", "stderr"), stdin=stdin > 0, clock=lambda: clock.now)
         follower.on_message(first)  # an exec's follower: its first event names the run
         run = ClientRun(first.run_id, follower, stdin, link=link)
         c.runs[run.run_id] = run
