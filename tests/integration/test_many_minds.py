@@ -980,6 +980,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.alone  # three clients at their rates, judged against an honest client's latency
 def test_clients_within_their_rates_on_one_node_hold_back_nobody_through_it(nodes, tmp_path):
     """Three clients of node B, each within its own rate there, flood relayed frames to node A; a
     third client's calls through B are served meanwhile, and A does not cut the link. Before, A
