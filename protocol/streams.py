@@ -111,9 +111,8 @@ class WindowTuner:
     with a deep buffer before it, looks the same, and there a larger window only queues more bytes
     ahead of everything else on the connection (its keepalives too). So the tuner measures: under
     each window, over one window of its bytes (after one window sent under the one before), the
-    rate (`clock`, seconds). The window doubles if
-    the rate under it was at least `GROWTH_GAIN` times the rate under the one before (or it is the
-    first measured); if not, the growth bought nothing, and the window goes back to half, to try
+    rate (`clock`, seconds). The window doubles if the rate under it was at least `GROWTH_GAIN`
+    times the rate under the one before (or it is the first measured); if not, the growth bought nothing, and the window goes back to half, to try
     again only after `HOLD_WINDOWS` windows of bytes. On a far link that climbs by doubling until
     the machine, not the window, is the bound; on loopback or a slow link it probes once and comes
     back. If our reader was behind (over half a window unconsumed), a larger window would only hold
@@ -153,7 +152,7 @@ class WindowTuner:
             if self._skip <= 0:
                 self._since, self._bytes, self._skip = self._clock(), 0, None
 
-    def stalled(self, backlog: int, window: int) -> None:
+    def stalled(self, backlog: int) -> None:
         """The sender reached the limit; `backlog`: the bytes received before its last chunk and
         not yet consumed when that chunk came."""
         self._stall = backlog if self._stall is None else min(self._stall, backlog)
@@ -280,7 +279,7 @@ class Receiver:
         if self.tuner is not None and size:
             self.tuner.received(size)
             if self.offset in self._grants:
-                self.tuner.stalled(offset - self.consumed, self.window)  # what was still ours to take before it
+                self.tuner.stalled(offset - self.consumed)  # what was still ours to take before it
 
     def consume(self, n: int) -> None:
         """`n` more bytes were consumed (written where they belong)."""

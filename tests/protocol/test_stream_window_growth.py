@@ -80,13 +80,13 @@ def test_a_reader_that_falls_behind_does_not_grow_the_window() -> None:
 
 def test_a_stall_with_the_reader_behind_halves_the_window_never_below_the_opening() -> None:
     t = WindowTuner(Clock(), floor=W, ceiling=32 * MIB)
-    t.stalled(6 * MIB, 8 * MIB)  # three quarters of the window not yet written out by our reader
+    t.stalled(6 * MIB)  # three quarters of the window not yet written out by our reader
     assert t.next_window(8 * MIB) == 4 * MIB
-    t.stalled(3 * MIB, 4 * MIB)
+    t.stalled(3 * MIB)
     assert t.next_window(4 * MIB) == W
-    t.stalled(W, W)
+    t.stalled(W)
     assert t.next_window(W) == W, "the opening's window is the floor"
-    t.stalled(W * 3 // 8, W)  # between a quarter and a half: neither
+    t.stalled(W * 3 // 8)  # between a quarter and a half: neither
     assert t.next_window(W) == W
 
 
