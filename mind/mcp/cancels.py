@@ -37,9 +37,10 @@ def key_of(owner: object, request: Any, request_id: object) -> Key:
 class PeerCancels:
     """The calls waiting on runs, by key, and what a cancel from the agent does to each."""
 
-    def __init__(self, owner: Callable[[], object]) -> None:
+    def __init__(self, owner: Callable[[], object], grace_s: float = GRACE_S) -> None:
         self._owner = owner
         """The credential's `Runs` of the message being handled (a contextvar's getter)."""
+        self._grace_s = grace_s
         self._calls: dict[Key, Callable[[], None]] = {}
 
     async def middleware(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
@@ -60,7 +61,7 @@ class PeerCancels:
         try:
             yield
         except asyncio.CancelledError:
-            asyncio.get_running_loop().call_later(GRACE_S, self._drop, key, on_cancel)
+            asyncio.get_running_loop().call_later(self._grace_s, self._drop, key, on_cancel)
             raise
         except BaseException:
             self._drop(key, on_cancel)

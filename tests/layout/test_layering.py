@@ -30,6 +30,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from support.sources import tree as parsed
+
+pytestmark = pytest.mark.xdist_group("sources")  # `scripts/test --fast`: one worker parses the sources
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("protocol", "mind", "hand")
@@ -53,7 +56,7 @@ MODULES = all_modules()
 def imports_of(name: str, *, top_level_only: bool = False) -> set[str]:
     """Every module `name` imports (absolute names, resolved against our own modules)."""
     path = MODULES[name]
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     nodes = tree.body if top_level_only else list(ast.walk(tree))
@@ -99,7 +102,7 @@ def is_pure(name: str) -> bool:
 def test_pure_rooms_do_no_io(name: str) -> None:
     bad = {n for n in imports_of(name) if n.split(".")[0] in IO_MODULES}
     assert not bad, f"{name} is in a pure room but imports {sorted(bad)}"
-    tree = ast.parse(MODULES[name].read_text())
+    tree = parsed(MODULES[name])
     asyncs = [n.name for n in ast.walk(tree) if isinstance(n, ast.AsyncFunctionDef)]
     assert not asyncs, f"{name} is in a pure room but defines async {asyncs}"
     plumbing = {n for n in ours(imports_of(name)) if in_room(n, "protocol.io")}

@@ -11,7 +11,10 @@ import re
 from functools import cache
 from pathlib import Path
 
+import pytest
 from support.sources import tree
+
+pytestmark = pytest.mark.xdist_group("sources")  # `scripts/test --fast`: one worker parses the sources
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("protocol", "mind", "hand")

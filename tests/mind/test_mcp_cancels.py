@@ -9,7 +9,7 @@ from typing import Any
 
 from mcp.server.context import ServerRequestContext
 
-from mind.mcp.cancels import GRACE_S, PeerCancels, key_of
+from mind.mcp.cancels import PeerCancels, key_of
 
 OWNER = object()
 
@@ -54,7 +54,7 @@ def test_a_notification_while_the_call_waits_cancels_its_run() -> None:
 
 def test_the_call_unwinding_first_still_answers_the_notification_within_the_grace() -> None:
     async def go() -> tuple[list[str], list[str]]:
-        pc, acted, late = PeerCancels(lambda: OWNER), [], []
+        pc, acted, late = PeerCancels(lambda: OWNER, grace_s=0.3), [], []
 
         async def call(rid: int, into: list[str]) -> None:
             with pc.watching(key_of(OWNER, None, rid), lambda: into.append("cancel")):
@@ -69,7 +69,7 @@ def test_the_call_unwinding_first_still_answers_the_notification_within_the_grac
         await asyncio.sleep(0)
         u.cancel()
         await asyncio.gather(u, return_exceptions=True)
-        await asyncio.sleep(GRACE_S + 0.2)
+        await asyncio.sleep(0.3 + 0.2)
         await pc.middleware(cancelled(2), passed)  # ...one past the grace does nothing
         return acted, late
 

@@ -8,12 +8,15 @@ import ast
 import json
 from pathlib import Path
 
+import pytest
 import structlog
 from support.sources import python_files
 from support.sources import tree as parsed
 
 from protocol.audit import AUDITED, AuditEvent
 from protocol.io import logs
+
+pytestmark = pytest.mark.xdist_group("sources")  # `scripts/test --fast`: one worker parses the sources
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG_METHODS = {"debug", "info", "msg", "warning", "warn", "error", "exception", "critical"}
