@@ -9,6 +9,9 @@ root and its secret). The events written to the audit file are `protocol.audit.A
 
 from __future__ import annotations
 
+import asyncio
+import atexit
+import contextvars
 import datetime
 import errno
 import json
@@ -18,7 +21,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -269,6 +272,7 @@ class AuditLog:
             self._fd = fd
 
     def close(self) -> None:
+        _DEFERRED.flush()  # the lines waiting for the loop's turn to end are the file's too
         with self._lock:
             if self._fd < 0:
                 return
@@ -330,11 +334,78 @@ def set_levels(spec: str) -> None:
     _Levels.floor = min([default, logging.INFO, *per.values()])  # INFO: audit events pass to the tee
 
 
+class _Deferred:
+    """Lines logged on a running event loop, written when the loop's turn is over (DESIGN §13:
+    audit lines are batched off the call's path). A call's `run_admitted` and `run_terminal` lines
+    were rendered and written, two `write(2)` each with the audit file, before the frames of the
+    same turn left: on both daemons that was a tenth of a call's latency. Kept here, a line costs
+    its arguments and a copy of the context (contextvars are bound when it is logged, so it is
+    rendered as it would have been); its time is taken when it is logged.
+
+    Only `info` and `debug` lines wait: a warning or an error, and any line with an exception, is
+    written at once, after what waits (the order of lines is kept). Off a loop (the CLI, a worker
+    thread, the daemons' start and exit) every line is written at once. What waits is written at
+    the end of the turn (`call_soon`, so after the frames the turn queued), when the audit file
+    closes, and at exit: a SIGKILL loses at most the lines of the one turn in flight, never an
+    ending, which the store holds before any client is told."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self._pending: list[tuple[Any, str, Any, dict[str, Any], contextvars.Context]] = []
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop a flush is scheduled on (None: none is)."""
+
+    def add(self, logger: Any, name: str, event: Any, kw: dict[str, Any]) -> bool:
+        """Keep the line for the end of this turn; False if there is no running loop (write it now)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        kw["_logged_at"] = time.time()
+        with self._lock:
+            self._pending.append((logger, name, event, kw, contextvars.copy_context()))
+            if self._loop is loop:
+                return True
+            stale = self._loop is not None  # scheduled on a loop that ended before its flush ran
+            self._loop = loop
+        if stale:
+            self.flush(keep_schedule=True)
+        loop.call_soon(self.flush)
+        return True
+
+    def flush(self, keep_schedule: bool = False) -> None:
+        """Write every line that waits, in the order they were logged."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            if not keep_schedule:
+                self._loop = None
+        for logger, name, event, kw, ctx in pending:
+            ctx.run(logger._proxy_to_logger, name, event, **kw)
+
+
+_DEFERRED = _Deferred()
+atexit.register(_DEFERRED.flush)
+
+
+def flush() -> None:
+    """Write the lines that wait for the end of the loop's turn (`_Deferred`) now."""
+    _DEFERRED.flush()
+
+
 def _method(name: str, level: int):
+    waits = level <= logging.INFO
+
     def method(self, event=None, *args, **kw):
         if level < _Levels.floor:
             return None
-        return self._proxy_to_logger(name, event % args if args else event, **kw)
+        if args:
+            event = event % args
+        if _DEFERRED.on:
+            if waits and "exc_info" not in kw and _DEFERRED.add(self, name, event, kw):
+                return None
+            _DEFERRED.flush()  # what waits was logged first: it is written first
+        return self._proxy_to_logger(name, event, **kw)
 
     method.__name__ = name
     return method
@@ -583,10 +654,14 @@ def configure(
     stream=None,
     audit: AuditLog | None = None,
     redact: Redact | None = None,
+    defer: bool = True,
 ) -> None:
     """Logs go to stdout by default (systemd/journald collect it), or to `stream` (a `ReopeningFile`
     for `--log-file`). `level` is `info` or `info,component=debug,...`. `redact` applies to the text
-    of logged exceptions (the Hand passes one that removes its root and its secret)."""
+    of logged exceptions (the Hand passes one that removes its root and its secret). `defer`: the
+    `info` lines logged on a running loop are written at the end of its turn (`_Deferred`)."""
+    _DEFERRED.flush()
+    _DEFERRED.on = defer
     stream = stream or sys.stdout
     if fmt == "auto":
         fmt = "console" if stream.isatty() else "json"
@@ -605,7 +680,7 @@ def configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _timestamp,
             _exceptions(redact),
             _tee_and_render(audit, console is None, console),
         ],
@@ -616,6 +691,15 @@ def configure(
         # on every log call (measured: a tenth of the Mind's CPU per routed call).
         cache_logger_on_first_use=True,
     )
+
+
+def _timestamp(logger: object, method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """structlog's ISO UTC timestamp (`...Z`), of the time the line was logged (a line that waited
+    for the end of the loop's turn carries it as `_logged_at`)."""
+    at = event_dict.pop("_logged_at", None)
+    now = datetime.datetime.now(datetime.UTC) if at is None else datetime.datetime.fromtimestamp(at, datetime.UTC)
+    event_dict["timestamp"] = now.isoformat().replace("+00:00", "Z")
+    return event_dict
 
 
 def get(name: str) -> structlog.typing.FilteringBoundLogger:
