@@ -90,12 +90,17 @@ GRANTS_KEPT = 16
 the sender has heard one of the last few when it runs out of credit."""
 
 
-GROWTH_GAIN = 1.1
+GROWTH_GAIN = 1.25
 """A larger window is kept only if it delivered at least this much more per second than the one
 before: on a far link a doubled window nearly doubles the rate; where the link's bandwidth (or the
 machine) is the bound, it buys nothing but a longer queue."""
 HOLD_WINDOWS = 16
 """After a growth that bought nothing, this many windows of bytes pass before the next try."""
+MEASURE_MIN_S = 0.05
+"""A window's rate is measured over one window of bytes and at least this long: on loopback a
+window passes in 10 ms, and a rate over 10 ms is mostly noise (a page cache writeback, a thread's
+wakeup), which with a gain of 1.1 doubled the window by luck, twice running. On a far link a window
+takes a round trip anyway."""
 
 
 class WindowTuner:
@@ -113,7 +118,8 @@ class WindowTuner:
     each window, over one window of its bytes (after one window sent under the one before), the
     rate (`clock`, seconds). The window doubles if the rate under it was at least `GROWTH_GAIN`
     times the rate under the one before (or it is the first measured); if not, the growth bought nothing, and the window goes back to half, to try
-    again only after `HOLD_WINDOWS` windows of bytes. On a far link that climbs by doubling until
+    again only after `HOLD_WINDOWS` windows of bytes. A rate is measured over at least
+    `MEASURE_MIN_S`, so noise does not pass for a gain. On a far link that climbs by doubling until
     the machine, not the window, is the bound; on loopback or a slow link it probes once and comes
     back. If our reader was behind (over half a window unconsumed), a larger window would only hold
     more bytes in the Mind: it halves, never below the opening's. `ceiling` bounds it (the Mind
@@ -176,9 +182,10 @@ class WindowTuner:
             if self._skip is None:  # the first sign: measure this window
                 self._measure_after(0)
             return window
-        if self._bytes < window:
+        elapsed = self._clock() - self._since
+        if self._bytes < window or elapsed < MEASURE_MIN_S:
             return window
-        rate = self._bytes / max(self._clock() - self._since, 1e-9)
+        rate = self._bytes / elapsed
         if self._rate is not None and rate < self._rate * GROWTH_GAIN:  # the last growth bought nothing
             self._rate = None
             self._hold = self._received + HOLD_WINDOWS * window

@@ -168,7 +168,8 @@ class RunTable:
         run = ActiveRun(rpc, ctl, prepared, kill_grace(rpc.grace_ms, self._kill_grace), digest, log)
         if rpc.streams is not None and isinstance(prepared, (ProcessSpec, StreamCall)):
             cap = None if isinstance(prepared, StreamCall) else self._sandbox.max_output_bytes  # a copy: its file
-            run.streams = RunStreams(rpc.run_id, capped_spec(rpc.streams, cap), self._send, log)
+            grow = isinstance(prepared, StreamCall) and prepared.kind == "put"  # a copy's part file
+            run.streams = RunStreams(rpc.run_id, capped_spec(rpc.streams, cap), self._send, log, grow_stdin=grow)
         self._book.active[rpc.run_id] = run  # before any await: a following cancel finds it
         self._metrics.run_started(rpc.run_id)
         self._idle.clear()

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from protocol import limits
 from protocol.errors import ProtocolError
 from protocol.messages import Message, OutputTail, StreamAck, StreamData, StreamPosition, StreamResume, Streams
-from protocol.streams import Incoming, Outgoing
+from protocol.streams import Incoming, Outgoing, WindowTuner
 
 Send = Callable[[Message], None]
 
@@ -69,14 +70,19 @@ def capped_spec(spec: Streams, cap: int | None) -> Streams:
 
 
 class RunStreams:
-    def __init__(self, run_id: str, spec: Streams, send: Send, log: object) -> None:
+    def __init__(self, run_id: str, spec: Streams, send: Send, log: object, grow_stdin: bool = False) -> None:
+        """`grow_stdin`: stdin's window grows as the link needs (`protocol.streams.WindowTuner`),
+        for a consumer whose count of consumed bytes is the bytes it took for good (a copy's part
+        file: counted once written). Not for a child's pipe or a tunnel's socket: their kernel
+        buffers take megabytes at once, which the tuner would read as a fast reader."""
         self.run_id = run_id
         self.spec = spec
         self._send = send
         self._log = log
         names = ("pty",) if spec.pty is not None else ("stdout", "stderr")
         self._out = {name: _Out(spec.window) for name in names}
-        self._stdin = Incoming(spec.window) if spec.stdin or spec.pty is not None else None
+        tuner = WindowTuner(time.monotonic, spec.window) if grow_stdin else None
+        self._stdin = Incoming(spec.window, tuner=tuner) if spec.stdin or spec.pty is not None else None
         self._pipes: Pipes | None = None
         self._early: list[StreamData] = []
         """stdin that came before the process existed (at most a window: `Incoming` checks)."""
