@@ -1,5 +1,6 @@
 """The `mind` command assembled: the top-level parser, one family of subcommands per module, and the
-fast path that builds only `mind exec`'s parser for `mind exec` (and `mind shell`).
+fast path that builds only `mind exec`'s parser for `mind exec` (and `mind shell`); any other client
+command is parsed by its own family's parser alone (`FAMILIES`).
 
 A command module (mind/cli/exec.py, cp.py, forward.py, call.py, task.py, views.py, config.py; the
 daemon's own in mind/daemon/commands.py) has `add_parsers(sub)`, which adds its subcommands built from the shared
@@ -72,6 +73,39 @@ def client_families() -> list[AddParsers]:
     ]
 
 
+FAMILIES = {
+    "config": "config",
+    "hands": "views",
+    "run": "views",
+    "runs": "views",
+    "status": "views",
+    "play": "recordings",
+    "recordings": "recordings",
+    "cp": "cp",
+    "forward": "forward",
+    "call": "call",
+    "task": "task",
+    "mcp": "mcp",
+}
+"""Each client command word and the module (`mind.cli.<module>`) whose `add_parsers` adds it: a
+command is parsed by a parser of its own family only (`mind cp` spent 0.34 s of its start building,
+and importing what builds, every family's parser; the asyncio client and pydantic's models are
+the part it needs). `tests/mind/test_cli_parse.py` holds this table to what the families add."""
+
+
+def family_parser(word: str) -> argparse.ArgumentParser | None:
+    """The `mind` parser with only the family that has the command `word` (None: not a client
+    command of a family, such as the daemon's or a misspelt one: the full parser says which)."""
+    import importlib
+
+    module = FAMILIES.get(word)
+    if module is None:
+        return None
+    p, sub = top_parser()
+    importlib.import_module(f"mind.cli.{module}").add_parsers(sub)
+    return p
+
+
 def parser(daemon: Sequence[AddParsers] = ()) -> argparse.ArgumentParser:
     """The whole `mind` parser: `daemon` are the daemon's families (mind.main passes them: this
     module never imports the daemon), then every client command."""
@@ -119,7 +153,7 @@ def parse(argv: list[str] | None = None, daemon: Sequence[AddParsers] = ()) -> a
         exec.add_parsers(sub)
         words, tail = exec.split_command(sub, words, at)
     else:
-        p = parser(daemon)
+        p = (family_parser(words[at]) if at is not None else None) or parser(daemon)
     args, extra = p.parse_known_args(words)
     resolve = getattr(args, "resolve", None)
     if resolve is not None:

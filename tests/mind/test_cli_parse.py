@@ -267,6 +267,53 @@ def test_exec_is_parsed_by_its_own_parser_the_same_as_by_the_whole():
         assert same(parse(*words), args)
 
 
+def test_each_familys_table_row_is_what_its_module_adds():
+    """`main.FAMILIES` names, for every client command, the one module whose parser adds it: a
+    command missing from it is parsed by the whole parser (slower, still right); a wrong row would
+    parse a command with another family's parser, which does not know it."""
+    import importlib
+
+    found = {}
+    for module in set(main.FAMILIES.values()):
+        p, sub = main.top_parser()
+        importlib.import_module(f"mind.cli.{module}").add_parsers(sub)
+        found.update(dict.fromkeys(sub.choices, module))
+    assert found == main.FAMILIES
+    client = {c[0] for c in commands(main.parser())}
+    assert client - set(main.FAMILIES) == set(main.FAST), "every client command is in a family's row or exec's"
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["cp", "-r", "-p", "src/", "web1:dst/"],
+        ["task", "start", "--hand", "h", "--env", "A=1", "--", "x", "-y"],
+        ["runs", "--hand", "web1", "--json"],
+        ["forward", "-L", "8080:localhost:80", "web1"],
+        ["call", "--hand", "web1", "read_file", "path=x"],
+        ["config", "show"],
+    ],
+)
+def test_a_command_is_parsed_by_its_familys_parser_the_same_as_by_the_whole(words):
+    full = main.parser([add_daemon_parsers])
+    args, extra = full.parse_known_args(words)
+    if (resolve := getattr(args, "resolve", None)) is not None:
+        resolve(args, None, extra)
+    ours = parse(*words)
+    assert same_but_handler(ours, args)
+    assert handled_by(ours.handler) == handled_by(args.handler)
+
+
+def same_but_handler(a: argparse.Namespace, b: argparse.Namespace) -> bool:
+    return same(argparse.Namespace(**{**vars(a), "handler": None}), argparse.Namespace(**{**vars(b), "handler": None}))
+
+
+def handled_by(handler: object) -> tuple[object, ...]:
+    """A handler's code and what it closes over (each parser builds its own closure)."""
+    cells = getattr(handler, "__closure__", None) or ()
+    return (getattr(handler, "__code__", handler), *(c.cell_contents for c in cells))
+
+
 def test_shell_takes_the_hand_as_ssh_takes_a_host(capsys):
     assert parse("shell", "web1").hand == "web1" and parse("shell", "--hand", "web1").hand == "web1"
     assert "which Hand?" in usage_error(capsys, "shell")
