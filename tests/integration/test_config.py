@@ -168,8 +168,13 @@ def test_sighup_reloads_policy_and_log_level_without_dropping_the_connection(tmp
         reloaded = next(e for e in events(hand) if e.get("event") == "config_reloaded")
         assert sorted(reloaded["applied"]) == ["deny_tools", "log_level"]
         assert reloaded["needs_restart"] == ["max_backoff"]
-        audit = [json.loads(line) for line in (tmp_path / "state-hup" / "audit.jsonl").read_text().splitlines()]
-        changed = next(e for e in audit if e["event"] == "policy_reloaded")  # audited whatever the log level
+        audit_file = tmp_path / "state-hup" / "audit.jsonl"
+
+        def policy_reloaded() -> dict | None:  # logged after the reload's line: written a moment later
+            audit = [json.loads(line) for line in audit_file.read_text().splitlines()]
+            return next((e for e in audit if e["event"] == "policy_reloaded"), None)
+
+        changed = wait_until(policy_reloaded, 10, "the audited policy change")  # audited whatever the log level
         assert changed["deny"] == ["exec"] and changed["allow"] == "all"
         before = accepted()
         r = cl.cli("exec", "--hand", "hup", "--", "true")

@@ -345,6 +345,7 @@ def test_a_command_that_exited_while_the_hand_was_frozen_past_its_deadline_repor
         out, err = p.communicate(timeout=30)
         end = json.loads(out)
         assert (end["state"], end["exit_code"], p.returncode) == ("succeeded", 0, 0), err
-    ends = [e for e in hand.events() if e.get("event") == "run_terminal"]
-    assert ends and ends[-1]["state"] == "succeeded" and ends[-1]["exit_code"] == 0
+    # the Hand's line of the end is written once its loop's turn is over: after the result it sent
+    ends = wait_until(lambda: [e for e in hand.events() if e.get("event") == "run_terminal"], 10, "the Hand's end line")
+    assert ends[-1]["state"] == "succeeded" and ends[-1]["exit_code"] == 0
     assert os.path.exists(tmp_path)
