@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 """The one version of mindhand: pyproject.toml reads it (`[tool.setuptools.dynamic]`), `mind --version`
 and `hand --version` print it. The wire has its own number, below, because releases and wire changes differ."""
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 """Bumped on any incompatible wire change: a peer forbids unknown fields, so one built before a new field
 would refuse it mid-connection (2: the fields of issues 14-17; 3: the continuity fields and messages, the
 window of a stream's opening, the fleet and connected-Hands requests; 4: a run's owner in `rpc` and what a Hand presents for a
@@ -17,5 +17,6 @@ Mind that restarted to adopt it, `resume_pending`, the unattended filter of `lis
 reject code `disk_full`, and a Mind's seal over each `rpc`, presented back with the run; 7: a run's and a
 task's `usage` and a run's `kill`, a Hand's `cgroups` and `limits` claims; 8: recordings, `list_recordings`, `get_recording`,
 `verify_recordings` and their answers, the cancel reason `recording_failed`, `recording` in `status_reply`; 9: a
-receiver's `window` in `stream_ack`, a sender's in `stream_position`). Peers never downgrade: a
+receiver's `window` in `stream_ack`, a sender's in `stream_position`; 10: `put_file`'s `digest_follows`,
+an upload's sha256 after its bytes). Peers never downgrade: a
 mismatch is refused at `hello`."""

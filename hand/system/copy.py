@@ -130,6 +130,10 @@ def prune_stale(at: Located, now: float) -> int:
     return removed
 
 
+DIGEST_BYTES = 32
+"""A sha256 as the stream carries it after a file's bytes (`put_file` with `digest_follows`)."""
+
+
 def _hash_prefix(fd: int, n: int, h: Any) -> None:
     pos = 0
     while pos < n:
@@ -150,7 +154,7 @@ class Upload:
         shown: str,
         copy_id: str,
         size: int,
-        sha256: str,
+        sha256: str | None,
         offset: int,
         mode: int | None,
         mtime: float | None,
@@ -160,11 +164,14 @@ class Upload:
         self.root, self.user_path, self.shown = root, user_path, shown
         self.part = rules.part_name(copy_id)
         self.size, self.sha256, self.offset = size, sha256, offset
+        """`sha256` None: the digest follows the file's bytes in the stream (`tail`)."""
         self.mode, self.mtime, self.preserve, self.make_dirs = mode, mtime, preserve, make_dirs
         self.at: Located | None = None
         self.fd = -1
         self.pos = offset
         self.hash = hashlib.sha256()
+        self.tail = b""
+        """The stream's bytes after the file's: its digest, when it follows (`DIGEST_BYTES`)."""
         self.existing: os.stat_result | None = None
 
     def open(self) -> int:
@@ -210,11 +217,17 @@ class Upload:
         return self.offset
 
     def write(self, chunks: list[bytes]) -> int:
-        """Append `chunks`; returns the bytes written by this run (what may be acknowledged)."""
+        """Append `chunks`; returns the stream's bytes this run took (what may be acknowledged):
+        the file's, then the digest's when it follows them."""
         try:
             for data in chunks:
-                if self.pos + len(data) > self.size:
-                    raise CopyFailed(f"cannot write {self.shown}: more bytes came than the {self.size} announced")
+                room = self.size - self.pos
+                if len(data) > room:  # past the file: its digest, if one follows, and nothing else
+                    extra = data[room:]
+                    if self.sha256 is not None or len(self.tail) + len(extra) > DIGEST_BYTES:
+                        raise CopyFailed(f"cannot write {self.shown}: more bytes came than the {self.size} announced")
+                    self.tail += bytes(extra)
+                    data = data[:room]
                 view = memoryview(data)
                 while view:
                     n = os.write(self.fd, view)
@@ -227,7 +240,7 @@ class Upload:
         except CopyFailed:
             self.abort()
             raise
-        return self.pos - self.offset
+        return self.pos - self.offset + len(self.tail)
 
     def finish(self) -> dict[str, Any]:
         """The stream ended: verify, fix the mode, fsync, rename, fsync the directory."""
@@ -235,10 +248,15 @@ class Upload:
         try:
             if self.pos != self.size:
                 raise CopyFailed(f"cannot write {self.shown}: the stream ended at {self.pos} of {self.size} bytes")
+            expected = self.sha256
+            if expected is None:
+                if len(self.tail) != DIGEST_BYTES:
+                    raise CopyFailed(f"cannot write {self.shown}: the stream ended without the file's sha256")
+                expected = self.tail.hex()
             digest = self.hash.hexdigest()
-            if digest != self.sha256:
+            if digest != expected:
                 raise CopyFailed(
-                    f"cannot write {self.shown}: sha256 mismatch (got {digest[:16]}..., expected {self.sha256[:16]}...)"
+                    f"cannot write {self.shown}: sha256 mismatch (got {digest[:16]}..., expected {expected[:16]}...)"
                 )
             if self.mode is not None and (self.preserve or self.existing is None):
                 mode = rules.safe_mode(self.mode)

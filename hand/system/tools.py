@@ -154,6 +154,9 @@ class PutFileArgs(_Args):
     type: Literal["file", "dir", "symlink", "tree"] = "file"
     size: int = Field(0, ge=0)
     sha256: Sha256 | None = None
+    digest_follows: bool = False
+    """Instead of `sha256`: the stream ends with the file's sha256 (32 bytes) after its `size`
+    bytes, so the sender hashes as it sends (one pass over the file, not two)."""
     copy_id: CopyId | None = None
     offset: int = Field(0, ge=0)
     mode: int | None = Field(None, ge=0, le=0o7777)
@@ -464,8 +467,10 @@ def _prepare_put_file(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Pre
             return copytree.TreeUpload(root, a.path, shown, a.mode, a.mtime, a.preserve, cap_tree)
 
         return _stream_call("put", make_tree, sandbox, None, tree=True)
-    if a.sha256 is None or a.copy_id is None:
-        raise Refusal(RejectCode.INVALID_REQUEST, "put_file of a file needs size, sha256 and copy_id")
+    if a.copy_id is None or (a.sha256 is None) != a.digest_follows:
+        raise Refusal(
+            RejectCode.INVALID_REQUEST, "put_file of a file needs size, copy_id, and sha256 or digest_follows (one)"
+        )
     cap = sandbox.max_upload_bytes
     if cap is not None and a.size > cap:  # refused before a byte is written
         raise Refusal(

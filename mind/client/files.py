@@ -10,18 +10,20 @@ async with await MindClient.connect(url, cred) as mc:
 A file travels as a run's stream (the Hand's `put_file` reads `stdin`, `get_file` writes `stdout`),
 so it has the data plane's flow control: the Mind holds at most a window, whatever the size.
 
-- Verified: the sha256 of the whole file is known before an upload starts (the Hand checks it
-  before the rename) and sent back with a download (checked here before the rename).
+- Verified: an upload's sha256 is computed as its bytes are sent and follows them in the stream
+  (the Hand checks it before the rename; a source that changed meanwhile ends without it, refused);
+  a download's is sent back with it (checked here before the rename).
 - Atomic: each side writes a part file beside the destination and renames it only when complete.
 - Resumable: the copy's identity (`protocol.copy.copy_id`) is derived from the Hand, the
-  destination, and the source's size and digest (for a download: the remote size and mtime), so
+  destination, and the source's size, device, inode and mtime (for a download: the remote size and
+  mtime), so
   a new invocation finds the part file of an interrupted one. Within one call a lost run (Hand
   link cut), a refused start while the Hand is away, or a closed connection to the Mind (with a
   `reconnect`) is retried from what the receiver holds; bytes it acknowledged are not sent again.
   `CopyResult.sent` counts the payload bytes that went over the wire, for checking exactly that.
 
-An in-memory upload (`upload_bytes`) is spooled to a temporary file first: the digest must be known
-before the first byte is sent, and a resume needs the bytes again.
+An in-memory upload (`upload_bytes`) is spooled to a temporary file first: a resume needs the bytes
+again.
 """
 
 from __future__ import annotations
@@ -225,11 +227,46 @@ async def _unchanged_up(
     return _skipped(remote, theirs, mine.get("sha256"), started)
 
 
-async def _file_chunks(f: BinaryIO, offset: int, done: Callable[[int], None]) -> AsyncIterator[bytes]:
-    f.seek(offset)
-    while chunk := await asyncio.to_thread(f.read, limits.STREAM_CHUNK_MAX):
-        done(len(chunk))
-        yield chunk
+class _Source:
+    """The file an upload reads, hashed as it is sent (one pass: the digest follows the bytes in
+    the stream, `put_file`'s `digest_follows`). The digest covers exactly what was sent, so the
+    file must not change meanwhile: its size and modification time are read again after the last
+    byte, and if either moved the stream ends without the digest, which the Hand refuses (nothing
+    is renamed there) and the copy fails saying why (`changed`)."""
+
+    def __init__(self, f: BinaryIO, st: os.stat_result) -> None:
+        self.f, self.st = f, st
+        self.changed = False
+        self.digest = ""
+
+    def _read(self, h: Any, pos: int, n: int) -> bytes:
+        data = os.pread(self.f.fileno(), n, pos)
+        h.update(data)  # on the reading thread: hashlib lets go of the GIL for a chunk
+        return data
+
+    def _unchanged(self) -> bool:
+        now = os.fstat(self.f.fileno())
+        return (now.st_size, now.st_mtime_ns) == (self.st.st_size, self.st.st_mtime_ns)
+
+    async def chunks(self, offset: int, done: Callable[[int], None]) -> AsyncIterator[bytes]:
+        """The stream from `offset` (the Hand holds what is before it: hashed here, not sent)."""
+        h = hashlib.sha256()  # this attempt's: an abandoned attempt's read may still finish on its thread
+        self.changed = False
+        pos = 0
+        while pos < offset:  # what the Hand's part file holds: read and hashed, not sent
+            got = await asyncio.to_thread(self._read, h, pos, min(HASH_CHUNK, offset - pos))
+            if not got:
+                break
+            pos += len(got)
+        while pos >= offset and (chunk := await asyncio.to_thread(self._read, h, pos, limits.STREAM_CHUNK_MAX)):
+            pos += len(chunk)
+            done(len(chunk))
+            yield chunk
+        if pos != self.st.st_size or not await asyncio.to_thread(self._unchanged):
+            self.changed = True
+            return  # no digest: the Hand refuses the part file
+        self.digest = h.hexdigest()
+        yield h.digest()
 
 
 async def upload(
@@ -258,14 +295,17 @@ async def upload(
         if same is not None:
             return same
     try:
-        st, size, sha, f = await asyncio.to_thread(_open_source, local)
+        st, f = await asyncio.to_thread(_open_source, local)
     except OSError as exc:
         raise CopyError(ClientCode.LOCAL, f"cannot read {os.fspath(local)!r}: {exc.strerror or exc}") from None
-    cid = rules.copy_id(hand, remote, size, sha)
+    size = st.st_size
+    # The same file, unchanged since (device, inode, modification time): its part file is continued.
+    cid = rules.copy_id(hand, remote, size, f"stat:{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}")
+    source = _Source(f, st)
     args: dict[str, Any] = {
         "path": remote,
         "size": size,
-        "sha256": sha,
+        "digest_follows": True,
         "copy_id": cid,
         "mode": rules.safe_mode(st.st_mode),
         "preserve": preserve,
@@ -274,7 +314,7 @@ async def upload(
     if preserve:
         args["mtime"] = st.st_mtime
     link = _Link(mc, reconnect)
-    result = CopyResult(path=remote, size=size, sha256=sha, attempts=0, mode=args["mode"])
+    result = CopyResult(path=remote, size=size, sha256="", attempts=0, mode=args["mode"])
     try:
         offset = 0
         ask = resume
@@ -298,14 +338,14 @@ async def upload(
                     "put_file",
                     {**args, "offset": offset},
                     timeout=TIMEOUT_S,
-                    stdin=_file_chunks(f, offset, done),
+                    stdin=source.chunks(offset, done),
                     stream=True,
                     watch=False,
                 )
                 try:
                     end = await handle.wait()
                 finally:
-                    result.sent += handle.stdin_sent
+                    result.sent += min(handle.stdin_sent, size - offset)  # the file's bytes, not the digest after them
             except CopyError as exc:
                 if exc.code == ClientCode.REJECTED and "hand_offline" in exc.message and attempt < attempts:
                     await _pause(attempt)
@@ -319,8 +359,14 @@ async def upload(
                     continue
                 raise CopyError(ClientCode.LOST, f"cannot copy to {hand}: {exc.message}") from None
             if end.state is RunState.SUCCEEDED:
+                result.sha256 = source.digest
                 result.duration_s = time.monotonic() - started
                 return result
+            if source.changed:
+                raise CopyError(
+                    ClientCode.LOCAL,
+                    f"{os.fspath(local)!r} changed while it was being copied: nothing was written at {remote}",
+                )
             if not _retryable(end) or attempt == attempts:
                 raise failure(end)
             ask = True
@@ -330,12 +376,16 @@ async def upload(
         f.close()
 
 
-def _open_source(local: str | os.PathLike[str]) -> tuple[os.stat_result, int, str, BinaryIO]:
-    st = os.stat(local)
-    if not stat.S_ISREG(st.st_mode):
-        raise CopyError(ClientCode.LOCAL, f"cannot copy {os.fspath(local)!r}: not a regular file")
-    size, sha = file_digest(local)
-    return st, size, sha, open(local, "rb")
+def _open_source(local: str | os.PathLike[str]) -> tuple[os.stat_result, BinaryIO]:
+    f = open(local, "rb")
+    try:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise CopyError(ClientCode.LOCAL, f"cannot copy {os.fspath(local)!r}: not a regular file")
+    except BaseException:
+        f.close()
+        raise
+    return st, f
 
 
 async def upload_bytes(
@@ -346,7 +396,7 @@ async def upload_bytes(
     **kw: Any,
 ) -> CopyResult:
     """Upload in-memory data (bytes or an async iterator of bytes): spooled to a temporary file
-    (the digest is needed before the first byte goes, and a retry needs the bytes again)."""
+    (a retry needs the bytes again)."""
     fd, spool = tempfile.mkstemp(prefix="mindhand-cp-")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -19,7 +19,8 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def upload(root: Path, path: str, data: bytes, offset: int = 0, **kw) -> copy.Upload:
+def upload(root: Path, path: str, data: bytes, offset: int = 0, follows: bool = False, **kw) -> copy.Upload:
+    """`follows`: the digest comes after the bytes in the stream (`digest_follows`), not up front."""
     cid = rules.copy_id("box", path, len(data), sha(data))
     return copy.Upload(
         root,
@@ -27,7 +28,7 @@ def upload(root: Path, path: str, data: bytes, offset: int = 0, **kw) -> copy.Up
         repr(path),
         cid,
         len(data),
-        sha(data),
+        None if follows else sha(data),
         offset,
         kw.get("mode"),
         kw.get("mtime"),
@@ -69,6 +70,51 @@ def test_more_bytes_than_announced_fail(tmp_path):
     with pytest.raises(copy.CopyFailed, match="more bytes"):
         up.write([b"abcd"])
     assert parts(tmp_path) == [] and not (tmp_path / "f").exists()
+
+
+def test_a_digest_after_the_bytes_is_taken_however_the_chunks_cut_it(tmp_path):
+    """`digest_follows`: the stream is the file then its 32-byte sha256, in chunks cut anywhere
+    (here through the last byte and the digest); the bytes taken count the digest's too."""
+    data = os.urandom(70_000)
+    stream = data + hashlib.sha256(data).digest()
+    up = upload(tmp_path, "f", data, follows=True)
+    up.open()
+    assert up.write([stream[:69_990], stream[69_990:70_010]]) == 70_010
+    assert up.write([stream[70_010:]]) == len(stream)
+    assert up.finish()["sha256"] == sha(data) and (tmp_path / "f").read_bytes() == data
+
+
+def test_a_resumed_upload_whose_digest_follows_checks_the_whole_file(tmp_path):
+    data = os.urandom(50_000)
+    first = upload(tmp_path, "f", data, follows=True)
+    first.open()
+    first.write([data[:30_000]])
+    first.interrupt()
+    second = upload(tmp_path, "f", data, offset=30_000, follows=True)
+    assert second.open() == 30_000
+    second.write([data[30_000:] + hashlib.sha256(data).digest()])
+    assert second.finish()["sha256"] == sha(data) and (tmp_path / "f").read_bytes() == data
+
+
+def test_a_following_digest_that_is_wrong_short_or_too_long_is_refused(tmp_path):
+    data = os.urandom(1000)
+    (tmp_path / "f").write_bytes(b"old")
+    for stream, why in (
+        (data + hashlib.sha256(b"another file").digest(), "sha256 mismatch"),
+        (data + hashlib.sha256(data).digest()[:31], "without the file's sha256"),
+        (data, "without the file's sha256"),
+    ):
+        up = upload(tmp_path, "f", data, follows=True)
+        up.open()
+        up.write([stream])
+        with pytest.raises(copy.CopyFailed, match=why):
+            up.finish()
+        assert (tmp_path / "f").read_bytes() == b"old" and parts(tmp_path) == []
+    up = upload(tmp_path, "f", data, follows=True)
+    up.open()
+    with pytest.raises(copy.CopyFailed, match="more bytes"):
+        up.write([data + hashlib.sha256(data).digest() + b"x"])
+    assert parts(tmp_path) == []
 
 
 def test_an_interrupted_upload_resumes_from_its_part_and_rehashes_the_prefix(tmp_path):
@@ -280,3 +326,17 @@ def test_an_upload_never_writes_into_a_planted_part_file(tmp_path):
     with pytest.raises(copy.CopyFailed, match="other names"):
         upload(tmp_path, "f", data, offset=3).open()
     assert victim.read_bytes() == b"victim"
+
+
+def test_put_file_takes_a_digest_up_front_or_after_the_bytes_never_both_or_neither(tmp_path):
+    from hand.system.tools import Refusal, prepare
+    from protocol.codes import RejectCode
+
+    base = {"path": "f", "size": 1, "copy_id": "0" * 32}
+    for digest in ({}, {"sha256": "0" * 64, "digest_follows": True}):
+        with pytest.raises(Refusal) as ei:
+            prepare("put_file", {**base, **digest}, tmp_path)
+        assert ei.value.code is RejectCode.INVALID_REQUEST and "sha256 or digest_follows" in ei.value.message
+    for digest in ({"sha256": "0" * 64}, {"digest_follows": True}):
+        assert prepare("put_file", {**base, **digest}, tmp_path) is not None
+    assert os.listdir(tmp_path) == []

@@ -488,3 +488,63 @@ async def test_the_python_client_uploads_and_downloads_in_memory(c, root):
         with pytest.raises(CopyError, match="no such file"):
             await mc.download("box", "missing.bin", root.parent / "never")
         assert not (root.parent / "never").exists()
+
+
+async def test_a_source_that_changes_while_it_is_sent_is_refused_and_nothing_is_renamed(c, root, tmp_path):
+    """An upload is hashed as it is sent, the digest after the bytes (one read of the file): so the
+    file's size and modification time are read again after its last byte, and a file written
+    meanwhile ends its stream without the digest. The Hand refuses the part file, the old file at
+    the destination stays, and the error says why."""
+    from mind.client.aio import MindClient, load_credential
+    from mind.client.files import CopyError
+
+    src = tmp_path / "changing.bin"
+    first = os.urandom(8 * MIB)
+    src.write_bytes(first)
+    (root / "kept.bin").write_bytes(b"the old file")
+    touched = []
+
+    def write_into_it(done: int, size: int) -> None:  # half way: the file is rewritten in place
+        if done >= size // 2 and not touched:
+            with open(src, "r+b") as f:
+                f.write(os.urandom(MIB))
+            touched.append(done)
+
+    async with await MindClient.connect(c.url, load_credential(c.home / "admin.cred")) as mc:
+        with pytest.raises(CopyError, match="changed while it was being copied") as err:
+            await mc.upload("box", src, "kept.bin", on_progress=write_into_it)
+        assert err.value.code == "local" and touched
+        assert (root / "kept.bin").read_bytes() == b"the old file"
+        assert parts(root) == []
+        res = await mc.upload("box", src, "kept.bin")  # unchanged now: it goes through whole
+        assert res.sha256 == file_sha(src) == file_sha(root / "kept.bin")
+
+
+async def test_a_digest_that_does_not_match_the_bytes_is_refused(c, root):
+    """The attack a forged stream makes: the bytes of one file and the digest of another after
+    them. The Hand hashes what it wrote and compares: refused, no file, no part left."""
+    from mind.client.aio import MindClient, load_credential
+    from protocol import copy as rules
+
+    data, other = os.urandom(3 * MIB), os.urandom(3 * MIB)
+
+    async def stream():
+        yield data
+        yield hashlib.sha256(other).digest()
+
+    args = {"path": "forged.bin", "size": len(data), "digest_follows": True}
+    args["copy_id"] = rules.copy_id("box", "forged.bin", len(data), "forged")
+    async with await MindClient.connect(c.url, load_credential(c.home / "admin.cred")) as mc:
+        handle = await mc.start("box", "put_file", args, stdin=stream(), stream=True, watch=False)
+        end = await handle.wait()
+        assert end.state.value == "failed" and "sha256 mismatch" in (end.error or ""), end
+        short = {**args, "path": "short.bin"}
+        handle = await mc.start("box", "put_file", short, stdin=stream_short(data), stream=True, watch=False)
+        end = await handle.wait()
+        assert end.state.value == "failed" and "without the file's sha256" in (end.error or ""), end
+    assert not (root / "forged.bin").exists() and not (root / "short.bin").exists()
+    assert parts(root) == []
+
+
+async def stream_short(data: bytes):
+    yield data  # the file's bytes, and no digest after them
