@@ -39,6 +39,9 @@ def test_demo_runs_end_to_end(tmp_path):
         "root is work",
         "root is work2",
         "exit code: 120 (not every Hand succeeded: the aggregate code)",
+        "up to the far Hand: 64 MiB in ",
+        "down from it: 64 MiB in ",
+        "the same bytes back (and each copy's sha256 was checked at its receiver)",
         "demo finished",
     ):
         assert line in out, f"{line!r} missing from demo output:\n{out}\n{err}"
