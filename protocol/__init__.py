@@ -18,5 +18,5 @@ reject code `disk_full`, and a Mind's seal over each `rpc`, presented back with 
 task's `usage` and a run's `kill`, a Hand's `cgroups` and `limits` claims; 8: recordings, `list_recordings`, `get_recording`,
 `verify_recordings` and their answers, the cancel reason `recording_failed`, `recording` in `status_reply`; 9: a
 receiver's `window` in `stream_ack`, a sender's in `stream_position`; 10: `put_file`'s `digest_follows`,
-an upload's sha256 after its bytes). Peers never downgrade: a
+an upload's sha256 after its bytes, and the receiver's `window` in `stream_resume`). Peers never downgrade: a
 mismatch is refused at `hello`."""

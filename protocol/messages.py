@@ -217,13 +217,17 @@ class StreamPosition(Message):
 class StreamResume(Message):
     """To a stream's sender after a cut: resend from `offset` (the receiver has everything before
     it); `consumed` acknowledges what the receiver consumed (an acknowledgement the cut may have
-    lost). The sender refuses an offset outside what it kept (`protocol.streams.Outgoing.resume`)."""
+    lost). The sender refuses an offset outside what it kept (`protocol.streams.Outgoing.resume`).
+    `window`: the window the receiver grants as of `consumed`, which an acknowledgement the cut
+    lost may have changed (a sender that resumed under the window it last heard overran a receiver
+    that had halved it meanwhile, and the stream stopped)."""
 
     TYPE = "stream_resume"
     run_id: Id
     stream: DataStream
     offset: NonNeg
     consumed: NonNeg
+    window: Window | None = None
 
 
 class Resize(Message):

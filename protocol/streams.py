@@ -487,14 +487,15 @@ class Outgoing:
             break
         return opened
 
-    def resume(self, offset: int, consumed: int | None = None) -> list[Chunk]:
+    def resume(self, offset: int, consumed: int | None = None, window: int | None = None) -> list[Chunk]:
         """The receiver came back with every byte before `offset`, having consumed those before
-        `consumed` (an acknowledgement the cut may have lost). Returns exactly the chunks to send
-        again: the bytes from `offset` to what was sent, and the end if it was sent. An offset the
-        receiver cannot have (below what it acknowledged, past what was sent) is refused."""
+        `consumed`, granting `window` (an acknowledgement the cut may have lost, its window
+        included). Returns exactly the chunks to send again: the bytes from `offset` to what was
+        sent, and the end if it was sent. An offset the receiver cannot have (below what it
+        acknowledged, past what was sent) is refused."""
         check_resume(self.sender.acked, self.sender.offset, offset, consumed)
-        if consumed is not None:
-            self.on_ack(consumed)
+        if consumed is not None or window is not None:
+            self.on_ack(self.sender.acked if consumed is None else consumed, window)
         out: list[Chunk] = []
         for start, piece in self._kept:
             end = start + len(piece)

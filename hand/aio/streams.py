@@ -182,7 +182,7 @@ class RunStreams:
             self._log.warning("stream_resume_refused", stream=msg.stream, why="no such output stream")  # type: ignore[attr-defined]
             return False
         try:
-            chunks = out.sender.resume(msg.offset, msg.consumed)
+            chunks = out.sender.resume(msg.offset, msg.consumed, msg.window)
         except ProtocolError as exc:
             self._log.warning("stream_resume_refused", stream=msg.stream, why=exc.message)  # type: ignore[attr-defined]
             return False

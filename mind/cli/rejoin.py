@@ -136,8 +136,8 @@ class Rejoin:
             for name, out in self.outs.items():  # what our writers took counts, acknowledged or not
                 self.follower.took(name, out.consumed())
             positions = [
-                {"stream": name, "offset": offset, "consumed": consumed}
-                for name, offset, consumed in self.follower.resume_points()
+                {"stream": name, "offset": offset, "consumed": consumed, "window": window}
+                for name, offset, consumed, window in self.follower.resume_points()
             ]
             try:
                 self.xid = link.start_run(wire.attach(run_id=self.run_id, streams=positions))

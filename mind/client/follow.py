@@ -228,7 +228,7 @@ class Follower:
         if kind == "stream_ack":
             return self._stdin_ack(msg)
         if kind == "stream_resume":
-            return self._resend(msg.offset, msg.consumed) if msg.stream == "stdin" else []
+            return self._resend(msg.offset, msg.consumed, msg.window) if msg.stream == "stdin" else []
         if kind == "attached":
             return self._attached(msg)
         if kind == "run_update":
@@ -269,12 +269,13 @@ class Follower:
         self.ready = False
         self.attaching = False
 
-    def resume_points(self) -> list[tuple[str, int, int]]:
-        """(stream, offset, consumed) of each output stream, for an `attach`: what arrived, and
-        what the consumer took (which also stands for any acknowledgement the cut lost)."""
+    def resume_points(self) -> list[tuple[str, int, int, int]]:
+        """(stream, offset, consumed, window) of each output stream, for an `attach`: what arrived,
+        what the consumer took (which also stands for any acknowledgement the cut lost), and the
+        window we grant now (a change of it may have been lost in the cut too)."""
         self.attaching = True
         self.ready = False
-        return [(name, *out.rx.resume_point()) for name, out in self.outs.items()]
+        return [(name, *out.rx.resume_point(), out.rx.receiver.window) for name, out in self.outs.items()]
 
     def consume(self, stream: str, n: int) -> list[Action]:
         """The consumer took `n` more bytes of `stream`: the acknowledgement due, if any."""
@@ -443,7 +444,7 @@ class Follower:
             if pos.stream == "stdin":
                 if self.stdin is not None:
                     self.ready = True
-                    out += self._resend(pos.offset, pos.consumed)
+                    out += self._resend(pos.offset, pos.consumed, pos.window)
                 elif first:  # nobody here can give it input: close it, or it waits for ever
                     out.append(SendStdin(pos.offset, b"", True))
             elif pos.stream not in self.outs:  # a new consumer starts where the Hand resends from
@@ -451,12 +452,13 @@ class Follower:
         self.ready = True
         return [*out, Credit()]
 
-    def _resend(self, offset: int, consumed: int) -> list[Action]:
-        """The stdin bytes the Hand's side lacks, sent again before anything new."""
+    def _resend(self, offset: int, consumed: int, window: int | None = None) -> list[Action]:
+        """The stdin bytes the Hand's side lacks, sent again before anything new (under `window`,
+        if the Hand's receiver changed it)."""
         if self.stdin is None or self.stdin_closed:
             return []
         try:
-            chunks = self.stdin.resume(offset, consumed)
+            chunks = self.stdin.resume(offset, consumed, window)
         except ProtocolError as exc:  # a position we cannot have: nothing more can be placed
             self.stdin_closed = True
             self.stdin_broken = f"stdin: cannot resume from offset {offset}: {exc.message}"

@@ -245,8 +245,8 @@ class RunHandle:
     def attach_request(self) -> list[StreamPosition]:
         """Where this handle stands on each output stream, for an `attach`."""
         return [
-            StreamPosition(stream=name, offset=offset, consumed=consumed)  # type: ignore[arg-type]
-            for name, offset, consumed in self.follower.resume_points()
+            StreamPosition(stream=name, offset=offset, consumed=consumed, window=window)  # type: ignore[arg-type]
+            for name, offset, consumed, window in self.follower.resume_points()
         ]
 
     async def attached(self) -> None:

@@ -186,6 +186,7 @@ STREAM_RESUME = model(
         "stream": (literal("stdin", "stdout", "stderr", "pty"), REQUIRED),
         "offset": (strict_int(ge=0), REQUIRED),
         "consumed": (strict_int(ge=0), REQUIRED),
+        "window": (optional(strict_int(ge=65536, le=67108864)), None),
     },
 )
 

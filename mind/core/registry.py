@@ -589,18 +589,17 @@ class RunRegistry:
         return self._relay(run, msg, forward)
 
     def _while_hand_away(self, run: Run, msg: StreamAck | Resize) -> list[Action]:
-        """Nothing reaches an absent Hand. An acknowledgement of output is counted (the Hand learns
-        it in its `stream_resume`); the last resize waits for the Hand."""
+        """Nothing reaches an absent Hand. An acknowledgement of output is counted, its window
+        too (the Hand learns both in its `stream_resume`: a window halved meanwhile and not told
+        had the Hand resume past the client's limit, and the stream stopped); the last resize
+        waits for the Hand."""
         if isinstance(msg, Resize):
             if "pty" in run.relays:
                 run.pending_resize = msg
-        elif msg.stream != "stdin":
-            relay = run.relays.get(msg.stream)
-            if relay is not None:
-                try:
-                    relay.on_ack(msg.offset)
-                except ProtocolError as exc:
-                    return [self._log("stream_refused", run, stream=msg.stream, why=exc.message)]
+        elif msg.stream != "stdin" and msg.stream in run.relays:
+            assert run.gen is not None
+            counted = self._relay(run, msg, SendToHand(run.hand, run.gen, msg))
+            return [a for a in counted if not isinstance(a, SendToHand)]
         return []
 
     def _relay(self, run: Run, msg: StreamAck, forward: SendToHand | SendToClient) -> list[Action]:
@@ -973,14 +972,26 @@ class RunRegistry:
                         continue
                     relay.resume(pos.offset, pos.consumed)
                     if run.client is not None:
-                        msg = StreamResume(run_id=run.run_id, stream="stdin", offset=pos.offset, consumed=pos.consumed)
+                        msg = StreamResume(
+                            run_id=run.run_id,
+                            stream="stdin",
+                            offset=pos.offset,
+                            consumed=pos.consumed,
+                            window=pos.window,
+                        )
                         acts.append(SendToClient(run.client, run.req_id, msg))
                     continue
                 if pos is not None and not (pos.consumed <= relay.acked and relay.offset <= pos.offset):
                     return f"{name} sent {pos.offset} acknowledged {pos.consumed}, relayed {relay.offset} acknowledged {relay.acked}"
                 if run.client is not None:  # its leg held: it gets everything the relay forwarded
                     relay.expect_resend()
-                    msg = StreamResume(run_id=run.run_id, stream=name, offset=relay.offset, consumed=relay.acked)  # type: ignore[arg-type]
+                    msg = StreamResume(
+                        run_id=run.run_id,
+                        stream=name,  # type: ignore[arg-type]
+                        offset=relay.offset,
+                        consumed=relay.acked,
+                        window=relay.window,  # a change the cut kept from the Hand
+                    )
                     assert run.gen is not None
                     acts.append(SendToHand(run.hand, run.gen, msg))
             except ProtocolError as exc:
@@ -1032,13 +1043,20 @@ class RunRegistry:
         out: list[StreamPosition] = []
         resumes: list[StreamResume] = []
         for name, relay in run.relays.items():
-            if name == "stdin":  # this client resends from what reached the Hand's leg
-                out.append(StreamPosition(stream="stdin", offset=relay.offset, consumed=relay.acked))
+            if name == "stdin":  # this client resends from what reached the Hand's leg, under its window
+                out.append(
+                    StreamPosition(stream="stdin", offset=relay.offset, consumed=relay.acked, window=relay.window)
+                )
                 continue
             offset, consumed = points[name]
             relay.resume(offset, consumed)
+            pos = given.get(name)
+            if pos is not None and pos.window is not None and pos.window < relay.window:
+                relay.window = pos.window  # a smaller window the cut kept from us: the Hand resumes under it
             out.append(StreamPosition(stream=name, offset=offset, consumed=relay.acked))  # type: ignore[arg-type]
-            resumes.append(StreamResume(run_id=run_id, stream=name, offset=offset, consumed=relay.acked))  # type: ignore[arg-type]
+            resumes.append(
+                StreamResume(run_id=run_id, stream=name, offset=offset, consumed=relay.acked, window=relay.window)  # type: ignore[arg-type]
+            )
         acts: list[Action] = []
         if run.client is not None and run.client != client:
             acts.append(SendToClient(run.client, run.req_id, Replaced(run_id=run_id)))

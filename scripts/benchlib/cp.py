@@ -135,7 +135,10 @@ def fig_cp(ctx: Ctx) -> list[Row]:
     rows += _resume(ctx, src, size)
     if ssh is None:
         ctx.note("cp", f"scp reference n/a: {s}")
-    ctx.note("cp", "copies include the sha256 at both ends (an upload hashed as it is sent, checked by the Hand) and the fsyncs")
+    ctx.note(
+        "cp",
+        "copies include the sha256 at both ends (an upload hashed as it is sent, checked by the Hand) and the fsyncs",
+    )
     return rows
 
 

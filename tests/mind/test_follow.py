@@ -18,6 +18,7 @@ from mind.client.follow import (
     SendStdin,
     Took,
 )
+from protocol import limits
 from protocol.codes import ErrorCode
 from protocol.messages import (
     Attached,
@@ -32,6 +33,8 @@ from protocol.messages import (
     StreamResume,
 )
 from protocol.states import RunState
+
+W = limits.STREAM_WINDOW
 
 RUN = "r-1"
 
@@ -75,7 +78,7 @@ def test_each_byte_is_handed_over_once_and_in_order_across_a_resend():
     f = started()
     got = handed(f.on_message(data(0, b"abc")))
     f.on_cut()
-    assert f.resume_points() == [("stdout", 3, 0), ("stderr", 0, 0)]
+    assert f.resume_points() == [("stdout", 3, 0, W), ("stderr", 0, 0, W)]
     f.on_message(Attached(run_id=RUN, hand="box", state=RunState.RUNNING, streams=[]))
     got += handed(f.on_message(data(0, b"abc")))  # in flight before the resume, sent again
     got += handed(f.on_message(data(3, b"def", eof=True)))
@@ -134,7 +137,7 @@ def test_acknowledgements_follow_what_the_consumer_took_and_wait_while_not_attac
     f.on_message(data(16 << 10, b"y"))
     f.on_cut()
     assert f.took("stdout", (16 << 10) + 1) == []  # not attached: the resume point says it
-    assert f.resume_points() == [("stdout", (16 << 10) + 1, (16 << 10) + 1)]
+    assert [p[:3] for p in f.resume_points()] == [("stdout", (16 << 10) + 1, (16 << 10) + 1)]
 
 
 def test_stdin_is_kept_while_away_and_resent_from_the_hands_position_once_attached():

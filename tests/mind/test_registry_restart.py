@@ -14,6 +14,7 @@ from mind.core.registry import (
 from mind.core.seal import seal
 from mind.store.endings import Ending, EndingStore
 from protocol.codes import CancelReason, ErrorCode
+from protocol.limits import STREAM_WINDOW
 from protocol.messages import (
     Attached,
     Background,
@@ -109,7 +110,7 @@ def test_a_presented_run_is_adopted_for_its_owner_with_its_deadline_and_streams(
     acts = reg.on_attach("r1", "c1", "alice", "q1", 101.0, 5001.0, streams=pos)
     attached = [m for m in to_client(acts, "c1") if isinstance(m, Attached)]
     assert attached and {p.stream: (p.offset, p.consumed) for p in attached[0].streams}["stdin"] == (40, 40)
-    assert StreamResume(run_id="r1", stream="stdout", offset=600, consumed=600) in to_hand(acts)
+    assert StreamResume(run_id="r1", stream="stdout", offset=600, consumed=600, window=STREAM_WINDOW) in to_hand(acts)
     # the resent bytes flow to the owner
     number = reg.stream_number(("h", HAND, "3"), "r1", "stdout")
     [fwd] = reg.on_hand_frame(HAND, 3, number, 600, False, memoryview(b"x" * 100))

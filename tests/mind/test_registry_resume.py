@@ -16,6 +16,7 @@ from mind.core.registry import (
     StartEnded,
 )
 from mind.core.seal import seal
+from protocol import limits
 from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, CancelStatus, ErrorCode
 from protocol.messages import (
@@ -40,9 +41,11 @@ from protocol.messages import (
     Streams,
 )
 from protocol.states import RunState
+from protocol.streams import Incoming, Outgoing
 
 HAND = "laptop"
 WINDOW = 60.0
+W = limits.STREAM_WINDOW
 
 
 def setup(window=WINDOW, streams=None, timeout_ms=600_000, started=True, **kw):
@@ -327,7 +330,7 @@ def test_the_hand_resends_output_from_what_reached_the_client_and_the_client_res
         StreamPosition(stream="stdin", offset=20, consumed=10),
     ]
     acts = reg.on_runs_present(HAND, 2, present("r1", streams=positions), 6.0, 1006.0)
-    assert StreamResume(run_id="r1", stream="stdout", offset=100, consumed=40) in to_hand(acts, gen=2)
+    assert StreamResume(run_id="r1", stream="stdout", offset=100, consumed=40, window=1 << 16) in to_hand(acts, gen=2)
     resumes = [m for m in to_client(acts, "c1") if isinstance(m, StreamResume)]
     assert resumes == [StreamResume(run_id="r1", stream="stdin", offset=20, consumed=10)]
     assert client_chunk(reg, "stdin", 20, 5)[0].gen == 2, "stdin flows from the Hand's point"
@@ -341,7 +344,7 @@ def test_the_client_resumes_output_from_its_own_point_or_the_acknowledged_one():
     assert hand_chunk(reg, "stdout", 100, 10) == [], "nobody to forward to"
     mine = [StreamPosition(stream="stdout", offset=60, consumed=55)]
     acts = reg.on_attach("r1", "c2", "alice", "q2", 6.0, 1006.0, mine)
-    assert StreamResume(run_id="r1", stream="stdout", offset=60, consumed=55) in to_hand(acts, gen=1)
+    assert StreamResume(run_id="r1", stream="stdout", offset=60, consumed=55, window=W) in to_hand(acts, gen=1)
     stderr = next(p for p in to_client(acts)[-1].streams if p.stream == "stderr")
     assert (stderr.offset, stderr.consumed) == (0, 0), "a stream not named starts from its acknowledgement"
     [err] = to_client(
@@ -355,6 +358,58 @@ def test_the_client_resumes_output_from_its_own_point_or_the_acknowledged_one():
     [err] = to_client(reg.on_attach("r1", "c3", "alice", "q3", 8.0, 1008.0, both))
     assert isinstance(err, Error) and reg.get("r1").relays["stdout"].acked == 55, "a refusal moves no relay"
     assert reg.get("r1").client == "c2"
+
+
+def test_a_window_halved_while_the_hand_was_away_is_the_one_it_resumes_under():
+    """The client halved its window (its reader fell behind) in an acknowledgement the Hand never
+    heard: the cut took it. Resumed under the window it last heard, the Hand sent past the
+    client's limit, the client could place nothing more, and the stream stopped for good (seen
+    under load: `tests/integration/test_continuity_hand.py`'s 64 MiB stream). The resume carries
+    the window, and the Hand's sender, resumed by it, stays within what the client granted."""
+    reg = setup(streams=Streams())
+    hand_chunk(reg, "stdout", 0, W)
+    reg.on_client_stream(StreamAck(run_id="r1", stream="stdout", offset=W, window=4 * W), "c1")  # grown
+    hand_chunk(reg, "stdout", W, 2 * W)
+    reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
+    reg.on_client_stream(StreamAck(run_id="r1", stream="stdout", offset=3 * W, window=2 * W), "c1")  # halved
+    acts = reg.on_runs_present(HAND, 2, present("r1", streams=[]), 6.0, 1006.0)
+    [resume] = [m for m in to_hand(acts, gen=2) if isinstance(m, StreamResume) and m.stream == "stdout"]
+    assert (resume.offset, resume.consumed, resume.window) == (3 * W, 3 * W, 2 * W)
+    hand = Outgoing(W)  # the Hand's sender as it stood: it heard the growth, the halving was lost
+    hand.send(b"x" * W)
+    hand.on_ack(W, 4 * W)
+    hand.send(b"x" * (2 * W))
+    hand.resume(resume.offset, resume.consumed, resume.window)
+    client = Incoming(W)  # the client's receiver, which made both acknowledgements
+    assert client.on_data(0, W, False)
+    client.consume(W)
+    client.receiver.window = 4 * W
+    assert client.receiver.ack_due() == W
+    assert client.on_data(W, 2 * W, False)
+    client.consume(2 * W)
+    client.receiver.window = 2 * W
+    assert client.receiver.ack_due() == 3 * W
+    assert hand.sender.limit <= client.receiver.limit == 5 * W, "never past what the client granted"
+
+
+def test_an_attach_says_the_window_the_cut_kept_from_the_mind():
+    """The client's leg was cut after it halved its window: it says the window in its attach,
+    the relay and the Hand's resume take the smaller one; a larger one (a growth the cut lost)
+    is not taken on its word."""
+    reg = setup(streams=Streams())
+    hand_chunk(reg, "stdout", 0, W)
+    reg.on_client_stream(StreamAck(run_id="r1", stream="stdout", offset=W // 2, window=4 * W), "c1")
+    hand_chunk(reg, "stdout", W, W)
+    reg.on_client_gone("c1", 5.0, 1005.0)
+    halved = [StreamPosition(stream="stdout", offset=2 * W, consumed=2 * W, window=2 * W)]
+    acts = reg.on_attach("r1", "c2", "alice", "q2", 6.0, 1006.0, halved)
+    [resume] = [m for m in to_hand(acts, gen=1) if isinstance(m, StreamResume) and m.stream == "stdout"]
+    assert resume.window == 2 * W and reg.get("r1").relays["stdout"].window == 2 * W
+    reg.on_client_gone("c2", 7.0, 1007.0)
+    grown = [StreamPosition(stream="stdout", offset=2 * W, consumed=2 * W, window=8 * W)]
+    acts = reg.on_attach("r1", "c3", "alice", "q3", 8.0, 1008.0, grown)
+    [resume] = [m for m in to_hand(acts, gen=1) if isinstance(m, StreamResume) and m.stream == "stdout"]
+    assert resume.window == 2 * W
 
 
 def test_an_attach_may_resume_past_a_rewind_up_to_what_was_ever_relayed():
@@ -371,7 +426,7 @@ def test_an_attach_may_resume_past_a_rewind_up_to_what_was_ever_relayed():
         "r1", "c2", "alice", "q3", 7.0, 1007.0, [StreamPosition(stream="stdout", offset=100, consumed=100)]
     )
     assert not [a for a in to_client(acts) if isinstance(a, Error)]
-    assert StreamResume(run_id="r1", stream="stdout", offset=100, consumed=100) in to_hand(acts, gen=1)
+    assert StreamResume(run_id="r1", stream="stdout", offset=100, consumed=100, window=W) in to_hand(acts, gen=1)
     assert hand_chunk(reg, "stdout", 0, 100) == [], "the first resend's repeat is dropped"
 
 

@@ -303,7 +303,7 @@ class KeptRuns(HandRuns):
             if isinstance(msg, StreamAck):
                 o.out.on_ack(msg.offset, msg.window)
             else:
-                for offset, piece, eof in o.out.resume(msg.offset, msg.consumed):
+                for offset, piece, eof in o.out.resume(msg.offset, msg.consumed, msg.window):
                     self.chand.send_now(
                         StreamData(run_id=st.run_id, stream=o.name, offset=offset, data=piece, eof=eof)  # type: ignore[arg-type]
                     )

@@ -295,8 +295,8 @@ class Continuity:
         if link is None:
             return
         positions = [
-            StreamPosition(stream=name, offset=offset, consumed=consumed)  # type: ignore[arg-type]
-            for name, offset, consumed in run.follower.resume_points()
+            StreamPosition(stream=name, offset=offset, consumed=consumed, window=window)  # type: ignore[arg-type]
+            for name, offset, consumed, window in run.follower.resume_points()
         ]
         req = self.world.next_id("q")
         run.attaching, run.attach_link = req, link
