@@ -414,7 +414,9 @@ class Follower:
                 return []  # a repeat of bytes already here (a resend after a resume)
         except ProtocolError:
             out.gap = out.rx.offset  # nothing from here on can be placed: the verdict says so
-            return []
+            # ... and the Hand stops sending it (its pipe closed, as for a reader gone): waiting on
+            # credit that can never come, the run would never end, and nobody would be told.
+            return [] if not self.ready or self.over else [SendAck(msg.stream, out.rx.consumed, closed=True)]
         if msg.data and out.hash is not None:
             out.hash.update(msg.data)
         if msg.eof:

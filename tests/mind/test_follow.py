@@ -91,7 +91,9 @@ def test_each_byte_is_handed_over_once_and_in_order_across_a_resend():
 def test_a_chunk_that_cannot_be_placed_breaks_its_stream_only_and_the_verdict_says_so():
     f = started()
     f.on_message(data(0, b"abc"))
-    assert f.on_message(data(10, b"xyz")) == []  # a gap: the Mind broke the stream's rules
+    # a gap (the Mind broke the stream's rules): the Hand is told to stop sending it, or the run,
+    # waiting on credit that can never come, would never end
+    assert f.on_message(data(10, b"xyz")) == [SendAck("stdout", 0, closed=True)]
     assert f.on_message(data(3, b"def")) == []  # nothing of that stream is placed any more
     assert handed(f.on_message(data(0, b"err", "stderr", eof=True))) == b"err"  # the other flows
     assert not f.over  # the run is followed to its real end
