@@ -377,6 +377,11 @@ class Relay:
         self.limit = max(offset, consumed + self.window)
         self.resumed = True
 
+    def narrow(self, window: int) -> None:
+        """A receiver resuming states its window: a smaller one than ours (a change the cut kept
+        from us) is taken; a larger one is not, on its word alone. The limit stays where it was."""
+        self.window = min(self.window, check_window(window))
+
     def expect_resend(self) -> None:
         """The stream's sender came back while its receiver's leg held: it resends from this
         relay's offset (everything relayed reaches the receiver), so repeats of chunks it sent

@@ -1051,8 +1051,8 @@ class RunRegistry:
             offset, consumed = points[name]
             relay.resume(offset, consumed)
             pos = given.get(name)
-            if pos is not None and pos.window is not None and pos.window < relay.window:
-                relay.window = pos.window  # a smaller window the cut kept from us: the Hand resumes under it
+            if pos is not None and pos.window is not None:
+                relay.narrow(pos.window)  # the Hand resumes under the window the client grants now
             out.append(StreamPosition(stream=name, offset=offset, consumed=relay.acked))  # type: ignore[arg-type]
             resumes.append(
                 StreamResume(run_id=run_id, stream=name, offset=offset, consumed=relay.acked, window=relay.window)  # type: ignore[arg-type]
