@@ -1179,7 +1179,7 @@ def _rss_after_runs(ctx: Ctx, name: str, tool: str, args: dict, n: int) -> tuple
 
 @figure("payloads", "Mind RSS after N runs of 4 MiB read_file vs N runs of `true` (metadata kept, not payloads)")
 def fig_payloads(ctx: Ctx) -> list[Row]:
-    n = 200 if ctx.quick else 10_000
+    n = 100 if ctx.quick else 10_000
     read = ("read_file", {"path": "payload.bin", "limit": PAYLOAD_BYTES})
     true = ("exec", {"argv": ["true"]})
     r_idle, r_now, r_rss, r_rate = _rss_after_runs(ctx, "payloads-read", *read, n)

@@ -7,7 +7,7 @@ keepalive. Round by round, alternating which side goes first, so noise on this m
 alike:
 
 1. stdout throughput of `mind exec --hand bench -- cat FILE` (the `streams` figure's measure, reused:
-   wall time of the CLI, its stdout to /dev/null) for a 256 MiB file (quick: 64 MiB) of random
+   wall time of the CLI, its stdout to /dev/null) for a 256 MiB file (quick: 16 MiB) of random
    bytes, which the recorder stores as they are (its 4 KiB probe does not compress), and one of log
    lines, which it compresses (zlib level 1): target >= 0.9x of the Mind that does not record. Both
    Minds settle (no CPU for a quarter second: the recorder has written everything) before the next
@@ -22,7 +22,7 @@ alike:
    reused) recorded and not: target p50 +<= 0.2 ms.
 3. Mind RSS while 100 terminal sessions (100 `mind exec -t` processes on ptys of their own, as
    four client identities, started ten at a time; each a Python loop on the Hand printing about
-   3.6 KiB/s of coloured build-log lines) run at once for 10 s (quick: 4 s), sampled every 0.25 s
+   3.6 KiB/s of coloured build-log lines) run at once for 10 s (quick: 20 sessions for 4 s), sampled every 0.25 s
    once every session has printed: the median, its growth over the Mind's
    RSS just before, and that growth per session. This phase runs first, on Minds that have not yet
    relayed the big runs (whose buffers would stay in the allocator's pools). Info.
@@ -58,6 +58,9 @@ from benchlib.streams import MIND, cpu_s, echo_times, mind_exec
 from mind.core.recording import decode
 
 SESSIONS = 100
+SESSIONS_QUICK = 20
+"""Quick mode's sessions: enough to see per-session growth, without 200 CLIs starting on two cores
+(the suite runs `--quick` beside everything else)."""
 BATCH = 10
 """Sessions started at once (then the next ten once these print): 100 CLIs starting together
 would hold both cores for seconds."""
@@ -217,8 +220,8 @@ def _printed(out: Path, procs: list[subprocess.Popen[bytes]], first: int, end: i
         time.sleep(0.05)
 
 
-def _sessions(cl, ctx: Ctx, seconds: float, tag: str) -> tuple[float, list[float], float]:
-    """SESSIONS terminal sessions printing at once; returns the Mind's RSS (MiB) just before, its
+def _sessions(cl, ctx: Ctx, seconds: float, tag: str, n: int) -> tuple[float, list[float], float]:
+    """`n` terminal sessions printing at once; returns the Mind's RSS (MiB) just before, its
     samples while all print, and the seconds it took until every session had printed."""
     assert cl.mind is not None
     root = cl.tmp / "root-bench"
@@ -232,7 +235,7 @@ def _sessions(cl, ctx: Ctx, seconds: float, tag: str) -> tuple[float, list[float
     masters: list[int] = []
     t0 = time.monotonic()
     try:
-        for i in range(SESSIONS):
+        for i in range(n):
             if i and i % BATCH == 0:
                 _printed(out, procs, i - BATCH, i)
             f = open(out / f"{i}.out", "wb")
@@ -253,7 +256,7 @@ def _sessions(cl, ctx: Ctx, seconds: float, tag: str) -> tuple[float, list[float
                 )
             finally:
                 os.close(tty)
-        _printed(out, procs, 0, SESSIONS)
+        _printed(out, procs, 0, n)
         ramp = time.monotonic() - t0
         samples: list[float] = []
         end_at = time.monotonic() + seconds
@@ -423,10 +426,11 @@ def _per_byte(recs: list[dict[str, Any]], cls: str) -> tuple[float, float, int, 
 # --- the figure ----------------------------------------------------------------------------------
 
 
-@figure("record", "recording (--record all) against none: stdout MiB/s, pty echo, RSS of 100 sessions, bytes on disk")
+@figure("record", "recording (--record all) against none: stdout MiB/s, pty echo, RSS of 100 sessions (quick: 20), bytes on disk")
 def fig_record(ctx: Ctx) -> list[Row]:
-    size = (64 << 20) if ctx.quick else (256 << 20)
+    size = (16 << 20) if ctx.quick else (256 << 20)
     seconds = 4.0 if ctx.quick else 10.0
+    sessions = SESSIONS_QUICK if ctx.quick else SESSIONS
     n_echo = 50 if ctx.quick else 200
     rec = _cluster(ctx, "record-all", "--record", "all", "--record-max-bytes", "1G")
     off = _cluster(ctx, "record-off", "--record", "off")
@@ -441,7 +445,7 @@ def fig_record(ctx: Ctx) -> list[Row]:
     ramps: list[float] = []
     for i in range(ctx.rounds):
         for side in order(i):
-            before, samples, ramp = _sessions(sides[side], ctx, seconds, f"{side}{i}")
+            before, samples, ramp = _sessions(sides[side], ctx, seconds, f"{side}{i}", sessions)
             idle[side].append(before)
             during[side].append(samples)
             ramps.append(ramp)
@@ -473,7 +477,7 @@ def fig_record(ctx: Ctx) -> list[Row]:
                 cpu.setdefault((side, data), []).append(got)
 
     # 4. what is on disk
-    want = {"random": ctx.rounds, "text": ctx.rounds, "terminal": SESSIONS * ctx.rounds}
+    want = {"random": ctx.rounds, "text": ctx.rounds, "terminal": sessions * ctx.rounds}
     recs = _ended(rec, set(want), want)
     per = {c: _per_byte(recs, c) for c in ("random", "text", "terminal")}
     whole = [r for r in recs if r["class"] in ("random", "text") and r["state"] is not None]
@@ -568,7 +572,7 @@ def fig_record(ctx: Ctx) -> list[Row]:
     rows.append(
         Row(
             "record",
-            f"Mind RSS MiB, {SESSIONS} terminal sessions printing, recorded",
+            f"Mind RSS MiB, {sessions} terminal sessions printing, recorded",
             f"{rss['all']:.1f}",
             f"{max(flat(during['all'])):.1f} (peak)",
             spread([med(d) for d in during["all"]], lambda v: f"{v:.1f}"),
@@ -582,11 +586,11 @@ def fig_record(ctx: Ctx) -> list[Row]:
         Row(
             "record",
             "  growth over idle MiB (KiB per session), recorded",
-            f"{grow['all']:.1f} ({grow['all'] * 1024 / SESSIONS:.0f})",
+            f"{grow['all']:.1f} ({grow['all'] * 1024 / sessions:.0f})",
             "",
             "",
-            f"{grow['off']:.1f} ({grow['off'] * 1024 / SESSIONS:.0f}) (--record off)",
-            f"{(grow['all'] - grow['off']) * 1024 / SESSIONS:+.0f} KiB/session",
+            f"{grow['off']:.1f} ({grow['off'] * 1024 / sessions:.0f}) (--record off)",
+            f"{(grow['all'] - grow['off']) * 1024 / sessions:+.0f} KiB/session",
             "info",
             "info",
         )
@@ -594,7 +598,7 @@ def fig_record(ctx: Ctx) -> list[Row]:
     for cls, label in (
         ("random", f"random bytes ({size >> 20} MiB runs)"),
         ("text", f"log text ({size >> 20} MiB runs)"),
-        ("terminal", f"{SESSIONS} terminal sessions"),
+        ("terminal", f"{sessions} terminal sessions"),
     ):
         stored, raw, recorded, blocks, packed, gaps = per[cls]
         rows.append(
@@ -644,7 +648,7 @@ def fig_record(ctx: Ctx) -> list[Row]:
     ctx.note(
         "record",
         f"echo: `mind exec -t -- cat`, {n_echo} keystrokes a round per side (--record all keeps keystrokes too); "
-        f"sessions: {SESSIONS} `mind exec -t` each running a Python loop printing ~3.6 KiB/s, "
+        f"sessions: {sessions} `mind exec -t` each running a Python loop printing ~3.6 KiB/s, "
         f"RSS every 0.25 s for {seconds:.0f} s once all printed (all printing after {med(ramps):.1f} s median); "
         f"idle RSS before: all {spread(idle['all'], lambda v: f'{v:.1f}')}, off {spread(idle['off'], lambda v: f'{v:.1f}')}",
     )
