@@ -428,6 +428,9 @@ def _warn_shared_identity(log: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The `hand` program. Every command runs inside `stdout_may_close`, so `hand tasks | head` ends
     as `ls | head` does (quiet, 141) rather than with a traceback, as every `mind` command does."""
+    from protocol.io import gcstart
+
+    gcstart.starting()
     from protocol.io.pipes import stdout_may_close
 
     return stdout_may_close(lambda: command(argv))
@@ -475,7 +478,9 @@ def command(argv: list[str] | None) -> int:
     import asyncio
 
     from hand.aio.agent import run_agent
+    from protocol.io import gcstart
 
+    gcstart.started()
     try:
         return asyncio.run(run_agent(config, stop_requested=lambda: bool(early), reload=reloader(source, settings)))
     finally:

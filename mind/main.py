@@ -18,6 +18,9 @@ def add_daemon_parsers(sub: Any) -> None:
 def main(argv: list[str] | None = None) -> None:
     """The `mind` program. Every command runs inside `stdout_may_close`: `mind runs | head` ends as
     `ls | head` does (quiet, 141), whichever command printed, rather than each one catching it."""
+    from protocol.io import gcstart
+
+    gcstart.starting()
     from protocol.io.pipes import stdout_may_close
 
     stdout_may_close(lambda: command(argv))

@@ -65,6 +65,9 @@ async def open_client(args: argparse.Namespace, follow: bool = False) -> Any:
     import asyncio
 
     from mind.client.aio import MindClient, load_credential
+    from protocol.io import gcstart
+
+    gcstart.started()
 
     url, cred_path, ca, pin = connection_params(args)
     credential = load_credential(cred_path)

@@ -39,6 +39,7 @@ from mind.cli.toolargs import tool_args_from
 from mind.client.credentials import load_credential
 from mind.errors import ClientError
 from protocol import limits
+from protocol.io import gcstart
 
 HAND_RULE = "mind exec [OPTIONS] HAND COMMAND [ARG...] (or --hand HAND; --hands SELECTOR for a fleet)"
 
@@ -316,6 +317,7 @@ def run(args: argparse.Namespace) -> int:
         link = Link.connect(url, credential, ca=ca, pin=pin)
     except ClientError as exc:
         die(exc.message, kind=exc.code)
+    gcstart.started()
     session = ExecSession(
         link, args, lambda t: Link.connect(url, credential, ca=ca, pin=pin, open_timeout=t, handshake_timeout=t)
     )
@@ -340,6 +342,7 @@ def attach(args: argparse.Namespace) -> int:
         link = Link.connect(url, credential, ca=ca, pin=pin, patience=patient(FOLLOW_WAIT_S, url))
     except ClientError as exc:
         die(exc.message, kind=exc.code)
+    gcstart.started()
     session = ExecSession(
         link, args, lambda t: Link.connect(url, credential, ca=ca, pin=pin, open_timeout=t, handshake_timeout=t)
     )

@@ -37,6 +37,7 @@ from mind.mcp import listen, tools
 from mind.mcp.bearers import BearerAuth, Pool
 from mind.mcp.cancels import PeerCancels
 from mind.mcp.runs import Runs
+from protocol.io import gcstart
 
 INSTRUCTIONS = (
     "mindhand runs commands and file operations on remote machines (Hands). Call `hands` to see them. "
@@ -170,6 +171,7 @@ async def serve_http(args: argparse.Namespace, server: MCPServer, host: str, por
 
 def main(args: argparse.Namespace) -> int:
     server = build()
+    gcstart.started()
     if args.listen is None:
         return asyncio.run(serve_stdio(args, server))
     host, port = listen.split(args.listen)

@@ -426,7 +426,10 @@ def _per_byte(recs: list[dict[str, Any]], cls: str) -> tuple[float, float, int, 
 # --- the figure ----------------------------------------------------------------------------------
 
 
-@figure("record", "recording (--record all) against none: stdout MiB/s, pty echo, RSS of 100 sessions (quick: 20), bytes on disk")
+@figure(
+    "record",
+    "recording (--record all) against none: stdout MiB/s, pty echo, RSS of 100 sessions (quick: 20), bytes on disk",
+)
 def fig_record(ctx: Ctx) -> list[Row]:
     size = (16 << 20) if ctx.quick else (256 << 20)
     seconds = 4.0 if ctx.quick else 10.0
