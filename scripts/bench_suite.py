@@ -58,7 +58,7 @@ def main() -> int:
         type=int,
         metavar="N",
         help="simulated Hands for the `hands` figure (default 1,000, --quick 100) and the `nodes` figure "
-        "(default 10,000, --quick 1,000); e.g. 10000",
+        "(default 10,000, --quick 300); e.g. 10000",
     )
     ap.add_argument("--json", metavar="FILE", help="also write the machine, rows and notes as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs of every process)")

@@ -87,11 +87,11 @@ def _scp_argv(ssh: object, src: str, dst: str) -> list[str]:
 
 @figure(
     "cp",
-    "`mind cp` 1 GiB up and down against scp (quick: 64 MiB); Mind RSS; --resume after a kill at 50 %; a cut within one copy",
+    "`mind cp` 1 GiB up and down against scp (quick: 32 MiB); Mind RSS; --resume after a kill at 50 %; a cut within one copy",
 )
 def fig_cp(ctx: Ctx) -> list[Row]:
     cl = basic(ctx)
-    size = (64 << 20) if ctx.quick else (1 << 30)
+    size = (32 << 20) if ctx.quick else (1 << 30)
     work = ctx.dir("cp")
     src = _random_file(work / "src.bin", size)
     root = cl.tmp / "root-bench"
@@ -323,6 +323,8 @@ def _cut_within(ctx: Ctx, cl: object, proxy: object, src: Path, size: int, frami
 
 
 TREE_FILES = 5000
+TREE_FILES_QUICK = 1000
+"""Quick mode's tree (the same 10 MiB in fewer files): the suite runs `--quick` beside everything else."""
 TREE_BYTES = 10 << 20
 
 
@@ -363,13 +365,14 @@ def _tree_row(metric: str, ours: list[float], ref: list[float], ref_name: str, b
     )
 
 
-@figure("cptree", "`mind cp -r -p` of 5,000 small files (10 MB) up, down, and again unchanged, against rsync -a")
+@figure("cptree", "`mind cp -r -p` of 5,000 small files (10 MB; quick: 1,000) up, down, and again unchanged, against rsync -a")
 def fig_cptree(ctx: Ctx) -> list[Row]:
     import shutil
 
+    files = TREE_FILES_QUICK if ctx.quick else TREE_FILES
     cl = basic(ctx)
     work = ctx.dir("cptree")
-    src = _small_tree(work / "src")
+    src = _small_tree(work / "src", files)
     root = cl.tmp / "root-bench"
     env = dict(cl.env)
     s = sshd(ctx)
@@ -391,8 +394,8 @@ def fig_cptree(ctx: Ctx) -> list[Row]:
         dt, _ = _timed(down_cmd, env)
         down_again.append(dt)
         got = sum(len(fs) for _, _, fs in os.walk(work / f"down-{i}"))
-        if got != TREE_FILES:
-            raise RuntimeError(f"the tree came down with {got} files, not {TREE_FILES}")
+        if got != files:
+            raise RuntimeError(f"the tree came down with {got} files, not {files}")
         shutil.rmtree(work / f"down-{i}")
         shutil.rmtree(root / f"tree-{i}")
         t0 = time.perf_counter()
@@ -428,8 +431,8 @@ def fig_cptree(ctx: Ctx) -> list[Row]:
             shutil.rmtree(work / f"rsync-down-{i}")
     name = "rsync -a over ssh" if ssh else "rsync -a, local"
     rows = [
-        _tree_row(f"s, {TREE_FILES} files up", up, r_up, name),
-        _tree_row(f"s, {TREE_FILES} files down", down, r_down, name),
+        _tree_row(f"s, {files} files up", up, r_up, name),
+        _tree_row(f"s, {files} files down", down, r_down, name),
         _tree_row("s, the same tree up again (unchanged)", up_again, r_again, name, bound=1.2),
         _tree_row("s, the same tree down again (unchanged)", down_again, r_down_again, name, bound=1.2),
     ]

@@ -3,7 +3,7 @@ PostgreSQL, and what a node's death costs.
 
 - `nodes`: a PostgreSQL of the run's own (tests/support/postgres.py: initdb into a temp dir, a free
   loopback port, stopped by PID), two `mind serve --database` nodes on it, and N simulated Hands
-  (benchlib/handsim.py; 10,000 full, 1,000 quick, `--hands N`) each given both URLs (a random
+  (benchlib/handsim.py; 10,000 full, 300 quick, `--hands N`) each given both URLs (a random
   start, the next on a refusal: protocol/urls.py). Measured: seconds from `go` to every Hand
   welcomed, how they split over the nodes, each node's RSS, and the CPU each process spent in the
   connect storm (the profile of where the time goes). A few real `hand` processes are given both
@@ -141,7 +141,7 @@ def start_run(tmp: Path, via: Cluster, urls: list[str], hand: str, k: int, go: P
 def fig_nodes(ctx: Ctx) -> list[Row]:
     from support.postgres import remove, start_server  # tests/support: the suite's own PostgreSQL
 
-    n = ctx.hands or (1000 if ctx.quick else 10_000)
+    n = ctx.hands or (300 if ctx.quick else 10_000)
     n_real = REAL_HANDS_QUICK if ctx.quick else REAL_HANDS_FULL
     connect_target = max(2.0, 2.0 * n / 1000)  # issue 27: 10,000 Hands over 2 nodes in <= 20 s
     label = f"{n:,} hands" + (" (quick)" if ctx.quick else "")
