@@ -365,7 +365,10 @@ def _tree_row(metric: str, ours: list[float], ref: list[float], ref_name: str, b
     )
 
 
-@figure("cptree", "`mind cp -r -p` of 5,000 small files (10 MB; quick: 1,000) up, down, and again unchanged, against rsync -a")
+@figure(
+    "cptree",
+    "`mind cp -r -p` of 5,000 small files (10 MB; quick: 1,000) up, down, and again unchanged, against rsync -a",
+)
 def fig_cptree(ctx: Ctx) -> list[Row]:
     import shutil
 
