@@ -118,17 +118,25 @@ class Forward:
 def _exchange(address: tuple[str, int], payload: bytes, timeout: float = 60) -> bytes:
     """Send `payload` (from a thread), half-close, read the answer to its EOF."""
     with socket.create_connection(address, timeout=timeout) as s:
+        failed: list[OSError] = []
 
         def send() -> None:
-            s.sendall(payload)
-            s.shutdown(socket.SHUT_WR)
+            try:
+                s.sendall(payload)
+                s.shutdown(socket.SHUT_WR)
+            except OSError as exc:  # raised to the caller below, as if this thread were its own
+                failed.append(exc)
 
         sender = threading.Thread(target=send)
         sender.start()
         chunks = []
-        while data := s.recv(1 << 20):
-            chunks.append(data)
-        sender.join(timeout)
+        try:
+            while data := s.recv(1 << 20):
+                chunks.append(data)
+        finally:
+            sender.join(timeout)
+        if failed:
+            raise failed[0]
         return b"".join(chunks)
 
 
