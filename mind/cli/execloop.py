@@ -77,6 +77,11 @@ NOT_STARTED = (None, RunState.ADMITTED, RunState.SENT)
 
 SAME_WISH_S = 1.0
 """A second Ctrl-C this soon after the first, before its cancel was answered, is the same wish."""
+ECHO_S = 0.1
+"""A second SIGINT this soon after the first is the same delivery, answered or not: a press sent to
+the process group reaches us twice within microseconds on an idle machine, but on a busy one the
+sender may pause between the two, and a cancel on loopback is answered in a few milliseconds. No
+hand presses twice this fast (a held key repeats after 250 ms or more)."""
 LEAVE_ANSWER_S = 2.0
 """How long `~.` waits for the Mind to acknowledge its cancel before it hangs up anyway."""
 
@@ -91,7 +96,7 @@ class Interrupts:
         os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
         self._old_fd = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
-        self._old = signal.signal(signal.SIGINT, self._on_sigint)
+        signal.signal(signal.SIGINT, self._on_sigint)
         link.add_wakeup(self._r)
 
     def _on_sigint(self, signum: int, frame: object) -> None:
@@ -106,7 +111,12 @@ class Interrupts:
         return n
 
     def restore(self, link: Link) -> None:
-        signal.signal(signal.SIGINT, self._old)
+        """The loop is over: its outcome is decided (or the command is failing), and the process
+        ends. A Ctrl-C from here on (the second of two presses, arriving as we exit) is ignored, as
+        the fleet follower ignores it: under the handler that was there before it would raise a
+        KeyboardInterrupt wherever the exit had got to, and the exit code would become death by
+        SIGINT instead of the run's (tests/integration/test_exec.py, one Ctrl-C delivered twice)."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.set_wakeup_fd(self._old_fd)
         link.remove_wakeup(self._r)
         os.close(self._r)
@@ -566,10 +576,11 @@ class ExecSession(Rejoin):
         """True when the user asked to detach (a second Ctrl-C). A second one before the first's
         cancel was answered and within SAME_WISH_S of it is the same wish delivered twice (SIGINT
         to the process group, as `timeout -s INT` and a terminal's Ctrl-C send it, reaches us and
-        maybe a wrapper that passes it on): it was read as "detach", and the run left running."""
+        maybe a wrapper that passes it on): it was read as "detach", and the run left running.
+        Within ECHO_S of the first it is the same delivery even once the cancel was answered."""
         now = time.monotonic()
         for _ in range(n):
-            if self.interrupts and not self.cancel_answered and now - self.first_interrupt < SAME_WISH_S:
+            if self.interrupts and now - self.first_interrupt < (ECHO_S if self.cancel_answered else SAME_WISH_S):
                 continue
             self.interrupts += 1
             if self.interrupts == 1:
