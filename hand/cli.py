@@ -26,6 +26,7 @@ from typing import Any
 from hand import __version__
 from hand.config import DEFAULT_STATE_DIR, GROUPS, KEYS, parse_size
 from hand.config import parse_duration as parse_duration  # re-exported
+from protocol.io import gcstart
 from protocol.io.settings import ConfigError, Settings
 
 
@@ -428,8 +429,6 @@ def _warn_shared_identity(log: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The `hand` program. Every command runs inside `stdout_may_close`, so `hand tasks | head` ends
     as `ls | head` does (quiet, 141) rather than with a traceback, as every `mind` command does."""
-    from protocol.io import gcstart
-
     gcstart.starting()
     from protocol.io.pipes import stdout_may_close
 
@@ -478,7 +477,6 @@ def command(argv: list[str] | None) -> int:
     import asyncio
 
     from hand.aio.agent import run_agent
-    from protocol.io import gcstart
 
     gcstart.started()
     try:
