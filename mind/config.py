@@ -13,7 +13,7 @@ from typing import Any
 
 from mind.home import DEFAULT_LISTEN
 from protocol.io.settings import Duration, Key, between, listen_address, log_levels, one_of
-from protocol.messages import RESUME_WINDOW_MAX_S
+from protocol.limits import RESUME_WINDOW_MAX_S
 from protocol.units import parse_size
 
 CONFIG_NAME = "mind.toml"

@@ -15,6 +15,11 @@ def add_daemon_parsers(sub: Any) -> None:
     add_parsers(sub)
 
 
+DAEMON_WORDS = ("serve", "hand", "client")
+"""The command words `add_daemon_parsers` adds: each is parsed by the daemon's parsers alone, never
+importing a client command (tests/mind/test_cli_parse.py holds this to what they add)."""
+
+
 def main(argv: list[str] | None = None) -> None:
     """The `mind` program. Every command runs inside `stdout_may_close`: `mind runs | head` ends as
     `ls | head` does (quiet, 141), whichever command printed, rather than each one catching it."""
@@ -42,7 +47,7 @@ def command(argv: list[str] | None) -> None:
         raise SystemExit(0)
     ours = words[: words.index("--")] if "--" in words else words  # after `--`: the remote command's
     try:
-        args = parse(words, daemon=[add_daemon_parsers])
+        args = parse(words, daemon=[add_daemon_parsers], daemon_words=DAEMON_WORDS)
     except SystemExit as exc:  # argparse said why on stderr; a `--json` script gets an object too
         if exc.code == EXIT_USAGE and ("--json" in ours or "--events" in ours):
             exits.json_error("bad command-line usage (stderr says why)", EXIT_USAGE, "usage")

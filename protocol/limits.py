@@ -2,6 +2,9 @@
 
 import re
 
+RESUME_WINDOW_MAX_S = 7 * 24 * 3600.0
+"""The longest resume window or `keep` a Mind may announce: past a week the answer is a background task."""
+
 MAX_FRAME_BYTES = 8 << 20
 """Largest WebSocket message either side accepts; larger ones close the connection."""
 

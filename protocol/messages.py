@@ -34,8 +34,7 @@ StreamNumber = Annotated[int, Strict(), Field(ge=1, le=(1 << 32) - 1)]
 terminal run the one `pty` stream, come back."""
 LabelValue = Annotated[str, Strict(), StringConstraints(pattern=limits.LABEL_VALUE_RE.pattern)]
 Role = Literal["hand", "client"]
-RESUME_WINDOW_MAX_S = 7 * 24 * 3600.0
-"""The longest resume window or `keep` a Mind may announce: past a week the answer is a background task."""
+RESUME_WINDOW_MAX_S = limits.RESUME_WINDOW_MAX_S
 WallTime = Annotated[float, Field(allow_inf_nan=False)]
 """A wall-clock time (seconds since the epoch): finite, as the fast path's reader requires too."""
 Seal = Annotated[str, Strict(), StringConstraints(pattern=r"^[0-9a-f]{32}$")]

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from mind import __version__
@@ -135,14 +135,18 @@ def command_word(argv: list[str]) -> str | None:
     return None if at is None else argv[at]
 
 
-def parse(argv: list[str] | None = None, daemon: Sequence[AddParsers] = ()) -> argparse.Namespace:
+def parse(
+    argv: list[str] | None = None, daemon: Sequence[AddParsers] = (), daemon_words: Collection[str] = ()
+) -> argparse.Namespace:
     """`mind exec` is the command people run in loops and scripts: it is parsed by a parser that
     knows only it (the same definition, mind/cli/exec.py), so its start does not pay for building,
     and importing what builds, every other command's options. Anything else gets the full parser.
     `mind exec HAND CMD ARGS...` takes its command as ssh does, options and all, which argparse
     cannot say: its words are split first (`exec.split_command`: ours, then the command's tail) and
     only ours are parsed. A command that reads more than argparse can say finishes the namespace in
-    its `resolve(args, tail, unrecognized)`."""
+    its `resolve(args, tail, unrecognized)`. The daemon's commands (`daemon_words`: `mind serve`,
+    `mind hand add`, ...) are parsed by the daemon's families alone, as a client command is by its
+    own: `mind hand add` spent most of its 0.25 s of CPU importing every client command."""
     words = sys.argv[1:] if argv is None else list(argv)
     at = command_at(words)
     tail: list[str] | None = None
@@ -152,6 +156,10 @@ def parse(argv: list[str] | None = None, daemon: Sequence[AddParsers] = ()) -> a
         p, sub = top_parser()
         exec.add_parsers(sub)
         words, tail = exec.split_command(sub, words, at)
+    elif at is not None and words[at] in daemon_words:
+        p, sub = top_parser()
+        for add in daemon:
+            add(sub)
     else:
         p = (family_parser(words[at]) if at is not None else None) or parser(daemon)
     args, extra = p.parse_known_args(words)

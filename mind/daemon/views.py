@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import structlog
 
@@ -20,6 +20,7 @@ from mind.core.runs import Run
 from mind.core.scope import Scope
 from mind.daemon.host import VERSION, Host
 from mind.daemon.peer import Peer
+from mind.store.credential_rows import CredentialRow
 from protocol.codes import ErrorCode
 from protocol.envelope import payload_size
 from protocol.errors import MindhandError
@@ -212,7 +213,7 @@ class Views:
     async def list_hands(self, peer: Peer, id_: str, msg: ListHands) -> None:
         """One page of the Hands, by name (the cursor is the last name sent)."""
         after, scope = msg.after, peer.scope
-        hands = (h for h in await self.hand_infos() if scope.allows_hand(h.name) and (after is None or h.name > after))
+        hands = await self.hand_infos(lambda name: scope.allows_hand(name) and (after is None or name > after))
         taken, more = page(hands, msg.limit, payload_size)
         peer.outbox.put(HandsList(hands=taken, next_after=taken[-1].name if more and taken else None), id_)
 
@@ -226,7 +227,7 @@ class Views:
         failures, _ = page(failed, STATUS_FAILURES, payload_size, STATUS_LIST_BYTES)
         active = [r for r in m.registry.active() if visible(r)]
         active_infos, _ = page((r.info() for r in active), STATUS_LIST_MAX, payload_size, STATUS_LIST_BYTES)
-        all_hands = [h for h in await self.hand_infos() if scope.allows_hand(h.name)]
+        all_hands = list(await self.hand_infos(scope.allows_hand))
         first = sorted(all_hands, key=lambda h: not h.connected)  # (stable: by name within each)
         hands = sorted(page(first, STATUS_LIST_MAX, payload_size, STATUS_LIST_BYTES)[0], key=lambda h: h.name)
         if scope.read_others and scope.hands == ("*",):
@@ -258,31 +259,35 @@ class Views:
             id_,
         )
 
-    async def hand_infos(self) -> list[HandInfo]:
-        """Every Hand; with Mind nodes sharing a database, those held by any live node are
-        connected, and `node` names the holder."""
+    async def hand_infos(self, keep: Callable[[str], bool]) -> Iterator[HandInfo]:
+        """The Hands whose names `keep` keeps, by name, each made only when it is taken: a page of
+        1,000 out of 3,000 Hands built all 3,000 (12 ms a list, which a client pipelining lists
+        turned into seconds of the loop). With Mind nodes sharing a database, those held by any live
+        node are connected, and `node` names the holder."""
         m = self.mind
-        out = []
         held: dict[str, str] = await m.nodes.holders() if m.nodes is not None else {}
-        for row in await m.creds(m.store.list, "hand"):
-            if row.revoked_at is not None and row.label not in m.hands:
-                continue
-            live = m.hands.get(row.label)
-            claims: HandClaims | None = live.ident.claims if live else None
-            node = m.nodes.name if live is not None and m.nodes is not None else held.get(row.label)
-            out.append(
-                HandInfo(
-                    name=row.label,
-                    connected=live is not None or node is not None,
-                    generation=live.gen if live else row.generation,
-                    since=live.since if live else (m.last_seen.get(row.label) or row.last_seen_at),
-                    claims=claims,
-                    running=m.registry.running_on(row.label),
-                    labels=row.label_map(),
-                    node=node,
-                )
-            )
-        return out
+        rows = await m.creds(m.store.list, "hand")
+        return (
+            self._hand_info(row, held)
+            for row in rows
+            if (row.revoked_at is None or row.label in m.hands) and keep(row.label)
+        )
+
+    def _hand_info(self, row: CredentialRow, held: dict[str, str]) -> HandInfo:
+        m = self.mind
+        live = m.hands.get(row.label)
+        claims: HandClaims | None = live.ident.claims if live else None
+        node = m.nodes.name if live is not None and m.nodes is not None else held.get(row.label)
+        return HandInfo(
+            name=row.label,
+            connected=live is not None or node is not None,
+            generation=live.gen if live else row.generation,
+            since=live.since if live else (m.last_seen.get(row.label) or row.last_seen_at),
+            claims=claims,
+            running=m.registry.running_on(row.label),
+            labels=row.label_map(),
+            node=node,
+        )
 
 
 def unattended(run: Run) -> bool:

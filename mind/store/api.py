@@ -20,15 +20,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from mind.core.snapshots import Plan, Snapshot
-from mind.store.rows import CredentialRow, Ending
-
-if TYPE_CHECKING:
-    from mind.store.recordings import Recordings
-from protocol.auth import Credential
 from protocol.errors import MindhandError
-from protocol.messages import RunInfo, TaskInfo
-from protocol.states import TaskState
+
+if TYPE_CHECKING:  # types only: the local admin commands import this module without the message models
+    from mind.core.snapshots import Plan, Snapshot
+    from mind.store.credential_rows import CredentialRow
+    from mind.store.recordings import Recordings
+    from mind.store.rows import Ending
+    from protocol.auth import Credential
+    from protocol.messages import RunInfo, TaskInfo
+    from protocol.states import TaskState
 
 Calls = list[tuple[str, tuple[Any, ...], str | None]]
 """A batch of snapshot-store calls: (method name, its arguments, the Hand to mark stale after it)."""

@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from mind.store.rows import CredentialRow, labels_json
+from mind.store.credential_rows import CredentialRow, labels_json
 from protocol import limits
 from protocol.auth import Credential
 from protocol.errors import MindhandError

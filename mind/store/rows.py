@@ -1,5 +1,6 @@
-"""What the stores keep, as both engines write and read it: the records (`Ending`, `CredentialRow`)
-and the one codec each way between a record and its table's row.
+"""What the stores keep, as both engines write and read it: the records (`Ending`; a credential's,
+`CredentialRow`, is in mind/store/credential_rows.py) and the one codec each way between a record and
+its table's row.
 
 A snapshot is one row of `task_snapshots` in both engines, its columns in `COLS` order; a run's end
 (`RunEnd`) and a task's `TaskInfo` are msgpack blobs, a Hand's labels compact sorted JSON. The SQL
@@ -9,7 +10,6 @@ holds is decided here, once, so a row one engine wrote means the same to the oth
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -150,27 +150,3 @@ def run_info_blob(info: RunInfo) -> bytes:
 def run_info_of(blob: bytes) -> RunInfo:
     """Raises when the blob does not decode (the caller answers as if there were no such run)."""
     return RunInfo.model_validate(msgpack.unpackb(blob, raw=False))
-
-
-# --- credentials ---
-
-
-@dataclass(frozen=True)
-class CredentialRow:
-    role: str
-    label: str
-    created_at: float
-    revoked_at: float | None
-    generation: int
-    last_seen_at: float | None
-    scope: str | None = None
-    labels: str | None = None
-    """A Hand's operator labels as JSON (`{"role": "web"}`), None when it has none."""
-
-    def label_map(self) -> dict[str, str]:
-        return json.loads(self.labels) if self.labels else {}
-
-
-def labels_json(labels: dict[str, str] | None) -> str | None:
-    """A Hand's labels as stored: compact JSON sorted by key, None for none."""
-    return json.dumps(dict(sorted(labels.items())), separators=(",", ":")) if labels else None

@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 from mind.core.snapshots import Plan, Snapshot
 from mind.store import scripts
 from mind.store.api import Calls, Results
+from mind.store.credential_rows import CredentialRow
 from mind.store.credentials import Store
 from mind.store.endings import Ending, EndingStore
 from mind.store.recordings import SqliteRecordings
-from mind.store.rows import CredentialRow
 from mind.store.scripts import run_now
 from mind.store.snapshots import SnapshotStore
 from protocol.auth import Credential

@@ -25,7 +25,6 @@ from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any, Literal
 
-import pydantic
 import structlog
 
 from protocol.audit import AUDITED, AuditEvent
@@ -464,7 +463,8 @@ def _exc_type(exc: BaseException) -> str:
 
 
 def _exc_message(exc: BaseException) -> str:
-    if isinstance(exc, pydantic.ValidationError):
+    pydantic = sys.modules.get("pydantic")  # not imported: no error of its (`mind hand add` never imports it)
+    if pydantic is not None and isinstance(exc, pydantic.ValidationError):
         errs = exc.errors(include_input=False, include_url=False, include_context=False)
         text = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or '(value)'}: {err['msg']}" for err in errs)
         text = f"{exc.error_count()} validation error(s) for {exc.title}: {text}"

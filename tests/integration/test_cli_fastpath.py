@@ -39,6 +39,24 @@ def test_exec_loads_neither_asyncio_nor_websockets_nor_pydantic(c):
     assert r.stderr.strip() == b"0 []", r.stderr
 
 
+def test_the_local_credential_admin_loads_no_message_model_nor_client_command(c, tmp_path):
+    """`mind hand add` runs once per Hand a test or a script sets up: it reads and writes the
+    credential store only, so it starts without pydantic's models or the client's commands."""
+    code = (
+        "import sys\n"
+        "from mind.main import main\n"
+        "try:\n"
+        f"    main(['hand', 'add', 'lean', '--out', {str(tmp_path / 'lean.cred')!r}])\n"
+        "except SystemExit as e:\n"
+        "    code = e.code\n"
+        "heavy = [m for m in ('pydantic', 'protocol.messages', 'websockets', 'mind.client.aio', 'mind.cli.cp') if m in sys.modules]\n"
+        "print(code, heavy, file=sys.stderr)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], env=c.env, capture_output=True, timeout=60)
+    assert r.stderr.strip().splitlines()[-1] == b"0 []", r.stderr
+    assert (tmp_path / "lean.cred").read_text().startswith("mh1:hand:lean:")
+
+
 @pytest.mark.parametrize(
     "args,why",
     [

@@ -16,13 +16,13 @@ import pytest
 from mind.cli import exits, main, options
 from mind.cli.exits import EXIT_USAGE
 from mind.cli.hints import shell_hint
-from mind.main import add_daemon_parsers
+from mind.main import DAEMON_WORDS, add_daemon_parsers
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse(*words: str) -> argparse.Namespace:
-    return main.parse(list(words), daemon=[add_daemon_parsers])
+    return main.parse(list(words), daemon=[add_daemon_parsers], daemon_words=DAEMON_WORDS)
 
 
 def usage_error(capsys: pytest.CaptureFixture[str], *words: str) -> str:
@@ -281,6 +281,31 @@ def test_each_familys_table_row_is_what_its_module_adds():
     assert found == main.FAMILIES
     client = {c[0] for c in commands(main.parser())}
     assert client - set(main.FAMILIES) == set(main.FAST), "every client command is in a family's row or exec's"
+
+
+def test_the_daemon_words_are_what_the_daemon_adds():
+    """`mind.main.DAEMON_WORDS` are parsed by the daemon's parsers alone: a word missing from it is
+    parsed by the whole parser (slower, still right); a word too many would not parse at all."""
+    p, sub = main.top_parser()
+    add_daemon_parsers(sub)
+    assert set(sub.choices) == set(DAEMON_WORDS)
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["serve", "--listen", "127.0.0.1:0", "--resume-window", "30s"],
+        ["hand", "add", "web1", "--label", "role=web", "--out", "w.cred"],
+        ["client", "add", "ci", "--hands", "web*", "--tools", "exec"],
+        ["client", "rotate", "ci"],
+    ],
+)
+def test_a_daemon_command_is_parsed_by_the_daemons_parsers_the_same_as_by_the_whole(words):
+    args, extra = main.parser([add_daemon_parsers]).parse_known_args(words)
+    assert not extra
+    ours = parse(*words)
+    assert same_but_handler(ours, args)
+    assert handled_by(ours.handler) == handled_by(args.handler)
 
 
 @pytest.mark.parametrize(

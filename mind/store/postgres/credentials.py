@@ -11,9 +11,9 @@ import time
 import asyncpg
 
 from mind.store.coalesce import Coalescer
+from mind.store.credential_rows import CredentialRow, labels_json
 from mind.store.credentials import StoreError
 from mind.store.postgres.pool import Db
-from mind.store.rows import CredentialRow, labels_json
 from protocol import limits
 from protocol.auth import Credential
 
