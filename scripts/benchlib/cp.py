@@ -62,6 +62,11 @@ class _Peak:
 
 
 def _timed(argv: list[str], env: dict[str, str], timeout: float = 900) -> tuple[float, bytes]:
+    """`argv`'s wall time, started on a clean disk: what earlier commands (or the source's creation)
+    left dirty is flushed first, untimed. Our copies end with a `syncfs`, which would otherwise pay
+    for everyone's dirty pages (a tree's first upload took 3.0 s against 1.2 s for the next, because
+    it flushed the 5,000 files the benchmark had just written); rsync and scp never sync."""
+    os.sync()
     t0 = time.perf_counter()
     r = subprocess.run(argv, env=env, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
     dt = time.perf_counter() - t0
