@@ -14,8 +14,9 @@ import threading
 import time
 from pathlib import Path
 
-from benchlib.core import PY, Ctx, Row, rss_mib, throughput_row, verdict
+from benchlib.core import PY, Ctx, Row, med, ratio, rss_mib, spread, throughput_row, verdict
 from benchlib.figures import basic, figure, sshd
+from benchlib.streams import tls_cluster
 from protocol import limits
 
 MIND = str(Path(PY).parent / "mind")
@@ -110,7 +111,18 @@ def fig_cp(ctx: Ctx) -> list[Row]:
     scp_up: list[float] = []
     scp_down: list[float] = []
     growth: list[float] = []
+    tls = tls_cluster(ctx)
+    tls_env, tls_root = dict(tls.env), tls.tmp / "root-bench"
+    tls_up: list[float] = []
+    tls_down: list[float] = []
     for i in range(ctx.rounds):
+        # over wss:// in turns with plain, so both meet the same machine (issue 40 item 3: within 1.5x)
+        dt, _ = _timed([MIND, "cp", str(src), f"bench:cp-{i}.bin"], tls_env)
+        tls_up.append(size / dt / 2**20)
+        dt, _ = _timed([MIND, "cp", f"bench:cp-{i}.bin", str(work / f"tls-down-{i}.bin")], tls_env)
+        tls_down.append(size / dt / 2**20)
+        (work / f"tls-down-{i}.bin").unlink()
+        (tls_root / f"cp-{i}.bin").unlink()
         with _Peak(cl.mind.pid) as peak:
             dt, _ = _timed([MIND, "cp", str(src), f"bench:cp-{i}.bin"], env)
         up_r.append(size / dt / 2**20)
@@ -131,6 +143,21 @@ def fig_cp(ctx: Ctx) -> list[Row]:
     for label, ours, ref in (("up", up_r, scp_up), ("down", down_r, scp_down)):
         what = f"{label} MiB/s, {size >> 20} MiB through mind cp"
         rows.append(throughput_row("cp", what, ours, ref, "scp localhost", ">= scp"))
+    for label, ours, plain in (("up", tls_up, up_r), ("down", tls_down, down_r)):
+        o, p = med(ours), med(plain)
+        rows.append(
+            Row(
+                "cp",
+                f"{label} MiB/s over wss://, {size >> 20} MiB through mind cp",
+                f"{o:.0f}",
+                "",
+                spread(ours, lambda v: f"{v:.0f}"),
+                f"{p:.0f} (ours, plain ws://)",
+                ratio(o, p),
+                ">= 0.67x plain (within 1.5x)",
+                verdict(o * 1.5 >= p),
+            )
+        )
     g = max(growth)
     rows.append(
         Row(
