@@ -7,7 +7,9 @@ reference measured in the same run, printed as one table with PASS/MISS against 
     scripts/bench --list               # the figures
 
 Timing targets are goals, not assertions: a MISS does not fail the run (exit 0); a figure that
-could not be measured at all prints an ERROR row and makes the exit code 1.
+could not be measured at all prints an ERROR row and makes the exit code 1. So does a figure that
+runs past its bound (3 minutes in quick mode, an hour in full mode), with a traceback of where it
+waited; the next figure runs.
 """
 
 from __future__ import annotations
@@ -39,6 +41,16 @@ from benchlib import record as _record  # noqa: E402, F401 - registers the recor
 from benchlib import resume as _resume  # noqa: E402, F401 - registers the continuity figures
 from benchlib import streams as _streams  # noqa: E402, F401 - registers the data-plane figures
 from benchlib.figures import ABOUT, FIGURES, release_unused  # noqa: E402
+
+FIGURE_BOUND_QUICK_S = 180
+FIGURE_BOUND_S = 3600
+"""How long one figure may run (quick mode: its longest figure took 33 s beside two CPU burners and a disk writer; full mode:
+the 1 GiB copies and the far links take minutes). Past it the figure is an ERROR row, its traceback
+on stderr naming where it waited, and the next figure runs: a stall is reported, never waited out."""
+
+
+class FigureOverran(Exception):
+    """A figure ran past its bound (raised by SIGALRM in the main thread, wherever it waits)."""
 
 
 def main() -> int:
@@ -82,6 +94,12 @@ def main() -> int:
         raise SystemExit(128 + signum)  # unwinds through the cleanup below
 
     signal.signal(signal.SIGTERM, terminated)
+    bound = FIGURE_BOUND_QUICK_S if args.quick else FIGURE_BOUND_S
+
+    def overran(_signum: int, _frame: object) -> None:
+        raise FigureOverran(f"ran past {bound} s (the traceback on stderr says where it waited)")
+
+    signal.signal(signal.SIGALRM, overran)
     mode = f"{'quick' if args.quick else 'full'}, {rounds} round{'s' if rounds > 1 else ''} per figure"
     mach = core.machine()
     head = (
@@ -98,6 +116,7 @@ def main() -> int:
         for name in selected:
             t0 = time.monotonic()
             print(f"bench: {name} ...", file=sys.stderr, flush=True)
+            signal.alarm(bound)
             try:
                 rows += FIGURES[name](ctx)
             except Exception as exc:  # one figure failing must not hide the others
@@ -105,6 +124,8 @@ def main() -> int:
                 traceback.print_exc(file=sys.stderr)
                 rows.append(core.Row(name, "could not be measured (see notes)", verdict="ERROR"))
                 ctx.note(name, f"ERROR {type(exc).__name__}: {exc}"[:600])
+            finally:
+                signal.alarm(0)
             release_unused(ctx, selected[selected.index(name) + 1 :])
             print(f"bench: {name} done in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
     finally:

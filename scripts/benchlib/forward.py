@@ -56,6 +56,9 @@ async def main():
 asyncio.run(main())
 """
 BLOCK = bytes(range(256)) * 4096
+STALL_S = 120.0
+"""Every socket here gives up after this long without a byte: a tunnel that stalls is an ERROR row
+naming this figure, never a benchmark that waits for ever."""
 
 
 def _free_port() -> int:
@@ -77,7 +80,7 @@ def _wait_listening(port: int, timeout: float = 20.0) -> None:
 
 def throughput(port: int, n: int) -> float:
     """MiB/s of `n` bytes from the source through `port`, checked."""
-    with socket.create_connection(("127.0.0.1", port)) as s:
+    with socket.create_connection(("127.0.0.1", port), timeout=STALL_S) as s:
         t0 = time.perf_counter()
         s.sendall(f"{n}\n".encode())
         got = 0
@@ -96,7 +99,7 @@ def throughput(port: int, n: int) -> float:
 
 def first_byte(port: int) -> float:
     t0 = time.perf_counter()
-    with socket.create_connection(("127.0.0.1", port)) as s:
+    with socket.create_connection(("127.0.0.1", port), timeout=STALL_S) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.sendall(b"x")
         if s.recv(1) != b"x":
@@ -111,7 +114,7 @@ def many(port: int, conns: int, size: int) -> float:
 
     def one() -> None:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
+            with socket.create_connection(("127.0.0.1", port), timeout=STALL_S) as s:
                 sender = threading.Thread(target=lambda: (s.sendall(payload), s.shutdown(socket.SHUT_WR)))
                 sender.start()
                 got = bytearray()
@@ -140,7 +143,7 @@ def idle_rss(mind_pid: int, port: int, conns: int) -> float:
     socks = []
     try:
         for _ in range(conns):
-            s = socket.create_connection(("127.0.0.1", port))
+            s = socket.create_connection(("127.0.0.1", port), timeout=STALL_S)
             s.sendall(b"x")
             if s.recv(1) != b"x":
                 raise RuntimeError("no echo")
