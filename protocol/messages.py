@@ -34,7 +34,6 @@ StreamNumber = Annotated[int, Strict(), Field(ge=1, le=(1 << 32) - 1)]
 terminal run the one `pty` stream, come back."""
 LabelValue = Annotated[str, Strict(), StringConstraints(pattern=limits.LABEL_VALUE_RE.pattern)]
 Role = Literal["hand", "client"]
-RESUME_WINDOW_MAX_S = limits.RESUME_WINDOW_MAX_S
 WallTime = Annotated[float, Field(allow_inf_nan=False)]
 """A wall-clock time (seconds since the epoch): finite, as the fast path's reader requires too."""
 Seal = Annotated[str, Strict(), StringConstraints(pattern=r"^[0-9a-f]{32}$")]
@@ -98,7 +97,7 @@ class Welcome(Message):
     mac: Mac
     """The Mind's proof that it knows the same secret (mutual authentication)."""
     ping_interval_s: Annotated[float, Field(gt=0, le=3600)]
-    resume_window_s: Annotated[float, Field(ge=0, le=RESUME_WINDOW_MAX_S)] = 0.0
+    resume_window_s: Annotated[float, Field(ge=0, le=limits.RESUME_WINDOW_MAX_S)] = 0.0
     """How long the Mind keeps a run whose leg went away (DESIGN §15): a Hand keeps its foreground
     runs this long after its connection drops, and presents them (`runs_present`) when it is back.
     0: no continuity, a drop ends the runs (the rule before issue 22)."""
@@ -676,13 +675,13 @@ class Detach(Message):
 
     TYPE = "detach"
     run_id: Id
-    keep_s: Annotated[float, Field(gt=0, le=RESUME_WINDOW_MAX_S)] | None = None
+    keep_s: Annotated[float, Field(gt=0, le=limits.RESUME_WINDOW_MAX_S)] | None = None
 
 
 class Detached(Message):
     TYPE = "detached"
     run_id: Id
-    keep_s: Annotated[float, Field(ge=0, le=RESUME_WINDOW_MAX_S)]
+    keep_s: Annotated[float, Field(ge=0, le=limits.RESUME_WINDOW_MAX_S)]
     """How long the Mind keeps the run unattended (the window, or the `keep_s` granted)."""
 
 

@@ -48,9 +48,9 @@ from protocol.codes import CancelReason, CancelStatus, ErrorCode, RejectCode
 from protocol.digest import args_digest
 from protocol.errors import ProtocolError
 from protocol.frames import OUTPUT_STREAMS, Numbers
+from protocol.limits import RESUME_WINDOW_MAX_S
 from protocol.messages import (
     OUTCOME_FIELDS,
-    RESUME_WINDOW_MAX_S,
     Attached,
     Background,
     Cancel,
