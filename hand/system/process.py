@@ -633,8 +633,12 @@ class ProcessRun(Killable):
             preexec = preexec_for(self._plan, self.cgroup.open_join() if self.cgroup is not None else ())
             if preexec is not None:
                 self._sandbox["preexec_fn"] = preexec
-        try:
-            transport, _ = await loop.subprocess_exec(
+        # The spawn runs as its own task, shielded: a cancel landing while asyncio still connects
+        # the pipes would make it kill the main process alone and then wait for every pipe to
+        # close, which a grandchild holding stdout can make minutes. `_abandon_spawn` lets the
+        # spawn finish (it is bounded: fork, exec, pipes) and then kills the whole tree.
+        spawning = asyncio.ensure_future(
+            loop.subprocess_exec(
                 lambda: proto,
                 *argv,
                 stdin=asyncio.subprocess.PIPE if piped else asyncio.subprocess.DEVNULL,
@@ -645,6 +649,12 @@ class ProcessRun(Killable):
                 start_new_session=True,
                 **self._sandbox,
             )
+        )
+        try:
+            transport, _ = await asyncio.shield(spawning)
+        except asyncio.CancelledError:
+            await self._abandon_spawn(spawning)
+            raise
         except subprocess.SubprocessError as exc:  # the preexec function failed: it did not start
             raise OSError(f"the sandbox could not be set up ({exc})") from None
         finally:
@@ -715,6 +725,23 @@ class ProcessRun(Killable):
             stragglers_killed=stragglers,
             contained=self.cgroup is not None,
         )
+
+    async def _abandon_spawn(self, spawning: asyncio.Future[tuple[asyncio.SubprocessTransport, Any]]) -> None:
+        """Cancelled while spawning: wait for the spawn to end (a second cancel meanwhile changes
+        nothing: the first one is re-raised by the caller), then SIGKILL the group and the cgroup
+        and close the pipes, so nothing of the run is left and no pipe keeps anyone waiting."""
+        while not spawning.done():
+            try:
+                await asyncio.wait({spawning})
+            except asyncio.CancelledError:
+                continue
+        if spawning.cancelled() or spawning.exception() is not None:
+            return  # nothing started
+        transport, _ = spawning.result()
+        _signal_group(transport.get_pid(), signal.SIGKILL)
+        if self.cgroup is not None:
+            self.cgroup.kill()
+        transport.close()
 
     async def _wait_output(self, proto: _Protocol) -> bool:
         """After the main process exited: wait for its pipes to close, at most `drain` seconds of

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from hand_support import pid_alive, read_pid, until
@@ -168,6 +169,38 @@ async def test_cancelling_the_runner_task_kills_the_tree(tmp_path):
     except asyncio.CancelledError:
         pass
     await until(lambda: not pid_alive(child), timeout=5, what="the child to die")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("turns", range(5))
+async def test_a_cancel_at_any_point_of_the_spawn_ends_at_once_and_leaves_nothing(tmp_path, turns):
+    # The cancel lands after `turns` turns of the loop: before the fork, while asyncio still connects
+    # the pipes (the grandchild `sleep 100` holding stdout already), or once it runs. The loop is
+    # then held (a blocking wait) until the grandchild is up, so it exists at the cancel wherever
+    # the spawn stands. In every case the runner ends at once and the tree is gone: asyncio's own
+    # answer to a cancel mid-spawn kills the main process alone and waits for every pipe to close,
+    # 100 s here.
+    pidfile = tmp_path / "child.pid"
+    p = sh(f"sleep 100 & echo $! > {pidfile}; wait")
+    task = asyncio.ensure_future(p.run())
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    deadline = time.monotonic() + 1.0  # forked by now, or not before the loop turns again
+    while read_pid(pidfile) is None and time.monotonic() < deadline:
+        time.sleep(0.005)  # noqa: ASYNC251 -- holding the loop is the point
+    task.cancel()
+    child = read_pid(pidfile)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=10)
+        assert done, f"the runner was still ending 10 s after a cancel {turns} turns in"
+        assert task.cancelled()
+        child = read_pid(pidfile)  # a spawn the cancel let finish was killed at once
+        if child is not None:
+            await until(lambda: not pid_alive(child), timeout=5, what="the grandchild to die")
+    finally:
+        if child is not None and pid_alive(child):
+            os.kill(child, signal.SIGKILL)  # let a hung runner go
+        await asyncio.wait({task}, timeout=10)
 
 
 @pytest.mark.slow
