@@ -566,10 +566,13 @@ class Incoming:
         """(offset, consumed) to tell the sender after a cut: every byte before `offset` is here
         (received bytes survive a cut of the connection, they are in this process), those before
         `consumed` are consumed. The resume acknowledges `consumed`, so no acknowledgement lost
-        in the cut is owed any more."""
+        in the cut is owed any more. The sender resumes under what the resume says (a presentation
+        states the limit granted, which may be more than the window), so the next acknowledgement
+        says the window again."""
         r = self.receiver
         r.acked = max(r.acked, r.consumed)
         r.limit = max(r.limit, r.acked + r.window)  # as the acknowledgement it stands for would
+        r.announced = 0
         self.resumed = True
         return r.offset, r.consumed
 

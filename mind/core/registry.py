@@ -971,13 +971,15 @@ class RunRegistry:
                     if pos is None:
                         continue
                     relay.resume(pos.offset, pos.consumed)
+                    if pos.window is not None:  # the limit it granted less what it consumed, maybe
+                        relay.narrow(pos.window)  # more than its window: not the client's new window
                     if run.client is not None:
                         msg = StreamResume(
                             run_id=run.run_id,
                             stream="stdin",
                             offset=pos.offset,
                             consumed=pos.consumed,
-                            window=pos.window,
+                            window=relay.window,  # the one this relay checks the client against
                         )
                         acts.append(SendToClient(run.client, run.req_id, msg))
                     continue
