@@ -80,6 +80,7 @@ from protocol.envelope import Channel, Envelope
 from protocol.errors import MindhandError, ProtocolError
 from protocol.io import logs
 from protocol.io.batching import MAX_BATCH, BatchedWrites, write_frames
+from protocol.io.framereader import FrameReader
 from protocol.io.loop import probe_lag
 from protocol.io.tls import TLSConfigError, check_pin, client_context, verify_failure
 from protocol.messages import (
@@ -120,8 +121,9 @@ draw stays random (full jitter), so many Hands cut by one restart still spread t
 CLOSE_TIMEOUT_S = 2.0
 
 
-class BatchingConnection(BatchedWrites, ClientConnection):
-    """The Hand's connection: frames queued together leave in one write (`protocol.io.batching`)."""
+class BatchingConnection(BatchedWrites, FrameReader, ClientConnection):
+    """The Hand's connection: frames queued together leave in one write (`protocol.io.batching`);
+    binary frames are read by our own reader (`protocol.io.framereader`)."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from protocol.auth import Credential
 from protocol.codes import ErrorCode
 from protocol.envelope import decode as decode_envelope
 from protocol.errors import ProtocolError
+from protocol.io.framereader import FrameReader
 from protocol.messages import Welcome
 from protocol.urls import Rotation, split_urls
 
@@ -37,6 +38,10 @@ class Dial:
     def __init__(self, url: str, credential: Credential, open_timeout: float, ca: str | None, pin: str | None) -> None:
         self.url, self.credential, self.open_timeout, self.ca, self.pin = url, credential, open_timeout, ca, pin
         self.rotation = Rotation(split_urls(url) or [url])
+
+
+class ReadingConnection(FrameReader, ClientConnection):
+    """A client's connection: binary frames read by our own reader (`protocol.io.framereader`)."""
 
 
 MOVE_ON = frozenset({ClientCode.UNREACHABLE, ClientCode.CLOSED, ErrorCode.BUSY, ErrorCode.INTERNAL_ERROR})
@@ -69,6 +74,7 @@ async def _open_one(dial: Dial, url: str, open_timeout: float) -> tuple[ClientCo
     try:
         ws = await connect(
             url,
+            create_connection=ReadingConnection,
             compression=None,
             max_size=limits.MAX_FRAME_BYTES,
             open_timeout=open_timeout,

@@ -31,13 +31,15 @@ from protocol.codes import ErrorCode
 from protocol.envelope import Channel
 from protocol.errors import ProtocolError
 from protocol.io.batching import MAX_BATCH, BatchedWrites, write_frames
+from protocol.io.framereader import FrameReader
 from protocol.messages import Error, Message
 
 log = structlog.get_logger(component="mind.outbox")
 
 
-class BatchingConnection(BatchedWrites, ServerConnection):
-    """The Mind's connections: frames queued together leave in one write (`protocol.io.batching`)."""
+class BatchingConnection(BatchedWrites, FrameReader, ServerConnection):
+    """The Mind's connections: frames queued together leave in one write (`protocol.io.batching`);
+    binary frames are read by our own reader (`protocol.io.framereader`)."""
 
 
 class Outbox:
