@@ -337,6 +337,11 @@ class Channel:
         """A `stream_data` as its data frame; None for a run whose streams died on this connection
         (it ended: what is still sent for it is dropped here, as the Mind would drop it). A stream
         that was never given a number is a bug of the caller: `ProtocolError`."""
+        parts = self.stamp_parts(m)
+        return None if parts is None else parts[0] + parts[1]
+
+    def stamp_parts(self, m: Any) -> tuple[bytes, bytes | memoryview] | None:
+        """`stamp_chunk`, its header and payload unjoined (`frames.parts`)."""
         n = self.numbers.number(m.run_id, m.stream)
         if n is None:
             if self.numbers.ended(m.run_id):
@@ -345,7 +350,7 @@ class Channel:
                 ErrorCode.INVALID_PAYLOAD,
                 f"no stream number for {m.stream} of run {m.run_id} on this connection",
             )
-        return frames.encode(n, m.offset, m.data, m.eof)
+        return frames.parts(n, m.offset, m.data, m.eof)
 
     def _stamp_envelope(self, msg: Message, id: str | None) -> bytes:
         return self._counted(msg.TYPE, encode(Envelope(msg=msg, seq=self._out + 1, id=id, gen=self.gen)))

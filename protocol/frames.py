@@ -71,11 +71,18 @@ def header(number: int, offset: int, eof: bool) -> bytes:
 
 def encode(number: int, offset: int, data: bytes | memoryview, eof: bool) -> bytes:
     """One whole frame (header + payload), for the ends; the Mind writes the two parts as they are."""
+    head, data = parts(number, offset, data, eof)
+    return head + data
+
+
+def parts(number: int, offset: int, data: bytes | memoryview, eof: bool) -> tuple[bytes, bytes | memoryview]:
+    """A frame as its header and its payload, unjoined: a writer that frames them itself
+    (`protocol.io.batching`) copies the payload once, where joining them first is a copy more."""
     if len(data) > limits.STREAM_CHUNK_MAX:
         raise ValueError(f"a chunk of {len(data)} bytes exceeds {limits.STREAM_CHUNK_MAX}")
     if not data and not eof:
         raise ValueError("a chunk carries data or the end of the stream")
-    return header(number, offset, eof) + data
+    return header(number, offset, eof), data
 
 
 def decode(data: bytes | bytearray | memoryview) -> tuple[int, int, bool, memoryview]:

@@ -79,7 +79,7 @@ from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
 from protocol.envelope import Channel, Envelope
 from protocol.errors import MindhandError, ProtocolError
 from protocol.io import logs
-from protocol.io.batching import MAX_BATCH, BatchedWrites, write_frames
+from protocol.io.batching import MAX_BATCH, BatchedWrites, Parts, write_frames
 from protocol.io.framereader import FrameReader
 from protocol.io.loop import probe_lag
 from protocol.io.tls import TLSConfigError, check_pin, client_context, verify_failure
@@ -195,7 +195,7 @@ class _Wire:
         self.ws = ws
         self.channel = channel
         self._log = log
-        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[bytes | Parts | None] = asyncio.Queue()
         self.open = True
         self.writer: asyncio.Task[None] | None = None
 
@@ -205,8 +205,8 @@ class _Wire:
         if not self.open:
             return
         if msg.TYPE == "stream_data":  # a data frame; none for a run whose streams died here
-            if (frame := self.channel.stamp_chunk(msg)) is not None:
-                self._queue.put_nowait(frame)
+            if (parts := self.channel.stamp_parts(msg)) is not None:
+                self._queue.put_nowait(parts)  # framed and masked by `BatchedWrites`, unjoined
             return
         self._queue.put_nowait(self.channel.stamp(msg, id=id))
 

@@ -233,7 +233,8 @@ class WsClient:
                 raise WsError(CLOSE_TOO_BIG, f"a message over the limit of {self.max_size} bytes")
             if len(buf) < pos + n:
                 return
-            payload = bytes(buf[pos : pos + n])
+            with memoryview(buf) as view:  # one copy: a slice of the bytearray would be another
+                payload = bytes(view[pos : pos + n])
             del buf[: pos + n]
             if op < 8:
                 self._data(op, payload, bool(fin))

@@ -158,7 +158,7 @@ class FrameReader:
             if b0 == FAST and bool(masked) is server and p.current_size is None:
                 start = pos + head
                 if masked:
-                    payload = apply_mask(view[start:end], view[start - 4 : start])
+                    payload = apply_mask(view[start:end], bytes(view[start - 4 : start]))
                 else:
                     payload = bytes(view[start:end])
                 self._put(Frame(Opcode.BINARY, payload))

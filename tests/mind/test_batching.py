@@ -47,3 +47,33 @@ async def test_a_burst_is_one_write_and_arrives_whole_in_both_directions():
     assert got == frames and got_by_server == frames
     assert burst == {"mind": 1, "hand": 1}  # 200 frames each way, one write each
     assert writes["mind"] >= 2  # the closing handshake went through the same path
+
+
+async def test_frames_written_as_header_and_payload_arrive_whole_both_ways():
+    # A Hand's stream chunks go as (header, payload), framed and masked by `BatchedWrites` with a
+    # fresh key each (the payload's key turned by the header's length); the Mind's unmasked. Read
+    # by the peer (websockets' reader and ours), each is the header and the payload joined.
+    import os
+
+    sizes = [1, 2, 3, 4, 5, 125, 126, 127, 65535, 65536, 200_000]
+    parts = [(bytes([0xA5]) * (h % 7 + 10), os.urandom(n)) for h, n in enumerate(sizes)]
+    parts.append((b"h" * 14, memoryview(os.urandom(1000))[3:900]))
+    want = [h + bytes(p) for h, p in parts]
+    got_by_server: list[bytes] = []
+
+    async def handler(ws: MindConnection) -> None:
+        for _ in parts:
+            got_by_server.append(await ws.recv())
+        await ws.send_many(list(parts))
+        await ws.close()
+
+    async with serve(handler, "127.0.0.1", 0, create_connection=MindConnection, compression=None) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", create_connection=HandConnection, compression=None) as ws:
+            for one in parts[:3]:  # one at a time, then the rest together
+                await ws.send_many([one])
+            await ws.send_many(list(parts[3:]))
+            got = [await asyncio.wait_for(ws.recv(), 10) for _ in parts]
+            await asyncio.wait_for(ws.wait_closed(), 10)
+    assert got_by_server == want
+    assert got == want

@@ -93,7 +93,7 @@ def _frames_in(written: bytes, side: Side) -> list[tuple[Opcode, bytes, bool]]:
 
 def _cuts(data: bytes, points: list[int]) -> list[bytes]:
     edges = sorted({p % (len(data) + 1) for p in points} | {0, len(data)})
-    return [data[a:b] for a, b in zip(edges, edges[1:]) if b > a]
+    return [data[a:b] for a, b in zip(edges, edges[1:], strict=False) if b > a]
 
 
 async def _feed(cls: type[Connection], side: Side, chunks: list[bytes], eof: bool = True) -> tuple:
