@@ -43,8 +43,31 @@ _ROTATIONS: dict[str, Rotation] = {}
 
 PING_INTERVAL_S = 20.0
 PING_TIMEOUT_S = 20.0
+IOV_MAX = 1024
+"""Buffers one `sendmsg` takes at most (Linux's UIO_MAXIOV)."""
 WRITE_TIMEOUT_S = 20.0
 CLOSE_TIMEOUT_S = 2.0
+
+
+def send_buffers(sock: socket.socket, buffers: list[bytes]) -> None:
+    """`sendall` of the buffers in order, with one `sendmsg` (scatter-gather) where it can, so a
+    frame's header and its payload are never joined into a new object; a TLS socket has no
+    `sendmsg`: joined, then. A partial send goes on from where it stopped."""
+    if len(buffers) == 1 or not hasattr(sock, "sendmsg") or type(sock) is not socket.socket:
+        sock.sendall(b"".join(buffers))
+        return
+    views = [memoryview(b) for b in buffers if b]
+    first = 0
+    while first < len(views):
+        n = sock.sendmsg(views[first : first + IOV_MAX])
+        while n:
+            size = len(views[first])
+            if n >= size:
+                n -= size
+                first += 1
+            else:
+                views[first] = views[first][n:]
+                n = 0
 
 
 class Link:
@@ -419,7 +442,7 @@ class Link:
 
     def _write(self) -> None:
         """Hand the session's frames to the WebSocket and write them."""
-        for frame in self._session.data_to_send():
+        for frame in self._session.frames_to_send():
             try:
                 self._ws.send_binary(frame)
             except WsError:
@@ -427,13 +450,13 @@ class Link:
         self._flush()
 
     def _flush(self) -> None:
-        data = self._ws.data_to_send()
+        data = self._ws.buffers_to_send()
         if not data or self._write_error is not None or self._aborted:
             return
         try:
             self._sock.settimeout(WRITE_TIMEOUT_S)
             try:
-                self._sock.sendall(data)
+                send_buffers(self._sock, data)
             finally:
                 self._sock.setblocking(False)
         except OSError as exc:

@@ -180,7 +180,7 @@ class ClientSession:
         path's `Msg`)."""
         self._hs = handshake(credential, nonce)
         self._channel = Channel(max_out=limits.CLIENT_MAX_FRAME_BYTES)
-        self._out: list[bytes] = [self._channel.stamp(self._hs.hello())]
+        self._out: list[bytes | tuple[bytes, bytes | memoryview]] = [self._channel.stamp(self._hs.hello())]
         self._waiting: dict[str, _Waiting] = {}
         self._reason: ClientError | None = None  # an id-less `error`: why the Mind is about to close
 
@@ -192,6 +192,11 @@ class ClientSession:
 
     def data_to_send(self) -> list[bytes]:
         """The frames to write, in this order (each one binary WebSocket message)."""
+        return [f if isinstance(f, bytes) else f[0] + f[1] for f in self.frames_to_send()]
+
+    def frames_to_send(self) -> list[bytes | tuple[bytes, bytes | memoryview]]:
+        """`data_to_send` with each stream chunk as its header and payload, unjoined: a writer
+        that frames them itself (the blocking client's) copies the payload once."""
         out, self._out = self._out, []
         return out
 
@@ -216,8 +221,8 @@ class ClientSession:
         self._require_open()
         try:
             if msg.TYPE == "stream_data":  # a data frame; none for a run that has ended (dropped)
-                if (frame := self._channel.stamp_chunk(msg)) is not None:
-                    self._out.append(frame)
+                if (parts := self._channel.stamp_parts(msg)) is not None:
+                    self._out.append(parts)
                 return
             self._out.append(self._channel.stamp(msg, id))
         except ProtocolError as exc:

@@ -82,7 +82,7 @@ def _c_mask() -> Any:
     return _C_MASK
 
 
-def apply_mask(data: bytes, mask: bytes) -> bytes:
+def apply_mask(data: bytes | memoryview, mask: bytes) -> bytes:
     """XOR with the 4-byte mask: the C one for large frames when it can be had, else one big-integer
     operation (no per-byte Python loop)."""
     if len(data) >= 16 << 10:
@@ -96,6 +96,10 @@ def apply_mask(data: bytes, mask: bytes) -> bytes:
     return (int.from_bytes(data, "little") ^ int.from_bytes(key, "little")).to_bytes(n, "little")
 
 
+SCATTER_MIN = 4096
+"""A frame's payload from this size on is written as a buffer of its own (`buffers_to_send`)."""
+
+
 class WsClient:
     """One client connection: `connecting` (upgrade sent) -> `open` -> `closing` -> `closed`."""
 
@@ -107,12 +111,12 @@ class WsClient:
         self.close_reason = ""
         self._close_sent = False
         self._buf = bytearray()
-        self._out = bytearray(
+        self._out: list[bytes] = [
             (
                 f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                 f"Sec-WebSocket-Key: {self.key}\r\nSec-WebSocket-Version: 13\r\nUser-Agent: mindhand-cli\r\n\r\n"
             ).encode()
-        )
+        ]
         self._frag_op: int | None = None
         self._frag = bytearray()
         self._events: list[tuple] = []
@@ -120,7 +124,12 @@ class WsClient:
     # --- the shell's side ---
 
     def data_to_send(self) -> bytes:
-        out, self._out = bytes(self._out), bytearray()
+        return b"".join(self.buffers_to_send())
+
+    def buffers_to_send(self) -> list[bytes]:
+        """What `data_to_send` joins: a large frame's masked payload is a buffer of its own, so a
+        writer with scatter-gather (`sendmsg`) sends it without copying it into one."""
+        out, self._out = self._out, []
         return out
 
     def events(self) -> list[tuple]:
@@ -143,9 +152,14 @@ class WsClient:
         if self.state != "closed":
             self._closed(CLOSE_ABNORMAL, "")
 
-    def send_binary(self, payload: bytes) -> None:
+    def send_binary(self, payload: bytes | tuple[bytes, bytes | memoryview]) -> None:
+        """One binary message: `payload`, or a (header, payload) pair sent as one message, masked
+        part by part (the payload's key turned by the header's length), never joined first."""
         self._require_open()
-        self._frame(OP_BINARY, payload)
+        if isinstance(payload, tuple):
+            self._frame_parts(*payload)
+        else:
+            self._frame(OP_BINARY, payload)
 
     def send_ping(self, payload: bytes) -> None:
         self._require_open()
@@ -285,13 +299,29 @@ class WsClient:
         self._buf.clear()
         self._events.append((CLOSED, code, reason))
 
+    def _frame_parts(self, head: bytes, payload: bytes | memoryview) -> None:
+        n = len(head) + len(payload)
+        if n < SCATTER_MIN:
+            self._frame(OP_BINARY, head + bytes(payload))
+            return
+        mask = os.urandom(4)
+        turn = len(head) % 4
+        ws_head = self._head(OP_BINARY, n)
+        self._out += (ws_head + mask + apply_mask(head, mask), apply_mask(payload, mask[turn:] + mask[:turn]))
+
+    @staticmethod
+    def _head(op: int, n: int) -> bytes:
+        if n < 126:
+            return bytes((0x80 | op, 0x80 | n))
+        if n < 1 << 16:
+            return bytes((0x80 | op, 0x80 | 126)) + n.to_bytes(2, "big")
+        return bytes((0x80 | op, 0x80 | 127)) + n.to_bytes(8, "big")
+
     def _frame(self, op: int, payload: bytes) -> None:
         n = len(payload)
-        if n < 126:
-            head = bytes((0x80 | op, 0x80 | n))
-        elif n < 1 << 16:
-            head = bytes((0x80 | op, 0x80 | 126)) + n.to_bytes(2, "big")
-        else:
-            head = bytes((0x80 | op, 0x80 | 127)) + n.to_bytes(8, "big")
+        head = self._head(op, n)
         mask = os.urandom(4)
-        self._out += head + mask + apply_mask(payload, mask)
+        if n < SCATTER_MIN:
+            self._out.append(head + mask + apply_mask(payload, mask))
+        else:
+            self._out += (head + mask, apply_mask(payload, mask))

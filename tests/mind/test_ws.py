@@ -44,6 +44,22 @@ def test_messages_both_ways_masked_out_and_large_in():
     assert client.events() == [(MESSAGE, big), (MESSAGE, b"")]
 
 
+def test_a_header_and_payload_pair_is_one_message_masked_part_by_part():
+    # A stream chunk is sent as (header, payload), never joined: each part masked with the key
+    # turned by the header's length. The server reads exactly the two joined, whatever the sizes.
+    import os
+
+    client, server = pair(max_size=1 << 21)
+    sent = []
+    for head_len in (13, 14, 15, 16):
+        for size in (0, 1, 100, 4082, 4083, 4096, 65_536, 300_001):
+            head, payload = os.urandom(head_len), os.urandom(size)
+            client.send_binary((head, memoryview(payload)))
+            sent.append(head + payload)
+    frames = to_server(client, server)
+    assert [(f.opcode, f.data) for f in frames] == [(Opcode.BINARY, m) for m in sent]
+
+
 def test_bytes_may_arrive_one_at_a_time():
     client, server = pair()
     server.send_binary(b"x" * 70_000)  # 64-bit length
