@@ -47,6 +47,7 @@ from protocol.codes import ErrorCode
 from protocol.envelope import decode as decode_envelope
 from protocol.errors import ProtocolError
 from protocol.ids import new_id
+from protocol.io.batching import MAX_BATCH, write_frames
 from protocol.messages import (
     PAGE_LIMIT_MAX,
     Attach,
@@ -288,12 +289,13 @@ class MindClient:
         """Write what the session queued, in its order (the lock keeps two writers from reordering
         frames the session numbered)."""
         async with self._send_lock:
-            ws = self._ws
-            for frame in self._session.data_to_send():
-                try:
-                    await ws.send(frame)
-                except ConnectionClosed:
-                    raise ClientError(ClientCode.CLOSED, "connection to the Mind closed") from None
+            pending = self._session.frames_to_send()
+            try:
+                while pending:  # stream chunks as header and payload, framed and masked unjoined
+                    await write_frames(self._ws, pending[:MAX_BATCH])
+                    pending = pending[MAX_BATCH:]
+            except ConnectionClosed:
+                raise ClientError(ClientCode.CLOSED, "connection to the Mind closed") from None
 
     async def _read(self, ws: ClientConnection, session: core.ClientSession) -> None:
         """Every frame of one connection: checked by its session, replies to their requests, a

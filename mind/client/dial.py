@@ -24,6 +24,7 @@ from protocol.auth import Credential
 from protocol.codes import ErrorCode
 from protocol.envelope import decode as decode_envelope
 from protocol.errors import ProtocolError
+from protocol.io.batching import BatchedWrites
 from protocol.io.framereader import FrameReader
 from protocol.messages import Welcome
 from protocol.urls import Rotation, split_urls
@@ -40,8 +41,9 @@ class Dial:
         self.rotation = Rotation(split_urls(url) or [url])
 
 
-class ReadingConnection(FrameReader, ClientConnection):
-    """A client's connection: binary frames read by our own reader (`protocol.io.framereader`)."""
+class ReadingConnection(BatchedWrites, FrameReader, ClientConnection):
+    """A client's connection: binary frames read by our own reader (`protocol.io.framereader`),
+    frames queued together written at once, a stream chunk framed unjoined (`protocol.io.batching`)."""
 
 
 MOVE_ON = frozenset({ClientCode.UNREACHABLE, ClientCode.CLOSED, ErrorCode.BUSY, ErrorCode.INTERNAL_ERROR})

@@ -16,6 +16,7 @@ hands bytes to its transport.
 from __future__ import annotations
 
 import os
+import socket
 import struct
 from typing import Any
 
@@ -30,6 +31,9 @@ relays a payload as the buffer it received, never joined to its header in a new 
 
 Frame = "bytes | Parts"
 
+IOV_MAX = 1024
+"""Buffers one `sendmsg` takes at most (Linux's UIO_MAXIOV)."""
+
 MAX_BATCH = 64
 """Frames written together at most: a long queue still yields to the loop between batches."""
 
@@ -41,6 +45,8 @@ class BatchedWrites:
     def send_data(self) -> None:
         chunks = self.protocol.data_to_send()
         if all(chunks):
+            if len(chunks) > 1:
+                chunks = self._send_now(chunks)
             if chunks:
                 self.transport.writelines(chunks)
             return
@@ -54,6 +60,28 @@ class BatchedWrites:
                     pass
             else:
                 self.transport.close()
+
+    def _send_now(self, chunks: list[Any]) -> list[Any]:
+        """As much of `chunks` as the socket takes now, with one `sendmsg`: what is left, for the
+        transport. Python 3.11's `writelines` joins its buffers into a new object first (3.12 no
+        longer does), a copy of every byte of a stream, and of each frame's header and payload
+        kept apart so far. Only on a plain socket transport with nothing waiting in its buffer (the
+        order of bytes is kept); TLS, an error, a full socket: the transport's own way."""
+        t = self.transport
+        sock = getattr(t, "_sock", None)
+        if type(sock) is not socket.socket or t.get_write_buffer_size() or t.is_closing():
+            return chunks
+        try:
+            n = sock.sendmsg(chunks[:IOV_MAX])
+        except (BlockingIOError, InterruptedError):
+            return chunks
+        except OSError:
+            return chunks  # the transport meets it again, and handles it its way
+        for i, chunk in enumerate(chunks):
+            if n < len(chunk):
+                return [memoryview(chunk)[n:], *chunks[i + 1 :]] if n else chunks[i:]
+            n -= len(chunk)
+        return []
 
     async def send_many(self, frames: list[Any]) -> None:
         async with self.send_context():  # type: ignore[attr-defined]

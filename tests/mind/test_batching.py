@@ -19,14 +19,18 @@ async def test_a_burst_is_one_write_and_arrives_whole_in_both_directions():
     got_by_server: list[bytes] = []
 
     def counted(conn, name: str) -> None:
-        transport = conn.transport
-        original = transport.writelines
+        # A write is what one `data_to_send` hands over: one `sendmsg` (or one `writelines` of
+        # what the socket did not take), whatever the number of frames in it.
+        protocol = conn.protocol
+        original = protocol.data_to_send
 
-        def writelines(chunks):
-            writes[name] = writes.get(name, 0) + 1
-            return original(chunks)
+        def data_to_send():
+            chunks = original()
+            if chunks:
+                writes[name] = writes.get(name, 0) + 1
+            return chunks
 
-        transport.writelines = writelines
+        protocol.data_to_send = data_to_send
 
     async def handler(ws: MindConnection) -> None:
         counted(ws, "mind")
@@ -77,3 +81,30 @@ async def test_frames_written_as_header_and_payload_arrive_whole_both_ways():
             await asyncio.wait_for(ws.wait_closed(), 10)
     assert got_by_server == want
     assert got == want
+
+
+async def test_a_burst_larger_than_the_socket_takes_arrives_whole_and_in_order():
+    # 24 MiB at once while the peer does not read yet: `sendmsg` takes what the socket holds, the
+    # transport keeps the rest (from the middle of a buffer) and sends it once the peer reads.
+    import os
+
+    parts = [(i.to_bytes(14, "big"), os.urandom(512 << 10)) for i in range(48)]
+    want = [h + p for h, p in parts]
+    got: list[bytes] = []
+
+    async def handler(ws: MindConnection) -> None:
+        await asyncio.sleep(0.3)
+        for _ in parts:
+            got.append(await ws.recv())
+        await ws.send_many(list(parts))
+        await ws.close()
+
+    async with serve(handler, "127.0.0.1", 0, create_connection=MindConnection, compression=None) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", create_connection=HandConnection, compression=None) as ws:
+            await ws.send_many(list(parts))
+            await asyncio.sleep(0.3)  # the Mind's burst waits for this reader too
+            back = [await asyncio.wait_for(ws.recv(), 10) for _ in parts]
+            await asyncio.wait_for(ws.wait_closed(), 10)
+    assert got == want
+    assert back == want
