@@ -37,6 +37,7 @@ from benchlib import forward as _forward  # noqa: E402, F401 - registers the `mi
 from benchlib import limits as _limits  # noqa: E402, F401 - registers the cgroup-per-run figure
 from benchlib import mcp as _mcp  # noqa: E402, F401 - registers the `mind mcp` figure
 from benchlib import nodes as _nodes  # noqa: E402, F401 - registers the Many Minds figure
+from benchlib import reader as _reader  # noqa: E402, F401 - registers the frame reader figure
 from benchlib import record as _record  # noqa: E402, F401 - registers the recording figure
 from benchlib import resume as _resume  # noqa: E402, F401 - registers the continuity figures
 from benchlib import streams as _streams  # noqa: E402, F401 - registers the data-plane figures
