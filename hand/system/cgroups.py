@@ -127,11 +127,18 @@ class CgroupHost:
         limits = ", ".join(self.limits) or "none"
         return f"cgroups: {self.layout} ({'; '.join(where)}); kill: {self.kill_mode}; limits: {limits}"
 
-    def _dirs(self, name: str) -> dict[str, Path]:
+    def _dirs(self, name: str, want: CgroupLimits | None = None) -> dict[str, Path]:
+        """Where run `name`'s cgroup is, in every hierarchy; with `want`, where it is made. A v1
+        `cpu` hierarchy only for a run with a CPU share: without a quota of its own nothing of the
+        run is throttled there, and joining it cost every run ~0.25 ms (the shim's write of
+        `cgroup.procs`, measured: unified 80 us, memory 170, pids 90, cpu 240). Its `throttled_s`
+        is then not counted (None), as on a host without the hierarchy."""
         dirs: dict[str, Path] = {}
         if self.unified is not None:
             dirs["unified"] = self.unified / name
         for ctrl, base in self.v1.items():
+            if ctrl == "cpu" and want is not None and want.cpus is None:
+                continue
             dirs[ctrl] = base / name
         return dirs
 
@@ -151,7 +158,7 @@ class CgroupHost:
         why = self.refusal(want)
         if why is not None:
             raise CgroupError(why)
-        cg = RunCgroup(name, self._dirs(name), self)
+        cg = RunCgroup(name, self._dirs(name, want), self)
         made: list[Path] = []
         try:
             for path in cg.dirs.values():

@@ -227,9 +227,18 @@ def test_detect_finds_the_hybrid_layout(host: CgroupHost, tmp_path: Path) -> Non
     assert all(base.name == instance for base in bases(host))
     # a Hand only checked leaves nothing in the cgroup tree; the bases come with the first run
     assert [base for base in [*bases(host), CGROUP_FS / "freezer" / instance] if base.exists()] == []
-    cg = host.create("run-1")
+    cg = host.create("run-1", CgroupLimits(cpus=0.5))
     assert all(base.is_dir() for base in bases(host))
     assert cg.dirs == {"unified": host.unified / "run-1", **{c: b / "run-1" for c, b in host.v1.items()}}
+    # a run with no CPU share is not put in the v1 cpu hierarchy: nothing of its own throttles it
+    plain = host.create("run-2")
+    assert plain.dirs == {
+        "unified": host.unified / "run-2",
+        "memory": host.v1["memory"] / "run-2",
+        "pids": host.v1["pids"] / "run-2",
+    }
+    assert not (host.v1["cpu"] / "run-2").exists()
+    plain.remove(retry=False)
     line = host.describe()
     assert line.startswith(f"cgroups: hybrid (v2 {host.unified}; v1 cpu; v1 memory; v1 pids)")
     assert line.endswith("kill: cgroup.kill; limits: memory, pids, cpus")
