@@ -94,6 +94,24 @@ def test_parse_env_allow_names_prefixes_and_errors():
             parse_env_allow([bad])
 
 
+def test_the_hands_own_environment_is_read_as_it_is_now(monkeypatch):
+    # The filtered environment is kept between runs, and made again once the Hand's changed: a
+    # name added, a value changed, a name removed; what a caller does to its copy stays there.
+    sandbox = Sandbox(secrets=("s3cret",))
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    assert sandbox.child_env(None)["LANG"] == "C.UTF-8"
+    monkeypatch.setenv("LANG", "fr_FR.UTF-8")
+    monkeypatch.setenv("LC_ALL", "C")
+    env = sandbox.child_env(None)
+    assert env["LANG"] == "fr_FR.UTF-8" and env["LC_ALL"] == "C"
+    env["LANG"] = "mine"
+    assert sandbox.child_env(None)["LANG"] == "fr_FR.UTF-8"
+    monkeypatch.setenv("LANG", "has s3cret in it")
+    monkeypatch.delenv("LC_ALL")
+    env = sandbox.child_env(None)
+    assert "LANG" not in env and "LC_ALL" not in env
+
+
 def test_child_env_allowlist_secrets_run_as_and_per_run_env():
     parent = {
         "PATH": "/bin",
