@@ -34,6 +34,7 @@ from mind.client.ws import CLOSED, MESSAGE, PONG, WsClient, WsError
 from mind.errors import ClientCode, ClientError
 from protocol import limits
 from protocol.auth import Credential
+from protocol.io.buffers import IOV_MAX, unsent
 from protocol.urls import Rotation, split_urls
 
 MOVE_ON = frozenset({ClientCode.UNREACHABLE, ClientCode.CLOSED, "busy", "internal_error"})
@@ -43,8 +44,6 @@ _ROTATIONS: dict[str, Rotation] = {}
 
 PING_INTERVAL_S = 20.0
 PING_TIMEOUT_S = 20.0
-IOV_MAX = 1024
-"""Buffers one `sendmsg` takes at most (Linux's UIO_MAXIOV)."""
 WRITE_TIMEOUT_S = 20.0
 CLOSE_TIMEOUT_S = 2.0
 
@@ -56,18 +55,9 @@ def send_buffers(sock: socket.socket, buffers: list[bytes]) -> None:
     if len(buffers) == 1 or not hasattr(sock, "sendmsg") or type(sock) is not socket.socket:
         sock.sendall(b"".join(buffers))
         return
-    views = [memoryview(b) for b in buffers if b]
-    first = 0
-    while first < len(views):
-        n = sock.sendmsg(views[first : first + IOV_MAX])
-        while n:
-            size = len(views[first])
-            if n >= size:
-                n -= size
-                first += 1
-            else:
-                views[first] = views[first][n:]
-                n = 0
+    pending = [b for b in buffers if b]
+    while pending:
+        pending = unsent(pending, sock.sendmsg(pending[:IOV_MAX]))
 
 
 class Link:

@@ -20,6 +20,7 @@ import os
 from typing import Any
 
 from protocol.errors import MindhandError
+from protocol.io.buffers import turned
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 OP_CONT, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0, 1, 2, 8, 9, 10
@@ -305,9 +306,8 @@ class WsClient:
             self._frame(OP_BINARY, head + bytes(payload))
             return
         mask = os.urandom(4)
-        turn = len(head) % 4
         ws_head = self._head(OP_BINARY, n)
-        self._out += (ws_head + mask + apply_mask(head, mask), apply_mask(payload, mask[turn:] + mask[:turn]))
+        self._out += (ws_head + mask + apply_mask(head, mask), apply_mask(payload, turned(mask, len(head))))
 
     @staticmethod
     def _head(op: int, n: int) -> bytes:

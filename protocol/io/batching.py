@@ -20,6 +20,8 @@ import socket
 import struct
 from typing import Any
 
+from protocol.io.buffers import IOV_MAX, turned, unsent
+
 try:
     from websockets.speedups import apply_mask
 except ImportError:  # pragma: no cover - websockets without its C extension
@@ -30,9 +32,6 @@ Parts = tuple[bytes, "bytes | memoryview"]
 relays a payload as the buffer it received, never joined to its header in a new object."""
 
 Frame = "bytes | Parts"
-
-IOV_MAX = 1024
-"""Buffers one `sendmsg` takes at most (Linux's UIO_MAXIOV)."""
 
 MAX_BATCH = 64
 """Frames written together at most: a long queue still yields to the loop between batches."""
@@ -77,11 +76,7 @@ class BatchedWrites:
             return chunks
         except OSError:
             return chunks  # the transport meets it again, and handles it its way
-        for i, chunk in enumerate(chunks):
-            if n < len(chunk):
-                return [memoryview(chunk)[n:], *chunks[i + 1 :]] if n else chunks[i:]
-            n -= len(chunk)
-        return []
+        return unsent(chunks, n)
 
     async def send_many(self, frames: list[Any]) -> None:
         async with self.send_context():  # type: ignore[attr-defined]
@@ -122,9 +117,8 @@ class BatchedWrites:
             ws_head = struct.pack("!BBQ", 0x82, bit | 127, size)
         if client:
             key = os.urandom(4)
-            turn = len(head) % 4  # the payload's first byte meets this byte of the key
             writes.append(ws_head + key + apply_mask(head, key))
-            writes.append(apply_mask(payload, key[turn:] + key[:turn]))
+            writes.append(apply_mask(payload, turned(key, len(head))))
             return
         writes.append(ws_head + head)
         writes.append(payload)

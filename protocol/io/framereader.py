@@ -82,11 +82,10 @@ class FrameReader:
     def _handshake_bytes(self, data: bytes) -> None:
         """Before the connection is open: the HTTP head to websockets, anything after it kept for
         this reader (a client's first frames may share the response's chunk)."""
-        if self._head_seen:  # (a server answering asynchronously: the peer sent before the answer)
-            if self.protocol.state is State.CONNECTING:
-                self._slow = True  # its parser has seen frame bytes: the boundary is its own
-                super().data_received(data)  # type: ignore[misc]
-                return
+        if self._head_seen:  # a server answering asynchronously, the peer sending before the answer:
+            self._slow = True  # its parser sees frame bytes now, so the boundary is its own
+            super().data_received(data)  # type: ignore[misc]
+            return
         end = data.find(HEAD_END)
         if end < 0:
             super().data_received(data)  # type: ignore[misc]
@@ -130,18 +129,12 @@ class FrameReader:
             b0, b1 = data[pos], data[pos + 1]
             length = b1 & 0x7F
             head = 2
-            if length == 126:
-                if size - pos < 4:
-                    self._need = 4
+            if length >= 126:  # the length follows in 2 bytes, or in 8
+                head += 2 if length == 126 else 8
+                if size - pos < head:
+                    self._need = head
                     break
-                length = int.from_bytes(view[pos + 2 : pos + 4], "big")
-                head = 4
-            elif length == 127:
-                if size - pos < 10:
-                    self._need = 10
-                    break
-                length = int.from_bytes(view[pos + 2 : pos + 10], "big")
-                head = 10
+                length = int.from_bytes(view[pos + 2 : pos + head], "big")
             masked = b1 & 0x80
             if masked:
                 head += 4
