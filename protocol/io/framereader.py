@@ -49,6 +49,8 @@ class FrameReader:
     """The start of a frame whose end has not come yet."""
     _need = 0
     """The bytes `_tail` must hold before its first frame is whole (what its header says)."""
+    _head_tail = b""
+    """The last bytes of the head so far: its end may come split between two chunks."""
     _head_seen = False
     """The HTTP head has been handed to websockets (what came with it is ours)."""
     _slow = False
@@ -86,12 +88,14 @@ class FrameReader:
             self._slow = True  # its parser sees frame bytes now, so the boundary is its own
             super().data_received(data)  # type: ignore[misc]
             return
-        end = data.find(HEAD_END)
+        window = self._head_tail + data  # the end of the head may straddle two chunks
+        end = window.find(HEAD_END)
         if end < 0:
+            self._head_tail = window[-3:]
             super().data_received(data)  # type: ignore[misc]
             return
         self._head_seen = True
-        cut = end + len(HEAD_END)
+        cut = end + len(HEAD_END) - len(self._head_tail)
         head, rest = data[:cut], data[cut:]
         super().data_received(head)  # type: ignore[misc]
         if not rest:

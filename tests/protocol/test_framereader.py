@@ -190,3 +190,46 @@ def test_every_kind_of_frame_before_and_after_every_other():
                             assert ours == theirs, (side, a, b, len(chunks), eof)
 
     asyncio.run(pairs())
+
+
+def test_frames_in_the_chunk_of_the_handshake_response_wherever_it_is_cut():
+    # A client reads the server's 101 response and its first frames; the chunks may cut anywhere,
+    # the end of the head (`\r\n\r\n`) included. Every frame reaches the queue, whole, once.
+    from websockets.asyncio.client import ClientConnection
+    from websockets.client import ClientProtocol
+    from websockets.server import ServerProtocol
+    from websockets.uri import parse_uri
+
+    class OursClient(FrameReader, ClientConnection):
+        pass
+
+    # The middle one looks like frames of ours from inside: a reader that took over mid-frame says so
+    payloads = [os.urandom(10), b"\x82\x05" * 150, os.urandom(70_000)]
+
+    async def one(cut: int) -> list[bytes]:
+        loop = asyncio.get_running_loop()
+        mine, theirs = socket.socketpair()
+        client = ClientProtocol(parse_uri("ws://example/"), max_size=1 << 20)
+        conn = OursClient(client, ping_interval=None, close_timeout=None, max_queue=None)
+        transport, _ = await loop.connect_accepted_socket(lambda: conn, mine)
+        try:
+            request = client.connect()
+            client.send_request(request)
+            server = ServerProtocol(max_size=1 << 20)
+            server.receive_data(b"".join(client.data_to_send()))
+            server.send_response(server.accept(server.events_received()[0]))
+            for p in payloads:
+                server.send_binary(p)
+            wire = b"".join(server.data_to_send())
+            for piece in (wire[:cut], wire[cut : cut + 250], wire[cut + 250 :]):  # then one mid-frame
+                conn.data_received(piece)
+            return [bytes(f.data) for f in conn.recv_messages.frames.queue]
+        finally:
+            transport.abort()
+            theirs.close()
+
+    async def every_cut():
+        for cut in range(1, 400):
+            assert await one(cut) == payloads, cut
+
+    asyncio.run(every_cut())
