@@ -477,7 +477,9 @@ def command(argv: list[str] | None) -> int:
     import asyncio
 
     from hand.aio.agent import run_agent
+    from hand.system import heap
 
+    heap.keep_large_buffers()
     gcstart.started()
     try:
         return asyncio.run(run_agent(config, stop_requested=lambda: bool(early), reload=reloader(source, settings)))
