@@ -36,6 +36,12 @@ Frame = "bytes | Parts"
 MAX_BATCH = 64
 """Frames written together at most: a long queue still yields to the loop between batches."""
 
+LARGE_FRAME = 64 << 10
+"""A whole frame at least this large is framed here as a part of its own (`_send_parts` with an
+empty header), not by websockets: its `Frame.serialize` copies the payload into a `BytesIO`
+(and a client's masked copy into it again). A 4 MiB `read_file` answer crossed each hop so; small
+frames stay with websockets, where one copy costs less than the Python around it."""
+
 
 class BatchedWrites:
     protocol: Any
@@ -83,6 +89,8 @@ class BatchedWrites:
             for frame in frames:
                 if isinstance(frame, tuple):
                     self._send_parts(frame)
+                elif len(frame) >= LARGE_FRAME:
+                    self._send_parts((b"", frame))
                 else:
                     self.protocol.send_binary(frame)
 
@@ -104,7 +112,7 @@ class BatchedWrites:
             or getattr(proto, "expect_continuation_frame", True)
             or not payload
         ):
-            proto.send_binary(head + bytes(payload))
+            proto.send_binary(head + bytes(payload) if head else payload)
             return
         size = len(head) + len(payload)
         client = proto.side.name == "CLIENT"
@@ -117,7 +125,7 @@ class BatchedWrites:
             ws_head = struct.pack("!BBQ", 0x82, bit | 127, size)
         if client:
             key = os.urandom(4)
-            writes.append(ws_head + key + apply_mask(head, key))
+            writes.append(ws_head + key + apply_mask(head, key) if head else ws_head + key)
             writes.append(apply_mask(payload, turned(key, len(head))))
             return
         writes.append(ws_head + head)
@@ -128,7 +136,7 @@ async def write_frames(ws: Any, frames: list[Any]) -> None:
     """The one frame writer of both shells (the Mind's outbox, the Hand's wire): frames queued
     together go under one `send_context` when the connection batches (`BatchedWrites`), else one
     `send` each. Either way in order; `ConnectionClosed` reaches the caller, who owns the queue."""
-    if len(frames) > 1 and isinstance(ws, BatchedWrites):
+    if isinstance(ws, BatchedWrites):
         await ws.send_many(frames)
         return
     for frame in frames:

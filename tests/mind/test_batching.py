@@ -108,3 +108,41 @@ async def test_a_burst_larger_than_the_socket_takes_arrives_whole_and_in_order()
             await asyncio.wait_for(ws.wait_closed(), 10)
     assert got == want
     assert back == want
+
+
+async def test_large_whole_frames_framed_here_arrive_whole_both_ways():
+    # A whole frame from LARGE_FRAME on is framed by `BatchedWrites` (an empty header, the frame as
+    # the payload: masked with its key from byte 0 on the client side), smaller ones by websockets;
+    # alone (`write_frames` of one) and in bursts mixed with (header, payload) parts.
+    import os
+
+    from protocol.io.batching import LARGE_FRAME, write_frames
+
+    sizes = [LARGE_FRAME - 1, LARGE_FRAME, LARGE_FRAME + 1, 65535, 65536, 4 << 20, 1, 125]
+    frames: list = [os.urandom(n) for n in sizes]
+    frames.insert(3, (b"h" * 14, os.urandom(LARGE_FRAME)))
+    want = [f if isinstance(f, bytes) else f[0] + f[1] for f in frames]
+    got_by_server: list[bytes] = []
+
+    async def handler(ws: MindConnection) -> None:
+        for _ in range(2 * len(frames)):
+            got_by_server.append(await ws.recv())
+        for f in frames:
+            await write_frames(ws, [f])
+        await write_frames(ws, frames)
+        await ws.close()
+
+    async with serve(
+        handler, "127.0.0.1", 0, create_connection=MindConnection, compression=None, max_size=None
+    ) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        async with connect(
+            f"ws://127.0.0.1:{port}", create_connection=HandConnection, compression=None, max_size=None
+        ) as ws:
+            for f in frames:
+                await write_frames(ws, [f])
+            await write_frames(ws, frames)
+            got = [await asyncio.wait_for(ws.recv(), 10) for _ in range(2 * len(frames))]
+            await asyncio.wait_for(ws.wait_closed(), 10)
+    assert got_by_server == want + want
+    assert got == want + want
