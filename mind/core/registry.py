@@ -565,13 +565,16 @@ class RunRegistry:
 
     def on_hand_stream(self, msg: StreamAck, hand: str, gen: int) -> list[Action]:
         """stdin acknowledgements from the Hand the run was sent to, on that generation, to the
-        attached client (acknowledgements stay envelopes: one per quarter window)."""
+        attached client (acknowledgements stay envelopes: one per quarter window). With no client
+        attached it is counted, its window too: the next attachment resumes under it (a window
+        halved meanwhile and not told had the client resume past the Hand's limit, and the
+        stream stopped)."""
         run = self._runs.get(msg.run_id)
-        if run is None or run.hand != hand or run.gen != gen or run.terminal or run.client is None:
+        if run is None or run.hand != hand or run.gen != gen or run.terminal:
             return []
         if msg.stream != "stdin":
             return [self._log("stream_wrong_direction", run, stream=msg.stream, what=msg.TYPE)]
-        return self._relay(run, msg, SendToClient(run.client, run.req_id, msg))
+        return self._relay(run, msg, SendToClient(run.client, run.req_id, msg) if run.client is not None else None)
 
     def on_client_stream(self, msg: StreamAck | Resize, client: str) -> list[Action]:
         """Output acknowledgements and terminal resizes from the attached client, to the Hand the
@@ -597,12 +600,12 @@ class RunRegistry:
             if "pty" in run.relays:
                 run.pending_resize = msg
         elif msg.stream != "stdin" and msg.stream in run.relays:
-            assert run.gen is not None
-            counted = self._relay(run, msg, SendToHand(run.hand, run.gen, msg))
-            return [a for a in counted if not isinstance(a, SendToHand)]
+            return self._relay(run, msg, None)
         return []
 
-    def _relay(self, run: Run, msg: StreamAck, forward: SendToHand | SendToClient) -> list[Action]:
+    def _relay(self, run: Run, msg: StreamAck, forward: SendToHand | SendToClient | None) -> list[Action]:
+        """Count an acknowledgement in the stream's relay and forward it to the sender; with no
+        sender to tell (`forward` None: a client away), counted only."""
         relay = run.relays.get(msg.stream)
         if relay is None:
             return [self._log("stream_unknown", run, stream=msg.stream)]
@@ -610,14 +613,14 @@ class RunRegistry:
         if window is not None and window > relay.window:  # a growth: within the client's budget
             held = sum(x.holds for r in self.active_of(run.owner) for x in r.relays.values())
             window = grown_window(window, relay.window, held)
-            if window != msg.window:
+            if window != msg.window and forward is not None:
                 forward = replace(forward, msg=msg.model_copy(update={"window": window}))
         try:
             if not relay.on_ack(msg.offset, window) and not msg.closed:
                 return []  # nothing new for the sender
         except ProtocolError as exc:
             return [self._log("stream_refused", run, stream=msg.stream, why=exc.message)]
-        return [forward]
+        return [forward] if forward is not None else []
 
     def on_progress(self, msg: Progress, hand: str, gen: int) -> list[Action]:
         """Observation only: forwarded within the caps, never a state change."""
@@ -771,7 +774,8 @@ class RunRegistry:
                 self.foreign_inputs += 1  # not a newer connection than the one the run is on
                 acts.append(self._log(AuditEvent.HAND_INPUT_WRONG_GENERATION, run, what="runs_present", from_gen=gen))
                 continue
-            acts += self._rebind(run, gen, p.started, p.streams, now, wall)
+            opening = p.spec.window if p.spec is not None else None
+            acts += self._rebind(run, gen, p.started, p.streams, now, wall, opening)
         if refused:
             acts.append(
                 Log("runs_present_over_bound", {"hand": hand, "gen": gen, "refused": refused, "max": ADOPT_MAX})
@@ -927,7 +931,14 @@ class RunRegistry:
         return CancelReason.CONNECTION_LOST
 
     def _rebind(
-        self, run: Run, gen: int, started: bool, streams: list[StreamPosition], now: float, wall: float
+        self,
+        run: Run,
+        gen: int,
+        started: bool,
+        streams: list[StreamPosition],
+        now: float,
+        wall: float,
+        opening: int | None = None,
     ) -> list[Action]:
         old_gen = run.gen
         if old_gen is not None and (old := self._numbers.get(("h", run.hand, str(old_gen)))) is not None:
@@ -943,7 +954,7 @@ class RunRegistry:
             acts += self._move(run, RunState.ACCEPTED)
         if started and run.state is RunState.ACCEPTED:
             acts += self._move(run, RunState.RUNNING)
-        problem = self._resume_streams(run, streams, acts)
+        problem = self._resume_streams(run, streams, acts, opening)
         if problem is not None:
             why = f"the hand presented the run's streams inconsistently: {problem}"
             acts += self._terminate(run, self._end(run, RunState.LOST, why, now), now, wall, mind_decided=True)
@@ -958,11 +969,15 @@ class RunRegistry:
             run.pending_resize = None
         return acts
 
-    def _resume_streams(self, run: Run, streams: list[StreamPosition], acts: list[Action]) -> str | None:
+    def _resume_streams(
+        self, run: Run, streams: list[StreamPosition], acts: list[Action], opening: int | None = None
+    ) -> str | None:
         """The Hand is back. Its `stdin` position (received, consumed) is where the client resends
         from: the relay rewinds there and the attached client is told. For output, the Hand resends
         from what the relay forwarded, if the client's leg held (everything forwarded reaches it);
-        if the client is away too, its own resume point decides when it re-attaches."""
+        if the client is away too, its own resume point decides when it re-attaches. A stdin
+        position without a window grants the `opening` one (the Hand states it only when it differs):
+        a window grown and halved back to it, the halving lost in the cut, is not the relay's."""
         given: dict[str, StreamPosition] = {p.stream: p for p in streams}
         for name, relay in run.relays.items():
             pos = given.get(name)
@@ -971,8 +986,9 @@ class RunRegistry:
                     if pos is None:
                         continue
                     relay.resume(pos.offset, pos.consumed)
-                    if pos.window is not None:  # the limit it granted less what it consumed, maybe
-                        relay.narrow(pos.window)  # more than its window: not the client's new window
+                    granted = pos.window if pos.window is not None else opening
+                    if granted is not None:  # the limit it granted less what it consumed, maybe
+                        relay.narrow(granted)  # more than its window: not the client's new window
                     if run.client is not None:
                         msg = StreamResume(
                             run_id=run.run_id,

@@ -499,6 +499,108 @@ def test_stdin_resumed_after_a_halving_the_cut_lost_goes_on_under_the_hands_wind
     assert client.sender.limit <= min(reg.get("r1").relays["stdin"].limit, hand.receiver.limit)
 
 
+class _Upload:
+    """An upload's stdin through a real registry: the client's `Outgoing`, the Hand's `Incoming`
+    (its tuner's choices made by hand), the acknowledgements between them, cuts and returns."""
+
+    def __init__(self) -> None:
+        self.reg = setup(streams=Streams(stdin=True))
+        self.client: Outgoing = Outgoing(W)
+        self.hand: Incoming = Incoming(W)
+        self.gen = 1
+        self.attached = "c1"
+
+    def send(self, n: int) -> bool:
+        """`n` bytes of stdin from the client; True if each chunk was relayed and the Hand took it."""
+        taken = True
+        for offset, data, _eof in self.client.send(b"x" * n):
+            acts = client_chunk(self.reg, "stdin", offset, len(data), client=self.attached)
+            if acts and getattr(acts[0], "gen", None) == self.gen:
+                taken = self.hand.on_data(offset, len(data), False) and taken
+            else:
+                taken = False
+        return taken
+
+    def consume(self, n: int, window: int | None = None, lost: bool = False) -> None:
+        """The Hand consumes `n` bytes (under `window`, if its tuner changed it) and acknowledges;
+        `lost`: the cut takes the acknowledgement."""
+        self.hand.consume(n)
+        if window is not None:
+            self.hand.receiver.window = window
+        offset = self.hand.ack_due()
+        assert offset is not None
+        ack = StreamAck(run_id="r1", stream="stdin", offset=offset, window=self.hand.changed_window())
+        if not lost:
+            for m in to_client(self.reg.on_hand_stream(ack, HAND, self.gen), self.attached):
+                self.client.on_ack(m.offset, m.window)
+
+    def positions(self) -> list[StreamPosition]:
+        """The Hand's stdin as `RunStreams.positions` presents it: no window when what it grants is
+        the opening one."""
+        offset, consumed = self.hand.resume_point()
+        granted = self.hand.granted
+        return [
+            StreamPosition(stream="stdin", offset=offset, consumed=consumed, window=granted if granted != W else None)
+        ]
+
+    def hand_returns(self) -> None:
+        self.reg.on_hand_gone(HAND, self.gen, 5.0, 1005.0)
+        self.gen += 1
+        pres = present("r1", streams=self.positions(), spec=Streams(stdin=True))
+        self.resumed(self.reg.on_runs_present(HAND, self.gen, pres, 6.0, 1006.0))
+
+    def resumed(self, acts: list) -> None:
+        """The client resumes stdin where the Mind says: a `stream_resume`, or its `attached`."""
+        told = to_client(acts, self.attached)
+        points = [m for m in told if isinstance(m, StreamResume) and m.stream == "stdin"]
+        points += [p for m in told if isinstance(m, Attached) for p in m.streams if p.stream == "stdin"]
+        [point] = points
+        self.client.resume(point.offset, point.consumed, point.window)
+
+    def within_the_hands_limit(self) -> bool:
+        return self.client.sender.limit <= min(self.reg.get("r1").relays["stdin"].limit, self.hand.receiver.limit)
+
+
+def test_stdin_halved_back_to_its_opening_window_in_an_ack_the_cut_lost_resumes_under_it():
+    """The Hand's receiver grew the window to 2 W (told), then halved it back to W in the
+    acknowledgement the cut took. What it granted, less what it consumed, is then exactly W, and
+    the Hand presents no window when it grants the opening one. The Mind took no window for "no
+    change" and resumed the client under the grown 2 W: the client went a window past the Hand's
+    limit, the Hand dropped the chunk, and the copy stopped (the continuity simulation's
+    `stream_stalled`, seed 23). No window presented is the opening window."""
+    u = _Upload()
+    assert u.send(W)
+    u.consume(W, window=2 * W)  # grown, told: the limit is 3 W
+    assert u.send(2 * W)
+    u.consume(W, window=W, lost=True)  # halved back: consumed 2 W, limit 3 W, granted W
+    assert u.positions()[0].window is None
+    u.hand_returns()
+    assert u.within_the_hands_limit(), (u.client.sender.limit, u.hand.receiver.limit)
+    u.consume(W)
+    assert u.send(u.client.credit()), "every byte the client may send reaches the Hand"
+    assert u.within_the_hands_limit()
+
+
+def test_a_stdin_window_halved_while_the_client_was_away_is_the_one_it_reattaches_under():
+    """The client's leg was cut; meanwhile the Hand consumed and halved its grown window in an
+    acknowledgement. The Mind dropped acknowledgements with nobody to forward them to, window and
+    all, and the re-attached client resumed under the grown window, past the Hand's limit (seed
+    91). Counted while the client is away, as acknowledgements of output are while the Hand is."""
+    u = _Upload()
+    assert u.send(W)
+    u.consume(W, window=2 * W)  # grown, told: the limit is 3 W
+    assert u.send(2 * W)
+    u.reg.on_client_gone("c1", 5.0, 1005.0)
+    u.attached = ""
+    u.consume(W, window=W)  # halved while nobody is attached: consumed 2 W, the limit stays 3 W
+    u.consume(W // 2)  # consumed 2.5 W: granted W / 2 under the window W
+    u.attached = "c2"
+    u.resumed(u.reg.on_attach("r1", "c2", "alice", "q2", 6.0, 1006.0, []))
+    assert u.client.window == W, "the window the Hand grants now"
+    assert u.within_the_hands_limit(), (u.client.sender.limit, u.hand.receiver.limit)
+    assert u.send(u.client.credit()), "every byte the client may send reaches the Hand"
+
+
 def test_an_attach_says_the_window_the_cut_kept_from_the_mind():
     """The client's leg was cut after it halved its window: it says the window in its attach,
     the relay and the Hand's resume take the smaller one; a larger one (a growth the cut lost)
