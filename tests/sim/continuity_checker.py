@@ -18,7 +18,14 @@ Beside `sim.checker` (which still checks every rule of §3, §5, §7 and §8):
 - a client hears one `run_end` per run, agreeing with the registry, and nothing for a run on a
   connection told it was `replaced`;
 - the owner learns how its run ended, across a Mind crash too: an attach is answered "unknown run"
-  only for a run no life of the Mind ever ended (or one refused before it ran).
+  only for a run no life of the Mind ever ended (or one refused before it ran);
+- a stream owed progress makes it (`stream_stalled`): bytes a sender has sent (within the credit
+  it was granted: its endpoint sends no further), or its end, reach the receiver within `STALL_S`
+  while nothing is cut: the client attached on a flowing link the Mind holds it on, the run bound
+  to the Hand's current connection, flowing, presented and known to the Mind. For stdin the
+  client's `Outgoing` against the Hand's `Incoming`, for output the other way. A run that cannot
+  move (the Mind refuses every chunk past a limit the Hand never granted, as before main's
+  13554b4) would otherwise end by its deadline as if it were slow, and every other invariant hold.
 """
 
 from __future__ import annotations
@@ -34,7 +41,14 @@ from protocol.messages import Error, RunEnd, RunsPresent
 from protocol.states import RunState
 
 if TYPE_CHECKING:
+    from sim.continuity_hand import RunStreams
     from sim.stream_clients import ClientRun, Continuity, StreamClient
+
+STALL_S = 30.0
+"""How long bytes already sent may take to arrive while nothing is cut. A frame waits at most
+`max_latency_s` past a latency fault's delay (up to 8 s on a Hand's link, 3 s on a client's) per
+hop, and a Hand's reader may wait a second or two on its disk; after a cut the resume adds a round
+trip. A stalled stream stays stalled until its run's deadline (an upload's: minutes)."""
 
 
 class ContinuityChecker:
@@ -52,6 +66,10 @@ class ContinuityChecker:
         self.full: set[tuple[str, str]] = set()
         self.jobs: dict[str, Any] = {}
         """run id -> the Hand's streams of it (`sim.continuity_hand.RunStreams`)."""
+        self.owed: dict[tuple[str, str], tuple[tuple[Any, ...], float]] = {}
+        """(run id, stream) with bytes sent and not received -> (what must stay the same for it
+        to count as stalled: the Mind's life, the attachment, the Hand's connection, the bytes
+        received; since when it has)."""
 
     def fail(self, invariant: str, detail: str) -> None:
         self.world.checker.fail(invariant, detail)
@@ -224,6 +242,79 @@ class ContinuityChecker:
                     granted = relay.limit - relay.acked
                     if relay.in_flight > granted or granted > max(relay.window, STREAM_WINDOW_GROWN_MAX):
                         self.fail("memory: the relay holds at most a window", f"{r.run_id} {name}")
+
+        self._liveness()
+
+    def _liveness(self) -> None:
+        """A stream owed progress makes it (module docstring): bytes sent and not received while
+        both ends are connected and attached, with nothing received for `STALL_S`, stalled."""
+        w = self.world
+        now = w.clock.now
+        owed: dict[tuple[str, str], tuple[tuple[Any, ...], float]] = {}
+        for c in self.ext.clients:
+            for run in c.runs.values():
+                if run.end is not None or run.gave_up:
+                    continue
+                legs = self._connected(run)
+                if legs is None:
+                    continue
+                mark, st = legs
+                for stream, sent, got in self._unreceived(run, st):
+                    key = (run.run_id, stream)
+                    was = self.owed.get(key)
+                    since = was[1] if was is not None and was[0] == (*mark, got) else now
+                    owed[key] = ((*mark, got), since)
+                    if now - since > STALL_S:
+                        self.fail(
+                            "stream_stalled",
+                            f"{run.run_id} {stream}: {sent} bytes sent, {got} received, nothing more for "
+                            f"{now - since:.1f} s with {c.name} attached and {mark[2]} gen{mark[3]} connected",
+                        )
+        self.owed = owed
+
+    def _connected(self, run: ClientRun) -> tuple[tuple[Any, ...], RunStreams] | None:
+        """(the Mind's life, the client's connection, the Hand, its generation) and the Hand's
+        streams of `run`, if nothing stands between them now: the client attached on an open,
+        flowing link the Mind holds the run on; the run bound to the Hand's current connection,
+        open, flowing, presented and the one the Mind holds for it. None otherwise."""
+        w, link = self.world, run.link
+        mind = w.mind
+        if mind is None or link is None or not (link.open and link.flowing and run.follower.ready):
+            return None
+        r = mind.registry.get(run.run_id)
+        if r is None or r.terminal or r.gen is None or r.hand_away_since is not None:
+            return None
+        conn = mind.client_links.get(link)  # type: ignore[attr-defined]
+        slot = w.hands.get(r.hand)
+        proc = slot.proc if slot is not None else None
+        peer = mind.hands.get(r.hand)
+        if conn is None or r.client != conn or proc is None or proc.conn is None or peer is None:
+            return None
+        hand_link = proc.conn.link
+        if peer.link is not hand_link or hand_link.gen != r.gen or not (hand_link.open and hand_link.flowing):
+            return None
+        kept = getattr(proc, "kept", None)
+        st = kept.streams.get(run.run_id) if kept is not None and proc.connected else None  # type: ignore[attr-defined]
+        return ((mind.life, conn, r.hand, r.gen), st) if st is not None else None
+
+    @staticmethod
+    def _unreceived(run: ClientRun, st: RunStreams) -> list[tuple[str, int, int]]:
+        """(stream, sent, received) of each stream whose sender sent bytes, or its end, that its
+        receiver does not have."""
+        out: list[tuple[str, int, int]] = []
+        f = run.follower
+        if f.stdin is not None and st.stdin is not None:
+            rx = st.stdin.receiver
+            if f.stdin.offset > rx.offset or (f.stdin.eof and not rx.eof):
+                out.append(("stdin", f.stdin.offset, rx.offset))
+        for name, o in st.outs.items():
+            follow = f.outs.get(name)
+            if follow is None or follow.gap is not None:
+                continue  # (a broken stream is a violation of its own)
+            rx = follow.rx.receiver
+            if o.out.offset > rx.offset or (o.out.eof and not rx.eof):
+                out.append((name, o.out.offset, rx.offset))
+        return out
 
     def reconciled(self, phase: str) -> None:
         for c in self.ext.clients:

@@ -17,6 +17,13 @@ names these classes; keep them in step). The rules are:
   acknowledged (the variant `continuity-result-before-ack` sends it once the end is sent, as
   `hand/aio/streams.py` did before main's ca28fd7: the checker shows the tail a client away at
   that moment loses).
+- an upload's stdin (`put` in its arguments: what `mind cp` sends, a copy's part file on the Hand)
+  grows its window as `hand/aio/runs.py` has it (`grow_stdin`): the REAL `WindowTuner`, on the
+  virtual clock. Its part file takes the bytes a piece at a time (`WRITE_PIECE` every
+  `WRITE_S`), so acknowledgements go a quarter window at a time and a cut can find bytes
+  received and not yet written. Each time the window changes the world hears of it
+  (`stdin_window_changed`): a cut just after a halving, while the limit granted under the larger
+  window still stands, is the one that stalled copies before main's 13554b4.
 Everything else (admission, deadlines, the first terminal) is `HandRuns`, i.e. the shipped rules.
 """
 
@@ -56,13 +63,17 @@ from protocol.messages import (
     TaskInventory,
     TaskStatus,
 )
-from protocol.streams import Incoming, Outgoing
+from protocol.streams import Incoming, Outgoing, WindowTuner
 
 if TYPE_CHECKING:
     from sim.simulation import HandSlot, World
 
 SIM_CHUNK = 16 << 10
 """Output is cut into chunks of at most this (the wire allows 256 KiB): several frames per window."""
+WRITE_PIECE = 16 << 10
+"""What an upload's part file takes at once: a quarter of the opening window (one acknowledgement)."""
+WRITE_S = 0.005
+"""How long writing a piece takes: a few MB/s, slower than most windows' bytes arrive at once."""
 
 
 @dataclass(eq=False)
@@ -90,6 +101,11 @@ class RunStreams:
     """The run ended without its output delivered (cancelled, failed to start)."""
     told_to_stop: bool = False
     """The Mind sent `cancel` for it: its result goes out without waiting for a resume."""
+    unwritten: int = 0
+    """An upload's stdin received and not yet written to its part file (`_write`)."""
+    unwritten_eof: bool = False
+    """The end of an upload's stdin came after `unwritten`."""
+    writing: bool = False
 
 
 class KeptRuns(HandRuns):
@@ -173,7 +189,7 @@ class KeptRuns(HandRuns):
                 rpc.run_id,
                 window,
                 {n: OutStream(n, Outgoing(window)) for n in names},
-                Incoming(window) if spec.stdin else None,
+                self._stdin(rpc, window) if spec.stdin else None,
             )
         super().on_rpc(rpc)
         run = self._book.active.get(rpc.run_id)
@@ -181,6 +197,14 @@ class KeptRuns(HandRuns):
             self.records[rpc.run_id] = run
         elif not known:
             self.streams.pop(rpc.run_id, None)
+
+    def _stdin(self, rpc: Rpc, window: int) -> Incoming:
+        """`RunStreams`' stdin: an upload's grows as the link needs (`grow_stdin`, a copy's part
+        file), a command's pipe keeps the opening window (its kernel buffer would pass for a fast
+        reader)."""
+        clock = self.chand.clock
+        tuner = WindowTuner(lambda: clock.now, window) if rpc.args.get("put") else None
+        return Incoming(window, tuner=tuner)
 
     # --- execution ---
 
@@ -315,22 +339,49 @@ class KeptRuns(HandRuns):
             self._deliver_if_free(msg.run_id)
 
     def _feed(self, st: RunStreams, offset: int, data: bytes, eof: bool) -> None:
-        """The child reads its stdin at once (while it lives): consumed, acknowledged as paced."""
+        """The child reads its stdin at once (while it lives): consumed, acknowledged as paced.
+        An upload's part file takes it a piece at a time (`_write`)."""
         job = st.job
         if job is None or not job.alive:
             return  # a dead child's pipe: nothing consumed, nothing acknowledged
         check = self.chand.world.ext.checker  # type: ignore[union-attr]
         if data:
             check.on_child_stdin(st.run_id, offset, data)
-            st.stdin.consume(len(data))
+        if st.stdin.receiver.tuner is not None:
+            st.unwritten += len(data)
+            st.unwritten_eof = st.unwritten_eof or eof
+            if not st.writing:
+                st.writing = True
+                self.hand.loop.call_at(self.now, lambda: self._write(st), label="part_file")
+            return
+        self._consumed(st, len(data), eof)
+
+    def _write(self, st: RunStreams) -> None:
+        """The next piece of an upload's stdin written to its part file, then the next."""
+        job = st.job
+        if job is None or not job.alive:
+            st.writing = False
+            return
+        n = min(WRITE_PIECE, st.unwritten)
+        st.unwritten -= n
+        self._consumed(st, n, st.unwritten_eof and not st.unwritten)
+        st.writing = st.unwritten > 0
+        if st.writing:
+            self.hand.loop.call_at(self.now + WRITE_S, lambda: self._write(st), label="part_file")
+
+    def _consumed(self, st: RunStreams, n: int, eof: bool) -> None:
+        """`n` more bytes of stdin consumed (and its end, if `eof`): acknowledged as paced."""
+        st.stdin.consume(n)
         ack = st.stdin.ack_due()
         if ack is not None:
-            self.chand.send_now(
-                StreamAck(run_id=st.run_id, stream="stdin", offset=ack, window=st.stdin.changed_window())
-            )
-        if eof:
-            check.on_child_stdin_end(st.run_id, st.stdin.offset)
-            job.stdin_end()
+            told = st.stdin.receiver.announced
+            window = st.stdin.changed_window()
+            self.chand.send_now(StreamAck(run_id=st.run_id, stream="stdin", offset=ack, window=window))
+            if window is not None:
+                self.chand.world.ext.stdin_window_changed(self.hand.label, st.run_id, told, window)  # type: ignore[union-attr]
+        if eof and st.job is not None:
+            self.chand.world.ext.checker.on_child_stdin_end(st.run_id, st.stdin.offset)  # type: ignore[union-attr]
+            st.job.stdin_end()
 
     # --- results and presentation ---
 

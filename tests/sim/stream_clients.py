@@ -16,6 +16,11 @@ performs the actions it returns on the run's link; every chunk it delivers is ch
 the command produced at that offset, and a stream it finds broken (a gap, an overrun, a stdin
 resume it cannot place) is a violation.
 
+Some runs are uploads (`mind cp` to the Hand): a few windows of stdin sent as fast as credit
+allows, whose window the Hand's receiver grows and halves (`sim.continuity_hand`); now and then the
+Hand's link is cut just after a halving (`stdin_window_changed`), while the limit granted under the
+larger window still stands.
+
 `Continuity` is what the variant adds to the `World`: these clients, their links (delivered by
 the world's scheduler like the Hands'), the client leg's faults, and the continuity checker.
 """
@@ -74,6 +79,13 @@ WINDOW = 64 << 10
 """Every stream's window (`Streams.window`, its minimum): outputs of a few hundred KiB fill it."""
 TYPING_S = 0.3
 TYPING_BURST = 4000
+UPLOAD_SHARE = 0.15
+"""Of the runs a client asks for, the share that are uploads."""
+UPLOAD_SIZES = (512 << 10, 1 << 20, 2 << 20)
+"""An upload's stdin: enough windows for the Hand's tuner to measure one, double it, measure the
+doubled one and halve it when it bought nothing."""
+CUT_AFTER_HALVING = 0.5
+"""How often a halving of an upload's window is followed at once by a cut of its Hand's link."""
 RUN_EVENTS = (Attached, RunUpdate, RunOutput, RunEnd, StreamData, StreamAck, StreamResume, StreamNumbers)
 """What the Mind sends under a run's request id, for its follower (`replaced` the client handles:
 it may take the run back; `detached` and a cancel's answer are answers to requests of its own)."""
@@ -357,13 +369,15 @@ class Continuity:
             nostart=rng.random() < 0.02,
         )
         hand = rng.choice(self.world.config.hands)
+        upload = rng.random() < UPLOAD_SHARE
         self.exec(
             c,
             hand,
             spec,
             size=rng.choice((1000, 9000, 40_000)),
-            stdin=rng.choice((0, 0, 0, 5000, 150_000)),
-            timeout_ms=rng.choice((5000, 30_000, 120_000)),
+            stdin=rng.choice(UPLOAD_SIZES) if upload else rng.choice((0, 0, 0, 5000, 150_000)),
+            upload=upload,
+            timeout_ms=rng.choice((120_000, 300_000)) if upload else rng.choice((5000, 30_000, 120_000)),
             grace_ms=rng.choice((None, 200, 1000)),
         )
         return hand
@@ -376,18 +390,20 @@ class Continuity:
         *,
         size: int,
         stdin: int = 0,
+        upload: bool = False,
         timeout_ms: int = 60_000,
         grace_ms: int | None = None,
     ) -> str:
-        """Ask for a streamed run (`chunks` of `size` bytes of output, `stdin` bytes of input);
-        returns the request id (the run id comes in the first `run_update`)."""
+        """Ask for a streamed run (`chunks` of `size` bytes of output, `stdin` bytes of input,
+        sent as fast as credit allows if it is an `upload`); returns the request id (the run id
+        comes in the first `run_update`)."""
         assert c.link is not None
         req = self.world.next_id("q")
-        c.execs[req] = {"stdin": stdin}
+        c.execs[req] = {"stdin": stdin, "upload": upload}
         msg = Exec(
             hand=hand,
             tool="exec",
-            args=stream_args(spec, size, stdin),
+            args=stream_args(spec, size, stdin, upload),
             timeout_ms=timeout_ms,
             grace_ms=grace_ms,
             streams=Streams(stdin=stdin > 0, window=WINDOW),
@@ -422,6 +438,30 @@ class Continuity:
             w.clock.at(now + rng.choice((1.0, 5.0, 20.0)), lambda: setattr(d, "delay", 0.0), label="fault")
         return f"fault:{kind} client {link.client.name} ({link.conn})"
 
+    def stdin_window_changed(self, hand: str, run_id: str, told: int, window: int) -> None:
+        """An upload's receiver on `hand` changed its window from `told` (0: none since a resume).
+        After a halving the limit granted under the larger window stands for a few
+        acknowledgements (a limit never moves back): more than the window is granted. Half the
+        time the Hand's link is cut right then, before or after the halving reaches the Mind; its
+        presentation then states that limit (what stalled copies before main's 13554b4)."""
+        if not told or window == told:
+            return
+        if window > told:
+            self.checker.notes["stdin_window:grown"] += 1
+            return
+        self.checker.notes["stdin_window:halved"] += 1
+        w, rng = self.world, self.rng
+        link = w.link_of(hand)
+        if link is None or w.step_no >= w.steps or rng.random() >= CUT_AFTER_HALVING:
+            return  # (not once the faults are over: the quiesce phase heals, it does not cut)
+
+        def cut() -> None:
+            if link.open:
+                self.checker.notes["stdin_window:cut_after_halving"] += 1
+                w.close_link(link, "cut after a halving", rng.uniform(0, 0.2), rng.uniform(0, 0.2))
+
+        w.clock.at(w.clock.now + rng.choice((0.0, 0.02, 0.1)), cut, label="fault")
+
     # --- what a client hears -------------------------------------------------------------------
 
     def on_frame(self, c: StreamClient, link: ClientLink, req_id: str | None, msg: Message) -> None:
@@ -430,7 +470,7 @@ class Continuity:
             self.checker.fail("nothing after replaced", f"{c.name} ({link.conn}) got {msg.TYPE} for {run_id}")
         if isinstance(msg, RunUpdate) and req_id in c.execs:
             asked = c.execs.pop(req_id)
-            self._new_run(c, link, msg, asked["stdin"])
+            self._new_run(c, link, msg, asked["stdin"], asked["upload"])
             return
         if run_id is None and isinstance(msg, Error):  # an answer to an attach names no run
             run_id = next((r.run_id for r in c.runs.values() if r.attaching == req_id), None)
@@ -536,14 +576,14 @@ class Continuity:
         assert run.link is not None and run.follower.ready, f"{run.run_id}: sent while not attached"
         return run.link
 
-    def _new_run(self, c: StreamClient, link: ClientLink, first: RunUpdate, stdin: int) -> None:
+    def _new_run(self, c: StreamClient, link: ClientLink, first: RunUpdate, stdin: int, upload: bool) -> None:
         clock = self.world.clock
         follower = Follower(window=WINDOW, streams=("stdout", "stderr"), stdin=stdin > 0, clock=lambda: clock.now)
         follower.on_message(first)  # an exec's follower: its first event names the run
         run = ClientRun(first.run_id, follower, stdin, link=link)
         c.runs[run.run_id] = run
         self.checker.on_client_run(c, run)
-        if follower.stdin is not None and self.rng.random() < 0.5:
+        if follower.stdin is not None and not upload and self.rng.random() < 0.5:
             run.paced = True
             self._typing(c, run)
         if c.link is not None and link is not c.link:  # asked on a connection it has left since

@@ -48,10 +48,11 @@ def pattern(run_id: str, stream: str, offset: int, n: int) -> bytes:
     return bytes(out)
 
 
-def stream_args(spec: JobSpec, size: int, stdin: int) -> dict[str, Any]:
+def stream_args(spec: JobSpec, size: int, stdin: int, upload: bool = False) -> dict[str, Any]:
     """Tool arguments of a streamed job: `size` bytes per output chunk, `stdin` bytes it reads
-    (0: it reads none)."""
-    return {**spec.args(), "sz": size, "in": stdin}
+    (0: it reads none); `upload`: its stdin is a copy's (`mind cp`), whose window the Hand grows."""
+    args = {**spec.args(), "sz": size, "in": stdin}
+    return {**args, "put": True} if upload else args
 
 
 class StreamJob(VProcess):

@@ -63,6 +63,8 @@ def test_the_seeds_exercise_continuity() -> None:
         "detached:within",  # `--detach`, then `attach` within the keep
         "detached:after",
         "stdin_typed_while_away",  # typed during an outage: delivered once, in order, on resume
+        "stdin_window:halved",  # an upload's window grown, then halved by the Hand's real tuner
+        "stdin_window:cut_after_halving",  # and the Hand's link cut right after (main's 13554b4)
     ):
         assert notes[what] > 0, what
 
