@@ -40,6 +40,7 @@ from hand.system.paths import (
 from protocol import copy as rules
 from protocol.errors import MindhandError
 from protocol.io import tree
+from protocol.io.writeback import Writeback
 
 READ_CHUNK = 256 << 10
 TREE_MAX_ENTRIES = 20_000
@@ -173,6 +174,8 @@ class Upload:
         self.tail = b""
         """The stream's bytes after the file's: its digest, when it follows (`DIGEST_BYTES`)."""
         self.existing: os.stat_result | None = None
+        self.writeback: Writeback | None = None
+        """Set once the part file is open (`protocol.io.writeback`)."""
 
     def open(self) -> int:
         """Returns the offset the stream starts at (the resume point)."""
@@ -205,6 +208,7 @@ class Upload:
                 os.ftruncate(self.fd, self.offset)
                 _hash_prefix(self.fd, self.offset, self.hash)
             os.lseek(self.fd, self.offset, os.SEEK_SET)
+            self.writeback = Writeback(self.fd, self.offset)
         except ValueError as exc:  # the resume rule: the client asks again
             self._close()
             raise CopyFailed(f"cannot resume {self.shown}: {exc}") from None
@@ -234,6 +238,8 @@ class Upload:
                     view = view[n:]
                 self.hash.update(data)
                 self.pos += len(data)
+            if self.writeback is not None:
+                self.writeback.wrote(self.pos)
         except OSError as exc:
             self.abort()
             raise CopyFailed(f"cannot write {self.shown}: {_why(exc)}") from None

@@ -28,6 +28,7 @@ from typing import Any
 from protocol import copy as rules
 from protocol.errors import MindhandError
 from protocol.io import tree
+from protocol.io.writeback import Writeback
 
 HASH_CHUNK = 1 << 20
 _FILE = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -88,6 +89,8 @@ class LocalPart:
         self.fd = -1
         self.hash = hashlib.sha256()
         self.pos = 0
+        self.writeback: Writeback | None = None
+        """Set once the part file is open (`protocol.io.writeback`)."""
 
     def _mine(self) -> list[str]:
         with os.scandir(self.dir_fd) as it:
@@ -115,9 +118,11 @@ class LocalPart:
             while chunk := os.read(self.fd, HASH_CHUNK):
                 self.hash.update(chunk)
                 self.pos += len(chunk)
+            self.writeback = Writeback(self.fd, self.pos)
             return self.pos
         self.part = rules.private_part_name(self.cid, secrets.token_hex(8))
         self.fd = os.open(self.part, _FILE | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=self.dir_fd)
+        self.writeback = Writeback(self.fd, 0)
         return 0
 
     def write(self, data: bytes) -> None:
@@ -128,6 +133,8 @@ class LocalPart:
             view = view[n:]
         self.hash.update(data)
         self.pos += len(data)
+        if self.writeback is not None:
+            self.writeback.wrote(self.pos)
 
     def finish(self, size: int, sha256: str, mode: int, mtime: float | None) -> bool:
         """Verify, set the mode (never setuid) and time by descriptor, fsync, rename, fsync the
