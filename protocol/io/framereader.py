@@ -35,6 +35,11 @@ except ImportError:  # pragma: no cover - websockets without its C extension
 
 FAST = 0x82
 """The first byte of the frames this reader takes: FIN set, no reserved bit, opcode binary."""
+READ_MAX = 1 << 20
+"""What one read of the socket may take (asyncio's transports read 256 KiB at a time). A stream's
+frames are 256 KiB and a header: read 256 KiB at a time, nearly every one straddles two reads and
+is copied whole into `_tail` before it is unmasked; read up to 1 MiB, most are taken straight from
+the chunk they came in."""
 CONTROL_MAX = 125
 HEAD_END = b"\r\n\r\n"
 
@@ -56,6 +61,11 @@ class FrameReader:
     _slow = False
     """Every byte goes to websockets from now on."""
 
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        if isinstance(getattr(transport, "max_size", None), int):  # a plain socket's (TLS reads its own way)
+            transport.max_size = READ_MAX
+
     def data_received(self, data: bytes) -> None:
         p = self.protocol
         if self._slow:
@@ -64,15 +74,34 @@ class FrameReader:
         if p.state is State.CONNECTING:
             self._handshake_bytes(data)
             return
-        tail = self._tail
-        if tail is None:
+        if self._tail is None:
             self._frames(data)
             return
-        tail += data  # a frame's rest: each byte copied once here, not once per chunk
-        if len(tail) < self._need:
-            return
-        self._tail = None
-        self._frames(tail)
+        with memoryview(data) as view:
+            off = self._complete(view)
+            if off >= len(data):
+                return
+            if self._slow:  # the frame completed made websockets the reader: the rest is its own
+                super().data_received(bytes(view[off:]))
+            else:
+                self._frames(view[off:])
+
+    def _complete(self, view: memoryview) -> int:
+        """Add to `_tail` only the bytes its frame still needs, and read it: what follows it in the
+        chunk is read from the chunk itself (appended to the tail, every later frame of the chunk
+        was copied once more and its rest moved down again). Returns where in `view` the chunk
+        goes on; past its end while the tail's frame is still incomplete."""
+        off = 0
+        while (tail := self._tail) is not None:
+            need = self._need - len(tail)
+            if len(view) - off < need:
+                tail += view[off:]
+                return len(view)
+            tail += view[off : off + need]
+            off += need
+            self._tail = None
+            self._frames(tail)  # the tail's frame, whole; or, if only its header was, the tail again
+        return off
 
     def eof_received(self) -> Any:
         tail, self._tail = self._tail, None
@@ -106,7 +135,7 @@ class FrameReader:
             self._slow = True
             super().data_received(rest)  # type: ignore[misc]
 
-    def _frames(self, data: bytes | bytearray) -> None:
+    def _frames(self, data: bytes | bytearray | memoryview) -> None:
         """Each complete frame in `data`, in order; an incomplete last one kept for the next chunk."""
         with memoryview(data) as view:
             pos = self._read(data, view)
@@ -117,7 +146,7 @@ class FrameReader:
             else:
                 self._tail = bytearray(data[pos:])
 
-    def _read(self, data: bytes | bytearray, view: memoryview) -> int:
+    def _read(self, data: bytes | bytearray | memoryview, view: memoryview) -> int:
         """The frames of `data` from its start: where the first incomplete one starts (`_need`
         set to its whole length, or to its header's), or the end."""
         p = self.protocol
