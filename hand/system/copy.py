@@ -40,7 +40,7 @@ from hand.system.paths import (
 from protocol import copy as rules
 from protocol.errors import MindhandError
 from protocol.io import tree
-from protocol.io.writeback import Writeback
+from protocol.io.writeback import DropBehind, Writeback, was_cached
 
 READ_CHUNK = 256 << 10
 TREE_MAX_ENTRIES = 20_000
@@ -331,6 +331,8 @@ class Download:
         self.hash: Any = hashlib.sha256()
         self._hash_reads = True
         self.st: os.stat_result | None = None
+        self.drop: DropBehind | None = None
+        """Set for a file that was not in the page cache when opened (`protocol.io.writeback`)."""
 
     def open(self) -> int:
         """Returns the bytes to send."""
@@ -352,6 +354,8 @@ class Download:
             self.st, self.size = st, st.st_size
             if self.offset > self.size:
                 raise CopyFailed(f"cannot resume {self.shown} at {self.offset}: the file has {self.size} bytes")
+            if not was_cached(self.fd, self.size):  # asked before the prefix below is read
+                self.drop = DropBehind(self.fd, self.offset)
             _hash_prefix(self.fd, self.offset, self.hash)
         except OSError as exc:
             self.close()
@@ -372,6 +376,8 @@ class Download:
         if self._hash_reads:
             self.hash.update(data)
         self.pos += len(data)
+        if self.drop is not None:
+            self.drop.read(self.pos)
         return data
 
     def hash_as_sent(self, sent: Any) -> None:

@@ -43,6 +43,7 @@ from mind.errors import ClientCode, ClientError
 from protocol import copy as rules
 from protocol import limits
 from protocol.codes import ErrorCode, RejectCode
+from protocol.io.writeback import DropBehind, was_cached
 from protocol.messages import RunEnd, StreamData
 from protocol.states import RunState
 
@@ -238,10 +239,14 @@ class _Source:
         self.f, self.st = f, st
         self.changed = False
         self.digest = ""
+        self.drop = None if was_cached(f.fileno(), st.st_size) else DropBehind(f.fileno(), 0)
+        """A file nobody had in the page cache leaves it as it found it (`protocol.io.writeback`)."""
 
     def _read(self, h: Any, pos: int, n: int) -> bytes:
         data = os.pread(self.f.fileno(), n, pos)
         h.update(data)  # on the reading thread: hashlib lets go of the GIL for a chunk
+        if self.drop is not None:
+            self.drop.read(pos + len(data))
         return data
 
     def _unchanged(self) -> bool:

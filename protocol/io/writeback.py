@@ -1,4 +1,5 @@
-"""A copied file goes to the disk as it is written, and leaves the page cache once it is there.
+"""A copied file goes to the disk as it is written, and leaves the page cache once it is there; a file
+read for a copy leaves the page cache as it found it.
 
 Both ends of `mind cp` write a part file and fsync it before the rename (DESIGN §11 Files). Left to
 the kernel, a gigabyte's dirty pages pile up in the page cache: the writer is throttled when they
@@ -15,8 +16,14 @@ fsync finds little to do. What it gives up: the copied file is not in the page c
 read of it right after the copy goes to the disk), as with `dd oflag=nocache`. A copy of a tree is
 not written through here: its many small files end with one `syncfs` (`protocol.io.tree`).
 
-Linux only (`sync_file_range(2)` through the C library); elsewhere nothing is done and the fsync
-does it all, as before.
+The reading end of a copy (`DropBehind`): a file that was not in the page cache when the copy
+opened it (its first, middle and last pages looked up with `RWF_NOWAIT`, which fails rather than
+wait for the disk) has the pages the copy read dropped behind it, every `STEP`; a file that was
+cached is left alone. Reading a gigabyte that nobody had cached otherwise filled the cache with it,
+page by new page; pages someone else uses are never dropped.
+
+Linux only (`sync_file_range(2)` through the C library, `RWF_NOWAIT`); elsewhere nothing is done
+and the fsync does it all, as before.
 """
 
 from __future__ import annotations
@@ -75,3 +82,41 @@ class Writeback:
                 os.posix_fadvise(self.fd, offset, length, os.POSIX_FADV_DONTNEED)
             except OSError:
                 pass  # advice only: the file is written either way
+
+
+def was_cached(fd: int, size: int) -> bool:
+    """Whether the file `fd` (of `size` bytes) is in the page cache now, judged by its first,
+    middle and last pages (a read with `RWF_NOWAIT` fails with EAGAIN for a page that is not).
+    True where that cannot be asked (the cache is then left alone)."""
+    nowait = getattr(os, "RWF_NOWAIT", None)
+    if nowait is None or size <= 0:
+        return True
+    probe = bytearray(1)
+    for offset in {0, size // 2, size - 1}:
+        try:
+            os.preadv(fd, [probe], offset, nowait)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True  # a filesystem that does not answer (EOPNOTSUPP): leave its cache alone
+    return True
+
+
+class DropBehind:
+    """The pages of a file read sequentially from `start` on, dropped from the page cache every
+    `STEP` read (`read(pos)` after each read): for a file that was not cached (`was_cached`)."""
+
+    __slots__ = ("fd", "dropped")
+
+    def __init__(self, fd: int, start: int) -> None:
+        self.fd = fd
+        self.dropped = start
+
+    def read(self, pos: int) -> None:
+        if pos - self.dropped < STEP:
+            return
+        try:
+            os.posix_fadvise(self.fd, self.dropped, pos - self.dropped, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass  # advice only
+        self.dropped = pos

@@ -71,3 +71,49 @@ def test_a_file_written_through_writeback_is_whole_and_mostly_out_of_the_page_ca
     at_most = (LAG + 1) * STEP // mmap.PAGESIZE  # the steps not yet dropped
     assert _resident(dropped) <= at_most + pages // 8, (_resident(dropped), pages)
     assert hashlib.sha256(dropped.read_bytes()).hexdigest() == digest  # every byte, read back from the disk
+
+
+def _uncached(path) -> None:
+    """`path` out of the page cache (written back first)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _download(root, name: str) -> tuple[str, bytes]:
+    """The Hand's `get_file` of `name`, read to the end as a copy reads it: (its digest, its bytes)."""
+    from hand.system.copy import Download
+
+    d = Download(root, name, name, 0)
+    d.open()
+    got = bytearray()
+    while chunk := d.read():
+        got += chunk
+    return d.finish()["sha256"], bytes(got)
+
+
+def test_a_file_nobody_had_cached_leaves_the_page_cache_as_a_copy_reads_it(tmp_path):
+    size = 16 * STEP
+    data = os.urandom(size)
+    (tmp_path / "cold.bin").write_bytes(data)
+    _uncached(tmp_path / "cold.bin")
+    assert _resident(tmp_path / "cold.bin") < 16, "the control: the file starts out of the cache"
+    digest, got = _download(tmp_path, "cold.bin")
+    assert got == data and digest == hashlib.sha256(data).hexdigest()
+    # What the read brought in was let go behind it: at most a step and the kernel's readahead.
+    assert _resident(tmp_path / "cold.bin") <= 2 * STEP // mmap.PAGESIZE, _resident(tmp_path / "cold.bin")
+
+
+def test_a_file_someone_had_cached_stays_cached_when_a_copy_reads_it(tmp_path):
+    size = 16 * STEP
+    data = os.urandom(size)
+    (tmp_path / "warm.bin").write_bytes(data)
+    assert (tmp_path / "warm.bin").read_bytes() == data  # in the cache, as a file in use is
+    pages = size // mmap.PAGESIZE
+    assert _resident(tmp_path / "warm.bin") > pages * 0.9
+    digest, got = _download(tmp_path, "warm.bin")
+    assert got == data and digest == hashlib.sha256(data).hexdigest()
+    assert _resident(tmp_path / "warm.bin") > pages * 0.9, "nothing someone else uses is dropped"
