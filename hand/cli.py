@@ -477,7 +477,7 @@ def command(argv: list[str] | None) -> int:
     import asyncio
 
     from hand.aio.agent import run_agent
-    from hand.system import heap
+    from protocol.io import heap
 
     heap.keep_large_buffers()
     gcstart.started()

@@ -159,7 +159,7 @@ def stream_budget_problem(in_flight: int, want: int, budget: int = STREAM_BUDGET
 class OutboxBound:
     """Bytes queued for one peer: `add` says False once they pass `limit` (close the peer).
     `peak` is the most ever queued: a connection that held megabytes leaves that much of the heap
-    free when it goes, for the shell to give back (`mind.daemon.heap`)."""
+    free when it goes, for the shell to give back (`protocol.io.heap`)."""
 
     __slots__ = ("limit", "queued", "peak")
 

@@ -17,7 +17,7 @@ from mind import commandline
 from mind.commandline import EXIT_USAGE, fail, table, timestamp
 from mind.config import FILE_HELP, settings_source
 from mind.core.nodes import NODE_LABEL
-from protocol.io import gcstart
+from protocol.io import gcstart, heap
 
 
 def add_parsers(sub: Any) -> None:
@@ -176,6 +176,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         mind = Mind(cfg)
     except Exception as exc:  # one clear line for a bad state dir or database
         fail(f"cannot open state in {home}: {exc}", 1)
+    heap.keep_large_buffers()
     gcstart.started()
     try:
         asyncio.run(mind.run(reload=_reloader(source, s)))

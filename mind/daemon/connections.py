@@ -20,7 +20,6 @@ from websockets.exceptions import ConnectionClosed
 
 from mind.core.budgets import CLIENT_REQUESTS_IN_FLIGHT, ClientRates, relays_for_clients
 from mind.core.nodes import LEASE_LOST_MESSAGE
-from mind.daemon import heap
 from mind.daemon.dispatch import Dispatch
 from mind.daemon.door import CountedConnection
 from mind.daemon.host import Host
@@ -31,6 +30,7 @@ from protocol import frames, limits
 from protocol.codes import ErrorCode
 from protocol.envelope import PayloadRefused
 from protocol.errors import ProtocolError
+from protocol.io import heap
 from protocol.messages import Error, Message, StreamAck
 
 log = structlog.get_logger(component="mind")

@@ -32,7 +32,7 @@ from mind.core.admission import Denial, denial_message
 from mind.core.recording import Mode
 from mind.core.registry import Action, Log, PersistEnding, RunRegistry, SendToClient, SendToHand, StartEnded
 from mind.core.runs import FrameToClient, FrameToHand
-from mind.daemon import heap, http
+from mind.daemon import http
 from mind.daemon.connections import Connections
 from mind.daemon.dispatch import Dispatch
 from mind.daemon.door import OPEN_TIMEOUT_S, Door
@@ -65,6 +65,7 @@ from protocol.audit import AuditEvent
 from protocol.codes import CancelReason, ErrorCode
 from protocol.errors import MindhandError
 from protocol.ids import new_id
+from protocol.io import heap
 from protocol.io.loop import probe_lag
 from protocol.io.tls import fingerprint, server_context
 from protocol.messages import Error, Message, ResultAck, RunInfo, build_all
