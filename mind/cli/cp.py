@@ -45,6 +45,7 @@ from mind.client.files import CopyError, CopyResult
 from mind.errors import ClientCode, ClientError, Code
 from protocol import copy as rules
 from protocol import limits
+from protocol.io import heap
 
 EXIT_FAILED = EXIT_COPY_FAILED
 
@@ -362,6 +363,7 @@ async def run(mc: Any, args: argparse.Namespace, reconnect: Callable[[], Awaitab
     if any(o.remote and not _utf8(o.path) for o in ops):
         print("mind: cp: a HAND:PATH must be UTF-8 (a Hand's paths travel as UTF-8)", file=sys.stderr)
         return EXIT_USAGE
+    heap.keep_large_buffers()  # a copy's chunks through this process: their pages kept, not faulted in anew
     job = _Run(mc, args, reconnect)
     try:
         await _group(mc)
