@@ -7,17 +7,19 @@ not change how many pages the kernel had to find."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from mind.client import MindClient
 from mind.client.credentials import load_credential
-from mind.testing.cluster import program, running
+from mind.testing.cluster import Cluster, program, running
 
 pytestmark = pytest.mark.slow  # processes of their own: a Python child, a real Mind and Hand
 
@@ -88,15 +90,22 @@ def certs(tmp_path_factory):
     return d, next(ln.split()[-1] for ln in out.stdout.splitlines() if ln.startswith("pin:"))
 
 
-def test_the_mind_relays_a_stream_over_wss_without_faulting_in_its_buffers(tmp_path, certs):
+@contextlib.contextmanager
+def _over_wss(tmp_path, certs, size: int) -> Iterator[tuple[Cluster, Path]]:
+    """A Mind serving `wss://`, a Hand `box` pinning it, and a file of `size` random bytes."""
     d, pin = certs
     src = tmp_path / "src.bin"
-    src.write_bytes(os.urandom(128 << 20))
+    src.write_bytes(os.urandom(size))
     with running(
         tmp_path, hand=None, mind_args=("--tls-cert", str(d / "mind.crt"), "--tls-key", str(d / "mind.key"))
     ) as cl:
         cl.start_hand("box", "--pin", pin)
         cl.wait_connected("box")
+        yield cl, src
+
+
+def test_the_mind_relays_a_stream_over_wss_without_faulting_in_its_buffers(tmp_path, certs):
+    with _over_wss(tmp_path, certs, 128 << 20) as (cl, src):
         mind = cl.mind.pid  # type: ignore[union-attr]
         warm = cl.cli("exec", "--hand", "box", "--", "head", "-c", str(8 << 20), str(src), timeout=60)
         assert warm.returncode == 0 and len(warm.stdout) == 8 << 20  # a run's own start paid here
@@ -110,14 +119,7 @@ def test_the_mind_relays_a_stream_over_wss_without_faulting_in_its_buffers(tmp_p
 
 def test_mind_cp_moves_a_file_over_wss_without_faulting_in_its_buffers(tmp_path, certs):
     # The CLI's side of a copy: its chunks, framed, encrypted, freed and made again.
-    d, pin = certs
-    src = tmp_path / "src.bin"
-    src.write_bytes(os.urandom(128 << 20))
-    with running(
-        tmp_path, hand=None, mind_args=("--tls-cert", str(d / "mind.crt"), "--tls-key", str(d / "mind.key"))
-    ) as cl:
-        cl.start_hand("box", "--pin", pin)
-        cl.wait_connected("box")
+    with _over_wss(tmp_path, certs, 128 << 20) as (cl, src):
         p = subprocess.Popen([*program("mind"), "cp", str(src), "box:up.bin"], env=cl.env, stdout=subprocess.DEVNULL)
         try:
             _, status, usage = os.wait4(p.pid, 0)
