@@ -61,7 +61,7 @@ def _write(path, size: int, through: bool) -> str:
 
 
 def test_a_file_written_through_writeback_is_whole_and_mostly_out_of_the_page_cache(tmp_path):
-    size = 16 * STEP  # 128 MiB
+    size = 8 * STEP  # 64 MiB
     pages = size // mmap.PAGESIZE
     kept, dropped = tmp_path / "kept.bin", tmp_path / "dropped.bin"
     assert _write(kept, size, through=False) == hashlib.sha256(kept.read_bytes()).hexdigest()
@@ -96,7 +96,7 @@ def _download(root, name: str) -> tuple[str, bytes]:
 
 
 def test_a_file_nobody_had_cached_leaves_the_page_cache_as_a_copy_reads_it(tmp_path):
-    size = 16 * STEP
+    size = 8 * STEP
     data = os.urandom(size)
     (tmp_path / "cold.bin").write_bytes(data)
     _uncached(tmp_path / "cold.bin")
@@ -108,7 +108,7 @@ def test_a_file_nobody_had_cached_leaves_the_page_cache_as_a_copy_reads_it(tmp_p
 
 
 def test_a_file_someone_had_cached_stays_cached_when_a_copy_reads_it(tmp_path):
-    size = 16 * STEP
+    size = 8 * STEP
     data = os.urandom(size)
     (tmp_path / "warm.bin").write_bytes(data)
     assert (tmp_path / "warm.bin").read_bytes() == data  # in the cache, as a file in use is
