@@ -356,6 +356,13 @@ async def test_ten_thousand_connections_at_once_are_bounded_refused_promptly_and
                 links = [e for e in events if e.get("event") == "handshake_ok" and e.get("label") == "flooder"]
                 cuts = [e for e in events if str(e.get("event", "")).startswith(("peer_", "outbox_"))]
                 quota_lines = [ln for ln in err_lines if "quota_exceeded" in ln]
+                # How the flooder's runs ended, as the Mind logged them: a carried run that ended during
+                # the flood frees its share of the budget (CI once saw 496 carried against 256).
+                ended: dict[str, int] = {}
+                for e in events:
+                    if e.get("event") == "run_terminal" and e.get("tool") == "forward":
+                        key = f"{e.get('state')}: {str(e.get('reason'))[:60]}"
+                        ended[key] = ended.get(key, 0) + 1
                 print(
                     f"\n{N} connects issued in {flood.opened_in:.2f}s; all decided in {settled_in:.1f}s: {outcomes}"
                     f"\ncarried (echoed) {len(carried)} (budget {BUDGET_CONNECTIONS}), decided at "
@@ -369,6 +376,7 @@ async def test_ten_thousand_connections_at_once_are_bounded_refused_promptly_and
                     f"max {max(b_during, default=0) * 1000:.1f}ms; slowest (s, began at s): "
                     f"{[(round(t, 2), round(at, 2)) for t, at in sorted(zip(b_during, offsets, strict=True))[-3:]]}"
                     f"\nflooder's links to the Mind: {len(links)}; peers cut: {cuts}"
+                    f"\nforward runs ended by then, as the Mind logged them: {ended}"
                 )
 
                 # every connection echoed exactly or closed without a byte, within SETTLE_S: none hung
