@@ -4,12 +4,25 @@ WebSocket on loopback; closing still works as websockets does it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import serve
 
 from hand.aio.agent import BatchingConnection as HandConnection
 from mind.daemon.outbox import BatchingConnection as MindConnection
+
+
+@contextlib.asynccontextmanager
+async def _linked(handler: Callable[[MindConnection], Awaitable[None]], **size: Any) -> AsyncIterator[HandConnection]:
+    """A Mind-side connection serving `handler` on a free loopback port, and a Hand-side one to it
+    (both batching, no compression): the client's end, while both are open."""
+    async with serve(handler, "127.0.0.1", 0, create_connection=MindConnection, compression=None, **size) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", create_connection=HandConnection, compression=None, **size) as ws:
+            yield ws
 
 
 async def test_a_burst_is_one_write_and_arrives_whole_in_both_directions():
@@ -40,14 +53,12 @@ async def test_a_burst_is_one_write_and_arrives_whole_in_both_directions():
             got_by_server.append(await ws.recv())
         await ws.close()
 
-    async with serve(handler, "127.0.0.1", 0, create_connection=MindConnection, compression=None) as server:
-        port = next(iter(server.sockets)).getsockname()[1]
-        async with connect(f"ws://127.0.0.1:{port}", create_connection=HandConnection, compression=None) as ws:
-            counted(ws, "hand")
-            got = [await asyncio.wait_for(ws.recv(), 10) for _ in frames]
-            await ws.send_many(frames)
-            burst["hand"] = writes["hand"]
-            await asyncio.wait_for(ws.wait_closed(), 10)
+    async with _linked(handler) as ws:
+        counted(ws, "hand")
+        got = [await asyncio.wait_for(ws.recv(), 10) for _ in frames]
+        await ws.send_many(frames)
+        burst["hand"] = writes["hand"]
+        await asyncio.wait_for(ws.wait_closed(), 10)
     assert got == frames and got_by_server == frames
     assert burst == {"mind": 1, "hand": 1}  # 200 frames each way, one write each
     assert writes["mind"] >= 2  # the closing handshake went through the same path
@@ -71,14 +82,12 @@ async def test_frames_written_as_header_and_payload_arrive_whole_both_ways():
         await ws.send_many(list(parts))
         await ws.close()
 
-    async with serve(handler, "127.0.0.1", 0, create_connection=MindConnection, compression=None) as server:
-        port = next(iter(server.sockets)).getsockname()[1]
-        async with connect(f"ws://127.0.0.1:{port}", create_connection=HandConnection, compression=None) as ws:
-            for one in parts[:3]:  # one at a time, then the rest together
-                await ws.send_many([one])
-            await ws.send_many(list(parts[3:]))
-            got = [await asyncio.wait_for(ws.recv(), 10) for _ in parts]
-            await asyncio.wait_for(ws.wait_closed(), 10)
+    async with _linked(handler) as ws:
+        for one in parts[:3]:  # one at a time, then the rest together
+            await ws.send_many([one])
+        await ws.send_many(list(parts[3:]))
+        got = [await asyncio.wait_for(ws.recv(), 10) for _ in parts]
+        await asyncio.wait_for(ws.wait_closed(), 10)
     assert got_by_server == want
     assert got == want
 
@@ -99,13 +108,11 @@ async def test_a_burst_larger_than_the_socket_takes_arrives_whole_and_in_order()
         await ws.send_many(list(parts))
         await ws.close()
 
-    async with serve(handler, "127.0.0.1", 0, create_connection=MindConnection, compression=None) as server:
-        port = next(iter(server.sockets)).getsockname()[1]
-        async with connect(f"ws://127.0.0.1:{port}", create_connection=HandConnection, compression=None) as ws:
-            await ws.send_many(list(parts))
-            await asyncio.sleep(0.3)  # the Mind's burst waits for this reader too
-            back = [await asyncio.wait_for(ws.recv(), 10) for _ in parts]
-            await asyncio.wait_for(ws.wait_closed(), 10)
+    async with _linked(handler) as ws:
+        await ws.send_many(list(parts))
+        await asyncio.sleep(0.3)  # the Mind's burst waits for this reader too
+        back = [await asyncio.wait_for(ws.recv(), 10) for _ in parts]
+        await asyncio.wait_for(ws.wait_closed(), 10)
     assert got == want
     assert back == want
 
@@ -132,17 +139,11 @@ async def test_large_whole_frames_framed_here_arrive_whole_both_ways():
         await write_frames(ws, frames)
         await ws.close()
 
-    async with serve(
-        handler, "127.0.0.1", 0, create_connection=MindConnection, compression=None, max_size=None
-    ) as server:
-        port = next(iter(server.sockets)).getsockname()[1]
-        async with connect(
-            f"ws://127.0.0.1:{port}", create_connection=HandConnection, compression=None, max_size=None
-        ) as ws:
-            for f in frames:
-                await write_frames(ws, [f])
-            await write_frames(ws, frames)
-            got = [await asyncio.wait_for(ws.recv(), 10) for _ in range(2 * len(frames))]
-            await asyncio.wait_for(ws.wait_closed(), 10)
+    async with _linked(handler, max_size=None) as ws:
+        for f in frames:
+            await write_frames(ws, [f])
+        await write_frames(ws, frames)
+        got = [await asyncio.wait_for(ws.recv(), 10) for _ in range(2 * len(frames))]
+        await asyncio.wait_for(ws.wait_closed(), 10)
     assert got_by_server == want + want
     assert got == want + want

@@ -392,113 +392,6 @@ def test_a_window_halved_while_the_hand_was_away_is_the_one_it_resumes_under():
     assert hand.sender.limit <= client.receiver.limit == 5 * W, "never past what the client granted"
 
 
-def test_stdin_resumed_under_a_limit_granted_before_a_halving_keeps_the_relays_window():
-    """The Hand's receiver of an upload's stdin grew its window, then halved it (its tuner: the
-    growth bought nothing); the limit it granted under the larger window stands (it never moves
-    back), so when the Hand's leg was cut soon after, it presented `window` = limit - consumed,
-    more than the window it grants. The Mind passed that to the client as the stdin window and kept
-    the smaller one in its relay: the client took it for the rest of the stream, went past the
-    relay's limit a window later, its chunk was refused (a debug line) and every one after it (out
-    of order), the Hand had nothing more to acknowledge, and the copy stopped for good (`mind cp`
-    cut at half under load, 1 in ~20). The resume says the relay's window, narrowed to the Hand's
-    if that is smaller: every byte the client may send is relayed."""
-    reg = setup(streams=Streams(stdin=True))
-    client = Outgoing(W)  # the client's stdin
-    hand = Incoming(W)  # the Hand's receiver of it (its tuner's choices made below by hand)
-    gen = [1]
-
-    def send(n):
-        """`n` bytes of stdin from the client; True if the Mind relayed every chunk to the Hand."""
-        relayed = True
-        for offset, data, _eof in client.send(b"x" * n):
-            acts = client_chunk(reg, "stdin", offset, len(data))
-            if acts and getattr(acts[0], "gen", None) == gen[0]:
-                assert hand.on_data(offset, len(data), False)
-            else:
-                relayed = False
-        return relayed
-
-    def consume(n, window=None):
-        """The Hand consumes `n` bytes (under `window`, if its tuner changed it) and acknowledges."""
-        hand.consume(n)
-        if window is not None:
-            hand.receiver.window = window
-        offset = hand.ack_due()
-        assert offset is not None
-        ack = StreamAck(run_id="r1", stream="stdin", offset=offset, window=hand.changed_window())
-        for m in to_client(reg.on_hand_stream(ack, HAND, gen[0]), "c1"):
-            client.on_ack(m.offset, m.window)
-
-    assert send(W)
-    consume(W, window=2 * W)  # grown: the limit is 3 W
-    assert send(2 * W)
-    consume(W // 2, window=W)  # halved: the limit stays at 3 W, the window is W
-    assert (client.window, reg.get("r1").relays["stdin"].window) == (W, W)
-    reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
-    offset, consumed = hand.resume_point()  # as `RunStreams.positions` presents it
-    granted = hand.granted
-    assert granted == 3 * W // 2, "the limit granted before the halving, not the window"
-    positions = [StreamPosition(stream="stdin", offset=offset, consumed=consumed, window=granted)]
-    gen[0] = 2
-    acts = reg.on_runs_present(HAND, 2, present("r1", streams=positions), 6.0, 1006.0)
-    [resume] = [m for m in to_client(acts, "c1") if isinstance(m, StreamResume)]
-    assert client.resume(resume.offset, resume.consumed, resume.window) == []  # the Hand has it all
-    assert client.window == reg.get("r1").relays["stdin"].window == W
-    consume(3 * W // 2)  # the Hand's next acknowledgement: no window (the client heard W)
-    assert client.credit() > 0
-    assert send(client.credit()), "every byte the client may send is relayed"
-    assert client.sender.limit <= min(reg.get("r1").relays["stdin"].limit, hand.receiver.limit)
-
-
-def test_stdin_resumed_after_a_halving_the_cut_lost_goes_on_under_the_hands_window():
-    """The same, but the cut took the acknowledgement that halved the window: the Mind and the
-    client still hold the grown one, and the Hand's presentation says only the limit it granted
-    (more than its window). The resume narrows them to that; the Hand's next acknowledgement says
-    its window again, whatever it last said, so the client never goes past the Hand's limit."""
-    reg = setup(streams=Streams(stdin=True))
-    client = Outgoing(W)
-    hand = Incoming(W)
-    gen = [1]
-
-    def send(n):
-        relayed = True
-        for offset, data, _eof in client.send(b"x" * n):
-            acts = client_chunk(reg, "stdin", offset, len(data))
-            if acts and getattr(acts[0], "gen", None) == gen[0]:
-                relayed = hand.on_data(offset, len(data), False) and relayed
-            else:
-                relayed = False
-        return relayed
-
-    def consume(n, window=None, lost=False):
-        hand.consume(n)
-        if window is not None:
-            hand.receiver.window = window
-        offset = hand.ack_due()
-        assert offset is not None
-        ack = StreamAck(run_id="r1", stream="stdin", offset=offset, window=hand.changed_window())
-        if not lost:
-            for m in to_client(reg.on_hand_stream(ack, HAND, gen[0]), "c1"):
-                client.on_ack(m.offset, m.window)
-
-    assert send(W)
-    consume(W, window=2 * W)
-    assert send(2 * W)
-    consume(W // 2, window=W, lost=True)  # halved, in the acknowledgement the cut took
-    reg.on_hand_gone(HAND, 1, 5.0, 1005.0)
-    offset, consumed = hand.resume_point()
-    positions = [StreamPosition(stream="stdin", offset=offset, consumed=consumed, window=hand.granted)]
-    gen[0] = 2
-    acts = reg.on_runs_present(HAND, 2, present("r1", streams=positions), 6.0, 1006.0)
-    [resume] = [m for m in to_client(acts, "c1") if isinstance(m, StreamResume)]
-    client.resume(resume.offset, resume.consumed, resume.window)
-    assert client.sender.limit <= hand.receiver.limit
-    consume(3 * W // 2)
-    assert client.window == reg.get("r1").relays["stdin"].window == W, "the Hand said its window again"
-    assert send(client.credit()), "every byte the client may send reaches the Hand"
-    assert client.sender.limit <= min(reg.get("r1").relays["stdin"].limit, hand.receiver.limit)
-
-
 class _Upload:
     """An upload's stdin through a real registry: the client's `Outgoing`, the Hand's `Incoming`
     (its tuner's choices made by hand), the acknowledgements between them, cuts and returns."""
@@ -543,19 +436,21 @@ class _Upload:
             StreamPosition(stream="stdin", offset=offset, consumed=consumed, window=granted if granted != W else None)
         ]
 
-    def hand_returns(self) -> None:
+    def hand_returns(self) -> list:
+        """The Hand's leg cut and back on a new generation, presenting the run: what the client
+        resends (`Outgoing.resume`)."""
         self.reg.on_hand_gone(HAND, self.gen, 5.0, 1005.0)
         self.gen += 1
         pres = present("r1", streams=self.positions(), spec=Streams(stdin=True))
-        self.resumed(self.reg.on_runs_present(HAND, self.gen, pres, 6.0, 1006.0))
+        return self.resumed(self.reg.on_runs_present(HAND, self.gen, pres, 6.0, 1006.0))
 
-    def resumed(self, acts: list) -> None:
+    def resumed(self, acts: list) -> list:
         """The client resumes stdin where the Mind says: a `stream_resume`, or its `attached`."""
         told = to_client(acts, self.attached)
         points = [m for m in told if isinstance(m, StreamResume) and m.stream == "stdin"]
         points += [p for m in told if isinstance(m, Attached) for p in m.streams if p.stream == "stdin"]
         [point] = points
-        self.client.resume(point.offset, point.consumed, point.window)
+        return self.client.resume(point.offset, point.consumed, point.window)
 
     def within_the_hands_limit(self) -> bool:
         return self.client.sender.limit <= min(self.reg.get("r1").relays["stdin"].limit, self.hand.receiver.limit)
@@ -599,6 +494,49 @@ def test_a_stdin_window_halved_while_the_client_was_away_is_the_one_it_reattache
     assert u.client.window == W, "the window the Hand grants now"
     assert u.within_the_hands_limit(), (u.client.sender.limit, u.hand.receiver.limit)
     assert u.send(u.client.credit()), "every byte the client may send reaches the Hand"
+
+
+def test_stdin_resumed_under_a_limit_granted_before_a_halving_keeps_the_relays_window():
+    """The Hand's receiver of an upload's stdin grew its window, then halved it (its tuner: the
+    growth bought nothing); the limit it granted under the larger window stands (it never moves
+    back), so when the Hand's leg was cut soon after, it presented `window` = limit - consumed,
+    more than the window it grants. The Mind passed that to the client as the stdin window and kept
+    the smaller one in its relay: the client took it for the rest of the stream, went past the
+    relay's limit a window later, its chunk was refused (a debug line) and every one after it (out
+    of order), the Hand had nothing more to acknowledge, and the copy stopped for good (`mind cp`
+    cut at half under load, 1 in ~20). The resume says the relay's window, narrowed to the Hand's
+    if that is smaller: every byte the client may send is relayed."""
+    u = _Upload()
+    assert u.send(W)
+    u.consume(W, window=2 * W)  # grown: the limit is 3 W
+    assert u.send(2 * W)
+    u.consume(W // 2, window=W)  # halved: the limit stays at 3 W, the window is W
+    assert (u.client.window, u.reg.get("r1").relays["stdin"].window) == (W, W)
+    assert u.hand.granted == 3 * W // 2, "the limit granted before the halving, not the window"
+    assert u.hand_returns() == []  # the Hand has it all
+    assert u.client.window == u.reg.get("r1").relays["stdin"].window == W
+    u.consume(3 * W // 2)  # the Hand's next acknowledgement: no window (the client heard W)
+    assert u.client.credit() > 0
+    assert u.send(u.client.credit()), "every byte the client may send is relayed"
+    assert u.within_the_hands_limit()
+
+
+def test_stdin_resumed_after_a_halving_the_cut_lost_goes_on_under_the_hands_window():
+    """The same, but the cut took the acknowledgement that halved the window: the Mind and the
+    client still hold the grown one, and the Hand's presentation says only the limit it granted
+    (more than its window). The resume narrows them to that; the Hand's next acknowledgement says
+    its window again, whatever it last said, so the client never goes past the Hand's limit."""
+    u = _Upload()
+    assert u.send(W)
+    u.consume(W, window=2 * W)
+    assert u.send(2 * W)
+    u.consume(W // 2, window=W, lost=True)  # halved, in the acknowledgement the cut took
+    u.hand_returns()
+    assert u.client.sender.limit <= u.hand.receiver.limit
+    u.consume(3 * W // 2)
+    assert u.client.window == u.reg.get("r1").relays["stdin"].window == W, "the Hand said its window again"
+    assert u.send(u.client.credit()), "every byte the client may send reaches the Hand"
+    assert u.within_the_hands_limit()
 
 
 def test_an_attach_says_the_window_the_cut_kept_from_the_mind():
