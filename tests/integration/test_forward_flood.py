@@ -71,11 +71,15 @@ LATENCY_FLOOR_S = 0.05
 """A median before the flood of a few ms times the factor would be noise-sized: the factor's bound
 is taken from at least this."""
 MIND_ARGS = ("--ping-interval", "10")
-"""The Mind's keepalive at its default (10 s), not the harness's 1 s: a busy peer's pong may take
+"""The Mind's keepalive at its default (10 s), not the harness's 1 s (the Hand's too: `HAND_ARGS`): a busy peer's pong may take
 0.75 of an interval to be read (`mind.core.liveness`), and the flooder's pong waits behind its
 10,000 starts, which the Mind admits or refuses at ~2,000 a second on this machine. At 1 s the Mind
 cuts the forward's link (`peer_behind`) a few seconds into the flood and, with the suite's resume
 window of 0, every carried connection is reset ("connection to the Mind closed")."""
+HAND_ARGS = ("--ping-interval", "10")
+"""The Hand's keepalive at its default (10 s) for the same reason: at the harness's 1 s the Hand
+gives up on the Mind's pong (0.75 s) while the Mind's loop is held by the flood (CI saw it once: all
+255 carried runs `lost: hand connection lost before a result`, their budget freed, 308 carried)."""
 STALL_S = 10.0
 """No single call of the victim's during the flood takes this long: a hang, or a stall of the Mind's
 loop for the whole flood. 1.3-2.5 s is measured for the slowest call (see above): that is the
@@ -304,7 +308,7 @@ async def test_ten_thousand_connections_at_once_are_bounded_refused_promptly_and
     echo = _QuietServer(("127.0.0.1", 0), _Echo)
     threading.Thread(target=echo.serve_forever, daemon=True).start()
     try:
-        with running(tmp_path, mind_args=MIND_ARGS) as cl:
+        with running(tmp_path, "box", *HAND_ARGS, mind_args=MIND_ARGS) as cl:
             fw: _FloodForward | None = None
             flood: _Flood | None = None
             mc = None
@@ -363,6 +367,11 @@ async def test_ten_thousand_connections_at_once_are_bounded_refused_promptly_and
                     if e.get("event") == "run_terminal" and e.get("tool") == "forward":
                         key = f"{e.get('state')}: {str(e.get('reason'))[:60]}"
                         ended[key] = ended.get(key, 0) + 1
+                hand_links = [
+                    f"{e.get('event')}: {e.get('error', '')}"
+                    for e in cl.hands["box"].events()
+                    if e.get("event") in ("connected", "connect_failed", "handshake_failed", "connection_crashed")
+                ]
                 print(
                     f"\n{N} connects issued in {flood.opened_in:.2f}s; all decided in {settled_in:.1f}s: {outcomes}"
                     f"\ncarried (echoed) {len(carried)} (budget {BUDGET_CONNECTIONS}), decided at "
@@ -377,6 +386,7 @@ async def test_ten_thousand_connections_at_once_are_bounded_refused_promptly_and
                     f"{[(round(t, 2), round(at, 2)) for t, at in sorted(zip(b_during, offsets, strict=True))[-3:]]}"
                     f"\nflooder's links to the Mind: {len(links)}; peers cut: {cuts}"
                     f"\nforward runs ended by then, as the Mind logged them: {ended}"
+                    f"\nthe Hand's links to the Mind: {hand_links}"
                 )
 
                 # every connection echoed exactly or closed without a byte, within SETTLE_S: none hung
@@ -384,6 +394,8 @@ async def test_ten_thousand_connections_at_once_are_bounded_refused_promptly_and
                 assert len(carried) + len(refused) == N, outcomes
                 # the forward's own link to the Mind held: never cut, never redialled
                 assert len(links) == 1 and not cuts, (links, cuts)
+                # and the Hand's held too: one connection, never redialled (a cut loses every carried run)
+                assert len(hand_links) == 1, hand_links
                 # at most the budget's worth carried at once (every carried one is still open: checked
                 # below, each half-closed gets its EOF back), and the budget used, not wasted
                 assert BUDGET_CONNECTIONS - 4 <= len(carried) <= BUDGET_CONNECTIONS, outcomes
