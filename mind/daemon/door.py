@@ -143,10 +143,12 @@ class CountedConnection(OneRequest, BatchingConnection):
     def spoke(self) -> None:
         self.unwelcomed.spoke(id(self))
 
-    def data_received(self, data: bytes) -> None:
+    def buffer_updated(self, nbytes: int) -> None:
+        """Every read of the socket comes here (the reader is a `BufferedProtocol`; what it passes
+        on to `data_received` was counted here already)."""
         self.heard = time.monotonic()
-        self.received += len(data)
-        super().data_received(data)
+        self.received += nbytes
+        super().buffer_updated(nbytes)
 
     def welcomed(self, interval: float | None = None) -> None:
         """Out of `Unwelcomed`; with an `interval`, into the keepalive sweep."""

@@ -44,6 +44,10 @@ class OneRequest:
                 self._head_tail = window[-3:]
         super().data_received(data)  # type: ignore[misc]
 
+    def reads_frames(self) -> bool:
+        """Bytes read while some are held go where those went (`data_received`), after them."""
+        return self._held is None and super().reads_frames()  # type: ignore[misc]
+
     async def handshake(self, *args: Any, **kwargs: Any) -> None:
         try:
             await super().handshake(*args, **kwargs)  # type: ignore[misc]

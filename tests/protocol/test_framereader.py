@@ -96,7 +96,21 @@ def _cuts(data: bytes, points: list[int]) -> list[bytes]:
     return [data[a:b] for a, b in zip(edges, edges[1:], strict=False) if b > a]
 
 
-async def _feed(cls: type[Connection], side: Side, chunks: list[bytes], eof: bool = True) -> tuple:
+def _read_into(conn: Ours, chunk: bytes) -> None:
+    """What a transport does with a `BufferedProtocol`: each read goes into the room it offers."""
+    off = 0
+    while off < len(chunk):
+        room = conn.get_buffer(-1)
+        n = min(len(room), len(chunk) - off)
+        room[:n] = chunk[off : off + n]
+        room.release()
+        conn.buffer_updated(n)
+        off += n
+
+
+async def _feed(
+    cls: type[Connection], side: Side, chunks: list[bytes], eof: bool = True, buffered: bool = False
+) -> tuple:
     loop = asyncio.get_running_loop()
     mine, theirs = socket.socketpair()
     theirs.setblocking(False)
@@ -105,7 +119,11 @@ async def _feed(cls: type[Connection], side: Side, chunks: list[bytes], eof: boo
     transport, _ = await loop.connect_accepted_socket(lambda: conn, mine)
     try:
         for chunk in chunks:
-            conn.data_received(chunk)
+            if buffered:
+                assert isinstance(conn, Ours)
+                _read_into(conn, chunk)
+            else:
+                conn.data_received(chunk)
         if eof:
             conn.eof_received()
         await asyncio.sleep(0)
@@ -138,13 +156,16 @@ async def _feed(cls: type[Connection], side: Side, chunks: list[bytes], eof: boo
     points=st.lists(st.integers(0, 1 << 30), max_size=12),
     server=st.booleans(),
     eof=st.booleans(),
+    buffered=st.booleans(),
 )
-def test_our_reader_does_what_websockets_does(frames, points, server, eof):
+def test_our_reader_does_what_websockets_does(frames, points, server, eof, buffered):
+    # `buffered`: read as a transport reads a `BufferedProtocol` (into the room the reader offers),
+    # else given as bytes (`data_received`: the handshake's leftovers, a mixin's held bytes)
     side = SERVER if server else CLIENT
     chunks = _cuts(_wire(frames, side), points)
 
     async def both():
-        return await _feed(Ours, side, chunks, eof), await _feed(Connection, side, chunks, eof)
+        return await _feed(Ours, side, chunks, eof, buffered), await _feed(Connection, side, chunks, eof)
 
     ours, theirs = asyncio.run(both())
     assert ours == theirs
@@ -155,9 +176,10 @@ def test_a_binary_frame_is_one_message_whatever_the_chunks():
     wire = Frame(Opcode.BINARY, payload).serialize(mask=True) * 2
     for step in (1, 7, 4096, len(wire) // 2 - 1, len(wire)):
         chunks = [wire[i : i + step] for i in range(0, len(wire), step)]
-        messages, written, *_ = asyncio.run(_feed(Ours, SERVER, chunks))
-        assert messages == [(Opcode.BINARY, payload, True)] * 2
-        assert written == []
+        for buffered in (False, True):
+            messages, written, *_ = asyncio.run(_feed(Ours, SERVER, chunks, buffered=buffered))
+            assert messages == [(Opcode.BINARY, payload, True)] * 2
+            assert written == []
 
 
 def test_every_kind_of_frame_before_and_after_every_other():
@@ -185,9 +207,10 @@ def test_every_kind_of_frame_before_and_after_every_other():
                     wire = _wire([a, b], side)
                     for chunks in ([wire], _cuts(wire, [len(wire) // 3, len(wire) // 2 + 1])):
                         for eof in (False, True):
-                            ours = await _feed(Ours, side, chunks, eof)
                             theirs = await _feed(Connection, side, chunks, eof)
-                            assert ours == theirs, (side, a, b, len(chunks), eof)
+                            for buffered in (False, True):
+                                ours = await _feed(Ours, side, chunks, eof, buffered)
+                                assert ours == theirs, (side, a, b, len(chunks), eof, buffered)
 
     asyncio.run(pairs())
 
@@ -233,3 +256,61 @@ def test_frames_in_the_chunk_of_the_handshake_response_wherever_it_is_cut():
             assert await one(cut) == payloads, cut
 
     asyncio.run(every_cut())
+
+
+def test_the_buffer_grows_for_a_stream_and_an_idle_connection_gives_it_back(monkeypatch):
+    # What a connection holds: `SMALL` while idle, `READ_MAX` while streaming (each read offered
+    # at least half of it), a frame's worth for a frame larger than that, and `SMALL` again once
+    # the stream has quieted. Every frame arrives whole and in order throughout.
+    from protocol.io import framereader
+
+    big = os.urandom(3 << 20)
+    stream = [os.urandom(256 << 10) for _ in range(12)]
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        mine, theirs = socket.socketpair()
+        proto = Protocol(SERVER, state=State.OPEN, max_size=8 << 20)
+        conn = Ours(proto, ping_interval=None, close_timeout=None, max_queue=None)
+        transport, _ = await loop.connect_accepted_socket(lambda: conn, mine)
+        queue = conn.recv_messages.frames.queue
+        try:
+            offered: list[int] = []
+
+            def read(wire: bytes) -> None:  # as a transport reads a busy socket: every room filled
+                off = 0
+                while off < len(wire):
+                    room = conn.get_buffer(-1)
+                    offered.append(len(room))
+                    n = min(len(room), len(wire) - off)
+                    room[:n] = wire[off : off + n]
+                    room.release()
+                    conn.buffer_updated(n)
+                    off += n
+
+            read(Frame(Opcode.BINARY, b"hello").serialize(mask=True))
+            assert [bytes(f.data) for f in queue] == [b"hello"]
+            assert conn._buf is not None and len(conn._buf) == framereader.SMALL
+            queue.clear()
+
+            read(b"".join(Frame(Opcode.BINARY, p).serialize(mask=True) for p in stream))
+            assert [bytes(f.data) for f in queue] == stream
+            assert conn._buf is not None and len(conn._buf) == framereader.READ_MAX
+            assert min(offered[2:]) >= framereader.READ_MAX // 2  # once grown, never a sliver
+            queue.clear()
+
+            read(Frame(Opcode.BINARY, big).serialize(mask=True))
+            assert [bytes(f.data) for f in queue] == [big]
+            assert conn._buf is None or len(conn._buf) <= framereader.READ_MAX  # the frame's buffer let go
+            queue.clear()
+
+            monkeypatch.setattr(framereader, "IDLE_S", 0.0)  # the stream's last full read is long past
+            read(Frame(Opcode.BINARY, b"quiet").serialize(mask=True))
+            read(Frame(Opcode.BINARY, b"again").serialize(mask=True))
+            assert [bytes(f.data) for f in queue] == [b"quiet", b"again"]
+            assert conn._buf is not None and len(conn._buf) == framereader.SMALL
+        finally:
+            transport.abort()
+            theirs.close()
+
+    asyncio.run(run())
