@@ -16,7 +16,8 @@ takes exactly those, complete, from a buffer it owns:
   `recv`, `async for` and their flow control (pausing the transport) are unchanged.
 
 The buffer starts small (an idle connection holds `SMALL`), grows to `READ_MAX` once a read fills
-the room it was offered (a stream), to a whole frame when one is larger, and goes back to `SMALL`
+the room it was offered (a stream), to a whole frame when one is larger (doubling as its bytes
+come, never at its header's word), and goes back to `SMALL`
 when it empties a while after the stream's last full read. Only an incomplete frame is ever moved
 down (to the buffer's start, so that each read is offered at least half of it).
 
@@ -98,6 +99,10 @@ class FrameReader(asyncio.BufferedProtocol):
         start, end = self._start, self._end
         used = end - start
         want = max(self._need, used + MIN_READ)
+        if want > READ_MAX:
+            # A frame larger than a stream's buffer: its room doubles with the bytes that came, never
+            # the length its header announces at once (a header alone must not cost megabytes).
+            want = max(used + MIN_READ, min(want, 2 * used))
         if buf is None:
             buf = self._buf = bytearray(SMALL)
         grow = self._filled and len(buf) < READ_MAX

@@ -260,7 +260,7 @@ def test_frames_in_the_chunk_of_the_handshake_response_wherever_it_is_cut():
 
 def test_the_buffer_grows_for_a_stream_and_an_idle_connection_gives_it_back(monkeypatch):
     # What a connection holds: `SMALL` while idle, `READ_MAX` while streaming (each read offered
-    # at least half of it), a frame's worth for a frame larger than that, and `SMALL` again once
+    # at least half of it), a frame's worth for a frame larger than that (as its bytes come), and `SMALL` again once
     # the stream has quieted. Every frame arrives whole and in order throughout.
     from protocol.io import framereader
 
@@ -299,7 +299,12 @@ def test_the_buffer_grows_for_a_stream_and_an_idle_connection_gives_it_back(monk
             assert min(offered[2:]) >= framereader.READ_MAX // 2  # once grown, never a sliver
             queue.clear()
 
-            read(Frame(Opcode.BINARY, big).serialize(mask=True))
+            wire = Frame(Opcode.BINARY, big).serialize(mask=True)
+            read(wire[:20])  # its header says 3 MiB: room grows as the bytes come, not at its word
+            room = conn.get_buffer(-1)
+            assert len(room) <= framereader.READ_MAX
+            room.release()
+            read(wire[20:])
             assert [bytes(f.data) for f in queue] == [big]
             assert conn._buf is None or len(conn._buf) <= framereader.READ_MAX  # the frame's buffer let go
             queue.clear()
