@@ -114,9 +114,9 @@ class Host(Protocol):
     epoch: int
     """The credential table's epoch the last sweep saw (`Mind.check_credentials`)."""
     large_frames: bool
+    """A large frame came in since the last tick: the ticker gives its freed memory back (`heap`)."""
     router: Router | None
     """On a shared database, once it listens: its links to the other nodes (`mind.daemon.route`)."""
-    """A large frame came in since the last tick: the ticker gives its freed memory back (`heap`)."""
 
     @property
     def nodes(self) -> NodeLink | None:
