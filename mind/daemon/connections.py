@@ -176,8 +176,12 @@ class Connections:
 
     async def read_loop(self, peer: Peer, on_message: Callable[[Peer, str | None, Message], None]) -> None:
         channel = peer.outbox.channel
+        read = 0
         try:
             async for data in peer.ws:
+                read += 1
+                if read % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # the other connections' frames get their turn
                 if len(data) >= heap.LARGE_FRAME:
                     self.mind.large_frames = True
                 env = None
@@ -218,6 +222,13 @@ class Connections:
                 del data, env  # hold no frame while waiting for the next: a 4 MiB result would stay alive
         except ConnectionClosed:
             return
+
+
+YIELD_EVERY = 32
+"""Frames one connection's reader handles before it lets the loop serve the others: a read of 1 MiB
+holds thousands of small requests, all already parsed and queued, which the reader would otherwise
+handle in one turn of the loop (a client opening 10,000 forwarded connections at once held it for
+~0.1 s at a time, and another client's call crossing it several times waited 1-2.5 s)."""
 
 
 async def _within_rate(peer: Peer, size: int, stream: bool) -> None:
