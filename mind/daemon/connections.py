@@ -224,13 +224,14 @@ class Connections:
             return
 
 
-YIELD_EVERY = 8
+YIELD_EVERY = 32
 """Frames one connection's reader handles before it lets the loop serve the others: a read of 1 MiB
 holds thousands of small requests, all already parsed and queued, which the reader would otherwise
 handle in one turn of the loop (a client opening 10,000 forwarded connections at once held it for
 ~0.1 s at a time, and another client's call crossing it several times waited 1-2.7 s). Every 32
-frames: 0.23-0.44 s, p90 0.13-0.2 s; every 8: 0.19-0.29 s, p90 64-68 ms, the flood decided as fast
-and the 64-in-flight calls level (a turn per 8 frames of ~0.2 ms each)."""
+frames: 0.23-0.44 s, p90 0.13-0.2 s. Every 8 did better there (0.19-0.29 s, p90 64-68 ms) and worse
+against a client flooding refused requests (`scripts/bench flood`: the other client's `read_file`
+p99 10.8-12.3 ms, against 2.4 at 32, 2.1-6.8 at 64 and 3.4-8.2 without yielding)."""
 
 
 async def _within_rate(peer: Peer, size: int, stream: bool) -> None:

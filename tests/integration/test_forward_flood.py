@@ -23,9 +23,9 @@ What a user relies on:
   cleanly), and a new connection then echoes 1 MiB exactly. The Mind stays up (`mind status`).
 - **Nobody else slowed.** The victim's calls all succeed during the flood, their median stays
   within a generous bound of the median before it (a real stall is seconds; a loaded 2-core box
-  adds tens of milliseconds), and no single call takes `STALL_S`. Measured here: median 5-7 ms
-  before, 10-12 ms during; the slowest single call during 0.19-0.29 s, p90 64-68 ms (the Mind's
-  reader hands the loop back every 8 of the flooder's starts, `YIELD_EVERY`; before it did, one
+  adds tens of milliseconds), and no single call takes `STALL_S`. Measured here: median 5-8 ms
+  before, 7-15 ms during; the slowest single call during 0.23-0.44 s, p90 0.13-0.2 s (the Mind's
+  reader hands the loop back every 32 of the flooder's starts, `YIELD_EVERY`; before it did, one
   read's worth of starts was one turn of ~0.1 s, a call crossed several, and the slowest took
   1.0-2.7 s).
 
@@ -84,7 +84,7 @@ gives up on the Mind's pong (0.75 s) while the Mind's loop is held by the flood 
 255 carried runs `lost: hand connection lost before a result`, their budget freed, 308 carried)."""
 STALL_S = 10.0
 """No single call of the victim's during the flood takes this long: a hang, or a stall of the Mind's
-loop for the whole flood. 0.19-0.29 s is measured for the slowest call (see above): the Mind's
+loop for the whole flood. 0.23-0.44 s is measured for the slowest call (see above): the Mind's
 fairness under the flood, reported rather than made a bound here (a bound near it would be a
 timing assertion on a shared machine)."""
 
