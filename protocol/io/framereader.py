@@ -127,17 +127,13 @@ class FrameReader(asyncio.BufferedProtocol):
         return memoryview(buf)[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
-        if nbytes >= self._offered:
-            self._filled = True
-            self._filled_at = time.monotonic()
         if not self.reads_frames():
             buf = self._buf
             assert buf is not None
             data = bytes(buf[self._end : self._end + nbytes])
             self.data_received(data)  # the whole chain: a mixin above this one sees these bytes
             return
-        self._end += nbytes
-        self._parse()
+        self._took(nbytes)
 
     def reads_frames(self) -> bool:
         """Whether the bytes read now are frames this reader takes from its buffer; else they go
@@ -179,11 +175,16 @@ class FrameReader(asyncio.BufferedProtocol):
                 room[:n] = view[off : off + n]
                 room.release()
                 off += n
-                if n >= self._offered:
-                    self._filled = True
-                    self._filled_at = time.monotonic()
-                self._end += n
-                self._parse()
+                self._took(n)
+
+    def _took(self, nbytes: int) -> None:
+        """`nbytes` more in the room `get_buffer` offered: noted (a read that filled it is a
+        stream's), then the complete frames read (`_parse`)."""
+        if nbytes >= self._offered:
+            self._filled = True
+            self._filled_at = time.monotonic()
+        self._end += nbytes
+        self._parse()
 
     def _parse(self) -> None:
         """The complete frames in the buffer; the start of an incomplete one kept where it is."""
