@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 """The one version of mindhand: pyproject.toml reads it (`[tool.setuptools.dynamic]`), `mind --version`
 and `hand --version` print it. The wire has its own number, below, because releases and wire changes differ."""
 
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 """Bumped on any incompatible wire change: a peer forbids unknown fields, so one built before a new field
 would refuse it mid-connection (2: the fields of issues 14-17; 3: the continuity fields and messages, the
 window of a stream's opening, the fleet and connected-Hands requests; 4: a run's owner in `rpc` and what a Hand presents for a
@@ -18,5 +18,6 @@ reject code `disk_full`, and a Mind's seal over each `rpc`, presented back with 
 task's `usage` and a run's `kill`, a Hand's `cgroups` and `limits` claims; 8: recordings, `list_recordings`, `get_recording`,
 `verify_recordings` and their answers, the cancel reason `recording_failed`, `recording` in `status_reply`; 9: a
 receiver's `window` in `stream_ack`, a sender's in `stream_position`; 10: `put_file`'s `digest_follows`,
-an upload's sha256 after its bytes, and the receiver's `window` in `stream_resume`). Peers never downgrade: a
+an upload's sha256 after its bytes, and the receiver's `window` in `stream_resume`; 11: named runs, `welcome`'s
+`run_ids` and `exec`'s `run_id`). Peers never downgrade: a
 mismatch is refused at `hello`."""

@@ -105,6 +105,9 @@ class Welcome(Message):
     """A client's: the tool patterns its credential's scope allows (`["*"]`: any), so a client can
     show only what it may call (`mind mcp`'s `tools/list`). Informational: the Mind checks every
     request against the scope whatever the client shows."""
+    run_ids: Id | None = None
+    """A client's: the prefix of the run ids it may name on this connection (`Exec.run_id`,
+    `protocol.ids.named_run`). Minted for this connection alone, so no client can name another's run."""
 
 
 class Error(Message):
@@ -592,6 +595,11 @@ class Exec(Message):
     """Set only by a Mind node relaying a client's request to the node holding the Hand (DESIGN
     §16): the client the request is made for, whose scope the relaying node checked. Any sender
     but a Mind node's own credential naming it is refused (`denied_by_scope`)."""
+    run_id: Id | None = None
+    """The run's id, named by the client (DESIGN §4, "Named runs"): `<welcome.run_ids>.<n>`, `n`
+    larger than any the connection named before. A run that names its id and neither watches nor
+    streams gets no `admitted` update: its `run_end` is the only frame of a call. Anything else is
+    refused (`invalid_payload`) and nothing is started. Relayed by a node: as that node checked it."""
 
 
 class RunUpdate(Message):

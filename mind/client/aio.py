@@ -455,6 +455,11 @@ class MindClient:
             fleet = self.group
         if stdin is not None and not stream:
             raise ClientError(ClientCode.INVALID_REQUEST, "stdin= needs a streamed run (stream=True)")
+        if not self._session.is_open and self.resume_window > 0:
+            await self.reconnect()  # an outage: the run starts once the Mind is back (within the window)
+        # A call names its run (known at once: cancel, detach and a resume need no answer first);
+        # a streamed run learns its id from its stream numbers, before any byte.
+        named = None if stream else self._session.name_run()
         req = Exec(
             hand=hand,
             tool=tool,
@@ -464,13 +469,12 @@ class MindClient:
             streams=Streams(stdin=stdin is not None, output_limit=output_limit, window=window) if stream else None,
             watch=watch,
             fleet=fleet,
+            run_id=named,
         )
-        if not self._session.is_open and self.resume_window > 0:
-            await self.reconnect()  # an outage: the run starts once the Mind is back (within the window)
         id_ = new_id("x")
         self._session.send(req, id_)  # `ClientError` if the connection is gone
         handle = RunHandle(
-            self, id_, stdin, window=window, streams=("stdout", "stderr") if stream else (), digest=verify
+            self, id_, stdin, window=window, streams=("stdout", "stderr") if stream else (), digest=verify, named=named
         )
         self._runs[id_] = handle
         self._live.add(handle)

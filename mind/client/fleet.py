@@ -319,6 +319,8 @@ class FleetRun:
                 fleet=self.fleet_id,
             )
             self._handles[hand] = handle
+            if handle.run_id is not None:  # named by the client (a run without streams): known now
+                self.results.setdefault(hand, HandResult(hand, "pending")).run_id = handle.run_id
             async for ev in handle.events():
                 await self._queue.put(("event", hand, ev))
         except ClientError as exc:

@@ -175,17 +175,19 @@ class Follower:
         stdin: bool = False,
         digest: bool = True,
         clock: Callable[[], float] | None = None,
+        named: str | None = None,
     ) -> None:
         """`run_id` given: made by an `attach` (the streams come with `attached`); else by an
         `exec`, whose output `streams` are known (`stdout`, `stderr`; or `pty`) and whose first
-        event names the run. `stdin`: this follower sends the run's stdin. `digest`: check what
+        event names the run, or which named it itself (`named`, `Exec.run_id`): every event must
+        then be that run's. `stdin`: this follower sends the run's stdin. `digest`: check what
         arrives against the Hand's sha256 (off for a copy, which checks the file's own digest:
         hashing every byte twice cost a copy's throughput). `clock` (seconds): each output stream's
         window grows as the link needs (`protocol.streams.WindowTuner`); None: the opening's."""
         self.window = window
         self.clock = clock
         self.digest = digest
-        self.run_id = run_id
+        self.run_id = run_id or named
         self.hand: str | None = None
         self.state: Any = None
         self.hand_away_since: float | None = None

@@ -109,7 +109,10 @@ class RunHandle:
         run_id: str | None = None,
         streams: tuple[str, ...] = (),
         digest: bool = True,
+        named: str | None = None,
     ) -> None:
+        """`run_id`: an attachment of that run; else started by an `exec` under `req_id`, which
+        named its run `named` (`Exec.run_id`; None: its first event names it)."""
         self._client = client
         self.req_id = req_id
         """The envelope id the run's events come under (a new one at each attachment)."""
@@ -120,10 +123,11 @@ class RunHandle:
             stdin=stdin is not None,
             digest=digest,
             clock=time.monotonic,
+            named=named,
         )
         self._events: asyncio.Queue[RunEvent | MindhandError] = asyncio.Queue()
         self._id_known = asyncio.Event()
-        if run_id is not None:
+        if self.follower.run_id is not None:
             self._id_known.set()
         self._failed: ClientError | None = None
         self.end: RunEnd | None = None

@@ -35,7 +35,7 @@ from protocol.codes import ErrorCode
 from protocol.envelope import Channel, Envelope, MakeChunk, chunk_model
 from protocol.envelope import decode as decode_envelope
 from protocol.errors import ProtocolError
-from protocol.ids import new_id
+from protocol.ids import named_run, new_id
 from protocol.record import Frozen
 
 CLOSE_PROTOCOL_ERROR = 1002  # the WebSocket close code for a peer that broke the protocol
@@ -173,6 +173,9 @@ class ClientSession:
         self.ping_interval_s: float | None = None
         self.tools: tuple[str, ...] | None = None
         """The tool patterns this credential may call, as the Mind's `welcome` said (None: not said)."""
+        self.run_ids: str | None = None
+        """The prefix of the run ids this connection may name (its `welcome`'s; None: not offered)."""
+        self._named = 0
         self.error: ClientError | None = None  # set once the session is over
         self._decode = decode
         self._chunk = chunk
@@ -247,6 +250,15 @@ class ClientSession:
             self.forget(id)
             raise
         return id
+
+    def name_run(self) -> str | None:
+        """A fresh run id for an `exec` on this connection (`Exec.run_id`), known before the Mind
+        answers: a call that names it and neither watches nor streams is answered by its `run_end`
+        alone. None where the Mind offered no prefix (an older Mind)."""
+        if self.run_ids is None:
+            return None
+        self._named += 1
+        return named_run(self.run_ids, self._named)
 
     def forget(self, id: str) -> None:
         """Nobody waits for `id` any more (given up on, or never sent): what still comes for it is
@@ -367,6 +379,8 @@ class ClientSession:
         tools = getattr(msg, "tools", None)
         self.tools = tuple(tools) if tools is not None else None
         self.ping_interval_s = getattr(msg, "ping_interval_s", None)
+        self.run_ids = getattr(msg, "run_ids", None)
+        self._named = 0
         self.state = OPEN
         return [Opened(self.gen)]
 

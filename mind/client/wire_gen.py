@@ -57,6 +57,7 @@ WELCOME = model(
         "ping_interval_s": (number(gt=0, le=3600), REQUIRED),
         "resume_window_s": (number(ge=0, le=604800.0), 0.0),
         "tools": (optional(list_of(strict_str(max_len=4096), max_len=256)), None),
+        "run_ids": (optional(strict_str(pattern=limits.ID_RE)), None),
     },
 )
 
@@ -278,6 +279,7 @@ def exec_(
     watch: Any = True,
     fleet: Any = None,
     on_behalf_of: Any = None,
+    run_id: Any = None,
 ) -> Msg:
     """`exec`, as `protocol.messages.Exec(...).model_dump()` holds it."""
     return Msg(
@@ -292,6 +294,7 @@ def exec_(
             "watch": watch,
             "fleet": fleet,
             "on_behalf_of": on_behalf_of,
+            "run_id": run_id,
         },
     )
 

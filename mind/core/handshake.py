@@ -99,7 +99,12 @@ class ServerHandshake:
         return Identity(role=self._hello.role, label=self._hello.label, claims=self._hello.claims)
 
     def welcome(
-        self, gen: int, ping_interval_s: float, resume_window_s: float = 0.0, tools: list[str] | None = None
+        self,
+        gen: int,
+        ping_interval_s: float,
+        resume_window_s: float = 0.0,
+        tools: list[str] | None = None,
+        run_ids: str | None = None,
     ) -> Welcome:
         if self.step is not Step.DONE:
             raise RuntimeError("welcome before a verified proof")
@@ -109,4 +114,5 @@ class ServerHandshake:
             ping_interval_s=ping_interval_s,
             resume_window_s=resume_window_s,
             tools=tools,
+            run_ids=run_ids,
         )

@@ -382,7 +382,11 @@ class RunRegistry:
         admitted: list[Action] = []
         if run.client is not None:
             admitted += self._bind_client(run)
-            admitted.append(SendToClient(run.client, req_id, RunUpdate(run_id=run_id, hand=run.hand, state=run.state)))
+            if req.run_id is None or req.watch or req.streams is not None:
+                # (a call whose client named its id needs no frame to learn it: its end is its only one)
+                admitted.append(
+                    SendToClient(run.client, req_id, RunUpdate(run_id=run_id, hand=run.hand, state=run.state))
+                )
         if refusal is not None:
             code, why = refusal
             acts += admitted

@@ -223,6 +223,13 @@ class Dispatch:
 
     def _exec(self, peer: Peer, id_: str, msg: Exec, me: str) -> None:
         m = self.mind
+        if msg.run_id is not None:  # named by its client (DESIGN §4): checked before anything is started
+            problem = peer.name_run(msg.run_id) if msg.on_behalf_of is None else None
+            if problem is None and m.registry.get(msg.run_id) is not None:
+                problem = f"run {msg.run_id} exists"  # (a relaying node's bug: never two runs of one id)
+            if problem is not None:
+                peer.outbox.put(Error(code=ErrorCode.INVALID_PAYLOAD, message=f"invalid exec: {problem}"), id_)
+                return
         refusal, msg = self._exec_refusal(peer, msg, me)
         live = m.hands.get(msg.hand)
         link = None
@@ -275,7 +282,7 @@ class Dispatch:
         owner: str,
     ) -> None:
         m = self.mind
-        run_id = new_id("r")
+        run_id = msg.run_id or new_id("r")
         m.perform(
             m.registry.admit(
                 run_id,

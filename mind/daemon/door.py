@@ -210,7 +210,7 @@ class Door:
         stage: list[str] = []  # "hello" once a challenge is owed: a close after it is an abandon (item 13)
         try:
             async with asyncio.timeout(limits.HANDSHAKE_TIMEOUT_S):
-                ident, gen, secret, scope = await self._handshake(ws, channel, limited, stage)
+                ident, gen, secret, scope, run_ids = await self._handshake(ws, channel, limited, stage)
         except TimeoutError:
             m.metrics.handshakes.labels("failed").inc()
             self._failed(peer_addr, now)
@@ -252,7 +252,13 @@ class Door:
             self._evicted.discard(key)
         outbox = Outbox(ws, channel)
         peer = Peer(
-            ident=ident, gen=gen, ws=ws, outbox=outbox, since=time.time(), secret_digest=hashlib.sha256(secret).digest()
+            ident=ident,
+            gen=gen,
+            ws=ws,
+            outbox=outbox,
+            since=time.time(),
+            secret_digest=hashlib.sha256(secret).digest(),
+            run_ids=run_ids,
         )
         if ident.role == "hand":
             outbox.on_refused = peer.fail_request
@@ -287,7 +293,7 @@ class Door:
 
     async def _handshake(
         self, ws: Connection, channel: Channel, limited: bool = False, stage: list[str] | None = None
-    ) -> tuple[Identity, int, bytes, Scope | None]:
+    ) -> tuple[Identity, int, bytes, Scope | None, str | None]:
         m = self.mind
         loop = asyncio.get_running_loop()
         try:
@@ -346,5 +352,6 @@ class Door:
         if ident.role == "client":  # read once here: the client is told its tools, the peer keeps it
             scope = Scope.from_json(await m.creds(m.store.scope, "client", ident.label))
         tools = list(scope.tools) if scope is not None else None
-        await ws.send(channel.stamp(hs.welcome(gen, m.cfg.ping_interval, m.cfg.resume_window, tools)))
-        return ident, gen, secret, scope
+        run_ids = new_id("r") if ident.role == "client" else None  # this connection's alone (`Exec.run_id`)
+        await ws.send(channel.stamp(hs.welcome(gen, m.cfg.ping_interval, m.cfg.resume_window, tools, run_ids)))
+        return ident, gen, secret, scope, run_ids

@@ -17,7 +17,7 @@ from mind.daemon.outbox import Outbox
 from mind.store.api import STORE_UNAVAILABLE_MESSAGE, StoreUnavailable
 from protocol.codes import ErrorCode
 from protocol.errors import ProtocolError
-from protocol.ids import new_id
+from protocol.ids import new_id, run_number
 from protocol.messages import Error, Message
 
 log = structlog.get_logger(component="mind")
@@ -68,6 +68,22 @@ class Peer:
     room: asyncio.Event = field(default_factory=asyncio.Event)
     pending: dict[str, asyncio.Future[Message]] = field(default_factory=dict)
     """Requests this Mind sent to the peer (a Hand), by envelope id, waiting for their reply."""
+    run_ids: str | None = None
+    """A client's: the prefix of the run ids it may name (its `welcome`'s, `Exec.run_id`)."""
+    named: int = 0
+    """The largest `n` of a run id this client named (`name_run`): each must be larger."""
+
+    def name_run(self, run_id: str) -> str | None:
+        """Take `run_id`, named by this client for a run it starts; what is wrong with it, or None.
+        Only `<run_ids>.<n>` with `n` above every earlier one: never another connection's id, never
+        one this connection named before (its run may have ended and left the registry)."""
+        n = run_number(self.run_ids, run_id) if self.run_ids is not None else None
+        if n is None:
+            return f"run id {run_id!r} is not one this connection may name ({self.run_ids}.N)"
+        if n <= self.named:
+            return f"run id {run_id!r} was named before on this connection (the next is above {self.named})"
+        self.named = n
+        return None
 
     def spawn(self, coro: Coroutine[Any, Any, None], reply_to: str | None = None) -> None:
         """Run `coro` on this connection's task group, guarded: its failure can take down neither

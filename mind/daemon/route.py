@@ -135,6 +135,10 @@ class Link:
         link_id = new_id("x")
         session.send(msg, link_id)
         self.waiting[link_id] = fwd
+        named = getattr(msg, "run_id", None) if fwd.run else None
+        if named is not None:  # a run its client named: known here before any answer (none may come until its end)
+            fwd.run_id = named
+            self.router.remember(named, RoutedRun(self, fwd.hand, fwd.owner))
         self._flush(session)
 
     async def offer(self, msg: Message, fwd: Forward, answer_failure: bool = True) -> bool:

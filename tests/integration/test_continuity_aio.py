@@ -179,6 +179,12 @@ async def test_a_fleet_run_rides_out_a_cut_of_the_client_leg(cl: Cluster):
         fleet = mc.exec_many("box", "exec", {"argv": ["sh", "-c", "sleep 2; echo fleet"]}, stream=False)
         waiting = asyncio.ensure_future(fleet.wait())
         await until(lambda: bool(fleet.results) and all(r.run_id for r in fleet.results.values()), 10, "the run")
+        async with await cl.client() as direct:  # (its id is the client's own at once: the Mind has it too)
+            run_id = fleet.results["box"].run_id
+            deadline = time.monotonic() + 10
+            while (await direct.get_run(run_id)).state is not RunState.RUNNING:
+                assert time.monotonic() < deadline, "the run never started"
+                await asyncio.sleep(0.05)
         before = newest_connection(fp)
         fp.cut("rst")
         await until(lambda: newest_connection(fp) > before, 10, "the client to reconnect")
@@ -207,12 +213,26 @@ async def test_a_read_whose_answer_a_cut_lost_is_asked_again_and_a_cancel_in_fli
 async def test_a_fleet_start_cut_before_its_answer_is_that_hands_lost_run_not_the_fleet_abandoned(cl: Cluster):
     fp = cl.start_proxy()
     async with await cl.client(url=fp.url) as mc:
-        fp.frame("cut", "run_update", direction="down")  # RST before the run's first event: its id never comes
-        aggregate = await asyncio.wait_for(mc.exec_many("box", "exec", {"argv": ["true"]}, stream=False).wait(), 20)
+        # A streamed run learns its id from its first frame: RST before it, and the id never comes.
+        fp.frame("cut", "stream_numbers", direction="down")
+        aggregate = await asyncio.wait_for(mc.exec_many("box", "exec", {"argv": ["true"]}, stream=True).wait(), 20)
         assert not aggregate.abandoned and aggregate.counts == {"lost": 1}  # nobody here knows whether it ran
         await until(lambda: mc.connected, 10, "the client to reconnect for what comes next")
         end = await asyncio.wait_for(mc.exec("box", "exec", {"argv": ["echo", "next"]}, stream=False), 20)
     assert end.stdout.data == b"next\n" and mc.reconnects == 1
+
+
+async def test_a_named_call_whose_only_answer_a_cut_lost_gets_its_real_end_on_return(cl: Cluster):
+    fp = cl.start_proxy()
+    async with await cl.client(url=fp.url) as mc:
+        # A call names its run: its end is its only frame, and the RST takes it. The client knows
+        # the id it named, attaches on return, and gets the end the Mind kept, not `lost`.
+        fp.frame("cut", "run_end", direction="down")
+        aggregate = await asyncio.wait_for(
+            mc.exec_many("box", "exec", {"argv": ["echo", "ran"]}, stream=False).wait(), 20
+        )
+        assert not aggregate.abandoned and aggregate.counts == {"succeeded": 1}
+        assert mc.reconnects == 1
 
 
 @pytest.fixture

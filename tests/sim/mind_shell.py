@@ -250,7 +250,9 @@ class SimMind:
         self.perform(self.registry.on_client_gone(conn, self.now, self.now))
 
     def on_exec(self, conn: str, req_id: str, msg: Exec) -> str:
-        run_id = self.world.next_id("r")
+        # (a name is checked against the connection by the door's `Peer.name_run`, which the
+        # simulation does not model: its clients name only fresh ids)
+        run_id = msg.run_id or self.world.next_id("r")
         live = self.hands.get(msg.hand)
         if decide(Facts(Kind.EXEC, here=live is not None)) is Route.LOOKUP:
             # `_admit_offline`: the credentials table says which, after a database hop
