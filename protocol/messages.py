@@ -586,7 +586,8 @@ class Exec(Message):
     """Stream the run's bytes (stdin, complete output, or a terminal) instead of progress."""
     watch: Bool = True
     """Send every state change as a `run_update`. Without it the client gets only the first one
-    (`admitted`, which names the run id), the output and the end: three frames fewer per call."""
+    (`admitted`, which names the run id; none for a run whose client named it, `run_id`), the
+    output and the end: three frames fewer per call."""
     fleet: Id | None = None
     """The fleet run this run is a member of (DESIGN §12): recorded in the run's history, so
     `mind runs --fleet ID` lists the members. Changes nothing else about the run. The id must be

@@ -441,7 +441,8 @@ class MindClient:
         window: int = limits.STREAM_WINDOW,
     ) -> RunHandle:
         """Send the run; events (and its end) arrive on the returned handle. With `watch=False` the
-        handle sees only `admitted`, the output and the end (fewer frames: faster calls).
+        handle sees only the output and the end (fewer frames: faster calls), and a streamed run its
+        `admitted` first. A run without streams is named here (`handle.run_id` is set at once).
 
         `stdin` (bytes, a binary file, or an async iterator of bytes; no size limit) becomes the
         command's standard input, ended when it is exhausted. `stream` (default: for `exec` and

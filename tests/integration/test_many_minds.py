@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -703,6 +704,32 @@ def test_a_cancel_through_the_other_node_ends_the_run_and_its_tree(nodes, tmp_pa
 
     pid = asyncio.run(scenario())
     wait_until(lambda: not _alive(pid), 15, "the run's process tree to be gone")
+
+
+def test_a_named_call_through_the_other_node_is_known_there_at_once_and_answered_by_its_end(nodes, tmp_path):
+    """A call named by its client (no `admitted` comes) relayed through node B to a Hand of A: B
+    knows the run before any answer, so `run get` and a cancel through B reach A, and the client's
+    only event is the end."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+
+    async def scenario() -> None:
+        async with await b.client("ops", url=b.url) as mc:
+            seen: list[object] = []
+            h = await mc.start("box", "exec", {"argv": ["sleep", "300"]}, stream=False, watch=False)
+            assert h.run_id is not None
+            waiting = asyncio.ensure_future(h.wait(seen.append))
+            deadline = time.monotonic() + 30
+            while (info := await mc.get_run(h.run_id)).state.value != "running":
+                assert time.monotonic() < deadline, info
+                await asyncio.sleep(0.05)
+            assert info.hand == "box"
+            await mc.cancel(h.run_id)
+            end = await asyncio.wait_for(waiting, 30)
+            assert end.state.value == "cancelled" and end.run_id == h.run_id, end
+            assert seen == [end]
+
+    asyncio.run(scenario())
 
 
 def test_cancel_and_attach_through_the_other_node_of_runs_started_on_the_holder(nodes, tmp_path):
