@@ -276,3 +276,28 @@ async def test_the_end_stays_once_the_events_were_read():
     assert done.state is RunState.FAILED and done.exit_code == 3
     again = [ev async for ev in h.events()]
     assert len(again) == 1 and isinstance(again[0], RunEnd)
+
+
+async def test_a_wait_that_ends_leaves_nothing_for_the_loop_to_clean_up():
+    """`wait()` stops reading events at the end. An async generator left suspended there is
+    closed by asyncio in a task of its own, started from a write to the loop's self-pipe: one more
+    task and one more turn for every call. The events are an iterator object: nothing is left."""
+    import gc
+
+    loop = asyncio.get_running_loop()
+    woken: list[object] = []
+    wake = loop._write_to_self  # type: ignore[attr-defined]
+    loop._write_to_self = lambda: (woken.append(1), wake())  # type: ignore[attr-defined]
+    try:
+        for _ in range(3):
+            h = RunHandle(FakeClient(), "x1")
+            h.on_message(RunUpdate(run_id=RUN, hand="box", state=RunState.RUNNING))
+            h.on_message(end())
+            assert (await h.wait()).state is RunState.SUCCEEDED
+            del h
+            gc.collect()
+            await asyncio.sleep(0)
+        tasks = {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+    finally:
+        loop._write_to_self = wake  # type: ignore[attr-defined]
+    assert woken == [] and tasks == set()
