@@ -9,6 +9,7 @@ task group, guarded, so one slow or failing request holds up nothing else (`Peer
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Callable
@@ -247,6 +248,8 @@ class Dispatch:
             assert link is not None
             link.relay(msg.model_copy(update={"on_behalf_of": me}), Forward(peer, id_, me, True, msg.hand))
         elif route is Route.LOOKUP:  # the holder, or the credentials table, read off this loop
+            if msg.run_id is not None:  # named: its client may ask for it before it is admitted
+                peer.admitting[msg.run_id] = asyncio.Event()
             peer.spawn(self._admit_offline(peer, id_, msg, me), reply_to=id_)
         else:
             self._admit(peer, id_, msg, live, True, refusal, me)
@@ -304,7 +307,15 @@ class Dispatch:
         """An exec for a Hand with no connection here: relayed to the node holding it (DESIGN §16,
         at most one hop: never a request another node relayed), else `unknown_hand` or
         `hand_offline` by the store. If the Hand connected meanwhile, the run goes to it; if the
-        client left, nothing is admitted."""
+        client left, nothing is admitted. A named run's requests that came meanwhile (`admitting`)
+        are served once this is done."""
+        try:
+            await self._admit_found(peer, id_, msg, owner)
+        finally:
+            if msg.run_id is not None and (done := peer.admitting.pop(msg.run_id, None)) is not None:
+                done.set()
+
+    async def _admit_found(self, peer: Peer, id_: str, msg: Exec, owner: str) -> None:
         m = self.mind
         if m.router is not None and msg.on_behalf_of is None:
             link = await m.router.holder(msg.hand)
@@ -322,8 +333,25 @@ class Dispatch:
 
     # --- a run's requests: run get, cancel, attach, detach ---
 
+    def _after_admission(self, peer: Peer, id_: str, run_id: str, serve: Callable[[], None]) -> bool:
+        """A request for a run this connection named whose admission is still under way (a lookup):
+        served once it is done, not answered `unknown_run` for a run about to exist (a cancel sent
+        right after the `exec`, before any answer: the client knows a named run's id at once)."""
+        admitting = peer.admitting.get(run_id)
+        if admitting is None:
+            return False
+
+        async def then() -> None:
+            await admitting.wait()
+            serve()
+
+        peer.spawn(then(), reply_to=id_)
+        return True
+
     def _touch(self, peer: Peer, id_: str, msg: CancelRun | GetRun, me: str) -> None:
         m = self.mind
+        if self._after_admission(peer, id_, msg.run_id, lambda: self._touch(peer, id_, msg, me)):
+            return
         run = m.registry.get(msg.run_id)
         routed = m.router.runs.get(msg.run_id) if run is None and m.router is not None else None
         kind = Kind.CANCEL if isinstance(msg, CancelRun) else Kind.GET
@@ -364,6 +392,8 @@ class Dispatch:
 
     def _attach(self, peer: Peer, id_: str, msg: Attach, me: str) -> None:
         m = self.mind
+        if self._after_admission(peer, id_, msg.run_id, lambda: self._attach(peer, id_, msg, me)):
+            return
         run = m.registry.get(msg.run_id)
         routed = m.router.runs.get(msg.run_id) if run is None and m.router is not None else None
         route = decide(self._facts(Kind.ATTACH, msg, here=run is not None, routed=routed is not None))

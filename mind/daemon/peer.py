@@ -72,6 +72,9 @@ class Peer:
     """A client's: the prefix of the run ids it may name (its `welcome`'s, `Exec.run_id`)."""
     named: int = 0
     """The largest `n` of a run id this client named (`name_run`): each must be larger."""
+    admitting: dict[str, asyncio.Event] = field(default_factory=dict)
+    """Runs this client named whose admission waits on a lookup (set when it is done): a request
+    for one meanwhile waits for it (`Dispatch._after_admission`)."""
 
     def name_run(self, run_id: str) -> str | None:
         """Take `run_id`, named by this client for a run it starts; what is wrong with it, or None.

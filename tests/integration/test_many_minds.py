@@ -732,6 +732,29 @@ def test_a_named_call_through_the_other_node_is_known_there_at_once_and_answered
     asyncio.run(scenario())
 
 
+def test_a_cancel_sent_right_after_a_named_call_that_waits_on_a_lookup_cancels_it(nodes, tmp_path):
+    """A named call's id is known at once, so its cancel can follow its `exec` before node B knows
+    where the Hand is (the holder read from the database, the link to A opened). The cancel waits
+    for that admission and reaches the run: it is never answered `unknown_run` for a run that then
+    goes on running."""
+    a, b = nodes
+    _pair_with_box_on_a(a, b)
+    pidfile = tmp_path / "pid"
+
+    async def scenario() -> None:
+        async with await b.client("ops", url=b.url) as mc:
+            argv = ["sh", "-c", f"echo $$ > {pidfile}; exec sleep 300"]
+            h = await mc.start("box", "exec", {"argv": argv}, stream=False, watch=False)
+            answer = await asyncio.wait_for(h.cancel(), 30)  # no answer of the run's came before it
+            assert answer.run_id == h.run_id
+            end = await asyncio.wait_for(h.wait(), 30)
+            assert end.state.value == "cancelled" and end.run_id == h.run_id, end
+
+    asyncio.run(scenario())
+    if pidfile.exists():  # it had started: nothing of it is left
+        wait_until(lambda: not _alive(int(pidfile.read_text())), 15, "the run's process to be gone")
+
+
 def test_cancel_and_attach_through_the_other_node_of_runs_started_on_the_holder(nodes, tmp_path):
     """Runs started on node A directly (the client on A), then reached through node B (the client
     moved there): B did not relay them, finds the node holding each (asks the live nodes) and

@@ -91,6 +91,8 @@ class SimMind:
         self.world = world
         self._gone_clients: set[str] = set()
         """Client connections that ended (a request answered after a database hop checks it)."""
+        self._admitting: dict[str, Fut] = {}
+        """Named runs whose admission waits on a database hop (`Peer.admitting`)."""
         self.clock = world.clock
         self.life = world.events["mind_start"]
         """Which life of the Mind this is: run ids are only unique within one registry."""
@@ -256,6 +258,8 @@ class SimMind:
         live = self.hands.get(msg.hand)
         if decide(Facts(Kind.EXEC, here=live is not None)) is Route.LOOKUP:
             # `_admit_offline`: the credentials table says which, after a database hop
+            if msg.run_id is not None:
+                self._admitting[run_id] = Fut()
             self.loop.spawn(self._admit_offline(conn, req_id, msg, run_id), "admit offline")
         else:
             assert live is not None
@@ -263,13 +267,20 @@ class SimMind:
         return run_id
 
     def _admit_offline(self, conn: str, req_id: str, msg: Exec, run_id: str) -> Generator[Any, Any, None]:
-        known = yield self.db(lambda: msg.hand in self.world.hand_labels)
-        if conn in self._gone_clients:  # the client left meanwhile: nothing is admitted
-            return
-        live = self.hands.get(msg.hand)  # it may have connected meanwhile: then the run goes to it
-        self._admit(run_id, msg, conn, req_id, live.gen if live else None, known or live is not None)
+        try:
+            known = yield self.db(lambda: msg.hand in self.world.hand_labels)
+            if conn in self._gone_clients:  # the client left meanwhile: nothing is admitted
+                return
+            live = self.hands.get(msg.hand)  # it may have connected meanwhile: then the run goes to it
+            self._admit(run_id, msg, conn, req_id, live.gen if live else None, known or live is not None)
+        finally:
+            if (done := self._admitting.pop(run_id, None)) is not None:
+                done.resolve()
 
     def on_cancel_run(self, conn: str, req_id: str, run_id: str) -> None:
+        if (admitting := self._admitting.get(run_id)) is not None:  # `Dispatch._after_admission`
+            admitting.then(lambda _: self.on_cancel_run(conn, req_id, run_id))
+            return
         status, acts = self.registry.on_cancel(run_id, CancelReason.USER_REQUESTED, self.now, self.now)
         run = self.registry.get(run_id)
         if decide(Facts(Kind.CANCEL, here=run is not None)) is Route.UNKNOWN:
