@@ -261,7 +261,10 @@ class Follower:
             self.attaching = False
             return [AttachLater()]
         if code == ErrorCode.UNKNOWN_RUN and self.attaching and (self.attachments or not self.by_attach):
-            why = f"the Mind no longer knows run {self.run_id} (it restarted without it): its fate is unknown here"
+            why = (
+                f"the Mind does not know run {self.run_id} (it restarted without it, or the cut took "
+                "the request that started it): its fate is unknown here"
+            )
             return self._break(code, why)
         return self._break(code, message)
 

@@ -222,6 +222,21 @@ async def test_a_fleet_start_cut_before_its_answer_is_that_hands_lost_run_not_th
     assert end.stdout.data == b"next\n" and mc.reconnects == 1
 
 
+async def test_a_named_call_whose_exec_a_cut_took_fails_saying_its_fate_is_unknown_and_never_runs(cl: Cluster):
+    fp = cl.start_proxy()
+    async with await cl.client(url=fp.url) as mc:
+        # The RST takes the `exec` itself: the client knows the id it named and attaches on return;
+        # the Mind never heard of the run, and says so at once (nothing waits for it).
+        fp.frame("cut", "exec", direction="up")
+        with pytest.raises(ClientError) as err:
+            await asyncio.wait_for(mc.exec("box", "exec", {"argv": ["touch", "ran"]}, stream=False), 20)
+        assert err.value.code is ErrorCode.UNKNOWN_RUN and "fate is unknown here" in err.value.message
+        assert mc.reconnects == 1
+        end = await asyncio.wait_for(mc.exec("box", "exec", {"argv": ["touch", "next"]}, stream=False), 20)
+    assert end.state is RunState.SUCCEEDED and (cl.hands["box"].root / "next").exists()  # (where `ran` would be)
+    assert not (cl.hands["box"].root / "ran").exists()
+
+
 async def test_a_named_call_whose_only_answer_a_cut_lost_gets_its_real_end_on_return(cl: Cluster):
     fp = cl.start_proxy()
     async with await cl.client(url=fp.url) as mc:
