@@ -30,6 +30,8 @@ def test_demo_runs_end_to_end(tmp_path):
         "exit code: 124",
         "exit code: 125",
         "hello from the demo hand",
+        "run id before any answer: r",
+        "what the Mind sent for it: RunEnd (succeeded, ",
         "building 3\nbuilt",
         "demo-build",
         "state     succeeded",
