@@ -192,11 +192,16 @@ def test_a_refused_port_resets_that_connection_says_why_and_the_forward_goes_on(
     try:
         assert fw.forwards[1]["to"] == f"127.0.0.1:{closed}"
         started = time.monotonic()
-        with socket.create_connection(fw.address(1), timeout=30) as s:
-            try:
-                assert s.recv(1) == b""
-            except ConnectionResetError:
-                pass  # reset at once: the far side refused
+        try:
+            with socket.create_connection(fw.address(1), timeout=30) as s:
+                try:
+                    assert s.recv(1) == b""
+                except ConnectionResetError:
+                    pass  # reset at once: the far side refused
+        except (ConnectionResetError, BrokenPipeError):
+            # The refusal's close and reset came before connect() returned to this process (CI,
+            # under load, saw EPIPE): the same refusal. A refused connect would still fail here.
+            pass
         assert time.monotonic() - started < 15
         assert _line(fw.p.stderr, 15).decode() == f"box: 127.0.0.1:{closed} refused the connection\n"
         assert _exchange(fw.address(0), b"still up") == b"still up"
