@@ -1,5 +1,6 @@
-"""The Mind's verdicts on what a client asks, before anything reaches a Hand (DESIGN §7, §9), pure:
-scope (which Hands, which tools, whose runs and tasks), the handshake rate limit, and what a task
+"""The Mind's verdicts on what a client asks, before anything reaches a Hand (DESIGN §4, §7, §9), pure:
+the run ids a connection may name, scope (which Hands, which tools, whose runs and tasks), the
+handshake rate limit, and what a task
 start is told when the Mind's own records already answer it.
 
 `mind.daemon.door` and `mind.daemon.dispatch` perform these verdicts (log, count, answer, send), and
@@ -18,7 +19,35 @@ from mind.core.scope import Scope
 from mind.core.snapshots import Snapshot
 from protocol import limits
 from protocol.codes import RejectCode
+from protocol.ids import run_number
 from protocol.messages import StartOutcome, TaskView
+
+# --- named runs (DESIGN §4) ------------------------------------------------------------------------
+
+
+class RunNames:
+    """The run ids one client connection may name (`Exec.run_id`): `<prefix>.<n>` with its own
+    prefix (its `welcome`'s) and `n` above every `n` it named before. Never another connection's
+    id, never one named before (its run may have ended and left the registry): a counter says so,
+    not a lookup of the history."""
+
+    __slots__ = ("named", "prefix")
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.named = 0
+        """The largest `n` taken so far."""
+
+    def take(self, run_id: str) -> str | None:
+        """Take `run_id` for a run this connection starts; what is wrong with it, or None."""
+        n = run_number(self.prefix, run_id)
+        if n is None:
+            return f"run id {run_id!r} is not one this connection may name ({self.prefix}.N)"
+        if n <= self.named:
+            return f"run id {run_id!r} was named before on this connection (the next is above {self.named})"
+        self.named = n
+        return None
+
 
 # --- scope -----------------------------------------------------------------------------------------
 

@@ -10,6 +10,9 @@ The rules, in the order they are tried:
 
 1. **Here first.** A run this node's registry holds, or an `exec` for a Hand connected here (or one
    already refused by a check made here: its refusal is recorded and answered here), is served here.
+   Else a run this connection named (`Exec.run_id`: its client knows the id at once) whose
+   admission still waits on a lookup: a `run get`, cancel or attach for it is decided again once
+   the admission is done, never answered `unknown_run` for a run about to exist.
 2. **One hop at most.** A request another node relayed here (`on_behalf_of`) is never relayed
    again: a node that no longer holds the Hand answers for itself (`hand_offline`, unknown run).
 3. **A run relayed through this node** is served by that run's authority over the same link
@@ -54,6 +57,8 @@ class Route(enum.Enum):
     """Read from the shared history: an ended run of another node, or of this Mind before a restart."""
     UNKNOWN = "unknown"
     """No node has it for this client: `unknown_run`."""
+    AFTER_ADMISSION = "after_admission"
+    """A run this connection named whose admission is under way: decided again once it is done."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,8 @@ class Facts:
     """A detach: this connection is the run's attachment through the link."""
     history: bool = False
     """A shared history can be read (many nodes, or one Mind's durable endings)."""
+    admitting: bool = False
+    """A run this connection named, its admission waiting on a lookup (`Route.AFTER_ADMISSION`)."""
 
 
 def decide(f: Facts) -> Route:
@@ -89,6 +96,8 @@ def decide(f: Facts) -> Route:
         return Route.LOOKUP
     if f.here:
         return Route.HERE
+    if f.admitting and f.kind is not Kind.DETACH:
+        return Route.AFTER_ADMISSION
     if f.kind is Kind.DETACH:
         # A detach needs no answer from elsewhere: through the link only by the attached connection.
         return Route.RELAY if f.clustered and f.routed and f.attached_through_link else Route.HERE

@@ -225,7 +225,11 @@ class Dispatch:
     def _exec(self, peer: Peer, id_: str, msg: Exec, me: str) -> None:
         m = self.mind
         if msg.run_id is not None:  # named by its client (DESIGN §4): checked before anything is started
-            problem = peer.name_run(msg.run_id) if msg.on_behalf_of is None else None
+            names = peer.names
+            if msg.on_behalf_of is not None:  # relayed: named as its node checked it
+                problem = None
+            else:
+                problem = names.take(msg.run_id) if names is not None else "this connection names no runs"
             if problem is None and m.registry.get(msg.run_id) is not None:
                 problem = f"run {msg.run_id} exists"  # (a relaying node's bug: never two runs of one id)
             if problem is not None:
@@ -333,32 +337,33 @@ class Dispatch:
 
     # --- a run's requests: run get, cancel, attach, detach ---
 
-    def _after_admission(self, peer: Peer, id_: str, run_id: str, serve: Callable[[], None]) -> bool:
-        """A request for a run this connection named whose admission is still under way (a lookup):
-        served once it is done, not answered `unknown_run` for a run about to exist (a cancel sent
-        right after the `exec`, before any answer: the client knows a named run's id at once)."""
-        admitting = peer.admitting.get(run_id)
-        if admitting is None:
-            return False
+    def _after_admission(self, peer: Peer, id_: str, run_id: str, serve: Callable[[], None]) -> None:
+        """`Route.AFTER_ADMISSION`: `serve` the request again once the named run's admission is done."""
+        admitting = peer.admitting[run_id]
 
         async def then() -> None:
             await admitting.wait()
             serve()
 
         peer.spawn(then(), reply_to=id_)
-        return True
 
     def _touch(self, peer: Peer, id_: str, msg: CancelRun | GetRun, me: str) -> None:
         m = self.mind
-        if self._after_admission(peer, id_, msg.run_id, lambda: self._touch(peer, id_, msg, me)):
-            return
         run = m.registry.get(msg.run_id)
         routed = m.router.runs.get(msg.run_id) if run is None and m.router is not None else None
         kind = Kind.CANCEL if isinstance(msg, CancelRun) else Kind.GET
-        route = decide(
-            self._facts(kind, msg, here=run is not None, routed=routed is not None, history=m.history is not None)
+        facts = self._facts(
+            kind,
+            msg,
+            here=run is not None,
+            routed=routed is not None,
+            history=m.history is not None,
+            admitting=msg.run_id in peer.admitting,
         )
-        if route is Route.HERE:
+        route = decide(facts)
+        if route is Route.AFTER_ADMISSION:
+            self._after_admission(peer, id_, msg.run_id, lambda: self._touch(peer, id_, msg, me))
+        elif route is Route.HERE:
             assert run is not None
             self._touch_here(peer, id_, msg, me, run)
         elif route is Route.RELAY:  # a run relayed through this node: asked of its authority
@@ -392,12 +397,15 @@ class Dispatch:
 
     def _attach(self, peer: Peer, id_: str, msg: Attach, me: str) -> None:
         m = self.mind
-        if self._after_admission(peer, id_, msg.run_id, lambda: self._attach(peer, id_, msg, me)):
-            return
         run = m.registry.get(msg.run_id)
         routed = m.router.runs.get(msg.run_id) if run is None and m.router is not None else None
-        route = decide(self._facts(Kind.ATTACH, msg, here=run is not None, routed=routed is not None))
-        if route is Route.RELAY:  # a run relayed through this node: attached at its authority
+        admitting = msg.run_id in peer.admitting
+        route = decide(
+            self._facts(Kind.ATTACH, msg, here=run is not None, routed=routed is not None, admitting=admitting)
+        )
+        if route is Route.AFTER_ADMISSION:
+            self._after_admission(peer, id_, msg.run_id, lambda: self._attach(peer, id_, msg, me))
+        elif route is Route.RELAY:  # a run relayed through this node: attached at its authority
             assert routed is not None
             if not peer.scope.allows_hand(routed.hand):
                 self._refuse(peer, id_, Denial(f"attach to run {msg.run_id}", {"run_id": msg.run_id}))

@@ -22,7 +22,7 @@ from websockets.asyncio.connection import Connection
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from mind.core.admission import AuthFailures
+from mind.core.admission import AuthFailures, RunNames
 from mind.core.handshake import AUTH_FAILED_MESSAGE, Identity, ServerHandshake
 from mind.core.scope import Scope
 from mind.core.slots import HandshakeSlots
@@ -258,7 +258,7 @@ class Door:
             outbox=outbox,
             since=time.time(),
             secret_digest=hashlib.sha256(secret).digest(),
-            run_ids=run_ids,
+            names=RunNames(run_ids) if run_ids is not None else None,
         )
         if ident.role == "hand":
             outbox.on_refused = peer.fail_request

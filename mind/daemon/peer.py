@@ -10,6 +10,7 @@ from typing import Any
 import structlog
 from websockets.asyncio.connection import Connection
 
+from mind.core.admission import RunNames
 from mind.core.budgets import ClientRate
 from mind.core.handshake import Identity
 from mind.core.scope import FULL, Scope
@@ -17,7 +18,7 @@ from mind.daemon.outbox import Outbox
 from mind.store.api import STORE_UNAVAILABLE_MESSAGE, StoreUnavailable
 from protocol.codes import ErrorCode
 from protocol.errors import ProtocolError
-from protocol.ids import new_id, run_number
+from protocol.ids import new_id
 from protocol.messages import Error, Message
 
 log = structlog.get_logger(component="mind")
@@ -68,25 +69,11 @@ class Peer:
     room: asyncio.Event = field(default_factory=asyncio.Event)
     pending: dict[str, asyncio.Future[Message]] = field(default_factory=dict)
     """Requests this Mind sent to the peer (a Hand), by envelope id, waiting for their reply."""
-    run_ids: str | None = None
-    """A client's: the prefix of the run ids it may name (its `welcome`'s, `Exec.run_id`)."""
-    named: int = 0
-    """The largest `n` of a run id this client named (`name_run`): each must be larger."""
+    names: RunNames | None = None
+    """A client's: the run ids it may name (its `welcome`'s prefix, `Exec.run_id`)."""
     admitting: dict[str, asyncio.Event] = field(default_factory=dict)
     """Runs this client named whose admission waits on a lookup (set when it is done): a request
-    for one meanwhile waits for it (`Dispatch._after_admission`)."""
-
-    def name_run(self, run_id: str) -> str | None:
-        """Take `run_id`, named by this client for a run it starts; what is wrong with it, or None.
-        Only `<run_ids>.<n>` with `n` above every earlier one: never another connection's id, never
-        one this connection named before (its run may have ended and left the registry)."""
-        n = run_number(self.run_ids, run_id) if self.run_ids is not None else None
-        if n is None:
-            return f"run id {run_id!r} is not one this connection may name ({self.run_ids}.N)"
-        if n <= self.named:
-            return f"run id {run_id!r} was named before on this connection (the next is above {self.named})"
-        self.named = n
-        return None
+    for one meanwhile waits for it (routing's `Route.AFTER_ADMISSION`)."""
 
     def spawn(self, coro: Coroutine[Any, Any, None], reply_to: str | None = None) -> None:
         """Run `coro` on this connection's task group, guarded: its failure can take down neither

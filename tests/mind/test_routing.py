@@ -38,6 +38,11 @@ R = Route
         (Facts(K.ATTACH, clustered=True), R.ASK_PEERS),
         (Facts(K.ATTACH), R.HERE),  # waited for: its Hand may present it
         (Facts(K.ATTACH, clustered=True, relayed=True), R.HERE),
+        # a run this connection named, its admission waiting on a lookup: decided again after it
+        (Facts(K.CANCEL, admitting=True, clustered=True), R.AFTER_ADMISSION),
+        (Facts(K.GET, admitting=True, history=True), R.AFTER_ADMISSION),
+        (Facts(K.ATTACH, admitting=True), R.AFTER_ADMISSION),
+        (Facts(K.GET, admitting=True, here=True), R.HERE),  # (admitted meanwhile: here first)
         # detach
         (Facts(K.DETACH, clustered=True, routed=True, attached_through_link=True), R.RELAY),
         (Facts(K.DETACH, clustered=True, routed=True), R.HERE),  # another connection: the registry says no
@@ -59,6 +64,7 @@ facts = st.builds(
     link_ready=st.booleans(),
     attached_through_link=st.booleans(),
     history=st.booleans(),
+    admitting=st.booleans(),
 )
 
 
@@ -77,6 +83,8 @@ def test_the_rules_hold_for_every_combination(f: Facts) -> None:
         assert f.kind is K.GET and f.history
     if route is R.LOOKUP:
         assert f.kind is K.EXEC
+    if route is R.AFTER_ADMISSION:  # only a run being admitted, not here yet, waits for it
+        assert f.admitting and not f.here and f.kind in (K.GET, K.CANCEL, K.ATTACH)
     if f.kind is K.DETACH:  # a detach needs nobody's answer: here, or through the attached link
         assert route in (R.HERE, R.RELAY) and (route is R.HERE or f.attached_through_link)
 

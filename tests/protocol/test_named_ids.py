@@ -41,3 +41,15 @@ def test_the_forms_a_client_could_forge_are_refused() -> None:
         f"{prefix}.1.2",
     ):
         assert run_number(prefix, bad) is None, bad
+
+
+def test_a_connection_names_only_its_own_runs_each_once_counting_up() -> None:
+    from mind.core.admission import RunNames
+
+    prefix = new_id("r")
+    names = RunNames(prefix)
+    assert names.take(named_run(prefix, 3)) is None
+    assert "named before" in (names.take(named_run(prefix, 3)) or "")
+    assert "named before" in (names.take(named_run(prefix, 2)) or "")
+    assert "may name" in (names.take(named_run(new_id("r"), 4)) or "")
+    assert names.take(named_run(prefix, 4)) is None and names.named == 4

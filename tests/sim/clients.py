@@ -129,7 +129,7 @@ class ClientActions:
                 args=job(rng),
                 timeout_ms=rng.choice(TIMEOUTS_MS),
                 grace_ms=grace,
-                run_id=w.next_id("n") if named else None,
+                run_id=f"{client.conn}.{w.next_id('')}" if named else None,  # its connection's prefix, counting up
                 watch=not named,
             )
             req = Request(req_id, "exec", client.conn, hand)

@@ -31,6 +31,7 @@ from sim.network import Link
 from sim.runtime import Fut
 
 from mind.core import taskstart
+from mind.core.admission import RunNames
 from mind.core.registry import Action, FrameToClient, FrameToHand, Log, SendToClient, SendToHand, StartEnded
 from mind.core.routing import Facts, Kind, Route, decide
 from mind.core.scope import FULL
@@ -93,6 +94,9 @@ class SimMind:
         """Client connections that ended (a request answered after a database hop checks it)."""
         self._admitting: dict[str, Fut] = {}
         """Named runs whose admission waits on a database hop (`Peer.admitting`)."""
+        self._names: dict[str, RunNames] = {}
+        """Each client connection's run names (`Peer.names`; the door, not modelled, makes them
+        with a random prefix: here the connection's id is the prefix)."""
         self.clock = world.clock
         self.life = world.events["mind_start"]
         """Which life of the Mind this is: run ids are only unique within one registry."""
@@ -252,8 +256,9 @@ class SimMind:
         self.perform(self.registry.on_client_gone(conn, self.now, self.now))
 
     def on_exec(self, conn: str, req_id: str, msg: Exec) -> str:
-        # (a name is checked against the connection by the door's `Peer.name_run`, which the
-        # simulation does not model: its clients name only fresh ids)
+        if msg.run_id is not None:  # `Dispatch._exec`: the REAL rule of what a connection may name
+            problem = self._names.setdefault(conn, RunNames(conn)).take(msg.run_id)
+            assert problem is None, f"a simulated client named a run it may not: {problem}"
         run_id = msg.run_id or self.world.next_id("r")
         live = self.hands.get(msg.hand)
         if decide(Facts(Kind.EXEC, here=live is not None)) is Route.LOOKUP:
@@ -278,12 +283,16 @@ class SimMind:
                 done.resolve()
 
     def on_cancel_run(self, conn: str, req_id: str, run_id: str) -> None:
-        if (admitting := self._admitting.get(run_id)) is not None:  # `Dispatch._after_admission`
+        admitting = self._admitting.get(run_id)
+        run = self.registry.get(run_id)
+        route = decide(Facts(Kind.CANCEL, here=run is not None, admitting=admitting is not None))
+        if route is Route.AFTER_ADMISSION:  # `Dispatch._after_admission`
+            assert admitting is not None
             admitting.then(lambda _: self.on_cancel_run(conn, req_id, run_id))
             return
         status, acts = self.registry.on_cancel(run_id, CancelReason.USER_REQUESTED, self.now, self.now)
         run = self.registry.get(run_id)
-        if decide(Facts(Kind.CANCEL, here=run is not None)) is Route.UNKNOWN:
+        if route is Route.UNKNOWN:
             self.world.to_client(conn, req_id, Error(code=ErrorCode.UNKNOWN_RUN, message=f"no run {run_id}"))
         else:
             self.world.to_client(conn, req_id, CancelRunResult(run_id=run_id, status=status, state=run.state))
