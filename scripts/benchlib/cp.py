@@ -76,6 +76,26 @@ def _timed(argv: list[str], env: dict[str, str], timeout: float = 900) -> tuple[
     return dt, r.stdout
 
 
+def _cache(path: Path, cached: bool) -> None:
+    """Put `path` in the page cache (read it through), or take it out (written back, then dropped),
+    untimed. A download's speed depends on where its file's bytes are: an upload through `mind cp`
+    leaves its file on the disk and out of the cache (`protocol/io/writeback.py`), a file just
+    written by `_random_file` or read by an upload sits in it. Ours and scp's downloads read the same
+    file from the same state, each state measured on its own (until 2026-12-07 ours read the file its
+    upload had just left uncached, scp its cached source: ours met the disk, scp the cache)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if cached:
+            buf = bytearray(4 << 20)
+            while os.readv(fd, [buf]):
+                pass
+        else:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def _scp_argv(ssh: object, src: str, dst: str) -> list[str]:
     """scp with the options of our own sshd's ssh command line (`-p PORT` becomes `-P PORT`)."""
     argv = ssh.argv()[:-1]  # type: ignore[attr-defined]  # without the destination host
@@ -115,34 +135,48 @@ def fig_cp(ctx: Ctx) -> list[Row]:
     tls_env, tls_root = dict(tls.env), tls.tmp / "root-bench"
     tls_up: list[float] = []
     tls_down: list[float] = []
+    cold_r: list[float] = []
+    scp_cold: list[float] = []
     for i in range(ctx.rounds):
         # over wss:// in turns with plain, so both meet the same machine (issue 40 item 3: within 1.5x)
         dt, _ = _timed([MIND, "cp", str(src), f"bench:cp-{i}.bin"], tls_env)
         tls_up.append(size / dt / 2**20)
+        _cache(tls_root / f"cp-{i}.bin", cached=True)
         dt, _ = _timed([MIND, "cp", f"bench:cp-{i}.bin", str(work / f"tls-down-{i}.bin")], tls_env)
         tls_down.append(size / dt / 2**20)
         (work / f"tls-down-{i}.bin").unlink()
         (tls_root / f"cp-{i}.bin").unlink()
+        _cache(src, cached=True)
         with _Peak(cl.mind.pid) as peak:
             dt, _ = _timed([MIND, "cp", str(src), f"bench:cp-{i}.bin"], env)
         up_r.append(size / dt / 2**20)
         growth.append(peak.growth)
-        with _Peak(cl.mind.pid) as peak:
-            dt, _ = _timed([MIND, "cp", f"bench:cp-{i}.bin", str(work / f"down-{i}.bin")], env)
-        down_r.append(size / dt / 2**20)
-        growth.append(peak.growth)
-        (work / f"down-{i}.bin").unlink()
-        (root / f"cp-{i}.bin").unlink()
+        there = root / f"cp-{i}.bin"  # the file both downloads read, ours and scp's, in the same state
+        for cached, into, scp_into in ((True, down_r, scp_down), (False, cold_r, scp_cold)):
+            _cache(there, cached)
+            with _Peak(cl.mind.pid) as peak:
+                dt, _ = _timed([MIND, "cp", f"bench:cp-{i}.bin", str(work / f"down-{i}.bin")], env)
+            into.append(size / dt / 2**20)
+            growth.append(peak.growth)
+            (work / f"down-{i}.bin").unlink()
+            if ssh is not None:
+                _cache(there, cached)
+                dt, _ = _timed(_scp_argv(ssh, f"root@127.0.0.1:{there}", str(work / "scp-down.bin")), ssh.env)
+                scp_into.append(size / dt / 2**20)
+                (work / "scp-down.bin").unlink()
+        there.unlink()
         if ssh is not None:
+            _cache(src, cached=True)
             dt, _ = _timed(_scp_argv(ssh, str(src), f"root@127.0.0.1:{work / 'scp-up.bin'}"), ssh.env)
             scp_up.append(size / dt / 2**20)
-            dt, _ = _timed(_scp_argv(ssh, f"root@127.0.0.1:{src}", str(work / "scp-down.bin")), ssh.env)
-            scp_down.append(size / dt / 2**20)
             (work / "scp-up.bin").unlink()
-            (work / "scp-down.bin").unlink()
-    for label, ours, ref in (("up", up_r, scp_up), ("down", down_r, scp_down)):
+    for label, ours, ref in (
+        ("up", up_r, scp_up),
+        ("down (the file in the page cache)", down_r, scp_down),
+        ("down (the file on the disk only)", cold_r, scp_cold),
+    ):
         what = f"{label} MiB/s, {size >> 20} MiB through mind cp"
-        rows.append(throughput_row("cp", what, ours, ref, "scp localhost", ">= scp"))
+        rows.append(throughput_row("cp", what, ours, ref, "scp localhost, the same file", ">= scp"))
     for label, ours, plain in (("up", tls_up, up_r), ("down", tls_down, down_r)):
         o, p = med(ours), med(plain)
         rows.append(
