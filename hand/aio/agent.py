@@ -47,6 +47,7 @@ import socket
 import ssl
 import sys
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -79,7 +80,7 @@ from protocol.codes import CancelReason, ErrorCode, RejectCode, TaskCancelStatus
 from protocol.envelope import Channel, Envelope
 from protocol.errors import MindhandError, ProtocolError
 from protocol.io import logs
-from protocol.io.batching import MAX_BATCH, BatchedWrites, Parts, write_frames
+from protocol.io.batching import MAX_BATCH, BatchedWrites, Parts, TurnWriter, write_frames
 from protocol.io.framereader import FrameReader
 from protocol.io.loop import probe_lag
 from protocol.io.tls import TLSConfigError, check_pin, client_context, verify_failure
@@ -188,15 +189,18 @@ def claims(cgroups: CgroupHost = NO_CGROUPS) -> HandClaims:
     )
 
 
-class _Wire:
-    """The one writer path of a connection."""
+class _Wire(TurnWriter):
+    """The one writer path of a connection: frames are stamped when queued (seq order is queue
+    order), written at the end of the turn or by the writer task (`TurnWriter`)."""
 
     def __init__(self, ws: ClientConnection, channel: Channel, log: Any) -> None:
+        super().__init__(ws)
         self.ws = ws
         self.channel = channel
         self._log = log
-        self._queue: asyncio.Queue[bytes | Parts | None] = asyncio.Queue()
+        self._q: deque[bytes | Parts] = deque()
         self.open = True
+        self._finishing = False
         self.writer: asyncio.Task[None] | None = None
 
     def send(self, msg: Message, id: str | None = None) -> None:
@@ -206,29 +210,44 @@ class _Wire:
             return
         if msg.TYPE == "stream_data":  # a data frame; none for a run whose streams died here
             if (parts := self.channel.stamp_parts(msg)) is not None:
-                self._queue.put_nowait(parts)  # framed and masked by `BatchedWrites`, unjoined
+                self._q.append(parts)  # framed and masked by `BatchedWrites`, unjoined
+                self._kick()
             return
-        self._queue.put_nowait(self.channel.stamp(msg, id=id))
+        self._q.append(self.channel.stamp(msg, id=id))
+        self._kick()
+
+    def _pending(self) -> bool:
+        return bool(self._q)
+
+    def _batch(self) -> list[bytes | Parts]:
+        q = self._q
+        return [q.popleft() for _ in range(min(len(q), MAX_BATCH))]
+
+    def _stopping(self) -> bool:
+        return self._finishing
+
+    def _write_failed(self) -> None:
+        self._log.exception("wire_write_failed")
+        self.open = False
 
     async def write_loop(self) -> None:
         """Frames queued together (a quick tool's `accepted` and `result`) leave in one write."""
         while True:
-            frames = [await self._queue.get()]
-            while not self._queue.empty() and frames[-1] is not None and len(frames) < MAX_BATCH:
-                frames.append(self._queue.get_nowait())
-            last = frames[-1]
-            try:
-                await write_frames(self.ws, [f for f in frames if f is not None])
-            except ConnectionClosed:
-                self.open = False
+            while self._q:
+                try:
+                    await write_frames(self.ws, self._batch())
+                except ConnectionClosed:
+                    self.open = False
+                    return
+            if self._finishing:
                 return
-            if last is None:
-                return
+            await self._park()
 
     async def finish(self, timeout: float) -> None:
         """Flush what is queued (bounded), then accept nothing more."""
         self.open = False
-        self._queue.put_nowait(None)
+        self._finishing = True
+        self._wake.set()
         if self.writer is None:
             return
         done, _ = await asyncio.wait({self.writer}, timeout=timeout)

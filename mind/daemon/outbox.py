@@ -30,7 +30,7 @@ from protocol import frames as data_frames
 from protocol.codes import ErrorCode
 from protocol.envelope import Channel
 from protocol.errors import ProtocolError
-from protocol.io.batching import MAX_BATCH, BatchedWrites, write_frames
+from protocol.io.batching import MAX_BATCH, BatchedWrites, TurnWriter, write_frames
 from protocol.io.framereader import FrameReader
 from protocol.messages import Error, Message
 
@@ -42,7 +42,7 @@ class BatchingConnection(BatchedWrites, FrameReader, ServerConnection):
     binary frames are read by our own reader (`protocol.io.framereader`)."""
 
 
-class Outbox:
+class Outbox(TurnWriter):
     def __init__(
         self,
         ws: Connection,
@@ -54,10 +54,9 @@ class Outbox:
         (a client's connection, where ids name the client's requests) the request is answered with
         an `error` instead; a Hand's connection passes one, since there the ids name the Mind's own
         requests and a Hand ends the connection on an `error`."""
-        self._ws = ws
         self._channel = channel
         self._q: deque[tuple[Message | _Frame | _Raw, str | None, int]] = deque()
-        self._wake = asyncio.Event()
+        super().__init__(ws)
         self._closed = False
         self._limit = droppable_limit
         self.on_refused = on_refused
@@ -86,7 +85,7 @@ class Outbox:
             return
         self._q.append((msg, id, carried))
         self.drained.clear()
-        self._wake.set()
+        self._kick()
 
     def put_raw(self, t: str, p: dict[str, Any], id: str | None = None) -> None:
         """A message of type `t` whose payload map `p` is forwarded as it came (DESIGN §16: a node
@@ -101,7 +100,7 @@ class Outbox:
             return
         self._q.append((_Raw(t, p), id, carried))
         self.drained.clear()
-        self._wake.set()
+        self._kick()
 
     def put_frame(self, number: int, offset: int, eof: bool, payload: memoryview | bytes) -> None:
         """A data frame to relay (DESIGN §11b): its header is built here, its payload is written as
@@ -113,7 +112,7 @@ class Outbox:
             return
         self._q.append((_Frame(data_frames.header(number, offset, eof), payload), None, len(payload)))
         self.drained.clear()
-        self._wake.set()
+        self._kick()
 
     def _overflow(self) -> None:
         self._q.clear()
@@ -152,26 +151,42 @@ class Outbox:
         self._q.appendleft((answer, id_, 0))  # next, in this very batch: nothing queued later overtakes it
         return None
 
+    def _pending(self) -> bool:
+        return bool(self._q)
+
+    def _stopping(self) -> bool:
+        return self._closed
+
+    def _write_failed(self) -> None:
+        log.exception("outbox_write_failed")
+        self._closed = True
+
+    def _written(self) -> None:
+        self.drained.set()
+
+    def _batch(self) -> list[bytes | tuple[bytes, memoryview | bytes]]:
+        """The next frames to write together (at most `MAX_BATCH`), stamped now, in queue order."""
+        frames: list[bytes | tuple[bytes, memoryview | bytes]] = []
+        while self._q and len(frames) < MAX_BATCH:
+            msg, id_, carried = self._q.popleft()
+            self.bound.sent(carried)
+            if isinstance(msg, _Frame):
+                frames.append((msg.head, msg.payload))
+                continue
+            frame = self._stamp(msg, id_)
+            if frame is not None:
+                frames.append(frame)
+        return frames
+
     async def run(self) -> None:
         try:
             while True:
                 while self._q:
-                    frames: list[bytes | tuple[bytes, memoryview | bytes]] = []
-                    while self._q and len(frames) < MAX_BATCH:
-                        msg, id_, carried = self._q.popleft()
-                        self.bound.sent(carried)
-                        if isinstance(msg, _Frame):
-                            frames.append((msg.head, msg.payload))
-                            continue
-                        frame = self._stamp(msg, id_)
-                        if frame is not None:
-                            frames.append(frame)
-                    await write_frames(self._ws, frames)
+                    await write_frames(self._ws, self._batch())
                 self.drained.set()
                 if self._closed:
                     return
-                self._wake.clear()
-                await self._wake.wait()
+                await self._park()
         except ConnectionClosed:
             self._closed = True
             self.drained.set()

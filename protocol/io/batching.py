@@ -15,10 +15,13 @@ hands bytes to its transport.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import struct
 from typing import Any
+
+from websockets.protocol import State
 
 from protocol.io.buffers import IOV_MAX, turned, unsent
 
@@ -86,13 +89,32 @@ class BatchedWrites:
 
     async def send_many(self, frames: list[Any]) -> None:
         async with self.send_context():  # type: ignore[attr-defined]
-            for frame in frames:
-                if isinstance(frame, tuple):
-                    self._send_parts(frame)
-                elif len(frame) >= LARGE_FRAME:
-                    self._send_parts((b"", frame))
-                else:
-                    self.protocol.send_binary(frame)
+            self._frame_all(frames)
+
+    def writable_now(self) -> bool:
+        """Frames may be written without awaiting anything: the connection is open, no close is
+        under way, and flow control has not paused writing (what `send_context` would wait for)."""
+        return (
+            self.protocol.state is State.OPEN
+            and not getattr(self, "paused", True)
+            and not self.transport.is_closing()
+            and not self.protocol.close_expected()
+        )
+
+    def write_now(self, frames: list[Any]) -> None:
+        """`send_many` without its awaits, for a writer that found `writable_now` true in the same
+        turn: the frames go to the socket (or the transport's buffer) before this returns."""
+        self._frame_all(frames)
+        self.send_data()
+
+    def _frame_all(self, frames: list[Any]) -> None:
+        for frame in frames:
+            if isinstance(frame, tuple):
+                self._send_parts(frame)
+            elif len(frame) >= LARGE_FRAME:
+                self._send_parts((b"", frame))
+            else:
+                self.protocol.send_binary(frame)
 
     def _send_parts(self, parts: Parts) -> None:
         """One binary message of `header + payload`, framed here so the payload reaches the
@@ -147,3 +169,84 @@ async def write_frames(ws: Any, frames: list[Any]) -> None:
                 await ws.send(frame[0] + bytes(frame[1]))
         else:
             await ws.send(frame)
+
+
+class TurnWriter:
+    """A connection's one writer: a task that writes what is queued, and the end-of-turn write that
+    spares waking it (both shells' writers are one: the Mind's outbox, the Hand's wire).
+
+    A frame queued while the task is parked (waiting, nothing of its own in flight) is not handed
+    to the task: one plain callback at the end of the turn writes everything the turn queued, in
+    one write, synchronously (`BatchedWrites.write_now`). Waking the task instead cost a task step
+    and websockets' `send_context` per write, and a routed call makes two such writes on the Mind
+    and one on the Hand (profile of 3,000 `read_file`s: ~44 Python calls per call on the Mind).
+    Order is kept because the callback writes only while the task is parked, and the task writes
+    whatever the callback cannot (flow control paused, the connection closing, an error).
+
+    A subclass holds the queue: `_pending` (anything queued), `_batch` (take the next frames, at
+    most `MAX_BATCH`), `_stopping` (closed: the task writes what is left and returns) and
+    `_write_failed` (an unexpected error while writing: the connection ends)."""
+
+    def __init__(self, ws: Any) -> None:
+        self._ws = ws
+        self._wake = asyncio.Event()
+        self._parked = False
+        self._soon = False
+        """A `_write_soon` is scheduled."""
+
+    def _pending(self) -> bool:
+        raise NotImplementedError
+
+    def _batch(self) -> list[Any]:
+        raise NotImplementedError
+
+    def _stopping(self) -> bool:
+        raise NotImplementedError
+
+    def _write_failed(self) -> None:
+        raise NotImplementedError
+
+    def _written(self) -> None:
+        """The queue was written to the end by `_write_soon` (the outbox's `drained`)."""
+
+    def _kick(self) -> None:
+        """Have what was just queued written: at the end of this turn if the task is parked, else
+        by the task."""
+        if not self._parked:
+            self._wake.set()
+            return
+        if self._soon:
+            return
+        try:
+            asyncio.get_running_loop().call_soon(self._write_soon)
+        except RuntimeError:  # no loop (a test driving a shell by hand): the task's way
+            self._wake.set()
+            return
+        self._soon = True
+
+    def _write_soon(self) -> None:
+        self._soon = False
+        ws = self._ws
+        while self._pending() and self._parked and not self._stopping():
+            if not (isinstance(ws, BatchedWrites) and ws.writable_now()):
+                break
+            try:
+                ws.write_now(self._batch())
+            except Exception:  # as websockets' `send_context`: a bug's last net, the connection ends
+                self._write_failed()
+                ws.transport.abort()
+                self._wake.set()
+                return
+        if self._pending() or self._stopping():
+            self._wake.set()
+        else:
+            self._written()
+
+    async def _park(self) -> None:
+        """Wait for work the end-of-turn write left to the task (or a stop)."""
+        self._wake.clear()
+        self._parked = True
+        try:
+            await self._wake.wait()
+        finally:
+            self._parked = False

@@ -147,3 +147,69 @@ async def test_large_whole_frames_framed_here_arrive_whole_both_ways():
         await asyncio.wait_for(ws.wait_closed(), 10)
     assert got_by_server == want + want
     assert got == want + want
+
+
+async def test_the_outbox_writes_at_the_end_of_a_turn_and_by_its_task_in_one_order():
+    # `TurnWriter`: frames queued while the writer task is parked are written by a callback at the
+    # end of the turn, the rest (flow control paused by a peer that does not read) by the task. The
+    # peer must get every frame whole and in the order queued, across both hand-overs: small
+    # frames turn by turn, a 24 MiB burst while it does not read, then small frames again.
+    import os
+
+    from mind.daemon.outbox import Outbox
+    from protocol import frames as data_frames
+    from protocol.envelope import Channel
+
+    sizes = [100 + i for i in range(30)] + [512 << 10] * 48 + [200 + i for i in range(30)]
+    payloads = [os.urandom(n) for n in sizes]
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    want = [data_frames.header(1, off, False) + p for off, p in zip(offsets, payloads, strict=True)]
+    reading = asyncio.Event()
+    reading.set()
+    caught_up = asyncio.Event()
+    counted = {"end of turn": 0, "task": 0}
+
+    async def handler(ws: MindConnection) -> None:
+        write_now, send_many = ws.write_now, ws.send_many
+
+        def at_end_of_turn(frames: list[Any]) -> None:
+            counted["end of turn"] += len(frames)
+            write_now(frames)
+
+        async def by_task(frames: list[Any]) -> None:
+            counted["task"] += len(frames)
+            await send_many(frames)
+
+        ws.write_now, ws.send_many = at_end_of_turn, by_task  # type: ignore[method-assign]
+        box = Outbox(ws, Channel())
+        writer = asyncio.create_task(box.run())
+        await asyncio.sleep(0)  # the task runs, finds nothing, parks
+        for i, (off, p) in enumerate(zip(offsets, payloads, strict=True)):
+            if i == 30:
+                reading.clear()  # the peer stops reading: the burst fills the socket, then pauses
+            box.put_frame(1, off, False, p)
+            if i < 30 or i >= 78:
+                await asyncio.sleep(0.002)  # one put per turn: each is the end-of-turn write's
+            elif i % 8 == 5:
+                await asyncio.sleep(0)  # the burst over six turns: after the first, writing is paused
+            if i == 77:
+                reading.set()
+                await asyncio.wait_for(caught_up.wait(), 10)  # the peer read the burst: the task parks
+                await asyncio.sleep(0.01)
+        box.close()
+        await asyncio.wait_for(writer, 10)
+        await ws.close()
+
+    async with _linked(handler, max_size=None) as ws:
+        got: list[bytes] = []
+        while len(got) < len(want):
+            await asyncio.wait_for(reading.wait(), 10)
+            got.append(await asyncio.wait_for(ws.recv(), 10))
+            if len(got) == 78:
+                caught_up.set()
+        await asyncio.wait_for(ws.wait_closed(), 10)
+    assert [len(g) for g in got] == [len(w) for w in want]
+    assert got == want
+    assert counted["end of turn"] + counted["task"] == len(want)
+    assert counted["end of turn"] >= 60  # each small frame, put alone in its turn
+    assert counted["task"] >= 1  # what the burst left behind a paused connection
