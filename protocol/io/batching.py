@@ -8,9 +8,13 @@ the protocol has to send is written with one `writelines`, and `send_many` queue
 under one `send_context` (websockets' own state checks, flow control and closing). Frames and
 their order are unchanged.
 
+`TurnWriter` is the writer both shells build on it (the Mind's outbox, the Hand's wire): a task
+that writes what is queued, and a callback at the end of a turn that writes it without waking the
+task when nothing has to wait (`write_now`).
+
 It lives in `protocol` because it is the one piece both shells share and neither may import the
-other's; it opens nothing and holds no state: it only changes how a connection it is mixed into
-hands bytes to its transport.
+other's; it opens nothing: the mixin only changes how a connection it is mixed into hands bytes to
+its transport, and the writer's queue is its subclass's.
 """
 
 from __future__ import annotations
