@@ -375,17 +375,25 @@ class Link:
         for _ in range(8):  # at most ~2 MiB per wakeup, so the caller's loop keeps its turn
             if self._error is not None:
                 return
+            into = self._ws.buffer_to_fill()
+            n = 0
             try:
-                data = self._sock.recv(1 << 18)  # a data frame's worth in few reads (issue 25)
+                if into is not None:  # the rest of a large message, read where it is gathered
+                    n = self._sock.recv_into(into)
+                    data = b"" if n == 0 else None
+                else:
+                    data = self._sock.recv(1 << 18)  # a data frame's worth in few reads (issue 25)
             except self._would_block:
                 return
             except OSError as exc:
                 self._lost(ClientError(ClientCode.CLOSED, f"connection to the Mind failed: {exc}"))
                 return
-            if data:
+            if data is None or data:
                 self.last_heard = time.monotonic()
             try:
-                if data:
+                if data is None:
+                    self._ws.filled(n)
+                elif data:
                     self._ws.receive_data(data)
                 else:
                     self._ws.receive_eof()
@@ -394,7 +402,7 @@ class Link:
                 self._lost(ClientError(ClientCode.CLOSED, f"the Mind broke the WebSocket protocol: {exc.message}"))
                 return
             self._on_events(self._ws.events())
-            if not data:
+            if data == b"":
                 return
 
     def _on_events(self, events: list[tuple]) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import sys
 from typing import Any
 
 from protocol.errors import MindhandError
@@ -99,6 +100,12 @@ def apply_mask(data: bytes | memoryview, mask: bytes) -> bytes:
 
 SCATTER_MIN = 4096
 """A frame's payload from this size on is written as a buffer of its own (`buffers_to_send`)."""
+WHOLE_MIN = 64 << 10
+"""A whole message from this size on that has not all arrived is gathered in a buffer of its own,
+which the shell reads into (`buffer_to_fill`) and which is handed on as it is: no copy of it into
+the read buffer and out again. A stream's 512 KiB chunks were copied so twice, besides the read's
+own new object: perf of `mind exec -- cat` at 1 GiB, 14 % of the CLI's samples in `memmove` and 7 %
+in page faults."""
 
 
 class WsClient:
@@ -121,6 +128,12 @@ class WsClient:
         self._frag_op: int | None = None
         self._frag = bytearray()
         self._events: list[tuple] = []
+        self._whole: bytearray | None = None
+        """A large whole message being gathered (`WHOLE_MIN`), of its opcode `_whole_op`."""
+        self._whole_op = OP_BINARY
+        self._filled = 0
+        self._spare: bytearray | None = None
+        """The last large message's buffer, used again for the next if nobody holds it (`_gather`)."""
 
     # --- the shell's side ---
 
@@ -138,9 +151,31 @@ class WsClient:
         ev, self._events = self._events, []
         return ev
 
+    def buffer_to_fill(self) -> memoryview | None:
+        """Where the next bytes belong when they are the rest of a large message being gathered:
+        the shell may `recv_into` it and then call `filled`. None: use `receive_data`."""
+        if self._whole is None or self.state == "closed":
+            return None
+        return memoryview(self._whole)[self._filled :]
+
+    def filled(self, n: int) -> None:
+        """`n` bytes were read into `buffer_to_fill()`."""
+        assert self._whole is not None and 0 < n <= len(self._whole) - self._filled
+        self._filled += n
+        if self._filled == len(self._whole):
+            self._whole_done()
+
     def receive_data(self, data: bytes) -> None:
         if self.state == "closed" or not data:
             return
+        if self._whole is not None:
+            take = min(len(data), len(self._whole) - self._filled)
+            with memoryview(data) as view:
+                self._whole[self._filled : self._filled + take] = view[:take]
+            self.filled(take)
+            if take == len(data):
+                return
+            data = data[take:]
         self._buf += data
         if self.state == "connecting":
             self._parse_head()
@@ -247,6 +282,8 @@ class WsClient:
             if op < 8 and len(self._frag) + n > self.max_size:
                 raise WsError(CLOSE_TOO_BIG, f"a message over the limit of {self.max_size} bytes")
             if len(buf) < pos + n:
+                if n >= WHOLE_MIN and fin and op in (OP_TEXT, OP_BINARY):
+                    self._gather(op, n, pos)
                 return
             with memoryview(buf) as view:  # one copy: a slice of the bytearray would be another
                 payload = bytes(view[pos : pos + n])
@@ -261,7 +298,28 @@ class WsClient:
             else:
                 self._events.append((PONG, payload))
 
-    def _data(self, op: int, payload: bytes, fin: bool) -> None:
+    def _gather(self, op: int, n: int, pos: int) -> None:
+        """Begin gathering a large whole message: what is read of it so far moves to its own buffer.
+        The buffer of the last one is used again when it is the same size and nothing holds it any
+        more (its consumer let go of it and of every view of it: only this object refers to it),
+        so a stream's chunks do not each cost new pages."""
+        spare, self._spare = self._spare, None
+        whole = spare if spare is not None and len(spare) == n and sys.getrefcount(spare) <= 2 else bytearray(n)
+        del spare
+        have = len(self._buf) - pos
+        whole[:have] = memoryview(self._buf)[pos:]
+        self._buf.clear()
+        self._whole, self._whole_op, self._filled = whole, op, have
+
+    def _whole_done(self) -> None:
+        whole, self._whole = self._whole, None
+        assert whole is not None
+        self._data(self._whole_op, whole, True)
+        self._spare = whole
+        if self._buf and self.state in ("open", "closing"):
+            self._parse_frames()
+
+    def _data(self, op: int, payload: bytes | bytearray, fin: bool) -> None:
         kind: int | None
         if fin and op != OP_CONT:  # a whole message in one frame (the Mind never fragments): as it is
             data, kind = payload, op

@@ -3,12 +3,12 @@ server (the code the Mind runs), bytes passed by hand: upgrade, frames both ways
 ping/pong, the closing handshake, and each way a server can break the protocol."""
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from websockets.frames import Opcode
 from websockets.server import ServerProtocol
 
-from mind.client.ws import CLOSED, MESSAGE, PONG, WsClient, WsError, accept_key, apply_mask
+from mind.client.ws import CLOSED, MESSAGE, PONG, WHOLE_MIN, WsClient, WsError, accept_key, apply_mask
 
 
 def pair(max_size=1 << 20):
@@ -205,6 +205,84 @@ def test_any_split_of_the_stream_gives_the_same_messages(messages, step):
     for i in range(0, len(data), step):
         client.receive_data(data[i : i + step])
     assert client.events() == [(MESSAGE, m) for m in messages]
+
+
+@given(
+    st.lists(st.sampled_from([0, 1, 5000, WHOLE_MIN - 1, WHOLE_MIN, WHOLE_MIN + 7, 300_000]), min_size=1, max_size=5),
+    st.lists(st.integers(min_value=1, max_value=200_000), min_size=1, max_size=20),
+    st.booleans(),
+)
+@settings(max_examples=60, deadline=None)
+def test_large_messages_gathered_in_their_own_buffer_arrive_whole_in_order(sizes, reads, into):
+    # Large whole messages (from WHOLE_MIN on) that have not all arrived are gathered in a buffer of
+    # their own, fed either as bytes (`receive_data`) or read into it (`buffer_to_fill` / `filled`),
+    # mixed with small ones, text among them, with any read sizes: the same messages, in order.
+    client, server = pair()
+    messages: list[bytes | str] = []
+    for i, n in enumerate(sizes):
+        if i % 3 == 2:
+            text = "é" * (n // 2)
+            server.send_text(text.encode())
+            messages.append(text)
+        else:
+            data = (
+                bytes((i + j) % 251 for j in range(n))
+                if n < 10_000
+                else (bytes([i]) * 97 + b"x") * (n // 98) + b"y" * (n % 98)
+            )
+            server.send_binary(data)
+            messages.append(data)
+    stream = memoryview(b"".join(server.data_to_send()))
+    pos, k = 0, 0
+    while pos < len(stream):
+        want = reads[k % len(reads)]
+        k += 1
+        room = client.buffer_to_fill() if into else None
+        if room is not None:
+            n = min(want, len(room), len(stream) - pos)
+            room[:n] = stream[pos : pos + n]
+            client.filled(n)
+        else:
+            n = min(want, len(stream) - pos)
+            client.receive_data(bytes(stream[pos : pos + n]))
+        pos += n
+    got = client.events()
+    assert [kind for kind, _ in got] == [MESSAGE] * len(messages)
+    assert [bytes(m) if not isinstance(m, str) else m for _, m in got] == messages
+    assert client.buffer_to_fill() is None
+
+
+def test_a_gathered_buffer_is_used_again_only_once_nobody_holds_it():
+    # The next large message of the same size reuses the last one's buffer, but never while the
+    # consumer still holds it (or a view of it): a held message keeps its bytes.
+    client, server = pair()
+    n = WHOLE_MIN + 100
+    first, second, third = b"a" * n, b"b" * n, b"c" * n
+
+    def deliver(data: bytes) -> bytes | bytearray:
+        server.send_binary(data)
+        stream = b"".join(server.data_to_send())
+        client.receive_data(stream[:1000])  # the header and a little: the rest is gathered
+        room = client.buffer_to_fill()
+        assert room is not None
+        room[: len(stream) - 1000] = stream[1000:]
+        client.filled(len(stream) - 1000)
+        [(kind, got)] = client.events()
+        assert kind == MESSAGE
+        return got
+
+    held = deliver(first)
+    view = memoryview(held)[10:]  # a consumer's view of it, as a data frame's payload is
+    del held
+    again = deliver(second)  # the first's buffer is still viewed: a new one
+    assert bytes(view) == first[10:] and bytes(again) == second
+    del view
+    kept = deliver(third)  # the last buffer (`again`'s) is held by this test: a new one
+    assert bytes(again) == second and bytes(kept) == third
+    was = id(kept)
+    del again, kept  # nobody holds the last one now
+    reused = deliver(first)
+    assert id(reused) == was and bytes(reused) == first  # the same buffer, filled anew
 
 
 def test_large_frames_are_masked_by_the_c_helper_without_importing_websockets():
