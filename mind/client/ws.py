@@ -307,7 +307,8 @@ class WsClient:
         whole = spare if spare is not None and len(spare) == n and sys.getrefcount(spare) <= 2 else bytearray(n)
         del spare
         have = len(self._buf) - pos
-        whole[:have] = memoryview(self._buf)[pos:]
+        with memoryview(self._buf) as view:
+            whole[:have] = view[pos:]
         self._buf.clear()
         self._whole, self._whole_op, self._filled = whole, op, have
 
@@ -315,9 +316,7 @@ class WsClient:
         whole, self._whole = self._whole, None
         assert whole is not None
         self._data(self._whole_op, whole, True)
-        self._spare = whole
-        if self._buf and self.state in ("open", "closing"):
-            self._parse_frames()
+        self._spare = whole  # (the read buffer stayed empty meanwhile: what follows is read after this)
 
     def _data(self, op: int, payload: bytes | bytearray, fin: bool) -> None:
         kind: int | None
