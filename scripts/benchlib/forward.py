@@ -38,7 +38,10 @@ async def echo(r, w):
         w.close()
 async def source(r, w):
     try:
-        n = int((await r.readline()).strip())
+        line = (await r.readline()).strip()
+        if not line:  # a probe that only connects (the readiness check of `ssh -L`'s port)
+            return
+        n = int(line)
         block = bytes(range(256)) * 4096
         while n > 0:
             w.write(block[: min(n, len(block))])
