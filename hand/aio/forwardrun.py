@@ -31,7 +31,15 @@ from typing import Any
 from hand.aio.copyrun import Interrupted, _either, _Gate
 from hand.aio.streams import RunStreams
 from hand.core.forwards import endpoint
-from hand.system.tools import ClaimTarget, ForwardTarget, ListenTarget, StreamCall, ToolFailed, resolve_forward
+from hand.system.tools import (
+    ClaimTarget,
+    ForwardTarget,
+    ListenTarget,
+    StreamCall,
+    ToolFailed,
+    ip_literal,
+    resolve_forward,
+)
 from protocol import limits
 from protocol.control import RunControl
 
@@ -182,7 +190,10 @@ async def _connect(target: ForwardTarget) -> _Socket:
     if target.path is not None:
         return (await loop.create_unix_connection(_Socket, str(target.path)))[1]
     assert target.port is not None
-    addresses = await asyncio.to_thread(resolve_forward, target)  # the addresses checked are the ones tried
+    if ip_literal(target.host or "") is not None:  # nothing to look up: no thread hop for it
+        addresses = resolve_forward(target)
+    else:
+        addresses = await asyncio.to_thread(resolve_forward, target)  # the addresses checked are the ones tried
     last: OSError | None = None
     for address in addresses:
         try:

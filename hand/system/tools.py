@@ -504,7 +504,7 @@ def _prepare_get_file(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Pre
 def _prepare_forward(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Prepared:
     if "listen" in args:
         lis: ListenArgs = _validate(ListenArgs, "forward", args)
-        literal = _ip_literal(lis.bind)
+        literal = ip_literal(lis.bind)
         if lis.bind not in LOOPBACK_BINDS and not (literal is not None and literal.startswith("127.")):
             raise Refusal(RejectCode.DENIED_BY_POLICY, f"this hand listens for -R only on its loopback, not {lis.bind}")
         return StreamCall("listen", lambda: ListenTarget(lis.bind, lis.port))
@@ -518,7 +518,7 @@ def _prepare_forward(args: dict[str, Any], root: Path, sandbox: Sandbox) -> Prep
     else:
         assert a.host is not None and a.port is not None
         target = ForwardTarget(a.host, a.port, None, endpoint(a.host, a.port), sandbox.forward_allow)
-        literal = _ip_literal(a.host)
+        literal = ip_literal(a.host)
         if literal is not None and not allowed(target.allow, a.host, a.port, [literal]):
             raise Refusal(RejectCode.DENIED_BY_POLICY, _not_allowed(target))
     if a.check:
@@ -565,7 +565,7 @@ def _not_allowed(target: ForwardTarget) -> str:
     return f"{target.shown} is not a destination this hand allows (--forward-allow; default: its loopback)"
 
 
-def _ip_literal(host: str) -> str | None:
+def ip_literal(host: str) -> str | None:
     """`host` as an address when it is one (then the policy is decided at admission: `rejected`)."""
     import ipaddress
 
