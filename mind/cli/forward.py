@@ -32,6 +32,7 @@ from mind.cli.formatting import printable
 from mind.client.forward import ForwardError, ForwardSpec, LocalForward, RemoteForward, bind_listener, parse_spec
 from mind.errors import ClientError
 from protocol import limits
+from protocol.io import heap
 
 SPEC_HELP = "[BIND:]PORT:HOST:HOSTPORT, or [BIND:]PORT:/PATH for a Unix socket on the Hand"
 
@@ -102,6 +103,7 @@ def remote_specs_of(args: argparse.Namespace) -> list[ForwardSpec]:
 def handle(args: argparse.Namespace) -> int:
     specs = specs_of(args)
     remotes = remote_specs_of(args)
+    heap.keep_large_buffers()  # a tunnel's chunks through this process: their pages kept, not faulted in anew
     return asyncio.run(serve(args, specs, remotes))
 
 

@@ -83,6 +83,9 @@ class Link:
         self._error: ClientError | None = None  # the connection is over: raised by poll and send
         self._write_error: ClientError | None = None  # writing failed; what the Mind sent may still be read
         self._aborted = False
+        self._heap_kept = False
+        """glibc's thresholds fixed (`heap.keep_large_buffers`): at the first large message, so a
+        short run never pays for importing ctypes (~3 ms)."""
         now = time.monotonic()
         self._ping_every = PING_INTERVAL_S
         self._ping_due = now + PING_INTERVAL_S
@@ -371,6 +374,15 @@ class Link:
         wait = max(0.0, due - now)
         return wait if timeout is None else min(timeout, wait)
 
+    def _keep_heap(self) -> None:
+        """Large messages are coming (a stream): keep the heap's pages between their buffers
+        instead of giving them back and faulting them in again for each (measured on `mind exec
+        -- cat` of 1 GiB: 0.33-0.44 ns of system time a byte, 0.21-0.27 with them kept)."""
+        from protocol.io import heap
+
+        self._heap_kept = True
+        heap.keep_large_buffers()
+
     def _read(self) -> None:
         for _ in range(8):  # at most ~2 MiB per wakeup, so the caller's loop keeps its turn
             if self._error is not None:
@@ -379,6 +391,8 @@ class Link:
             n = 0
             try:
                 if into is not None:  # the rest of a large message, read where it is gathered
+                    if not self._heap_kept:
+                        self._keep_heap()
                     n = self._sock.recv_into(into)
                     data = b"" if n == 0 else None
                 else:

@@ -5,7 +5,8 @@ One Mind and a Hand `fwd` on loopback; two destination servers in a process of t
 server, and a source that sends N bytes of a pattern and closes); `mind forward fwd -L 0:... -L
 0:... --json` as a user runs it, and `ssh -N -L ...` through our own sshd (benchlib.sshd, full mode
 only). Measured from this process with plain sockets:
-- one connection's throughput: the source's N bytes read to EOF through the tunnel (MiB/s);
+- one connection's throughput: the source's N bytes read to EOF through the tunnel (MiB/s), and N
+  bytes sent to the same server as a sink, until it answered how many it counted (upload);
 - connect -> first byte: connect, send one byte to the echo server, read it back (p50, p99);
 - 100 connections at once, each echoing 1 MiB, every byte checked (wall time);
 - the Mind's RSS per open, idle connection (100 held open).
@@ -40,6 +41,13 @@ async def source(r, w):
     try:
         line = (await r.readline()).strip()
         if not line:  # a probe that only connects (the readiness check of `ssh -L`'s port)
+            return
+        if line == b"sink":  # take everything to the EOF, then say how much
+            got = 0
+            while data := await r.read(1 << 20):
+                got += len(data)
+            w.write(b"%d\n" % got)
+            await w.drain()
             return
         n = int(line)
         block = bytes(range(256)) * 4096
@@ -97,6 +105,23 @@ def throughput(port: int, n: int) -> float:
         dt = time.perf_counter() - t0
     if got != n:
         raise RuntimeError(f"{got} of {n} bytes came through")
+    return n / dt / 2**20
+
+
+def upload(port: int, n: int) -> float:
+    """MiB/s of `n` bytes sent through `port` to the sink until it counted them all (after our EOF)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=STALL_S) as s:
+        t0 = time.perf_counter()
+        s.sendall(b"sink\n")
+        view = memoryview(BLOCK)
+        left = n
+        while left > 0:
+            left -= s.send(view[: min(left, len(view))])
+        s.shutdown(socket.SHUT_WR)
+        answer = s.makefile("rb").readline()
+        dt = time.perf_counter() - t0
+    if answer.strip() != str(n).encode():
+        raise RuntimeError(f"the sink counted {answer.strip()!r} of {n} bytes")
     return n / dt / 2**20
 
 
@@ -201,12 +226,16 @@ def fig_forward(ctx: Ctx) -> list[Row]:
     reps = 20 if ctx.quick else 100
     conns, each = (20, 256 << 10) if ctx.quick else (100, 1 << 20)
     tput_o, tput_s, fb_o, fb_s, many_o, many_s = [], [], [], [], [], []
+    up_o: list[float] = []
+    up_s: list[float] = []
     for _ in range(ctx.rounds):
         tput_o.append(throughput(ours_src, n))
+        up_o.append(upload(ours_src, n))
         fb_o.append([first_byte(ours_echo) for _ in range(reps)])
         many_o.append(many(ours_echo, conns, each))
         if ssh_src:
             tput_s.append(throughput(ssh_src, n))
+            up_s.append(upload(ssh_src, n))
             fb_s.append([first_byte(ssh_echo) for _ in range(reps)])
             many_s.append(many(ssh_echo, conns, each))
     rss_kib = idle_rss(cl.mind.pid, ours_echo, conns)
@@ -215,7 +244,7 @@ def fig_forward(ctx: Ctx) -> list[Row]:
     no_ssh = s if isinstance(s, str) else ""
     ctx.note(
         "forward",
-        f"one connection: {n >> 20} MiB from a source server; first byte: connect + 1 byte echoed, {reps} a round; "
+        f"one connection: {n >> 20} MiB from a source server, and {n >> 20} MiB to it (a sink that counts them); first byte: connect + 1 byte echoed, {reps} a round; "
         f"{conns} connections at once echoing {each >> 10} KiB each, every byte checked; ssh: "
         + (no_ssh or "-N -L through our own sshd, same servers"),
     )
@@ -234,6 +263,17 @@ def fig_forward(ctx: Ctx) -> list[Row]:
             ratio(med(tput_o), med(tput_s)) if tput_s else "",
             ">= 1.0x ssh -L",
             verdict(med(tput_o) >= med(tput_s)) if tput_s else "n/a",
+        ),
+        Row(
+            "forward",
+            "one connection MiB/s to a sink (upload)",
+            num(med(up_o)),
+            "",
+            spread(up_o, num),
+            ref(f"{num(med(up_s))} (ssh -L)" if up_s else ""),
+            ratio(med(up_o), med(up_s)) if up_s else "",
+            ">= 1.0x ssh -L",
+            verdict(med(up_o) >= med(up_s)) if up_s else "n/a",
         ),
         Row(
             "forward",
