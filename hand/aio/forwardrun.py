@@ -23,7 +23,6 @@ import asyncio
 import errno
 import json
 import secrets
-import socket
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -40,116 +39,54 @@ from hand.system.tools import (
     ip_literal,
     resolve_forward,
 )
-from protocol import limits
 from protocol.control import RunControl
-
-READ_CHUNK = limits.STREAM_CHUNK_MAX
-"""The most read from the socket at once: one stream chunk, so each hop frames a chunk once."""
+from protocol.io.sockets import ChunkSocket
 
 
-class _Socket(asyncio.BufferedProtocol):
-    """One tunnelled connection's socket, read into a buffer of its own and handed to the run's
-    stdout in the transport's own callback. It replaces a `StreamReader`, which copied every chunk
-    twice (into its buffer, out of it) and woke a task for each, and read 256 KiB at most, so every
-    hop framed twice the chunks (issue 40: the Hand's CPU a byte was 2.0 ns against a process
-    run's 1.4).
-
-    Nothing is read until the run carries the connection (`carry`), and then only while the
-    client has credit (`pause`/`resume`, driven by `RunStreams`): a slow client slows the
-    destination's sends, never our memory, and a `-R` connection parked for its claim is not read
-    at all. Writes follow the transport's flow control (`drain`)."""
+class _Socket(ChunkSocket):
+    """The connection to the destination (`protocol.io.sockets`): each read goes to the run's
+    stdout in the transport's own callback. Nothing is read until the run carries the connection
+    (`carry`), and then only while the client has credit (`pause`/`resume`, driven by
+    `RunStreams`): a slow client slows the destination's sends, never our memory, and a `-R`
+    connection parked for its claim is not read at all."""
 
     def __init__(self, on_made: Callable[[_Socket], None] | None = None) -> None:
-        self.transport: asyncio.Transport | None = None
+        super().__init__()
         self._on_made = on_made
-        self._buf = memoryview(bytearray(READ_CHUNK))
         self._streams: RunStreams | None = None
         self._credit = True
-        self.received = 0
-        self.failed: OSError | None = None
-        """What broke the connection (a reset, ...): the run fails with it."""
-        self.read_ended = asyncio.Event()
-        """The destination's EOF, or the connection is gone."""
-        self.lost = False
-        self._writable = asyncio.Event()
-        self._writable.set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.pause_reading()
+        super().connection_made(transport)
+        self.set_reading(False)
         if self._on_made is not None:
             self._on_made(self)
 
     def carry(self, streams: RunStreams) -> None:
         """Read into `streams`' stdout from now on, while it has credit."""
         self._streams = streams
-        self._set_reading()
+        self.set_reading(self._credit)
 
     def pause(self) -> None:
         self._credit = False
-        self._set_reading()
+        self.set_reading(False)
 
     def resume(self) -> None:
         self._credit = True
-        self._set_reading()
+        self.set_reading(self._streams is not None)
 
-    def _set_reading(self) -> None:
-        t = self.transport
-        if t is None or t.is_closing() or self.read_ended.is_set():
-            return
-        if self._streams is not None and self._credit:
-            if not t.is_reading():
-                t.resume_reading()
-        elif t.is_reading():
-            t.pause_reading()
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._buf
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.received += nbytes
+    def chunk(self, data: bytes) -> None:
         if self._streams is not None:
-            # a copy of its own: the stream keeps a chunk until it is acknowledged (continuity)
-            self._streams.on_output("stdout", bytes(self._buf[:nbytes]))
+            self._streams.on_output("stdout", data)
 
-    def eof_received(self) -> bool:
-        self._ended()
-        return True  # a half-close: the write side stays open (the destination still reads the client)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        if isinstance(exc, OSError):
-            self.failed = exc
-        elif exc is None:
-            self._ended()  # closed without an EOF first: the stream ends as a read of b"" would end it
-        self.read_ended.set()
-        self._writable.set()
-
-    def _ended(self) -> None:
-        if not self.read_ended.is_set():
-            self.read_ended.set()
-            if self._streams is not None and self.failed is None:
-                self._streams.on_output_end("stdout")
-
-    def pause_writing(self) -> None:
-        self._writable.clear()
-
-    def resume_writing(self) -> None:
-        self._writable.set()
-
-    async def drain(self) -> None:
-        """Until the transport takes more (what `StreamWriter.drain` waits for); the connection's
-        error if it broke."""
-        await self._writable.wait()
-        if self.lost:
-            raise self.failed or ConnectionResetError("Connection lost")
+    def ended(self) -> None:
+        if self._streams is not None:
+            self._streams.on_output_end("stdout")
 
     def abort(self) -> None:
         """Reset the connection; nothing more reaches the run's streams (they may have ended)."""
         self._streams = None
-        if self.transport is not None:
-            self.transport.abort()
+        super().abort()
 
 
 class _Pipes:
@@ -279,7 +216,7 @@ async def _carry(
 ) -> dict[str, Any]:
     """Both ways at once until both are closed (one failing stops the other)."""
     try:
-        _nodelay(sock)
+        sock.nodelay()
         pipes = _Pipes(sock)
         streams.attach(pipes)  # stdin that came early is fed now (at most a window)
         streams.on_output_end("stderr")
@@ -322,8 +259,7 @@ async def _listen(target: ListenTarget, streams: RunStreams, stopped: asyncio.Ev
         if token is None:
             return
         mine.add(token)
-        assert sock.transport is not None
-        peer = sock.transport.get_extra_info("peername")
+        peer = sock.peer()
         shown = endpoint(str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else "?"
         lines.append(json.dumps({"accepted": token, "peer": shown}).encode() + b"\n")
         wake.set()
@@ -372,7 +308,6 @@ async def _from_destination(sock: _Socket, pipes: _Pipes, stopped: asyncio.Event
 async def _to_destination(
     sock: _Socket, streams: RunStreams, pipes: _Pipes, stopped: asyncio.Event, sent: list[int]
 ) -> None:
-    assert sock.transport is not None
     while True:
         await _either(pipes.ready, stopped)
         if stopped.is_set():
@@ -380,19 +315,10 @@ async def _to_destination(
         pipes.ready.clear()
         chunks, pipes.chunks = pipes.chunks, []
         if chunks:
-            if sock.lost:
-                raise sock.failed or ConnectionResetError("Connection lost")
-            sock.transport.writelines(chunks)
+            sock.writelines(chunks)
             await sock.drain()
             sent[0] += sum(len(c) for c in chunks)
             streams.on_stdin_consumed(sent[0])
         if pipes.eof and not pipes.chunks:
-            if sock.transport.can_write_eof() and not sock.lost:
-                sock.transport.write_eof()  # the half-close: the destination reads EOF, its answer still comes
+            sock.write_eof()  # the half-close: the destination reads EOF, its answer still comes
             return
-
-
-def _nodelay(sock: _Socket) -> None:
-    raw = sock.transport.get_extra_info("socket") if sock.transport is not None else None
-    if raw is not None and raw.family in (socket.AF_INET, socket.AF_INET6):
-        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

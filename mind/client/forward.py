@@ -34,7 +34,7 @@ import ipaddress
 import json
 import re
 import socket
-import struct
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +42,7 @@ from typing import Any
 from mind.errors import ClientCode, ClientError
 from protocol import limits
 from protocol.codes import ErrorCode
+from protocol.io.sockets import READ_CHUNK, ChunkSocket
 from protocol.messages import RunEnd, StreamData
 from protocol.states import RunState
 
@@ -61,8 +62,10 @@ WINDOW = 512 << 10
 (256 MiB); at 512 KiB a connection holds 1 MiB (stdin and stdout), so some 250 can be open at once
 per client, and one connection still moves 200+ MiB/s on loopback; a far link is window-bound
 sooner than with the 2 MiB of `mind exec` (measured: docs/performance.md)."""
-READ_CHUNK = 256 << 10
-"""The most read from a local socket at once (one chunk of the run's stdin)."""
+QUEUED_MAX = 2 * READ_CHUNK
+"""Bytes read from a local socket and not yet taken by its run (no credit yet, or none left): past
+this the socket is not read, so the local writer is held back through TCP (a `StreamReader` paused
+at twice its limit so)."""
 BACKLOG = 1024
 CLOSE_GRACE_S = 5.0
 """How long `close()` waits for the connections' runs to end once cancelled, before dropping them."""
@@ -422,8 +425,8 @@ class LocalForward(_Owner):
         self.bind()
         assert self._sock is not None
         try:
-            self._server = await asyncio.start_server(
-                self._accepted, sock=self._sock, limit=READ_CHUNK, backlog=BACKLOG, start_serving=True
+            self._server = await asyncio.get_running_loop().create_server(
+                lambda: _LocalSocket(self._accepted), sock=self._sock, backlog=BACKLOG, start_serving=True
             )
         except OSError as exc:
             raise ForwardError(ClientCode.LOCAL, f"cannot listen on {self.spec.listen}: {_why(exc)}") from None
@@ -451,12 +454,12 @@ class LocalForward(_Owner):
 
     # --- the connections ---
 
-    def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _accepted(self, sock: _LocalSocket) -> None:
         if self.closing:
-            _reset(writer)
+            sock.reset()
             return
         self.opened += 1
-        conn = _Connection(self, reader, writer)
+        conn = _Connection(self, sock)
         task = asyncio.get_running_loop().create_task(conn.run())
         self._conns.add(conn)
         self._tasks.add(task)
@@ -477,13 +480,56 @@ def end_reason(end: RunEnd) -> str:
     return why
 
 
-def _reset(writer: asyncio.StreamWriter) -> None:
-    """Close the local socket abortively (SO_LINGER 0: the peer gets a reset, not an EOF)."""
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()
+class _LocalSocket(ChunkSocket):
+    """A local connection (`protocol.io.sockets`): its reads wait for the run's stdin (`read`), at
+    most `QUEUED_MAX` bytes of them, and its writes are the run's stdout."""
+
+    def __init__(self, on_made: Callable[[_LocalSocket], None] | None = None) -> None:
+        super().__init__()
+        self._on_made = on_made
+        self._chunks: deque[bytes] = deque()
+        self._queued = 0
+        self._wake: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self._on_made is not None:
+            self._on_made(self)
+
+    def chunk(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._queued += len(data)
+        if self._queued >= QUEUED_MAX:
+            self.set_reading(False)
+        self._wakeup()
+
+    def ended(self) -> None:
+        self._wakeup()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._wakeup()
+
+    def _wakeup(self) -> None:
+        wake, self._wake = self._wake, None
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def read(self) -> bytes:
+        """The next chunk read from the socket, b"" once it ended; its error if it broke."""
+        while True:
+            if self.failed is not None:
+                raise self.failed
+            if self._chunks:
+                data = self._chunks.popleft()
+                self._queued -= len(data)
+                if self._queued < QUEUED_MAX:
+                    self.set_reading(True)
+                return data
+            if self.read_ended.is_set():
+                return b""
+            self._wake = asyncio.get_running_loop().create_future()
+            await self._wake
 
 
 class _Connection:
@@ -491,18 +537,13 @@ class _Connection:
     its stdout is written to the socket, one chunk at a time (`drain` before the next)."""
 
     def __init__(
-        self,
-        fwd: LocalForward | RemoteForward,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        args: dict[str, Any] | None = None,
+        self, fwd: LocalForward | RemoteForward, sock: _LocalSocket, args: dict[str, Any] | None = None
     ) -> None:
         self.fwd = fwd
         self.args = args if args is not None else fwd.spec.args()
         """The run's arguments: the destination (`-L`), or the connection the Hand accepted (`-R`)."""
-        self.reader = reader
-        self.writer = writer
-        peer = writer.get_extra_info("peername")
+        self.sock = sock
+        peer = sock.peer()
         self.info = ForwardConnection(peer=endpoint(str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else "?")
         self.handle: RunHandle | None = None
         self.known = asyncio.Event()
@@ -523,9 +564,9 @@ class _Connection:
             if self.info.error is not None and not self.fwd.closing:
                 self.fwd._report(self.info)
             if clean:
-                await self._close()
+                await self.sock.close(CLOSE_GRACE_S)  # once what is written went out (bounded)
             else:
-                _reset(self.writer)
+                self.sock.reset()
             self.fwd._ended(self.info)
 
     async def _carry(self) -> bool:
@@ -571,7 +612,7 @@ class _Connection:
         Hand half-closes). A reset is not an EOF: the run is cancelled, and this waits for that."""
         while True:
             try:
-                data = await self.reader.read(READ_CHUNK)
+                data = await self.sock.read()
             except OSError:
                 self._local_broke()
                 await asyncio.get_running_loop().create_future()  # the run's end stops this
@@ -584,7 +625,7 @@ class _Connection:
     async def _to_local(self, handle: RunHandle) -> RunEnd:
         """The run's events: stdout to the local socket, each chunk drained before the next is
         taken (the run's window waits for it), its EOF a half-close; returns the run's end."""
-        w = self.writer
+        w = self.sock
         async for ev in handle.events():
             if isinstance(ev, StreamData):
                 if ev.stream != "stdout" or self.local_gone:
@@ -594,7 +635,7 @@ class _Connection:
                         w.write(ev.data)
                         await w.drain()
                         self.info.received += len(ev.data)
-                    if ev.eof and w.can_write_eof():
+                    if ev.eof:
                         w.write_eof()
                 except OSError:
                     self._local_broke()
@@ -618,14 +659,6 @@ class _Connection:
             return
         with contextlib.suppress(ClientError):
             await handle.cancel()
-
-    async def _close(self) -> None:
-        """Both ways ended: close the socket once what is written went out (bounded)."""
-        self.writer.close()
-        try:
-            await asyncio.wait_for(self.writer.wait_closed(), CLOSE_GRACE_S)
-        except (TimeoutError, OSError):
-            _reset(self.writer)
 
 
 async def _nothing() -> AsyncIterator[bytes]:
@@ -733,11 +766,12 @@ class RemoteForward(_Owner):
 
     async def _one(self, token: str) -> None:
         try:
+            loop = asyncio.get_running_loop()
             if self.spec.path is not None:
-                reader, writer = await asyncio.open_unix_connection(self.spec.path, limit=READ_CHUNK)
+                _, sock = await loop.create_unix_connection(_LocalSocket, self.spec.path)
             else:
                 assert self.spec.host is not None and self.spec.port is not None
-                reader, writer = await asyncio.open_connection(self.spec.host, self.spec.port, limit=READ_CHUNK)
+                _, sock = await loop.create_connection(_LocalSocket, self.spec.host, self.spec.port)
         except OSError as exc:
             self.failed += 1
             if self.on_error is not None:
@@ -757,7 +791,7 @@ class RemoteForward(_Owner):
                 )
                 await drop.wait()
             return
-        conn = _Connection(self, reader, writer, args={"accepted": token})
+        conn = _Connection(self, sock, args={"accepted": token})
         self._conns.add(conn)
         try:
             await conn.run()
