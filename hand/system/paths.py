@@ -76,9 +76,12 @@ def resolve(root: Path | str, user_path: str) -> Path:
         lexical = Path(os.path.normpath(user_path))
         if not (lexical.is_relative_to(root_given) or lexical.is_relative_to(root_real)):
             raise PathRefused(f"{shown} is outside the root")
-        candidate = lexical
+        candidate = os.fspath(lexical)
     else:
-        candidate = root_real / user_path
+        candidate = os.path.join(root_real, user_path)
+    unlinked = _unlinked(os.fspath(root_real), candidate)
+    if unlinked is not None:
+        return Path(unlinked)  # under the root by construction: no '..', no link
     try:
         real = Path(os.path.realpath(candidate))
     except OSError:  # a link removed between realpath's lstat and its readlink: someone is racing us
@@ -86,6 +89,34 @@ def resolve(root: Path | str, user_path: str) -> Path:
     if not real.is_relative_to(root_real):
         raise PathRefused(f"{shown} leads outside the root through a symlink")
     return real
+
+
+def _unlinked(root: str, candidate: str) -> str | None:
+    """`candidate` normalised, as its own real path, when no component of it below the (resolved)
+    `root` is a symlink: an `lstat` of each of those components, where `realpath` took one of every
+    component of the whole path and a Python step for each (a fifth of the Hand's CPU for a small
+    `read_file`, measured with cProfile). A missing component ends the look as `realpath` ends it
+    (what follows cannot be a link). None when `candidate` is not lexically under `root`, when a
+    component is a link, or when something else than a missing name stopped the look: `realpath`
+    then decides, as it always did."""
+    norm = os.path.normpath(candidate)
+    if norm == root:
+        return norm
+    base = root.rstrip("/")  # "" for the filesystem's root, so that a name joins as "/name"
+    if not norm.startswith(base + "/"):
+        return None
+    path = base
+    for part in norm[len(base) + 1 :].split("/"):
+        path = f"{path}/{part}"
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return norm  # nothing below a missing name can be a link
+        except OSError:
+            return None
+        if stat.S_ISLNK(mode):
+            return None
+    return norm
 
 
 def check_bounds(user_path: str) -> None:

@@ -2,8 +2,10 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from hand.system.paths import PathRefused, resolve
+from hand.system.paths import PathRefused, _unlinked, resolve
 from hand.system.tools import Refusal, prepare
 from protocol.codes import RejectCode
 
@@ -89,3 +91,41 @@ def test_a_cwd_inside_the_root_is_used(root):
     with pytest.raises(Refusal) as ei:
         prepare("exec", {"argv": ["pwd"], "cwd": "a.txt"}, root)
     assert ei.value.code is RejectCode.INVALID_REQUEST
+
+
+
+def _tree(base: Path, links: list[tuple[str, str]]) -> Path:
+    """A root with directories `a`, `a/b` and a file `c`, a sibling outside it, and the links asked."""
+    r = base / "root"
+    (r / "a" / "b").mkdir(parents=True, exist_ok=True)
+    (r / "c").write_text("c")
+    (base / "out").mkdir(exist_ok=True)
+    for where, target in links:
+        p = r / where
+        if not p.parent.is_dir() or os.path.lexists(p):
+            continue
+        p.symlink_to(target)
+    return r
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    links=st.lists(
+        st.tuples(
+            st.sampled_from(["l", "a/l", "a/b/l", "m"]),
+            st.sampled_from(["a", "a/b", "c", "missing", "../out", "/", "l", "a/l", ".", "b", "../root/a"]),
+        ),
+        max_size=4,
+    ),
+    parts=st.lists(st.sampled_from(["a", "b", "c", "l", "m", "missing", ".", ""]), min_size=1, max_size=5),
+)
+def test_the_shortcut_answers_only_what_realpath_answers(tmp_path_factory, links, parts) -> None:
+    """`resolve` skips `realpath` when no component below the root is a link (an lstat each): its
+    answer must then be `realpath`'s, for any tree of links (in, out, dangling, looping) and path."""
+    base = tmp_path_factory.mktemp("t")
+    r = _tree(base, links)
+    root_real = Path(os.path.realpath(r))
+    candidate = root_real / "/".join(parts)
+    got = _unlinked(os.fspath(root_real), os.fspath(candidate))
+    if got is not None:
+        assert got == os.path.realpath(candidate)
