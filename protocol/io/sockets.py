@@ -5,9 +5,9 @@ the Hand's socket to the destination, `hand/aio/forwardrun.py`).
 asyncio's streams (`StreamReader`) copied every chunk twice (into the reader's buffer, then out of
 it), woke a task for each, and read 256 KiB at most, so each of the three hops framed twice the
 chunks a stream's 512 KiB allow (issue 40: the Hand's CPU a byte of a tunnel was 2.0 ns against a
-process run's 1.4). Here the transport reads into one buffer (`recv_into`), and each read is handed
-on as one copy of its own (`chunk`): the stream keeps a chunk until the other end acknowledges it,
-so the buffer itself is never handed on. What the subclass does with a chunk, and when it lets the
+process run's 1.4). Here the transport reads into one buffer (`recv_into`; one for every socket of
+the thread), and each read is handed on as one copy of its own (`chunk`): the stream keeps a chunk
+until the other end acknowledges it, so the buffer itself is never handed on. What the subclass does with a chunk, and when it lets the
 transport read, is its own; writing follows the transport's flow control (`drain`).
 """
 
@@ -17,11 +17,26 @@ import asyncio
 import contextlib
 import socket
 import struct
+import threading
 
 from protocol import limits
 
 READ_CHUNK = limits.STREAM_CHUNK_MAX
 """The most one read takes: one stream chunk, so each hop frames a chunk once."""
+
+
+_local = threading.local()
+
+
+def _read_buffer() -> memoryview:
+    """The buffer every socket of this thread reads into. One is enough: the transport reads into
+    it and hands the bytes over (`buffer_updated`, which copies them out) in one callback, and a
+    loop runs on one thread. One a socket would cost 512 KiB each: 10,000 connections at once (a
+    flood `mind forward` must survive) were 5 GiB of zeroed pages."""
+    buf: memoryview | None = getattr(_local, "buf", None)
+    if buf is None:
+        buf = _local.buf = memoryview(bytearray(READ_CHUNK))
+    return buf
 
 
 class ChunkSocket(asyncio.BufferedProtocol):
@@ -30,7 +45,6 @@ class ChunkSocket(asyncio.BufferedProtocol):
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self._buf = memoryview(bytearray(READ_CHUNK))
         self.received = 0
         """Bytes read from the socket so far."""
         self.failed: OSError | None = None
@@ -57,11 +71,11 @@ class ChunkSocket(asyncio.BufferedProtocol):
         self.transport = transport
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._buf
+        return _read_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
         self.received += nbytes
-        self.chunk(bytes(self._buf[:nbytes]))
+        self.chunk(bytes(_read_buffer()[:nbytes]))
 
     def eof_received(self) -> bool:
         self._end()

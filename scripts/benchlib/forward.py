@@ -252,29 +252,23 @@ def fig_forward(ctx: Ctx) -> list[Row]:
     def ref(value: str) -> str:
         return value if ssh_src else f"n/a ({no_ssh})"
 
+    def mibs(what: str, ours: list[float], theirs: list[float]) -> Row:
+        """A throughput row, ours against `ssh -L` in the same rounds."""
+        return Row(
+            "forward",
+            what,
+            num(med(ours)),
+            "",
+            spread(ours, num),
+            ref(f"{num(med(theirs))} (ssh -L)" if theirs else ""),
+            ratio(med(ours), med(theirs)) if theirs else "",
+            ">= 1.0x ssh -L",
+            verdict(med(ours) >= med(theirs)) if theirs else "n/a",
+        )
+
     return [
-        Row(
-            "forward",
-            "one connection MiB/s",
-            num(med(tput_o)),
-            "",
-            spread(tput_o, num),
-            ref(f"{num(med(tput_s))} (ssh -L)" if tput_s else ""),
-            ratio(med(tput_o), med(tput_s)) if tput_s else "",
-            ">= 1.0x ssh -L",
-            verdict(med(tput_o) >= med(tput_s)) if tput_s else "n/a",
-        ),
-        Row(
-            "forward",
-            "one connection MiB/s to a sink (upload)",
-            num(med(up_o)),
-            "",
-            spread(up_o, num),
-            ref(f"{num(med(up_s))} (ssh -L)" if up_s else ""),
-            ratio(med(up_o), med(up_s)) if up_s else "",
-            ">= 1.0x ssh -L",
-            verdict(med(up_o) >= med(up_s)) if up_s else "n/a",
-        ),
+        mibs("one connection MiB/s", tput_o, tput_s),
+        mibs("one connection MiB/s to a sink (upload)", up_o, up_s),
         Row(
             "forward",
             "connect -> first byte p50 ms",

@@ -109,3 +109,37 @@ async def test_a_reset_is_an_error_not_an_end() -> None:
             await sock.drain()
     finally:
         sock.abort()
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+async def test_an_idle_connection_costs_no_read_buffer_of_its_own() -> None:
+    """`mind forward` may hold thousands of connections at once (a flood of 10,000 is refused past
+    the budget, but each is accepted first): a 512 KiB buffer each would be gigabytes. 300 idle
+    connections that each read a byte must cost well under 64 KiB each."""
+    pairs = []
+    try:
+        before = _rss_kib()
+        for _ in range(300):
+            sock, peer = await _pair()
+            pairs.append((sock, peer))
+            peer.sendall(b"x")
+        for sock, _ in pairs:
+            await asyncio.wait_for(_until(lambda s=sock: s.received == 1), WAIT_S)
+        grown = _rss_kib() - before
+        assert grown < 300 * 64, f"{grown} KiB for 300 idle connections"
+    finally:
+        for sock, peer in pairs:
+            sock.abort()
+            peer.close()
+
+
+async def _until(done) -> None:
+    while not done():
+        await asyncio.sleep(0.001)
