@@ -93,7 +93,6 @@ def test_a_cwd_inside_the_root_is_used(root):
     assert ei.value.code is RejectCode.INVALID_REQUEST
 
 
-
 def _tree(base: Path, links: list[tuple[str, str]]) -> Path:
     """A root with directories `a`, `a/b` and a file `c`, a sibling outside it, and the links asked."""
     r = base / "root"
