@@ -24,6 +24,7 @@ class Recorder(ChunkSocket):
         self.sizes: list[int] = []
         self.ends = 0
         self.got_after_end = False
+        self.got_some = asyncio.Event()
 
     def chunk(self, data: bytes) -> None:
         assert isinstance(data, bytes)  # a copy of its own, never a view of the buffer read into
@@ -31,6 +32,7 @@ class Recorder(ChunkSocket):
             self.got_after_end = True
         self.got += data
         self.sizes.append(len(data))
+        self.got_some.set()
 
     def ended(self) -> None:
         self.ends += 1
@@ -131,15 +133,10 @@ async def test_an_idle_connection_costs_no_read_buffer_of_its_own() -> None:
             pairs.append((sock, peer))
             peer.sendall(b"x")
         for sock, _ in pairs:
-            await asyncio.wait_for(_until(lambda s=sock: s.received == 1), WAIT_S)
+            await asyncio.wait_for(sock.got_some.wait(), WAIT_S)
         grown = _rss_kib() - before
         assert grown < 300 * 64, f"{grown} KiB for 300 idle connections"
     finally:
         for sock, peer in pairs:
             sock.abort()
             peer.close()
-
-
-async def _until(done) -> None:
-    while not done():
-        await asyncio.sleep(0.001)
