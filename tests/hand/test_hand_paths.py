@@ -2,7 +2,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from hand.system.paths import PathRefused, _unlinked, resolve
@@ -107,7 +107,6 @@ def _tree(base: Path, links: list[tuple[str, str]]) -> Path:
     return r
 
 
-@settings(max_examples=150, deadline=None)
 @given(
     links=st.lists(
         st.tuples(

@@ -55,3 +55,15 @@ def test_pytest_refuses_unknown_markers_and_knows_slow() -> None:
     options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert "--strict-markers" in options["addopts"].split()
     assert any(m.split(":")[0].strip() == "slow" for m in options["markers"])
+
+
+def test_property_tests_take_their_examples_from_the_profile() -> None:
+    """A count fixed in one test outranks the profile (tests/conftest.py): 300 examples there ran in
+    the fast loop as in CI, and a handful of such tests held the loop above its 30 s. Only a test that
+    starts processes (tests/integration, which the fast loop never runs) may fix its own, smaller."""
+    fixed = [
+        str(p.relative_to(ROOT))
+        for p in sorted((ROOT / "tests").rglob("test_*.py"))
+        if "integration" not in p.parts and p != Path(__file__).resolve() and "max_examples=" in p.read_text()
+    ]
+    assert not fixed, f"these tests fix their example count: {fixed}"

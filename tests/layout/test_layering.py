@@ -27,6 +27,7 @@ as a direct import.
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -118,8 +119,11 @@ def test_packages_import_one_way(name: str) -> None:
     assert not bad, f"{name} imports across the house: {sorted(bad)}"
 
 
-GRAPH = {n: {m for m in ours(imports_of(n)) if m in MODULES and m != n} for n in MODULES}
-"""Each module and the modules of ours it imports, anywhere in it."""
+@cache
+def graph() -> dict[str, set[str]]:
+    """Each module and the modules of ours it imports, anywhere in it. Built when a test first asks,
+    not at import: every worker of `scripts/test --fast` collects this module, one runs it."""
+    return {n: {m for m in ours(imports_of(n)) if m in MODULES and m != n} for n in MODULES}
 
 
 def chain_to(start: str, rooms: tuple[str, ...]) -> list[str] | None:
@@ -128,7 +132,7 @@ def chain_to(start: str, rooms: tuple[str, ...]) -> list[str] | None:
     came_from = {start: start}
     queue = [start]
     for n in queue:
-        for d in sorted(GRAPH[n]):
+        for d in sorted(graph()[n]):
             if d in came_from:
                 continue
             came_from[d] = n
@@ -179,10 +183,8 @@ def test_no_two_rooms_reach_each_other(a: str, b: str) -> None:
 
 
 def test_no_import_cycles() -> None:
-    graph = {n: {m for m in ours(imports_of(n)) if m in MODULES and m != n} for n in MODULES}
     # a package's own __init__ is imported by every submodule; an edge into it is not a cycle
-    for n, deps in graph.items():
-        graph[n] = {d for d in deps if not in_room(n, d)}
+    edges = {n: {d for d in deps if not in_room(n, d)} for n, deps in graph().items()}
     cycles: list[list[str]] = []
     state: dict[str, int] = {}
     stack: list[str] = []
@@ -190,7 +192,7 @@ def test_no_import_cycles() -> None:
     def visit(n: str) -> None:
         state[n] = 1
         stack.append(n)
-        for d in sorted(graph[n]):
+        for d in sorted(edges[n]):
             if state.get(d) == 1:
                 cycles.append(stack[stack.index(d) :] + [d])
             elif d not in state:
@@ -198,7 +200,7 @@ def test_no_import_cycles() -> None:
         stack.pop()
         state[n] = 2
 
-    for n in sorted(graph):
+    for n in sorted(edges):
         if n not in state:
             visit(n)
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)

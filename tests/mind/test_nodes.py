@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mind.core.nodes import LEASE_LOST_MESSAGE, CloseHand, LeaseLost, LeaseRegained, NodeCore
@@ -136,7 +136,6 @@ op = st.tuples(
 )
 
 
-@settings(max_examples=600, deadline=None)
 @given(st.lists(op, min_size=1, max_size=30))
 def test_no_two_nodes_ever_act_for_one_hand(ops: list[tuple[str, ...]]) -> None:
     """Renewals, claims and writes of two nodes, each statement landing in the database and its

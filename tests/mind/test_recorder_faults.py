@@ -10,7 +10,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mind.core.recording import Mode, events_of, verify
@@ -52,7 +52,6 @@ ops = st.lists(
 )
 
 
-@settings(max_examples=60)
 @given(ops, st.booleans())
 def test_a_failing_store_leaves_a_whole_chain_and_counts_every_byte(tmp_path_factory, script, fail_at_end):
     path: Path = tmp_path_factory.mktemp("rec") / "recordings.db"

@@ -3,7 +3,7 @@ running for the window; the Hand re-presents its runs on a new generation; the o
 (newest wins); past the window the seed's rule fires, and a terminal the Mind decides by itself is
 persisted before anyone is told."""
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mind.core.registry import (
@@ -589,7 +589,6 @@ def test_the_minds_own_deadline_is_persisted_first_with_a_window():
 EVENTS = ("hand_gone", "hand_back", "hand_restarted", "client_gone", "attach", "tick", "result", "old_result", "cancel")
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(EVENTS), st.floats(0, 40)), max_size=40))
 def test_any_order_of_outages_and_returns_keeps_one_terminal_persisted_first(events):
     """Whatever the order: one terminal per run, never changed after; a terminal the Mind decided

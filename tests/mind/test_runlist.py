@@ -6,7 +6,7 @@ between pages. Each node pages as `Views._node_page` does: `runlist.newest` then
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mind.core import runlist
@@ -96,7 +96,6 @@ RUNS = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
 @given(
     runs=RUNS,
     limit=st.integers(1, 7),

@@ -212,7 +212,7 @@ def test_any_split_of_the_stream_gives_the_same_messages(messages, step):
     st.lists(st.integers(min_value=1, max_value=200_000), min_size=1, max_size=20),
     st.booleans(),
 )
-@settings(max_examples=40, deadline=None)
+@settings(deadline=None)
 def test_large_messages_gathered_in_their_own_buffer_arrive_whole_in_order(sizes, reads, into):
     # Large whole messages (from WHOLE_MIN on) that have not all arrived are gathered in a buffer of
     # their own, fed either as bytes (`receive_data`) or read into it (`buffer_to_fill` / `filled`),

@@ -9,7 +9,7 @@ from collections import deque
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -244,7 +244,6 @@ class World:
         raise AssertionError("the stream never completed")
 
 
-@settings(max_examples=400, deadline=None)
 @given(
     st.integers(4, 400),
     st.integers(1, 64),

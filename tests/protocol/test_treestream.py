@@ -74,7 +74,7 @@ def decode(data: bytes, cuts: list[int], **kw: object) -> list[tuple[ts.Entry, b
     return got
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(trees(), st.lists(st.integers(0, 5000), max_size=12))
 def test_every_tree_round_trips_however_the_stream_is_chunked(tree, cuts):
     got = decode(encode(tree), cuts)
@@ -85,7 +85,6 @@ def test_every_tree_round_trips_however_the_stream_is_chunked(tree, cuts):
             assert gbody == body and digest == hashlib.sha256(body).hexdigest()
 
 
-@settings(max_examples=200)
 @given(trees().filter(bool), st.data())
 def test_a_stream_cut_short_anywhere_is_refused_at_its_end(tree, data):
     raw = encode(tree)
@@ -96,7 +95,6 @@ def test_a_stream_cut_short_anywhere_is_refused_at_its_end(tree, data):
         reader.close()
 
 
-@settings(max_examples=500)
 @given(st.binary(max_size=400))
 def test_garbage_is_a_clear_error_never_a_crash(raw):
     reader = ts.TreeReader()
