@@ -370,6 +370,8 @@ class Printer:
         if ev.kind == "state":
             m = ev.msg
             return {**base, "event": "state", "run_id": getattr(m, "run_id", None), "state": ev.state}
+        if ev.kind == "named":
+            return {**base, "event": "named", "run_id": self.fleet.results[ev.hand].run_id}
         if ev.kind == "end":
             if ev.msg is None:
                 return {**base, "event": "end", "state": ev.state}

@@ -441,8 +441,8 @@ class MindClient:
         window: int = limits.STREAM_WINDOW,
     ) -> RunHandle:
         """Send the run; events (and its end) arrive on the returned handle. With `watch=False` the
-        handle sees only the output and the end (fewer frames: faster calls), and a streamed run its
-        `admitted` first. A run without streams is named here (`handle.run_id` is set at once).
+        handle sees only the output and the end (fewer frames: faster calls). The run is named here
+        (`handle.run_id` is set at once, where the Mind offers names: every Mind of this version).
 
         `stdin` (bytes, a binary file, or an async iterator of bytes; no size limit) becomes the
         command's standard input, ended when it is exhausted. `stream` (default: for `exec` and
@@ -458,9 +458,9 @@ class MindClient:
             raise ClientError(ClientCode.INVALID_REQUEST, "stdin= needs a streamed run (stream=True)")
         if not self._session.is_open and self.resume_window > 0:
             await self.reconnect()  # an outage: the run starts once the Mind is back (within the window)
-        # A call names its run (known at once: cancel, detach and a resume need no answer first);
-        # a streamed run learns its id from its stream numbers, before any byte.
-        named = None if stream else self._session.name_run()
+        # Every run is named here (known at once: cancel, detach and a resume need no answer first).
+        # A call is answered by its end alone; a streamed run hears its `stream_numbers` first.
+        named = self._session.name_run()
         req = Exec(
             hand=hand,
             tool=tool,

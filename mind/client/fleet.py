@@ -20,6 +20,8 @@ the runs' output (stream credit) instead of filling memory.
 Events (`FleetEvent.kind`):
   `selected`          once, first: `fleet.selection` holds the Hands (nothing ran yet)
   `start`             a member run was sent to `hand`
+  `named`             its run's id is known (`fleet.results[hand].run_id`; the client names every
+                      run, so this follows `start` at once, before the Mind answers)
   `state` / `output`  the member's `RunUpdate` / `StreamData` (or `RunOutput`), as `msg`
   `cancel_requested`  a cancel was sent for `hand` (Ctrl-C, `--fail-fast`); its end follows
   `end`               the member's authoritative `RunEnd` (`msg`), or an end the plan decided
@@ -207,6 +209,8 @@ class FleetRun:
                             self.results[hand] = HandResult(hand, "pending")
                             ev = FleetEvent("state", hand, None, "waiting_for_hand")
                     yield ev
+                elif kind == "named":
+                    yield FleetEvent("named", hand)
                 elif kind == "failed":
                     failure: ClientError = payload
                     cut = failure.code is ClientCode.CLOSED
@@ -319,8 +323,9 @@ class FleetRun:
                 fleet=self.fleet_id,
             )
             self._handles[hand] = handle
-            if handle.run_id is not None:  # named by the client (a run without streams): known now
+            if handle.run_id is not None:  # named by the client: known now, before any answer
                 self.results.setdefault(hand, HandResult(hand, "pending")).run_id = handle.run_id
+                await self._queue.put(("named", hand, handle.run_id))
             async for ev in handle.events():
                 await self._queue.put(("event", hand, ev))
         except ClientError as exc:

@@ -183,10 +183,13 @@ class RunHandle:
         that id here."""
         had_id = self.run_id is not None
         actions = self.follower.on_message(msg)
-        if not had_id and self.run_id is not None:
+        learnt = not had_id and self.run_id is not None
+        if learnt:
             self._id_known.set()
-            if self._stdin is not None and self._pump is None:
-                self._pump = asyncio.get_running_loop().create_task(self._send_stdin())
+        if self._stdin is not None and self._pump is None and (learnt or msg.TYPE == "stream_numbers"):
+            # the Mind numbers a run's streams before anything else of it (a named run hears nothing
+            # earlier): a stdin chunk can name its stream now
+            self._pump = asyncio.get_running_loop().create_task(self._send_stdin())
         return self._act(actions, msg)
 
     def _act(self, actions: list[Action], msg: Message | None = None) -> bool:

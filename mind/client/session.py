@@ -42,10 +42,21 @@ CLOSE_PROTOCOL_ERROR = 1002  # the WebSocket close code for a peer that broke th
 
 AWAIT_CHALLENGE, AWAIT_WELCOME, OPEN, CLOSED = "await_challenge", "await_welcome", "open", "closed"
 RUN_EVENTS = frozenset(
-    {"run_update", "run_output", "stream_data", "stream_ack", "stream_resume", "attached", "replaced", "run_end"}
+    {
+        "run_update",
+        "run_output",
+        "stream_numbers",
+        "stream_data",
+        "stream_ack",
+        "stream_resume",
+        "attached",
+        "replaced",
+        "run_end",
+    }
 )
-"""A run's events, under the id of the request that holds the run: its `exec`, or the `attach` that
-took it over (whose answer, `attached`, comes first; `replaced` ends it: a newer attachment won)."""
+"""A run's events, under the id of the request that holds the run: its `exec` (a streamed run's
+`stream_numbers` first: it was admitted, and its stdin may go), or the `attach` that took it over
+(whose answer, `attached`, comes first; `replaced` ends it: a newer attachment won)."""
 
 
 # --- what happened (returned by the session's inputs) -----------------------------------------
@@ -309,7 +320,11 @@ class ClientSession:
             return self._handshake(env.msg)
         msg = env.msg
         if msg.TYPE == "stream_numbers":  # the channel took them: the run's data frames name streams by them
-            return []
+            waiting = self._waiting.get(env.id) if env.id is not None else None
+            if env.id is None or waiting is None or waiting.reply is not None:  # (an `attach`: `attached` follows)
+                return []
+            # a run's: it was admitted, and its stdin may go now (a named run hears nothing else first)
+            return self._run_event(env.id, waiting, msg)
         if env.id is None:  # about the connection
             if msg.TYPE == "error":
                 self._reason = ClientError(msg.code, msg.message)

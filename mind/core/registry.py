@@ -382,8 +382,9 @@ class RunRegistry:
         admitted: list[Action] = []
         if run.client is not None:
             admitted += self._bind_client(run)
-            if req.run_id is None or req.watch or req.streams is not None:
-                # (a call whose client named its id needs no frame to learn it: its end is its only one)
+            if req.run_id is None or req.watch:
+                # (a run whose client named it needs no frame to learn its id: a call's end is its only
+                # answer, and a streamed run's `stream_numbers` say it was admitted, just before this)
                 admitted.append(
                     SendToClient(run.client, req_id, RunUpdate(run_id=run_id, hand=run.hand, state=run.state))
                 )

@@ -60,7 +60,7 @@ class Fleet:
     async def drive(self) -> None:
         try:
             async for ev in self.run:
-                if ev.hand is not None and ev.kind in ("state", "output", "end"):
+                if ev.hand is not None and ev.kind in ("named", "state", "output", "end"):
                     f = self.member(ev.hand)
                     if ev.msg is not None and f is not None:
                         f.take(ev.msg)

@@ -298,8 +298,9 @@ async def wait(f: Followed, wait_s: float, progress: Progress | None) -> None:
         f.changed.clear()
         if f.done:
             break
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(f.changed.wait(), min(left, PROGRESS_EVERY_S))
+        if announced or progress is None or f.run_id is None:  # (a named run's id is told at once)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(f.changed.wait(), min(left, PROGRESS_EVERY_S))
         if progress is None:
             continue
         parts = []

@@ -21,7 +21,7 @@ from protocol import limits
 from protocol.auth import Credential
 from protocol.codes import ErrorCode
 from protocol.ids import named_run
-from protocol.messages import Exec, RunEnd
+from protocol.messages import Exec, RunEnd, StreamData, Streams
 from protocol.states import RunState
 
 pytestmark = pytest.mark.slow  # a real Mind and Hand
@@ -95,6 +95,33 @@ async def test_a_named_call_is_answered_by_its_end_alone_and_an_unnamed_one_by_t
     async with await cl.client() as mc:  # the run is the Mind's under the client's name
         info = await mc.get_run(name)
         assert info.run_id == name and info.state is RunState.SUCCEEDED
+
+
+async def test_a_named_streamed_run_hears_its_numbers_first_and_no_admitted_update(cl: Cluster):
+    """A streamed run's `stream_numbers` are sent at its admission: for a named run they are its
+    first answer and say all `admitted` said. An unnamed one still gets `admitted` to learn its id."""
+    w = await Wire.open(cl.url, cl.credential("tester"))
+    try:
+        streamed = call(w.session.name_run(), "exec", argv=["echo", "hi"]).model_copy(update={"streams": Streams()})
+        named = await w.run(streamed)
+        kinds = [ev.msg.TYPE for ev in named]
+        assert kinds[0] == "stream_numbers" and "run_update" not in kinds, kinds
+        assert kinds[-1] == "run_end" and named[-1].msg.state is RunState.SUCCEEDED
+        out = b"".join(bytes(ev.msg.data) for ev in named if ev.msg.TYPE == "stream_data" and ev.msg.stream == "stdout")
+        assert out == b"hi\n"
+        unnamed = await w.run(streamed.model_copy(update={"run_id": None}))
+        kinds = [ev.msg.TYPE for ev in unnamed]
+        assert kinds[:2] == ["stream_numbers", "run_update"] and unnamed[1].msg.state is RunState.ADMITTED, kinds
+    finally:
+        await w.ws.close()
+    async with await cl.client() as mc:  # the library names its streamed runs: stdin still flows whole
+        h = await mc.start("box", "exec", {"argv": ["cat"]}, stdin=b"x" * 300_000)
+        assert h.run_id is not None and h.run_id.startswith(mc._session.run_ids or "?")
+        got = bytearray()
+        async for ev in h.events():
+            if isinstance(ev, StreamData) and ev.stream == "stdout":
+                got += ev.data
+        assert h.end is not None and h.end.state is RunState.SUCCEEDED and bytes(got) == b"x" * 300_000
 
 
 async def test_no_client_names_another_connections_run_or_a_name_twice_and_nothing_starts(cl: Cluster):
