@@ -132,6 +132,10 @@ class ExecSession(Rejoin):
         self.status = Status(sys.stderr, enabled=not (args.json or args.events))
         self.printer = StreamPrinter()
         self.run_id: str | None = None
+        self.answered = False
+        """The Mind answered the run's `exec` (its first event came: the run exists, its streams are
+        numbered on the link), or the run is one `mind attach` takes over. This client names its
+        run, so the id is known before that."""
         self.state: RunState | None = None
         self.interrupts = 0
         self.first_interrupt = 0.0
@@ -209,7 +213,11 @@ class ExecSession(Rejoin):
                 "login": bool(getattr(self.args, "login", False)),
             }
         streams = {"stdin": self.stdin is not None, "pty": pty, "output_limit": self._output_limit()}
+        # Named here: a cut before the first answer is ridden out by attaching under this name, and
+        # a run that does not watch hears its `stream_numbers` first, no `admitted` update.
+        self.run_id = self.follower.run_id = self.link.name_run()
         msg = wire.exec_(
+            run_id=self.run_id,
             hand=self.args.hand,
             tool=tool,
             args=tool_args,
@@ -226,6 +234,7 @@ class ExecSession(Rejoin):
     def attach(self, run_id: str) -> int:
         """`mind attach RUN_ID`: take the run over from where its previous consumer acknowledged."""
         self.run_id = run_id
+        self.answered = True  # (an existing run: what waits for its answer is gated on `live`)
         self.follower = Follower(run_id=run_id, clock=time.monotonic)
         return self._drive(wire.attach(run_id=run_id))
 
@@ -247,7 +256,7 @@ class ExecSession(Rejoin):
             self.t0 = time.monotonic()
             while True:
                 sin = self.stdin
-                busy = sin is not None and sin.always_ready and self.run_id is not None
+                busy = sin is not None and sin.always_ready and self.answered
                 busy = busy and sin is not None and sin.wants_data(self.follower.stdin_credit())
                 timeout = 0 if busy else STATUS_TICK_S if self.status.enabled else None
                 timeout = self._bound(timeout, self.wait_until if self.live else None)
@@ -275,7 +284,7 @@ class ExecSession(Rejoin):
                     continue
                 if self.left:
                     return self._leave(raw)
-                if winch is not None and self.run_id is not None and self.live:
+                if winch is not None and self.answered and self.live:
                     now = winch.changed()
                     if now is not None and now.rows > 0 and now.cols > 0:
                         self._send_stream(wire.resize(run_id=self.run_id, rows=now.rows, cols=now.cols))
@@ -327,7 +336,7 @@ class ExecSession(Rejoin):
             else:
                 self._act(f.took(name, out.consumed()))
         sin = self.stdin
-        if sin is None or self.run_id is None:
+        if sin is None or not self.answered:
             return
         if sin.wants_data(f.stdin_credit()) and (sin.always_ready or self.link.ready(0)):
             for action in sin.read(f.stdin_credit()):
@@ -359,7 +368,8 @@ class ExecSession(Rejoin):
         if raw is not None:
             raw.restore()
         said = f"run {self.run_id} may still run on hand {self.args.hand}: mind run get {self.run_id}"
-        if self.run_id is not None and self.live:
+        if self.answered and self.live:
+            assert self.run_id is not None
             try:
                 asked = self.link.request(wire.cancel_run(run_id=self.run_id), "cancel_run_result")
                 said = self._cancel_answer(asked, said)
@@ -469,8 +479,10 @@ class ExecSession(Rejoin):
                 return self._cut(ev.error)
             return self._act(self.follower.on_error(ev.error.code, ev.error.message))
         msg = ev.msg
-        if self.run_id is None:
-            self.run_id = msg.run_id
+        if not self.answered:  # an `exec`'s first answer
+            self.answered = True
+            if self.run_id is None:  # (a Mind that offered no names)
+                self.run_id = msg.run_id
             if getattr(self.args, "detach", False):
                 return self._detach_now()
             self._send_cancel()
@@ -486,7 +498,7 @@ class ExecSession(Rejoin):
     def _finish(self, end: Any) -> int:
         self.status.clear()
         close = self._suggest(end)
-        streamed = end.stdout.sent is not None or self.run_id is not None and end.state is RunState.LOST
+        streamed = end.stdout.sent is not None or self.answered and end.state is RunState.LOST
         if self.attaching and not self.outs:  # it had ended: what the Mind retained is all there is
             streamed = False
         complete = self._stream_report(end) if streamed else True
@@ -555,9 +567,11 @@ class ExecSession(Rejoin):
         """The connection ended before the run did. Refused if the Mind said why before admitting
         it; otherwise nobody here can know what ran: 255, as for a run that ended `lost`."""
         self.status.clear()
-        if self.run_id is None and exc.code != ClientCode.CLOSED:
+        if not self.answered and exc.code != ClientCode.CLOSED:
             die(exc.message, kind=exc.code)
-        which = f"run {self.run_id}" if self.run_id else "the run (not yet confirmed by the Mind)"
+        which = f"run {self.run_id}" if self.answered else "the run (not yet confirmed by the Mind)"
+        if not self.answered and self.run_id is not None:
+            which = f"run {self.run_id} (not yet confirmed by the Mind)"
         print(f"mind: {printable(exc.message)}; the outcome of {which} is unknown", file=sys.stderr)
         if exits.JSON_ERRORS:
             exits.json_error(f"{exc.message}; the outcome of {which} is unknown", EXIT_LOST, exc.code)
@@ -596,7 +610,7 @@ class ExecSession(Rejoin):
 
     def _send_cancel(self) -> None:
         """Once the run id is known (a Ctrl-C may come before `admitted` arrives)."""
-        if not self.cancel_wanted or self.cancel_id is not None or self.run_id is None or not self.live:
+        if not self.cancel_wanted or self.cancel_id is not None or not self.answered or not self.live:
             return  # (during an outage it waits for `attached`)
         try:
             self.cancel_id = self.link.request(wire.cancel_run(run_id=self.run_id), "cancel_run_result")

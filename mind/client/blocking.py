@@ -151,6 +151,11 @@ class Link:
         link._tune_keepalive()
         return link
 
+    def name_run(self) -> str | None:
+        """A fresh name for the next `exec` on this link (`ClientSession.name_run`; None: the Mind
+        offered none)."""
+        return self._session.name_run()
+
     @property
     def resume_window(self) -> float:
         """The Mind's resume window, from its `welcome` (0: a cut ends the runs)."""

@@ -80,6 +80,20 @@ def test_client_leg_reset_mid_run_all_lines_and_the_exit_code(tmp_path):
         assert b"mind unreachable, reconnecting (up to" in err
 
 
+def test_a_cut_before_the_first_answer_is_ridden_out_under_the_runs_own_name(tmp_path):
+    """`mind exec` names its run: an RST that takes the run's first answer (its `stream_numbers`)
+    is ridden out by attaching under that name, with every byte and the real exit code (unnamed,
+    the run was `lost`: exit 255, "not yet confirmed by the Mind")."""
+    with running(tmp_path, mind_args=window(30)) as cl:
+        fp = cl.start_proxy()
+        fp.frame("cut", "stream_numbers", direction="down")
+        p = popen(cl, "exec", "--mind", fp.url, "box", "--", "sh", "-c", NUMBERED)
+        out, err = finish(p, b"", 30)
+        assert p.returncode == 7, err
+        assert hashlib.sha256(out).hexdigest() == hashlib.sha256(EXPECTED).hexdigest(), (out, err)
+        assert b"mind unreachable, reconnecting (up to" in err and b"reconnected; run " in err
+
+
 def test_a_run_that_ends_while_the_client_leg_is_cut_still_delivers_its_tail(tmp_path):
     """The command finishes during the outage: its last lines were sent by the Hand but never
     consumed by the CLI. The result waits for their consumption, so the re-attached CLI gets them,
