@@ -18,7 +18,7 @@ from mind.core.registry import (
 from mind.core.seal import seal
 from protocol import limits
 from protocol.audit import AuditEvent
-from protocol.codes import CancelReason, CancelStatus, ErrorCode
+from protocol.codes import CancelReason, CancelStatus, ErrorCode, RejectCode
 from protocol.messages import (
     Attached,
     Background,
@@ -137,6 +137,31 @@ def test_the_start_run_of_a_task_is_still_lost_with_its_connection():
     reg.admit("t1", req, "c1", "q1", 1, True, 0.0, 1000.0, background=Background(max_runtime_ms=1000))
     acts = reg.on_hand_gone(HAND, 1, 1.0, 1001.0)
     assert reg.get("t1").state is RunState.LOST and any(isinstance(a, StartEnded) for a in acts)
+
+
+def test_a_cancel_answer_to_an_earlier_start_of_a_task_is_not_taken_for_the_next_one():
+    """A task's start sent again reuses the task's id. The cancel of the first start reached the
+    Hand after it had refused that start, so it answers `unknown_run`; the second start's `rpc` is
+    behind that cancel on the connection. The answer is not the second start's: it is not `lost`
+    (the simulation found this: seed 884 of the continuity variant), its own answer decides."""
+    reg = RunRegistry(resume_window=WINDOW)
+    req = Exec(hand=HAND, tool="exec", args={"argv": ["true"]}, timeout_ms=10_000)
+    reg.admit("t1", req, "c1", "q1", 1, True, 0.0, 1000.0, background=Background(max_runtime_ms=1000))
+    assert to_hand(reg.on_cancel("t1", CancelReason.USER_REQUESTED, 0.1, 1000.1)[1]) == [
+        Cancel(run_id="t1", reason=CancelReason.USER_REQUESTED)
+    ]
+    reg.on_rejected("t1", HAND, 1, RejectCode.INVALID_REQUEST, "bad", 0.2, 1000.2)
+    assert reg.get("t1").state is RunState.REJECTED
+    reg.admit("t1", req, "c2", "q2", 1, True, 0.3, 1000.3, background=Background(max_runtime_ms=1000))
+    acts = reg.on_cancel_result("t1", HAND, 1, CancelStatus.UNKNOWN_RUN, 0.4, 1000.4)
+    assert not ends(acts) and reg.get("t1").state is RunState.SENT
+    reg.on_rejected("t1", HAND, 1, RejectCode.INVALID_REQUEST, "bad", 0.5, 1000.5)
+    assert reg.get("t1").state is RunState.REJECTED, "the second start's own answer decides"
+    # a cancel of this start that the Hand does not know: that one is `lost`, as before
+    reg.admit("t1", req, "c3", "q3", 1, True, 0.6, 1000.6, background=Background(max_runtime_ms=1000))
+    reg.on_cancel("t1", CancelReason.USER_REQUESTED, 0.7, 1000.7)
+    acts = reg.on_cancel_result("t1", HAND, 1, CancelStatus.UNKNOWN_RUN, 0.8, 1000.8)
+    assert [e.state for e in ends(acts)] == [RunState.LOST]
 
 
 def test_result_before_the_window_ends_wins_and_is_acknowledged():
