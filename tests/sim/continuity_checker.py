@@ -58,6 +58,11 @@ class ContinuityChecker:
         self.notes: Counter[str] = self.world.checker.notes
         self.first_end: dict[str, tuple[int, RunState]] = {}
         """run id -> (life of the Mind, its first terminal)."""
+        self.admitted: set[str] = set()
+        """Runs some life of the Mind admitted (a run a client named may never have reached it)."""
+        self.attached_unadmitted: set[str] = set()
+        """Names an `attach` asked for before any life of the Mind had admitted them: the run's `exec`
+        was lost in a cut, or is still on its way on an older connection (it may start after)."""
         self.persisted: dict[str, RunState] = {}
         self.client_runs: dict[str, tuple[StreamClient, ClientRun, int]] = {}
         """run id -> (its client, the client's run, the Mind's life that admitted it)."""
@@ -86,6 +91,8 @@ class ContinuityChecker:
         self.persisted[a.run_id] = a.end.state
 
     def on_mind_log(self, life: int, log: Log) -> None:
+        if log.event == "run_admitted":
+            self.admitted.add(log.fields["run_id"])
         if log.event == "run_adopted":
             self.notes["adopted"] += 1
         elif log.event == "run_rebound":
@@ -95,7 +102,7 @@ class ContinuityChecker:
         if log.event != "run_terminal":
             return
         run_id = log.fields["run_id"]
-        if not run_id.startswith("r"):
+        if not run_id.startswith(("r", "k")):  # minted by the Mind, or named by a client (`k<conn>.<n>`)
             return  # a task's start run: its id may be started again (the task's rules hold it)
         state = RunState(log.fields["state"])
         first = self.first_end.setdefault(run_id, (life, state))
@@ -196,7 +203,12 @@ class ContinuityChecker:
     def on_client_lost_run(self, c: StreamClient, run: ClientRun, msg: Error) -> None:
         known = self.client_runs.get(run.run_id)
         life = self.world.mind.life if self.world.mind is not None else -1
-        if known is not None and known[2] == life:
+        if run.run_id in self.attached_unadmitted:
+            # a run the client named, whose `exec` the Mind had not read when the attach came (a
+            # cut took it, or it is late on an older connection): `unknown_run` is the truth then,
+            # and the client says the run's fate is unknown here, never how it ended
+            self.notes["named_exec_lost_in_a_cut"] += 1
+        elif known is not None and known[2] == life:
             self.fail("attach finds its run", f"{c.name} attaching {run.run_id}: {msg.code.value} {msg.message}")
         first = self.first_end.get(run.run_id)
         if first is not None:

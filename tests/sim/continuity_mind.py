@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from sim.mind_shell import SimMind
 from sim.network import Link
 
+from mind.core.admission import RunNames
 from mind.core.registry import Action, FrameToClient, Log, PersistEnding, SendToClient, SendToHand
 from mind.daemon.grouped import ACK_BATCH, ACK_DELAY_S
 from protocol.messages import (
@@ -144,7 +145,10 @@ class ContinuityMind(SimMind):
         owner = link.hand  # the client's identity (its credential's label)
         now = self.now
         if isinstance(msg, Exec):
-            run_id = self.world.next_id("r")
+            if msg.run_id is not None:  # `Dispatch._exec`: the REAL rule of what a connection may name
+                problem = self._names.setdefault(conn, RunNames(conn)).take(msg.run_id)
+                assert problem is None, f"a simulated client named a run it may not: {problem}"
+            run_id = msg.run_id or self.world.next_id("r")
             live = self.hands.get(msg.hand)
             gen = live.gen if live is not None else None
             self.perform(self.registry.admit(run_id, msg, conn, env_id, gen, True, now, now, owner=owner))
@@ -152,6 +156,8 @@ class ContinuityMind(SimMind):
             if run is not None and not run.terminal:
                 self.loop.call_at(run.mind_deadline, self.tick, label="mind_deadline")
         elif isinstance(msg, Attach):
+            if self.registry.get(msg.run_id) is None and msg.run_id not in self.ext.checker.admitted:
+                self.ext.checker.attached_unadmitted.add(msg.run_id)
             self.perform(self.registry.on_attach(msg.run_id, conn, owner, env_id, now, now, msg.streams))
         elif isinstance(msg, Detach):
             self.perform(self.registry.on_detach(msg.run_id, conn, env_id, msg.keep_s, now, now))

@@ -395,11 +395,15 @@ class Continuity:
         grace_ms: int | None = None,
     ) -> str:
         """Ask for a streamed run (`chunks` of `size` bytes of output, `stdin` bytes of input,
-        sent as fast as credit allows if it is an `upload`); returns the request id (the run id
-        comes in the first `run_update`)."""
-        assert c.link is not None
+        sent as fast as credit allows if it is an `upload`); returns the request id. Every other
+        request names its run, as the shipped clients do: the run is the client's from the send
+        (a cut before any answer is ridden out by attaching under the name) and hears no
+        `admitted`. The others learn the id from their first `run_update`, as an older client.
+        Chosen by the request's number, not the generator, so each seed draws what it drew."""
+        link = c.link
+        assert link is not None
         req = self.world.next_id("q")
-        c.execs[req] = {"stdin": stdin, "upload": upload}
+        named = f"{link.conn}.{req[1:]}" if req[-1] in "02468" else None
         msg = Exec(
             hand=hand,
             tool="exec",
@@ -407,8 +411,14 @@ class Continuity:
             timeout_ms=timeout_ms,
             grace_ms=grace_ms,
             streams=Streams(stdin=stdin > 0, window=WINDOW),
+            run_id=named,
+            watch=named is None,
         )
-        self._send(c.link, msg, req)
+        self._send(link, msg, req)
+        if named is None:
+            c.execs[req] = {"stdin": stdin, "upload": upload}
+        else:
+            self._new_run(c, link, named, stdin, upload)
         return req
 
     def inject_fault(self) -> str:
@@ -576,11 +586,17 @@ class Continuity:
         assert run.link is not None and run.follower.ready, f"{run.run_id}: sent while not attached"
         return run.link
 
-    def _new_run(self, c: StreamClient, link: ClientLink, first: RunUpdate, stdin: int, upload: bool) -> None:
+    def _new_run(self, c: StreamClient, link: ClientLink, first: RunUpdate | str, stdin: int, upload: bool) -> None:
+        """The client's run: from its send if it named it (`first` is the name), else from its first
+        event, which names it."""
         clock = self.world.clock
-        follower = Follower(window=WINDOW, streams=("stdout", "stderr"), stdin=stdin > 0, clock=lambda: clock.now)
-        follower.on_message(first)  # an exec's follower: its first event names the run
-        run = ClientRun(first.run_id, follower, stdin, link=link)
+        named = first if isinstance(first, str) else None
+        follower = Follower(
+            window=WINDOW, streams=("stdout", "stderr"), stdin=stdin > 0, clock=lambda: clock.now, named=named
+        )
+        if not isinstance(first, str):
+            follower.on_message(first)  # an exec's follower: its first event names the run
+        run = ClientRun(follower.run_id or "", follower, stdin, link=link)
         c.runs[run.run_id] = run
         self.checker.on_client_run(c, run)
         if follower.stdin is not None and not upload and self.rng.random() < 0.5:

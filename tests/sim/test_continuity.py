@@ -62,6 +62,7 @@ def test_the_seeds_exercise_continuity() -> None:
         "stdin_typed_while_away",  # typed during an outage: delivered once, in order, on resume
         "stdin_window:halved",  # an upload's window grown, then halved by the Hand's real tuner
         "stdin_window:cut_after_halving",  # and the Hand's link cut right after (main's 13554b4)
+        "named_exec_lost_in_a_cut",  # a named run's `exec` cut before the Mind read it: `unknown_run`
     )
     # Seeds run in order until every path was reached, within the first 30: the same bound as running
     # all 30, without the seeds that could only add to what is already shown.
