@@ -569,9 +569,9 @@ class ExecSession(Rejoin):
         self.status.clear()
         if not self.answered and exc.code != ClientCode.CLOSED:
             die(exc.message, kind=exc.code)
-        which = f"run {self.run_id}" if self.answered else "the run (not yet confirmed by the Mind)"
-        if not self.answered and self.run_id is not None:
-            which = f"run {self.run_id} (not yet confirmed by the Mind)"
+        which = f"run {self.run_id}" if self.run_id else "the run"
+        if not self.answered:
+            which += " (not yet confirmed by the Mind)"
         print(f"mind: {printable(exc.message)}; the outcome of {which} is unknown", file=sys.stderr)
         if exits.JSON_ERRORS:
             exits.json_error(f"{exc.message}; the outcome of {which} is unknown", EXIT_LOST, exc.code)

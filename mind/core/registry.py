@@ -680,7 +680,7 @@ class RunRegistry:
         if status is CancelStatus.UNKNOWN_RUN:
             if run.cancel_sent_at is None and not run.terminal:
                 # No cancel of this run went out: the answer is to one of an earlier run of the id
-                # (a task's start sent again, DESIGN §7), which the Hand had already ended when the
+                # (a task's start sent again, DESIGN §5), which the Hand had already ended when the
                 # cancel reached it; this run's `rpc` is behind that cancel on the connection.
                 return [self._log("cancel_result_of_an_earlier_start", run, status=status.value)]
             # The stream is ordered and the Hand registers a run before answering `accepted`, so a
